@@ -173,14 +173,16 @@ mod tests {
         let doc = std::fs::read_to_string(&path)
             .unwrap_or_else(|e| panic!("cannot read {}: {e}", path.display()));
         let row = |key: &str| -> String {
-            doc.lines()
+            let cell = doc
+                .lines()
                 .find(|l| l.starts_with(&format!("| {key} |")))
                 .unwrap_or_else(|| panic!("{}: no row '{key}'", path.display()))
                 .split('|')
                 .nth(2)
                 .unwrap()
                 .trim()
-                .to_string()
+                .to_string();
+            strip_thousands_separators(&cell)
         };
         let expect = [
             ("tiles per chip", format!("{TILES_PER_CHIP}")),
@@ -204,6 +206,22 @@ mod tests {
         for (key, value) in expect {
             assert_eq!(row(key), value, "docs/machine-model.md row '{key}' drifted from ipu-arch");
         }
+    }
+
+    /// "638,976" and "638976" are the same number; separators are for readers.
+    fn strip_thousands_separators(text: &str) -> String {
+        let chars: Vec<char> = text.chars().collect();
+        let mut out = String::with_capacity(text.len());
+        for (i, &c) in chars.iter().enumerate() {
+            let between_digits = i > 0
+                && i + 1 < chars.len()
+                && chars[i - 1].is_ascii_digit()
+                && chars[i + 1].is_ascii_digit();
+            if !(c == ',' && between_digits) {
+                out.push(c);
+            }
+        }
+        out
     }
 
     #[test]
