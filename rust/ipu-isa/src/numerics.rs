@@ -1,0 +1,305 @@
+//! Number formats of the ISA: f16 rounding, the fp8 F143 format with a
+//! power-of-two scale, stochastic rounding and the per-context PRNG.
+//!
+//! These functions define the arithmetic of the conversion instructions; the
+//! simulator calls them and host code (weight preparation, references) may
+//! call them to produce bit-identical values.
+//!
+//! F143: 1 sign bit, 4 exponent bits (bias 8), 3 mantissa bits. Exponent
+//! field 0 holds subnormals (m * 2^-10); fields 1..15 hold (1 + m/8) *
+//! 2^(e-8), so the largest magnitude is 240. There are no infinities; the
+//! byte 0x80 (negative zero) is the only NaN. Conversions to F143 saturate to
+//! +-240 and map NaN to 0x80; -0 becomes +0.
+
+use std::sync::OnceLock;
+
+/// Largest finite F143 magnitude.
+pub const F8_MAX: f64 = 240.0;
+/// The F143 NaN byte.
+pub const F8_NAN: u8 = 0x80;
+
+/// Rounds a finite f64 to the nearest even f16 and returns its bits. Values at
+/// or beyond the overflow threshold become infinities; NaN becomes 0x7E00.
+pub fn f64_to_f16_bits(x: f64) -> u16 {
+    let b = x.to_bits();
+    let sign = ((b >> 48) & 0x8000) as u16;
+    let exp = ((b >> 52) & 0x7FF) as i32;
+    let man = b & ((1u64 << 52) - 1);
+    if exp == 0x7FF {
+        return sign | if man != 0 { 0x7E00 } else { 0x7C00 };
+    }
+    if exp == 0 {
+        // f64 subnormals are far below half the smallest f16 subnormal.
+        return sign;
+    }
+    let e = exp - 1023;
+    if e > 15 {
+        return sign | 0x7C00;
+    }
+    let sig = man | (1u64 << 52);
+    // Keep 10 fraction bits for normals; subnormals lose one more bit per
+    // binade below 2^-14.
+    let shift = if e >= -14 {
+        42u32
+    } else {
+        (42 + (-14 - e)) as u32
+    };
+    if shift > 63 {
+        return sign;
+    }
+    let kept = sig >> shift;
+    let rem = sig & ((1u64 << shift) - 1);
+    let half = 1u64 << (shift - 1);
+    let rounded = kept + (rem > half || (rem == half && kept & 1 == 1)) as u64;
+    let bits = if e >= -14 {
+        // rounded carries its implicit bit at position 10; a carry out of the
+        // fraction moves into the exponent, and past 30 it becomes infinity.
+        (((e + 15) as u64) << 10) + rounded - (1 << 10)
+    } else {
+        rounded
+    };
+    sign | bits.min(0x7C00) as u16
+}
+
+/// Rounds an f32 to the nearest even f16 bits.
+pub fn f32_to_f16_bits(x: f32) -> u16 {
+    f64_to_f16_bits(x as f64)
+}
+
+fn f16_table() -> &'static [f32] {
+    static TABLE: OnceLock<Vec<f32>> = OnceLock::new();
+    TABLE.get_or_init(|| {
+        (0..=u16::MAX)
+            .map(|b| half::f16::from_bits(b).to_f32())
+            .collect()
+    })
+}
+
+/// The f32 value of f16 bits (exact).
+#[inline]
+pub fn f16_bits_to_f32(b: u16) -> f32 {
+    f16_table()[b as usize]
+}
+
+fn f8_table() -> &'static [f32; 256] {
+    static TABLE: OnceLock<[f32; 256]> = OnceLock::new();
+    TABLE.get_or_init(|| {
+        let mut t = [0f32; 256];
+        for (b, v) in t.iter_mut().enumerate() {
+            *v = f8_decode_slow(b as u8) as f32;
+        }
+        t
+    })
+}
+
+fn f8_decode_slow(b: u8) -> f64 {
+    if b == F8_NAN {
+        return f64::NAN;
+    }
+    let sign = if b & 0x80 != 0 { -1.0 } else { 1.0 };
+    let e = ((b >> 3) & 15) as i32;
+    let m = (b & 7) as f64;
+    let mag = if e == 0 {
+        m * 2f64.powi(-10)
+    } else {
+        (1.0 + m / 8.0) * 2f64.powi(e - 8)
+    };
+    sign * mag
+}
+
+/// The value of an F143 byte (without scale).
+#[inline]
+pub fn f8_to_f32(b: u8) -> f32 {
+    f8_table()[b as usize]
+}
+
+/// Quantises |y| (finite, non-negative) onto a binary grid with `mbits`
+/// fraction bits and smallest normal exponent `emin`, rounding to nearest
+/// even, or up with probability equal to the remainder when `random` is
+/// given (a uniform value in [0, 1)).
+fn quantize(y: f64, mbits: i32, emin: i32, random: Option<f64>) -> f64 {
+    if y == 0.0 {
+        return 0.0;
+    }
+    let e = (y.log2().floor() as i32).max(emin);
+    // log2 may be off by one near powers of two; fix it exactly.
+    let e = if e > emin && 2f64.powi(e) > y {
+        e - 1
+    } else if 2f64.powi(e + 1) <= y {
+        e + 1
+    } else {
+        e
+    };
+    let ulp = 2f64.powi(e - mbits);
+    let units = y / ulp;
+    let q = match random {
+        None => units.round_ties_even(),
+        Some(r) => (units + r).floor(),
+    };
+    q * ulp
+}
+
+/// Converts to F143 as `round(x * 2^-scale)`: nearest-even when `random` is
+/// `None`, stochastic otherwise.
+pub fn f64_to_f8(x: f64, scale: i32, random: Option<f64>) -> u8 {
+    if x.is_nan() {
+        return F8_NAN;
+    }
+    let y = x * 2f64.powi(-scale);
+    let neg = y < 0.0;
+    let q = if y.is_infinite() {
+        F8_MAX
+    } else {
+        quantize(y.abs(), 3, -7, random).min(F8_MAX)
+    };
+    if q == 0.0 {
+        return 0;
+    }
+    let bits = if q < 2f64.powi(-7) {
+        (q / 2f64.powi(-10)) as u8
+    } else {
+        let e = q.log2().floor() as i32;
+        let e = if 2f64.powi(e) > q { e - 1 } else { e };
+        let m = ((q / 2f64.powi(e) - 1.0) * 8.0) as u8;
+        (((e + 8) as u8) << 3) | m
+    };
+    bits | if neg { 0x80 } else { 0 }
+}
+
+/// Value of an F143 byte times 2^scale.
+pub fn f8_to_f64(b: u8, scale: i32) -> f64 {
+    f8_to_f32(b) as f64 * 2f64.powi(scale)
+}
+
+/// Rounds to f16 stochastically: up with probability equal to the distance
+/// from the lower neighbour in units of the f16 spacing. Overflow past the
+/// largest finite f16 gives infinity.
+pub fn f64_to_f16_bits_sr(x: f64, random: f64) -> u16 {
+    if !x.is_finite() {
+        return f64_to_f16_bits(x);
+    }
+    let q = quantize(x.abs(), 10, -14, Some(random));
+    let bits = f64_to_f16_bits(q);
+    bits | if x < 0.0 { 0x8000 } else { 0 }
+}
+
+/// The per-context pseudo-random generator behind stochastic rounding:
+/// xorshift64* with a non-zero state.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Prng(pub u64);
+
+impl Prng {
+    /// The constant used when a zero seed is requested (xorshift needs a non-zero state).
+    pub const ZERO_SEED_REPLACEMENT: u64 = 0x9E37_79B9_7F4A_7C15;
+
+    pub fn new(seed: u64) -> Prng {
+        Prng(if seed == 0 {
+            Self::ZERO_SEED_REPLACEMENT
+        } else {
+            seed
+        })
+    }
+
+    /// The reset state of context `context` (0..5 workers, 6 supervisor) of tile `tile`.
+    pub fn for_context(tile: u32, context: u32) -> Prng {
+        // splitmix64 of the pair gives well-spread distinct seeds.
+        let mut z = ((tile as u64) << 8 | context as u64).wrapping_add(0x9E37_79B9_7F4A_7C15);
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        Prng::new(z ^ (z >> 31))
+    }
+
+    pub fn next_u64(&mut self) -> u64 {
+        let mut x = self.0;
+        x ^= x >> 12;
+        x ^= x << 25;
+        x ^= x >> 27;
+        self.0 = x;
+        x.wrapping_mul(0x2545_F491_4F6C_DD1D)
+    }
+
+    /// A uniform value in [0, 1) with 53 random bits.
+    pub fn next_unit(&mut self) -> f64 {
+        (self.next_u64() >> 11) as f64 * (1.0 / (1u64 << 53) as f64)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn f16_rounding_matches_half_crate_on_f32_inputs() {
+        // half's f32 -> f16 conversion rounds to nearest even; compare over a
+        // deterministic sweep of f32 bit patterns, including subnormals and overflow.
+        let mut s = 0x1234_5678u32;
+        for _ in 0..200_000 {
+            s ^= s << 13;
+            s ^= s >> 17;
+            s ^= s << 5;
+            let x = f32::from_bits(s);
+            if x.is_nan() {
+                continue;
+            }
+            assert_eq!(
+                f32_to_f16_bits(x),
+                half::f16::from_f32(x).to_bits(),
+                "{x:e}"
+            );
+        }
+        for x in [
+            65504.0f32,
+            65519.0,
+            65520.0,
+            6.0e-8,
+            2.98e-8,
+            2.9802322e-8,
+            1.0 + 1.0 / 2048.0,
+        ] {
+            assert_eq!(
+                f32_to_f16_bits(x),
+                half::f16::from_f32(x).to_bits(),
+                "{x:e}"
+            );
+        }
+    }
+
+    #[test]
+    fn f8_round_trip_and_saturation() {
+        for b in 0..=255u8 {
+            if b == F8_NAN {
+                continue;
+            }
+            let v = f8_to_f64(b, 0);
+            let back = f64_to_f8(v, 0, None);
+            // -0.0 encodes as +0.
+            let expect = if v == 0.0 { 0 } else { b };
+            assert_eq!(back, expect, "byte {b:#x} value {v}");
+        }
+        assert_eq!(f8_to_f64(0x7F, 0), 240.0);
+        assert_eq!(f64_to_f8(1e9, 0, None), 0x7F);
+        assert_eq!(f64_to_f8(-1e9, 0, None), 0xFF);
+        assert_eq!(f64_to_f8(f64::NAN, 0, None), F8_NAN);
+        // Scale: 3.0 * 2^-2 = 0.75 exactly representable.
+        assert_eq!(f8_to_f64(f64_to_f8(3.0, 2, None), 2), 3.0);
+        // Tie: 1 + 1/16 is halfway between 1 and 1.125: even mantissa (1.0) wins.
+        assert_eq!(f8_to_f64(f64_to_f8(1.0625, 0, None), 0), 1.0);
+        assert_eq!(f8_to_f64(f64_to_f8(1.1875, 0, None), 0), 1.25);
+    }
+
+    #[test]
+    fn stochastic_rounding_is_unbiased_and_deterministic() {
+        let mut p = Prng::new(42);
+        let x = 1.0 + 0.25 / 1024.0; // a quarter of an f16 ulp above 1.0
+        let n = 20_000;
+        let ups = (0..n)
+            .filter(|_| f64_to_f16_bits_sr(x, p.next_unit()) != 0x3C00)
+            .count();
+        let frac = ups as f64 / n as f64;
+        assert!((frac - 0.25).abs() < 0.02, "{frac}");
+        let mut a = Prng::for_context(3, 1);
+        let mut b = Prng::for_context(3, 1);
+        assert_eq!(a.next_u64(), b.next_u64());
+        assert_ne!(Prng::for_context(3, 1), Prng::for_context(3, 2));
+    }
+}
