@@ -1,1 +1,45 @@
-fn main() {}
+//! `ipu`: the command-line front end of ipu-stack.
+//!
+//! Each subcommand is a thin shell over a library crate; the crates hold the
+//! logic so that Bazel rules, tests and this command share one implementation.
+//! Logging goes to stderr through tracing: RUST_LOG selects what is shown
+//! (default `info`), and `--log-format json` writes one JSON object a line for
+//! machines.
+
+mod logging;
+mod machine;
+
+use clap::{Parser, Subcommand};
+use std::process::ExitCode;
+
+#[derive(Parser)]
+#[command(name = "ipu", version, about = "Compile, simulate, run and verify ipu21 application packages")]
+struct Cli {
+    /// How log lines are written to stderr.
+    #[arg(long, global = true, value_enum, default_value_t = logging::LogFormat::Text)]
+    log_format: logging::LogFormat,
+
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Print the ipu21 machine model: tiles, memory map, rates and ceilings.
+    Machine(machine::MachineArgs),
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    logging::init(cli.log_format);
+    let result = match cli.command {
+        Command::Machine(args) => machine::run(args),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(message) => {
+            eprintln!("error: {message}");
+            ExitCode::FAILURE
+        }
+    }
+}
