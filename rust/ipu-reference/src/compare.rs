@@ -1,0 +1,314 @@
+//! Comparing device output with the host reference.
+//!
+//! Tolerance rule (docs/graph-format.md, "Verification"): with `u` the unit
+//! roundoff of the output dtype (f32 2^-24, f16 2^-11, fp8 2^-4), `K` the
+//! longest reduction in the graph ([`ipu_graph::analysis::max_reduction_length`])
+//! and `rms` the root mean square of the reference, an element passes when
+//!
+//! ```text
+//! |device - reference| <= atol + rtol * |reference|
+//! rtol = 4 u            (the output's own rounding plus the rounding of the
+//!                        stored operands it was computed from, on both sides)
+//! atol = u sqrt(K) rms  (round-off in a K-term sum grows like sqrt(K) times
+//!                        the magnitude of the terms, which rms stands for)
+//! ```
+//!
+//! For the SigLIP constant check (f16, K = 1152, rms = 1) this gives
+//! atol = 0.0166 and rtol = 0.00195: an f16 output of 1.0 against the exact
+//! 0.999756 passes, the seed log's 1.0430 fails.
+
+use std::fmt;
+
+use ipu_graph::{DType, Shape};
+
+use crate::tensor::{unit_roundoff, Tensor};
+
+/// Absolute and relative tolerance of one comparison.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Tolerance {
+    /// Absolute part.
+    pub atol: f64,
+    /// Relative part, multiplied by |reference|.
+    pub rtol: f64,
+}
+
+impl Tolerance {
+    /// The documented rule for an output of `dtype`, longest reduction
+    /// `reduction_length` and reference values `reference`.
+    pub fn for_output(dtype: DType, reduction_length: u64, reference: &[f64]) -> Tolerance {
+        let u = unit_roundoff(dtype);
+        let rms = if reference.is_empty() {
+            0.0
+        } else {
+            (reference.iter().map(|r| r * r).sum::<f64>() / reference.len() as f64).sqrt()
+        };
+        Tolerance {
+            atol: u * (reduction_length.max(1) as f64).sqrt() * rms,
+            rtol: 4.0 * u,
+        }
+    }
+
+    /// Whether `device` is within tolerance of `reference` (NaN never is).
+    pub fn accepts(&self, device: f64, reference: f64) -> bool {
+        (device - reference).abs() <= self.atol + self.rtol * reference.abs()
+    }
+}
+
+/// What the reference looked like.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Expected {
+    /// Every element has this value.
+    Constant(f64),
+    /// Elements range over [min, max].
+    Range {
+        /// Smallest reference element.
+        min: f64,
+        /// Largest reference element.
+        max: f64,
+    },
+}
+
+/// One element outside tolerance.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Mismatch {
+    /// Full index into the output.
+    pub index: Vec<usize>,
+    /// Device value.
+    pub device: f64,
+    /// Reference value.
+    pub reference: f64,
+}
+
+/// The result of a comparison.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Comparison {
+    /// The tolerance applied.
+    pub tolerance: Tolerance,
+    /// Elements compared.
+    pub checks: u64,
+    /// Elements outside tolerance.
+    pub mismatches: u64,
+    /// What the reference held.
+    pub expected: Expected,
+    /// Largest |device - reference| (infinite if the device gave NaN).
+    pub max_abs_error: f64,
+    /// Where it occurs.
+    pub max_abs_index: Vec<usize>,
+    /// Largest |device - reference| / |reference| over nonzero references.
+    pub max_rel_error: f64,
+    /// The first mismatch in row-major order.
+    pub first_mismatch: Option<Mismatch>,
+    /// Mismatch counts per index of the last axis.
+    pub mismatches_by_column: Vec<u64>,
+    /// Cosine similarity of the two tensors as vectors.
+    pub cosine: f64,
+}
+
+impl Comparison {
+    /// Whether every element is within tolerance.
+    pub fn passed(&self) -> bool {
+        self.mismatches == 0
+    }
+}
+
+/// Why two tensors cannot be compared.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ShapeMismatch {
+    /// Device shape.
+    pub device: Shape,
+    /// Reference element count or shape.
+    pub reference: String,
+}
+
+impl fmt::Display for ShapeMismatch {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "cannot compare: device output is {} but the reference is {}",
+            self.device, self.reference
+        )
+    }
+}
+
+impl std::error::Error for ShapeMismatch {}
+
+fn unravel(mut i: usize, dims: &[usize]) -> Vec<usize> {
+    let mut index = vec![0; dims.len()];
+    for k in (0..dims.len()).rev() {
+        index[k] = i % dims[k];
+        i /= dims[k];
+    }
+    index
+}
+
+/// Compares a device tensor with reference values (same shape; the reference
+/// may be unrounded, e.g. a constant like 0.999755859375).
+pub fn compare_values(
+    device: &Tensor,
+    reference: &[f64],
+    tolerance: Tolerance,
+) -> Result<Comparison, ShapeMismatch> {
+    let dims = device.shape().dims();
+    if reference.len() != device.data().len() {
+        return Err(ShapeMismatch {
+            device: device.shape().clone(),
+            reference: format!("{} elements", reference.len()),
+        });
+    }
+    let columns = device.shape().last().unwrap_or(1);
+    let mut by_column = vec![0u64; columns];
+    let mut mismatches = 0u64;
+    let mut first = None;
+    let (mut max_abs, mut max_abs_at, mut max_rel) = (0.0f64, 0usize, 0.0f64);
+    let (mut dot, mut dd, mut rr) = (0.0, 0.0, 0.0);
+    let (mut min, mut max) = (f64::INFINITY, f64::NEG_INFINITY);
+    for (i, (&d, &r)) in device.data().iter().zip(reference).enumerate() {
+        let err = if d.is_nan() || r.is_nan() {
+            f64::INFINITY
+        } else {
+            (d - r).abs()
+        };
+        if err > max_abs {
+            max_abs = err;
+            max_abs_at = i;
+        }
+        if r != 0.0 {
+            max_rel = max_rel.max(err / r.abs());
+        }
+        if !tolerance.accepts(d, r) {
+            mismatches += 1;
+            by_column[i % columns] += 1;
+            if first.is_none() {
+                first = Some(Mismatch {
+                    index: unravel(i, dims),
+                    device: d,
+                    reference: r,
+                });
+            }
+        }
+        dot += d * r;
+        dd += d * d;
+        rr += r * r;
+        min = min.min(r);
+        max = max.max(r);
+    }
+    let cosine = if dd == 0.0 && rr == 0.0 {
+        1.0
+    } else if dd == 0.0 || rr == 0.0 {
+        0.0
+    } else {
+        dot / (dd.sqrt() * rr.sqrt())
+    };
+    Ok(Comparison {
+        tolerance,
+        checks: reference.len() as u64,
+        mismatches,
+        expected: if min == max {
+            Expected::Constant(min)
+        } else {
+            Expected::Range { min, max }
+        },
+        max_abs_error: max_abs,
+        max_abs_index: unravel(max_abs_at, dims),
+        max_rel_error: max_rel,
+        first_mismatch: first,
+        mismatches_by_column: by_column,
+        cosine,
+    })
+}
+
+/// Compares a device tensor with a reference tensor of the same shape.
+pub fn compare(
+    device: &Tensor,
+    reference: &Tensor,
+    tolerance: Tolerance,
+) -> Result<Comparison, ShapeMismatch> {
+    if device.shape() != reference.shape() {
+        return Err(ShapeMismatch {
+            device: device.shape().clone(),
+            reference: reference.shape().to_string(),
+        });
+    }
+    compare_values(device, reference.data(), tolerance)
+}
+
+fn index_text(index: &[usize]) -> String {
+    format!(
+        "[{}]",
+        index
+            .iter()
+            .map(|i| i.to_string())
+            .collect::<Vec<_>>()
+            .join(", ")
+    )
+}
+
+impl fmt::Display for Comparison {
+    /// A multi-line report; the first line is a summary fit for a log.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let pct = if self.checks == 0 {
+            0.0
+        } else {
+            100.0 * self.mismatches as f64 / self.checks as f64
+        };
+        writeln!(
+            f,
+            "{}: checks={} mismatches={} ({pct:.3}%) max_abs_error={:.6e} max_rel_error={:.6e} cosine={:.6}",
+            if self.passed() { "PASS" } else { "FAIL" },
+            self.checks,
+            self.mismatches,
+            self.max_abs_error,
+            self.max_rel_error,
+            self.cosine
+        )?;
+        writeln!(
+            f,
+            "  tolerance: |device - reference| <= {:.6e} + {:.6e} * |reference|",
+            self.tolerance.atol, self.tolerance.rtol
+        )?;
+        match self.expected {
+            Expected::Constant(v) => writeln!(f, "  expected: every element {v}")?,
+            Expected::Range { min, max } => {
+                writeln!(f, "  expected: elements in [{min:.6e}, {max:.6e}]")?
+            }
+        }
+        writeln!(f, "  largest error at {}", index_text(&self.max_abs_index))?;
+        match &self.first_mismatch {
+            None => writeln!(f, "  first mismatch: none")?,
+            Some(m) => writeln!(
+                f,
+                "  first mismatch at {}: device {} reference {}",
+                index_text(&m.index),
+                m.device,
+                m.reference
+            )?,
+        }
+        let bad: Vec<(usize, u64)> = self
+            .mismatches_by_column
+            .iter()
+            .copied()
+            .enumerate()
+            .filter(|&(_, n)| n > 0)
+            .collect();
+        if bad.is_empty() {
+            writeln!(f, "  mismatches by column: none")
+        } else {
+            const SHOWN: usize = 12;
+            let list: Vec<String> = bad
+                .iter()
+                .take(SHOWN)
+                .map(|(c, n)| format!("{c}:{n}"))
+                .collect();
+            let more = if bad.len() > SHOWN {
+                format!(" ... ({} columns in all)", bad.len())
+            } else {
+                String::new()
+            };
+            writeln!(
+                f,
+                "  mismatches by column (column:count): {}{more}",
+                list.join(" ")
+            )
+        }
+    }
+}
