@@ -11,8 +11,6 @@
 //! byte 0x80 (negative zero) is the only NaN. Conversions to F143 saturate to
 //! +-240 and map NaN to 0x80; -0 becomes +0.
 
-use std::sync::OnceLock;
-
 /// Largest finite F143 magnitude.
 pub const F8_MAX: f64 = 240.0;
 /// The F143 NaN byte.
@@ -66,32 +64,106 @@ pub fn f32_to_f16_bits(x: f32) -> u16 {
     f64_to_f16_bits(x as f64)
 }
 
-fn f16_table() -> &'static [f32] {
-    static TABLE: OnceLock<Vec<f32>> = OnceLock::new();
-    TABLE.get_or_init(|| {
-        (0..=u16::MAX)
-            .map(|b| half::f16::from_bits(b).to_f32())
-            .collect()
-    })
+/// f32 bits of f16 bits, exact; usable in constants.
+pub const fn f16_bits_to_f32_bits(h: u16) -> u32 {
+    let sign = ((h as u32) & 0x8000) << 16;
+    let exp = ((h >> 10) & 0x1F) as u32;
+    let man = (h & 0x3FF) as u32;
+    if exp == 0x1F {
+        return sign | 0x7F80_0000 | (man << 13);
+    }
+    if exp == 0 {
+        if man == 0 {
+            return sign;
+        }
+        // Subnormal: normalise the mantissa.
+        let mut e: u32 = 127 - 15 + 1;
+        let mut m = man;
+        while m & 0x400 == 0 {
+            m <<= 1;
+            e -= 1;
+        }
+        return sign | (e << 23) | ((m & 0x3FF) << 13);
+    }
+    sign | ((exp + 127 - 15) << 23) | (man << 13)
 }
+
+const fn build_f16_table() -> [u32; 65536] {
+    let mut t = [0u32; 65536];
+    let mut i = 0;
+    while i < 65536 {
+        t[i] = f16_bits_to_f32_bits(i as u16);
+        i += 1;
+    }
+    t
+}
+
+/// f32 bits of every f16, built at compile time so that lookups cost one load.
+static F16_TABLE: [u32; 65536] = build_f16_table();
 
 /// The f32 value of f16 bits (exact).
 #[inline]
 pub fn f16_bits_to_f32(b: u16) -> f32 {
-    f16_table()[b as usize]
+    f32::from_bits(F16_TABLE[b as usize])
 }
 
-fn f8_table() -> &'static [f32; 256] {
-    static TABLE: OnceLock<[f32; 256]> = OnceLock::new();
-    TABLE.get_or_init(|| {
-        let mut t = [0f32; 256];
-        for (b, v) in t.iter_mut().enumerate() {
-            *v = f8_decode_slow(b as u8) as f32;
+/// Rounds `x` to the nearest even f16 value and returns it as an f64: the
+/// same value as `f16_bits_to_f32(f64_to_f16_bits(x))`, with a fast path for
+/// results in the normal f16 range.
+#[inline]
+pub fn round_f64_to_f16_value(x: f64) -> f64 {
+    let b = x.to_bits();
+    let exp = ((b >> 52) & 0x7FF) as i32 - 1023;
+    if (-14..=15).contains(&exp) {
+        // Round the f64 significand to 10 fraction bits, ties to even; a carry
+        // moves into the exponent, which is the correct result.
+        let lsb = (b >> 42) & 1;
+        let r = (b + (1u64 << 41) - 1 + lsb) & !((1u64 << 42) - 1);
+        let v = f64::from_bits(r);
+        if v.abs() < 65536.0 {
+            return v;
         }
-        t
-    })
+    }
+    f16_bits_to_f32(f64_to_f16_bits(x)) as f64
 }
 
+/// f32 bits of an F143 byte (without scale); usable in constants.
+pub const fn f8_to_f32_bits(b: u8) -> u32 {
+    if b == F8_NAN {
+        return 0x7FC0_0000;
+    }
+    let sign = ((b as u32) & 0x80) << 24;
+    let e = ((b >> 3) & 15) as u32;
+    let m = (b & 7) as u32;
+    if e == 0 {
+        if m == 0 {
+            return sign;
+        }
+        // m * 2^-10 with m in 1..7: normalise.
+        let mut exp: u32 = 127 - 10 + 2;
+        let mut mm = m;
+        while mm & 4 == 0 {
+            mm <<= 1;
+            exp -= 1;
+        }
+        return sign | (exp << 23) | ((mm & 3) << 21);
+    }
+    sign | ((e + 127 - 8) << 23) | (m << 20)
+}
+
+const fn build_f8_table() -> [u32; 256] {
+    let mut t = [0u32; 256];
+    let mut i = 0;
+    while i < 256 {
+        t[i] = f8_to_f32_bits(i as u8);
+        i += 1;
+    }
+    t
+}
+
+static F8_TABLE: [u32; 256] = build_f8_table();
+
+#[cfg(test)]
 fn f8_decode_slow(b: u8) -> f64 {
     if b == F8_NAN {
         return f64::NAN;
@@ -110,7 +182,7 @@ fn f8_decode_slow(b: u8) -> f64 {
 /// The value of an F143 byte (without scale).
 #[inline]
 pub fn f8_to_f32(b: u8) -> f32 {
-    f8_table()[b as usize]
+    f32::from_bits(F8_TABLE[b as usize])
 }
 
 /// Quantises |y| (finite, non-negative) onto a binary grid with `mbits`
@@ -261,6 +333,47 @@ mod tests {
                 half::f16::from_f32(x).to_bits(),
                 "{x:e}"
             );
+        }
+    }
+
+    #[test]
+    fn const_table_and_fast_rounding_agree_with_half() {
+        for b in 0..=u16::MAX {
+            let h = half::f16::from_bits(b);
+            if h.is_nan() {
+                assert!(f16_bits_to_f32(b).is_nan());
+                continue;
+            }
+            assert_eq!(f16_bits_to_f32(b), h.to_f32(), "{b:#x}");
+        }
+        let mut s = 0x9876_5431u64;
+        for _ in 0..200_000 {
+            s ^= s << 13;
+            s ^= s >> 7;
+            s ^= s << 17;
+            // Spread magnitudes over the f16 range and beyond.
+            let x = f64::from_bits(s).clamp(-1e6, 1e6);
+            let x = if x.is_nan() { 0.5 } else { x };
+            let slow = f16_bits_to_f32(f64_to_f16_bits(x)) as f64;
+            let fast = round_f64_to_f16_value(x);
+            assert!(
+                slow == fast || (slow.is_nan() && fast.is_nan()),
+                "{x:e}: {slow} vs {fast}"
+            );
+            let y = ((s >> 11) as f64 / (1u64 << 53) as f64 - 0.5) * 4096.0;
+            assert_eq!(
+                f16_bits_to_f32(f64_to_f16_bits(y)) as f64,
+                round_f64_to_f16_value(y),
+                "{y:e}"
+            );
+        }
+    }
+
+    #[test]
+    fn f8_table_matches_the_definition() {
+        for b in 0..=255u8 {
+            let (t, d) = (f8_to_f32(b) as f64, f8_decode_slow(b));
+            assert!(t == d || (t.is_nan() && d.is_nan()), "{b:#x}: {t} vs {d}");
         }
     }
 

@@ -1,0 +1,95 @@
+//! Shared helpers of the simulator tests: program building and chip setup.
+#![allow(dead_code)]
+
+use ipu_isa::build::ProgramBuilder;
+use ipu_sim::{Chip, ChipConfig, SimError, Stop};
+
+/// Code base (region 0).
+pub const CODE: u32 = 0x4C000;
+/// Input data (interleaved memory) and the vertex state pointer given to workers.
+pub const IN: u32 = 0x80000;
+/// Output data (interleaved memory).
+pub const OUT: u32 = 0x90000;
+
+/// splitmix64 for random test inputs.
+pub struct Rng(pub u64);
+impl Rng {
+    pub fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+    /// Uniform in [lo, hi).
+    pub fn uniform(&mut self, lo: f64, hi: f64) -> f64 {
+        lo + (hi - lo) * ((self.next() >> 11) as f64 / (1u64 << 53) as f64)
+    }
+}
+
+/// Assembles `text` at `CODE`.
+pub fn assemble(text: &str) -> Vec<u8> {
+    let mut b = ProgramBuilder::new(CODE);
+    b.asm_block(text).unwrap_or_else(|e| panic!("{e}\n{text}"));
+    b.finish().unwrap_or_else(|e| panic!("{e}\n{text}"))
+}
+
+/// A supervisor that starts `workers` copies of the code at label `worker`
+/// (vertex state = `IN`), waits for them and exits, followed by `worker_asm`.
+pub fn workers_program(worker_asm: &str, workers: usize) -> String {
+    let mut s = format!("setzi $m2, worker\nsetzi $m3, {IN}\n");
+    for _ in 0..workers {
+        s.push_str("run $m2, $m3\n");
+    }
+    s.push_str("wsync\nexit\nworker:\n");
+    s.push_str(worker_asm);
+    s
+}
+
+/// Loads `program` and `data` on tile 0 of a one-tile chip and runs it to the end.
+pub fn run_one(program: &str, data: &[(u32, Vec<u8>)]) -> Result<Chip, SimError> {
+    run_tiles(1, |_| program.to_string(), |_| data.to_vec())
+}
+
+/// Runs `program(tile)` with `data(tile)` on every tile of an `n`-tile chip.
+pub fn run_tiles(
+    n: u32,
+    program: impl Fn(u32) -> String,
+    data: impl Fn(u32) -> Vec<(u32, Vec<u8>)>,
+) -> Result<Chip, SimError> {
+    let mut chip = Chip::new(ChipConfig {
+        tiles: n,
+        step_limit: 1_000_000,
+        ..ChipConfig::default()
+    });
+    for t in 0..n {
+        chip.write(t, CODE, &assemble(&program(t))).unwrap();
+        for (addr, bytes) in data(t) {
+            chip.write(t, addr, &bytes).unwrap();
+        }
+        chip.set_entry(t, CODE).unwrap();
+    }
+    assert_eq!(chip.run()?, Stop::Exited);
+    Ok(chip)
+}
+
+/// Compute cycles of tile `t` in step `s`.
+pub fn compute_cycles(chip: &Chip, step: usize, tile: usize) -> u64 {
+    chip.steps()[step].tiles[tile].compute_cycles
+}
+
+pub fn f16s(v: &[f64]) -> Vec<u8> {
+    v.iter()
+        .flat_map(|x| half::f16::from_f64(*x).to_bits().to_le_bytes())
+        .collect()
+}
+
+pub fn f32s(v: &[f64]) -> Vec<u8> {
+    v.iter()
+        .flat_map(|x| (*x as f32).to_bits().to_le_bytes())
+        .collect()
+}
+
+pub fn words(v: &[u32]) -> Vec<u8> {
+    v.iter().flat_map(|x| x.to_le_bytes()).collect()
+}
