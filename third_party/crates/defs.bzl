@@ -297,9 +297,16 @@ def aliases(
 _NORMAL_DEPENDENCIES = {
     "rust/ipu-arch": {
     },
+    "rust/ipu-asm": {
+        _COMMON_CONDITION: {
+            "blake3": Label("//:blake3-1.8.7"),
+            "clap": Label("//:clap-4.6.9"),
+        },
+    },
     "rust/ipu-cli": {
         _COMMON_CONDITION: {
             "clap": Label("//:clap-4.6.9"),
+            "serde_json": Label("//:serde_json-1.0.154"),
             "tracing": Label("//:tracing-0.1.44"),
             "tracing-subscriber": Label("//:tracing-subscriber-0.3.23"),
         },
@@ -312,6 +319,25 @@ _NORMAL_DEPENDENCIES = {
     "rust/ipu-isa": {
         _COMMON_CONDITION: {
             "half": Label("//:half-2.7.1"),
+        },
+    },
+    "rust/ipu-kcache": {
+        _COMMON_CONDITION: {
+            "blake3": Label("//:blake3-1.8.7"),
+            "serde": Label("//:serde-1.0.229"),
+            "serde_json": Label("//:serde_json-1.0.154"),
+            "tracing": Label("//:tracing-0.1.44"),
+        },
+    },
+    "rust/ipu-link": {
+        _COMMON_CONDITION: {
+            "clap": Label("//:clap-4.6.9"),
+        },
+    },
+    "rust/ipu-object": {
+        _COMMON_CONDITION: {
+            "serde": Label("//:serde-1.0.229"),
+            "serde_json": Label("//:serde_json-1.0.154"),
         },
     },
     "rust/ipu-package": {
@@ -329,11 +355,21 @@ _NORMAL_DEPENDENCIES = {
             "half": Label("//:half-2.7.1"),
         },
     },
+    "rust/ipu-sim": {
+        _COMMON_CONDITION: {
+            "half": Label("//:half-2.7.1"),
+            "rayon": Label("//:rayon-1.12.0"),
+        },
+    },
 }
 
 
 _NORMAL_ALIASES = {
     "rust/ipu-arch": {
+    },
+    "rust/ipu-asm": {
+        _COMMON_CONDITION: {
+        },
     },
     "rust/ipu-cli": {
         _COMMON_CONDITION: {
@@ -347,11 +383,27 @@ _NORMAL_ALIASES = {
         _COMMON_CONDITION: {
         },
     },
+    "rust/ipu-kcache": {
+        _COMMON_CONDITION: {
+        },
+    },
+    "rust/ipu-link": {
+        _COMMON_CONDITION: {
+        },
+    },
+    "rust/ipu-object": {
+        _COMMON_CONDITION: {
+        },
+    },
     "rust/ipu-package": {
         _COMMON_CONDITION: {
         },
     },
     "rust/ipu-reference": {
+        _COMMON_CONDITION: {
+        },
+    },
+    "rust/ipu-sim": {
         _COMMON_CONDITION: {
         },
     },
@@ -361,6 +413,12 @@ _NORMAL_ALIASES = {
 _NORMAL_DEV_DEPENDENCIES = {
     "rust/ipu-arch": {
     },
+    "rust/ipu-asm": {
+        _COMMON_CONDITION: {
+            "expect-test": Label("//:expect-test-1.5.1"),
+            "tempfile": Label("//:tempfile-3.27.0"),
+        },
+    },
     "rust/ipu-cli": {
     },
     "rust/ipu-graph": {
@@ -369,6 +427,23 @@ _NORMAL_DEV_DEPENDENCIES = {
         },
     },
     "rust/ipu-isa": {
+        _COMMON_CONDITION: {
+            "expect-test": Label("//:expect-test-1.5.1"),
+        },
+    },
+    "rust/ipu-kcache": {
+        _COMMON_CONDITION: {
+            "tempfile": Label("//:tempfile-3.27.0"),
+            "tracing-subscriber": Label("//:tracing-subscriber-0.3.23"),
+        },
+    },
+    "rust/ipu-link": {
+        _COMMON_CONDITION: {
+            "expect-test": Label("//:expect-test-1.5.1"),
+            "tempfile": Label("//:tempfile-3.27.0"),
+        },
+    },
+    "rust/ipu-object": {
         _COMMON_CONDITION: {
             "expect-test": Label("//:expect-test-1.5.1"),
         },
@@ -382,6 +457,8 @@ _NORMAL_DEV_DEPENDENCIES = {
         _COMMON_CONDITION: {
             "expect-test": Label("//:expect-test-1.5.1"),
         },
+    },
+    "rust/ipu-sim": {
     },
 }
 
@@ -389,6 +466,10 @@ _NORMAL_DEV_DEPENDENCIES = {
 _NORMAL_DEV_ALIASES = {
     "rust/ipu-arch": {
     },
+    "rust/ipu-asm": {
+        _COMMON_CONDITION: {
+        },
+    },
     "rust/ipu-cli": {
     },
     "rust/ipu-graph": {
@@ -399,6 +480,18 @@ _NORMAL_DEV_ALIASES = {
         _COMMON_CONDITION: {
         },
     },
+    "rust/ipu-kcache": {
+        _COMMON_CONDITION: {
+        },
+    },
+    "rust/ipu-link": {
+        _COMMON_CONDITION: {
+        },
+    },
+    "rust/ipu-object": {
+        _COMMON_CONDITION: {
+        },
+    },
     "rust/ipu-package": {
         _COMMON_CONDITION: {
         },
@@ -406,6 +499,8 @@ _NORMAL_DEV_ALIASES = {
     "rust/ipu-reference": {
         _COMMON_CONDITION: {
         },
+    },
+    "rust/ipu-sim": {
     },
 }
 
@@ -413,15 +508,25 @@ _NORMAL_DEV_ALIASES = {
 _PROC_MACRO_DEPENDENCIES = {
     "rust/ipu-arch": {
     },
+    "rust/ipu-asm": {
+    },
     "rust/ipu-cli": {
     },
     "rust/ipu-graph": {
     },
     "rust/ipu-isa": {
     },
+    "rust/ipu-kcache": {
+    },
+    "rust/ipu-link": {
+    },
+    "rust/ipu-object": {
+    },
     "rust/ipu-package": {
     },
     "rust/ipu-reference": {
+    },
+    "rust/ipu-sim": {
     },
 }
 
@@ -429,15 +534,25 @@ _PROC_MACRO_DEPENDENCIES = {
 _PROC_MACRO_ALIASES = {
     "rust/ipu-arch": {
     },
+    "rust/ipu-asm": {
+    },
     "rust/ipu-cli": {
     },
     "rust/ipu-graph": {
     },
     "rust/ipu-isa": {
     },
+    "rust/ipu-kcache": {
+    },
+    "rust/ipu-link": {
+    },
+    "rust/ipu-object": {
+    },
     "rust/ipu-package": {
     },
     "rust/ipu-reference": {
+    },
+    "rust/ipu-sim": {
     },
 }
 
@@ -445,15 +560,25 @@ _PROC_MACRO_ALIASES = {
 _PROC_MACRO_DEV_DEPENDENCIES = {
     "rust/ipu-arch": {
     },
+    "rust/ipu-asm": {
+    },
     "rust/ipu-cli": {
     },
     "rust/ipu-graph": {
     },
     "rust/ipu-isa": {
     },
+    "rust/ipu-kcache": {
+    },
+    "rust/ipu-link": {
+    },
+    "rust/ipu-object": {
+    },
     "rust/ipu-package": {
     },
     "rust/ipu-reference": {
+    },
+    "rust/ipu-sim": {
     },
 }
 
@@ -461,6 +586,10 @@ _PROC_MACRO_DEV_DEPENDENCIES = {
 _PROC_MACRO_DEV_ALIASES = {
     "rust/ipu-arch": {
     },
+    "rust/ipu-asm": {
+        _COMMON_CONDITION: {
+        },
+    },
     "rust/ipu-cli": {
     },
     "rust/ipu-graph": {
@@ -471,6 +600,18 @@ _PROC_MACRO_DEV_ALIASES = {
         _COMMON_CONDITION: {
         },
     },
+    "rust/ipu-kcache": {
+        _COMMON_CONDITION: {
+        },
+    },
+    "rust/ipu-link": {
+        _COMMON_CONDITION: {
+        },
+    },
+    "rust/ipu-object": {
+        _COMMON_CONDITION: {
+        },
+    },
     "rust/ipu-package": {
         _COMMON_CONDITION: {
         },
@@ -478,6 +619,8 @@ _PROC_MACRO_DEV_ALIASES = {
     "rust/ipu-reference": {
         _COMMON_CONDITION: {
         },
+    },
+    "rust/ipu-sim": {
     },
 }
 
@@ -485,15 +628,25 @@ _PROC_MACRO_DEV_ALIASES = {
 _BUILD_DEPENDENCIES = {
     "rust/ipu-arch": {
     },
+    "rust/ipu-asm": {
+    },
     "rust/ipu-cli": {
     },
     "rust/ipu-graph": {
     },
     "rust/ipu-isa": {
     },
+    "rust/ipu-kcache": {
+    },
+    "rust/ipu-link": {
+    },
+    "rust/ipu-object": {
+    },
     "rust/ipu-package": {
     },
     "rust/ipu-reference": {
+    },
+    "rust/ipu-sim": {
     },
 }
 
@@ -501,15 +654,25 @@ _BUILD_DEPENDENCIES = {
 _BUILD_ALIASES = {
     "rust/ipu-arch": {
     },
+    "rust/ipu-asm": {
+    },
     "rust/ipu-cli": {
     },
     "rust/ipu-graph": {
     },
     "rust/ipu-isa": {
     },
+    "rust/ipu-kcache": {
+    },
+    "rust/ipu-link": {
+    },
+    "rust/ipu-object": {
+    },
     "rust/ipu-package": {
     },
     "rust/ipu-reference": {
+    },
+    "rust/ipu-sim": {
     },
 }
 
@@ -517,15 +680,25 @@ _BUILD_ALIASES = {
 _BUILD_PROC_MACRO_DEPENDENCIES = {
     "rust/ipu-arch": {
     },
+    "rust/ipu-asm": {
+    },
     "rust/ipu-cli": {
     },
     "rust/ipu-graph": {
     },
     "rust/ipu-isa": {
     },
+    "rust/ipu-kcache": {
+    },
+    "rust/ipu-link": {
+    },
+    "rust/ipu-object": {
+    },
     "rust/ipu-package": {
     },
     "rust/ipu-reference": {
+    },
+    "rust/ipu-sim": {
     },
 }
 
@@ -533,15 +706,25 @@ _BUILD_PROC_MACRO_DEPENDENCIES = {
 _BUILD_PROC_MACRO_ALIASES = {
     "rust/ipu-arch": {
     },
+    "rust/ipu-asm": {
+    },
     "rust/ipu-cli": {
     },
     "rust/ipu-graph": {
     },
     "rust/ipu-isa": {
     },
+    "rust/ipu-kcache": {
+    },
+    "rust/ipu-link": {
+    },
+    "rust/ipu-object": {
+    },
     "rust/ipu-package": {
     },
     "rust/ipu-reference": {
+    },
+    "rust/ipu-sim": {
     },
 }
 
@@ -766,6 +949,36 @@ def crate_repositories():
 
     maybe(
         http_archive,
+        name = "crates__crossbeam-deque-0.8.8",
+        sha256 = "622f3fc73690be383c7214310406f28a90e6edeadc3cea882f9d71e495b9711a",
+        type = "tar.gz",
+        urls = ["https://static.crates.io/crates/crossbeam-deque/crossbeam-deque-0.8.8.crate"],
+        strip_prefix = "crossbeam-deque-0.8.8",
+        build_file = Label("//third_party/crates:BUILD.crossbeam-deque-0.8.8.bazel"),
+    )
+
+    maybe(
+        http_archive,
+        name = "crates__crossbeam-epoch-0.9.21",
+        sha256 = "dc74980687109a3b14c72fd458107bf0baa1da1a1a805e178d15501ba9b86d9d",
+        type = "tar.gz",
+        urls = ["https://static.crates.io/crates/crossbeam-epoch/crossbeam-epoch-0.9.21.crate"],
+        strip_prefix = "crossbeam-epoch-0.9.21",
+        build_file = Label("//third_party/crates:BUILD.crossbeam-epoch-0.9.21.bazel"),
+    )
+
+    maybe(
+        http_archive,
+        name = "crates__crossbeam-utils-0.8.23",
+        sha256 = "a31eee39dddec8330830986fcd7625edb5a24ec90ea038215273bbc3adb08ac6",
+        type = "tar.gz",
+        urls = ["https://static.crates.io/crates/crossbeam-utils/crossbeam-utils-0.8.23.crate"],
+        strip_prefix = "crossbeam-utils-0.8.23",
+        build_file = Label("//third_party/crates:BUILD.crossbeam-utils-0.8.23.bazel"),
+    )
+
+    maybe(
+        http_archive,
         name = "crates__crunchy-0.2.4",
         sha256 = "460fbee9c2c2f33933d720630a6a0bac33ba7053db5344fac858d4b8952d77d5",
         type = "tar.gz",
@@ -782,6 +995,16 @@ def crate_repositories():
         urls = ["https://static.crates.io/crates/dissimilar/dissimilar-1.0.11.crate"],
         strip_prefix = "dissimilar-1.0.11",
         build_file = Label("//third_party/crates:BUILD.dissimilar-1.0.11.bazel"),
+    )
+
+    maybe(
+        http_archive,
+        name = "crates__either-1.19.0",
+        sha256 = "0e9c71c2167ca323c882b99918929403426e2373ea17242ff5653e0d5e1058be",
+        type = "tar.gz",
+        urls = ["https://static.crates.io/crates/either/either-1.19.0.crate"],
+        strip_prefix = "either-1.19.0",
+        build_file = Label("//third_party/crates:BUILD.either-1.19.0.bazel"),
     )
 
     maybe(
@@ -1032,6 +1255,26 @@ def crate_repositories():
         urls = ["https://static.crates.io/crates/r-efi/r-efi-6.0.0.crate"],
         strip_prefix = "r-efi-6.0.0",
         build_file = Label("//third_party/crates:BUILD.r-efi-6.0.0.bazel"),
+    )
+
+    maybe(
+        http_archive,
+        name = "crates__rayon-1.12.0",
+        sha256 = "fb39b166781f92d482534ef4b4b1b2568f42613b53e5b6c160e24cfbfa30926d",
+        type = "tar.gz",
+        urls = ["https://static.crates.io/crates/rayon/rayon-1.12.0.crate"],
+        strip_prefix = "rayon-1.12.0",
+        build_file = Label("//third_party/crates:BUILD.rayon-1.12.0.bazel"),
+    )
+
+    maybe(
+        http_archive,
+        name = "crates__rayon-core-1.13.0",
+        sha256 = "22e18b0f0062d30d4230b2e85ff77fdfe4326feb054b9783a3460d8435c8ab91",
+        type = "tar.gz",
+        urls = ["https://static.crates.io/crates/rayon-core/rayon-core-1.13.0.crate"],
+        strip_prefix = "rayon-core-1.13.0",
+        build_file = Label("//third_party/crates:BUILD.rayon-core-1.13.0.bazel"),
     )
 
     maybe(
@@ -1378,6 +1621,7 @@ def crate_repositories():
        struct(repo="crates__blake3-1.8.7", is_dev_dep = False),
        struct(repo="crates__clap-4.6.9", is_dev_dep = False),
        struct(repo="crates__half-2.7.1", is_dev_dep = False),
+       struct(repo="crates__rayon-1.12.0", is_dev_dep = False),
        struct(repo="crates__serde-1.0.229", is_dev_dep = False),
        struct(repo="crates__serde_json-1.0.154", is_dev_dep = False),
        struct(repo="crates__tar-0.4.46", is_dev_dep = False),
