@@ -100,6 +100,17 @@ pub struct Chip {
     pending: Vec<TileStep>,
 }
 
+impl std::fmt::Debug for Chip {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Chip")
+            .field("tiles", &self.config.tiles)
+            .field("state", &self.state)
+            .field("steps", &self.steps.len())
+            .field("cycles", &self.cycles())
+            .finish()
+    }
+}
+
 fn kind_name(e: &PhaseEnd) -> &'static str {
     match e {
         PhaseEnd::Sync { .. } => "sync",

@@ -55,10 +55,10 @@ fn case(name: impl Into<String>, setup: &str, op: &str, after: &str) -> Case {
 }
 
 fn h(x: f64) -> f64 {
-    half::f16::from_f64(x).to_f64()
+    f16_rne(x)
 }
 fn hb(x: f64) -> u16 {
-    half::f16::from_f64(x).to_bits()
+    f16_rne_bits(x)
 }
 
 fn ref_f16(op: FloatOp, a: f64, b: f64, d: f64) -> u16 {
@@ -140,6 +140,12 @@ fn ref_f32(op: FloatOp, a: f32, b: f32, d: f32) -> u32 {
     }
 }
 
+/// Encodes lane values as memory bytes.
+type Encoder = fn(&[f64]) -> Vec<u8>;
+
+/// (instruction, loaded registers, pointers after, (store address, unused)).
+type LdStCase<'a> = (&'a str, Vec<u32>, [u32; 3], (u32, u32));
+
 const STORE_OUT: &str = "setzi $m2, 0x90000";
 
 #[test]
@@ -177,7 +183,7 @@ fn float_operations() {
                     })
                     .collect();
                 let d: Vec<f64> = (0..lanes).map(|_| gen(&mut rng)).collect();
-                let (enc, expect): (fn(&[f64]) -> Vec<u8>, Vec<u8>) = match ty {
+                let (enc, expect): (Encoder, Vec<u8>) = match ty {
                     FloatType::F16v4 => (
                         f16s,
                         (0..4)
@@ -602,7 +608,7 @@ fn combined_load_store_instructions() {
     let mut inputs = vec![(IN, words(&data))];
     inputs.push((IN + 0x8008, words(&data[32..40])));
     let _ = second;
-    let cases: Vec<(&str, Vec<u32>, [u32; 3], (u32, u32))> = vec![
+    let cases: Vec<LdStCase> = vec![
         // ld64st64: load [$m4] (+8), store to [$m5] (+stride hi = 64).
         (
             "ld64st64 $a0:1, $a4:5, $m4, $m8, 0b1000",

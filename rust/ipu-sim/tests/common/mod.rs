@@ -93,3 +93,40 @@ pub fn f32s(v: &[f64]) -> Vec<u8> {
 pub fn words(v: &[u32]) -> Vec<u8> {
     v.iter().flat_map(|x| x.to_le_bytes()).collect()
 }
+
+/// f16 bits of `x` rounded to nearest even, computed by comparing the
+/// neighbours of a candidate in f64. (`half::f16::from_f64` rounds through
+/// f32 and so double-rounds some values; this reference does not.)
+pub fn f16_rne_bits(x: f64) -> u16 {
+    if x.is_nan() {
+        return 0x7E00;
+    }
+    let c = half::f16::from_f64(x).to_bits();
+    let mut best: Option<(f64, u16)> = None;
+    for cand in [c.wrapping_sub(1), c, c.wrapping_add(1)] {
+        let v = half::f16::from_bits(cand);
+        // Stay within one sign and skip NaN patterns.
+        if v.is_nan() || (cand ^ c) & 0x8000 != 0 {
+            continue;
+        }
+        let d = (v.to_f64() - x).abs();
+        best = match best {
+            None => Some((d, cand)),
+            Some((bd, bc)) if d < bd || (d == bd && cand & 1 == 0 && bc & 1 == 1) => {
+                Some((d, cand))
+            }
+            b => b,
+        };
+    }
+    let (_, bits) = best.unwrap();
+    // Overflow: beyond 65504 + half an ulp the result is infinity.
+    if x.abs() >= 65520.0 {
+        return if x > 0.0 { 0x7C00 } else { 0xFC00 };
+    }
+    bits
+}
+
+/// The f16 value nearest to `x` (ties to even).
+pub fn f16_rne(x: f64) -> f64 {
+    half::f16::from_bits(f16_rne_bits(x)).to_f64()
+}
