@@ -1,0 +1,3 @@
+        .text
+        .equ FAR, 4 * (1 << 19)
+        br FAR

@@ -1,0 +1,3 @@
+        .text
+a:      nop
+a:      nop

@@ -1,0 +1,2 @@
+        .text
+        .include "inc/bad.inc"

@@ -1,0 +1,3 @@
+        .param K
+        .text
+        nop

@@ -1,0 +1,4 @@
+        .macro r
+        r
+        .endm
+        r

@@ -1,0 +1,1 @@
+        .section .text.fast, code, region=1

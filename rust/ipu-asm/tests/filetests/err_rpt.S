@@ -1,0 +1,5 @@
+        .text
+        rpt 3, 2
+        nop
+        br done
+done:   exit
