@@ -18,6 +18,8 @@ pub(crate) struct AmpState {
     acc: [f64; 16],
     /// Previous-row accumulators.
     prev: [f64; 16],
+    /// `prev` as f16 bits (f16-accumulating modes), for the output lanes.
+    prev_bits: [u16; 16],
     phase: u8,
     pub(crate) mode: Option<AmpMode>,
     scale: f64,
@@ -38,6 +40,7 @@ impl Default for AmpState {
             decoded_mode: None,
             acc: [0.0; 16],
             prev: [0.0; 16],
+            prev_bits: [0; 16],
             phase: 0,
             mode: None,
             scale: 1.0,
@@ -50,6 +53,7 @@ impl AmpState {
     pub(crate) fn clear(&mut self) {
         self.acc = [0.0; 16];
         self.prev = [0.0; 16];
+        self.prev_bits = [0; 16];
         self.phase = 0;
         self.mode = None;
         self.scale = 1.0;
@@ -108,86 +112,92 @@ impl AmpState {
         if self.decoded_mode != Some(mode) {
             self.decode(mode);
         }
-        let rows = mode.rows_per_phase();
-        let lanes = mode.lanes_per_phase();
         let phase = self.phase as usize;
-        // Inputs for this phase, as f64.
-        let mut xin = [0f64; 8];
-        let mut part = [0f64; 4];
-        let (x0, p0) = (x.first as usize, p.first as usize);
+        let (x0, p0, d0) = (x.first as usize, p.first as usize, d.first as usize);
+        let h = |bits: u32| f16_bits_to_f32(bits as u16) as f64;
+        let f = |bits: u32| f32::from_bits(bits) as f64;
+        // Emit the finished previous row's lanes of this phase, then
+        // accumulate. Registers are read before `d` is written.
         match mode {
             AmpMode::F16 => {
-                for (r, v) in xin.iter_mut().enumerate().take(4) {
-                    *v = f16_bits_to_f32((regs[x0 + r / 2] >> (16 * (r % 2))) as u16) as f64;
-                }
+                let xv = [h(regs[x0]), h(regs[x0] >> 16), h(regs[x0 + 1]), h(regs[x0 + 1] >> 16)];
+                let pv = [h(regs[p0]), h(regs[p0] >> 16), h(regs[p0 + 1]), h(regs[p0 + 1] >> 16)];
+                self.emit_f16(regs, d0, phase);
+                self.accumulate::<4, 4>(phase, &xv, &pv, true);
             }
             AmpMode::F8 => {
-                for (r, v) in xin.iter_mut().enumerate() {
+                let mut xv = [0f64; 8];
+                for (r, v) in xv.iter_mut().enumerate() {
                     *v = f8_to_f32((regs[x0 + r / 4] >> (8 * (r % 4))) as u8) as f64 * self.scale;
                 }
+                let pv = [h(regs[p0]), h(regs[p0] >> 16), h(regs[p0 + 1]), h(regs[p0 + 1] >> 16)];
+                self.emit_f16(regs, d0, phase);
+                self.accumulate::<8, 4>(phase, &xv, &pv, true);
             }
             AmpMode::F16F32 => {
-                for (r, v) in xin.iter_mut().enumerate().take(2) {
-                    *v = f16_bits_to_f32((regs[x0] >> (16 * r)) as u16) as f64;
-                }
+                let xv = [h(regs[x0]), h(regs[x0] >> 16)];
+                let pv = [f(regs[p0]), f(regs[p0 + 1])];
+                regs[d0] = (self.prev[2 * phase] as f32).to_bits();
+                regs[d0 + 1] = (self.prev[2 * phase + 1] as f32).to_bits();
+                self.accumulate::<2, 2>(phase, &xv, &pv, false);
             }
-            AmpMode::F32 => xin[0] = f32::from_bits(regs[x0]) as f64,
-        }
-        match mode {
-            AmpMode::F16 | AmpMode::F8 => {
-                for (l, v) in part.iter_mut().enumerate() {
-                    *v = f16_bits_to_f32((regs[p0 + l / 2] >> (16 * (l % 2))) as u16) as f64;
-                }
+            AmpMode::F32 => {
+                let xv = [f(regs[x0])];
+                let pv = [f(regs[p0])];
+                regs[d0] = (self.prev[phase] as f32).to_bits();
+                self.accumulate::<1, 1>(phase, &xv, &pv, false);
             }
-            AmpMode::F16F32 => {
-                part[0] = f32::from_bits(regs[p0]) as f64;
-                part[1] = f32::from_bits(regs[p0 + 1]) as f64;
-            }
-            AmpMode::F32 => part[0] = f32::from_bits(regs[p0]) as f64,
-        }
-        // Output the finished previous row's lanes for this phase.
-        let lane0 = phase * lanes;
-        match mode {
-            AmpMode::F16 | AmpMode::F8 => {
-                for l in 0..4 {
-                    let h = f64_to_f16_bits(self.prev[lane0 + l]) as u32;
-                    let reg = &mut regs[d.first as usize + l / 2];
-                    let sh = 16 * (l % 2);
-                    *reg = (*reg & !(0xFFFF << sh)) | (h << sh);
-                }
-            }
-            AmpMode::F16F32 => {
-                regs[d.first as usize] = (self.prev[lane0] as f32).to_bits();
-                regs[d.first as usize + 1] = (self.prev[lane0 + 1] as f32).to_bits();
-            }
-            AmpMode::F32 => regs[d.first as usize] = (self.prev[lane0] as f32).to_bits(),
-        }
-        // acc[c] = round(acc[c] + sum_r W[R p + r][c] x[r] + partial), left to right in f64.
-        let mut sum = [0f64; 16];
-        for (r, xv) in xin.iter().enumerate().take(rows) {
-            let wrow = &self.w[(rows * phase + r) * 16..(rows * phase + r) * 16 + 16];
-            for c in 0..16 {
-                sum[c] += wrow[c] * xv;
-            }
-        }
-        let f16_acc = matches!(mode, AmpMode::F16 | AmpMode::F8);
-        for c in 0..16 {
-            let mut s = self.acc[c] + sum[c];
-            if (lane0..lane0 + lanes).contains(&c) {
-                s += part[c - lane0];
-            }
-            self.acc[c] = if f16_acc {
-                round_f64_to_f16_value(s)
-            } else {
-                s as f32 as f64
-            };
         }
         self.phase += 1;
         if self.phase as usize == mode.phases() {
             self.prev = self.acc;
+            if matches!(mode, AmpMode::F16 | AmpMode::F8) {
+                for (b, v) in self.prev_bits.iter_mut().zip(&self.prev) {
+                    *b = f64_to_f16_bits(*v);
+                }
+            }
             self.acc = [0.0; 16];
             self.phase = 0;
         }
         Ok(())
+    }
+
+    /// Writes the four f16 lanes of the previous row for `phase` into the pair at `d0`.
+    #[inline(always)]
+    fn emit_f16(&self, regs: &mut [u32; 16], d0: usize, phase: usize) {
+        let b = &self.prev_bits[4 * phase..4 * phase + 4];
+        regs[d0] = b[0] as u32 | (b[1] as u32) << 16;
+        regs[d0 + 1] = b[2] as u32 | (b[3] as u32) << 16;
+    }
+
+    /// `acc[c] = round(acc[c] + sum_r W[R p + r][c] x[r] + partial)` with the
+    /// products summed in increasing r, then the accumulator, then the partial.
+    #[inline(always)]
+    fn accumulate<const R: usize, const L: usize>(&mut self, phase: usize, x: &[f64; R], part: &[f64; L], f16: bool) {
+        let base = phase * R * 16;
+        let w: &[f64; 512] = &self.w;
+        let mut s = [0f64; 16];
+        for (r, xv) in x.iter().enumerate() {
+            let row: &[f64; 16] = w[base + 16 * r..base + 16 * r + 16].try_into().unwrap();
+            for c in 0..16 {
+                s[c] += row[c] * xv;
+            }
+        }
+        for c in 0..16 {
+            s[c] += self.acc[c];
+        }
+        // s = prod + acc equals acc + prod exactly (addition commutes).
+        for (l, pv) in part.iter().enumerate() {
+            s[phase * L + l] += pv;
+        }
+        if f16 {
+            for c in 0..16 {
+                self.acc[c] = round_f64_to_f16_value(s[c]);
+            }
+        } else {
+            for c in 0..16 {
+                self.acc[c] = s[c] as f32 as f64;
+            }
+        }
     }
 }

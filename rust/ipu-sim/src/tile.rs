@@ -130,11 +130,32 @@ enum Flow {
     },
 }
 
-#[derive(Clone)]
+/// A decoded bundle with the facts the interpreter needs on every issue.
+#[derive(Clone, Copy)]
 struct Decoded {
     bundle: Bundle,
     size: u32,
     slots: u64,
+    /// Instructions other than `nop`.
+    count: u8,
+    /// Whether a worker may issue it (no supervisor-only instruction).
+    worker_ok: bool,
+    /// Whether the supervisor may issue it (no arithmetic instruction).
+    supervisor_ok: bool,
+}
+
+impl Decoded {
+    fn new(bundle: Bundle, size: u32) -> Decoded {
+        let class = |k: ContextClass| bundle.instructions().any(|i| i.context_class() == k);
+        Decoded {
+            bundle,
+            size,
+            slots: bundle.issue_slots() as u64,
+            count: bundle.instructions().filter(|i| **i != Instruction::Nop).count() as u8,
+            worker_ok: !class(ContextClass::SupervisorOnly),
+            supervisor_ok: !class(ContextClass::WorkerOnly),
+        }
+    }
 }
 
 /// One simulated tile.
@@ -145,6 +166,10 @@ pub struct Tile {
     /// Per region-0 word: 0 = not decoded, else 1 + index into `decoded`.
     code_index: Vec<u32>,
     decoded: Vec<Decoded>,
+    /// Address range [lo, hi) covering every decoded bundle, so that data
+    /// stores elsewhere skip the cache invalidation.
+    code_lo: u32,
+    code_hi: u32,
     ctx: Vec<Context>,
     amp: Vec<AmpState>,
     pub(crate) active: bool,
@@ -173,6 +198,8 @@ impl Tile {
             mem: vec![0u8; TILE_SRAM_BYTES as usize],
             code_index: vec![0u32; ((REGION0_END - REGION0_BASE) / 4) as usize],
             decoded: Vec::new(),
+            code_lo: u32::MAX,
+            code_hi: 0,
             ctx: (0..7).map(|c| Context::new(id, c)).collect(),
             amp: vec![AmpState::default(); WORKERS],
             active: false,
@@ -234,8 +261,9 @@ impl Tile {
         Ok(&self.mem[off..off + len as usize])
     }
 
+    #[inline]
     fn invalidate(&mut self, address: u32, len: u32) {
-        if address >= REGION0_END || len == 0 {
+        if address >= self.code_hi || address + len <= self.code_lo || len == 0 {
             return;
         }
         // A pair's second word belongs to the bundle that starts one word earlier.
@@ -270,9 +298,7 @@ impl Tile {
         }
         let off = Self::offset(address, bytes)?;
         self.mem[off..off + data.len()].copy_from_slice(data);
-        if address < REGION0_END {
-            self.invalidate(address, bytes);
-        }
+        self.invalidate(address, bytes);
         Ok(())
     }
 
@@ -296,11 +322,9 @@ impl Tile {
                 reason: e.to_string(),
             }
         })?;
-        self.decoded.push(Decoded {
-            bundle,
-            size: size as u32,
-            slots: bundle.issue_slots() as u64,
-        });
+        self.decoded.push(Decoded::new(bundle, size as u32));
+        self.code_lo = self.code_lo.min(pc);
+        self.code_hi = self.code_hi.max(pc + size as u32);
         self.code_index[w] = self.decoded.len() as u32;
         Ok(self.decoded.len() - 1)
     }
@@ -424,13 +448,10 @@ impl Tile {
         let idx = self
             .fetch(pc)
             .map_err(|k| self.fault(Some(c), Some(pc), k))?;
-        let Decoded {
-            bundle,
-            size,
-            slots,
-        } = self.decoded[idx].clone();
+        let d = self.decoded[idx];
+        let (size, slots) = (d.size, d.slots);
         let flow = self
-            .execute(c, t, pc, &bundle)
+            .execute(c, t, pc, &d)
             .map_err(|k| self.fault(Some(c), Some(pc), k))?;
         let ctx = &mut self.ctx[c];
         ctx.next_issue = t + INTERVAL * slots;
@@ -592,21 +613,16 @@ impl Tile {
 
     // ---- execution ----
 
-    fn execute(&mut self, c: usize, t: u64, pc: u32, bundle: &Bundle) -> Result<Flow, FaultKind> {
-        let supervisor = c == SUPERVISOR;
-        for i in bundle.instructions() {
-            match i.context_class() {
-                ContextClass::WorkerOnly if supervisor => return Err(FaultKind::FloatInSupervisor),
-                ContextClass::SupervisorOnly if !supervisor => {
-                    return Err(FaultKind::SupervisorOnlyInWorker)
-                }
-                _ => {}
+    fn execute(&mut self, c: usize, t: u64, pc: u32, d: &Decoded) -> Result<Flow, FaultKind> {
+        if c == SUPERVISOR {
+            if !d.supervisor_ok {
+                return Err(FaultKind::FloatInSupervisor);
             }
+        } else if !d.worker_ok {
+            return Err(FaultKind::SupervisorOnlyInWorker);
         }
-        self.counters.instructions += bundle
-            .instructions()
-            .filter(|i| **i != Instruction::Nop)
-            .count() as u64;
+        self.counters.instructions += d.count as u64;
+        let bundle = &d.bundle;
         match *bundle {
             Bundle::Single(i) => {
                 if i.slot() == Slot::Arith {
