@@ -186,12 +186,12 @@ fn placement_options() {
 fn error_kinds() {
     let main = asm("main.S", MAIN);
     err(
-        &[main.clone()],
+        std::slice::from_ref(&main),
         &LinkOptions::new("main"),
         expect!["undefined symbol `helper` referenced from main.S(.text) at offset 0x8"],
     );
     err(
-        &[main.clone()],
+        std::slice::from_ref(&main),
         &LinkOptions::new("start"),
         expect!["entry symbol `start` is not defined by any object (or is not global)"],
     );
