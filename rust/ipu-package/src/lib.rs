@@ -26,8 +26,8 @@ use std::path::Path;
 
 pub use image::{ImageError, Segment, TileImage, IMAGE_MAGIC, IMAGE_VERSION};
 pub use manifest::{
-    tile_file, CallPhase, ConfigWrite, Manifest, MemberEntry, PhaseKind, Placement, StreamTensor,
-    StreamingCall, TileEntry, FORMAT_VERSION, TARGET,
+    tile_file, CallPhase, ConfigWrite, HostInterface, Manifest, MemberEntry, PhaseKind, Placement,
+    StreamTensor, StreamingCall, TileEntry, EXIT_COMMAND, FORMAT_VERSION, TARGET,
 };
 
 use ipu_arch::{SRAM_BASE, SRAM_END, TILES_PER_CHIP};
@@ -56,6 +56,8 @@ pub struct PackageInfo {
     pub tile_count: u32,
     /// Model name.
     pub model: String,
+    /// How the host drives the program.
+    pub host: HostInterface,
     /// Streaming calls.
     pub calls: Vec<StreamingCall>,
     /// Register writes.
@@ -239,6 +241,14 @@ fn validate_info(info: &PackageInfo) -> Result<(), PackageError> {
             }
         }
     }
+    let command = info.host.command_address;
+    if command % 4 != 0 || command < SRAM_BASE || command + 4 > SRAM_END {
+        return Err(invalid(format!(
+            "host command address 0x{command:X} is not a 4-aligned word inside tile SRAM \
+             (0x{:X}..0x{:X})",
+            SRAM_BASE, SRAM_END
+        )));
+    }
     for (i, w) in info.config_writes.iter().enumerate() {
         if w.register.is_empty() {
             return Err(invalid(format!(
@@ -337,6 +347,7 @@ impl Package {
             target: TARGET.to_string(),
             tile_count: self.info.tile_count,
             model: self.info.model.clone(),
+            host: self.info.host,
             calls: self.info.calls.clone(),
             config_writes: self.info.config_writes.clone(),
             report_summary: self.info.report_summary.clone(),
@@ -573,6 +584,7 @@ impl Package {
             compiler_version: manifest.compiler_version.clone(),
             tile_count: manifest.tile_count,
             model: manifest.model.clone(),
+            host: manifest.host,
             calls: manifest.calls.clone(),
             config_writes: manifest.config_writes.clone(),
             report_summary: manifest.report_summary.clone(),

@@ -24,6 +24,8 @@ pub struct Manifest {
     pub tile_count: u32,
     /// Model name.
     pub model: String,
+    /// How the host drives the program (docs/host-protocol.md).
+    pub host: HostInterface,
     /// Host streaming calls, e.g. "initialize" and "run".
     pub calls: Vec<StreamingCall>,
     /// Register writes the loader replays before loading tiles, in order.
@@ -115,6 +117,18 @@ pub struct Placement {
     /// Length in bytes.
     pub bytes: u32,
 }
+
+/// How the host drives the tile programs (docs/host-protocol.md).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct HostInterface {
+    /// SRAM address, the same on every tile, where the host writes the index
+    /// of the call to run (or 0xFFFFFFFF to end) before resuming the device.
+    pub command_address: u32,
+}
+
+/// The command word that ends a session: every supervisor exits.
+pub const EXIT_COMMAND: u32 = 0xFFFF_FFFF;
 
 /// One register write.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]

@@ -38,7 +38,7 @@ fn archive_layout_is_canonical() {
         .collect();
     expect![[r#"
         [
-            "manifest.json size=4376 mode=644 uid=0 gid=0 mtime=0 user=\"\"",
+            "manifest.json size=4423 mode=644 uid=0 gid=0 mtime=0 user=\"\"",
             "manifest.json.blake3 size=65 mode=644 uid=0 gid=0 mtime=0 user=\"\"",
             "report.json size=17 mode=644 uid=0 gid=0 mtime=0 user=\"\"",
             "symbols/tile0000.txt size=13 mode=644 uid=0 gid=0 mtime=0 user=\"\"",
@@ -63,6 +63,9 @@ fn manifest_text() {
           "target": "ipu21",
           "tile_count": 4,
           "model": "sample",
+          "host": {
+            "command_address": 311296
+          },
           "calls": [
             {
               "name": "initialize",
@@ -495,14 +498,14 @@ fn corrupt_archives_are_refused() {
         [
             "empty: the archive is empty (expected manifest.json first)",
             "manifest not first: the first member is `report.json`, expected manifest.json",
-            "manifest edited: member `manifest.json`: its blake3 0a4369347c6552cba6c9543b5011e95fe964da191c753cff80b3720be6766bb3 differs from the digest recorded in manifest.json.blake3, ddbe6ea63bfb3c29d3168c45e143787b274c1b9c941e2ed658954cc024b083eb",
+            "manifest edited: member `manifest.json`: its blake3 ebfee0ba34f0cb3dc122a01f63e1c0103103b285507bc6e713217b8ef294c7a5 differs from the digest recorded in manifest.json.blake3, db655e7c780184fbdb1474af240d411bfb2db51adadef43ba1f7159ef437760f",
             "manifest digest missing: member `report.json`: expected manifest.json.blake3 right after manifest.json",
             "bad json: manifest.json: EOF while parsing a value at line 1 column 21",
-            "unknown field: manifest.json: unknown field `extra`, expected one of `format_version`, `compiler_version`, `target`, `tile_count`, `model`, `calls`, `config_writes`, `report_summary`, `tiles`, `members` at line 2 column 9",
+            "unknown field: manifest.json: unknown field `extra`, expected one of `format_version`, `compiler_version`, `target`, `tile_count`, `model`, `host`, `calls`, `config_writes`, `report_summary`, `tiles`, `members` at line 2 column 9",
             "future version: manifest.json: unsupported package format version 2 (this reader supports 1)",
             "wrong target: manifest.json: unsupported target `ipu2` (expected ipu21)",
             "too many tiles: manifest.json: tile_count 1473 is outside 1..=1472",
-            "bad dtype: manifest.json: unknown dtype `bf16` (expected f32, f16, fp8 or fp8<scale> with an integer scale from -128 to 127) at line 20 column 25",
+            "bad dtype: manifest.json: unknown dtype `bf16` (expected f32, f16, fp8 or fp8<scale> with an integer scale from -128 to 127) at line 23 column 25",
             "missing member: member `report.json` is listed in manifest.json but absent",
             "unlisted member: member `notes.txt` is not listed in manifest.json",
             "duplicate member: member `report.json` appears twice",

@@ -82,6 +82,9 @@ pub fn sample() -> Package {
             compiler_version: "ipu-compile 0.1.0".into(),
             tile_count: 4,
             model: "sample".into(),
+            host: HostInterface {
+                command_address: 0x4C000,
+            },
             calls: vec![
                 StreamingCall {
                     name: "initialize".into(),
