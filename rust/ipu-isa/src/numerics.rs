@@ -16,8 +16,9 @@ pub const F8_MAX: f64 = 240.0;
 /// The F143 NaN byte.
 pub const F8_NAN: u8 = 0x80;
 
-/// Rounds a finite f64 to the nearest even f16 and returns its bits. Values at
-/// or beyond the overflow threshold become infinities; NaN becomes 0x7E00.
+/// Rounds an f64 to the nearest even f16 and returns its bits. Values at or
+/// beyond the overflow threshold become infinities; every NaN becomes the
+/// canonical 0x7E00 (hosts differ in the sign of generated NaNs).
 #[inline]
 pub fn f64_to_f16_bits(x: f64) -> u16 {
     let b = x.to_bits();
@@ -25,7 +26,8 @@ pub fn f64_to_f16_bits(x: f64) -> u16 {
     let exp = ((b >> 52) & 0x7FF) as i32;
     let man = b & ((1u64 << 52) - 1);
     if exp == 0x7FF {
-        return sign | if man != 0 { 0x7E00 } else { 0x7C00 };
+        // NaN results are the canonical quiet NaN, whatever the host's NaN sign.
+        return if man != 0 { 0x7E00 } else { sign | 0x7C00 };
     }
     if exp == 0 {
         // f64 subnormals are far below half the smallest f16 subnormal.
@@ -70,6 +72,20 @@ pub fn f64_to_f16_bits(x: f64) -> u16 {
         rounded
     };
     sign | bits.min(0x7C00) as u16
+}
+
+/// The canonical f32 NaN produced by every float instruction.
+pub const F32_CANONICAL_NAN: u32 = 0x7FC0_0000;
+
+/// f32 bits with any NaN replaced by the canonical NaN, so that results do
+/// not depend on the host's NaN sign or payload rules.
+#[inline]
+pub fn canonical_f32_bits(x: f32) -> u32 {
+    if x.is_nan() {
+        F32_CANONICAL_NAN
+    } else {
+        x.to_bits()
+    }
 }
 
 /// Rounds an f32 to the nearest even f16 bits.
@@ -125,6 +141,9 @@ pub fn f16_bits_to_f32(b: u16) -> f32 {
 /// results in the normal f16 range.
 #[inline]
 pub fn round_f64_to_f16_value(x: f64) -> f64 {
+    if x == 0.0 {
+        return x;
+    }
     let b = x.to_bits();
     let exp = ((b >> 52) & 0x7FF) as i32 - 1023;
     if (-14..=15).contains(&exp) {
@@ -413,13 +432,23 @@ mod tests {
             s ^= s << 17;
             // Values near f16 ties with bits far below the f32 precision.
             let base = ((s % 4096) as f64 - 2048.0) * 2f64.powi((s >> 12) as i32 % 40 - 30);
-            let x = if i % 2 == 0 { base } else { base + base * 2f64.powi(-11) + base * 2f64.powi(-40) };
+            let x = if i % 2 == 0 {
+                base
+            } else {
+                base + base * 2f64.powi(-11) + base * 2f64.powi(-40)
+            };
             let got = f64_to_f16_bits(x);
             let want = reference_f16(x);
-            assert!(got == want || (x == 0.0 && got & 0x7FFF == 0), "{x:e}: {got:#x} vs {want:#x}");
+            assert!(
+                got == want || (x == 0.0 && got & 0x7FFF == 0),
+                "{x:e}: {got:#x} vs {want:#x}"
+            );
         }
         // The double-rounding case: 1 + 2^-11 + 2^-40 rounds up.
-        assert_eq!(f64_to_f16_bits(1.0 + 2f64.powi(-11) + 2f64.powi(-40)), 0x3C01);
+        assert_eq!(
+            f64_to_f16_bits(1.0 + 2f64.powi(-11) + 2f64.powi(-40)),
+            0x3C01
+        );
     }
 
     #[test]

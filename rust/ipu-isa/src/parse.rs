@@ -6,7 +6,7 @@
 //! [`assemble_instruction`]. An operand naming a symbol yields a [`Fixup`]
 //! that the linker resolves with [`apply_relocation`].
 
-use crate::encode::{BRANCH_OFFSET_RANGE, IMM20_MAX, PAIR_BIT};
+use crate::encode::{BRANCH_OFFSET_RANGE, IMM20_MAX};
 use crate::instr::*;
 use crate::reg::{AReg, MReg, Reg, LR, MZERO};
 use crate::IsaError;
@@ -141,10 +141,6 @@ pub fn apply_relocation(
                     reason: "branch target out of range",
                 });
             }
-            debug_assert!(
-                word & PAIR_BIT == 0,
-                "control instructions are never bundled"
-            );
             Ok((word & !0xF_FFFF) | (((delta / 4) as u32) & 0xF_FFFF))
         }
         RelocKind::Abs32 => {

@@ -4,7 +4,9 @@
 //! copy for the mode in use, re-decoded lazily when the bytes or the mode
 //! change, so that an `amp` instruction is a fixed-size loop over arrays.
 
-use ipu_isa::numerics::{f16_bits_to_f32, f64_to_f16_bits, f8_to_f32, round_f64_to_f16_value};
+use ipu_isa::numerics::{
+    canonical_f32_bits, f16_bits_to_f32, f64_to_f16_bits, f8_to_f32, round_f64_to_f16_value,
+};
 use ipu_isa::{AReg, AmpMode, AMP_WEIGHT_STORE_BYTES};
 
 /// State of one context's AMP unit.
@@ -120,8 +122,18 @@ impl AmpState {
         // accumulate. Registers are read before `d` is written.
         match mode {
             AmpMode::F16 => {
-                let xv = [h(regs[x0]), h(regs[x0] >> 16), h(regs[x0 + 1]), h(regs[x0 + 1] >> 16)];
-                let pv = [h(regs[p0]), h(regs[p0] >> 16), h(regs[p0 + 1]), h(regs[p0 + 1] >> 16)];
+                let xv = [
+                    h(regs[x0]),
+                    h(regs[x0] >> 16),
+                    h(regs[x0 + 1]),
+                    h(regs[x0 + 1] >> 16),
+                ];
+                let pv = [
+                    h(regs[p0]),
+                    h(regs[p0] >> 16),
+                    h(regs[p0 + 1]),
+                    h(regs[p0 + 1] >> 16),
+                ];
                 self.emit_f16(regs, d0, phase);
                 self.accumulate::<4, 4>(phase, &xv, &pv, true);
             }
@@ -130,21 +142,26 @@ impl AmpState {
                 for (r, v) in xv.iter_mut().enumerate() {
                     *v = f8_to_f32((regs[x0 + r / 4] >> (8 * (r % 4))) as u8) as f64 * self.scale;
                 }
-                let pv = [h(regs[p0]), h(regs[p0] >> 16), h(regs[p0 + 1]), h(regs[p0 + 1] >> 16)];
+                let pv = [
+                    h(regs[p0]),
+                    h(regs[p0] >> 16),
+                    h(regs[p0 + 1]),
+                    h(regs[p0 + 1] >> 16),
+                ];
                 self.emit_f16(regs, d0, phase);
                 self.accumulate::<8, 4>(phase, &xv, &pv, true);
             }
             AmpMode::F16F32 => {
                 let xv = [h(regs[x0]), h(regs[x0] >> 16)];
                 let pv = [f(regs[p0]), f(regs[p0 + 1])];
-                regs[d0] = (self.prev[2 * phase] as f32).to_bits();
-                regs[d0 + 1] = (self.prev[2 * phase + 1] as f32).to_bits();
+                regs[d0] = canonical_f32_bits(self.prev[2 * phase] as f32);
+                regs[d0 + 1] = canonical_f32_bits(self.prev[2 * phase + 1] as f32);
                 self.accumulate::<2, 2>(phase, &xv, &pv, false);
             }
             AmpMode::F32 => {
                 let xv = [f(regs[x0])];
                 let pv = [f(regs[p0])];
-                regs[d0] = (self.prev[phase] as f32).to_bits();
+                regs[d0] = canonical_f32_bits(self.prev[phase] as f32);
                 self.accumulate::<1, 1>(phase, &xv, &pv, false);
             }
         }
@@ -173,7 +190,13 @@ impl AmpState {
     /// `acc[c] = round(acc[c] + sum_r W[R p + r][c] x[r] + partial)` with the
     /// products summed in increasing r, then the accumulator, then the partial.
     #[inline(always)]
-    fn accumulate<const R: usize, const L: usize>(&mut self, phase: usize, x: &[f64; R], part: &[f64; L], f16: bool) {
+    fn accumulate<const R: usize, const L: usize>(
+        &mut self,
+        phase: usize,
+        x: &[f64; R],
+        part: &[f64; L],
+        f16: bool,
+    ) {
         let base = phase * R * 16;
         let w: &[f64; 512] = &self.w;
         let mut s = [0f64; 16];
@@ -183,20 +206,39 @@ impl AmpState {
                 s[c] += row[c] * xv;
             }
         }
-        for c in 0..16 {
-            s[c] += self.acc[c];
+        for (sc, ac) in s.iter_mut().zip(&self.acc) {
+            *sc += ac;
         }
         // s = prod + acc equals acc + prod exactly (addition commutes).
         for (l, pv) in part.iter().enumerate() {
             s[phase * L + l] += pv;
         }
         if f16 {
+            // Branch-free nearest-even rounding of all lanes whose result is
+            // zero or a normal f16; the rare others take the general path.
+            const SIGN: u64 = 1 << 63;
+            const MIN_NORMAL: u64 = 0x3F10_0000_0000_0000; // 2^-14
+            const ROUNDS_TO_INF: u64 = 0x40EF_FE00_0000_0000; // 65520.0
+            let mut all_fast = true;
+            let mut out = [0f64; 16];
             for c in 0..16 {
-                self.acc[c] = round_f64_to_f16_value(s[c]);
+                let b = s[c].to_bits();
+                let mag = b & !SIGN;
+                let r = (mag + (1u64 << 41) - 1 + ((mag >> 42) & 1)) & !((1u64 << 42) - 1);
+                // Zero, or 2^-14 <= |s| < 65520 (whose rounding stays finite and normal).
+                all_fast &=
+                    (mag == 0) | (mag.wrapping_sub(MIN_NORMAL) < ROUNDS_TO_INF - MIN_NORMAL);
+                out[c] = f64::from_bits(r | (b & SIGN));
             }
+            if !all_fast {
+                for (o, sc) in out.iter_mut().zip(&s) {
+                    *o = round_f64_to_f16_value(*sc);
+                }
+            }
+            self.acc = out;
         } else {
-            for c in 0..16 {
-                self.acc[c] = s[c] as f32 as f64;
+            for (ac, sc) in self.acc.iter_mut().zip(&s) {
+                *ac = *sc as f32 as f64;
             }
         }
     }

@@ -3,7 +3,8 @@
 //! works on the context's float register file in place (docs/isa.md, section 3).
 
 use ipu_isa::numerics::{
-    f16_bits_to_f32, f64_to_f16_bits, f64_to_f16_bits_sr, f64_to_f8, f8_to_f64, Prng,
+    canonical_f32_bits, f16_bits_to_f32, f64_to_f16_bits, f64_to_f16_bits_sr, f64_to_f8, f8_to_f64,
+    Prng,
 };
 use ipu_isa::{AReg, CvtOp, FloatOp, FloatType, HredOp, ShufOp};
 
@@ -81,10 +82,10 @@ fn f32_op(op: FloatOp, xb: u32, yb: u32, db: u32) -> u32 {
     let x = f32::from_bits(xb);
     let y = f32::from_bits(yb);
     match op {
-        FloatOp::Add => (x + y).to_bits(),
-        FloatOp::Sub => (x - y).to_bits(),
-        FloatOp::Mul => (x * y).to_bits(),
-        FloatOp::Mac => x.mul_add(y, f32::from_bits(db)).to_bits(),
+        FloatOp::Add => canonical_f32_bits(x + y),
+        FloatOp::Sub => canonical_f32_bits(x - y),
+        FloatOp::Mul => canonical_f32_bits(x * y),
+        FloatOp::Mac => canonical_f32_bits(x.mul_add(y, f32::from_bits(db))),
         FloatOp::Max | FloatOp::Min => {
             if x.is_nan() || y.is_nan() {
                 F32_NAN
@@ -117,7 +118,7 @@ fn f32_op(op: FloatOp, xb: u32, yb: u32, db: u32) -> u32 {
         }
         FloatOp::Abs => xb & 0x7FFF_FFFF,
         FloatOp::Neg => xb ^ 0x8000_0000,
-        _ => (transcendental(op, x as f64) as f32).to_bits(),
+        _ => canonical_f32_bits(transcendental(op, x as f64) as f32),
     }
 }
 
@@ -177,7 +178,7 @@ pub(crate) fn hred(a: &mut [u32; 16], op: HredOp, d: AReg, x: AReg) {
             }
         }
     };
-    a[d.first as usize] = r.to_bits();
+    a[d.first as usize] = canonical_f32_bits(r);
 }
 
 /// Conversions; stochastic variants draw one PRNG value per lane.

@@ -151,7 +151,10 @@ impl Decoded {
             bundle,
             size,
             slots: bundle.issue_slots() as u64,
-            count: bundle.instructions().filter(|i| **i != Instruction::Nop).count() as u8,
+            count: bundle
+                .instructions()
+                .filter(|i| **i != Instruction::Nop)
+                .count() as u8,
             worker_ok: !class(ContextClass::SupervisorOnly),
             supervisor_ok: !class(ContextClass::WorkerOnly),
         }
@@ -183,6 +186,17 @@ pub struct Tile {
     pub(crate) syncs_done: u32,
     pub(crate) now: u64,
     pub(crate) symbols: Option<Arc<SymbolMap>>,
+}
+
+/// A number naming the memory element of an address (distinct per region);
+/// `u32::MAX` outside SRAM, where the access itself faults.
+#[inline]
+fn element_key(address: u32) -> u32 {
+    match Region::element_of(address) {
+        Some((Region::Standard, e)) => e,
+        Some((Region::Interleaved, e)) => 0x1000 + e,
+        None => u32::MAX,
+    }
 }
 
 fn bad_range(address: u32, bytes: u32) -> FaultKind {
@@ -281,6 +295,41 @@ impl Tile {
         }
         let off = Self::offset(address, bytes)?;
         Ok(&self.mem[off..off + bytes as usize])
+    }
+
+    /// Reads `N` little-endian words at an address aligned to `4 * N`.
+    #[inline]
+    fn read_words<const N: usize>(&self, address: u32) -> Result<[u32; N], FaultKind> {
+        let bytes = 4 * N as u32;
+        if !address.is_multiple_of(bytes) {
+            return Err(FaultKind::Misaligned { address, bytes });
+        }
+        let off = Self::offset(address, bytes)?;
+        let mut out = [0u32; N];
+        for (i, w) in out.iter_mut().enumerate() {
+            let b = &self.mem[off + 4 * i..off + 4 * i + 4];
+            *w = u32::from_le_bytes([b[0], b[1], b[2], b[3]]);
+        }
+        Ok(out)
+    }
+
+    /// Writes `N` little-endian words at an address aligned to `4 * N`.
+    #[inline]
+    fn write_words<const N: usize>(
+        &mut self,
+        address: u32,
+        words: [u32; N],
+    ) -> Result<(), FaultKind> {
+        let bytes = 4 * N as u32;
+        if !address.is_multiple_of(bytes) {
+            return Err(FaultKind::Misaligned { address, bytes });
+        }
+        let off = Self::offset(address, bytes)?;
+        for (i, w) in words.iter().enumerate() {
+            self.mem[off + 4 * i..off + 4 * i + 4].copy_from_slice(&w.to_le_bytes());
+        }
+        self.invalidate(address, bytes);
+        Ok(())
     }
 
     #[inline]
@@ -922,52 +971,69 @@ impl Tile {
         let ctx = &self.ctx[c];
         let ptr = |i: u8| ctx.get_m(MReg(base.0 + i));
         let sv = ctx.get_m(stride);
-        let (loads, store_at): ([(u32, u32); 2], u32) = match kind {
-            LdStKind::Ld64St64 => ([(ptr(0), 8), (0, 0)], ptr(1)),
-            LdStKind::Ld128St64 => ([(ptr(0), 16), (0, 0)], ptr(1)),
-            LdStKind::Ld2x64St64 => ([(ptr(0), 8), (ptr(1), 8)], ptr(2)),
+        let (p0, p1) = (ptr(0), ptr(1));
+        let store_at = if kind == LdStKind::Ld2x64St64 {
+            ptr(2)
+        } else {
+            p1
         };
-        let interleaved_only = kind != LdStKind::Ld64St64;
-        let store_elem = Region::element_of(store_at);
-        let mut load_keys = [(None, 0u32); 2];
-        for (n, &(addr, _)) in loads.iter().enumerate().filter(|(_, l)| l.1 > 0) {
-            if interleaved_only && Region::of(addr) != Some(Region::Interleaved) {
-                return Err(FaultKind::NotInterleaved { address: addr });
+        let store_key = element_key(store_at);
+        let mut loaded = [0u32; 4];
+        match kind {
+            LdStKind::Ld64St64 => {
+                if element_key(p0) == store_key && store_key != u32::MAX {
+                    return Err(FaultKind::MemoryConflict {
+                        first: p0,
+                        second: store_at,
+                    });
+                }
+                let w: [u32; 2] = self.read_words(p0)?;
+                loaded[..2].copy_from_slice(&w);
             }
-            let elem = Region::element_of(addr);
-            if elem.is_some() && elem == store_elem {
-                return Err(FaultKind::MemoryConflict {
-                    first: addr,
-                    second: store_at,
-                });
+            LdStKind::Ld128St64 => {
+                if Region::of(p0) != Some(Region::Interleaved) {
+                    return Err(FaultKind::NotInterleaved { address: p0 });
+                }
+                if element_key(p0) == store_key {
+                    return Err(FaultKind::MemoryConflict {
+                        first: p0,
+                        second: store_at,
+                    });
+                }
+                loaded = self.read_words(p0)?;
             }
-            load_keys[n] = (elem, (addr >> 3) & 1);
+            LdStKind::Ld2x64St64 => {
+                for a in [p0, p1] {
+                    if Region::of(a) != Some(Region::Interleaved) {
+                        return Err(FaultKind::NotInterleaved { address: a });
+                    }
+                    if element_key(a) == store_key {
+                        return Err(FaultKind::MemoryConflict {
+                            first: a,
+                            second: store_at,
+                        });
+                    }
+                }
+                // Two loads may share an interleaved element only in different banks (address bit 3).
+                if element_key(p0) == element_key(p1) && (p0 ^ p1) & 8 == 0 {
+                    return Err(FaultKind::MemoryConflict {
+                        first: p0,
+                        second: p1,
+                    });
+                }
+                let w0: [u32; 2] = self.read_words(p0)?;
+                let w1: [u32; 2] = self.read_words(p1)?;
+                loaded = [w0[0], w0[1], w1[0], w1[1]];
+            }
         }
-        if kind == LdStKind::Ld2x64St64 && load_keys[0].0.is_some() && load_keys[0] == load_keys[1]
-        {
-            return Err(FaultKind::MemoryConflict {
-                first: loads[0].0,
-                second: loads[1].0,
-            });
-        }
-        // Loads, then the store (of the float values from before the bundle).
-        let mut buf = [0u8; 16];
-        let mut at = 0;
-        for &(addr, bytes) in loads.iter().filter(|l| l.1 > 0) {
-            buf[at..at + bytes as usize].copy_from_slice(self.load(addr, bytes)?);
-            at += bytes as usize;
-        }
-        let mut sbuf = [0u8; 8];
-        sbuf[..4].copy_from_slice(&old_a[s.first as usize].to_le_bytes());
-        sbuf[4..].copy_from_slice(&old_a[s.first as usize + 1].to_le_bytes());
-        self.store(store_at, &sbuf)?;
+        // The store writes the float values from before the bundle.
+        let s0 = s.first as usize;
+        self.write_words(store_at, [old_a[s0], old_a[s0 + 1]])?;
         let ctx = &mut self.ctx[c];
-        for k in 0..d.count as usize {
-            ctx.a[d.first as usize + k] =
-                u32::from_le_bytes(buf[4 * k..4 * k + 4].try_into().unwrap());
-        }
+        let n = d.count as usize;
+        ctx.a[d.first as usize..d.first as usize + n].copy_from_slice(&loaded[..n]);
+        let natural = [if kind == LdStKind::Ld128St64 { 16 } else { 8 }, 8, 8];
         // Post-increments per pace code.
-        let natural = [loads[0].1, 8, 8];
         for i in 0..kind.address_registers() {
             let inc = match (pace >> (2 * i)) & 3 {
                 0 => natural[i as usize],

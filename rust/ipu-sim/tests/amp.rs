@@ -65,6 +65,18 @@ struct Stream {
 
 /// Random inputs and the reference result for `rows` rows.
 fn reference(mode: AmpMode, rows: usize, scale: i8, rng: &mut Rng) -> Stream {
+    reference_scaled(mode, rows, scale, 1.0, rng)
+}
+
+/// As `reference` with x and partials multiplied by `magnitude` (to reach
+/// subnormal and overflowing f16 results).
+fn reference_scaled(
+    mode: AmpMode,
+    rows: usize,
+    scale: i8,
+    magnitude: f64,
+    rng: &mut Rng,
+) -> Stream {
     let (kr, phases, rpp, lpp) = (
         mode.k_rows(),
         mode.phases(),
@@ -139,7 +151,7 @@ fn reference(mode: AmpMode, rows: usize, scale: i8, rng: &mut Rng) -> Stream {
                             (f143(b), vec![b])
                         }
                         AmpMode::F16 | AmpMode::F16F32 => {
-                            let h = half::f16::from_f64(rng.uniform(-2.0, 2.0));
+                            let h = half::f16::from_f64(rng.uniform(-2.0, 2.0) * magnitude);
                             (h.to_f64(), h.to_bits().to_le_bytes().to_vec())
                         }
                         AmpMode::F32 => {
@@ -161,7 +173,11 @@ fn reference(mode: AmpMode, rows: usize, scale: i8, rng: &mut Rng) -> Stream {
             let mut parts = Vec::new();
             let mut pbytes = Vec::new();
             for _ in 0..lpp {
-                let v = if last { 0.0 } else { rng.uniform(-4.0, 4.0) };
+                let v = if last {
+                    0.0
+                } else {
+                    rng.uniform(-4.0, 4.0) * magnitude
+                };
                 match mode {
                     AmpMode::F16 | AmpMode::F8 => {
                         let h = half::f16::from_f64(v);
@@ -216,6 +232,41 @@ fn streaming_products_match_the_reference_in_every_mode() {
             .unwrap_or_else(|e| panic!("{mode:?}: {e}"));
             let got = chip.peek(0, O_ADDR, s.expect.len() as u32).unwrap();
             assert_eq!(got, s.expect, "{mode:?} rows {rows}");
+        }
+    }
+}
+
+#[test]
+fn f16_accumulation_handles_subnormal_and_overflowing_results() {
+    let mut rng = Rng(12);
+    for magnitude in [1e-6, 3e-5, 2e4] {
+        let s = reference_scaled(AmpMode::F16, 6, 0, magnitude, &mut rng);
+        let data = vec![
+            (W_ADDR, s.w.clone()),
+            (X_ADDR, s.x.clone()),
+            (P_ADDR, s.p.clone()),
+        ];
+        let chip = run_one(
+            &workers_program(&stream_worker(AmpMode::F16, 6, 0), 1),
+            &data,
+        )
+        .unwrap();
+        let got = chip.peek(0, O_ADDR, s.expect.len() as u32).unwrap();
+        assert_eq!(got, s.expect, "magnitude {magnitude}");
+        let halves: Vec<u16> = got
+            .chunks(2)
+            .map(|c| u16::from_le_bytes([c[0], c[1]]))
+            .collect();
+        if magnitude < 1e-4 {
+            assert!(
+                halves.iter().any(|h| h & 0x7C00 == 0 && h & 0x3FF != 0),
+                "some subnormal results"
+            );
+        } else {
+            assert!(
+                halves.iter().any(|h| h & 0x7FFF == 0x7C00),
+                "some infinities"
+            );
         }
     }
 }

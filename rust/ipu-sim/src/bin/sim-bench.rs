@@ -37,6 +37,8 @@ fn main() {
         # 0x2008 bytes further (the other bank of the same element), and stores
         # outputs to 0x60000 + w * 0x2000; the last bundle of a row rewinds
         # all three pointers so that the data stays in 32 bytes.
+        setzi $m8, 0xC0000
+{weights}
         shl $m4, $m1, 14
         setzi $m2, 0x80000
         add $m4, $m4, $m2
@@ -54,7 +56,10 @@ fn main() {
         {{ ld2x64st64 $a0:3, $a4:5, $m4, $m7, 0b010101 ; ampf16 $a4:5, $a0:1, $a2:3 }}
         exit
         ",
-        count = rows
+        count = rows,
+        weights = (0..32)
+            .map(|i| format!("ld128 $a8:11, [$m8]+=16\nampw $a8:11, {i}\n"))
+            .collect::<String>()
     ))
     .expect("benchmark program assembles");
     let image = b.finish().expect("labels resolve");
@@ -62,7 +67,20 @@ fn main() {
         tiles,
         ..ChipConfig::default()
     });
+    // Random f16 inputs in [-1, 1) for weights, x and partials, so that the
+    // arithmetic takes its usual paths (zeros would take shortcuts).
+    let mut state = 0x1234_5678_9abc_def0u64;
+    let mut data = vec![0u8; 0x60000];
+    for pair in data.chunks_mut(2) {
+        state ^= state << 13;
+        state ^= state >> 7;
+        state ^= state << 17;
+        let v = (state >> 11) as f64 / (1u64 << 53) as f64 * 2.0 - 1.0;
+        pair.copy_from_slice(&ipu_isa::numerics::f64_to_f16_bits(v).to_le_bytes());
+    }
     for t in 0..tiles {
+        chip.write(t, DATA, &data[..0x18000]).unwrap();
+        chip.write(t, 0xC0000, &data[..512]).unwrap();
         chip.write(t, CODE, &image).unwrap();
         chip.set_entry(t, CODE).unwrap();
     }
