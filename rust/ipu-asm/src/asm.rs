@@ -1365,11 +1365,8 @@ impl<'o> Assembler<'o> {
         } else {
             self.entries.clone()
         };
-        let mut hasher = blake3::Hasher::new();
-        for (_, bytes) in &self.files {
-            hasher.update(&(bytes.len() as u64).to_le_bytes());
-            hasher.update(bytes);
-        }
+        let digest =
+            crate::source_digest(&self.files.iter().map(|(_, b)| b.as_slice()).collect::<Vec<_>>());
         let stem = Path::new(main_name)
             .file_stem()
             .map_or("kernel".to_string(), |s| s.to_string_lossy().into_owned());
@@ -1389,7 +1386,7 @@ impl<'o> Assembler<'o> {
             workers: self.workers,
             registers: RegistersUsed::from_masks(self.m_mask, self.a_mask),
             cycles: self.cycles.clone(),
-            source_digest: hasher.finalize().to_hex().to_string(),
+            source_digest: digest,
             toolchain_version: TOOLCHAIN_VERSION.to_string(),
         };
         Ok(Assembly {

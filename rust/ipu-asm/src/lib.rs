@@ -114,3 +114,15 @@ pub fn parse_define(text: &str) -> Result<(String, i64), String> {
         .ok_or_else(|| format!("-D {text}: `{}` is not an integer", v.trim()))?;
     Ok((n.to_string(), v))
 }
+
+/// The source digest recorded in the metadata: blake3 over the main source
+/// and every included file's bytes, in the order read, each prefixed with its
+/// length. The kernel cache recomputes it to key entries.
+pub fn source_digest(files: &[&[u8]]) -> String {
+    let mut hasher = blake3::Hasher::new();
+    for bytes in files {
+        hasher.update(&(bytes.len() as u64).to_le_bytes());
+        hasher.update(bytes);
+    }
+    hasher.finalize().to_hex().to_string()
+}
