@@ -1365,8 +1365,13 @@ impl<'o> Assembler<'o> {
         } else {
             self.entries.clone()
         };
-        let digest =
-            crate::source_digest(&self.files.iter().map(|(_, b)| b.as_slice()).collect::<Vec<_>>());
+        let digest = crate::source_digest(
+            &self
+                .files
+                .iter()
+                .map(|(_, b)| b.as_slice())
+                .collect::<Vec<_>>(),
+        );
         let stem = Path::new(main_name)
             .file_stem()
             .map_or("kernel".to_string(), |s| s.to_string_lossy().into_owned());

@@ -167,7 +167,9 @@ impl KernelCache {
 
     /// The key the manifest predicts, if its include list is still readable.
     fn predicted_key(&self, base: &str, source: &[u8]) -> Option<String> {
-        let text = std::fs::read_to_string(self.root.join("manifests").join(format!("{base}.json"))).ok()?;
+        let text =
+            std::fs::read_to_string(self.root.join("manifests").join(format!("{base}.json")))
+                .ok()?;
         let m: Manifest = serde_json::from_str(&text).ok()?;
         let mut files = vec![source.to_vec()];
         for p in &m.includes {

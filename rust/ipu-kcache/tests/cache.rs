@@ -30,7 +30,14 @@ fn hit_miss_and_invalidation() {
     let a = cache.get_or_build(&spec).unwrap();
     assert!(!a.cached);
     assert_eq!(a.key.len(), 64);
-    assert_eq!(a.object_path, cache_dir.path().join("kernels").join(&a.key).join("kernel.o"));
+    assert_eq!(
+        a.object_path,
+        cache_dir
+            .path()
+            .join("kernels")
+            .join(&a.key)
+            .join("kernel.o")
+    );
     assert_eq!(a.metadata.kernel, "k16");
     assert_eq!(a.metadata.parameters["K"], 16);
     let b = cache.get_or_build(&spec).unwrap();
@@ -76,7 +83,13 @@ fn corrupt_entries_are_rebuilt() {
     // No temporary directories are left behind.
     let leftovers: Vec<_> = std::fs::read_dir(cache_dir.path().join("kernels"))
         .unwrap()
-        .filter(|e| e.as_ref().unwrap().file_name().to_string_lossy().starts_with(".tmp"))
+        .filter(|e| {
+            e.as_ref()
+                .unwrap()
+                .file_name()
+                .to_string_lossy()
+                .starts_with(".tmp")
+        })
         .collect();
     assert!(leftovers.is_empty());
 }
@@ -87,14 +100,26 @@ fn assembler_errors_pass_through() {
     let cache_dir = tempfile::tempdir().unwrap();
     std::fs::write(src.path().join("bad.S"), ".text\n  frob $m0\n").unwrap();
     let cache = KernelCache::open(cache_dir.path()).unwrap();
-    let e = cache.get_or_build(&KernelSpec::new(src.path().join("bad.S"), "bad")).unwrap_err();
-    assert!(e.to_string().ends_with("bad.S:2:3: error: unknown mnemonic `frob`"), "{e}");
+    let e = cache
+        .get_or_build(&KernelSpec::new(src.path().join("bad.S"), "bad"))
+        .unwrap_err();
+    assert!(
+        e.to_string()
+            .ends_with("bad.S:2:3: error: unknown mnemonic `frob`"),
+        "{e}"
+    );
 }
 
 #[test]
 fn default_directory() {
-    assert_eq!(default_dir_from(Some("/x".into()), Some("/h".into())), Some("/x/ipu-stack".into()));
-    assert_eq!(default_dir_from(None, Some("/h".into())), Some("/h/.cache/ipu-stack".into()));
+    assert_eq!(
+        default_dir_from(Some("/x".into()), Some("/h".into())),
+        Some("/x/ipu-stack".into())
+    );
+    assert_eq!(
+        default_dir_from(None, Some("/h".into())),
+        Some("/h/.cache/ipu-stack".into())
+    );
     assert_eq!(default_dir_from(Some("".into()), None), None);
 }
 
@@ -123,9 +148,19 @@ fn logs_like_the_seed() {
         .finish();
     tracing::subscriber::with_default(subscriber, || {
         let cache = KernelCache::open(cache_dir.path()).unwrap();
-        cache.get_or_build(&KernelSpec::new(src.path().join("k.S"), "k")).unwrap();
+        cache
+            .get_or_build(&KernelSpec::new(src.path().join("k.S"), "k"))
+            .unwrap();
     });
     let log = String::from_utf8(buf.0.lock().unwrap().clone()).unwrap();
-    assert!(log.contains("compiling kernel") && log.contains("name=k") && log.contains("target=ipu21"), "{log}");
-    assert!(log.contains("kernel artifact created") && log.contains("/kernel.o") && log.contains("/kernel.json"), "{log}");
+    assert!(
+        log.contains("compiling kernel") && log.contains("name=k") && log.contains("target=ipu21"),
+        "{log}"
+    );
+    assert!(
+        log.contains("kernel artifact created")
+            && log.contains("/kernel.o")
+            && log.contains("/kernel.json"),
+        "{log}"
+    );
 }
