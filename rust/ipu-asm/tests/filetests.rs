@@ -2,7 +2,7 @@
 //! `tests/filetests/*.S` is assembled and the outcome (object listing and
 //! metadata, or the exact error text) is compared with the snapshot
 //! `<name>.out` beside it. A first line `# runs: ARGS | ARGS ...` assembles
-//! the file once per argument set (`-D NAME=VALUE`, `--name N`), which is how
+//! the file once per argument set (`-D NAME=VALUE`, `--name N`, `-I DIR` relative to the file), which is how
 //! specialisation is tested. Run with `UPDATE_EXPECT=1` to rewrite snapshots.
 
 use std::path::{Path, PathBuf};
@@ -25,6 +25,11 @@ fn check_one(path: &Path, args: &str) -> String {
                 opts.defines.insert(k, v);
             }
             "--name" => opts.name = words.next().map(String::from),
+            "-I" => opts.include_dirs.push(
+                path.parent()
+                    .unwrap()
+                    .join(words.next().expect("-I needs a directory")),
+            ),
             other => panic!("{}: unknown filetest argument {other}", path.display()),
         }
     }
