@@ -284,3 +284,54 @@ fn an_empty_exchange_costs_exactly_the_sync() {
         s.tiles[0].compute_cycles + ipu_arch::SYNC_CYCLES + 6
     );
 }
+
+#[test]
+fn descriptor_tables_issue_one_descriptor_per_cycle() {
+    // xtab with 12 descriptors occupies the supervisor for two slots (12
+    // cycles); each descriptor counts as issued one cycle after the previous.
+    let table: Vec<u32> = (0..12)
+        .flat_map(|i| [u32::MAX, IN + 4 * i, 1, 40 + i])
+        .collect();
+    let chip = run_tiles(
+        2,
+        |t| {
+            if t == 0 {
+                "sync\nsetzi $m2, 0x90100\nsetzi $m3, 12\nget $m4, cycle_lo\nxtab $m2, $m3\nget $m5, cycle_lo\nxend\nsub $m5, $m5, $m4\nsetzi $m6, 0x90000\nst32 $m5, [$m6]\nexit\n".into()
+            } else {
+                format!("sync\n{}xend\nexit\n", recv(OUT, 12, 0, 40))
+            }
+        },
+        |t| if t == 0 { vec![(OUT + 0x100, words(&table)), (IN, words(&(0..12).collect::<Vec<u32>>()))] } else { vec![] },
+    )
+    .unwrap();
+    assert_eq!(tile_words(&chip, 0, OUT, 1), [6 + 12]);
+    assert_eq!(tile_words(&chip, 1, OUT, 12), (0..12).collect::<Vec<u32>>());
+    // A descriptor whose start precedes its issue cycle is late: descriptor 11
+    // issues at xtab + 11 but would start at xtab + 10.
+    let late: Vec<u32> = (0..12)
+        .flat_map(|i| {
+            [
+                u32::MAX,
+                IN + 4 * i,
+                1,
+                if i == 11 { 12 + 10 } else { 40 + i },
+            ]
+        })
+        .collect();
+    let err = run_tiles(
+        1,
+        |_| "sync\nsetzi $m2, 0x90100\nsetzi $m3, 12\nxtab $m2, $m3\nxend\nexit\n".into(),
+        |_| vec![(OUT + 0x100, words(&late))],
+    )
+    .unwrap_err();
+    assert!(
+        matches!(
+            err.kind,
+            FaultKind::LateExchange {
+                start: 22,
+                issued: 23
+            }
+        ),
+        "{err}"
+    );
+}

@@ -642,3 +642,22 @@ fn combined_load_store_instructions() {
         check(&c);
     }
 }
+
+#[test]
+fn control_instructions_cost_one_issue_slot() {
+    // Each form falls through or jumps to the next bundle, so it can repeat.
+    for op in [
+        "br +4",
+        "brz $mzero, +4",
+        "brnz $mzero, +4",
+        "brnz $m4, +4",
+        "brnzdec $mzero, +4",
+        "call +4",
+        "nop",
+        "setseed $m4, $m5",
+    ] {
+        let mut c = case(op, "setzi $m4, 1", op, "");
+        c.slots = 1;
+        check(&c);
+    }
+}
