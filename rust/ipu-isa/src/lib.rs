@@ -40,6 +40,61 @@ pub use reg::{AReg, MReg, Reg, LR, MZERO};
 
 use std::fmt;
 
+/// One line of a disassembly listing.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DisasmLine {
+    pub address: u32,
+    /// The words of the bundle (or the single undecodable word).
+    pub words: Vec<u32>,
+    /// The bundle, or why the word does not decode.
+    pub bundle: Result<Bundle, IsaError>,
+}
+
+impl fmt::Display for DisasmLine {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let hex: Vec<String> = self.words.iter().map(|w| format!("{w:08x}")).collect();
+        write!(f, "{:#07x}: {:<18}", self.address, hex.join(" "))?;
+        match &self.bundle {
+            Ok(b) => write!(f, " {b}"),
+            Err(e) => write!(f, " <{e}>"),
+        }
+    }
+}
+
+/// Disassembles little-endian code starting at address `base`. A word that
+/// does not decode becomes one error line and decoding continues with the
+/// next word, so data mixed into code does not stop the listing.
+pub fn disassemble(bytes: &[u8], base: u32) -> Vec<DisasmLine> {
+    let words: Vec<u32> = bytes
+        .chunks_exact(4)
+        .map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+        .collect();
+    let mut out = Vec::new();
+    let mut i = 0;
+    while i < words.len() {
+        let address = base + 4 * i as u32;
+        match decode_bundle(&words[i..]) {
+            Ok((b, n)) => {
+                out.push(DisasmLine {
+                    address,
+                    words: words[i..i + n].to_vec(),
+                    bundle: Ok(b),
+                });
+                i += n;
+            }
+            Err(e) => {
+                out.push(DisasmLine {
+                    address,
+                    words: vec![words[i]],
+                    bundle: Err(e),
+                });
+                i += 1;
+            }
+        }
+    }
+    out
+}
+
 /// Errors of encoding, decoding, parsing and relocation.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum IsaError {

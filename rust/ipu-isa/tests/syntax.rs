@@ -133,3 +133,23 @@ fn builder_resolves_labels_with_relocations() {
     assert!(apply_relocation(RelocKind::Abs20, 0, 0, 0x10_0000).is_err());
     assert!(apply_relocation(RelocKind::PcRel20, 0, 0x4C000, 0x4C002).is_err());
 }
+
+#[test]
+fn disassembly_listing_continues_past_data() {
+    let mut b = ProgramBuilder::new(0x4C000);
+    b.asm_block("setzi $m1, 5\n{ ld64 $a0:1, [$m1]+=8 ; f16v4add $a2:3, $a0:1, $a0:1 }")
+        .unwrap();
+    b.word(0);
+    b.asm("exit").unwrap();
+    let text: Vec<String> = disassemble(&b.finish().unwrap(), 0x4C000)
+        .iter()
+        .map(|l| l.to_string())
+        .collect();
+    expect![[r#"
+        0x4c000: 04100005           setzi $m1, 0x5
+        0x4c004: 93014008 40200000  { ld64 $a0:1, [$m1]+=8 ; f16v4add $a2:3, $a0:1, $a0:1 }
+        0x4c00c: 00000000           <illegal instruction word 0x00000000: opcode 0 (zeroed memory) is not an instruction>
+        0x4c010: 29000000           exit
+    "#]]
+    .assert_eq(&(text.join("\n") + "\n"));
+}
