@@ -311,15 +311,19 @@ _NORMAL_DEPENDENCIES = {
             "tracing-subscriber": Label("//:tracing-subscriber-0.3.23"),
         },
     },
+    "rust/ipu-compiler": {
+        _COMMON_CONDITION: {
+            "serde": Label("//:serde-1.0.229"),
+            "serde_json": Label("//:serde_json-1.0.154"),
+            "tracing": Label("//:tracing-0.1.44"),
+        },
+    },
     "rust/ipu-graph": {
         _COMMON_CONDITION: {
             "serde": Label("//:serde-1.0.229"),
         },
     },
     "rust/ipu-isa": {
-        _COMMON_CONDITION: {
-            "half": Label("//:half-2.7.1"),
-        },
     },
     "rust/ipu-kcache": {
         _COMMON_CONDITION: {
@@ -355,9 +359,16 @@ _NORMAL_DEPENDENCIES = {
             "half": Label("//:half-2.7.1"),
         },
     },
+    "rust/ipu-runtime": {
+        _COMMON_CONDITION: {
+            "blake3": Label("//:blake3-1.8.7"),
+            "serde": Label("//:serde-1.0.229"),
+            "serde_json": Label("//:serde_json-1.0.154"),
+            "tracing": Label("//:tracing-0.1.44"),
+        },
+    },
     "rust/ipu-sim": {
         _COMMON_CONDITION: {
-            "half": Label("//:half-2.7.1"),
             "rayon": Label("//:rayon-1.12.0"),
         },
     },
@@ -375,13 +386,15 @@ _NORMAL_ALIASES = {
         _COMMON_CONDITION: {
         },
     },
+    "rust/ipu-compiler": {
+        _COMMON_CONDITION: {
+        },
+    },
     "rust/ipu-graph": {
         _COMMON_CONDITION: {
         },
     },
     "rust/ipu-isa": {
-        _COMMON_CONDITION: {
-        },
     },
     "rust/ipu-kcache": {
         _COMMON_CONDITION: {
@@ -403,6 +416,10 @@ _NORMAL_ALIASES = {
         _COMMON_CONDITION: {
         },
     },
+    "rust/ipu-runtime": {
+        _COMMON_CONDITION: {
+        },
+    },
     "rust/ipu-sim": {
         _COMMON_CONDITION: {
         },
@@ -421,6 +438,13 @@ _NORMAL_DEV_DEPENDENCIES = {
     },
     "rust/ipu-cli": {
     },
+    "rust/ipu-compiler": {
+        _COMMON_CONDITION: {
+            "expect-test": Label("//:expect-test-1.5.1"),
+            "half": Label("//:half-2.7.1"),
+            "tempfile": Label("//:tempfile-3.27.0"),
+        },
+    },
     "rust/ipu-graph": {
         _COMMON_CONDITION: {
             "expect-test": Label("//:expect-test-1.5.1"),
@@ -429,6 +453,7 @@ _NORMAL_DEV_DEPENDENCIES = {
     "rust/ipu-isa": {
         _COMMON_CONDITION: {
             "expect-test": Label("//:expect-test-1.5.1"),
+            "half": Label("//:half-2.7.1"),
         },
     },
     "rust/ipu-kcache": {
@@ -458,7 +483,16 @@ _NORMAL_DEV_DEPENDENCIES = {
             "expect-test": Label("//:expect-test-1.5.1"),
         },
     },
+    "rust/ipu-runtime": {
+        _COMMON_CONDITION: {
+            "expect-test": Label("//:expect-test-1.5.1"),
+            "tempfile": Label("//:tempfile-3.27.0"),
+        },
+    },
     "rust/ipu-sim": {
+        _COMMON_CONDITION: {
+            "half": Label("//:half-2.7.1"),
+        },
     },
 }
 
@@ -472,6 +506,10 @@ _NORMAL_DEV_ALIASES = {
     },
     "rust/ipu-cli": {
     },
+    "rust/ipu-compiler": {
+        _COMMON_CONDITION: {
+        },
+    },
     "rust/ipu-graph": {
         _COMMON_CONDITION: {
         },
@@ -500,7 +538,13 @@ _NORMAL_DEV_ALIASES = {
         _COMMON_CONDITION: {
         },
     },
+    "rust/ipu-runtime": {
+        _COMMON_CONDITION: {
+        },
+    },
     "rust/ipu-sim": {
+        _COMMON_CONDITION: {
+        },
     },
 }
 
@@ -512,6 +556,8 @@ _PROC_MACRO_DEPENDENCIES = {
     },
     "rust/ipu-cli": {
     },
+    "rust/ipu-compiler": {
+    },
     "rust/ipu-graph": {
     },
     "rust/ipu-isa": {
@@ -525,6 +571,8 @@ _PROC_MACRO_DEPENDENCIES = {
     "rust/ipu-package": {
     },
     "rust/ipu-reference": {
+    },
+    "rust/ipu-runtime": {
     },
     "rust/ipu-sim": {
     },
@@ -538,6 +586,8 @@ _PROC_MACRO_ALIASES = {
     },
     "rust/ipu-cli": {
     },
+    "rust/ipu-compiler": {
+    },
     "rust/ipu-graph": {
     },
     "rust/ipu-isa": {
@@ -551,6 +601,8 @@ _PROC_MACRO_ALIASES = {
     "rust/ipu-package": {
     },
     "rust/ipu-reference": {
+    },
+    "rust/ipu-runtime": {
     },
     "rust/ipu-sim": {
     },
@@ -564,6 +616,8 @@ _PROC_MACRO_DEV_DEPENDENCIES = {
     },
     "rust/ipu-cli": {
     },
+    "rust/ipu-compiler": {
+    },
     "rust/ipu-graph": {
     },
     "rust/ipu-isa": {
@@ -577,6 +631,8 @@ _PROC_MACRO_DEV_DEPENDENCIES = {
     "rust/ipu-package": {
     },
     "rust/ipu-reference": {
+    },
+    "rust/ipu-runtime": {
     },
     "rust/ipu-sim": {
     },
@@ -592,6 +648,10 @@ _PROC_MACRO_DEV_ALIASES = {
     },
     "rust/ipu-cli": {
     },
+    "rust/ipu-compiler": {
+        _COMMON_CONDITION: {
+        },
+    },
     "rust/ipu-graph": {
         _COMMON_CONDITION: {
         },
@@ -620,7 +680,13 @@ _PROC_MACRO_DEV_ALIASES = {
         _COMMON_CONDITION: {
         },
     },
+    "rust/ipu-runtime": {
+        _COMMON_CONDITION: {
+        },
+    },
     "rust/ipu-sim": {
+        _COMMON_CONDITION: {
+        },
     },
 }
 
@@ -632,6 +698,8 @@ _BUILD_DEPENDENCIES = {
     },
     "rust/ipu-cli": {
     },
+    "rust/ipu-compiler": {
+    },
     "rust/ipu-graph": {
     },
     "rust/ipu-isa": {
@@ -645,6 +713,8 @@ _BUILD_DEPENDENCIES = {
     "rust/ipu-package": {
     },
     "rust/ipu-reference": {
+    },
+    "rust/ipu-runtime": {
     },
     "rust/ipu-sim": {
     },
@@ -658,6 +728,8 @@ _BUILD_ALIASES = {
     },
     "rust/ipu-cli": {
     },
+    "rust/ipu-compiler": {
+    },
     "rust/ipu-graph": {
     },
     "rust/ipu-isa": {
@@ -671,6 +743,8 @@ _BUILD_ALIASES = {
     "rust/ipu-package": {
     },
     "rust/ipu-reference": {
+    },
+    "rust/ipu-runtime": {
     },
     "rust/ipu-sim": {
     },
@@ -684,6 +758,8 @@ _BUILD_PROC_MACRO_DEPENDENCIES = {
     },
     "rust/ipu-cli": {
     },
+    "rust/ipu-compiler": {
+    },
     "rust/ipu-graph": {
     },
     "rust/ipu-isa": {
@@ -697,6 +773,8 @@ _BUILD_PROC_MACRO_DEPENDENCIES = {
     "rust/ipu-package": {
     },
     "rust/ipu-reference": {
+    },
+    "rust/ipu-runtime": {
     },
     "rust/ipu-sim": {
     },
@@ -710,6 +788,8 @@ _BUILD_PROC_MACRO_ALIASES = {
     },
     "rust/ipu-cli": {
     },
+    "rust/ipu-compiler": {
+    },
     "rust/ipu-graph": {
     },
     "rust/ipu-isa": {
@@ -723,6 +803,8 @@ _BUILD_PROC_MACRO_ALIASES = {
     "rust/ipu-package": {
     },
     "rust/ipu-reference": {
+    },
+    "rust/ipu-runtime": {
     },
     "rust/ipu-sim": {
     },

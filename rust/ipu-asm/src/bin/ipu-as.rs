@@ -31,15 +31,29 @@ struct Args {
     /// Kernel name recorded in the metadata.
     #[arg(long)]
     name: Option<String>,
+    /// Target architecture; only ipu21 exists today.
+    #[arg(long, default_value = "ipu21")]
+    target: String,
     /// Print a listing of the object (disassembly, symbols, relocations) to stdout.
     #[arg(long)]
     dump: bool,
 }
 
+/// Architectures this assembler can target.
+const SUPPORTED_TARGETS: &[&str] = &["ipu21"];
+
 fn run(args: Args) -> Result<(), String> {
+    if !SUPPORTED_TARGETS.contains(&args.target.as_str()) {
+        return Err(format!(
+            "unsupported --target {:?}: this assembler targets {}",
+            args.target,
+            SUPPORTED_TARGETS.join(", ")
+        ));
+    }
     let mut opts = ipu_asm::Options {
         include_dirs: args.include,
         name: args.name,
+        target: args.target,
         ..Default::default()
     };
     for d in &args.defines {
