@@ -8,6 +8,8 @@
 
 mod logging;
 mod machine;
+mod object;
+mod sim;
 
 use clap::{Parser, Subcommand};
 use std::process::ExitCode;
@@ -27,6 +29,11 @@ struct Cli {
 enum Command {
     /// Print the ipu21 machine model: tiles, memory map, rates and ceilings.
     Machine(machine::MachineArgs),
+    /// Inspect kernel objects and tile images.
+    #[command(subcommand)]
+    Object(object::ObjectCommand),
+    /// Run a linked tile image on the simulator (no package, no host).
+    Sim(sim::SimArgs),
 }
 
 fn main() -> ExitCode {
@@ -34,6 +41,8 @@ fn main() -> ExitCode {
     logging::init(cli.log_format);
     let result = match cli.command {
         Command::Machine(args) => machine::run(args),
+        Command::Object(command) => object::run(command),
+        Command::Sim(args) => sim::run(args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -1,8 +1,12 @@
 #!/usr/bin/env bash
-# The ipu binary starts, reports its version, and prints the machine model
-# with the constants of ipu-arch.
+# The ipu binaries together: the CLI starts, reports its version and the
+# machine model, and a program goes through ipu-as, ipu-ld, `ipu object
+# inspect` and `ipu sim` with the cycle count the issue model predicts.
 set -euo pipefail
-ipu=$1
+ipu=$1 as=$2 ld=$3 src=$4
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+
 version=$("$ipu" --version)
 [[ "$version" == "ipu 0.1.0" ]] || { echo "unexpected --version: $version"; exit 1; }
 table=$("$ipu" machine)
@@ -10,4 +14,16 @@ grep -q "^tiles per chip  *1472$" <<<"$table" || { echo "machine table lacks 147
 json=$("$ipu" machine --json)
 grep -q '"chip f16 FLOP per cycle": "188416"' <<<"$json" || { echo "machine --json lacks the chip peak: $json"; exit 1; }
 if "$ipu" no-such-command 2>/dev/null; then echo "an unknown subcommand must fail"; exit 1; fi
-echo "ipu smoke: ok"
+
+"$as" "$src" -o "$work/countdown.o"
+"$ld" "$work/countdown.o" -o "$work/countdown.img" --entry main
+listing=$("$ipu" object inspect "$work/countdown.img")
+grep -q "brnzdec \$m1" <<<"$listing" || { echo "inspect lacks the loop: $listing"; exit 1; }
+out=$("$ipu" sim "$work/countdown.img" --tiles 3)
+# 1 setzi + 101 brnzdec + 1 exit = 103 supervisor bundles, one per 6 cycles.
+grep -q "bundles 309$" <<<"$out" || { echo "expected 3 x 103 bundles: $out"; exit 1; }
+cycles=$(sed -n 's/^total cycles //p' <<<"$out")
+(( cycles >= 102 * 6 )) || { echo "the supervisor issued faster than once per 6 cycles: $cycles"; exit 1; }
+if "$ipu" sim "$src" 2>"$work/err"; then echo "a source file is not an image"; exit 1; fi
+grep -q "countdown.S" "$work/err" || { echo "the error must name the file: $(cat "$work/err")"; exit 1; }
+echo "ipu smoke: ok ($cycles cycles)"
