@@ -1,0 +1,2 @@
+//! The ipu-stack graph compiler (work in progress).
+pub mod kernels;
