@@ -1,0 +1,508 @@
+//! Verification: device outputs against the host reference, and, when an
+//! output is wrong, a checkpoint re-run that names the first operation whose
+//! result diverged, the tiles holding the wrong bytes and the kernel that ran
+//! there.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::fmt;
+use std::path::Path;
+
+use ipu_graph::{analysis, Graph, ValueDef};
+use ipu_package::{Package, Placement};
+use ipu_reference::{compare, Comparison, Expected, Tensor, Tolerance};
+
+use crate::members::{self, CallCheckpoints};
+use crate::{feeds, open_device, read_package, RunOptions, RuntimeError, Session};
+
+/// What [`verify`] does.
+#[derive(Clone, Debug)]
+pub struct VerifyOptions {
+    /// Device, feeds and profile.
+    pub run: RunOptions,
+    /// Re-run with checkpoints when an output is wrong.
+    pub diagnose: bool,
+}
+
+impl Default for VerifyOptions {
+    fn default() -> Self {
+        VerifyOptions {
+            run: RunOptions::default(),
+            diagnose: true,
+        }
+    }
+}
+
+/// The check of one tensor.
+#[derive(Clone, Debug)]
+pub struct TensorCheck {
+    /// The tensor (graph value) name.
+    pub name: String,
+    /// The comparison with the reference.
+    pub comparison: Comparison,
+    /// Tiles that hold at least one mismatching element's bytes.
+    pub bad_tiles: Vec<u32>,
+}
+
+/// Where verification localised a failure.
+#[derive(Clone, Debug)]
+pub struct Diagnosis {
+    /// The first graph value (in definition order) that is wrong.
+    pub value: String,
+    /// Its operation's name (`gemm`, `add`, ...).
+    pub operation: String,
+    /// Whether the local check (the operation re-evaluated on the device's
+    /// own operands) failed; `None` if its operands were not all available.
+    pub local_failed: Option<bool>,
+    /// The check that failed: local if available, else against the whole-graph reference.
+    pub check: TensorCheck,
+    /// Kernels that ran on the bad tiles (from `checkpoints.json`).
+    pub kernels: Vec<String>,
+    /// Every checkpointed value in order, with whether it passed.
+    pub trail: Vec<(String, bool)>,
+}
+
+/// The result of [`verify`].
+#[derive(Clone, Debug)]
+pub struct VerifyReport {
+    /// The model name.
+    pub model: String,
+    /// One check per output of the `run` call.
+    pub outputs: Vec<TensorCheck>,
+    /// The diagnosis, when an output failed and checkpoints allowed one.
+    pub diagnosis: Option<Diagnosis>,
+    /// Why there is no diagnosis although an output failed.
+    pub diagnosis_note: Option<String>,
+    /// Cycles of the verified calls.
+    pub calls: Vec<crate::CallCycles>,
+}
+
+impl VerifyReport {
+    /// Whether every output is within tolerance.
+    pub fn passed(&self) -> bool {
+        self.outputs.iter().all(|o| o.comparison.passed())
+    }
+}
+
+fn index_text(index: &[usize]) -> String {
+    let parts: Vec<String> = index.iter().map(|i| i.to_string()).collect();
+    format!("[{}]", parts.join(", "))
+}
+
+fn summary_line(name: &str, c: &Comparison) -> String {
+    let expected = match c.expected {
+        Expected::Constant(v) => format!("{v}"),
+        Expected::Range { min, max } => format!("[{min:.6}, {max:.6}]"),
+    };
+    let first = match &c.first_mismatch {
+        Some(m) => format!(
+            "{} device={} reference={}",
+            index_text(&m.index),
+            m.device,
+            m.reference
+        ),
+        None => "none".to_string(),
+    };
+    format!(
+        "`{name}`: checks={} mismatches={} expected={expected} max_error={:.6} at {} first_mismatch={first} cosine={:.6}",
+        c.checks,
+        c.mismatches,
+        c.max_abs_error,
+        index_text(&c.max_abs_index),
+        c.cosine
+    )
+}
+
+impl fmt::Display for VerifyReport {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        writeln!(
+            f,
+            "verification of `{}` {}",
+            self.model,
+            if self.passed() { "passed" } else { "FAILED" }
+        )?;
+        for o in &self.outputs {
+            writeln!(f, "output {}", summary_line(&o.name, &o.comparison))?;
+            for line in o.comparison.to_string().lines().skip(1) {
+                writeln!(f, "{line}")?;
+            }
+            if !o.bad_tiles.is_empty() {
+                writeln!(f, "  tiles holding mismatches: {:?}", o.bad_tiles)?;
+            }
+        }
+        if let Some(d) = &self.diagnosis {
+            let how = match d.local_failed {
+                Some(true) => "recomputed from the device's own operands, it still differs",
+                Some(false) => {
+                    "its operands already diverged; it is the first checkpoint outside tolerance"
+                }
+                None => {
+                    "its operands were not checkpointed; compared with the whole-graph reference"
+                }
+            };
+            writeln!(
+                f,
+                "first diverging operation: `{}` = {}(...) on tiles {:?}, kernel {} ({how})",
+                d.value,
+                d.operation,
+                d.check.bad_tiles,
+                if d.kernels.is_empty() {
+                    "unknown (checkpoints.json names none)".to_string()
+                } else {
+                    d.kernels.join(", ")
+                }
+            )?;
+            writeln!(f, "  {}", summary_line(&d.value, &d.check.comparison))?;
+            let trail: Vec<String> = d
+                .trail
+                .iter()
+                .map(|(v, ok)| format!("{v}:{}", if *ok { "ok" } else { "BAD" }))
+                .collect();
+            writeln!(f, "  checkpoints in order: {}", trail.join(" "))?;
+        } else if let Some(note) = &self.diagnosis_note {
+            writeln!(f, "no diagnosis: {note}")?;
+        }
+        Ok(())
+    }
+}
+
+/// Tiles whose placements hold at least one element outside tolerance.
+fn bad_tiles(
+    device: &Tensor,
+    reference: &Tensor,
+    tol: Tolerance,
+    placements: &[Placement],
+) -> Vec<u32> {
+    let size = device.dtype().size_bytes() as u64;
+    let mut tiles = BTreeSet::new();
+    let mut sorted: Vec<&Placement> = placements.iter().collect();
+    sorted.sort_by_key(|p| p.offset);
+    for (i, (&d, &r)) in device.data().iter().zip(reference.data()).enumerate() {
+        if tol.accepts(d, r) {
+            continue;
+        }
+        let (start, end) = (i as u64 * size, (i as u64 + 1) * size);
+        for p in &sorted {
+            if p.offset < end && start < p.offset + p.bytes as u64 {
+                tiles.insert(p.tile);
+            }
+        }
+    }
+    tiles.into_iter().collect()
+}
+
+fn check(
+    name: &str,
+    device: &Tensor,
+    reference: &Tensor,
+    reduction: u64,
+    placements: &[Placement],
+) -> Result<TensorCheck, RuntimeError> {
+    let tol = Tolerance::for_output(device.dtype(), reduction, reference.data());
+    let comparison = compare(device, reference, tol)
+        .map_err(|e| RuntimeError::Verify(format!("`{name}`: {e}")))?;
+    let bad = if comparison.passed() {
+        Vec::new()
+    } else {
+        bad_tiles(device, reference, tol, placements)
+    };
+    Ok(TensorCheck {
+        name: name.to_string(),
+        comparison,
+        bad_tiles: bad,
+    })
+}
+
+/// Verifies a package file.
+pub fn verify(package_path: &Path, options: &VerifyOptions) -> Result<VerifyReport, RuntimeError> {
+    verify_package(read_package(package_path)?, options)
+}
+
+/// Verifies a package in memory: runs `initialize` (if present) and `run`,
+/// compares `run`'s outputs with the reference evaluation of `model.ipug`.
+pub fn verify_package(
+    package: Package,
+    options: &VerifyOptions,
+) -> Result<VerifyReport, RuntimeError> {
+    let graph = members::model(&package)?.ok_or_else(|| {
+        RuntimeError::Verify(format!(
+            "the package has no `{}` member (the compiler embeds the model text there)",
+            members::MODEL_MEMBER
+        ))
+    })?;
+    let run_call = package
+        .info
+        .calls
+        .iter()
+        .find(|c| c.name == "run")
+        .cloned()
+        .ok_or_else(|| RuntimeError::Verify("the package has no `run` call".to_string()))?;
+    let checkpoints = members::checkpoints(&package, &graph)?;
+    let feeds = feeds::make_feeds(&package, Some(&graph), &options.run.feeds)?;
+    // The reference sees exactly the graph's inputs and params.
+    let graph_feeds: BTreeMap<String, Tensor> = feeds
+        .iter()
+        .filter(|(k, _)| {
+            graph
+                .lookup(k)
+                .is_some_and(|id| matches!(graph.value(id).def, ValueDef::Input | ValueDef::Param))
+        })
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .collect();
+    let reference = ipu_reference::evaluate_all(&graph, &graph_feeds).map_err(|e| {
+        RuntimeError::Verify(format!(
+            "reference evaluation of {}: {e}",
+            members::MODEL_MEMBER
+        ))
+    })?;
+    let reduction = analysis::max_reduction_length(&graph);
+
+    let run_session =
+        |checkpointed: bool| -> Result<(crate::CallOutput, Vec<crate::CallCycles>), RuntimeError> {
+            let (device, lock) = open_device(&options.run.device, package.info.tile_count)?;
+            let mut session = Session::load(device, package.clone(), lock)?;
+            let mut last = None;
+            for call in &package.info.calls {
+                if call.name != "initialize" && call.name != "run" {
+                    continue;
+                }
+                let inputs = feeds::for_call(&package, &call.name, &feeds);
+                let cp = checkpoints
+                    .as_ref()
+                    .and_then(|c| c.calls.iter().find(|k| k.call == call.name));
+                let out = match (checkpointed && call.name == "run", cp) {
+                    (true, Some(cp)) => {
+                        session.call_with_checkpoints(&call.name, &inputs, cp, &graph)?
+                    }
+                    _ => session.call(&call.name, &inputs)?,
+                };
+                if call.name == "run" {
+                    last = Some(out);
+                }
+            }
+            if !checkpointed {
+                if let Some(path) = &options.run.profile {
+                    crate::profile::Profile::from_session(&session)?.write(path)?;
+                }
+            }
+            let calls = session.calls().to_vec();
+            session.close()?;
+            Ok((last.expect("the run call exists"), calls))
+        };
+
+    let (out, calls) = run_session(false)?;
+    let mut outputs = Vec::new();
+    for t in &run_call.outputs {
+        let id = graph.lookup(&t.name).ok_or_else(|| {
+            RuntimeError::Verify(format!(
+                "output `{}` of the run call is not a value of {}",
+                t.name,
+                members::MODEL_MEMBER
+            ))
+        })?;
+        let c = check(
+            &t.name,
+            &out.outputs[&t.name],
+            &reference[id.0 as usize],
+            reduction,
+            &t.placements,
+        )?;
+        tracing::info!(
+            output = %t.name,
+            checks = c.comparison.checks,
+            mismatches = c.comparison.mismatches,
+            max_error = c.comparison.max_abs_error,
+            "verified output"
+        );
+        outputs.push(c);
+    }
+    let mut report = VerifyReport {
+        model: graph.name().to_string(),
+        outputs,
+        diagnosis: None,
+        diagnosis_note: None,
+        calls,
+    };
+    if report.passed() || !options.diagnose {
+        return Ok(report);
+    }
+    let Some(cp) = checkpoints
+        .as_ref()
+        .and_then(|c| c.calls.iter().find(|k| k.call == "run"))
+    else {
+        report.diagnosis_note = Some(format!(
+            "the package has no {} entry for the `run` call, so intermediate values cannot be read",
+            members::CHECKPOINTS_MEMBER
+        ));
+        return Ok(report);
+    };
+    tracing::info!("an output is wrong; re-running with checkpoints after every operation");
+    let (cp_out, _) = run_session(true)?;
+    report.diagnosis = diagnose(&graph, &graph_feeds, &reference, cp, &cp_out.checkpoints)?;
+    if report.diagnosis.is_none() {
+        report.diagnosis_note = Some(
+            "every checkpointed value is within tolerance; the error arises after the last checkpoint"
+                .to_string(),
+        );
+    }
+    Ok(report)
+}
+
+/// Re-evaluates the operation defining `value` on the device's operands.
+fn local_reference(
+    graph: &Graph,
+    value: ipu_graph::ValueId,
+    feeds: &BTreeMap<String, Tensor>,
+    device_values: &BTreeMap<String, Tensor>,
+) -> Option<Tensor> {
+    let ValueDef::Node(n) = graph.value(value).def else {
+        return None;
+    };
+    let node = graph.node(n);
+    let mut sub = Graph::new("local");
+    let mut sub_feeds = BTreeMap::new();
+    let mut args = Vec::new();
+    let mut seen: BTreeMap<u32, ipu_graph::ValueId> = BTreeMap::new();
+    for a in &node.args {
+        if let Some(&id) = seen.get(&a.0) {
+            args.push(id);
+            continue;
+        }
+        let v = graph.value(*a);
+        let tensor = match v.def {
+            ValueDef::Input | ValueDef::Param => feeds.get(&v.name)?,
+            ValueDef::Node(_) => device_values.get(&v.name)?,
+        };
+        let id = sub.add_input(&v.name, v.ty.clone()).ok()?;
+        sub_feeds.insert(v.name.clone(), tensor.clone());
+        seen.insert(a.0, id);
+        args.push(id);
+    }
+    let result = graph.value(value);
+    let r = sub.add_op(&result.name, node.op.clone(), &args).ok()?;
+    sub.add_output(r).ok()?;
+    ipu_reference::evaluate(&sub, &sub_feeds)
+        .ok()?
+        .remove(&result.name)
+}
+
+fn diagnose(
+    graph: &Graph,
+    feeds: &BTreeMap<String, Tensor>,
+    reference: &[Tensor],
+    cp: &CallCheckpoints,
+    device_values: &BTreeMap<String, Tensor>,
+) -> Result<Option<Diagnosis>, RuntimeError> {
+    let global_reduction = analysis::max_reduction_length(graph);
+    let mut trail = Vec::new();
+    // Graph definition order is a topological order.
+    for (i, v) in graph.values().iter().enumerate() {
+        let Some(entry) = cp.values.iter().find(|e| e.value == v.name) else {
+            continue;
+        };
+        let device = &device_values[&v.name];
+        let global = check(
+            &v.name,
+            device,
+            &reference[i],
+            global_reduction,
+            &entry.placements,
+        )?;
+        let (local_failed, failing) =
+            match local_reference(graph, ipu_graph::ValueId(i as u32), feeds, device_values) {
+                Some(local_ref) => {
+                    let ValueDef::Node(n) = v.def else {
+                        unreachable!("local references exist only for nodes")
+                    };
+                    let k = analysis::reduction_length(graph, graph.node(n));
+                    let local = check(&v.name, device, &local_ref, k, &entry.placements)?;
+                    let failed = !local.comparison.passed();
+                    (Some(failed), if failed { Some(local) } else { None })
+                }
+                None => (None, (!global.comparison.passed()).then(|| global.clone())),
+            };
+        let ok = failing.is_none() && global.comparison.passed();
+        trail.push((v.name.clone(), ok));
+        let failing = match (failing, local_failed) {
+            (Some(f), _) => f,
+            // Operands already drifted but this op computed them faithfully:
+            // only report it if nothing local ever fails (handled below).
+            _ => continue,
+        };
+        let ValueDef::Node(n) = v.def else {
+            // A wrong input or parameter on the device: the upload is at fault.
+            return Ok(Some(Diagnosis {
+                value: v.name.clone(),
+                operation: "upload".to_string(),
+                local_failed: None,
+                kernels: Vec::new(),
+                check: failing,
+                trail,
+            }));
+        };
+        let mut kernels = BTreeSet::new();
+        for &t in &failing.bad_tiles {
+            for k in cp.kernels_on(entry, t) {
+                kernels.insert(k.to_string());
+            }
+        }
+        // Record the rest of the trail for the report.
+        for w in &graph.values()[i + 1..] {
+            if let Some(e) = cp.values.iter().find(|e| e.value == w.name) {
+                let id = graph.lookup(&w.name).expect("graph value");
+                let g = check(
+                    &w.name,
+                    &device_values[&w.name],
+                    &reference[id.0 as usize],
+                    global_reduction,
+                    &e.placements,
+                )?;
+                trail.push((w.name.clone(), g.comparison.passed()));
+            }
+        }
+        return Ok(Some(Diagnosis {
+            value: v.name.clone(),
+            operation: graph.node(n).op.name().to_string(),
+            local_failed,
+            check: failing,
+            kernels: kernels.into_iter().collect(),
+            trail,
+        }));
+    }
+    // No operation fails locally: name the first value outside the global tolerance.
+    for (name, ok) in &trail {
+        if !ok {
+            let id = graph.lookup(name).expect("graph value");
+            let entry = cp
+                .values
+                .iter()
+                .find(|e| &e.value == name)
+                .expect("checkpointed");
+            let c = check(
+                name,
+                &device_values[name],
+                &reference[id.0 as usize],
+                global_reduction,
+                &entry.placements,
+            )?;
+            let operation = match graph.value(id).def {
+                ValueDef::Node(n) => graph.node(n).op.name().to_string(),
+                _ => "upload".to_string(),
+            };
+            let mut kernels = BTreeSet::new();
+            for &t in &c.bad_tiles {
+                for k in cp.kernels_on(entry, t) {
+                    kernels.insert(k.to_string());
+                }
+            }
+            return Ok(Some(Diagnosis {
+                value: name.clone(),
+                operation,
+                local_failed: Some(false),
+                check: c,
+                kernels: kernels.into_iter().collect(),
+                trail: trail.clone(),
+            }));
+        }
+    }
+    Ok(None)
+}
