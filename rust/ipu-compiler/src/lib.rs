@@ -1,2 +1,474 @@
-//! The ipu-stack graph compiler (work in progress).
+//! The ipu-stack graph compiler: a `.ipug` model to an `.ipupkg` package.
+//!
+//! [`compile`] is the one driver. It runs the phases in order, one module
+//! each, with a tracing span per phase that ends with the seed's line
+//! `package build phase finished phase=... elapsed_ms=... success=true`, and
+//! a verifier between phases (Cranelift style) that rejects an invalid
+//! intermediate result before the next phase consumes it:
+//!
+//! 1. [`load`]: parse and verify the graph; refuse what cannot be lowered.
+//! 2. [`plan`]: candidate plans per operation, cost model, Pareto beam, finalists.
+//! 3. [`map_tiles`]: shards to physical tiles (verified: one shard per tile).
+//! 4. [`lower`]: buffers, vertex calls and host placements per tile (verified:
+//!    references inside buffers, tensors covered).
+//! 5. [`storage`] (`place_storage`): addresses (independently validated).
+//! 6. [`emit`] (`emit_code`): the supervisor program per tile.
+//! 7. [`link`]: tile program + kernel objects -> tile image (validated).
+//! 8. [`package`] (`write_package`): manifest, images and members, written atomically.
+//!
+//! Invariants: the same model, options and kernels give byte-identical
+//! packages (ordered collections only); user errors are [`CompileError`]s
+//! naming the file, value, tile or kernel at fault, never panics.
+//!
+//! API boundary: [`compile`] with [`CompileOptions`]; the CLI (`ipu compile`)
+//! and the Bazel rule call it. Kernels come from a Bazel library index or are
+//! assembled on demand from `device/` ([`library::KernelSource`]).
+
+pub mod emit;
+pub mod error;
+pub mod formula;
+pub mod gemm;
 pub mod kernels;
+pub mod library;
+pub mod link;
+pub mod load;
+pub mod lower;
+pub mod map_tiles;
+pub mod package;
+pub mod plan;
+pub mod storage;
+
+pub use error::CompileError;
+pub use library::KernelSource;
+pub use plan::SearchBudget;
+
+use gemm::{FormulaCost, GemmGeometry};
+use ipu_graph::analysis;
+use library::{KernelLibrary, KernelRequest};
+use serde_json::json;
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::time::Instant;
+
+/// What to compile and how.
+#[derive(Clone, Debug)]
+pub struct CompileOptions {
+    /// The `.ipug` model.
+    pub model: PathBuf,
+    /// Tiles the package may use (1..=1472).
+    pub tiles: u32,
+    /// Where kernel objects come from.
+    pub kernels: KernelSource,
+    /// Planner limits.
+    pub search: SearchBudget,
+    /// Where to write the package; `None` keeps it in memory only.
+    pub output: Option<PathBuf>,
+}
+
+/// One operation's planning outcome, as reported.
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct OperationReport {
+    pub value: String,
+    pub operation: String,
+    /// [M, K, N].
+    pub shape: [u32; 3],
+    pub kernel: String,
+    pub candidates: usize,
+    pub chosen: plan::GemmPlan,
+    pub finalists: Vec<plan::GemmPlan>,
+}
+
+/// The result of a compile.
+pub struct CompileOutput {
+    pub package: ipu_package::Package,
+    /// The `report.json` member's value.
+    pub report: serde_json::Value,
+    /// Estimated cycles of the run call's compute (slowest tile, all steps).
+    pub estimated_compute_cycles: u64,
+    /// Estimated cycles of a whole run call (host I/O, sync, compute).
+    pub estimated_run_cycles: u64,
+}
+
+/// The source file and specialisation of the GEMM vertex.
+fn gemm_kernel(acc32: bool) -> KernelRequest {
+    KernelRequest {
+        entry: "gemm_f16".into(),
+        source: "gemm_f16.S".into(),
+        params: [("ACC".to_string(), if acc32 { 32 } else { 16 })]
+            .into_iter()
+            .collect(),
+    }
+}
+
+/// Runs `f` inside the phase span and logs the seed's completion line.
+fn phase<T>(
+    name: &'static str,
+    f: impl FnOnce() -> Result<T, CompileError>,
+) -> Result<T, CompileError> {
+    let span = tracing::info_span!("ipu_compiler.package.phase", phase = name);
+    let _enter = span.enter();
+    let start = Instant::now();
+    let result = f();
+    let elapsed_ms = start.elapsed().as_millis() as u64;
+    match &result {
+        Ok(_) => tracing::info!(
+            phase = name,
+            elapsed_ms,
+            success = true,
+            "package build phase finished"
+        ),
+        Err(e) => {
+            tracing::error!(phase = name, elapsed_ms, success = false, error = %e, "package build phase finished")
+        }
+    }
+    result
+}
+
+fn verifier(phase: &'static str, r: Result<(), String>) -> Result<(), CompileError> {
+    r.map_err(|message| CompileError::Verifier { phase, message })
+}
+
+/// Compiles `options.model` into a package (and writes it when `output` is set).
+pub fn compile(options: &CompileOptions) -> Result<CompileOutput, CompileError> {
+    if !(1..=ipu_arch::TILES_PER_CHIP).contains(&options.tiles) {
+        return Err(CompileError::Options {
+            message: format!(
+                "tile count {} is outside 1..={}",
+                options.tiles,
+                ipu_arch::TILES_PER_CHIP
+            ),
+        });
+    }
+    let model = phase("load", || load::load(&options.model))?;
+    let graph = &model.graph;
+    let span = tracing::info_span!(
+        "ipu_compiler.package.build",
+        tile_count = options.tiles,
+        operations = graph.nodes().len()
+    );
+    let _enter = span.enter();
+    let mut library = KernelLibrary::open(&options.kernels)?;
+
+    // Plan every GEMM; each gets an equal share of region 1 so that all fit.
+    let gemm_nodes: Vec<_> = (0..graph.nodes().len() as u32)
+        .map(ipu_graph::NodeId)
+        .collect();
+    let share =
+        (ipu_arch::REGION1_END - ipu_arch::REGION1_BASE) as u64 / gemm_nodes.len().max(1) as u64;
+    let mut planned = Vec::new();
+    phase("plan", || {
+        for &id in &gemm_nodes {
+            let node = graph.node(id);
+            let (a, b) = (graph.ty(node.args[0]), graph.ty(node.args[1]));
+            let result = graph.value(node.result);
+            let geometry = GemmGeometry {
+                m: a.shape.dims()[0] as u32,
+                k: a.shape.dims()[1] as u32,
+                n: b.shape.dims()[1] as u32,
+                acc32: lower::gemm_acc32(result.ty.dtype),
+            };
+            let request = gemm_kernel(geometry.acc32);
+            let kernel = library.get(&request)?;
+            let formula =
+                kernel
+                    .metadata
+                    .cycles
+                    .clone()
+                    .ok_or_else(|| CompileError::KernelLibrary {
+                        path: PathBuf::from(&kernel.origin),
+                        message: format!("kernel {request} declares no cycle formula (.cycles)"),
+                    })?;
+            let mut cost = FormulaCost {
+                formula,
+                memo: BTreeMap::new(),
+            };
+            let (front, candidates) =
+                plan::search(&geometry, options.tiles, &mut cost, share, &options.search);
+            let Some(chosen) = front.first().cloned() else {
+                return Err(CompileError::NoFeasiblePlan {
+                    value: result.name.clone(),
+                    reason: format!(
+                        "none of {candidates} partitions of [{}, {}] x [{}, {}] over at most {} tiles fits {share} bytes of interleaved memory per tile",
+                        geometry.m, geometry.k, geometry.k, geometry.n, options.tiles
+                    ),
+                });
+            };
+            let finalists: Vec<plan::GemmPlan> = front
+                .iter()
+                .take(options.search.finalists)
+                .cloned()
+                .collect();
+            for (i, f) in finalists.iter().enumerate() {
+                let e = &f.estimate;
+                tracing::info!(
+                    finalist = i,
+                    value = %result.name,
+                    values = graph.values().len(),
+                    operations = graph.nodes().len(),
+                    row_parts = f.row_parts,
+                    col_parts = f.col_parts,
+                    estimated_cycles = e.total_cycles,
+                    estimated_compute_cycles = e.compute_cycles,
+                    estimated_exchange_cycles = 0,
+                    exchange_row_bytes = 0,
+                    peak_standard_bytes = e.peak_standard_bytes,
+                    peak_interleaved_bytes = e.peak_interleaved_bytes,
+                    peak_total_bytes = e.peak_standard_bytes + e.peak_interleaved_bytes,
+                    active_tile_counts = %format!("{{{}}}", e.active_tiles),
+                    "retained operator-plan finalist"
+                );
+            }
+            planned.push((
+                id,
+                geometry,
+                request,
+                cost,
+                OperationReport {
+                    value: result.name.clone(),
+                    operation: "gemm".into(),
+                    shape: [geometry.m, geometry.k, geometry.n],
+                    kernel: gemm_kernel(geometry.acc32).to_string(),
+                    candidates,
+                    chosen,
+                    finalists,
+                },
+            ));
+        }
+        Ok(())
+    })?;
+
+    let maps = phase("map_tiles", || {
+        let mut maps = Vec::new();
+        for (_, _, _, _, r) in &planned {
+            let m = map_tiles::map_gemm(&r.chosen);
+            verifier("map_tiles", map_tiles::verify(&r.chosen, &m, options.tiles))?;
+            maps.push(m);
+        }
+        Ok(maps)
+    })?;
+    let tile_count = maps
+        .iter()
+        .flat_map(|m| m.iter().map(|s| s.tile + 1))
+        .max()
+        .unwrap_or(1);
+
+    let lowered = phase("lower", || {
+        let mut gemms: Vec<lower::PlannedGemm> = planned
+            .iter_mut()
+            .zip(&maps)
+            .map(
+                |((id, geometry, request, cost, report), map)| lower::PlannedGemm {
+                    node: *id,
+                    geometry: *geometry,
+                    plan: &report.chosen,
+                    map,
+                    kernel: request.clone(),
+                    cost,
+                },
+            )
+            .collect();
+        let l = lower::lower(graph, tile_count, &mut gemms);
+        verifier("lower", lower::verify(&l))?;
+        Ok(l)
+    })?;
+
+    // Kernels each tile links, in request order.
+    let tile_kernels = |tile: u32| -> Vec<KernelRequest> {
+        let mut v: Vec<KernelRequest> = lowered
+            .calls
+            .iter()
+            .flat_map(|c| &c.steps)
+            .filter_map(|s| s.tiles.get(&tile))
+            .flatten()
+            .map(|v| v.kernel.clone())
+            .collect();
+        v.sort();
+        v.dedup();
+        v
+    };
+
+    let storage = phase("place_storage", || {
+        let mut out = BTreeMap::new();
+        for (&tile, bufs) in &lowered.buffers {
+            // A dry-run link with every buffer at address 0 sizes the code and
+            // states: their size does not depend on the addresses.
+            let dummy = storage::TileStorage {
+                tile,
+                code_end: 0,
+                addresses: vec![0; bufs.len()],
+            };
+            let text = emit::tile_program(&lowered, tile, &dummy);
+            let requests = tile_kernels(tile);
+            let mut kernels = Vec::new();
+            for r in &requests {
+                kernels.push(library.get(r)?.clone());
+            }
+            let linked = link::link_program(tile, &text, &kernels.iter().collect::<Vec<_>>())?;
+            let code_bytes = link::linked_end(&linked) - ipu_arch::REGION0_BASE;
+            let s = storage::place(tile, bufs, code_bytes)?;
+            verifier("place_storage", storage::validate(&s, bufs))?;
+            out.insert(tile, s);
+        }
+        Ok(out)
+    })?;
+
+    let programs = phase("emit_code", || {
+        Ok(lowered
+            .buffers
+            .keys()
+            .map(|&t| (t, emit::tile_program(&lowered, t, &storage[&t])))
+            .collect::<BTreeMap<u32, String>>())
+    })?;
+
+    let linked = phase("link", || {
+        let mut out = BTreeMap::new();
+        for (&tile, text) in &programs {
+            let mut kernels = Vec::new();
+            for r in tile_kernels(tile) {
+                kernels.push(library.get(&r)?.clone());
+            }
+            let l = link::link_program(tile, text, &kernels.iter().collect::<Vec<_>>())?;
+            let lt = link::tile_image(tile, &l, &lowered.buffers[&tile], &storage[&tile])?;
+            out.insert(tile, lt);
+        }
+        Ok(out)
+    })?;
+
+    // Figures for the report and the manifest summary.
+    let flops = analysis::graph_flops(graph);
+    let compute_bound = ipu_arch::compute_bound_cycles(flops.matmul, tile_count);
+    let compute_bound_chip = ipu_arch::compute_bound_cycles(flops.matmul, ipu_arch::TILES_PER_CHIP);
+    let estimated_compute: u64 = planned
+        .iter()
+        .map(|p| p.4.chosen.estimate.compute_cycles)
+        .sum();
+    let host_in: u64 = planned
+        .iter()
+        .map(|p| p.4.chosen.estimate.host_in_cycles)
+        .sum();
+    let host_out: u64 = planned
+        .iter()
+        .map(|p| p.4.chosen.estimate.host_out_cycles)
+        .sum();
+    let estimated_run = ipu_arch::SYNC_CYCLES + host_in + estimated_compute + host_out;
+    let mut memory = Vec::new();
+    let mut peak_r0 = 0u64;
+    let mut peak_r1 = 0u64;
+    for (&tile, bufs) in &lowered.buffers {
+        let mut cats: BTreeMap<(&str, String), u64> = BTreeMap::new();
+        let code = (linked[&tile].code_end - ipu_arch::REGION0_BASE) as u64;
+        *cats
+            .entry(("region0", "code_and_state".into()))
+            .or_default() += code;
+        *cats.entry(("region0", "host_command".into())).or_default() +=
+            storage::COMMAND_RESERVE as u64;
+        for (b, &a) in bufs.iter().zip(&storage[&tile].addresses) {
+            let region = if a >= ipu_arch::REGION1_BASE {
+                "region1"
+            } else {
+                "region0"
+            };
+            *cats.entry((region, b.category.clone())).or_default() += b.bytes as u64;
+        }
+        let (mut r0, mut r1) = (0, 0);
+        for ((region, category), bytes) in cats {
+            if region == "region0" {
+                r0 += bytes;
+            } else {
+                r1 += bytes;
+            }
+            memory.push(
+                json!({"tile": tile, "region": region, "category": category, "bytes": bytes}),
+            );
+        }
+        peak_r0 = peak_r0.max(r0);
+        peak_r1 = peak_r1.max(r1);
+    }
+    let kernels_used: Vec<serde_json::Value> = library
+        .used()
+        .map(|k| json!({"kernel": k.request.to_string(), "origin": k.origin, "code_bytes": k.metadata.code_bytes, "cycles": k.metadata.cycles}))
+        .collect();
+    let operations: Vec<&OperationReport> = planned.iter().map(|p| &p.4).collect();
+    let report = json!({
+        "format_version": 1,
+        "model": graph.name(),
+        "tile_count": tile_count,
+        "tile_budget": options.tiles,
+        "matmul_flop": flops.matmul,
+        "compute_bound_cycles": compute_bound,
+        "compute_bound_cycles_chip": compute_bound_chip,
+        "estimated_cycles": {"run": estimated_run, "run_compute": estimated_compute, "run_host_in": host_in, "run_host_out": host_out},
+        "operations": operations,
+        "kernels": kernels_used,
+        "specialisations_that_would_help": [],
+        "peak_standard_bytes": peak_r0,
+        "peak_interleaved_bytes": peak_r1,
+        "memory": memory,
+    });
+    let summary: BTreeMap<String, u64> = [
+        ("active_tiles", tile_count as u64),
+        ("compute_bound_cycles", compute_bound),
+        ("estimated_compute_cycles", estimated_compute),
+        ("estimated_run_cycles", estimated_run),
+        ("matmul_flop", flops.matmul),
+        ("peak_interleaved_bytes", peak_r1),
+        ("peak_standard_bytes", peak_r0),
+    ]
+    .into_iter()
+    .map(|(k, v)| (k.to_string(), v))
+    .collect();
+
+    let package = phase("write_package", || {
+        let info = package::info(graph.name(), &lowered, &storage, summary);
+        let symbols: BTreeMap<u32, Vec<(String, u32, u32)>> = linked
+            .iter()
+            .map(|(&t, l)| (t, l.symbols.clone()))
+            .collect();
+        let members: BTreeMap<String, Vec<u8>> = [
+            ("model.ipug".to_string(), model.text.clone().into_bytes()),
+            ("report.json".to_string(), package::json_bytes(&report)),
+            (
+                "checkpoints.json".to_string(),
+                package::json_bytes(&package::checkpoints(&lowered, &storage)),
+            ),
+            (
+                "schedule.json".to_string(),
+                package::json_bytes(&package::schedule(&lowered)),
+            ),
+            (
+                "symbols.json".to_string(),
+                package::json_bytes(&package::symbols(&symbols)),
+            ),
+        ]
+        .into_iter()
+        .collect();
+        let pkg = ipu_package::Package {
+            info,
+            tiles: linked.iter().map(|(&t, l)| (t, l.image.clone())).collect(),
+            members,
+        };
+        pkg.validate().map_err(|e| CompileError::Package {
+            message: e.to_string(),
+        })?;
+        if let Some(out) = &options.output {
+            pkg.write(out).map_err(|e| CompileError::Package {
+                message: e.to_string(),
+            })?;
+        }
+        Ok(pkg)
+    })?;
+    tracing::info!(
+        model = graph.name(),
+        tile_count,
+        estimated_run_cycles = estimated_run,
+        estimated_compute_cycles = estimated_compute,
+        compute_bound_cycles = compute_bound,
+        "package built"
+    );
+    Ok(CompileOutput {
+        package,
+        report,
+        estimated_compute_cycles: estimated_compute,
+        estimated_run_cycles: estimated_run,
+    })
+}

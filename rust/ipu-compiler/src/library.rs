@@ -1,0 +1,262 @@
+//! The kernel library: where assembled kernel objects come from.
+//!
+//! Two sources, one interface ([`KernelLibrary::get`]):
+//! - a Bazel kernel library index (`<name>.library.json`, written by the
+//!   `ipu_kernel_library` rule): `{"kernels": [{"name", "arch", "source",
+//!   "object", "metadata", "params"}]}` with paths relative to the execution
+//!   root (the working directory of the compile action), or else relative to
+//!   the index's own directory;
+//! - the kernel sources in a `device/` directory, assembled on demand through
+//!   the content-addressed kernel cache of `ipu-kcache` (builds outside Bazel).
+//!
+//! A request names the kernel's entry symbol and the parameters it needs. An
+//! object matches when its metadata lists the entry and records every
+//! requested parameter with the requested value. Requests are recorded, so the
+//! report can name every specialisation the package used.
+
+use crate::error::CompileError;
+use ipu_object::{KernelMetadata, Object};
+use serde::Deserialize;
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+/// Where kernels come from.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum KernelSource {
+    /// A Bazel `*.library.json` index.
+    Index(PathBuf),
+    /// Kernel sources (`device/`), assembled through the kernel cache in
+    /// `cache_dir` (the user's default cache when `None`).
+    Sources {
+        device_dir: PathBuf,
+        cache_dir: Option<PathBuf>,
+    },
+}
+
+/// One kernel specialisation a vertex needs.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub struct KernelRequest {
+    /// The entry symbol, e.g. `gemm_f16`.
+    pub entry: String,
+    /// The source file in `device/` that defines it.
+    pub source: String,
+    /// Parameters the object must have been assembled with.
+    pub params: BTreeMap<String, i64>,
+}
+
+impl std::fmt::Display for KernelRequest {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}", self.entry)?;
+        for (k, v) in &self.params {
+            write!(f, " {k}={v}")?;
+        }
+        Ok(())
+    }
+}
+
+/// A kernel object ready to link.
+#[derive(Clone, Debug)]
+pub struct LoadedKernel {
+    pub request: KernelRequest,
+    pub object: Object,
+    pub metadata: KernelMetadata,
+    /// Where the object came from (a path), for messages and the report.
+    pub origin: String,
+}
+
+#[derive(Deserialize)]
+struct IndexFile {
+    kernels: Vec<IndexEntry>,
+}
+
+#[derive(Deserialize)]
+struct IndexEntry {
+    name: String,
+    #[serde(default)]
+    arch: Option<String>,
+    #[serde(default)]
+    #[allow(dead_code)]
+    source: Option<String>,
+    object: String,
+    metadata: String,
+    #[serde(default)]
+    #[allow(dead_code)]
+    params: serde_json::Value,
+}
+
+/// Kernel objects by request; see the module documentation.
+pub struct KernelLibrary {
+    source: KernelSource,
+    /// Index entries with their metadata (index sources only).
+    index: Vec<(String, PathBuf, KernelMetadata)>,
+    loaded: BTreeMap<KernelRequest, LoadedKernel>,
+}
+
+fn io_err(path: &Path, e: impl std::fmt::Display) -> CompileError {
+    CompileError::Io {
+        path: path.to_path_buf(),
+        message: e.to_string(),
+    }
+}
+
+impl KernelLibrary {
+    /// Opens a library; an index is read and every entry's metadata parsed now,
+    /// so that a broken index fails before planning starts.
+    pub fn open(source: &KernelSource) -> Result<KernelLibrary, CompileError> {
+        let mut index = Vec::new();
+        if let KernelSource::Index(path) = source {
+            let text = std::fs::read_to_string(path).map_err(|e| io_err(path, e))?;
+            let file: IndexFile =
+                serde_json::from_str(&text).map_err(|e| CompileError::KernelLibrary {
+                    path: path.clone(),
+                    message: e.to_string(),
+                })?;
+            let base = path.parent().unwrap_or(Path::new("."));
+            for (i, e) in file.kernels.iter().enumerate() {
+                if e.arch.as_deref().is_some_and(|a| a != "ipu21") {
+                    continue;
+                }
+                let meta_path = resolve(base, &e.metadata);
+                let meta_text = std::fs::read_to_string(&meta_path).map_err(|err| {
+                    CompileError::KernelLibrary {
+                        path: path.clone(),
+                        message: format!(
+                            "kernel {i} (`{}`): metadata {}: {err}",
+                            e.name,
+                            meta_path.display()
+                        ),
+                    }
+                })?;
+                let meta = KernelMetadata::from_json(&meta_text).map_err(|err| {
+                    CompileError::KernelLibrary {
+                        path: path.clone(),
+                        message: format!(
+                            "kernel {i} (`{}`): metadata {}: {err}",
+                            e.name,
+                            meta_path.display()
+                        ),
+                    }
+                })?;
+                index.push((e.name.clone(), resolve(base, &e.object), meta));
+            }
+        }
+        Ok(KernelLibrary {
+            source: source.clone(),
+            index,
+            loaded: BTreeMap::new(),
+        })
+    }
+
+    /// The object for `request`, loading or assembling it on first use.
+    pub fn get(&mut self, request: &KernelRequest) -> Result<&LoadedKernel, CompileError> {
+        if !self.loaded.contains_key(request) {
+            let k = self.load(request)?;
+            self.loaded.insert(request.clone(), k);
+        }
+        Ok(&self.loaded[request])
+    }
+
+    /// Every kernel loaded so far, in request order.
+    pub fn used(&self) -> impl Iterator<Item = &LoadedKernel> {
+        self.loaded.values()
+    }
+
+    fn load(&self, request: &KernelRequest) -> Result<LoadedKernel, CompileError> {
+        match &self.source {
+            KernelSource::Index(path) => {
+                let found = self.index.iter().find(|(_, _, m)| {
+                    m.entries.iter().any(|e| *e == request.entry)
+                        && request
+                            .params
+                            .iter()
+                            .all(|(k, v)| m.parameters.get(k) == Some(v))
+                });
+                let Some((name, object_path, meta)) = found else {
+                    return Err(CompileError::MissingKernel {
+                        kernel: request.to_string(),
+                        searched: format!(
+                            "{} ({} kernels: {})",
+                            path.display(),
+                            self.index.len(),
+                            self.index
+                                .iter()
+                                .map(|(n, _, m)| format!("{n} {:?}", m.parameters))
+                                .collect::<Vec<_>>()
+                                .join(", ")
+                        ),
+                    });
+                };
+                let bytes =
+                    std::fs::read(object_path).map_err(|e| CompileError::KernelLibrary {
+                        path: path.clone(),
+                        message: format!("kernel `{name}`: object {}: {e}", object_path.display()),
+                    })?;
+                let object =
+                    Object::from_bytes(&bytes).map_err(|e| CompileError::KernelLibrary {
+                        path: path.clone(),
+                        message: format!("kernel `{name}`: object {}: {e}", object_path.display()),
+                    })?;
+                Ok(LoadedKernel {
+                    request: request.clone(),
+                    object,
+                    metadata: meta.clone(),
+                    origin: object_path.display().to_string(),
+                })
+            }
+            KernelSource::Sources {
+                device_dir,
+                cache_dir,
+            } => {
+                let cache = match cache_dir {
+                    Some(d) => ipu_kcache::KernelCache::open(d),
+                    None => ipu_kcache::KernelCache::open_default(),
+                }
+                .map_err(|e| CompileError::KernelLibrary {
+                    path: cache_dir.clone().unwrap_or_default(),
+                    message: e.to_string(),
+                })?;
+                let mut spec =
+                    ipu_kcache::KernelSpec::new(device_dir.join(&request.source), &request.entry);
+                spec.include_dirs.push(device_dir.clone());
+                for (k, v) in &request.params {
+                    spec = spec.param(k, *v);
+                }
+                let artifact =
+                    cache
+                        .get_or_build(&spec)
+                        .map_err(|e| CompileError::KernelLibrary {
+                            path: device_dir.join(&request.source),
+                            message: e.to_string(),
+                        })?;
+                if !artifact
+                    .metadata
+                    .entries
+                    .iter()
+                    .any(|e| *e == request.entry)
+                {
+                    return Err(CompileError::MissingKernel {
+                        kernel: request.to_string(),
+                        searched: device_dir.join(&request.source).display().to_string(),
+                    });
+                }
+                Ok(LoadedKernel {
+                    request: request.clone(),
+                    object: artifact.object,
+                    metadata: artifact.metadata,
+                    origin: artifact.object_path.display().to_string(),
+                })
+            }
+        }
+    }
+}
+
+/// An index path: as given when it exists relative to the working directory
+/// (Bazel's execution root), else relative to the index's directory.
+fn resolve(base: &Path, p: &str) -> PathBuf {
+    let direct = PathBuf::from(p);
+    if direct.is_absolute() || direct.exists() {
+        direct
+    } else {
+        base.join(p)
+    }
+}

@@ -1,0 +1,453 @@
+//! Phase `lower`: tile work. Every tile gets its buffers (sizes, region and
+//! element needs, zero-initialised ranges), every call its steps of vertex
+//! calls with state blocks whose words are constants or buffer addresses
+//! (resolved after `place_storage`), and every host tensor its placements
+//! (buffer offsets, resolved to addresses the same way).
+//!
+//! A call is a sequence of [`Step`]s. Today every step is a compute set
+//! (vertices started together, then `wsync`); an inter-tile exchange will be
+//! a further step kind holding transfers between (tile, buffer, offset)
+//! pairs, emitted between `sync` and `xend`, without changing the rest.
+
+use crate::gemm::{best_split, FormulaCost, GemmGeometry, ShardLayout};
+use crate::kernels::GEMM_STATE_WORDS;
+use crate::library::KernelRequest;
+use crate::map_tiles::ShardOnTile;
+use crate::plan::GemmPlan;
+use ipu_graph::{DType, Graph, NodeId, TensorType};
+use std::collections::BTreeMap;
+
+/// Which memory a buffer needs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub enum RegionReq {
+    /// Region 1 (128-bit and `ld2x64` loads).
+    Interleaved,
+    /// Region 0.
+    Standard,
+    /// Either.
+    Any,
+}
+
+/// One tile buffer.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct BufferSpec {
+    /// `value.role`, e.g. `c.a`; unique on the tile.
+    pub name: String,
+    pub bytes: u32,
+    /// Power of two.
+    pub align: u32,
+    pub region: RegionReq,
+    /// Needs interleaved memory elements no other such buffer touches.
+    pub exclusive_element: bool,
+    /// Byte ranges `[start, end)` that must hold zeros when the package is
+    /// loaded (padding the kernels multiply; never written afterwards).
+    pub zero: Vec<(u32, u32)>,
+    /// Memory category in the report (e.g. "gemm_operand", "gemm_result").
+    pub category: String,
+}
+
+/// A vertex state word.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum StateWord {
+    Const(u32),
+    /// The address of byte `offset` of buffer `buffer` (an index into the tile's buffers).
+    Addr {
+        buffer: usize,
+        offset: u32,
+    },
+}
+
+/// One vertex call.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Vertex {
+    pub kernel: KernelRequest,
+    pub state: Vec<StateWord>,
+}
+
+/// A compute set: per tile, vertices that run together.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Step {
+    /// The graph value computed.
+    pub operation: String,
+    /// Free text, e.g. "gemm c".
+    pub phase: String,
+    pub tiles: BTreeMap<u32, Vec<Vertex>>,
+    /// The cost model's cycles for the step (slowest tile).
+    pub estimated_cycles: u64,
+}
+
+/// The program of one call.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CallProgram {
+    pub name: String,
+    pub steps: Vec<Step>,
+}
+
+/// Bytes `host_offset..+bytes` of a host tensor at `buffer_offset` of a tile buffer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub struct HostPlacement {
+    pub tile: u32,
+    pub buffer: usize,
+    pub buffer_offset: u32,
+    pub host_offset: u64,
+    pub bytes: u32,
+}
+
+/// A host tensor of a call.
+#[derive(Clone, Debug, PartialEq)]
+pub struct HostTensor {
+    pub name: String,
+    pub ty: TensorType,
+    pub placements: Vec<HostPlacement>,
+}
+
+/// The lowered program.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Lowered {
+    pub tile_count: u32,
+    /// Buffers per tile (every tile 0..tile_count has an entry).
+    pub buffers: BTreeMap<u32, Vec<BufferSpec>>,
+    /// `initialize` then `run`.
+    pub calls: Vec<CallProgram>,
+    /// Host tensors of each call: (inputs, outputs), indexed like `calls`.
+    pub io: Vec<(Vec<HostTensor>, Vec<HostTensor>)>,
+}
+
+/// A GEMM node with its chosen plan and mapping.
+pub struct PlannedGemm<'a> {
+    pub node: NodeId,
+    pub geometry: GemmGeometry,
+    pub plan: &'a GemmPlan,
+    pub map: &'a [ShardOnTile],
+    pub kernel: KernelRequest,
+    pub cost: &'a mut FormulaCost,
+}
+
+/// Appends `p` to `list`, merging it into the last placement when both the
+/// host bytes and the buffer bytes continue it.
+fn push_coalesced(list: &mut Vec<HostPlacement>, p: HostPlacement) {
+    if let Some(last) = list.last_mut() {
+        if last.tile == p.tile
+            && last.buffer == p.buffer
+            && last.buffer_offset + last.bytes == p.buffer_offset
+            && last.host_offset + last.bytes as u64 == p.host_offset
+            && (last.bytes as u64 + p.bytes as u64) < u32::MAX as u64
+        {
+            last.bytes += p.bytes;
+            return;
+        }
+    }
+    list.push(p);
+}
+
+/// Lowers the GEMMs (in graph order) of a graph that `load` accepted.
+pub fn lower(graph: &Graph, tile_count: u32, gemms: &mut [PlannedGemm]) -> Lowered {
+    let mut buffers: BTreeMap<u32, Vec<BufferSpec>> =
+        (0..tile_count).map(|t| (t, Vec::new())).collect();
+    let mut inputs: BTreeMap<String, HostTensor> = BTreeMap::new();
+    let mut params: BTreeMap<String, HostTensor> = BTreeMap::new();
+    let mut outputs: BTreeMap<String, HostTensor> = BTreeMap::new();
+    let mut steps = Vec::new();
+    for pg in gemms.iter_mut() {
+        let node = graph.node(pg.node);
+        let value = graph.value(node.result).name.clone();
+        let (a_id, b_id) = (node.args[0], node.args[1]);
+        let g = pg.geometry;
+        let (k, n, ob) = (g.k, g.n, g.out_bytes());
+        let rows = pg.plan.row_ranges(&g);
+        let cols = pg.plan.col_ranges(&g);
+        let mut step = Step {
+            operation: value.clone(),
+            phase: format!("gemm {value}"),
+            tiles: BTreeMap::new(),
+            estimated_cycles: pg.plan.estimate.compute_cycles,
+        };
+        let host_tensor = |id| HostTensor {
+            name: graph.value(id).name.clone(),
+            ty: graph.value(id).ty.clone(),
+            placements: Vec::new(),
+        };
+        let kind_of = |id| graph.value(id).def == ipu_graph::ValueDef::Param;
+        for shard in pg.map {
+            let (r0, r1) = rows[shard.row_part as usize];
+            let (c0, c1) = cols[shard.col_part as usize];
+            let (mt, nct) = (r1 - r0, c1 - c0);
+            let (split, _) = best_split(mt, nct, g.nkb(), pg.cost);
+            let layout = ShardLayout::new(&g, mt, nct, split.row_groups.len() as u32);
+            let tile_bufs = buffers
+                .get_mut(&shard.tile)
+                .expect("tiles below tile_count");
+            let base = tile_bufs.len();
+            let (ia, ib, ic, it) = (base, base + 1, base + 2, base + 3);
+            let width = (c1 * 16).min(n) - c0 * 16;
+            let pad_a = g.kp() != k;
+            let pad_b = pad_a || width != nct * 16;
+            let header = vec![(0, crate::gemm::C_HEADER)];
+            let buf =
+                |role: &str, bytes, exclusive, zero: Vec<(u32, u32)>, category: &str| BufferSpec {
+                    name: format!("{value}.{role}"),
+                    bytes,
+                    align: 16,
+                    region: RegionReq::Interleaved,
+                    exclusive_element: exclusive,
+                    zero,
+                    category: category.into(),
+                };
+            tile_bufs.push(buf(
+                "a",
+                layout.a_bytes(),
+                true,
+                if pad_a {
+                    vec![(0, layout.a_bytes())]
+                } else {
+                    vec![]
+                },
+                "gemm_operand",
+            ));
+            tile_bufs.push(buf(
+                "b",
+                layout.b_bytes(),
+                false,
+                if pad_b {
+                    vec![(0, layout.b_bytes())]
+                } else {
+                    vec![]
+                },
+                "gemm_weight",
+            ));
+            tile_bufs.push(buf(
+                "c",
+                layout.c_bytes(),
+                true,
+                header.clone(),
+                "gemm_result",
+            ));
+            tile_bufs.push(buf(
+                "c_partial",
+                layout.c_bytes(),
+                true,
+                header,
+                "gemm_partials",
+            ));
+
+            // K block 0 writes the buffer that, after nkb blocks, holds the result.
+            let (first, second) = if g.nkb() % 2 == 1 { (ic, it) } else { (it, ic) };
+            let mut vertices = Vec::new();
+            for (gi, &(lr0, _lr1)) in split.row_groups.iter().enumerate() {
+                for &(cg0, cg1) in &split.col_groups {
+                    let c_off = layout.c_row(gi as u32, lr0) + cg0 * 16 * ob;
+                    let state = vec![
+                        StateWord::Addr {
+                            buffer: ia,
+                            offset: lr0 * layout.rs_a,
+                        },
+                        StateWord::Const(layout.rs_a),
+                        StateWord::Addr {
+                            buffer: ib,
+                            offset: cg0 * 32,
+                        },
+                        StateWord::Const(layout.rs_b),
+                        StateWord::Addr {
+                            buffer: first,
+                            offset: c_off,
+                        },
+                        StateWord::Addr {
+                            buffer: second,
+                            offset: c_off,
+                        },
+                        StateWord::Const(layout.rs_c),
+                        StateWord::Addr {
+                            buffer: second,
+                            offset: 0,
+                        },
+                        StateWord::Const(split.row_groups[gi].1 - lr0),
+                        StateWord::Const(g.nkb()),
+                        StateWord::Const(cg1 - cg0),
+                    ];
+                    vertices.push(Vertex {
+                        kernel: pg.kernel.clone(),
+                        state,
+                    });
+                }
+            }
+            step.tiles.insert(shard.tile, vertices);
+
+            // Host placements: A rows, B rows of the tile's columns, C rows.
+            let a_t = (if kind_of(a_id) {
+                &mut params
+            } else {
+                &mut inputs
+            })
+            .entry(graph.value(a_id).name.clone())
+            .or_insert_with(|| host_tensor(a_id));
+            for r in 0..mt {
+                push_coalesced(
+                    &mut a_t.placements,
+                    HostPlacement {
+                        tile: shard.tile,
+                        buffer: ia,
+                        buffer_offset: r * layout.rs_a,
+                        host_offset: (r0 + r) as u64 * k as u64 * 2,
+                        bytes: k * 2,
+                    },
+                );
+            }
+            let b_t = (if kind_of(b_id) {
+                &mut params
+            } else {
+                &mut inputs
+            })
+            .entry(graph.value(b_id).name.clone())
+            .or_insert_with(|| host_tensor(b_id));
+            for kk in 0..k {
+                push_coalesced(
+                    &mut b_t.placements,
+                    HostPlacement {
+                        tile: shard.tile,
+                        buffer: ib,
+                        buffer_offset: kk * layout.rs_b,
+                        host_offset: (kk as u64 * n as u64 + c0 as u64 * 16) * 2,
+                        bytes: width * 2,
+                    },
+                );
+            }
+            let c_t = outputs
+                .entry(value.clone())
+                .or_insert_with(|| host_tensor(node.result));
+            for (gi, &(lr0, lr1)) in split.row_groups.iter().enumerate() {
+                for r in lr0..lr1 {
+                    push_coalesced(
+                        &mut c_t.placements,
+                        HostPlacement {
+                            tile: shard.tile,
+                            buffer: ic,
+                            buffer_offset: layout.c_row(gi as u32, r),
+                            host_offset: ((r0 + r) as u64 * n as u64 + c0 as u64 * 16) * ob as u64,
+                            bytes: width * ob,
+                        },
+                    );
+                }
+            }
+        }
+        steps.push(step);
+    }
+    // Tensors in graph order, so that the manifest follows the model.
+    let order = |m: BTreeMap<String, HostTensor>| -> Vec<HostTensor> {
+        let mut v: Vec<HostTensor> = m.into_values().collect();
+        v.sort_by_key(|t| graph.lookup(&t.name).map(|id| id.0));
+        v
+    };
+    Lowered {
+        tile_count,
+        buffers,
+        calls: vec![
+            CallProgram {
+                name: "initialize".into(),
+                steps: vec![],
+            },
+            CallProgram {
+                name: "run".into(),
+                steps,
+            },
+        ],
+        io: vec![(order(params), vec![]), (order(inputs), order(outputs))],
+    }
+}
+
+/// The verifier after `lower`: state words and placements refer to existing
+/// buffers and stay inside them; GEMM states have the kernel's word count;
+/// every host tensor's placements cover its bytes (outputs exactly once).
+pub fn verify(l: &Lowered) -> Result<(), String> {
+    for call in &l.calls {
+        for step in &call.steps {
+            for (tile, vertices) in &step.tiles {
+                let bufs = l
+                    .buffers
+                    .get(tile)
+                    .ok_or_else(|| format!("step `{}`: tile {tile} has no buffers", step.phase))?;
+                if vertices.len() > ipu_arch::WORKER_CONTEXTS as usize {
+                    return Err(format!(
+                        "step `{}`: tile {tile} starts {} vertices, more than the {} workers",
+                        step.phase,
+                        vertices.len(),
+                        ipu_arch::WORKER_CONTEXTS
+                    ));
+                }
+                for v in vertices {
+                    if v.kernel.entry == "gemm_f16" && v.state.len() != GEMM_STATE_WORDS {
+                        return Err(format!(
+                            "step `{}`: tile {tile}: gemm state has {} words",
+                            step.phase,
+                            v.state.len()
+                        ));
+                    }
+                    for w in &v.state {
+                        if let StateWord::Addr { buffer, offset } = *w {
+                            let b = bufs.get(buffer).ok_or_else(|| format!("step `{}`: tile {tile}: state names buffer {buffer}, which does not exist", step.phase))?;
+                            if offset >= b.bytes {
+                                return Err(format!("step `{}`: tile {tile}: state address {offset} is outside buffer `{}` ({} bytes)", step.phase, b.name, b.bytes));
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+    for (ins, outs) in &l.io {
+        for (t, exactly_once) in ins
+            .iter()
+            .map(|t| (t, false))
+            .chain(outs.iter().map(|t| (t, true)))
+        {
+            let total = t.ty.bytes();
+            let mut spans = Vec::new();
+            for p in &t.placements {
+                let b = l
+                    .buffers
+                    .get(&p.tile)
+                    .and_then(|b| b.get(p.buffer))
+                    .ok_or_else(|| {
+                        format!(
+                            "tensor `{}`: placement on tile {} names a missing buffer",
+                            t.name, p.tile
+                        )
+                    })?;
+                if p.buffer_offset as u64 + p.bytes as u64 > b.bytes as u64 {
+                    return Err(format!(
+                        "tensor `{}`: placement {}..+{} leaves buffer `{}` on tile {}",
+                        t.name, p.buffer_offset, p.bytes, b.name, p.tile
+                    ));
+                }
+                spans.push((p.host_offset, p.host_offset + p.bytes as u64));
+            }
+            spans.sort_unstable();
+            let mut covered = 0;
+            for (s, e) in spans {
+                if s > covered || (exactly_once && s < covered) {
+                    return Err(format!(
+                        "tensor `{}`: host bytes near {s} are {}",
+                        t.name,
+                        if s > covered {
+                            "not placed"
+                        } else {
+                            "placed twice"
+                        }
+                    ));
+                }
+                covered = covered.max(e);
+            }
+            if covered != total {
+                return Err(format!(
+                    "tensor `{}`: {covered} of {total} bytes placed",
+                    t.name
+                ));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// The dtype of a GEMM's result decides the kernel specialisation.
+pub fn gemm_acc32(result: DType) -> bool {
+    result == DType::F32
+}

@@ -1,0 +1,242 @@
+//! Phase `write_package`: the manifest (host interface, calls with their
+//! placements), the tile images and the compiler members the runtime reads
+//! (docs/runtime.md): `model.ipug`, `report.json`, `checkpoints.json`,
+//! `schedule.json`, `symbols.json`. Every member is built from ordered
+//! collections, so the same compile gives byte-identical packages.
+
+use crate::lower::{HostPlacement, HostTensor, Lowered};
+use crate::storage::{TileStorage, COMMAND_ADDRESS};
+use ipu_package::{
+    CallPhase, HostInterface, PackageInfo, PhaseKind, Placement, StreamTensor, StreamingCall,
+};
+use serde_json::{json, Value};
+use std::collections::BTreeMap;
+
+/// The compiler version recorded in packages.
+pub const COMPILER_VERSION: &str = concat!("ipu-compile ", env!("CARGO_PKG_VERSION"));
+
+/// Manifest placements of a host tensor.
+pub fn placements(t: &HostTensor, storage: &BTreeMap<u32, TileStorage>) -> Vec<Placement> {
+    t.placements
+        .iter()
+        .map(|p| Placement {
+            tile: p.tile,
+            address: storage[&p.tile].addresses[p.buffer] + p.buffer_offset,
+            offset: p.host_offset,
+            bytes: p.bytes,
+        })
+        .collect()
+}
+
+/// Placements with every host byte once (the first tile that holds it), as
+/// checkpoints need; inputs may be placed on several tiles.
+pub fn unique_placements(list: &[Placement]) -> Vec<Placement> {
+    let mut sorted = list.to_vec();
+    sorted.sort_by_key(|p| (p.offset, p.tile, p.address));
+    let mut out = Vec::new();
+    let mut covered = 0u64;
+    for p in sorted {
+        let end = p.offset + p.bytes as u64;
+        if end <= covered {
+            continue;
+        }
+        let skip = covered.saturating_sub(p.offset);
+        out.push(Placement {
+            tile: p.tile,
+            address: p.address + skip as u32,
+            offset: p.offset + skip,
+            bytes: (end - p.offset - skip) as u32,
+        });
+        covered = end;
+    }
+    out
+}
+
+fn stream(t: &HostTensor, storage: &BTreeMap<u32, TileStorage>) -> StreamTensor {
+    StreamTensor {
+        name: t.name.clone(),
+        dtype: t.ty.dtype,
+        shape: t.ty.shape.dims().to_vec(),
+        placements: placements(t, storage),
+    }
+}
+
+fn host_cycles(tensors: &[HostTensor]) -> u64 {
+    let bytes: u64 = tensors
+        .iter()
+        .flat_map(|t| &t.placements)
+        .map(|p: &HostPlacement| p.bytes as u64)
+        .sum();
+    ipu_arch::host_transfer_cycles(bytes, ipu_arch::CLOCK_HZ_C600)
+}
+
+/// The manifest's descriptive part.
+pub fn info(
+    model: &str,
+    l: &Lowered,
+    storage: &BTreeMap<u32, TileStorage>,
+    report_summary: BTreeMap<String, u64>,
+) -> PackageInfo {
+    let calls = l
+        .calls
+        .iter()
+        .zip(&l.io)
+        .map(|(call, (ins, outs))| {
+            let mut phases = vec![CallPhase {
+                name: "host to device".into(),
+                kind: PhaseKind::HostToDevice,
+                supersteps: 0,
+                estimated_cycles: Some(host_cycles(ins) + ipu_arch::SYNC_CYCLES),
+            }];
+            for step in &call.steps {
+                phases.push(CallPhase {
+                    name: step.phase.clone(),
+                    kind: PhaseKind::Compute,
+                    supersteps: 1,
+                    estimated_cycles: Some(step.estimated_cycles),
+                });
+            }
+            if !outs.is_empty() {
+                phases.push(CallPhase {
+                    name: "device to host".into(),
+                    kind: PhaseKind::DeviceToHost,
+                    supersteps: 0,
+                    estimated_cycles: Some(host_cycles(outs)),
+                });
+            }
+            StreamingCall {
+                name: call.name.clone(),
+                phases,
+                inputs: ins.iter().map(|t| stream(t, storage)).collect(),
+                outputs: outs.iter().map(|t| stream(t, storage)).collect(),
+            }
+        })
+        .collect();
+    PackageInfo {
+        compiler_version: COMPILER_VERSION.into(),
+        tile_count: l.tile_count,
+        model: model.into(),
+        host: HostInterface {
+            command_address: COMMAND_ADDRESS,
+        },
+        calls,
+        config_writes: vec![],
+        report_summary,
+    }
+}
+
+fn kernels_of(step: &crate::lower::Step) -> Vec<Value> {
+    let mut by_kernel: BTreeMap<String, Vec<u32>> = BTreeMap::new();
+    for (tile, vertices) in &step.tiles {
+        for v in vertices {
+            let tiles = by_kernel.entry(v.kernel.entry.clone()).or_default();
+            if tiles.last() != Some(tile) {
+                tiles.push(*tile);
+            }
+        }
+    }
+    by_kernel
+        .into_iter()
+        .map(|(k, t)| json!({"kernel": k, "tiles": t}))
+        .collect()
+}
+
+fn placements_json(list: &[Placement]) -> Value {
+    Value::Array(
+        list.iter()
+            .map(|p| json!({"tile": p.tile, "address": p.address, "offset": p.offset, "bytes": p.bytes}))
+            .collect(),
+    )
+}
+
+/// `checkpoints.json`: every value still intact at each call's final hsync
+/// (no extra stops: operands and results live for the whole program).
+pub fn checkpoints(l: &Lowered, storage: &BTreeMap<u32, TileStorage>) -> Value {
+    let params = &l.io[0].0;
+    let calls: Vec<Value> = l
+        .calls
+        .iter()
+        .zip(&l.io)
+        .map(|(call, (ins, outs))| {
+            let mut values = Vec::new();
+            let mut seen = std::collections::BTreeSet::new();
+            let resident = ins.iter().chain(if call.name == "run" { params.iter() } else { [].iter() });
+            for t in resident {
+                if seen.insert(t.name.clone()) {
+                    values.push(json!({"value": t.name, "stop": 1, "placements": placements_json(&unique_placements(&placements(t, storage)))}));
+                }
+            }
+            for t in outs {
+                let kernels: Vec<Value> = call
+                    .steps
+                    .iter()
+                    .filter(|s| s.operation == t.name)
+                    .flat_map(kernels_of)
+                    .collect();
+                values.push(json!({"value": t.name, "stop": 1, "placements": placements_json(&unique_placements(&placements(t, storage))), "kernels": kernels}));
+            }
+            json!({"call": call.name, "stops": 0, "values": values})
+        })
+        .collect();
+    json!({"format_version": 1, "calls": calls})
+}
+
+/// `schedule.json`: one BSP step per call (compute sets need no sync between
+/// them until inter-tile exchanges exist); it names the first operation and
+/// every kernel of the call.
+pub fn schedule(l: &Lowered) -> Value {
+    let calls: Vec<Value> = l
+        .calls
+        .iter()
+        .map(|call| {
+            let mut step = serde_json::Map::new();
+            if let Some(first) = call.steps.first() {
+                step.insert("operation".into(), json!(first.operation));
+            }
+            let phase = if call.steps.is_empty() {
+                "host transfer".to_string()
+            } else {
+                call.steps
+                    .iter()
+                    .map(|s| s.phase.clone())
+                    .collect::<Vec<_>>()
+                    .join("; ")
+            };
+            step.insert("phase".into(), json!(phase));
+            step.insert(
+                "kernels".into(),
+                Value::Array(call.steps.iter().flat_map(kernels_of).collect()),
+            );
+            json!({"call": call.name, "steps": [Value::Object(step)]})
+        })
+        .collect();
+    json!({"format_version": 1, "calls": calls})
+}
+
+/// `symbols.json`: tiles with identical symbol tables share a group.
+pub fn symbols(per_tile: &BTreeMap<u32, Vec<(String, u32, u32)>>) -> Value {
+    let mut groups: BTreeMap<Vec<(u32, u32, String)>, Vec<u32>> = BTreeMap::new();
+    for (tile, syms) in per_tile {
+        let mut key: Vec<(u32, u32, String)> =
+            syms.iter().map(|(n, a, s)| (*a, *s, n.clone())).collect();
+        key.sort();
+        groups.entry(key).or_default().push(*tile);
+    }
+    let mut groups: Vec<(Vec<u32>, Vec<(u32, u32, String)>)> =
+        groups.into_iter().map(|(k, t)| (t, k)).collect();
+    groups.sort();
+    let groups: Vec<Value> = groups
+        .into_iter()
+        .map(|(tiles, syms)| {
+            json!({"tiles": tiles, "symbols": syms.iter().map(|(a, s, n)| json!({"name": n, "address": a, "size": s})).collect::<Vec<_>>()})
+        })
+        .collect();
+    json!({"format_version": 1, "groups": groups})
+}
+
+/// Pretty JSON with a trailing newline.
+pub fn json_bytes(v: &Value) -> Vec<u8> {
+    let mut s = serde_json::to_string_pretty(v).expect("JSON values serialise");
+    s.push('\n');
+    s.into_bytes()
+}

@@ -1,0 +1,194 @@
+//! Phase `plan`: candidate plans per operation, a cost model on ipu-arch's
+//! numbers and the kernels' declared cycle formulas, memory feasibility, and
+//! a Pareto beam search over (cycles, peak bytes) that keeps finalists.
+//!
+//! A GEMM plan partitions the M rows into `row_parts` and the column blocks
+//! into `col_parts`; every (row part, column part) pair is one tile's shard,
+//! and K stays whole on the tile (no reduction exchange). The estimate of a
+//! plan is the cycles of a "run" call: host writes of the shard operands
+//! (inputs are multicast to every tile of their row part), the host sync,
+//! the slowest tile's compute (the kernel formula for each worker's vertex,
+//! plus the supervisor's launches) and the host reads of the results.
+
+use crate::gemm::{best_split, ranges, FormulaCost, GemmGeometry, ShardLayout};
+use crate::storage;
+use ipu_arch::{host_transfer_cycles, CLOCK_HZ_C600, SYNC_CYCLES};
+
+/// Search limits.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SearchBudget {
+    /// Plans kept per operation after the Pareto filter (the beam).
+    pub beam_width: usize,
+    /// Plans logged and reported as finalists.
+    pub finalists: usize,
+    /// Most candidates generated per operation.
+    pub max_candidates: usize,
+}
+
+impl Default for SearchBudget {
+    fn default() -> Self {
+        SearchBudget {
+            beam_width: 64,
+            finalists: 16,
+            max_candidates: 200_000,
+        }
+    }
+}
+
+/// The cost model's view of one plan.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+pub struct Estimate {
+    /// Cycles of the slowest tile's compute (vertex formulas + launches).
+    pub compute_cycles: u64,
+    /// Host link cycles of the run call's inputs (every placed copy).
+    pub host_in_cycles: u64,
+    /// Host link cycles of the outputs.
+    pub host_out_cycles: u64,
+    /// Host link cycles of the parameters (the initialize call).
+    pub params_cycles: u64,
+    /// The run call: sync + host in + compute + host out.
+    pub total_cycles: u64,
+    /// Largest standard-memory (region 0) use on a tile, code excluded.
+    pub peak_standard_bytes: u64,
+    /// Largest interleaved-memory (region 1) use on a tile, with element rounding.
+    pub peak_interleaved_bytes: u64,
+    pub active_tiles: u32,
+}
+
+/// One GEMM plan.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
+pub struct GemmPlan {
+    pub row_parts: u32,
+    pub col_parts: u32,
+    pub estimate: Estimate,
+}
+
+impl GemmPlan {
+    /// Row ranges of the row parts.
+    pub fn row_ranges(&self, g: &GemmGeometry) -> Vec<(u32, u32)> {
+        ranges(g.m, self.row_parts)
+    }
+    /// Column-block ranges of the column parts.
+    pub fn col_ranges(&self, g: &GemmGeometry) -> Vec<(u32, u32)> {
+        ranges(g.ncb(), self.col_parts)
+    }
+}
+
+/// Supervisor cycles around the vertices of one compute step: one `setzi`
+/// per state and one `run` (2 issue slots) per vertex, then `wsync`, plus the
+/// dispatch of the command. Each bundle of the supervisor takes 6 cycles.
+pub fn supervisor_cycles(vertices: u64) -> u64 {
+    6 * (12 + 3 * vertices)
+}
+
+/// Cost and memory of one (row parts, col parts) candidate; `None` when a
+/// shard does not fit tile memory within `memory_budget` bytes.
+pub fn evaluate(
+    g: &GemmGeometry,
+    row_parts: u32,
+    col_parts: u32,
+    cost: &mut FormulaCost,
+    memory_budget: u64,
+) -> Option<GemmPlan> {
+    let rows = ranges(g.m, row_parts);
+    let cols = ranges(g.ncb(), col_parts);
+    let mut compute = 0u64;
+    let mut peak_r1 = 0u64;
+    let mut in_bytes = 0u64;
+    let mut param_bytes = 0u64;
+    // Shards of equal size cost the same; evaluate each distinct size once.
+    let mut sizes: Vec<(u32, u32)> = rows
+        .iter()
+        .flat_map(|r| cols.iter().map(move |c| (r.1 - r.0, c.1 - c.0)))
+        .collect();
+    sizes.sort_unstable();
+    sizes.dedup();
+    for (mt, nct) in sizes {
+        let (split, cycles) = best_split(mt, nct, g.nkb(), cost);
+        compute = compute.max(cycles + supervisor_cycles(split.vertices() as u64));
+        let layout = ShardLayout::new(g, mt, nct, split.row_groups.len() as u32);
+        let r1 = storage::region1_footprint(&[
+            (layout.a_bytes(), true),
+            (layout.c_bytes(), true),
+            (layout.c_bytes(), true),
+            (layout.b_bytes(), false),
+        ])?;
+        if r1 > memory_budget {
+            return None;
+        }
+        peak_r1 = peak_r1.max(r1);
+    }
+    for &(r0, r1) in &rows {
+        // A rows go to every tile of the row part; B columns to every row part.
+        in_bytes += (r1 - r0) as u64 * g.k as u64 * 2 * cols.len() as u64;
+    }
+    for &(c0, c1) in &cols {
+        let width = (c1 * 16).min(g.n) - c0 * 16;
+        param_bytes += width as u64 * g.k as u64 * 2 * rows.len() as u64;
+    }
+    let out_bytes = g.m as u64 * g.n as u64 * g.out_bytes() as u64;
+    let host_in = host_transfer_cycles(in_bytes, CLOCK_HZ_C600);
+    let host_out = host_transfer_cycles(out_bytes, CLOCK_HZ_C600);
+    Some(GemmPlan {
+        row_parts,
+        col_parts,
+        estimate: Estimate {
+            compute_cycles: compute,
+            host_in_cycles: host_in,
+            host_out_cycles: host_out,
+            params_cycles: host_transfer_cycles(param_bytes, CLOCK_HZ_C600),
+            total_cycles: SYNC_CYCLES + host_in + compute + host_out,
+            peak_standard_bytes: 0,
+            peak_interleaved_bytes: peak_r1,
+            active_tiles: rows.len() as u32 * cols.len() as u32,
+        },
+    })
+}
+
+/// All feasible candidates within the budget, Pareto-filtered over (total
+/// cycles, peak bytes), best first, at most `beam_width`.
+pub fn search(
+    g: &GemmGeometry,
+    tiles: u32,
+    cost: &mut FormulaCost,
+    memory_budget: u64,
+    budget: &SearchBudget,
+) -> (Vec<GemmPlan>, usize) {
+    let mut candidates = Vec::new();
+    let mut generated = 0usize;
+    'outer: for rp in 1..=g.m.min(tiles) {
+        for cp in 1..=g.ncb().min(tiles / rp) {
+            if generated >= budget.max_candidates {
+                break 'outer;
+            }
+            generated += 1;
+            if let Some(p) = evaluate(g, rp, cp, cost, memory_budget) {
+                candidates.push(p);
+            }
+        }
+    }
+    // Best first: cycles, then fewer tiles (less host traffic), then memory.
+    let key = |p: &GemmPlan| {
+        (
+            p.estimate.total_cycles,
+            p.estimate.active_tiles,
+            p.estimate.peak_interleaved_bytes,
+            p.row_parts,
+        )
+    };
+    candidates.sort_by_key(key);
+    // Pareto filter: keep a plan only if no earlier (faster) plan uses less memory.
+    let mut front: Vec<GemmPlan> = Vec::new();
+    let mut best_memory = u64::MAX;
+    for p in candidates {
+        let mem = p.estimate.peak_interleaved_bytes + p.estimate.peak_standard_bytes;
+        if mem < best_memory || front.is_empty() {
+            best_memory = best_memory.min(mem);
+            front.push(p);
+        }
+        if front.len() >= budget.beam_width {
+            break;
+        }
+    }
+    (front, generated)
+}

@@ -1,0 +1,240 @@
+//! The vertical slice: compile a GEMM model, load the package into the
+//! simulator through the runtime (ipu-runtime's Session on a SimDevice, which
+//! follows docs/host-protocol.md), run "initialize" and "run" with random
+//! inputs and compare with ipu-reference within the documented tolerance.
+//! Estimated and simulated cycles are printed side by side.
+
+use ipu_compiler::{compile, CompileOptions, CompileOutput, KernelSource, SearchBudget};
+use ipu_package::Package;
+use ipu_reference::{compare, evaluate, random, Tolerance};
+use ipu_runtime::{Session, SimDevice};
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+fn root() -> PathBuf {
+    PathBuf::from(std::env::var("CARGO_MANIFEST_DIR").expect("cargo or bazel sets it"))
+        .join("../..")
+}
+
+fn options(model: &Path, tiles: u32, cache: &Path) -> CompileOptions {
+    CompileOptions {
+        model: model.to_path_buf(),
+        tiles,
+        kernels: KernelSource::Sources {
+            device_dir: root().join("device"),
+            cache_dir: Some(cache.to_path_buf()),
+        },
+        search: SearchBudget::default(),
+        output: None,
+    }
+}
+
+struct Ran {
+    compile: CompileOutput,
+    run_device_cycles: u64,
+}
+
+/// Compiles `model` for `tiles`, runs it on the simulator with seeded
+/// Gaussian feeds and checks every output against the host reference.
+fn compile_and_run(model: &Path, tiles: u32, seed: u64) -> Ran {
+    let cache = tempfile::tempdir().unwrap();
+    let out = compile(&options(model, tiles, cache.path()))
+        .unwrap_or_else(|e| panic!("{}: {e}", model.display()));
+    let pkg =
+        Package::from_bytes(&out.package.to_bytes().unwrap()).expect("the package reads back");
+    assert_eq!(pkg, out.package);
+    let graph = ipu_graph::parse(
+        "model.ipug",
+        std::str::from_utf8(&pkg.members["model.ipug"]).unwrap(),
+    )
+    .unwrap();
+    let device = SimDevice::new(pkg.info.tile_count).unwrap();
+    let mut session =
+        Session::load(Box::new(device), pkg.clone(), None).unwrap_or_else(|e| panic!("{e}"));
+    let feeds = random::gaussian_feeds(&graph, seed);
+    let pick = |call: &str| -> BTreeMap<String, ipu_reference::Tensor> {
+        let c = pkg.info.calls.iter().find(|c| c.name == call).unwrap();
+        c.inputs
+            .iter()
+            .map(|t| (t.name.clone(), feeds[&t.name].clone()))
+            .collect()
+    };
+    session
+        .call("initialize", &pick("initialize"))
+        .unwrap_or_else(|e| panic!("initialize: {e}"));
+    let run = session
+        .call("run", &pick("run"))
+        .unwrap_or_else(|e| panic!("run: {e}"));
+    let reference = evaluate(&graph, &feeds).unwrap();
+    let k = ipu_graph::analysis::max_reduction_length(&graph);
+    for (name, want) in &reference {
+        let got = &run.outputs[name];
+        let tol = Tolerance::for_output(want.dtype(), k, want.data());
+        let cmp = compare(got, want, tol).unwrap();
+        assert!(
+            cmp.passed(),
+            "{}: output `{name}`: {cmp:?}",
+            model.display()
+        );
+        assert!(
+            cmp.cosine > 0.9999,
+            "{}: output `{name}` cosine {}",
+            model.display(),
+            cmp.cosine
+        );
+    }
+    println!(
+        "{:<28} tiles={:<4} estimated_compute={:<8} simulated_run_device={:<8} estimated_run={:<8} compute_bound={}",
+        model.file_name().unwrap().to_string_lossy(),
+        out.package.info.tile_count,
+        out.estimated_compute_cycles,
+        run.cycles.device_cycles,
+        out.estimated_run_cycles,
+        out.package.info.report_summary["compute_bound_cycles"],
+    );
+    Ran {
+        compile: out,
+        run_device_cycles: run.cycles.device_cycles,
+    }
+}
+
+fn write_model(dir: &Path, name: &str, text: &str) -> PathBuf {
+    let p = dir.join(format!("{name}.ipug"));
+    std::fs::write(&p, text).unwrap();
+    p
+}
+
+#[test]
+fn gemm_small_on_the_simulator() {
+    for tiles in [1, 4, 64] {
+        let ran = compile_and_run(&root().join("models/gemm_small.ipug"), tiles, 7);
+        // The estimate tracks the simulated device time of the run call.
+        let (est, sim) = (
+            ran.compile.estimated_compute_cycles as f64,
+            ran.run_device_cycles as f64,
+        );
+        assert!(
+            sim > 0.0 && est / sim > 0.5 && est / sim < 1.5,
+            "estimate {est} vs simulated {sim}"
+        );
+    }
+}
+
+#[test]
+fn gemm_model_on_the_simulator() {
+    compile_and_run(&root().join("models/gemm.ipug"), 64, 11);
+}
+
+#[test]
+fn odd_shapes_and_f32_output() {
+    let dir = tempfile::tempdir().unwrap();
+    let cases = [
+        ("one", "model one\ninput a: f16[1, 1]\nparam b: f16[1, 1]\nc = gemm(a, b)\noutput c\n", 3),
+        ("odd", "model odd\ninput a: f16[37, 5]\nparam b: f16[5, 3]\nc = gemm(a, b)\noutput c\n", 2),
+        ("wide", "model wide\ninput a: f16[13, 70]\nparam b: f16[70, 130]\nc = gemm(a, b)\noutput c\n", 5),
+        ("f32out", "model f32out\ninput a: f16[29, 40]\nparam b: f16[40, 50]\nc = gemm(a, b, out=f32)\noutput c\n", 3),
+        (
+            "two",
+            "model two\ninput x: f16[21, 48]\nparam w1: f16[48, 20]\nparam w2: f16[48, 33]\ny1 = gemm(x, w1)\ny2 = gemm(x, w2)\noutput y1, y2\n",
+            4,
+        ),
+    ];
+    for (name, text, tiles) in cases {
+        compile_and_run(&write_model(dir.path(), name, text), tiles, 5);
+    }
+}
+
+#[test]
+fn packages_are_deterministic_and_carry_the_runtime_members() {
+    let cache = tempfile::tempdir().unwrap();
+    let model = root().join("models/gemm_small.ipug");
+    let a = compile(&options(&model, 8, cache.path()))
+        .unwrap()
+        .package
+        .to_bytes()
+        .unwrap();
+    let b = compile(&options(&model, 8, cache.path()))
+        .unwrap()
+        .package
+        .to_bytes()
+        .unwrap();
+    assert_eq!(
+        a, b,
+        "same model and options must give byte-identical packages"
+    );
+    let pkg = Package::from_bytes(&a).unwrap();
+    for m in [
+        "model.ipug",
+        "report.json",
+        "checkpoints.json",
+        "schedule.json",
+        "symbols.json",
+    ] {
+        assert!(pkg.members.contains_key(m), "missing member {m}");
+    }
+    let graph = ipu_graph::parse(
+        "model.ipug",
+        std::str::from_utf8(&pkg.members["model.ipug"]).unwrap(),
+    )
+    .unwrap();
+    ipu_runtime::members::checkpoints(&pkg, &graph)
+        .expect("checkpoints.json is valid for the runtime");
+    ipu_runtime::members::schedule(&pkg).expect("schedule.json is valid for the runtime");
+    ipu_runtime::members::symbols(&pkg).expect("symbols.json is valid for the runtime");
+    // Written through the output path too.
+    let out = tempfile::tempdir().unwrap();
+    let mut o = options(&model, 8, cache.path());
+    o.output = Some(out.path().join("g.ipupkg"));
+    compile(&o).unwrap();
+    assert_eq!(std::fs::read(out.path().join("g.ipupkg")).unwrap(), a);
+}
+
+#[test]
+fn errors_name_what_is_wrong() {
+    let dir = tempfile::tempdir().unwrap();
+    let cache = tempfile::tempdir().unwrap();
+    let err = |text: &str, tiles: u32| {
+        let p = write_model(dir.path(), "m", text);
+        match compile(&options(&p, tiles, cache.path())) {
+            Ok(_) => panic!("compiled:\n{text}"),
+            Err(e) => e.to_string(),
+        }
+    };
+    let e = err(
+        "model m\ninput a: f16[4, 8]\nparam b: f16[8, 4]\nc = gemm(a, b)\ng = gelu(c)\noutput g\n",
+        4,
+    );
+    assert!(
+        e.contains("value `c` (gemm)") && e.contains("feeds other operations"),
+        "{e}"
+    );
+    let e = err("model m\ninput a: f16[4, 8]\ng = gelu(a)\noutput g\n", 4);
+    assert!(
+        e.contains("value `g` (gelu)") && e.contains("no lowering for `gelu`"),
+        "{e}"
+    );
+    let e = err(
+        "model m\ninput a: f16[4, 8]\nparam b: f16[9, 4]\nc = gemm(a, b)\noutput c\n",
+        4,
+    );
+    assert!(e.contains("m.ipug:4:"), "{e}");
+    let e = err(
+        "model m\ninput a: f16[4, 8]\nparam b: f16[8, 4]\nc = gemm(a, b)\noutput c\n",
+        0,
+    );
+    assert!(e.contains("tile count 0"), "{e}");
+    // A GEMM too large for one tile: no plan fits.
+    let e = err(
+        "model m\ninput a: f16[2048, 2048]\nparam b: f16[2048, 2048]\nc = gemm(a, b)\noutput c\n",
+        1,
+    );
+    assert!(e.contains("value `c`: no plan fits"), "{e}");
+    let e = match compile(&CompileOptions {
+        kernels: KernelSource::Index(dir.path().join("missing.library.json")),
+        ..options(&root().join("models/gemm_small.ipug"), 4, cache.path())
+    }) {
+        Ok(_) => panic!("compiled without a kernel library"),
+        Err(e) => e.to_string(),
+    };
+    assert!(e.contains("missing.library.json"), "{e}");
+}
