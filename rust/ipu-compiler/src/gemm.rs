@@ -22,8 +22,10 @@ pub struct GemmGeometry {
     pub m: u32,
     pub k: u32,
     pub n: u32,
-    /// f32 accumulation and output (the kernel's ACC=32 specialisation).
+    /// f32 accumulation (the kernel's ACC=32 specialisation).
     pub acc32: bool,
+    /// f32 accumulation converted to an f16 result by a cast step.
+    pub cast_f16: bool,
 }
 
 impl GemmGeometry {
@@ -37,7 +39,15 @@ impl GemmGeometry {
     pub fn ncb(&self) -> u32 {
         self.n.div_ceil(16)
     }
-    /// Bytes of one output element.
+    /// Bytes of one element of the result the host reads.
+    pub fn result_bytes(&self) -> u32 {
+        if self.acc32 && !self.cast_f16 {
+            4
+        } else {
+            2
+        }
+    }
+    /// Bytes of one element of the GEMM's C buffers.
     pub fn out_bytes(&self) -> u32 {
         if self.acc32 {
             4
@@ -110,6 +120,13 @@ impl ShardLayout {
     pub fn b_bytes(&self) -> u32 {
         self.kp * self.rs_b
     }
+    /// The f16 result of a cast step: rows of `16 * col_blocks` f16, compact.
+    pub fn d_bytes(&self) -> u32 {
+        self.rows * self.rs_d()
+    }
+    pub fn rs_d(&self) -> u32 {
+        self.col_blocks * 32
+    }
     pub fn c_bytes(&self) -> u32 {
         C_HEADER + (self.rows + 2 * self.row_groups + 2) * self.rs_c
     }
@@ -124,26 +141,54 @@ pub trait VertexCost {
     fn cycles(&mut self, m: u32, ncb: u32, nkb: u32) -> u64;
 }
 
-/// A memo over the kernel's declared formula.
+/// A memo over a kernel's declared formula.
 pub struct FormulaCost {
     pub formula: String,
-    pub memo: BTreeMap<(u32, u32, u32), u64>,
+    pub memo: BTreeMap<Vec<i64>, u64>,
 }
 
-impl VertexCost for FormulaCost {
-    fn cycles(&mut self, m: u32, ncb: u32, nkb: u32) -> u64 {
+impl FormulaCost {
+    pub fn new(formula: String) -> FormulaCost {
+        FormulaCost {
+            formula,
+            memo: BTreeMap::new(),
+        }
+    }
+
+    /// The formula's value for `vars` (never negative).
+    pub fn eval(&mut self, vars: &[(&str, i64)]) -> u64 {
+        let key: Vec<i64> = vars.iter().map(|v| v.1).collect();
         let formula = &self.formula;
-        *self.memo.entry((m, ncb, nkb)).or_insert_with(|| {
-            let vars: BTreeMap<&str, i64> =
-                [("M", m as i64), ("NCB", ncb as i64), ("NKB", nkb as i64)]
-                    .into_iter()
-                    .collect();
+        *self.memo.entry(key).or_insert_with(|| {
+            let vars: BTreeMap<&str, i64> = vars.iter().copied().collect();
             // The formula was checked when the kernel was loaded.
             crate::formula::evaluate(formula, &vars)
                 .unwrap_or(i64::MAX)
                 .max(0) as u64
         })
     }
+}
+
+impl VertexCost for FormulaCost {
+    fn cycles(&mut self, m: u32, ncb: u32, nkb: u32) -> u64 {
+        self.eval(&[("M", m as i64), ("NCB", ncb as i64), ("NKB", nkb as i64)])
+    }
+}
+
+/// The slowest cast vertex of a split (the same split as the GEMM's).
+pub fn cast_cycles(split: &WorkerSplit, cost: &mut FormulaCost) -> u64 {
+    split
+        .row_groups
+        .iter()
+        .flat_map(|r| split.col_groups.iter().map(move |c| (r, c)))
+        .map(|(r, c)| {
+            cost.eval(&[
+                ("ROWS", (r.1 - r.0) as i64),
+                ("QUADS", 4 * (c.1 - c.0) as i64),
+            ])
+        })
+        .max()
+        .unwrap_or(0)
 }
 
 /// The worker split of a `rows` x `col_blocks` shard with the fewest

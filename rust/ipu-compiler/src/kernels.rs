@@ -51,3 +51,8 @@ impl GemmState {
         ]
     }
 }
+
+/// Words in the vertex state of `cast_f32_f16` (device/cast_f32_f16.S):
+/// source, source row stride, destination, destination row stride, rows,
+/// groups of four elements per row.
+pub const CAST_STATE_WORDS: usize = 6;

@@ -63,7 +63,43 @@ pub struct CompileOptions {
     pub search: SearchBudget,
     /// Where to write the package; `None` keeps it in memory only.
     pub output: Option<PathBuf>,
+    /// Accumulation precision of f16 GEMMs.
+    pub accumulation: Accumulation,
 }
+
+impl CompileOptions {
+    /// Options with the default search budget and accumulation, no output file.
+    pub fn new(model: impl Into<PathBuf>, tiles: u32, kernels: KernelSource) -> CompileOptions {
+        CompileOptions {
+            model: model.into(),
+            tiles,
+            kernels,
+            search: SearchBudget::default(),
+            output: None,
+            accumulation: Accumulation::Auto,
+        }
+    }
+}
+
+/// How f16 GEMMs with an f16 result accumulate.
+///
+/// The AMP's f16 mode rounds its accumulators to f16 four times per 16
+/// products (docs/isa.md), so the error of a long f16 accumulation grows
+/// past the verification tolerance of docs/graph-format.md (for the SigLIP
+/// constant check it drifts like the seed log's 1.0430). f32 accumulation
+/// runs at half the MAC rate and adds a cast step, but rounds once.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Accumulation {
+    /// f16 when K <= [`F16_ACCUMULATION_MAX_K`], else f32.
+    Auto,
+    /// Always f16 (fastest; large K may fail verification).
+    F16,
+    /// Always f32.
+    F32,
+}
+
+/// The longest reduction that [`Accumulation::Auto`] accumulates in f16.
+pub const F16_ACCUMULATION_MAX_K: u32 = 64;
 
 /// One operation's planning outcome, as reported.
 #[derive(Clone, Debug, serde::Serialize)]
@@ -98,6 +134,37 @@ fn gemm_kernel(acc32: bool) -> KernelRequest {
             .into_iter()
             .collect(),
     }
+}
+
+/// The f32 -> f16 conversion vertex.
+fn cast_kernel() -> KernelRequest {
+    KernelRequest {
+        entry: "cast_f32_f16".into(),
+        source: "cast_f32_f16.S".into(),
+        params: BTreeMap::new(),
+    }
+}
+
+/// A kernel's declared cycle formula, checked to evaluate with `vars`.
+fn kernel_formula(
+    library: &mut KernelLibrary,
+    request: &KernelRequest,
+    vars: &[&str],
+) -> Result<FormulaCost, CompileError> {
+    let kernel = library.get(request)?;
+    let bad = |message: String| CompileError::KernelLibrary {
+        path: PathBuf::from(&kernel.origin),
+        message,
+    };
+    let formula = kernel.metadata.cycles.clone().ok_or_else(|| {
+        bad(format!(
+            "kernel {request} declares no cycle formula (.cycles)"
+        ))
+    })?;
+    let probe: BTreeMap<&str, i64> = vars.iter().map(|v| (*v, 1)).collect();
+    formula::evaluate(&formula, &probe)
+        .map_err(|e| bad(format!("kernel {request}: cycle formula: {e}")))?;
+    Ok(FormulaCost::new(formula))
 }
 
 /// Runs `f` inside the phase span and logs the seed's completion line.
@@ -161,26 +228,29 @@ pub fn compile(options: &CompileOptions) -> Result<CompileOutput, CompileError> 
             let node = graph.node(id);
             let (a, b) = (graph.ty(node.args[0]), graph.ty(node.args[1]));
             let result = graph.value(node.result);
+            let k = a.shape.dims()[1] as u32;
+            let f32_result = lower::gemm_acc32(result.ty.dtype);
+            let acc32 = f32_result
+                || match options.accumulation {
+                    Accumulation::F16 => false,
+                    Accumulation::F32 => true,
+                    Accumulation::Auto => k > F16_ACCUMULATION_MAX_K,
+                };
             let geometry = GemmGeometry {
                 m: a.shape.dims()[0] as u32,
-                k: a.shape.dims()[1] as u32,
+                k,
                 n: b.shape.dims()[1] as u32,
-                acc32: lower::gemm_acc32(result.ty.dtype),
+                acc32,
+                cast_f16: acc32 && !f32_result,
             };
             let request = gemm_kernel(geometry.acc32);
-            let kernel = library.get(&request)?;
-            let formula =
-                kernel
-                    .metadata
-                    .cycles
-                    .clone()
-                    .ok_or_else(|| CompileError::KernelLibrary {
-                        path: PathBuf::from(&kernel.origin),
-                        message: format!("kernel {request} declares no cycle formula (.cycles)"),
-                    })?;
-            let mut cost = FormulaCost {
-                formula,
-                memo: BTreeMap::new(),
+            let cast_request = geometry.cast_f16.then(cast_kernel);
+            let mut cost = plan::GemmCosts {
+                gemm: kernel_formula(&mut library, &request, &["M", "NCB", "NKB"])?,
+                cast: match &cast_request {
+                    Some(r) => Some(kernel_formula(&mut library, r, &["ROWS", "QUADS"])?),
+                    None => None,
+                },
             };
             let (front, candidates) =
                 plan::search(&geometry, options.tiles, &mut cost, share, &options.search);
@@ -221,13 +291,16 @@ pub fn compile(options: &CompileOptions) -> Result<CompileOutput, CompileError> 
             planned.push((
                 id,
                 geometry,
-                request,
+                (request.clone(), cast_request.clone()),
                 cost,
                 OperationReport {
                     value: result.name.clone(),
                     operation: "gemm".into(),
                     shape: [geometry.m, geometry.k, geometry.n],
-                    kernel: gemm_kernel(geometry.acc32).to_string(),
+                    kernel: match &cast_request {
+                        Some(c) => format!("{request} + {c}"),
+                        None => request.to_string(),
+                    },
                     candidates,
                     chosen,
                     finalists,
@@ -257,13 +330,14 @@ pub fn compile(options: &CompileOptions) -> Result<CompileOutput, CompileError> 
             .iter_mut()
             .zip(&maps)
             .map(
-                |((id, geometry, request, cost, report), map)| lower::PlannedGemm {
+                |((id, geometry, (request, cast), costs, report), map)| lower::PlannedGemm {
                     node: *id,
                     geometry: *geometry,
                     plan: &report.chosen,
                     map,
                     kernel: request.clone(),
-                    cost,
+                    cast_kernel: cast.clone(),
+                    costs,
                 },
             )
             .collect();

@@ -9,7 +9,7 @@
 //! a further step kind holding transfers between (tile, buffer, offset)
 //! pairs, emitted between `sync` and `xend`, without changing the rest.
 
-use crate::gemm::{best_split, FormulaCost, GemmGeometry, ShardLayout};
+use crate::gemm::{best_split, GemmGeometry, ShardLayout};
 use crate::kernels::GEMM_STATE_WORDS;
 use crate::library::KernelRequest;
 use crate::map_tiles::ShardOnTile;
@@ -120,7 +120,9 @@ pub struct PlannedGemm<'a> {
     pub plan: &'a GemmPlan,
     pub map: &'a [ShardOnTile],
     pub kernel: KernelRequest,
-    pub cost: &'a mut FormulaCost,
+    /// The cast kernel, when the f32-accumulated result is stored as f16.
+    pub cast_kernel: Option<KernelRequest>,
+    pub costs: &'a mut crate::plan::GemmCosts,
 }
 
 /// Appends `p` to `list`, merging it into the last placement when both the
@@ -160,7 +162,13 @@ pub fn lower(graph: &Graph, tile_count: u32, gemms: &mut [PlannedGemm]) -> Lower
             operation: value.clone(),
             phase: format!("gemm {value}"),
             tiles: BTreeMap::new(),
-            estimated_cycles: pg.plan.estimate.compute_cycles,
+            estimated_cycles: pg.plan.estimate.compute_cycles - pg.plan.estimate.cast_cycles,
+        };
+        let mut cast_step = Step {
+            operation: value.clone(),
+            phase: format!("cast {value} f32 -> f16"),
+            tiles: BTreeMap::new(),
+            estimated_cycles: pg.plan.estimate.cast_cycles,
         };
         let host_tensor = |id| HostTensor {
             name: graph.value(id).name.clone(),
@@ -172,7 +180,7 @@ pub fn lower(graph: &Graph, tile_count: u32, gemms: &mut [PlannedGemm]) -> Lower
             let (r0, r1) = rows[shard.row_part as usize];
             let (c0, c1) = cols[shard.col_part as usize];
             let (mt, nct) = (r1 - r0, c1 - c0);
-            let (split, _) = best_split(mt, nct, g.nkb(), pg.cost);
+            let (split, _) = best_split(mt, nct, g.nkb(), &mut pg.costs.gemm);
             let layout = ShardLayout::new(&g, mt, nct, split.row_groups.len() as u32);
             let tile_bufs = buffers
                 .get_mut(&shard.tile)
@@ -272,6 +280,45 @@ pub fn lower(graph: &Graph, tile_count: u32, gemms: &mut [PlannedGemm]) -> Lower
             }
             step.tiles.insert(shard.tile, vertices);
 
+            // f32 accumulation for an f16 result: convert C into D.
+            let mut result_buffer = (ic, None);
+            if let Some(cast) = &pg.cast_kernel {
+                let id = tile_bufs.len();
+                tile_bufs.push(BufferSpec {
+                    name: format!("{value}.d"),
+                    bytes: layout.d_bytes(),
+                    align: 16,
+                    region: RegionReq::Standard,
+                    exclusive_element: false,
+                    zero: vec![],
+                    category: "gemm_result".into(),
+                });
+                let mut casts = Vec::new();
+                for (gi, &(lr0, lr1)) in split.row_groups.iter().enumerate() {
+                    for &(cg0, cg1) in &split.col_groups {
+                        casts.push(Vertex {
+                            kernel: cast.clone(),
+                            state: vec![
+                                StateWord::Addr {
+                                    buffer: ic,
+                                    offset: layout.c_row(gi as u32, lr0) + cg0 * 64,
+                                },
+                                StateWord::Const(layout.rs_c),
+                                StateWord::Addr {
+                                    buffer: id,
+                                    offset: lr0 * layout.rs_d() + cg0 * 32,
+                                },
+                                StateWord::Const(layout.rs_d()),
+                                StateWord::Const(lr1 - lr0),
+                                StateWord::Const(4 * (cg1 - cg0)),
+                            ],
+                        });
+                    }
+                }
+                cast_step.tiles.insert(shard.tile, casts);
+                result_buffer = (id, Some(layout.rs_d()));
+            }
+
             // Host placements: A rows, B rows of the tile's columns, C rows.
             let a_t = (if kind_of(a_id) {
                 &mut params
@@ -314,22 +361,30 @@ pub fn lower(graph: &Graph, tile_count: u32, gemms: &mut [PlannedGemm]) -> Lower
             let c_t = outputs
                 .entry(value.clone())
                 .or_insert_with(|| host_tensor(node.result));
+            let rb = g.result_bytes();
             for (gi, &(lr0, lr1)) in split.row_groups.iter().enumerate() {
                 for r in lr0..lr1 {
+                    let (buffer, buffer_offset) = match result_buffer {
+                        (id, Some(rs_d)) => (id, r * rs_d),
+                        (id, None) => (id, layout.c_row(gi as u32, r)),
+                    };
                     push_coalesced(
                         &mut c_t.placements,
                         HostPlacement {
                             tile: shard.tile,
-                            buffer: ic,
-                            buffer_offset: layout.c_row(gi as u32, r),
-                            host_offset: ((r0 + r) as u64 * n as u64 + c0 as u64 * 16) * ob as u64,
-                            bytes: width * ob,
+                            buffer,
+                            buffer_offset,
+                            host_offset: ((r0 + r) as u64 * n as u64 + c0 as u64 * 16) * rb as u64,
+                            bytes: width * rb,
                         },
                     );
                 }
             }
         }
         steps.push(step);
+        if !cast_step.tiles.is_empty() {
+            steps.push(cast_step);
+        }
     }
     // Tensors in graph order, so that the manifest follows the model.
     let order = |m: BTreeMap<String, HostTensor>| -> Vec<HostTensor> {

@@ -8,9 +8,10 @@
 //! plan is the cycles of a "run" call: host writes of the shard operands
 //! (inputs are multicast to every tile of their row part), the host sync,
 //! the slowest tile's compute (the kernel formula for each worker's vertex,
-//! plus the supervisor's launches) and the host reads of the results.
+//! plus the supervisor's launches, and the f32 -> f16 cast when the GEMM
+//! accumulates in f32 for an f16 result) and the host reads of the results.
 
-use crate::gemm::{best_split, ranges, FormulaCost, GemmGeometry, ShardLayout};
+use crate::gemm::{best_split, cast_cycles, ranges, FormulaCost, GemmGeometry, ShardLayout};
 use crate::storage;
 use ipu_arch::{host_transfer_cycles, CLOCK_HZ_C600, SYNC_CYCLES};
 
@@ -38,8 +39,11 @@ impl Default for SearchBudget {
 /// The cost model's view of one plan.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
 pub struct Estimate {
-    /// Cycles of the slowest tile's compute (vertex formulas + launches).
+    /// Cycles of the slowest tile's compute (vertex formulas + launches),
+    /// the cast step included.
     pub compute_cycles: u64,
+    /// The part of `compute_cycles` spent in the f32 -> f16 cast step.
+    pub cast_cycles: u64,
     /// Host link cycles of the run call's inputs (every placed copy).
     pub host_in_cycles: u64,
     /// Host link cycles of the outputs.
@@ -81,19 +85,33 @@ pub fn supervisor_cycles(vertices: u64) -> u64 {
     6 * (12 + 3 * vertices)
 }
 
+/// The kernels' cost formulas of one GEMM: the product and, when the
+/// result is converted to f16, the cast.
+pub struct GemmCosts {
+    pub gemm: FormulaCost,
+    pub cast: Option<FormulaCost>,
+}
+
+/// Region-0 bytes a plan may use for buffers; the rest is left for code,
+/// vertex states and the command word.
+pub const STANDARD_BUDGET: u64 =
+    (ipu_arch::REGION0_END - ipu_arch::REGION0_BASE) as u64 - 24 * 1024;
+
 /// Cost and memory of one (row parts, col parts) candidate; `None` when a
 /// shard does not fit tile memory within `memory_budget` bytes.
 pub fn evaluate(
     g: &GemmGeometry,
     row_parts: u32,
     col_parts: u32,
-    cost: &mut FormulaCost,
+    costs: &mut GemmCosts,
     memory_budget: u64,
 ) -> Option<GemmPlan> {
     let rows = ranges(g.m, row_parts);
     let cols = ranges(g.ncb(), col_parts);
     let mut compute = 0u64;
+    let mut cast_part = 0u64;
     let mut peak_r1 = 0u64;
+    let mut peak_r0 = 0u64;
     let mut in_bytes = 0u64;
     let mut param_bytes = 0u64;
     // Shards of equal size cost the same; evaluate each distinct size once.
@@ -104,9 +122,19 @@ pub fn evaluate(
     sizes.sort_unstable();
     sizes.dedup();
     for (mt, nct) in sizes {
-        let (split, cycles) = best_split(mt, nct, g.nkb(), cost);
-        compute = compute.max(cycles + supervisor_cycles(split.vertices() as u64));
+        let (split, cycles) = best_split(mt, nct, g.nkb(), &mut costs.gemm);
+        let mut tile = cycles + supervisor_cycles(split.vertices() as u64);
         let layout = ShardLayout::new(g, mt, nct, split.row_groups.len() as u32);
+        if let Some(cast) = costs.cast.as_mut() {
+            let c = cast_cycles(&split, cast) + supervisor_cycles(split.vertices() as u64);
+            tile += c;
+            cast_part = cast_part.max(c);
+            if layout.d_bytes() as u64 > STANDARD_BUDGET {
+                return None;
+            }
+            peak_r0 = peak_r0.max(layout.d_bytes() as u64);
+        }
+        compute = compute.max(tile);
         let r1 = storage::region1_footprint(&[
             (layout.a_bytes(), true),
             (layout.c_bytes(), true),
@@ -126,7 +154,7 @@ pub fn evaluate(
         let width = (c1 * 16).min(g.n) - c0 * 16;
         param_bytes += width as u64 * g.k as u64 * 2 * rows.len() as u64;
     }
-    let out_bytes = g.m as u64 * g.n as u64 * g.out_bytes() as u64;
+    let out_bytes = g.m as u64 * g.n as u64 * g.result_bytes() as u64;
     let host_in = host_transfer_cycles(in_bytes, CLOCK_HZ_C600);
     let host_out = host_transfer_cycles(out_bytes, CLOCK_HZ_C600);
     Some(GemmPlan {
@@ -134,11 +162,12 @@ pub fn evaluate(
         col_parts,
         estimate: Estimate {
             compute_cycles: compute,
+            cast_cycles: cast_part,
             host_in_cycles: host_in,
             host_out_cycles: host_out,
             params_cycles: host_transfer_cycles(param_bytes, CLOCK_HZ_C600),
             total_cycles: SYNC_CYCLES + host_in + compute + host_out,
-            peak_standard_bytes: 0,
+            peak_standard_bytes: peak_r0,
             peak_interleaved_bytes: peak_r1,
             active_tiles: rows.len() as u32 * cols.len() as u32,
         },
@@ -150,7 +179,7 @@ pub fn evaluate(
 pub fn search(
     g: &GemmGeometry,
     tiles: u32,
-    cost: &mut FormulaCost,
+    costs: &mut GemmCosts,
     memory_budget: u64,
     budget: &SearchBudget,
 ) -> (Vec<GemmPlan>, usize) {
@@ -162,7 +191,7 @@ pub fn search(
                 break 'outer;
             }
             generated += 1;
-            if let Some(p) = evaluate(g, rp, cp, cost, memory_budget) {
+            if let Some(p) = evaluate(g, rp, cp, costs, memory_budget) {
                 candidates.push(p);
             }
         }

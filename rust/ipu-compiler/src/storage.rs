@@ -117,7 +117,7 @@ pub fn place(
         ));
     }
     for (i, b) in buffers.iter().enumerate() {
-        if b.region == RegionReq::Standard {
+        if matches!(b.region, RegionReq::Standard | RegionReq::Any) {
             let start = align_up(r0, b.align as u64);
             addresses[i] = start as u32;
             r0 = start + b.bytes as u64;
@@ -128,7 +128,7 @@ pub fn place(
             "region 0 (standard)",
             r0 - REGION0_BASE as u64,
             r0_limit - REGION0_BASE as u64,
-            &|b| b.region == RegionReq::Standard,
+            &|b| matches!(b.region, RegionReq::Standard | RegionReq::Any),
         ));
     }
     Ok(TileStorage {
