@@ -3,7 +3,8 @@
 //! the kernel declares instead of a second copy of it.
 //!
 //! Grammar: integers, variables (`[A-Za-z_][A-Za-z0-9_]*`), `+ - * /`
-//! (integer, `/` rounds down), `ceil(a/b)` (rounds up), parentheses.
+//! (integer, `/` rounds down), `ceil(a/b)` with `a` a product (rounds up),
+//! parentheses.
 
 use std::collections::BTreeMap;
 
@@ -77,8 +78,15 @@ impl Parser<'_> {
         Ok(v)
     }
     fn product(&mut self) -> Result<i64, String> {
+        self.product_with(true)
+    }
+    /// A product; without `divide`, a `/` ends it (the numerator of `ceil`).
+    fn product_with(&mut self, divide: bool) -> Result<i64, String> {
         let mut v = self.atom()?;
         while let Some(op @ ("*" | "/")) = self.peek() {
+            if op == "/" && !divide {
+                break;
+            }
             let mul = op == "*";
             self.pos += 1;
             let r = self.atom()?;
@@ -106,7 +114,7 @@ impl Parser<'_> {
             Ok(-self.atom()?)
         } else if t == "ceil" {
             self.expect("(")?;
-            let a = self.sum()?;
+            let a = self.product_with(false)?;
             self.expect("/")?;
             let b = self.sum()?;
             self.expect(")")?;

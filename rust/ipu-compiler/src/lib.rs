@@ -123,6 +123,8 @@ pub struct CompileOutput {
     pub estimated_compute_cycles: u64,
     /// Estimated cycles of a whole run call (host I/O, sync, compute).
     pub estimated_run_cycles: u64,
+    /// The generated supervisor program of each tile (assembly text).
+    pub programs: BTreeMap<u32, String>,
 }
 
 /// The source file and specialisation of the GEMM vertex.
@@ -544,5 +546,6 @@ pub fn compile(options: &CompileOptions) -> Result<CompileOutput, CompileError> 
         report,
         estimated_compute_cycles: estimated_compute,
         estimated_run_cycles: estimated_run,
+        programs,
     })
 }

@@ -165,7 +165,7 @@ impl KernelLibrary {
         match &self.source {
             KernelSource::Index(path) => {
                 let found = self.index.iter().find(|(_, _, m)| {
-                    m.entries.iter().any(|e| *e == request.entry)
+                    m.entries.contains(&request.entry)
                         && request
                             .params
                             .iter()
@@ -228,12 +228,7 @@ impl KernelLibrary {
                             path: device_dir.join(&request.source),
                             message: e.to_string(),
                         })?;
-                if !artifact
-                    .metadata
-                    .entries
-                    .iter()
-                    .any(|e| *e == request.entry)
-                {
+                if !artifact.metadata.entries.contains(&request.entry) {
                     return Err(CompileError::MissingKernel {
                         kernel: request.to_string(),
                         searched: device_dir.join(&request.source).display().to_string(),

@@ -213,6 +213,9 @@ pub fn schedule(l: &Lowered) -> Value {
     json!({"format_version": 1, "calls": calls})
 }
 
+/// A tile's symbols sorted by address: (address, size, name).
+type SymbolKey = Vec<(u32, u32, String)>;
+
 /// `symbols.json`: tiles with identical symbol tables share a group.
 pub fn symbols(per_tile: &BTreeMap<u32, Vec<(String, u32, u32)>>) -> Value {
     let mut groups: BTreeMap<Vec<(u32, u32, String)>, Vec<u32>> = BTreeMap::new();
@@ -222,8 +225,7 @@ pub fn symbols(per_tile: &BTreeMap<u32, Vec<(String, u32, u32)>>) -> Value {
         key.sort();
         groups.entry(key).or_default().push(*tile);
     }
-    let mut groups: Vec<(Vec<u32>, Vec<(u32, u32, String)>)> =
-        groups.into_iter().map(|(k, t)| (t, k)).collect();
+    let mut groups: Vec<(Vec<u32>, SymbolKey)> = groups.into_iter().map(|(k, t)| (t, k)).collect();
     groups.sort();
     let groups: Vec<Value> = groups
         .into_iter()

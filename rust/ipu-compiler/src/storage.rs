@@ -269,10 +269,10 @@ mod tests {
             .unwrap_err()
             .contains("share an interleaved memory element"));
         let mut bad = s.clone();
-        bad.addresses[2] = bad.addresses[1] + 8;
+        bad.addresses[2] = bad.addresses[1] + 16;
         assert!(validate(&bad, &bufs).unwrap_err().contains("overlaps"));
         let mut bad = s.clone();
-        bad.addresses[3] = REGION0_BASE + 8;
+        bad.addresses[3] = REGION0_BASE + 16;
         assert!(validate(&bad, &bufs).unwrap_err().contains("overlaps"));
         let mut bad = s;
         bad.addresses[0] = REGION0_BASE + 0x4000;

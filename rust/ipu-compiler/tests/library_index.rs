@@ -1,0 +1,101 @@
+//! The compiler reads kernels from a Bazel `*.library.json` index (the
+//! output format of the lead's `ipu_kernel_library` rule), and the tile
+//! images it links are the same as with kernels assembled from device/.
+
+use ipu_compiler::{compile, CompileOptions, KernelSource};
+use std::path::{Path, PathBuf};
+
+fn root() -> PathBuf {
+    PathBuf::from(std::env::var("CARGO_MANIFEST_DIR").expect("cargo or bazel sets it"))
+        .join("../..")
+}
+
+/// Assembles `source` with `params` into `dir/<name>.o` and `.json`, as `ipu-as` does for Bazel.
+fn assemble(dir: &Path, name: &str, source: &str, params: &[(&str, i64)]) -> serde_json::Value {
+    let mut opts = ipu_asm::Options {
+        name: Some(name.to_string()),
+        ..Default::default()
+    };
+    for (k, v) in params {
+        opts.defines.insert(k.to_string(), *v);
+    }
+    let out = ipu_asm::assemble_file(&root().join("device").join(source), &opts)
+        .unwrap_or_else(|e| panic!("{e}"));
+    std::fs::write(
+        dir.join(format!("{name}.o")),
+        out.object.to_bytes().unwrap(),
+    )
+    .unwrap();
+    std::fs::write(dir.join(format!("{name}.json")), out.metadata.to_json()).unwrap();
+    serde_json::json!({
+        "name": name,
+        "arch": "ipu21",
+        "source": format!("device/{source}"),
+        "object": format!("{name}.o"),
+        "metadata": format!("{name}.json"),
+        "params": params.iter().map(|(k, v)| (k.to_string(), serde_json::json!(v.to_string()))).collect::<serde_json::Map<_, _>>(),
+    })
+}
+
+#[test]
+fn compiles_from_a_bazel_kernel_library_index() {
+    let dir = tempfile::tempdir().unwrap();
+    let entries = vec![
+        assemble(dir.path(), "gemm_f16", "gemm_f16.S", &[]),
+        assemble(dir.path(), "gemm_f16_acc32", "gemm_f16.S", &[("ACC", 32)]),
+        assemble(dir.path(), "cast_f32_f16", "cast_f32_f16.S", &[]),
+    ];
+    let index = dir.path().join("kernels.library.json");
+    std::fs::write(
+        &index,
+        serde_json::to_string_pretty(&serde_json::json!({"kernels": entries})).unwrap(),
+    )
+    .unwrap();
+
+    let cache = tempfile::tempdir().unwrap();
+    for model in ["models/gemm_small.ipug", "models/gemm.ipug"] {
+        let from_index = compile(&CompileOptions::new(
+            root().join(model),
+            16,
+            KernelSource::Index(index.clone()),
+        ))
+        .unwrap();
+        let from_sources = compile(&CompileOptions::new(
+            root().join(model),
+            16,
+            KernelSource::Sources {
+                device_dir: root().join("device"),
+                cache_dir: Some(cache.path().to_path_buf()),
+            },
+        ))
+        .unwrap();
+        assert_eq!(
+            from_index.package.tiles, from_sources.package.tiles,
+            "{model}"
+        );
+        assert_eq!(
+            from_index.package.info, from_sources.package.info,
+            "{model}"
+        );
+    }
+
+    // An index without the specialisation a GEMM needs is an error naming both.
+    let only16 = dir.path().join("only16.library.json");
+    std::fs::write(
+        &only16,
+        serde_json::json!({"kernels": [entries[0].clone()]}).to_string(),
+    )
+    .unwrap();
+    let e = match compile(&CompileOptions::new(
+        root().join("models/gemm.ipug"),
+        16,
+        KernelSource::Index(only16),
+    )) {
+        Ok(_) => panic!("compiled without the ACC=32 specialisation"),
+        Err(e) => e.to_string(),
+    };
+    assert!(
+        e.contains("gemm_f16 ACC=32") && e.contains("only16.library.json"),
+        "{e}"
+    );
+}
