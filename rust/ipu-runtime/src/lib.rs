@@ -110,6 +110,13 @@ pub enum RuntimeError {
         /// What is wrong.
         message: String,
     },
+    /// A profile file is malformed.
+    Profile {
+        /// The file.
+        path: String,
+        /// What is wrong.
+        message: String,
+    },
     /// The device did not follow the host protocol.
     Protocol(String),
     /// An input tensor could not be read or generated.
@@ -172,6 +179,7 @@ impl fmt::Display for RuntimeError {
             RuntimeError::Member { member, message } => {
                 write!(f, "package member {member}: {message}")
             }
+            RuntimeError::Profile { path, message } => write!(f, "profile {path}: {message}"),
             RuntimeError::Protocol(why) => write!(f, "host protocol violation: {why}"),
             RuntimeError::Feed(why) => write!(f, "{why}"),
             RuntimeError::Verify(why) => write!(f, "cannot verify: {why}"),
@@ -232,7 +240,7 @@ pub fn open_device(
     options: &DeviceOptions,
     tile_count: u32,
 ) -> Result<(Box<dyn Device>, Option<DeviceLock>), RuntimeError> {
-    let explicit_lock = |()| -> Result<Option<DeviceLock>, RuntimeError> {
+    let explicit_lock = || -> Result<Option<DeviceLock>, RuntimeError> {
         options
             .lock
             .as_ref()
@@ -246,7 +254,7 @@ pub fn open_device(
     };
     match &options.spec {
         DeviceSpec::Simulator { tiles } => {
-            let lock = explicit_lock(())?;
+            let lock = explicit_lock()?;
             Ok((simulator(*tiles)?, lock))
         }
         DeviceSpec::Hardware { index } => {
@@ -272,7 +280,7 @@ pub fn open_device(
                         tiles = tile_count,
                         "IPU hardware unavailable; falling back to the simulator"
                     );
-                    let lock = explicit_lock(())?;
+                    let lock = explicit_lock()?;
                     Ok((simulator(tile_count)?, lock))
                 }
             }

@@ -31,6 +31,9 @@ pub struct Profile {
     pub version: u32,
     /// The package's model name.
     pub model: String,
+    /// BLAKE3 of the package's manifest (it lists every member's digest,
+    /// so it identifies the whole package).
+    pub package_digest: String,
     /// The device that ran it.
     pub device: String,
     /// Tiles of the package (per-tile arrays have this length).
@@ -351,10 +354,21 @@ impl Profile {
             step.call_step = step.index - last_end;
         }
         let (memory, memory_source) = memory_of(package, &mut notes);
+        let manifest = package.manifest().map_err(|e| RuntimeError::Member {
+            member: ipu_package::MANIFEST.to_string(),
+            message: e.to_string(),
+        })?;
+        // The same bytes as the package's manifest.json, so this equals its
+        // manifest.json.blake3 member.
+        let mut manifest_text =
+            serde_json::to_string_pretty(&manifest).expect("manifests serialise");
+        manifest_text.push('\n');
+        let package_digest = blake3::hash(manifest_text.as_bytes()).to_hex().to_string();
         Ok(Profile {
             format: FORMAT.to_string(),
             version: VERSION,
             model: package.info.model.clone(),
+            package_digest,
             device: device.describe(),
             tile_count: package.info.tile_count,
             clock_hz: clock,
@@ -392,13 +406,13 @@ impl Profile {
             error,
         };
         let text = std::fs::read_to_string(path).map_err(io)?;
-        let p: Profile = serde_json::from_str(&text).map_err(|e| RuntimeError::Member {
-            member: path.display().to_string(),
+        let p: Profile = serde_json::from_str(&text).map_err(|e| RuntimeError::Profile {
+            path: path.display().to_string(),
             message: format!("not an ipuprofile: {e}"),
         })?;
         if p.format != FORMAT || p.version != VERSION {
-            return Err(RuntimeError::Member {
-                member: path.display().to_string(),
+            return Err(RuntimeError::Profile {
+                path: path.display().to_string(),
                 message: format!(
                     "format `{}` version {} is not {FORMAT} version {VERSION}",
                     p.format, p.version
@@ -417,8 +431,8 @@ impl Profile {
                 ("words_received", &s.words_received),
             ] {
                 if v.len() != n {
-                    return Err(RuntimeError::Member {
-                        member: path.display().to_string(),
+                    return Err(RuntimeError::Profile {
+                        path: path.display().to_string(),
                         message: format!(
                             "step {}: `{name}` has {} entries for {n} tiles",
                             s.index,

@@ -32,7 +32,9 @@ fn a_correct_package_passes() {
     assert!(report.passed(), "{report}");
     assert!(report.diagnosis.is_none());
     assert_eq!(report.outputs[0].comparison.checks, 16);
-    assert!(report.to_string().starts_with("verification of `add_chain` passed\n"));
+    assert!(report
+        .to_string()
+        .starts_with("verification of `add_chain` passed\n"));
 }
 
 #[test]
@@ -56,10 +58,7 @@ fn a_broken_kernel_is_caught_and_localised() {
     assert_eq!(d.local_failed, Some(true));
     assert_eq!(d.check.bad_tiles, [1]);
     assert_eq!(d.kernels, ["add_f32_short"]);
-    assert_eq!(
-        d.trail,
-        [("y".to_string(), true), ("z".to_string(), false)]
-    );
+    assert_eq!(d.trail, [("y".to_string(), true), ("z".to_string(), false)]);
     expect![[r#"
         verification of `add_chain` FAILED
         output `z`: checks=16 mismatches=2 expected=[-0.306273, 5.963216] max_error=0.829743 at [1, 6] first_mismatch=[1, 6] device=0 reference=0.8297427296638489 cosine=0.996294
