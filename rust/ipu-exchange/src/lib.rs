@@ -1,0 +1,238 @@
+//! The exchange scheduler of ipu-stack.
+//!
+//! One exchange phase (a set of transfers between tiles, [`Phase`]) goes
+//! through one module per step, driven by [`compile_phase`]:
+//! 1. [`phase`]: validation of the input (sizes, tiles, addresses, overlaps);
+//! 2. [`coalesce`]: merging of transfers one descriptor can carry, and
+//!    splitting of long jobs into pieces;
+//! 3. [`schedule`]: start cycles on 4 B/cycle send and receive ports, by an
+//!    event-driven list scheduler improved by squeaky-wheel rounds;
+//! 4. [`lower`]: per-tile `xtab` descriptor tables (16-byte descriptors);
+//! 5. [`validate`]: an independent checker that proves from the tables alone
+//!    that they perform the phase exactly and obey docs/isa.md section 6;
+//! 6. a [`Report`] against the lower bounds of [`bound`], also logged as a
+//!    tracing info line in the style of the seed's
+//!    `optimized physical exchange schedule` lines.
+//!
+//! Invariants:
+//! - Times are cycles after the exchange phase start `T0` (the end of the
+//!   600-cycle sync). Descriptor i of a tile's table issues at `c + i` with
+//!   `c` = [`Options::issue_offset`] (default [`XTAB_ISSUE_OFFSET`] = 12, the
+//!   standard prologue of [`lower::supervisor_exchange_asm`]); every table
+//!   satisfies `start_i >= c + i`.
+//! - The same phase and options always give byte-identical tables: no hash
+//!   order, thread count or clock influences any decision.
+//! - Every table set returned by [`compile_phase`] has passed the checker
+//!   (unless [`Options::check`] is turned off).
+//! - Bad input yields a [`PhaseError`] naming the transfer, tile and address;
+//!   no input makes the crate panic.
+
+pub mod bound;
+pub mod coalesce;
+pub mod lower;
+pub mod phase;
+pub mod rng;
+pub mod schedule;
+pub mod synth;
+pub mod text;
+pub mod validate;
+
+pub use bound::{bounds, Bounds};
+pub use coalesce::{Job, Piece};
+pub use lower::{Descriptor, LowerError, Lowered, SEND_KIND, XTAB_ISSUE_OFFSET};
+pub use phase::{Destination, Phase, PhaseError, Transfer};
+pub use schedule::{Placed, Schedule};
+pub use validate::{check, CheckError, CheckSummary};
+
+use rayon::prelude::*;
+use std::fmt;
+use std::time::{Duration, Instant};
+
+/// Options of [`compile_phase`].
+#[derive(Clone, Debug)]
+pub struct Options {
+    /// Cycle after `T0` at which descriptor 0 of every table issues.
+    pub issue_offset: u64,
+    /// Squeaky-wheel rounds per piece size; `None` picks a number from the
+    /// phase size (about 1 M piece placements in total per candidate).
+    pub rounds: Option<u32>,
+    /// Run the independent checker on the result (on by default; it costs
+    /// about as much as one construction).
+    pub check: bool,
+    /// Phase number used in the log line.
+    pub label: u32,
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        Options { issue_offset: XTAB_ISSUE_OFFSET, rounds: None, check: true, label: 0 }
+    }
+}
+
+/// Figures of one scheduled phase.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Report {
+    /// Phase number from [`Options::label`].
+    pub phase: u32,
+    /// Input transfers.
+    pub transfers: usize,
+    /// Jobs after coalescing.
+    pub jobs: usize,
+    /// Descriptors over all tables.
+    pub descriptors: usize,
+    /// Horizon of the first construction (whole jobs, no bonus), cycles after `T0`.
+    pub initial_horizon: u64,
+    /// Horizon of the selected schedule, cycles after `T0`.
+    pub selected_horizon: u64,
+    /// Exchange cycles of the phase under the standard prologue (from `T0` to
+    /// the last tile's compute resume; at most 11 more than the horizon).
+    pub exchange_cycles: u64,
+    /// The endpoint bound in words (max words one tile sends or receives).
+    pub endpoint_lower_bound: u64,
+    /// The lower bound on the horizon, cycles after `T0` (see [`bound`]).
+    pub lower_bound: u64,
+    /// `selected_horizon - lower_bound`.
+    pub lower_bound_gap: u64,
+    /// Piece size of the selected schedule (`None`: whole jobs).
+    pub piece_words: Option<u32>,
+    /// Rounds that improved the best schedule of the selected candidate.
+    pub improvements: u32,
+    /// Wall-clock time of validation, scheduling, lowering and checking.
+    pub elapsed: Duration,
+}
+
+impl Report {
+    /// Logs the report at info level.
+    pub fn log(&self) {
+        tracing::info!(
+            phase = self.phase,
+            transfers = self.transfers,
+            jobs = self.jobs,
+            descriptors = self.descriptors,
+            initial_horizon = self.initial_horizon,
+            selected_horizon = self.selected_horizon,
+            exchange_cycles = self.exchange_cycles,
+            endpoint_lower_bound = self.endpoint_lower_bound,
+            lower_bound = self.lower_bound,
+            lower_bound_gap = self.lower_bound_gap,
+            piece_words = self.piece_words.unwrap_or(0),
+            improvements = self.improvements,
+            elapsed_ms = self.elapsed.as_millis() as u64,
+            "optimized physical exchange schedule"
+        );
+    }
+}
+
+/// Everything [`compile_phase`] produces.
+#[derive(Clone, Debug)]
+pub struct Compiled {
+    /// Coalesced jobs (the schedule's pieces index into them).
+    pub jobs: Vec<Job>,
+    /// The selected schedule.
+    pub schedule: Schedule,
+    /// Per-tile descriptor tables.
+    pub lowered: Lowered,
+    /// Figures.
+    pub report: Report,
+}
+
+/// Any failure of [`compile_phase`]. Lowering and checker errors mean a bug
+/// in this crate, and are reported rather than hidden.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ExchangeError {
+    /// The input phase breaks a rule.
+    Phase(PhaseError),
+    /// Lowering failed.
+    Lower(LowerError),
+    /// The checker rejected the tables.
+    Check(CheckError),
+}
+
+impl fmt::Display for ExchangeError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            ExchangeError::Phase(e) => write!(f, "invalid exchange phase: {e}"),
+            ExchangeError::Lower(e) => write!(f, "exchange lowering failed: {e}"),
+            ExchangeError::Check(e) => write!(f, "exchange checker rejected the tables: {e}"),
+        }
+    }
+}
+
+impl std::error::Error for ExchangeError {}
+
+/// One candidate of the search: a piece size and its best schedule.
+struct Candidate {
+    piece_words: Option<u32>,
+    search: schedule::Search,
+    lowered: Lowered,
+}
+
+/// The piece sizes tried: whole jobs, and pieces of 1/16 and 1/64 of the
+/// endpoint bound when some job is longer than that.
+fn piece_sizes(jobs: &[Job], endpoint_words: u64) -> Vec<Option<u32>> {
+    let longest = jobs.iter().map(|j| j.words).max().unwrap_or(0);
+    let mut sizes = vec![None];
+    for div in [16, 64] {
+        let m = (endpoint_words / div).max(4) as u32;
+        if m < longest && !sizes.contains(&Some(m)) {
+            sizes.push(Some(m));
+        }
+    }
+    sizes
+}
+
+/// Validates, coalesces, schedules, lowers and checks one phase.
+pub fn compile_phase(phase: &Phase, options: &Options) -> Result<Compiled, ExchangeError> {
+    let started = Instant::now();
+    phase.validate().map_err(ExchangeError::Phase)?;
+    let c = options.issue_offset;
+    let b = bounds(phase, c);
+    let jobs = coalesce::coalesce(phase);
+    let sizes = piece_sizes(&jobs, b.endpoint_words);
+    let candidates: Vec<Result<Candidate, LowerError>> = sizes
+        .par_iter()
+        .map(|&piece_words| {
+            let pieces = coalesce::split(&jobs, piece_words);
+            let rounds = options
+                .rounds
+                .unwrap_or_else(|| (1_000_000 / pieces.len().max(1)).clamp(1, 24) as u32);
+            let search = schedule::improve(&jobs, &pieces, phase.tiles, c, rounds, b.horizon);
+            let lowered = lower::lower(&jobs, &search.best, phase.tiles, c)?;
+            Ok(Candidate { piece_words, search, lowered })
+        })
+        .collect();
+    let mut best: Option<Candidate> = None;
+    let mut initial_horizon = 0;
+    for (i, cand) in candidates.into_iter().enumerate() {
+        let cand = cand.map_err(ExchangeError::Lower)?;
+        if i == 0 {
+            initial_horizon = cand.search.initial.horizon;
+        }
+        let key = |x: &Candidate| (x.search.best.horizon, x.lowered.descriptors());
+        if best.as_ref().is_none_or(|b| key(&cand) < key(b)) {
+            best = Some(cand);
+        }
+    }
+    let best = best.expect("at least one candidate");
+    if options.check {
+        check(phase, &best.lowered.tables, c).map_err(ExchangeError::Check)?;
+    }
+    let selected_horizon = best.search.best.horizon;
+    let report = Report {
+        phase: options.label,
+        transfers: phase.transfers.len(),
+        jobs: jobs.len(),
+        descriptors: best.lowered.descriptors(),
+        initial_horizon,
+        selected_horizon,
+        exchange_cycles: best.lowered.exchange_cycles(),
+        endpoint_lower_bound: b.endpoint_words,
+        lower_bound: b.horizon,
+        lower_bound_gap: selected_horizon.saturating_sub(b.horizon),
+        piece_words: best.piece_words,
+        improvements: best.search.improvements,
+        elapsed: started.elapsed(),
+    };
+    report.log();
+    Ok(Compiled { jobs, schedule: best.search.best, lowered: best.lowered, report })
+}

@@ -1,0 +1,404 @@
+//! Scheduling: start cycles for every piece so that no tile's send port or
+//! receive port carries two pieces at once, with a short horizon.
+//!
+//! The core is an event-driven list scheduler over ports. Each tile has a
+//! send port and a receive port; a piece needs its source's send port and
+//! every destination's receive port for `words` consecutive cycles. Time
+//! advances from event to event (a port becoming free or becoming ready).
+//! At each event the freed ports are taken in order of criticality
+//! (remaining words plus a learned bonus, highest first) and each one starts
+//! the pending piece, among those whose other ports are all free, whose most
+//! critical other port has the most remaining work. Serving the port with
+//! the most work left first is the classic rule for open-shop schedules; it
+//! keeps the ports that bound the horizon busy.
+//!
+//! The issue constraint of `xtab` (descriptor i of a tile issues at `c + i`)
+//! is enforced during the construction: pieces start in nondecreasing time,
+//! so a tile that has started `k` descriptors can start the next one no
+//! earlier than `c + k`. Lowering only ever merges descriptors, so the
+//! constraint still holds on the final tables.
+//!
+//! Improvement (squeaky wheel): after each construction, every port that
+//! finished after the lower bound gets a priority bonus equal to its lateness,
+//! and the construction reruns; the best schedule over all rounds is kept.
+//! The driver also runs the whole search for several piece sizes (see
+//! `coalesce::split`) in parallel and keeps the best result. Everything is
+//! deterministic: ties break by port and piece index, never by hash order or
+//! wall-clock time, and the number of rounds depends only on the phase size.
+
+use crate::coalesce::{Job, Piece};
+use std::cmp::Reverse;
+use std::collections::{BTreeSet, BinaryHeap};
+
+/// A piece with its start cycle (after the exchange phase start `T0`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub struct Placed {
+    /// Start cycle.
+    pub start: u64,
+    /// The piece.
+    pub piece: Piece,
+}
+
+/// A complete schedule of the pieces of one phase.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Schedule {
+    /// Every piece exactly once, sorted by (start, job, offset).
+    pub placed: Vec<Placed>,
+    /// End of the last piece (cycles after `T0`); 0 for an empty phase.
+    pub horizon: u64,
+}
+
+/// Send port of a tile.
+fn send_port(tile: u32) -> usize {
+    2 * tile as usize
+}
+/// Receive port of a tile.
+fn recv_port(tile: u32) -> usize {
+    2 * tile as usize + 1
+}
+
+/// One construction of the list scheduler.
+///
+/// Data structures (all indexed by port = 2 * tile + side):
+/// - `adj[p]`: `(other port, piece)` sorted, for every pending piece of `p`:
+///   a send port lists each destination's receive port, a receive port lists
+///   the source's send port. Entries of started pieces are dropped lazily.
+/// - `idle[side]`: the ports of that side that are free, ready (issue
+///   constraint) and have work left at the current cycle, ordered by
+///   priority (highest first). A piece can start at `t` only if all its
+///   ports are idle. A port looks for work either by scanning its own `adj`
+///   list, or, when all its pieces are unicast and its list is not short,
+///   by walking that set in priority order and looking each idle
+///   port up in its sorted `adj` list, stopping as soon as no better piece
+///   can follow. Both ways choose the same piece (one total order:
+///   counterpart priority, then words, then lower piece index), so results
+///   do not depend on the way taken.
+struct Construction<'a> {
+    pieces: &'a [Piece],
+    piece_words: Vec<u32>,
+    /// Ports of piece q: `port_list[port_start[q]..port_start[q + 1]]`, send port first.
+    port_start: Vec<u32>,
+    port_list: Vec<u32>,
+    issue_offset: u64,
+    bonus: &'a [u64],
+    /// Cycle from which each port is free.
+    free: Vec<u64>,
+    /// Words still to be scheduled on each port.
+    remaining: Vec<u64>,
+    /// Descriptors already started on each tile.
+    started: Vec<u64>,
+    adj: Vec<Vec<(u32, u32)>>,
+    /// Entries of started pieces still in `adj[p]`.
+    dead: Vec<u32>,
+    /// True when every piece of the port has one destination.
+    all_unicast: Vec<bool>,
+    /// Idle ports by side (0 = send, 1 = receive), highest priority first.
+    idle: [BTreeSet<(Reverse<u64>, u32)>; 2],
+    /// The key under which an idle port sits in `idle`, or [`NOT_IDLE`].
+    idle_key: Vec<u64>,
+    start: Vec<u64>,
+    events: BinaryHeap<Reverse<(u64, u32)>>,
+}
+
+const UNSCHEDULED: u64 = u64::MAX;
+const NOT_IDLE: u64 = u64::MAX;
+
+/// Choice key: (counterpart priority, words, lower piece index first).
+type Key = (u64, u32, Reverse<u32>);
+
+impl<'a> Construction<'a> {
+    fn new(jobs: &'a [Job], pieces: &'a [Piece], tiles: u32, c: u64, bonus: &'a [u64]) -> Self {
+        let ports = 2 * tiles as usize;
+        let mut remaining = vec![0u64; ports];
+        let mut adj: Vec<Vec<(u32, u32)>> = vec![Vec::new(); ports];
+        let mut all_unicast = vec![true; ports];
+        let mut port_start = Vec::with_capacity(pieces.len() + 1);
+        let mut port_list = Vec::with_capacity(2 * pieces.len());
+        let mut piece_words = Vec::with_capacity(pieces.len());
+        for (i, p) in pieces.iter().enumerate() {
+            let job = &jobs[p.job as usize];
+            let w = p.words as u64;
+            let s = send_port(job.source);
+            port_start.push(port_list.len() as u32);
+            port_list.push(s as u32);
+            piece_words.push(p.words);
+            remaining[s] += w;
+            let unicast = job.destinations.len() == 1;
+            all_unicast[s] &= unicast;
+            for d in &job.destinations {
+                let r = recv_port(d.tile);
+                port_list.push(r as u32);
+                remaining[r] += w;
+                all_unicast[r] &= unicast;
+                adj[s].push((r as u32, i as u32));
+                adj[r].push((s as u32, i as u32));
+            }
+        }
+        port_start.push(port_list.len() as u32);
+        for list in &mut adj {
+            list.sort_unstable();
+        }
+        let mut events = BinaryHeap::new();
+        for (p, &r) in remaining.iter().enumerate() {
+            if r > 0 {
+                events.push(Reverse((c, p as u32)));
+            }
+        }
+        Construction {
+            pieces,
+            piece_words,
+            port_start,
+            port_list,
+            issue_offset: c,
+            bonus,
+            free: vec![c; ports],
+            remaining,
+            started: vec![0; tiles as usize],
+            adj,
+            dead: vec![0; ports],
+            all_unicast,
+            idle: [BTreeSet::new(), BTreeSet::new()],
+            idle_key: vec![NOT_IDLE; ports],
+            start: vec![UNSCHEDULED; pieces.len()],
+            events,
+        }
+    }
+
+    fn priority(&self, port: usize) -> u64 {
+        self.remaining[port] + self.bonus[port]
+    }
+
+    fn is_idle(&self, port: usize) -> bool {
+        self.idle_key[port] != NOT_IDLE
+    }
+
+    fn make_idle(&mut self, p: usize) {
+        if self.idle_key[p] == NOT_IDLE {
+            let k = self.priority(p);
+            self.idle_key[p] = k;
+            self.idle[p & 1].insert((Reverse(k), p as u32));
+        }
+    }
+
+    fn make_busy(&mut self, p: usize) {
+        let k = std::mem::replace(&mut self.idle_key[p], NOT_IDLE);
+        if k != NOT_IDLE {
+            self.idle[p & 1].remove(&(Reverse(k), p as u32));
+        }
+    }
+
+    fn ports_of(&self, q: u32) -> &[u32] {
+        &self.port_list[self.port_start[q as usize] as usize..self.port_start[q as usize + 1] as usize]
+    }
+
+    fn run(mut self) -> Schedule {
+        let mut batch: Vec<u32> = Vec::new();
+        while let Some(Reverse((t, p))) = self.events.pop() {
+            batch.clear();
+            batch.push(p);
+            while let Some(&Reverse((t2, p2))) = self.events.peek() {
+                if t2 != t {
+                    break;
+                }
+                batch.push(p2);
+                self.events.pop();
+            }
+            batch.sort_unstable();
+            batch.dedup();
+            // Every port of the batch that is free, ready and has work becomes
+            // idle before any of them chooses, so that each sees all the others.
+            batch.retain(|&p| {
+                let p = p as usize;
+                if self.remaining[p] == 0 || self.free[p] > t {
+                    // A busy port has its own event at the cycle it becomes free.
+                    return false;
+                }
+                let ready_at = self.issue_offset + self.started[p / 2];
+                if ready_at > t {
+                    self.events.push(Reverse((ready_at, p as u32)));
+                    return false;
+                }
+                true
+            });
+            for &p in &batch {
+                self.make_idle(p as usize);
+            }
+            batch.sort_by_key(|&p| (Reverse(self.priority(p as usize)), p));
+            for &p in &batch {
+                if self.is_idle(p as usize) {
+                    self.try_port(p as usize, t);
+                }
+            }
+        }
+        let mut placed = Vec::with_capacity(self.start.len());
+        let mut horizon = 0;
+        for (i, &s) in self.start.iter().enumerate() {
+            // Every piece is started: the last of its ports to become free and
+            // ready raises an event that examines it, and an idle port only
+            // declines a startable piece by starting another one.
+            assert_ne!(s, UNSCHEDULED, "list scheduler left piece {i} unscheduled");
+            horizon = horizon.max(s + self.piece_words[i] as u64);
+            placed.push(Placed { start: s, piece: self.pieces[i] });
+        }
+        placed.sort_unstable();
+        Schedule { placed, horizon }
+    }
+
+    /// Considers piece `q`, listed in `adj[p]` under counterpart `o`.
+    fn consider(&self, p: usize, o: u32, q: u32, best: &mut Option<Key>) {
+        // `o` is one of q's ports, so it must be idle; testing it first avoids
+        // touching the piece arrays for most entries.
+        if !self.is_idle(o as usize) || self.start[q as usize] != UNSCHEDULED {
+            return;
+        }
+        let ports = self.ports_of(q);
+        let score = if ports.len() == 2 {
+            self.priority(o as usize)
+        } else {
+            let mut score = 0;
+            for &x in ports {
+                if x as usize != p {
+                    if !self.is_idle(x as usize) {
+                        return;
+                    }
+                    score = score.max(self.priority(x as usize));
+                }
+            }
+            score
+        };
+        let key = (score, self.piece_words[q as usize], Reverse(q));
+        if best.is_none_or(|b| key > b) {
+            *best = Some(key);
+        }
+    }
+
+    fn try_port(&mut self, p: usize, t: u64) {
+        let mut best: Option<Key> = None;
+        let list = &self.adj[p];
+        let live = list.len() - self.dead[p] as usize;
+        let opposite = &self.idle[(p & 1) ^ 1];
+        // Walking the idle set in priority order usually stops after about
+        // (ports of the other side / live entries) lookups; scanning costs
+        // `live`. Short lists are scanned.
+        if self.all_unicast[p] && live > 16 && opposite.len() < live * 64 {
+            for &(Reverse(pr), o) in opposite {
+                if best.is_some_and(|b| pr < b.0) {
+                    break;
+                }
+                let from = list.partition_point(|e| e.0 < o);
+                for &(other, q) in &list[from..] {
+                    if other != o {
+                        break;
+                    }
+                    self.consider(p, o, q, &mut best);
+                }
+            }
+        } else {
+            for &(o, q) in list {
+                self.consider(p, o, q, &mut best);
+            }
+        }
+        if let Some((_, _, Reverse(q))) = best {
+            self.begin(q, t);
+        }
+    }
+
+    fn begin(&mut self, q: u32, t: u64) {
+        self.start[q as usize] = t;
+        let w = self.piece_words[q as usize] as u64;
+        let ports: Vec<usize> = self.ports_of(q).iter().map(|&x| x as usize).collect();
+        let fanout = ports.len() as u32 - 1;
+        for &x in &ports {
+            self.make_busy(x);
+            self.free[x] = t + w;
+            self.remaining[x] -= w;
+            self.started[x / 2] += 1;
+            if self.remaining[x] > 0 {
+                self.events.push(Reverse((t + w, x as u32)));
+            }
+            // A send port lists the piece once per destination, a receive port once.
+            self.dead[x] += if x & 1 == 0 { fanout } else { 1 };
+            if 2 * self.dead[x] as usize > self.adj[x].len() {
+                let start = &self.start;
+                self.adj[x].retain(|&(_, q)| start[q as usize] == UNSCHEDULED);
+                self.dead[x] = 0;
+            }
+        }
+        // The other port of each tile involved may be idle; a descriptor more
+        // on its tile delays the cycle from which it may start anything.
+        for &x in &ports {
+            let other = x ^ 1;
+            let ready_at = self.issue_offset + self.started[x / 2];
+            if self.is_idle(other) && ready_at > t {
+                self.make_busy(other);
+                self.events.push(Reverse((ready_at, other as u32)));
+            }
+        }
+    }
+}
+
+/// One construction with the given per-port priority bonus (`2 * tiles`
+/// entries: send port of tile t at `2t`, receive port at `2t + 1`).
+pub fn construct(
+    jobs: &[Job],
+    pieces: &[Piece],
+    tiles: u32,
+    issue_offset: u64,
+    bonus: &[u64],
+) -> Schedule {
+    Construction::new(jobs, pieces, tiles, issue_offset, bonus).run()
+}
+
+/// Result of [`improve`]: the first and the best schedule.
+#[derive(Clone, Debug)]
+pub struct Search {
+    /// The first construction (no bonus).
+    pub initial: Schedule,
+    /// The best schedule found.
+    pub best: Schedule,
+    /// Rounds whose schedule was strictly better than every earlier one.
+    pub improvements: u32,
+}
+
+/// Construction followed by up to `rounds` squeaky-wheel rounds; stops early
+/// when the horizon reaches `target` (a lower bound).
+pub fn improve(
+    jobs: &[Job],
+    pieces: &[Piece],
+    tiles: u32,
+    issue_offset: u64,
+    rounds: u32,
+    target: u64,
+) -> Search {
+    let mut bonus = vec![0u64; 2 * tiles as usize];
+    let initial = construct(jobs, pieces, tiles, issue_offset, &bonus);
+    let mut best = initial.clone();
+    let mut last = initial.clone();
+    let mut improvements = 0;
+    for _ in 0..rounds {
+        if best.horizon <= target {
+            break;
+        }
+        // Lateness of each port: how far its last piece ends past the bound.
+        let mut end = vec![0u64; 2 * tiles as usize];
+        for pl in &last.placed {
+            let e = pl.start + pl.piece.words as u64;
+            let job = &jobs[pl.piece.job as usize];
+            let s = send_port(job.source);
+            end[s] = end[s].max(e);
+            for d in &job.destinations {
+                let r = recv_port(d.tile);
+                end[r] = end[r].max(e);
+            }
+        }
+        for (b, &e) in bonus.iter_mut().zip(&end) {
+            *b += e.saturating_sub(target);
+        }
+        last = construct(jobs, pieces, tiles, issue_offset, &bonus);
+        if last.horizon < best.horizon {
+            best = last.clone();
+            improvements += 1;
+        }
+    }
+    Search { initial, best, improvements }
+}
