@@ -76,6 +76,9 @@ fn recv_port(tile: u32) -> usize {
 struct Construction<'a> {
     pieces: &'a [Piece],
     piece_words: Vec<u32>,
+    /// Pieces whose source tile is also a destination: they add two
+    /// descriptors to one tile at the same cycle.
+    self_loop: Vec<bool>,
     /// Ports of piece q: `port_list[port_start[q]..port_start[q + 1]]`, send port first.
     port_start: Vec<u32>,
     port_list: Vec<u32>,
@@ -115,6 +118,7 @@ impl<'a> Construction<'a> {
         let mut port_start = Vec::with_capacity(pieces.len() + 1);
         let mut port_list = Vec::with_capacity(2 * pieces.len());
         let mut piece_words = Vec::with_capacity(pieces.len());
+        let mut self_loop = Vec::with_capacity(pieces.len());
         for (i, p) in pieces.iter().enumerate() {
             let job = &jobs[p.job as usize];
             let w = p.words as u64;
@@ -122,6 +126,7 @@ impl<'a> Construction<'a> {
             port_start.push(port_list.len() as u32);
             port_list.push(s as u32);
             piece_words.push(p.words);
+            self_loop.push(job.destinations.iter().any(|d| d.tile == job.source));
             remaining[s] += w;
             let unicast = job.destinations.len() == 1;
             all_unicast[s] &= unicast;
@@ -147,6 +152,7 @@ impl<'a> Construction<'a> {
         Construction {
             pieces,
             piece_words,
+            self_loop,
             port_start,
             port_list,
             issue_offset: c,
@@ -245,7 +251,7 @@ impl<'a> Construction<'a> {
     }
 
     /// Considers piece `q`, listed in `adj[p]` under counterpart `o`.
-    fn consider(&self, p: usize, o: u32, q: u32, best: &mut Option<Key>) {
+    fn consider(&self, p: usize, o: u32, q: u32, t: u64, best: &mut Option<Key>, retry: &mut u64) {
         // `o` is one of q's ports, so it must be idle; testing it first avoids
         // touching the piece arrays for most entries.
         if !self.is_idle(o as usize) || self.start[q as usize] != UNSCHEDULED {
@@ -266,6 +272,15 @@ impl<'a> Construction<'a> {
             }
             score
         };
+        if self.self_loop[q as usize] {
+            // The tile's second descriptor issues one cycle after its first.
+            let source = ports[0] as usize / 2;
+            let ready_at = self.issue_offset + self.started[source] + 1;
+            if ready_at > t {
+                *retry = (*retry).min(ready_at);
+                return;
+            }
+        }
         let key = (score, self.piece_words[q as usize], Reverse(q));
         if best.is_none_or(|b| key > b) {
             *best = Some(key);
@@ -274,6 +289,7 @@ impl<'a> Construction<'a> {
 
     fn try_port(&mut self, p: usize, t: u64) {
         let mut best: Option<Key> = None;
+        let mut retry = u64::MAX;
         let list = &self.adj[p];
         let live = list.len() - self.dead[p] as usize;
         let opposite = &self.idle[(p & 1) ^ 1];
@@ -290,16 +306,20 @@ impl<'a> Construction<'a> {
                     if other != o {
                         break;
                     }
-                    self.consider(p, o, q, &mut best);
+                    self.consider(p, o, q, t, &mut best, &mut retry);
                 }
             }
         } else {
             for &(o, q) in list {
-                self.consider(p, o, q, &mut best);
+                self.consider(p, o, q, t, &mut best, &mut retry);
             }
         }
         if let Some((_, _, Reverse(q))) = best {
             self.begin(q, t);
+        } else if retry != u64::MAX {
+            // Only a self-loop piece waits for its second issue cycle; nothing
+            // else would wake this port then.
+            self.events.push(Reverse((retry, p as u32)));
         }
     }
 

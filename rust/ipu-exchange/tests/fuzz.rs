@@ -1,0 +1,146 @@
+//! Fuzzing: random phases are scheduled and checked, and every mutation of a
+//! valid table set that changes what it does must be caught by the checker.
+
+use ipu_exchange::rng::SplitMix64;
+use ipu_exchange::{check, compile_phase, synth, Descriptor, Options, SEND_KIND, XTAB_ISSUE_OFFSET};
+
+fn options() -> Options {
+    Options { rounds: Some(4), ..Options::default() }
+}
+
+#[test]
+fn random_phases_schedule_check_and_stay_near_the_bound() {
+    let mut rng = SplitMix64(0x5EED);
+    for case in 0..300 {
+        let tiles = rng.range(1, 24) as u32;
+        let transfers = rng.range(0, 80) as u32;
+        let max_words = [1, 4, 40, 300][case % 4];
+        let phase = synth::random(&mut rng, tiles, transfers, max_words, 4);
+        let compiled = compile_phase(&phase, &options())
+            .unwrap_or_else(|e| panic!("case {case}: {e}"));
+        let r = &compiled.report;
+        // The checker ran inside compile_phase; run it again to get its view.
+        let summary = check(&phase, &compiled.lowered.tables, XTAB_ISSUE_OFFSET).unwrap();
+        assert_eq!(summary.horizon, r.selected_horizon, "case {case}");
+        assert!(r.selected_horizon >= r.lower_bound, "case {case}: beat the lower bound");
+        assert!(r.selected_horizon <= r.initial_horizon, "case {case}");
+        let words: u64 = phase
+            .transfers
+            .iter()
+            .map(|t| t.words() as u64 * t.destinations.len() as u64)
+            .sum();
+        assert_eq!(summary.words_delivered, words, "case {case}");
+    }
+}
+
+#[test]
+fn same_phase_gives_identical_tables_in_any_input_order() {
+    let mut rng = SplitMix64(7);
+    let phase = synth::random(&mut rng, 16, 120, 60, 3);
+    let a = compile_phase(&phase, &options()).unwrap();
+    let mut shuffled = phase.clone();
+    shuffled.transfers.reverse();
+    let b = compile_phase(&shuffled, &options()).unwrap();
+    let bytes = |c: &ipu_exchange::Compiled| {
+        (0..phase.tiles).flat_map(|t| c.lowered.table_bytes(t)).collect::<Vec<u8>>()
+    };
+    assert_eq!(bytes(&a), bytes(&b));
+    // And across thread counts: the candidates run on rayon.
+    let pool = rayon_pool(1);
+    let c = pool.install(|| compile_phase(&phase, &options()).unwrap());
+    assert_eq!(bytes(&a), bytes(&c));
+}
+
+fn rayon_pool(threads: usize) -> rayon::ThreadPool {
+    rayon::ThreadPoolBuilder::new().num_threads(threads).build().unwrap()
+}
+
+/// Mutations that change what a table set does (never a no-op).
+fn mutate(tables: &mut [Vec<Descriptor>], rng: &mut SplitMix64, tiles: u32) -> String {
+    let nonempty: Vec<usize> = (0..tables.len()).filter(|&t| !tables[t].is_empty()).collect();
+    let tile = nonempty[rng.below(nonempty.len() as u64) as usize];
+    let table = &mut tables[tile];
+    let i = rng.below(table.len() as u64) as usize;
+    let d = &mut table[i];
+    let before = *d;
+    let what = match rng.below(9) {
+        0 => {
+            d.start += 1;
+            "start + 1"
+        }
+        1 if d.start > 0 => {
+            d.start -= 1;
+            "start - 1"
+        }
+        2 if !d.is_send() => {
+            d.words += 1;
+            "receive words + 1"
+        }
+        3 if d.words > 1 => {
+            d.words -= 1;
+            "words - 1"
+        }
+        4 => {
+            d.address += 4;
+            "address + 4"
+        }
+        5 if !d.is_send() && tiles > 1 => {
+            d.kind = (d.kind + 1) % tiles;
+            "other source"
+        }
+        6 if !d.is_send() => {
+            d.kind = SEND_KIND;
+            "receive turned into a send"
+        }
+        7 => {
+            table.remove(i);
+            return format!("tile {tile}: dropped descriptor {i} ({before})");
+        }
+        _ => {
+            let copy = table[i];
+            table.insert(i, copy);
+            return format!("tile {tile}: duplicated descriptor {i} ({before})");
+        }
+    };
+    format!("tile {tile}: descriptor {i} ({before}): {what}")
+}
+
+#[test]
+fn the_checker_catches_every_mutation() {
+    let mut rng = SplitMix64(0xC0FFEE);
+    let mut caught = 0;
+    for case in 0..200 {
+        let tiles = rng.range(2, 12) as u32;
+        let transfers = rng.range(1, 40) as u32;
+        let phase = synth::random(&mut rng, tiles, transfers, 24, 3);
+        let compiled = compile_phase(&phase, &options()).unwrap();
+        let c = XTAB_ISSUE_OFFSET;
+        let mut tables = compiled.lowered.tables.clone();
+        let what = mutate(&mut tables, &mut rng, tiles);
+        match check(&phase, &tables, c) {
+            Ok(_) => panic!("case {case}: mutation not caught: {what}"),
+            Err(e) => {
+                // Errors render as one line naming the tile.
+                assert!(e.to_string().contains("tile"), "{e}");
+                caught += 1;
+            }
+        }
+    }
+    assert_eq!(caught, 200);
+}
+
+#[test]
+fn the_checker_catches_a_late_descriptor_and_a_table_for_a_missing_tile() {
+    let phase = synth::all_to_all(4, 3, 2, 5, 9);
+    let compiled = compile_phase(&phase, &options()).unwrap();
+    let c = 12;
+    let mut tables = compiled.lowered.tables.clone();
+    // Descriptor 1 of tile 0 issues at c + 1; starting it at c is late.
+    tables[0][1].start = c as u32;
+    let e = check(&phase, &tables, c).unwrap_err();
+    assert!(e.to_string().contains("issues at cycle 13"), "{e}");
+    let mut tables = compiled.lowered.tables.clone();
+    tables.pop();
+    let e = check(&phase, &tables, c).unwrap_err();
+    assert_eq!(e.to_string(), "3 descriptor tables for a phase of 4 tiles");
+}
