@@ -5,6 +5,9 @@
 //! offset `c` (descriptor i of a tile's table issues at cycle `c + i`):
 //! - a tile's send port moves one word per cycle from cycle `c` on, so the
 //!   phase lasts at least `c + words sent`; likewise for words received;
+//! - a tile that both sends and receives has two first descriptors, one
+//!   issued at `c + 1` or later, so the phase lasts at least
+//!   `c + 1 + min(words sent, words received)`;
 //! - a tile whose table needs at least `D` descriptors has one issued at
 //!   `c + D - 1` or later, and it moves at least one word, so the phase lasts
 //!   at least `c + D`. A send descriptor covers one contiguous source range,
@@ -22,7 +25,8 @@ pub struct Bounds {
     /// (the figure the seed logs as `endpoint_lower_bound`).
     pub endpoint_words: u64,
     /// The bound on the horizon in cycles after `T0`: max over tiles of
-    /// `c + max(words sent, words received, descriptors needed)`; 0 when the
+    /// `c + max(words sent, words received, descriptors needed,
+    /// 1 + min(words sent, words received) when both are positive)`; 0 when the
     /// phase is empty.
     pub horizon: u64,
     /// A tile attaining `horizon` (the lowest such tile).
@@ -45,7 +49,11 @@ pub fn bounds(phase: &Phase, issue_offset: u64) -> Bounds {
             recv_ranges[d.tile as usize].push((d.address, d.address + t.bytes, t.source));
         }
     }
-    let mut best = Bounds { endpoint_words: 0, horizon: 0, critical_tile: 0 };
+    let mut best = Bounds {
+        endpoint_words: 0,
+        horizon: 0,
+        critical_tile: 0,
+    };
     for tile in 0..n {
         let endpoint = sent[tile].max(received[tile]);
         best.endpoint_words = best.endpoint_words.max(endpoint);
@@ -69,7 +77,14 @@ pub fn bounds(phase: &Phase, issue_offset: u64) -> Bounds {
             .enumerate()
             .filter(|&(i, x)| i == 0 || !(r[i - 1].1 == x.0 && r[i - 1].2 == x.2))
             .count() as u64;
-        let h = issue_offset + endpoint.max(send_runs + recv_runs);
+        // A tile that sends and receives issues two first descriptors, one of
+        // them at `c + 1` or later, so one port starts a cycle late.
+        let both = if sent[tile] > 0 && received[tile] > 0 {
+            sent[tile].min(received[tile]) + 1
+        } else {
+            0
+        };
+        let h = issue_offset + endpoint.max(send_runs + recv_runs).max(both);
         if h > best.horizon {
             best.horizon = h;
             best.critical_tile = tile as u32;

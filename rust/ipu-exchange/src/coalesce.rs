@@ -90,8 +90,7 @@ fn mergeable(a: &Job, b: &Job) -> bool {
     a.source == b.source
         && a.source_address + bytes == b.source_address
         && a.destinations.len() == b.destinations.len()
-        && a
-            .destinations
+        && a.destinations
             .iter()
             .zip(&b.destinations)
             .all(|(x, y)| x.tile == y.tile && x.address + bytes == y.address)
@@ -122,7 +121,11 @@ pub fn split(jobs: &[Job], max_words: Option<u32>) -> Vec<Piece> {
         let mut offset = 0;
         for i in 0..n {
             let words = base + u32::from(i < extra);
-            out.push(Piece { job: j as u32, offset, words });
+            out.push(Piece {
+                job: j as u32,
+                offset,
+                words,
+            });
             offset += words;
         }
     }

@@ -65,7 +65,12 @@ pub struct Options {
 
 impl Default for Options {
     fn default() -> Self {
-        Options { issue_offset: XTAB_ISSUE_OFFSET, rounds: None, check: true, label: 0 }
+        Options {
+            issue_offset: XTAB_ISSUE_OFFSET,
+            rounds: None,
+            check: true,
+            label: 0,
+        }
     }
 }
 
@@ -198,7 +203,11 @@ pub fn compile_phase(phase: &Phase, options: &Options) -> Result<Compiled, Excha
                 .unwrap_or_else(|| (1_000_000 / pieces.len().max(1)).clamp(1, 24) as u32);
             let search = schedule::improve(&jobs, &pieces, phase.tiles, c, rounds, b.horizon);
             let lowered = lower::lower(&jobs, &search.best, phase.tiles, c)?;
-            Ok(Candidate { piece_words, search, lowered })
+            Ok(Candidate {
+                piece_words,
+                search,
+                lowered,
+            })
         })
         .collect();
     let mut best: Option<Candidate> = None;
@@ -234,5 +243,10 @@ pub fn compile_phase(phase: &Phase, options: &Options) -> Result<Compiled, Excha
         elapsed: started.elapsed(),
     };
     report.log();
-    Ok(Compiled { jobs, schedule: best.search.best, lowered: best.lowered, report })
+    Ok(Compiled {
+        jobs,
+        schedule: best.search.best,
+        lowered: best.lowered,
+        report,
+    })
 }

@@ -58,7 +58,10 @@ impl Descriptor {
     /// The 16-byte encoding read by `xtab`.
     pub fn to_bytes(&self) -> [u8; DESCRIPTOR_BYTES] {
         let mut b = [0u8; DESCRIPTOR_BYTES];
-        for (i, v) in [self.kind, self.address, self.words, self.start].into_iter().enumerate() {
+        for (i, v) in [self.kind, self.address, self.words, self.start]
+            .into_iter()
+            .enumerate()
+        {
             b[4 * i..4 * i + 4].copy_from_slice(&v.to_le_bytes());
         }
         b
@@ -67,14 +70,23 @@ impl Descriptor {
     /// Decodes 16 bytes.
     pub fn from_bytes(b: &[u8; DESCRIPTOR_BYTES]) -> Descriptor {
         let w = |i: usize| u32::from_le_bytes(b[4 * i..4 * i + 4].try_into().expect("4 bytes"));
-        Descriptor { kind: w(0), address: w(1), words: w(2), start: w(3) }
+        Descriptor {
+            kind: w(0),
+            address: w(1),
+            words: w(2),
+            start: w(3),
+        }
     }
 }
 
 impl fmt::Display for Descriptor {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         if self.is_send() {
-            write!(f, "send {:#x} words={} start={}", self.address, self.words, self.start)
+            write!(
+                f,
+                "send {:#x} words={} start={}",
+                self.address, self.words, self.start
+            )
         } else {
             write!(
                 f,
@@ -114,7 +126,12 @@ pub enum LowerError {
     /// A start cycle or address that does not fit a u32 field.
     FieldOverflow { tile: u32, start: u64 },
     /// Descriptor `index` of `tile` would issue after its start cycle.
-    Late { tile: u32, index: usize, start: u64, issued: u64 },
+    Late {
+        tile: u32,
+        index: usize,
+        start: u64,
+        issued: u64,
+    },
     /// A table byte length that is not a multiple of 16.
     TableLength { bytes: usize },
 }
@@ -169,7 +186,11 @@ impl Lowered {
         let table = &self.tables[tile as usize];
         let interval = CONTEXT_ISSUE_INTERVAL as u64;
         let xend = self.issue_offset + interval * (table.len() as u64).div_ceil(interval).max(1);
-        let last = table.iter().map(|d| d.start as u64 + d.words as u64).max().unwrap_or(0);
+        let last = table
+            .iter()
+            .map(|d| d.start as u64 + d.words as u64)
+            .max()
+            .unwrap_or(0);
         (xend + interval).max(last)
     }
 
@@ -205,7 +226,10 @@ pub fn lower(
         let job = &jobs[pl.piece.job as usize];
         let start = u32::try_from(pl.start + pl.piece.words as u64)
             .map(|_| pl.start as u32)
-            .map_err(|_| LowerError::FieldOverflow { tile: job.source, start: pl.start })?;
+            .map_err(|_| LowerError::FieldOverflow {
+                tile: job.source,
+                start: pl.start,
+            })?;
         let offset = 4 * pl.piece.offset;
         sends[job.source as usize].push(Descriptor {
             kind: SEND_KIND,
@@ -246,7 +270,10 @@ pub fn lower(
         }
         tables.push(table);
     }
-    Ok(Lowered { tables, issue_offset })
+    Ok(Lowered {
+        tables,
+        issue_offset,
+    })
 }
 
 /// Merges neighbours of one kind that continue each other in time and memory.

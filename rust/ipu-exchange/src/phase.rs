@@ -68,43 +68,87 @@ pub enum PhaseError {
     /// An address that is not 4-aligned.
     Misaligned { id: u32, tile: u32, address: u32 },
     /// A byte range that leaves tile SRAM.
-    OutsideSram { id: u32, tile: u32, address: u32, bytes: u32 },
+    OutsideSram {
+        id: u32,
+        tile: u32,
+        address: u32,
+        bytes: u32,
+    },
     /// Two receives of one tile write overlapping bytes.
-    ReceiveOverlap { tile: u32, first: u32, second: u32, address: u32 },
+    ReceiveOverlap {
+        tile: u32,
+        first: u32,
+        second: u32,
+        address: u32,
+    },
     /// A receive overwrites bytes that its own tile sends in the same phase
     /// (the simulator forbids it so that the result cannot depend on timing).
-    ReceiveOverwritesSend { tile: u32, receive: u32, send: u32, address: u32 },
+    ReceiveOverwritesSend {
+        tile: u32,
+        receive: u32,
+        send: u32,
+        address: u32,
+    },
 }
 
 impl fmt::Display for PhaseError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         use PhaseError::*;
         match *self {
-            TileCount { tiles } => write!(f, "phase has {tiles} tiles; expected 1 to {TILES_PER_CHIP}"),
+            TileCount { tiles } => {
+                write!(f, "phase has {tiles} tiles; expected 1 to {TILES_PER_CHIP}")
+            }
             DuplicateId { id } => write!(f, "transfer id {id} is used twice"),
             BadSize { id, bytes } => {
-                write!(f, "transfer {id}: {bytes} bytes is not a positive multiple of 4")
+                write!(
+                    f,
+                    "transfer {id}: {bytes} bytes is not a positive multiple of 4"
+                )
             }
             NoDestinations { id } => write!(f, "transfer {id} has no destination"),
             TileOutOfRange { id, tile, tiles } => {
-                write!(f, "transfer {id}: tile {tile} does not exist (phase has {tiles} tiles)")
+                write!(
+                    f,
+                    "transfer {id}: tile {tile} does not exist (phase has {tiles} tiles)"
+                )
             }
             DuplicateDestination { id, tile } => {
-                write!(f, "transfer {id}: tile {tile} is named twice as a destination")
+                write!(
+                    f,
+                    "transfer {id}: tile {tile} is named twice as a destination"
+                )
             }
             Misaligned { id, tile, address } => {
-                write!(f, "transfer {id}: address {address:#x} on tile {tile} is not 4-aligned")
+                write!(
+                    f,
+                    "transfer {id}: address {address:#x} on tile {tile} is not 4-aligned"
+                )
             }
-            OutsideSram { id, tile, address, bytes } => write!(
+            OutsideSram {
+                id,
+                tile,
+                address,
+                bytes,
+            } => write!(
                 f,
                 "transfer {id}: {bytes} bytes at {address:#x} on tile {tile} leave SRAM \
                  ({SRAM_BASE:#x}..{SRAM_END:#x})"
             ),
-            ReceiveOverlap { tile, first, second, address } => write!(
+            ReceiveOverlap {
+                tile,
+                first,
+                second,
+                address,
+            } => write!(
                 f,
                 "tile {tile}: receives of transfers {first} and {second} overlap at {address:#x}"
             ),
-            ReceiveOverwritesSend { tile, receive, send, address } => write!(
+            ReceiveOverwritesSend {
+                tile,
+                receive,
+                send,
+                address,
+            } => write!(
                 f,
                 "tile {tile}: the receive of transfer {receive} at {address:#x} overwrites the \
                  source of transfer {send} sent in the same phase"
@@ -120,7 +164,12 @@ fn check_range(id: u32, tile: u32, address: u32, bytes: u32) -> Result<(), Phase
         return Err(PhaseError::Misaligned { id, tile, address });
     }
     if address < SRAM_BASE || address as u64 + bytes as u64 > SRAM_END as u64 {
-        return Err(PhaseError::OutsideSram { id, tile, address, bytes });
+        return Err(PhaseError::OutsideSram {
+            id,
+            tile,
+            address,
+            bytes,
+        });
     }
     Ok(())
 }
@@ -152,7 +201,11 @@ impl Phase {
                 if tile < self.tiles {
                     Ok(())
                 } else {
-                    Err(PhaseError::TileOutOfRange { id, tile, tiles: self.tiles })
+                    Err(PhaseError::TileOutOfRange {
+                        id,
+                        tile,
+                        tiles: self.tiles,
+                    })
                 }
             };
             in_range(t.source)?;

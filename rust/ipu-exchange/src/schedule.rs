@@ -194,7 +194,8 @@ impl<'a> Construction<'a> {
     }
 
     fn ports_of(&self, q: u32) -> &[u32] {
-        &self.port_list[self.port_start[q as usize] as usize..self.port_start[q as usize + 1] as usize]
+        &self.port_list
+            [self.port_start[q as usize] as usize..self.port_start[q as usize + 1] as usize]
     }
 
     fn run(mut self) -> Schedule {
@@ -244,7 +245,10 @@ impl<'a> Construction<'a> {
             // declines a startable piece by starting another one.
             assert_ne!(s, UNSCHEDULED, "list scheduler left piece {i} unscheduled");
             horizon = horizon.max(s + self.piece_words[i] as u64);
-            placed.push(Placed { start: s, piece: self.pieces[i] });
+            placed.push(Placed {
+                start: s,
+                piece: self.pieces[i],
+            });
         }
         placed.sort_unstable();
         Schedule { placed, horizon }
@@ -420,5 +424,9 @@ pub fn improve(
             improvements += 1;
         }
     }
-    Search { initial, best, improvements }
+    Search {
+        initial,
+        best,
+        improvements,
+    }
 }

@@ -25,7 +25,10 @@ impl PhaseBuilder {
     /// An empty phase on `tiles` tiles.
     pub fn new(tiles: u32) -> Self {
         PhaseBuilder {
-            phase: Phase { tiles, transfers: Vec::new() },
+            phase: Phase {
+                tiles,
+                transfers: Vec::new(),
+            },
             send_cursor: vec![SEND_BASE; tiles as usize],
             recv_cursor: vec![RECV_BASE; tiles as usize],
         }
@@ -46,7 +49,13 @@ impl PhaseBuilder {
                 Destination { tile, address }
             })
             .collect();
-        self.phase.transfers.push(Transfer { id, source, source_address, destinations, bytes });
+        self.phase.transfers.push(Transfer {
+            id,
+            source,
+            source_address,
+            destinations,
+            bytes,
+        });
         id
     }
 
@@ -124,7 +133,13 @@ pub fn broadcast(tiles: u32, transfers: u32, total_words: u32, fanout: u32, seed
 /// words with 1..=`max_fanout` destinations on `tiles` tiles. About one in
 /// four transfers continues the previous one (same source and destinations,
 /// adjacent addresses) so that coalescing has work to do.
-pub fn random(rng: &mut SplitMix64, tiles: u32, transfers: u32, max_words: u32, max_fanout: u32) -> Phase {
+pub fn random(
+    rng: &mut SplitMix64,
+    tiles: u32,
+    transfers: u32,
+    max_words: u32,
+    max_fanout: u32,
+) -> Phase {
     let mut b = PhaseBuilder::new(tiles);
     let mut last: Option<(u32, Vec<u32>)> = None;
     for _ in 0..transfers {

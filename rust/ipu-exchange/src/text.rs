@@ -73,15 +73,20 @@ struct Cursor<'a> {
 
 impl<'a> Cursor<'a> {
     fn err(&self, column: usize, message: String) -> TextError {
-        TextError { line: self.line, column, message }
+        TextError {
+            line: self.line,
+            column,
+            message,
+        }
     }
 
     fn next(&mut self, what: &str) -> Result<(usize, &'a str), TextError> {
-        let t = self
-            .toks
-            .get(self.pos)
-            .copied()
-            .ok_or_else(|| self.err(self.end_column, format!("expected {what} before the end of the line")))?;
+        let t = self.toks.get(self.pos).copied().ok_or_else(|| {
+            self.err(
+                self.end_column,
+                format!("expected {what} before the end of the line"),
+            )
+        })?;
         self.pos += 1;
         Ok(t)
     }
@@ -115,8 +120,15 @@ pub fn parse_phase(text: &str) -> Result<Phase, TextError> {
     let mut transfers = Vec::new();
     for (n, raw) in text.lines().enumerate() {
         let content = raw.split('#').next().unwrap_or("");
-        let mut c = Cursor { line: n + 1, end_column: content.len() + 1, toks: tokens(content), pos: 0 };
-        let Some(&(col, head)) = c.toks.first() else { continue };
+        let mut c = Cursor {
+            line: n + 1,
+            end_column: content.len() + 1,
+            toks: tokens(content),
+            pos: 0,
+        };
+        let Some(&(col, head)) = c.toks.first() else {
+            continue;
+        };
         c.pos = 1;
         match head {
             "tiles" => {
@@ -144,7 +156,13 @@ pub fn parse_phase(text: &str) -> Result<Phase, TextError> {
                 }
                 c.expect("bytes")?;
                 let bytes = c.number("a byte count")?;
-                transfers.push(Transfer { id, source, source_address, destinations, bytes });
+                transfers.push(Transfer {
+                    id,
+                    source,
+                    source_address,
+                    destinations,
+                    bytes,
+                });
             }
             other => return Err(c.err(col, format!("unknown directive `{other}`"))),
         }
@@ -152,7 +170,11 @@ pub fn parse_phase(text: &str) -> Result<Phase, TextError> {
             return Err(c.err(col, format!("unexpected `{t}` at the end of the line")));
         }
     }
-    let tiles = tiles.ok_or(TextError { line: 1, column: 1, message: "missing `tiles` line".into() })?;
+    let tiles = tiles.ok_or(TextError {
+        line: 1,
+        column: 1,
+        message: "missing `tiles` line".into(),
+    })?;
     Ok(Phase { tiles, transfers })
 }
 

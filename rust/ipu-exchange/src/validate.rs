@@ -28,23 +28,54 @@ pub enum CheckError {
     /// The number of tables differs from the phase's tile count.
     TableCount { tables: usize, tiles: u32 },
     /// Descriptor issued after its start cycle.
-    Late { tile: u32, index: usize, start: u32, issued: u64 },
+    Late {
+        tile: u32,
+        index: usize,
+        start: u32,
+        issued: u64,
+    },
     /// Zero words.
     Empty { tile: u32, index: usize },
     /// Misaligned address or a range outside SRAM.
-    BadRange { tile: u32, index: usize, address: u32, words: u32 },
+    BadRange {
+        tile: u32,
+        index: usize,
+        address: u32,
+        words: u32,
+    },
     /// A receive naming a tile outside the phase.
-    BadSource { tile: u32, index: usize, source: u32 },
+    BadSource {
+        tile: u32,
+        index: usize,
+        source: u32,
+    },
     /// Two sends of one tile overlap in time.
-    SendOverlap { tile: u32, first: usize, second: usize },
+    SendOverlap {
+        tile: u32,
+        first: usize,
+        second: usize,
+    },
     /// Two receives of one tile overlap in time.
-    RecvOverlap { tile: u32, first: usize, second: usize },
+    RecvOverlap {
+        tile: u32,
+        first: usize,
+        second: usize,
+    },
     /// A receive cycle in which the named source sends nothing.
-    NoSourceWord { tile: u32, index: usize, source: u32, cycle: u64 },
+    NoSourceWord {
+        tile: u32,
+        index: usize,
+        source: u32,
+        cycle: u64,
+    },
     /// A sent word that no tile receives.
     UnreceivedWord { tile: u32, index: usize, cycle: u64 },
     /// A receive that overwrites a send source of its own tile.
-    ReceiveOverwritesSend { tile: u32, index: usize, address: u32 },
+    ReceiveOverwritesSend {
+        tile: u32,
+        index: usize,
+        address: u32,
+    },
     /// The delivered bytes differ from the phase (first difference by tile and
     /// address): `expected`/`found` are (source tile, source address) of the
     /// word at `address`, `None` when no word should arrive / none arrived.
@@ -160,10 +191,17 @@ fn normalize(mut runs: Vec<Run>) -> Vec<Run> {
 }
 
 /// Checks `tables` (index = tile, each in issue order) against `phase`.
-pub fn check(phase: &Phase, tables: &[Vec<Descriptor>], issue_offset: u64) -> Result<CheckSummary, CheckError> {
+pub fn check(
+    phase: &Phase,
+    tables: &[Vec<Descriptor>],
+    issue_offset: u64,
+) -> Result<CheckSummary, CheckError> {
     let tiles = phase.tiles;
     if tables.len() != tiles as usize {
-        return Err(CheckError::TableCount { tables: tables.len(), tiles });
+        return Err(CheckError::TableCount {
+            tables: tables.len(),
+            tiles,
+        });
     }
     let mut horizon = 0u64;
     // Per tile: sends as (start, end, address, index), sorted by start.
@@ -175,14 +213,24 @@ pub fn check(phase: &Phase, tables: &[Vec<Descriptor>], issue_offset: u64) -> Re
         for (index, d) in table.iter().enumerate() {
             let issued = issue_offset + index as u64;
             if (d.start as u64) < issued {
-                return Err(CheckError::Late { tile, index, start: d.start, issued });
+                return Err(CheckError::Late {
+                    tile,
+                    index,
+                    start: d.start,
+                    issued,
+                });
             }
             if d.words == 0 {
                 return Err(CheckError::Empty { tile, index });
             }
             let end = d.address as u64 + 4 * d.words as u64;
             if !d.address.is_multiple_of(4) || d.address < SRAM_BASE || end > SRAM_END as u64 {
-                return Err(CheckError::BadRange { tile, index, address: d.address, words: d.words });
+                return Err(CheckError::BadRange {
+                    tile,
+                    index,
+                    address: d.address,
+                    words: d.words,
+                });
             }
             let (t0, t1) = (d.start as u64, d.start as u64 + d.words as u64);
             horizon = horizon.max(t1);
@@ -190,7 +238,11 @@ pub fn check(phase: &Phase, tables: &[Vec<Descriptor>], issue_offset: u64) -> Re
                 s.push((t0, t1, d.address, index));
             } else {
                 if d.kind >= tiles {
-                    return Err(CheckError::BadSource { tile, index, source: d.kind });
+                    return Err(CheckError::BadSource {
+                        tile,
+                        index,
+                        source: d.kind,
+                    });
                 }
                 r.push((t0, t1, d.address, index));
             }
@@ -198,14 +250,24 @@ pub fn check(phase: &Phase, tables: &[Vec<Descriptor>], issue_offset: u64) -> Re
         s.sort_unstable();
         r.sort_unstable();
         if let Some(w) = s.windows(2).find(|w| w[0].1 > w[1].0) {
-            return Err(CheckError::SendOverlap { tile, first: w[0].3, second: w[1].3 });
+            return Err(CheckError::SendOverlap {
+                tile,
+                first: w[0].3,
+                second: w[1].3,
+            });
         }
         if let Some(w) = r.windows(2).find(|w| w[0].1 > w[1].0) {
-            return Err(CheckError::RecvOverlap { tile, first: w[0].3, second: w[1].3 });
+            return Err(CheckError::RecvOverlap {
+                tile,
+                first: w[0].3,
+                second: w[1].3,
+            });
         }
         // Receive destination vs own send sources, by memory address.
-        let mut src: Vec<(u64, u64)> =
-            s.iter().map(|x| (x.2 as u64, x.2 as u64 + 4 * (x.1 - x.0))).collect();
+        let mut src: Vec<(u64, u64)> = s
+            .iter()
+            .map(|x| (x.2 as u64, x.2 as u64 + 4 * (x.1 - x.0)))
+            .collect();
         src.sort_unstable();
         let mut reach = Vec::with_capacity(src.len());
         let mut m = 0u64;
@@ -217,7 +279,11 @@ pub fn check(phase: &Phase, tables: &[Vec<Descriptor>], issue_offset: u64) -> Re
             let (lo, hi) = (x.2 as u64, x.2 as u64 + 4 * (x.1 - x.0));
             let i = src.partition_point(|y| y.0 < hi);
             if i > 0 && reach[i - 1] > lo {
-                return Err(CheckError::ReceiveOverwritesSend { tile, index: x.3, address: x.2 });
+                return Err(CheckError::ReceiveOverwritesSend {
+                    tile,
+                    index: x.3,
+                    address: x.2,
+                });
             }
         }
         sends.push(s);
@@ -268,7 +334,11 @@ pub fn check(phase: &Phase, tables: &[Vec<Descriptor>], issue_offset: u64) -> Re
                     j += 1;
                 }
                 if covered <= cycle {
-                    return Err(CheckError::UnreceivedWord { tile: tile as u32, index, cycle });
+                    return Err(CheckError::UnreceivedWord {
+                        tile: tile as u32,
+                        index,
+                        cycle,
+                    });
                 }
                 cycle = covered;
             }
@@ -315,7 +385,11 @@ fn first_difference(expected: &[Run], found: &[Run]) -> Option<CheckError> {
         return None;
     }
     // Walk both lists word by word from the first differing run.
-    let k = expected.iter().zip(found).take_while(|(a, b)| a == b).count();
+    let k = expected
+        .iter()
+        .zip(found)
+        .take_while(|(a, b)| a == b)
+        .count();
     let (e, f) = (expected.get(k), found.get(k));
     let at = |r: &Run| (r.tile, r.address);
     let (tile, address) = match (e, f) {
@@ -327,7 +401,12 @@ fn first_difference(expected: &[Run], found: &[Run]) -> Option<CheckError> {
     let ew = e.and_then(|r| word_at(r, tile, address));
     let fw = f.and_then(|r| word_at(r, tile, address));
     if ew != fw {
-        return Some(CheckError::Delivery { tile, address, expected: ew, found: fw });
+        return Some(CheckError::Delivery {
+            tile,
+            address,
+            expected: ew,
+            found: fw,
+        });
     }
     // The same word starts both runs, so they differ in length: report the
     // first word past the shorter one.

@@ -2,10 +2,15 @@
 //! valid table set that changes what it does must be caught by the checker.
 
 use ipu_exchange::rng::SplitMix64;
-use ipu_exchange::{check, compile_phase, synth, Descriptor, Options, SEND_KIND, XTAB_ISSUE_OFFSET};
+use ipu_exchange::{
+    check, compile_phase, synth, Descriptor, Options, SEND_KIND, XTAB_ISSUE_OFFSET,
+};
 
 fn options() -> Options {
-    Options { rounds: Some(4), ..Options::default() }
+    Options {
+        rounds: Some(4),
+        ..Options::default()
+    }
 }
 
 #[test]
@@ -16,13 +21,16 @@ fn random_phases_schedule_check_and_stay_near_the_bound() {
         let transfers = rng.range(0, 80) as u32;
         let max_words = [1, 4, 40, 300][case % 4];
         let phase = synth::random(&mut rng, tiles, transfers, max_words, 4);
-        let compiled = compile_phase(&phase, &options())
-            .unwrap_or_else(|e| panic!("case {case}: {e}"));
+        let compiled =
+            compile_phase(&phase, &options()).unwrap_or_else(|e| panic!("case {case}: {e}"));
         let r = &compiled.report;
         // The checker ran inside compile_phase; run it again to get its view.
         let summary = check(&phase, &compiled.lowered.tables, XTAB_ISSUE_OFFSET).unwrap();
         assert_eq!(summary.horizon, r.selected_horizon, "case {case}");
-        assert!(r.selected_horizon >= r.lower_bound, "case {case}: beat the lower bound");
+        assert!(
+            r.selected_horizon >= r.lower_bound,
+            "case {case}: beat the lower bound"
+        );
         assert!(r.selected_horizon <= r.initial_horizon, "case {case}");
         let words: u64 = phase
             .transfers
@@ -42,7 +50,9 @@ fn same_phase_gives_identical_tables_in_any_input_order() {
     shuffled.transfers.reverse();
     let b = compile_phase(&shuffled, &options()).unwrap();
     let bytes = |c: &ipu_exchange::Compiled| {
-        (0..phase.tiles).flat_map(|t| c.lowered.table_bytes(t)).collect::<Vec<u8>>()
+        (0..phase.tiles)
+            .flat_map(|t| c.lowered.table_bytes(t))
+            .collect::<Vec<u8>>()
     };
     assert_eq!(bytes(&a), bytes(&b));
     // And across thread counts: the candidates run on rayon.
@@ -52,12 +62,17 @@ fn same_phase_gives_identical_tables_in_any_input_order() {
 }
 
 fn rayon_pool(threads: usize) -> rayon::ThreadPool {
-    rayon::ThreadPoolBuilder::new().num_threads(threads).build().unwrap()
+    rayon::ThreadPoolBuilder::new()
+        .num_threads(threads)
+        .build()
+        .unwrap()
 }
 
 /// Mutations that change what a table set does (never a no-op).
 fn mutate(tables: &mut [Vec<Descriptor>], rng: &mut SplitMix64, tiles: u32) -> String {
-    let nonempty: Vec<usize> = (0..tables.len()).filter(|&t| !tables[t].is_empty()).collect();
+    let nonempty: Vec<usize> = (0..tables.len())
+        .filter(|&t| !tables[t].is_empty())
+        .collect();
     let tile = nonempty[rng.below(nonempty.len() as u64) as usize];
     let table = &mut tables[tile];
     let i = rng.below(table.len() as u64) as usize;

@@ -22,10 +22,18 @@ fn pattern(tile: u32, address: u32, bytes: u32) -> Vec<u8> {
 
 fn run(phase: &Phase) -> (Compiled, Chip) {
     let compiled = compile_phase(phase, &Options::default()).unwrap();
-    let mut chip = Chip::new(ChipConfig { tiles: phase.tiles, step_limit: 1_000_000, ..ChipConfig::default() });
+    let mut chip = Chip::new(ChipConfig {
+        tiles: phase.tiles,
+        step_limit: 1_000_000,
+        ..ChipConfig::default()
+    });
     for t in &phase.transfers {
-        chip.write(t.source, t.source_address, &pattern(t.source, t.source_address, t.bytes))
-            .unwrap();
+        chip.write(
+            t.source,
+            t.source_address,
+            &pattern(t.source, t.source_address, t.bytes),
+        )
+        .unwrap();
     }
     for tile in 0..phase.tiles {
         let table = compiled.lowered.table_bytes(tile);
@@ -61,7 +69,11 @@ fn check_run(phase: &Phase) -> Compiled {
     let step = &chip.steps()[0];
     let lowered = &compiled.lowered;
     for (tile, ts) in step.tiles.iter().enumerate() {
-        assert_eq!(ts.exchange_cycles, lowered.tile_exchange_cycles(tile as u32), "tile {tile}");
+        assert_eq!(
+            ts.exchange_cycles,
+            lowered.tile_exchange_cycles(tile as u32),
+            "tile {tile}"
+        );
     }
     let simulated = step.tiles.iter().map(|t| t.exchange_cycles).max().unwrap();
     let r = &compiled.report;
