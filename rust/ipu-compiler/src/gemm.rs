@@ -24,8 +24,8 @@ pub struct GemmGeometry {
     pub n: u32,
     /// f32 accumulation (the kernel's ACC=32 specialisation).
     pub acc32: bool,
-    /// f32 accumulation converted to an f16 result by a cast step.
-    pub cast_f16: bool,
+    /// The result the host reads is f16 (else f32).
+    pub f16_result: bool,
 }
 
 impl GemmGeometry {
@@ -41,10 +41,10 @@ impl GemmGeometry {
     }
     /// Bytes of one element of the result the host reads.
     pub fn result_bytes(&self) -> u32 {
-        if self.acc32 && !self.cast_f16 {
-            4
-        } else {
+        if self.f16_result {
             2
+        } else {
+            4
         }
     }
     /// Bytes of one element of the GEMM's C buffers.
@@ -54,6 +54,11 @@ impl GemmGeometry {
         } else {
             2
         }
+    }
+    /// Whether a split with `k_groups` needs the reduce step: f32 partials of
+    /// several K groups to sum, or an f32 accumulation to store as f16.
+    pub fn needs_reduce(&self, k_groups: usize) -> bool {
+        self.acc32 && (k_groups > 1 || self.f16_result)
     }
     /// Multiply-accumulates of the whole product.
     pub fn macs(&self) -> u64 {
@@ -75,20 +80,47 @@ pub fn ranges(n: u32, parts: u32) -> Vec<(u32, u32)> {
 }
 
 /// How a tile's shard is shared by its workers: every (row group, column
-/// group) pair is one vertex.
+/// group, K group) triple is one GEMM vertex; with several K groups each
+/// accumulates its own f32 partial, and one reduce vertex per (row group,
+/// column group) sums them.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct WorkerSplit {
     /// Tile-local row ranges.
     pub row_groups: Vec<(u32, u32)>,
     /// Tile-local column-block ranges.
     pub col_groups: Vec<(u32, u32)>,
+    /// K-block ranges.
+    pub k_groups: Vec<(u32, u32)>,
 }
 
 impl WorkerSplit {
     pub fn vertices(&self) -> usize {
-        self.row_groups.len() * self.col_groups.len()
+        self.row_groups.len() * self.col_groups.len() * self.k_groups.len()
+    }
+    pub fn reduce_vertices(&self) -> usize {
+        self.reduce_parts().len()
+    }
+    /// The reduce step's vertices: every (row group, column group) pair's
+    /// rows split further so that all six workers take part. Each item is
+    /// (row group index, row range, column-block range); a range never
+    /// crosses a row group, whose rows are contiguous in the C buffers.
+    pub fn reduce_parts(&self) -> Vec<ReducePart> {
+        let pairs = (self.row_groups.len() * self.col_groups.len()) as u32;
+        let per_pair = (ipu_arch::WORKER_CONTEXTS / pairs.max(1)).max(1);
+        let mut out = Vec::new();
+        for (gi, &(r0, r1)) in self.row_groups.iter().enumerate() {
+            for &c in &self.col_groups {
+                for (a, b) in ranges(r1 - r0, per_pair) {
+                    out.push((gi, (r0 + a, r0 + b), c));
+                }
+            }
+        }
+        out
     }
 }
+
+/// One reduce vertex: (row group index, row range, column-block range).
+pub type ReducePart = (usize, (u32, u32), (u32, u32));
 
 /// The tile-local layout of one shard.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -96,22 +128,26 @@ pub struct ShardLayout {
     pub rows: u32,
     pub col_blocks: u32,
     pub row_groups: u32,
+    pub k_groups: u32,
     pub rs_a: u32,
     pub rs_b: u32,
     pub rs_c: u32,
     pub kp: u32,
+    pub result_bytes: u32,
 }
 
 impl ShardLayout {
-    pub fn new(g: &GemmGeometry, rows: u32, col_blocks: u32, row_groups: u32) -> ShardLayout {
+    pub fn new(g: &GemmGeometry, rows: u32, col_blocks: u32, split: &WorkerSplit) -> ShardLayout {
         ShardLayout {
             rows,
             col_blocks,
-            row_groups,
+            row_groups: split.row_groups.len() as u32,
+            k_groups: split.k_groups.len() as u32,
             rs_a: g.kp() * 2,
             rs_b: col_blocks * 32,
             rs_c: col_blocks * 16 * g.out_bytes(),
             kp: g.kp(),
+            result_bytes: g.result_bytes(),
         }
     }
     pub fn a_bytes(&self) -> u32 {
@@ -120,25 +156,25 @@ impl ShardLayout {
     pub fn b_bytes(&self) -> u32 {
         self.kp * self.rs_b
     }
-    /// The f16 result of a cast step: rows of `16 * col_blocks` f16, compact.
+    /// The result of the reduce step: compact rows of `16 * col_blocks` elements.
     pub fn d_bytes(&self) -> u32 {
         self.rows * self.rs_d()
     }
     pub fn rs_d(&self) -> u32 {
-        self.col_blocks * 32
+        self.col_blocks * 16 * self.result_bytes
+    }
+    /// Bytes of one K group's section of a C buffer.
+    pub fn section(&self) -> u32 {
+        (self.rows + 2 * self.row_groups + 2) * self.rs_c
     }
     pub fn c_bytes(&self) -> u32 {
-        C_HEADER + (self.rows + 2 * self.row_groups + 2) * self.rs_c
+        C_HEADER + self.k_groups * self.section()
     }
-    /// Byte offset in a C buffer of tile-local row `r`, which belongs to row group `g`.
-    pub fn c_row(&self, g: u32, r: u32) -> u32 {
-        C_HEADER + (r + 2 * (g + 1)) * self.rs_c
+    /// Byte offset in a C buffer of tile-local row `r` of row group `g` in
+    /// K group `j`'s section.
+    pub fn c_row(&self, j: u32, g: u32, r: u32) -> u32 {
+        C_HEADER + j * self.section() + (r + 2 * (g + 1)) * self.rs_c
     }
-}
-
-/// Evaluates a per-vertex cycle cost for (rows, column blocks, K blocks).
-pub trait VertexCost {
-    fn cycles(&mut self, m: u32, ncb: u32, nkb: u32) -> u64;
 }
 
 /// A memo over a kernel's declared formula.
@@ -169,68 +205,104 @@ impl FormulaCost {
     }
 }
 
-impl VertexCost for FormulaCost {
-    fn cycles(&mut self, m: u32, ncb: u32, nkb: u32) -> u64 {
-        self.eval(&[("M", m as i64), ("NCB", ncb as i64), ("NKB", nkb as i64)])
-    }
+/// The kernels' cost formulas of one GEMM: the product and, for f32
+/// accumulation, the reduce step.
+pub struct GemmCosts {
+    pub gemm: FormulaCost,
+    pub reduce: Option<FormulaCost>,
 }
 
-/// The slowest cast vertex of a split (the same split as the GEMM's).
-pub fn cast_cycles(split: &WorkerSplit, cost: &mut FormulaCost) -> u64 {
-    split
-        .row_groups
-        .iter()
-        .flat_map(|r| split.col_groups.iter().map(move |c| (r, c)))
-        .map(|(r, c)| {
-            cost.eval(&[
-                ("ROWS", (r.1 - r.0) as i64),
-                ("QUADS", 4 * (c.1 - c.0) as i64),
-            ])
-        })
-        .max()
-        .unwrap_or(0)
+impl GemmCosts {
+    /// (slowest GEMM vertex, slowest reduce vertex or 0) of a split.
+    pub fn split_cycles(&mut self, g: &GemmGeometry, split: &WorkerSplit) -> (u64, u64) {
+        let mut gemm = 0;
+        let mut reduce = 0;
+        for r in &split.row_groups {
+            for c in &split.col_groups {
+                for k in &split.k_groups {
+                    gemm = gemm.max(self.gemm.eval(&[
+                        ("M", (r.1 - r.0) as i64),
+                        ("NCB", (c.1 - c.0) as i64),
+                        ("NKB", (k.1 - k.0) as i64),
+                    ]));
+                }
+            }
+        }
+        if g.needs_reduce(split.k_groups.len()) {
+            if let Some(f) = self.reduce.as_mut() {
+                for (_, r, c) in split.reduce_parts() {
+                    reduce = reduce.max(f.eval(&[
+                        ("ROWS", (r.1 - r.0) as i64),
+                        ("QUADS", 4 * (c.1 - c.0) as i64),
+                        ("P", split.k_groups.len() as i64),
+                    ]));
+                }
+            }
+        }
+        (gemm, reduce)
+    }
 }
 
 /// The worker split of a `rows` x `col_blocks` shard with the fewest
-/// estimated cycles (the slowest vertex), ties broken by fewer vertices.
+/// estimated cycles (slowest GEMM vertex + slowest reduce vertex), ties
+/// broken by fewer vertices. K groups (split-K over workers) are tried only
+/// with f32 accumulation, whose partials the reduce step sums.
 pub fn best_split(
+    g: &GemmGeometry,
     rows: u32,
     col_blocks: u32,
-    nkb: u32,
-    cost: &mut dyn VertexCost,
-) -> (WorkerSplit, u64) {
-    let mut best: Option<(u64, usize, WorkerSplit)> = None;
-    for cg in 1..=col_blocks.min(6) {
-        for rg in 1..=rows.min(6 / cg) {
-            let split = WorkerSplit {
-                row_groups: ranges(rows, rg),
-                col_groups: ranges(col_blocks, cg),
+    costs: &mut GemmCosts,
+) -> (WorkerSplit, u64, u64) {
+    let mut best: Option<((u64, usize), WorkerSplit, u64, u64)> = None;
+    let workers = ipu_arch::WORKER_CONTEXTS;
+    for cg in 1..=col_blocks.min(workers) {
+        for rg in 1..=rows.min(workers / cg) {
+            let max_kg = if g.acc32 && costs.reduce.is_some() {
+                g.nkb().min(workers / (cg * rg))
+            } else {
+                1
             };
-            let slowest = split
-                .row_groups
-                .iter()
-                .flat_map(|r| split.col_groups.iter().map(move |c| (r, c)))
-                .map(|(r, c)| cost.cycles(r.1 - r.0, c.1 - c.0, nkb))
-                .max()
-                .unwrap_or(0);
-            let key = (slowest, split.vertices());
-            if best.as_ref().is_none_or(|(c, v, _)| key < (*c, *v)) {
-                best = Some((slowest, split.vertices(), split));
+            for kg in 1..=max_kg {
+                let split = WorkerSplit {
+                    row_groups: ranges(rows, rg),
+                    col_groups: ranges(col_blocks, cg),
+                    k_groups: ranges(g.nkb(), kg),
+                };
+                let (gemm, reduce) = costs.split_cycles(g, &split);
+                let key = (gemm + reduce, split.vertices());
+                if best.as_ref().is_none_or(|(k, ..)| key < *k) {
+                    best = Some((key, split, gemm, reduce));
+                }
             }
         }
     }
-    let (cycles, _, split) = best.expect("a shard has at least one row and one column block");
-    (split, cycles)
+    let (_, split, gemm, reduce) = best.expect("a shard has at least one row and one column block");
+    (split, gemm, reduce)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    struct Linear;
-    impl VertexCost for Linear {
-        fn cycles(&mut self, m: u32, ncb: u32, nkb: u32) -> u64 {
-            6 * (14 + ncb as u64 * (9 + nkb as u64 * (4 * m as u64 + 51)))
+    fn costs(acc32: bool) -> GemmCosts {
+        GemmCosts {
+            gemm: FormulaCost::new(if acc32 {
+                "6 * (14 + NCB * (9 + NKB * (8 * M + 55)))".into()
+            } else {
+                "6 * (14 + NCB * (9 + NKB * (4 * M + 51)))".into()
+            }),
+            reduce: acc32
+                .then(|| FormulaCost::new("6 * (8 + ROWS * (3 + QUADS * (2 * P + 7)))".into())),
+        }
+    }
+
+    fn geometry(m: u32, k: u32, n: u32, acc32: bool) -> GemmGeometry {
+        GemmGeometry {
+            m,
+            k,
+            n,
+            acc32,
+            f16_result: true,
         }
     }
 
@@ -242,12 +314,23 @@ mod tests {
 
     #[test]
     fn splits_prefer_balance() {
-        let (s, _) = best_split(33, 2, 3, &mut Linear);
+        let g = geometry(33, 48, 32, false);
+        let (s, _, _) = best_split(&g, 33, 2, &mut costs(false));
         assert_eq!(s.vertices(), 6);
         assert_eq!(s.col_groups.len(), 2);
-        let (s, _) = best_split(100, 12, 3, &mut Linear);
+        let (s, _, _) = best_split(&geometry(100, 48, 192, false), 100, 12, &mut costs(false));
         assert_eq!((s.row_groups.len(), s.col_groups.len()), (1, 6));
-        let (s, _) = best_split(1, 1, 1, &mut Linear);
+        let (s, _, _) = best_split(&geometry(1, 16, 16, false), 1, 1, &mut costs(false));
         assert_eq!(s.vertices(), 1);
+    }
+
+    #[test]
+    fn long_reductions_split_k_over_workers() {
+        // 36 rows, one column block, K = 1152: splitting rows over six
+        // workers reloads every weight block six times; splitting K does not.
+        let g = geometry(36, 1152, 16, true);
+        let (s, gemm, reduce) = best_split(&g, 36, 1, &mut costs(true));
+        assert_eq!((s.row_groups.len(), s.k_groups.len()), (1, 6), "{s:?}");
+        assert!(reduce > 0 && gemm > reduce);
     }
 }

@@ -52,7 +52,8 @@ impl GemmState {
     }
 }
 
-/// Words in the vertex state of `cast_f32_f16` (device/cast_f32_f16.S):
-/// source, source row stride, destination, destination row stride, rows,
-/// groups of four elements per row.
-pub const CAST_STATE_WORDS: usize = 6;
+/// Words in the vertex state of `reduce_f32` (device/reduce_f32.S): source
+/// (partial 0, row 0), bytes between partials, partial count, source row
+/// stride, destination, destination row stride, rows, groups of four
+/// elements per row.
+pub const REDUCE_STATE_WORDS: usize = 8;

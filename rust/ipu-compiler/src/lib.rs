@@ -87,7 +87,8 @@ impl CompileOptions {
 /// products (docs/isa.md), so the error of a long f16 accumulation grows
 /// past the verification tolerance of docs/graph-format.md (for the SigLIP
 /// constant check it drifts like the seed log's 1.0430). f32 accumulation
-/// runs at half the MAC rate and adds a cast step, but rounds once.
+/// runs at half the MAC rate and adds a reduce step (which also sums the
+/// partials when K is split over workers), but rounds to f16 once.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Accumulation {
     /// f16 when K <= [`F16_ACCUMULATION_MAX_K`], else f32.
@@ -138,12 +139,14 @@ fn gemm_kernel(acc32: bool) -> KernelRequest {
     }
 }
 
-/// The f32 -> f16 conversion vertex.
-fn cast_kernel() -> KernelRequest {
+/// The vertex that sums f32 partials into an f16 (or f32) result.
+fn reduce_kernel(f16_result: bool) -> KernelRequest {
     KernelRequest {
-        entry: "cast_f32_f16".into(),
-        source: "cast_f32_f16.S".into(),
-        params: BTreeMap::new(),
+        entry: "reduce_f32".into(),
+        source: "reduce_f32.S".into(),
+        params: [("OUT".to_string(), if f16_result { 16 } else { 32 })]
+            .into_iter()
+            .collect(),
     }
 }
 
@@ -243,14 +246,14 @@ pub fn compile(options: &CompileOptions) -> Result<CompileOutput, CompileError> 
                 k,
                 n: b.shape.dims()[1] as u32,
                 acc32,
-                cast_f16: acc32 && !f32_result,
+                f16_result: !f32_result,
             };
             let request = gemm_kernel(geometry.acc32);
-            let cast_request = geometry.cast_f16.then(cast_kernel);
-            let mut cost = plan::GemmCosts {
+            let cast_request = geometry.acc32.then(|| reduce_kernel(geometry.f16_result));
+            let mut cost = gemm::GemmCosts {
                 gemm: kernel_formula(&mut library, &request, &["M", "NCB", "NKB"])?,
-                cast: match &cast_request {
-                    Some(r) => Some(kernel_formula(&mut library, r, &["ROWS", "QUADS"])?),
+                reduce: match &cast_request {
+                    Some(r) => Some(kernel_formula(&mut library, r, &["ROWS", "QUADS", "P"])?),
                     None => None,
                 },
             };
@@ -338,7 +341,7 @@ pub fn compile(options: &CompileOptions) -> Result<CompileOutput, CompileError> 
                     plan: &report.chosen,
                     map,
                     kernel: request.clone(),
-                    cast_kernel: cast.clone(),
+                    reduce_kernel: cast.clone(),
                     costs,
                 },
             )
@@ -460,8 +463,14 @@ pub fn compile(options: &CompileOptions) -> Result<CompileOutput, CompileError> 
         peak_r0 = peak_r0.max(r0);
         peak_r1 = peak_r1.max(r1);
     }
+    let linked_kernels: std::collections::BTreeSet<KernelRequest> = lowered
+        .buffers
+        .keys()
+        .flat_map(|&t| tile_kernels(t))
+        .collect();
     let kernels_used: Vec<serde_json::Value> = library
         .used()
+        .filter(|k| linked_kernels.contains(&k.request))
         .map(|k| json!({"kernel": k.request.to_string(), "origin": k.origin, "code_bytes": k.metadata.code_bytes, "cycles": k.metadata.cycles}))
         .collect();
     let operations: Vec<&OperationReport> = planned.iter().map(|p| &p.4).collect();

@@ -120,9 +120,9 @@ pub struct PlannedGemm<'a> {
     pub plan: &'a GemmPlan,
     pub map: &'a [ShardOnTile],
     pub kernel: KernelRequest,
-    /// The cast kernel, when the f32-accumulated result is stored as f16.
-    pub cast_kernel: Option<KernelRequest>,
-    pub costs: &'a mut crate::plan::GemmCosts,
+    /// The reduce kernel (f32 accumulation only).
+    pub reduce_kernel: Option<KernelRequest>,
+    pub costs: &'a mut crate::gemm::GemmCosts,
 }
 
 /// Appends `p` to `list`, merging it into the last placement when both the
@@ -162,13 +162,13 @@ pub fn lower(graph: &Graph, tile_count: u32, gemms: &mut [PlannedGemm]) -> Lower
             operation: value.clone(),
             phase: format!("gemm {value}"),
             tiles: BTreeMap::new(),
-            estimated_cycles: pg.plan.estimate.compute_cycles - pg.plan.estimate.cast_cycles,
+            estimated_cycles: pg.plan.estimate.compute_cycles - pg.plan.estimate.reduce_cycles,
         };
-        let mut cast_step = Step {
+        let mut reduce_step = Step {
             operation: value.clone(),
-            phase: format!("cast {value} f32 -> f16"),
+            phase: format!("reduce {value}"),
             tiles: BTreeMap::new(),
-            estimated_cycles: pg.plan.estimate.cast_cycles,
+            estimated_cycles: pg.plan.estimate.reduce_cycles,
         };
         let host_tensor = |id| HostTensor {
             name: graph.value(id).name.clone(),
@@ -180,8 +180,8 @@ pub fn lower(graph: &Graph, tile_count: u32, gemms: &mut [PlannedGemm]) -> Lower
             let (r0, r1) = rows[shard.row_part as usize];
             let (c0, c1) = cols[shard.col_part as usize];
             let (mt, nct) = (r1 - r0, c1 - c0);
-            let (split, _) = best_split(mt, nct, g.nkb(), &mut pg.costs.gemm);
-            let layout = ShardLayout::new(&g, mt, nct, split.row_groups.len() as u32);
+            let (split, _, _) = best_split(&g, mt, nct, pg.costs);
+            let layout = ShardLayout::new(&g, mt, nct, &split);
             let tile_bufs = buffers
                 .get_mut(&shard.tile)
                 .expect("tiles below tile_count");
@@ -238,51 +238,63 @@ pub fn lower(graph: &Graph, tile_count: u32, gemms: &mut [PlannedGemm]) -> Lower
                 "gemm_partials",
             ));
 
-            // K block 0 writes the buffer that, after nkb blocks, holds the result.
-            let (first, second) = if g.nkb() % 2 == 1 { (ic, it) } else { (it, ic) };
             let mut vertices = Vec::new();
-            for (gi, &(lr0, _lr1)) in split.row_groups.iter().enumerate() {
+            for (gi, &(lr0, lr1)) in split.row_groups.iter().enumerate() {
                 for &(cg0, cg1) in &split.col_groups {
-                    let c_off = layout.c_row(gi as u32, lr0) + cg0 * 16 * ob;
-                    let state = vec![
-                        StateWord::Addr {
-                            buffer: ia,
-                            offset: lr0 * layout.rs_a,
-                        },
-                        StateWord::Const(layout.rs_a),
-                        StateWord::Addr {
-                            buffer: ib,
-                            offset: cg0 * 32,
-                        },
-                        StateWord::Const(layout.rs_b),
-                        StateWord::Addr {
-                            buffer: first,
-                            offset: c_off,
-                        },
-                        StateWord::Addr {
-                            buffer: second,
-                            offset: c_off,
-                        },
-                        StateWord::Const(layout.rs_c),
-                        StateWord::Addr {
-                            buffer: second,
-                            offset: 0,
-                        },
-                        StateWord::Const(split.row_groups[gi].1 - lr0),
-                        StateWord::Const(g.nkb()),
-                        StateWord::Const(cg1 - cg0),
-                    ];
-                    vertices.push(Vertex {
-                        kernel: pg.kernel.clone(),
-                        state,
-                    });
+                    for (j, &(kb0, kb1)) in split.k_groups.iter().enumerate() {
+                        // K block 0 of the group writes the buffer that, after
+                        // its nkb blocks, holds the group's result: always `c`.
+                        let (first, second) = if (kb1 - kb0) % 2 == 1 {
+                            (ic, it)
+                        } else {
+                            (it, ic)
+                        };
+                        let c_off = layout.c_row(j as u32, gi as u32, lr0) + cg0 * 16 * ob;
+                        let state = vec![
+                            StateWord::Addr {
+                                buffer: ia,
+                                offset: lr0 * layout.rs_a + kb0 * 32,
+                            },
+                            StateWord::Const(layout.rs_a),
+                            StateWord::Addr {
+                                buffer: ib,
+                                offset: kb0 * 16 * layout.rs_b + cg0 * 32,
+                            },
+                            StateWord::Const(layout.rs_b),
+                            StateWord::Addr {
+                                buffer: first,
+                                offset: c_off,
+                            },
+                            StateWord::Addr {
+                                buffer: second,
+                                offset: c_off,
+                            },
+                            StateWord::Const(layout.rs_c),
+                            StateWord::Addr {
+                                buffer: second,
+                                offset: 0,
+                            },
+                            StateWord::Const(lr1 - lr0),
+                            StateWord::Const(kb1 - kb0),
+                            StateWord::Const(cg1 - cg0),
+                        ];
+                        vertices.push(Vertex {
+                            kernel: pg.kernel.clone(),
+                            state,
+                        });
+                    }
                 }
             }
             step.tiles.insert(shard.tile, vertices);
 
-            // f32 accumulation for an f16 result: convert C into D.
+            // f32 accumulation: sum the K groups' partials (and convert to
+            // f16 for an f16 result) into the compact result buffer `d`.
             let mut result_buffer = (ic, None);
-            if let Some(cast) = &pg.cast_kernel {
+            if g.needs_reduce(split.k_groups.len()) {
+                let reduce = pg
+                    .reduce_kernel
+                    .clone()
+                    .expect("f32 accumulation comes with a reduce kernel");
                 let id = tile_bufs.len();
                 tile_bufs.push(BufferSpec {
                     name: format!("{value}.d"),
@@ -293,20 +305,22 @@ pub fn lower(graph: &Graph, tile_count: u32, gemms: &mut [PlannedGemm]) -> Lower
                     zero: vec![],
                     category: "gemm_result".into(),
                 });
-                let mut casts = Vec::new();
-                for (gi, &(lr0, lr1)) in split.row_groups.iter().enumerate() {
-                    for &(cg0, cg1) in &split.col_groups {
-                        casts.push(Vertex {
-                            kernel: cast.clone(),
+                let mut reduces = Vec::new();
+                for (gi, (lr0, lr1), (cg0, cg1)) in split.reduce_parts() {
+                    {
+                        reduces.push(Vertex {
+                            kernel: reduce.clone(),
                             state: vec![
                                 StateWord::Addr {
                                     buffer: ic,
-                                    offset: layout.c_row(gi as u32, lr0) + cg0 * 64,
+                                    offset: layout.c_row(0, gi as u32, lr0) + cg0 * 64,
                                 },
+                                StateWord::Const(layout.section()),
+                                StateWord::Const(split.k_groups.len() as u32),
                                 StateWord::Const(layout.rs_c),
                                 StateWord::Addr {
                                     buffer: id,
-                                    offset: lr0 * layout.rs_d() + cg0 * 32,
+                                    offset: lr0 * layout.rs_d() + cg0 * 16 * g.result_bytes(),
                                 },
                                 StateWord::Const(layout.rs_d()),
                                 StateWord::Const(lr1 - lr0),
@@ -315,11 +329,11 @@ pub fn lower(graph: &Graph, tile_count: u32, gemms: &mut [PlannedGemm]) -> Lower
                         });
                     }
                 }
-                cast_step.tiles.insert(shard.tile, casts);
+                reduce_step.tiles.insert(shard.tile, reduces);
                 result_buffer = (id, Some(layout.rs_d()));
             }
 
-            // Host placements: A rows, B rows of the tile's columns, C rows.
+            // Host placements: A rows, B rows of the tile's columns, result rows.
             let a_t = (if kind_of(a_id) {
                 &mut params
             } else {
@@ -366,7 +380,7 @@ pub fn lower(graph: &Graph, tile_count: u32, gemms: &mut [PlannedGemm]) -> Lower
                 for r in lr0..lr1 {
                     let (buffer, buffer_offset) = match result_buffer {
                         (id, Some(rs_d)) => (id, r * rs_d),
-                        (id, None) => (id, layout.c_row(gi as u32, r)),
+                        (id, None) => (id, layout.c_row(0, gi as u32, r)),
                     };
                     push_coalesced(
                         &mut c_t.placements,
@@ -382,8 +396,8 @@ pub fn lower(graph: &Graph, tile_count: u32, gemms: &mut [PlannedGemm]) -> Lower
             }
         }
         steps.push(step);
-        if !cast_step.tiles.is_empty() {
-            steps.push(cast_step);
+        if !reduce_step.tiles.is_empty() {
+            steps.push(reduce_step);
         }
     }
     // Tensors in graph order, so that the manifest follows the model.

@@ -8,10 +8,11 @@
 //! plan is the cycles of a "run" call: host writes of the shard operands
 //! (inputs are multicast to every tile of their row part), the host sync,
 //! the slowest tile's compute (the kernel formula for each worker's vertex,
-//! plus the supervisor's launches, and the f32 -> f16 cast when the GEMM
-//! accumulates in f32 for an f16 result) and the host reads of the results.
+//! plus the supervisor's launches, and the reduce step when the GEMM
+//! accumulates in f32) and the host reads of the results. Plans are ranked
+//! by device cycles first: host link cycles are reported, not optimised.
 
-use crate::gemm::{best_split, cast_cycles, ranges, FormulaCost, GemmGeometry, ShardLayout};
+use crate::gemm::{best_split, ranges, GemmCosts, GemmGeometry, ShardLayout};
 use crate::storage;
 use ipu_arch::{host_transfer_cycles, CLOCK_HZ_C600, SYNC_CYCLES};
 
@@ -40,10 +41,11 @@ impl Default for SearchBudget {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
 pub struct Estimate {
     /// Cycles of the slowest tile's compute (vertex formulas + launches),
-    /// the cast step included.
+    /// the reduce step included.
     pub compute_cycles: u64,
-    /// The part of `compute_cycles` spent in the f32 -> f16 cast step.
-    pub cast_cycles: u64,
+    /// The part of `compute_cycles` spent in the reduce step (sum of K-group
+    /// partials and/or f32 -> f16 conversion).
+    pub reduce_cycles: u64,
     /// Host link cycles of the run call's inputs (every placed copy).
     pub host_in_cycles: u64,
     /// Host link cycles of the outputs.
@@ -85,13 +87,6 @@ pub fn supervisor_cycles(vertices: u64) -> u64 {
     6 * (12 + 3 * vertices)
 }
 
-/// The kernels' cost formulas of one GEMM: the product and, when the
-/// result is converted to f16, the cast.
-pub struct GemmCosts {
-    pub gemm: FormulaCost,
-    pub cast: Option<FormulaCost>,
-}
-
 /// Region-0 bytes a plan may use for buffers; the rest is left for code,
 /// vertex states and the command word.
 pub const STANDARD_BUDGET: u64 =
@@ -122,11 +117,11 @@ pub fn evaluate(
     sizes.sort_unstable();
     sizes.dedup();
     for (mt, nct) in sizes {
-        let (split, cycles) = best_split(mt, nct, g.nkb(), &mut costs.gemm);
-        let mut tile = cycles + supervisor_cycles(split.vertices() as u64);
-        let layout = ShardLayout::new(g, mt, nct, split.row_groups.len() as u32);
-        if let Some(cast) = costs.cast.as_mut() {
-            let c = cast_cycles(&split, cast) + supervisor_cycles(split.vertices() as u64);
+        let (split, gemm, reduce) = best_split(g, mt, nct, costs);
+        let mut tile = gemm + supervisor_cycles(split.vertices() as u64);
+        let layout = ShardLayout::new(g, mt, nct, &split);
+        if g.needs_reduce(split.k_groups.len()) {
+            let c = reduce + supervisor_cycles(split.reduce_vertices() as u64);
             tile += c;
             cast_part = cast_part.max(c);
             if layout.d_bytes() as u64 > STANDARD_BUDGET {
@@ -162,7 +157,7 @@ pub fn evaluate(
         col_parts,
         estimate: Estimate {
             compute_cycles: compute,
-            cast_cycles: cast_part,
+            reduce_cycles: cast_part,
             host_in_cycles: host_in,
             host_out_cycles: host_out,
             params_cycles: host_transfer_cycles(param_bytes, CLOCK_HZ_C600),
@@ -174,7 +169,7 @@ pub fn evaluate(
     })
 }
 
-/// All feasible candidates within the budget, Pareto-filtered over (total
+/// All feasible candidates within the budget, Pareto-filtered over (device
 /// cycles, peak bytes), best first, at most `beam_width`.
 pub fn search(
     g: &GemmGeometry,
@@ -196,9 +191,11 @@ pub fn search(
             }
         }
     }
-    // Best first: cycles, then fewer tiles (less host traffic), then memory.
+    // Best first: device cycles (what the machine model's bounds compare),
+    // then host link cycles, fewer tiles, memory.
     let key = |p: &GemmPlan| {
         (
+            p.estimate.compute_cycles,
             p.estimate.total_cycles,
             p.estimate.active_tiles,
             p.estimate.peak_interleaved_bytes,

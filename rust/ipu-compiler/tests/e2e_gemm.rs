@@ -290,3 +290,39 @@ fn errors_name_what_is_wrong() {
     };
     assert!(e.contains("missing.library.json"), "{e}");
 }
+
+/// SigLIP-sized projection (729 x 1152 x 1152) on the whole chip, f32 and f16
+/// accumulation. Slow in debug builds: `cargo test --release -p ipu-compiler
+/// --test e2e_gemm -- --ignored --nocapture`.
+#[test]
+#[ignore]
+fn siglip_projection_figures() {
+    let dir = tempfile::tempdir().unwrap();
+    let cache = tempfile::tempdir().unwrap();
+    let model = write_model(
+        dir.path(),
+        "siglip_q",
+        "model siglip_q\ninput x: f16[729, 1152]\nparam wq: f16[1152, 1152]\nq = gemm(x, wq)\noutput q\n",
+    );
+    for acc in [Accumulation::Auto, Accumulation::F16] {
+        let mut o = options(&model, 1472, cache.path());
+        o.accumulation = acc;
+        let start = std::time::Instant::now();
+        let (ran, _) = run_with(
+            &o,
+            |g| random::gaussian_feeds(g, 3),
+            acc == Accumulation::Auto,
+        );
+        let op = &ran.compile.report["operations"][0]["chosen"];
+        println!(
+            "{acc:?}: plan {}x{} on {} tiles, estimated compute {} (+600 sync), simulated run device {}, compute bound {}, wall {:.1}s",
+            op["row_parts"],
+            op["col_parts"],
+            ran.compile.package.info.tile_count,
+            ran.compile.estimated_compute_cycles,
+            ran.run_device_cycles,
+            ran.compile.package.info.report_summary["compute_bound_cycles"],
+            start.elapsed().as_secs_f64()
+        );
+    }
+}

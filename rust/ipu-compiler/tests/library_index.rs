@@ -43,7 +43,13 @@ fn compiles_from_a_bazel_kernel_library_index() {
     let entries = vec![
         assemble(dir.path(), "gemm_f16", "gemm_f16.S", &[]),
         assemble(dir.path(), "gemm_f16_acc32", "gemm_f16.S", &[("ACC", 32)]),
-        assemble(dir.path(), "cast_f32_f16", "cast_f32_f16.S", &[]),
+        assemble(dir.path(), "reduce_f32", "reduce_f32.S", &[]),
+        assemble(
+            dir.path(),
+            "reduce_f32_out32",
+            "reduce_f32.S",
+            &[("OUT", 32)],
+        ),
     ];
     let index = dir.path().join("kernels.library.json");
     std::fs::write(
