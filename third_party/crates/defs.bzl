@@ -318,6 +318,12 @@ _NORMAL_DEPENDENCIES = {
             "tracing": Label("//:tracing-0.1.44"),
         },
     },
+    "rust/ipu-exchange": {
+        _COMMON_CONDITION: {
+            "rayon": Label("//:rayon-1.12.0"),
+            "tracing": Label("//:tracing-0.1.44"),
+        },
+    },
     "rust/ipu-graph": {
         _COMMON_CONDITION: {
             "serde": Label("//:serde-1.0.229"),
@@ -390,6 +396,10 @@ _NORMAL_ALIASES = {
         _COMMON_CONDITION: {
         },
     },
+    "rust/ipu-exchange": {
+        _COMMON_CONDITION: {
+        },
+    },
     "rust/ipu-graph": {
         _COMMON_CONDITION: {
         },
@@ -441,8 +451,12 @@ _NORMAL_DEV_DEPENDENCIES = {
     "rust/ipu-compiler": {
         _COMMON_CONDITION: {
             "expect-test": Label("//:expect-test-1.5.1"),
-            "half": Label("//:half-2.7.1"),
             "tempfile": Label("//:tempfile-3.27.0"),
+        },
+    },
+    "rust/ipu-exchange": {
+        _COMMON_CONDITION: {
+            "expect-test": Label("//:expect-test-1.5.1"),
         },
     },
     "rust/ipu-graph": {
@@ -510,6 +524,10 @@ _NORMAL_DEV_ALIASES = {
         _COMMON_CONDITION: {
         },
     },
+    "rust/ipu-exchange": {
+        _COMMON_CONDITION: {
+        },
+    },
     "rust/ipu-graph": {
         _COMMON_CONDITION: {
         },
@@ -558,6 +576,8 @@ _PROC_MACRO_DEPENDENCIES = {
     },
     "rust/ipu-compiler": {
     },
+    "rust/ipu-exchange": {
+    },
     "rust/ipu-graph": {
     },
     "rust/ipu-isa": {
@@ -588,6 +608,8 @@ _PROC_MACRO_ALIASES = {
     },
     "rust/ipu-compiler": {
     },
+    "rust/ipu-exchange": {
+    },
     "rust/ipu-graph": {
     },
     "rust/ipu-isa": {
@@ -617,6 +639,8 @@ _PROC_MACRO_DEV_DEPENDENCIES = {
     "rust/ipu-cli": {
     },
     "rust/ipu-compiler": {
+    },
+    "rust/ipu-exchange": {
     },
     "rust/ipu-graph": {
     },
@@ -649,6 +673,10 @@ _PROC_MACRO_DEV_ALIASES = {
     "rust/ipu-cli": {
     },
     "rust/ipu-compiler": {
+        _COMMON_CONDITION: {
+        },
+    },
+    "rust/ipu-exchange": {
         _COMMON_CONDITION: {
         },
     },
@@ -700,6 +728,8 @@ _BUILD_DEPENDENCIES = {
     },
     "rust/ipu-compiler": {
     },
+    "rust/ipu-exchange": {
+    },
     "rust/ipu-graph": {
     },
     "rust/ipu-isa": {
@@ -729,6 +759,8 @@ _BUILD_ALIASES = {
     "rust/ipu-cli": {
     },
     "rust/ipu-compiler": {
+    },
+    "rust/ipu-exchange": {
     },
     "rust/ipu-graph": {
     },
@@ -760,6 +792,8 @@ _BUILD_PROC_MACRO_DEPENDENCIES = {
     },
     "rust/ipu-compiler": {
     },
+    "rust/ipu-exchange": {
+    },
     "rust/ipu-graph": {
     },
     "rust/ipu-isa": {
@@ -789,6 +823,8 @@ _BUILD_PROC_MACRO_ALIASES = {
     "rust/ipu-cli": {
     },
     "rust/ipu-compiler": {
+    },
+    "rust/ipu-exchange": {
     },
     "rust/ipu-graph": {
     },

@@ -33,12 +33,27 @@ pub fn run(command: ObjectCommand) -> Result<(), String> {
 fn describe_image(image: &ipu_object::TileImage) -> String {
     use std::fmt::Write;
     let mut out = String::new();
-    let _ = writeln!(out, "tile image: entry 0x{:05X}, {} bytes loaded", image.entry, image.loaded_bytes());
+    let _ = writeln!(
+        out,
+        "tile image: entry 0x{:05X}, {} bytes loaded",
+        image.entry,
+        image.loaded_bytes()
+    );
     for s in &image.segments {
-        let _ = writeln!(out, "segment 0x{:05X}..0x{:05X} ({} bytes)", s.address, s.address as u64 + s.bytes.len() as u64, s.bytes.len());
+        let _ = writeln!(
+            out,
+            "segment 0x{:05X}..0x{:05X} ({} bytes)",
+            s.address,
+            s.address as u64 + s.bytes.len() as u64,
+            s.bytes.len()
+        );
     }
     for (name, sym) in &image.symbols {
-        let _ = writeln!(out, "symbol {name} = 0x{:05X} size {} {:?}", sym.address, sym.size, sym.kind);
+        let _ = writeln!(
+            out,
+            "symbol {name} = 0x{:05X} size {} {:?}",
+            sym.address, sym.size, sym.kind
+        );
     }
     for s in &image.segments {
         if ipu_arch::Region::of(s.address) == Some(ipu_arch::Region::Standard) {

@@ -18,7 +18,11 @@ pub struct SimArgs {
 
 pub fn run(args: SimArgs) -> Result<(), String> {
     if args.tiles == 0 || args.tiles > ipu_arch::TILES_PER_CHIP {
-        return Err(format!("--tiles {} is outside 1..={}", args.tiles, ipu_arch::TILES_PER_CHIP));
+        return Err(format!(
+            "--tiles {} is outside 1..={}",
+            args.tiles,
+            ipu_arch::TILES_PER_CHIP
+        ));
     }
     let bytes = std::fs::read(&args.image).map_err(|e| format!("{}: {e}", args.image.display()))?;
     let image = ipu_object::TileImage::from_bytes(&bytes)
@@ -29,14 +33,21 @@ pub fn run(args: SimArgs) -> Result<(), String> {
         ..Default::default()
     });
     let symbols: Arc<ipu_sim::SymbolMap> = Arc::new(
-        image.symbols.iter().map(|(name, s)| (s.address, name.clone())).collect(),
+        image
+            .symbols
+            .iter()
+            .map(|(name, s)| (s.address, name.clone()))
+            .collect(),
     );
     for tile in 0..args.tiles {
         for segment in &image.segments {
-            chip.write(tile, segment.address, &segment.bytes).map_err(|e| e.to_string())?;
+            chip.write(tile, segment.address, &segment.bytes)
+                .map_err(|e| e.to_string())?;
         }
-        chip.set_entry(tile, image.entry).map_err(|e| e.to_string())?;
-        chip.set_symbols(tile, symbols.clone()).map_err(|e| e.to_string())?;
+        chip.set_entry(tile, image.entry)
+            .map_err(|e| e.to_string())?;
+        chip.set_symbols(tile, symbols.clone())
+            .map_err(|e| e.to_string())?;
     }
     // A raw image has no host: every host sync simply resumes.
     loop {
@@ -46,7 +57,12 @@ pub fn run(args: SimArgs) -> Result<(), String> {
         }
     }
     for (i, step) in chip.steps().iter().enumerate() {
-        let busiest = step.tiles.iter().map(|t| t.compute_cycles).max().unwrap_or(0);
+        let busiest = step
+            .tiles
+            .iter()
+            .map(|t| t.compute_cycles)
+            .max()
+            .unwrap_or(0);
         let bundles: u64 = step.tiles.iter().map(|t| t.bundles).sum();
         println!(
             "step {i}: {:?} cycles {}..{} compute(max tile) {busiest} bundles {bundles}",

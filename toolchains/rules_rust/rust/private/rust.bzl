@@ -21,6 +21,21 @@ def _crate_root(ctx, default_names):
         for f in srcs:
             if f.basename == name:
                 return f
+
+    # Integration tests are often named after their file with a prefix
+    # (`ipu-sim-amp` for tests/amp.rs) and share helper modules (common/mod.rs).
+    named = [
+        f
+        for f in srcs
+        if ctx.label.name == f.basename[:-3] or
+           ctx.label.name.endswith("-" + f.basename[:-3]) or
+           ctx.label.name.endswith("_" + f.basename[:-3])
+    ]
+    if len(named) == 1:
+        return named[0]
+    not_modules = [f for f in srcs if f.basename != "mod.rs"]
+    if len(not_modules) == 1:
+        return not_modules[0]
     fail("%s: cannot tell the crate root among srcs; set crate_root" % ctx.label)
 
 def _data_runfiles(ctx, crates):

@@ -1,0 +1,96 @@
+//! `ipu compile MODEL -o PKG`: the graph compiler's front end.
+
+use ipu_compiler::{Accumulation, CompileOptions, KernelSource, SearchBudget};
+use std::path::PathBuf;
+
+#[derive(clap::Args)]
+pub struct CompileArgs {
+    /// The model (.ipug).
+    model: PathBuf,
+    /// Where to write the package.
+    #[arg(short = 'o', long = "output")]
+    output: PathBuf,
+    /// Tiles the package may use.
+    #[arg(long, default_value_t = ipu_arch::TILES_PER_CHIP)]
+    tiles: u32,
+    /// A kernel library index written by Bazel's ipu_kernel_library. Without
+    /// it, kernels are assembled from --device-dir through the kernel cache.
+    #[arg(long)]
+    kernel_library: Option<PathBuf>,
+    /// Kernel sources, used when no --kernel-library is given.
+    #[arg(long, default_value = "device")]
+    device_dir: PathBuf,
+    /// Also write the compile report (JSON) here.
+    #[arg(long)]
+    report: Option<PathBuf>,
+    /// Planner options as KEY=VALUE: beam_width, finalists, max_candidates,
+    /// accumulation (auto, f16, f32).
+    #[arg(long = "option", value_name = "KEY=VALUE")]
+    options: Vec<String>,
+}
+
+pub fn run(args: CompileArgs) -> Result<(), String> {
+    let kernels = match args.kernel_library {
+        Some(index) => KernelSource::Index(index),
+        None => KernelSource::Sources {
+            device_dir: args.device_dir,
+            cache_dir: None,
+        },
+    };
+    let mut options = CompileOptions::new(&args.model, args.tiles, kernels);
+    options.output = Some(args.output.clone());
+    apply_options(
+        &mut options.search,
+        &mut options.accumulation,
+        &args.options,
+    )?;
+    let output = ipu_compiler::compile(&options).map_err(|e| e.to_string())?;
+    if let Some(path) = &args.report {
+        let text = serde_json::to_string_pretty(&output.report).map_err(|e| e.to_string())? + "\n";
+        ipu_object::write_atomic(path, text.as_bytes())
+            .map_err(|e| format!("{}: cannot write: {e}", path.display()))?;
+    }
+    tracing::info!(
+        package = %args.output.display(),
+        estimated_run_cycles = output.estimated_run_cycles,
+        estimated_compute_cycles = output.estimated_compute_cycles,
+        "package written"
+    );
+    Ok(())
+}
+
+fn apply_options(
+    search: &mut SearchBudget,
+    accumulation: &mut Accumulation,
+    options: &[String],
+) -> Result<(), String> {
+    for option in options {
+        let (key, value) = option
+            .split_once('=')
+            .ok_or_else(|| format!("--option {option:?}: expected KEY=VALUE"))?;
+        let number = || -> Result<usize, String> {
+            value
+                .parse()
+                .map_err(|_| format!("--option {key}: {value:?} is not a whole number"))
+        };
+        match key {
+            "beam_width" => search.beam_width = number()?,
+            "finalists" => search.finalists = number()?,
+            "max_candidates" => search.max_candidates = number()?,
+            "accumulation" => {
+                *accumulation = match value {
+                    "auto" => Accumulation::Auto,
+                    "f16" => Accumulation::F16,
+                    "f32" => Accumulation::F32,
+                    _ => return Err(format!("--option accumulation={value}: expected auto, f16 or f32")),
+                }
+            }
+            _ => {
+                return Err(format!(
+                    "unknown --option {key:?}: known options are beam_width, finalists, max_candidates, accumulation"
+                ))
+            }
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,193 @@
+//! `ipu run`, `ipu verify` and `ipu profile`: packages on a device.
+
+use ipu_runtime::profile::{GroupBy, Profile};
+use ipu_runtime::verify::VerifyOptions;
+use ipu_runtime::{DeviceOptions, DeviceSpec, FeedSpec, Generate, RunOptions};
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+
+#[derive(Clone, Copy, Debug, clap::ValueEnum)]
+pub enum DeviceChoice {
+    /// The simulator.
+    Sim,
+    /// IPU hardware (/dev/ipuN).
+    Hw,
+}
+
+#[derive(Clone, Copy, Debug, clap::ValueEnum)]
+pub enum Inputs {
+    /// Seeded Gaussian inputs (weights scaled by 1/fan_in).
+    Gaussian,
+    /// The seed's constant check: inputs all ones, weights 1/fan_in.
+    Constant,
+}
+
+#[derive(clap::Args)]
+pub struct DeviceArgs {
+    /// Which device runs the package.
+    #[arg(long, value_enum, default_value_t = DeviceChoice::Sim)]
+    device: DeviceChoice,
+    /// With --device hw: use the simulator when no IPU is present (and say so).
+    #[arg(long)]
+    fallback_sim: bool,
+    /// Hardware device index.
+    #[arg(long, default_value_t = 0)]
+    device_index: u32,
+    /// Seconds to wait for ownership of a busy device.
+    #[arg(long, default_value_t = 600)]
+    lock_timeout: u64,
+    /// Input tensors from .npy files: NAME=FILE (others are generated).
+    #[arg(long = "input", value_name = "NAME=FILE")]
+    inputs: Vec<String>,
+    /// How to generate inputs not given as files.
+    #[arg(long, value_enum, default_value_t = Inputs::Gaussian)]
+    generate: Inputs,
+    /// Seed of generated Gaussian inputs.
+    #[arg(long, default_value_t = 0)]
+    seed: u64,
+    /// Write an execution profile here.
+    #[arg(long)]
+    profile: Option<PathBuf>,
+}
+
+impl DeviceArgs {
+    fn run_options(&self, package_tiles: u32) -> Result<RunOptions, String> {
+        let spec = match (self.device, self.fallback_sim) {
+            (DeviceChoice::Sim, _) => DeviceSpec::Simulator {
+                tiles: package_tiles,
+            },
+            (DeviceChoice::Hw, false) => DeviceSpec::Hardware {
+                index: self.device_index,
+            },
+            (DeviceChoice::Hw, true) => DeviceSpec::HardwareOrSimulator {
+                index: self.device_index,
+            },
+        };
+        let mut files = BTreeMap::new();
+        for input in &self.inputs {
+            let (name, file) = input
+                .split_once('=')
+                .ok_or_else(|| format!("--input {input:?}: expected NAME=FILE"))?;
+            files.insert(name.to_string(), PathBuf::from(file));
+        }
+        let generate = match self.generate {
+            Inputs::Gaussian => Generate::Gaussian { seed: self.seed },
+            Inputs::Constant => Generate::Constant,
+        };
+        Ok(RunOptions {
+            device: DeviceOptions {
+                spec,
+                lock_timeout: std::time::Duration::from_secs(self.lock_timeout),
+                ..DeviceOptions::default()
+            },
+            feeds: FeedSpec { files, generate },
+            calls: Vec::new(),
+            profile: self.profile.clone(),
+        })
+    }
+}
+
+#[derive(clap::Args)]
+pub struct RunArgs {
+    /// The package (.ipupkg).
+    package: PathBuf,
+    #[command(flatten)]
+    device: DeviceArgs,
+    /// Write every output as NAME.npy here.
+    #[arg(long)]
+    output_dir: Option<PathBuf>,
+}
+
+#[derive(clap::Args)]
+pub struct VerifyArgs {
+    /// The package (.ipupkg).
+    package: PathBuf,
+    #[command(flatten)]
+    device: DeviceArgs,
+    /// Do not re-run with checkpoints to locate a failure.
+    #[arg(long)]
+    no_diagnose: bool,
+}
+
+#[derive(clap::Subcommand)]
+pub enum ProfileCommand {
+    /// Group a profile's cycles and print the top rows.
+    Query {
+        /// The profile (.ipuprofile) written by `ipu run --profile`.
+        profile: PathBuf,
+        /// Group by kernel, operation, phase, call, step or tile.
+        #[arg(long, default_value = "phase")]
+        by: String,
+        /// Show only the largest N rows.
+        #[arg(long)]
+        top: Option<usize>,
+    },
+}
+
+fn package_tiles(path: &std::path::Path) -> Result<u32, String> {
+    let package = ipu_runtime::read_package(path).map_err(|e| e.to_string())?;
+    Ok(package.info.tile_count)
+}
+
+pub fn run(args: RunArgs) -> Result<(), String> {
+    let options = args.device.run_options(package_tiles(&args.package)?)?;
+    let report = ipu_runtime::run(&args.package, &options).map_err(|e| e.to_string())?;
+    for c in &report.calls {
+        println!(
+            "call {}: device cycles {} host in {} host out {}",
+            c.call, c.device_cycles, c.host_in_cycles, c.host_out_cycles
+        );
+    }
+    if let Some(dir) = &args.output_dir {
+        std::fs::create_dir_all(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+        for outputs in report.outputs.values() {
+            for (name, tensor) in outputs {
+                let path = dir.join(format!("{name}.npy"));
+                ipu_reference::npy::write_file(&path, tensor)?;
+                println!("wrote {}", path.display());
+            }
+        }
+    }
+    Ok(())
+}
+
+pub fn verify(args: VerifyArgs) -> Result<(), String> {
+    let run = args.device.run_options(package_tiles(&args.package)?)?;
+    let options = VerifyOptions {
+        run,
+        diagnose: !args.no_diagnose,
+    };
+    let report = ipu_runtime::verify::verify(&args.package, &options).map_err(|e| e.to_string())?;
+    println!("{report}");
+    if report.passed() {
+        Ok(())
+    } else {
+        Err(format!(
+            "{}: numerical verification failed",
+            args.package.display()
+        ))
+    }
+}
+
+pub fn profile(command: ProfileCommand) -> Result<(), String> {
+    match command {
+        ProfileCommand::Query { profile, by, top } => {
+            let by = match by.as_str() {
+                "kernel" => GroupBy::Kernel,
+                "operation" => GroupBy::Operation,
+                "phase" => GroupBy::Phase,
+                "call" => GroupBy::Call,
+                "step" => GroupBy::Step,
+                "tile" => GroupBy::Tile,
+                other => {
+                    return Err(format!(
+                        "--by {other:?}: expected kernel, operation, phase, call, step or tile"
+                    ))
+                }
+            };
+            let profile = Profile::read(&profile).map_err(|e| e.to_string())?;
+            print!("{}", ipu_runtime::profile::render(&profile.query(by, top)));
+            Ok(())
+        }
+    }
+}
