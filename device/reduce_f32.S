@@ -3,6 +3,15 @@
 # over workers (each worker accumulates its own f32 partial) or, with P = 1,
 # the f32 -> f16 conversion of an f32-accumulated GEMM with an f16 result.
 #
+# Epilogues (EPI, OUT=16 only), fused so that the GEMM's consumers never
+# need a pass of their own; each intermediate is rounded to f16 where the
+# graph stores it (docs/graph-format.md), the arithmetic runs in f32:
+#   EPI=0  y = f16(sum)
+#   EPI=1  y = f16(f16(sum) + bias[col])
+#   EPI=2  y = f16(gelu(f16(f16(sum) + bias[col])))
+#   EPI=3  y = f16(gelu(f16(sum)))
+# gelu(x) = 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))).
+#
 # Vertex state (u32 words, byte offsets):
 #    0 SRC      address of row 0, column 0 of partial 0 (region 1, 16-aligned)
 #    4 SECTION  bytes from one partial to the next (multiple of 16)
@@ -12,19 +21,29 @@
 #   20 RS_DST   result row stride in bytes (multiple of 8)
 #   24 ROWS     rows (>= 1)
 #   28 QUADS    groups of 4 elements per row (>= 1)
+#   32 BIAS     address of the f16 bias of column 0 (8-aligned; EPI 1 and 2)
 #
 # Sums run in f32 in partial order (p = 0, 1, ...), one rounding per add,
 # then one conversion: each group of four costs about 2P + 7 bundles.
 
         .kernel reduce_f32
         .param OUT, 16
+        .param EPI, 0
         .workers 6
-        .if OUT == 16
-        .cycles "6 * (8 + ROWS * (3 + QUADS * (2 * P + 7)))"
-        .elseif OUT == 32
-        .cycles "6 * (8 + ROWS * (3 + QUADS * (2 * P + 7)))"
-        .else
+        .if OUT != 16 && OUT != 32
         .error "OUT must be 16 (f16 result) or 32 (f32 result)"
+        .endif
+        .if EPI < 0 || EPI > 3 || (EPI != 0 && OUT != 16)
+        .error "EPI must be 0..3, and epilogues need OUT=16"
+        .endif
+        .if EPI == 0
+        .cycles "6 * (8 + ROWS * (3 + QUADS * (2 * P + 7)))"
+        .elseif EPI == 1
+        .cycles "6 * (8 + ROWS * (4 + QUADS * (2 * P + 16)))"
+        .elseif EPI == 2
+        .cycles "6 * (8 + ROWS * (4 + QUADS * (2 * P + 40)))"
+        .else
+        .cycles "6 * (8 + ROWS * (4 + QUADS * (2 * P + 32)))"
         .endif
 
         .equ ST_SRC, 0
@@ -35,6 +54,21 @@
         .equ ST_RS_DST, 20
         .equ ST_ROWS, 24
         .equ ST_QUADS, 28
+        .equ ST_BIAS, 32
+
+# GELU of the f32 pair \x in place; temporaries $a0:3 and $a12:13, the
+# constant pairs at $m0 (c1, sqrt(2/pi), 1, 0.5).
+        .macro GELU x
+        { ld64 $a12:13, [$m0 + 0] ; f32v2mul $a0:1, \x, \x }
+        f32v2mul $a0:1, $a0:1, \x
+        mov64 $a2:3, \x
+        { ld64 $a12:13, [$m0 + 8] ; f32v2mac $a2:3, $a0:1, $a12:13 }
+        f32v2mul $a2:3, $a2:3, $a12:13
+        { ld64 $a12:13, [$m0 + 16] ; f32v2tanh $a2:3, $a2:3 }
+        f32v2add $a2:3, $a2:3, $a12:13
+        { ld64 $a12:13, [$m0 + 24] ; f32v2mul $a2:3, $a2:3, \x }
+        f32v2mul \x, $a2:3, $a12:13
+        .endm
 
 # $m2 partial walk, $m3 result walk, $m4 rows left, $m5 quads left in the
 # row, $m6 source row start, $m7 result row start, $m8 SECTION, $m9 P - 1,
@@ -55,10 +89,20 @@ reduce_f32:
         add $m4, $m4, -1
         ld32 $m10, [$m0 + ST_QUADS]
         add $m10, $m10, -1
+        .if EPI == 1 || EPI == 2
+        ld32 $m1, [$m0 + ST_BIAS]
+        .endif
+        .if EPI >= 2
+        # The state is read; $m0 now points at the GELU constants.
+        setzi $m0, gelu_constants
+        .endif
 row:
         mov $m13, $m6
         mov $m3, $m7
         mov $m5, $m10
+        .if EPI == 1 || EPI == 2
+        mov $m14, $m1
+        .endif
 quad:
         mov $m2, $m13
         ld128 $a4:7, [$m2]+=$m8
@@ -69,7 +113,26 @@ quad:
         f32v2add $a6:7, $a6:7, $a2:3
         .if OUT == 16
         { add $m13, $m13, 16 ; f32v2tof16 $a8, $a4:5 }
-        { nop ; f32v2tof16 $a9, $a6:7 }
+        f32v2tof16 $a9, $a6:7
+        .if EPI == 1 || EPI == 2
+        # + bias, rounded to f16 where the graph stores the sum.
+        { ld64 $a10:11, [$m14]+=8 ; f16v2tof32 $a4:5, $a8 }
+        f16v2tof32 $a6:7, $a9
+        f16v2tof32 $a0:1, $a10
+        f16v2tof32 $a2:3, $a11
+        f32v2add $a4:5, $a4:5, $a0:1
+        f32v2add $a6:7, $a6:7, $a2:3
+        f32v2tof16 $a8, $a4:5
+        f32v2tof16 $a9, $a6:7
+        .endif
+        .if EPI >= 2
+        f16v2tof32 $a4:5, $a8
+        f16v2tof32 $a6:7, $a9
+        GELU $a4:5
+        GELU $a6:7
+        f32v2tof16 $a8, $a4:5
+        f32v2tof16 $a9, $a6:7
+        .endif
         { st64 $a8:9, [$m3]+=8 ; mov64 $a2:3, $a14:15 }
         .else
         { st64 $a4:5, [$m3]+=8 ; mov64 $a2:3, $a14:15 }
@@ -81,3 +144,13 @@ quad:
         add $m7, $m7, $m12
         brnzdec $m4, row
         exit
+
+        .if EPI >= 2
+        .data
+        .align 8
+gelu_constants:
+        .float 0.044715, 0.044715
+        .float 0.7978845608028654, 0.7978845608028654
+        .float 1.0, 1.0
+        .float 0.5, 0.5
+        .endif
