@@ -98,6 +98,18 @@ _ipu_verify_test = rule(
     test = True,
 )
 
+ipu_verify = rule(
+    implementation = _ipu_verify_test_impl,
+    attrs = {
+        "package": attr.label(providers = [IpuPackageInfo], mandatory = True),
+        "device": attr.string(values = ["sim", "hw"], default = "hw"),
+        "verify_args": attr.string_list(default = ["--fallback-sim"]),
+        "_ipu": attr.label(default = "//rust/ipu-cli:ipu", executable = True, cfg = "target"),
+    },
+    executable = True,
+    doc = "`bazel run` target: runs a package on the IPU (or the simulator when none is present) and verifies it.",
+)
+
 def ipu_test(name, package, verify_args = [], size = "medium", tags = [], **kwargs):
     """Emits `<name>_sim` (tags: ipu-sim), `<name>_hw` (tags: ipu, requires-ipu;
     never cached; falls back to the simulator and says so when no IPU is
