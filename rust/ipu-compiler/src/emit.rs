@@ -57,7 +57,7 @@ pub fn tile_program(l: &Lowered, tile: u32, storage: &TileStorage) -> String {
                 let _ = writeln!(
                     s,
                     "        setzi $m4, {}\n        setzi $m5, {label}\n        run $m4, $m5",
-                    v.kernel.entry
+                    v.kernel.symbol()
                 );
                 let words: Vec<String> = v
                     .state

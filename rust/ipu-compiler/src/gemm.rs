@@ -210,6 +210,32 @@ impl FormulaCost {
 pub struct GemmCosts {
     pub gemm: FormulaCost,
     pub reduce: Option<FormulaCost>,
+    /// Region-1 bytes this GEMM's buffers may use on a tile.
+    pub memory_budget: u64,
+    /// Whether the A operand is a buffer of this GEMM (a host operand)
+    /// rather than the result of an earlier GEMM on the same tile.
+    pub owns_a: bool,
+    /// Whether the result feeds a later GEMM (and lives in region 1).
+    pub feeds_gemm: bool,
+}
+
+impl GemmCosts {
+    /// Region-1 bytes of a shard's buffers as `place_storage` allocates them,
+    /// or `None` when they cannot fit region 1 at all.
+    pub fn region1_bytes(&self, layout: &ShardLayout) -> Option<u64> {
+        let mut bufs = vec![
+            (layout.c_bytes(), true),
+            (layout.c_bytes(), true),
+            (layout.b_bytes(), false),
+        ];
+        if self.owns_a {
+            bufs.push((layout.a_bytes(), true));
+        }
+        if self.feeds_gemm {
+            bufs.push((layout.d_bytes() + 2 * layout.rs_d(), true));
+        }
+        crate::storage::region1_footprint(&bufs)
+    }
 }
 
 impl GemmCosts {
@@ -245,14 +271,15 @@ impl GemmCosts {
 
 /// The worker split of a `rows` x `col_blocks` shard with the fewest
 /// estimated cycles (slowest GEMM vertex + slowest reduce vertex), ties
-/// broken by fewer vertices. K groups (split-K over workers) are tried only
-/// with f32 accumulation, whose partials the reduce step sums.
+/// broken by fewer vertices, among the splits whose buffers fit the memory
+/// budget (`None` if none does). K groups (split-K over workers) are tried
+/// only with f32 accumulation, whose partials the reduce step sums.
 pub fn best_split(
     g: &GemmGeometry,
     rows: u32,
     col_blocks: u32,
     costs: &mut GemmCosts,
-) -> (WorkerSplit, u64, u64) {
+) -> Option<(WorkerSplit, u64, u64)> {
     let mut best: Option<((u64, usize), WorkerSplit, u64, u64)> = None;
     let workers = ipu_arch::WORKER_CONTEXTS;
     for cg in 1..=col_blocks.min(workers) {
@@ -268,6 +295,13 @@ pub fn best_split(
                     col_groups: ranges(col_blocks, cg),
                     k_groups: ranges(g.nkb(), kg),
                 };
+                let layout = ShardLayout::new(g, rows, col_blocks, &split);
+                if costs
+                    .region1_bytes(&layout)
+                    .is_none_or(|b| b > costs.memory_budget)
+                {
+                    continue;
+                }
                 let (gemm, reduce) = costs.split_cycles(g, &split);
                 let key = (gemm + reduce, split.vertices());
                 if best.as_ref().is_none_or(|(k, ..)| key < *k) {
@@ -276,8 +310,7 @@ pub fn best_split(
             }
         }
     }
-    let (_, split, gemm, reduce) = best.expect("a shard has at least one row and one column block");
-    (split, gemm, reduce)
+    best.map(|(_, split, gemm, reduce)| (split, gemm, reduce))
 }
 
 #[cfg(test)]
@@ -293,6 +326,9 @@ mod tests {
             }),
             reduce: acc32
                 .then(|| FormulaCost::new("6 * (8 + ROWS * (3 + QUADS * (2 * P + 7)))".into())),
+            memory_budget: 416 * 1024,
+            owns_a: true,
+            feeds_gemm: false,
         }
     }
 
@@ -315,12 +351,13 @@ mod tests {
     #[test]
     fn splits_prefer_balance() {
         let g = geometry(33, 48, 32, false);
-        let (s, _, _) = best_split(&g, 33, 2, &mut costs(false));
+        let (s, _, _) = best_split(&g, 33, 2, &mut costs(false)).unwrap();
         assert_eq!(s.vertices(), 6);
         assert_eq!(s.col_groups.len(), 2);
-        let (s, _, _) = best_split(&geometry(100, 48, 192, false), 100, 12, &mut costs(false));
+        let (s, _, _) =
+            best_split(&geometry(100, 48, 192, false), 100, 12, &mut costs(false)).unwrap();
         assert_eq!((s.row_groups.len(), s.col_groups.len()), (1, 6));
-        let (s, _, _) = best_split(&geometry(1, 16, 16, false), 1, 1, &mut costs(false));
+        let (s, _, _) = best_split(&geometry(1, 16, 16, false), 1, 1, &mut costs(false)).unwrap();
         assert_eq!(s.vertices(), 1);
     }
 
@@ -329,7 +366,7 @@ mod tests {
         // 36 rows, one column block, K = 1152: splitting rows over six
         // workers reloads every weight block six times; splitting K does not.
         let g = geometry(36, 1152, 16, true);
-        let (s, gemm, reduce) = best_split(&g, 36, 1, &mut costs(true));
+        let (s, gemm, reduce) = best_split(&g, 36, 1, &mut costs(true)).unwrap();
         assert_eq!((s.row_groups.len(), s.k_groups.len()), (1, 6), "{s:?}");
         assert!(reduce > 0 && gemm > reduce);
     }

@@ -55,5 +55,5 @@ impl GemmState {
 /// Words in the vertex state of `reduce_f32` (device/reduce_f32.S): source
 /// (partial 0, row 0), bytes between partials, partial count, source row
 /// stride, destination, destination row stride, rows, groups of four
-/// elements per row.
-pub const REDUCE_STATE_WORDS: usize = 8;
+/// elements per row, bias address (epilogues 1 and 2).
+pub const REDUCE_STATE_WORDS: usize = 9;

@@ -27,6 +27,7 @@
 pub mod emit;
 pub mod error;
 pub mod formula;
+pub mod fuse;
 pub mod gemm;
 pub mod kernels;
 pub mod library;
@@ -140,13 +141,16 @@ fn gemm_kernel(acc32: bool) -> KernelRequest {
 }
 
 /// The vertex that sums f32 partials into an f16 (or f32) result.
-fn reduce_kernel(f16_result: bool) -> KernelRequest {
+fn reduce_kernel(f16_result: bool, epilogue: i64) -> KernelRequest {
     KernelRequest {
         entry: "reduce_f32".into(),
         source: "reduce_f32.S".into(),
-        params: [("OUT".to_string(), if f16_result { 16 } else { 32 })]
-            .into_iter()
-            .collect(),
+        params: [
+            ("EPI".to_string(), epilogue),
+            ("OUT".to_string(), if f16_result { 16 } else { 32 }),
+        ]
+        .into_iter()
+        .collect(),
     }
 }
 
@@ -222,20 +226,30 @@ pub fn compile(options: &CompileOptions) -> Result<CompileOutput, CompileError> 
     let mut library = KernelLibrary::open(&options.kernels)?;
 
     // Plan every GEMM; each gets an equal share of region 1 so that all fit.
-    let gemm_nodes: Vec<_> = (0..graph.nodes().len() as u32)
-        .map(ipu_graph::NodeId)
-        .collect();
+    let mut operation_reports: Vec<OperationReport> = Vec::new();
+    let groups = phase("fuse", || fuse::fuse(graph))?;
+    // A chain (a GEMM reading an earlier group's result) is planned jointly:
+    // one row partition, whole rows per tile, so no data crosses tiles.
+    let chained = groups.iter().any(|g| matches!(g.a, fuse::Source::Group(_)));
     let share =
-        (ipu_arch::REGION1_END - ipu_arch::REGION1_BASE) as u64 / gemm_nodes.len().max(1) as u64;
+        (ipu_arch::REGION1_END - ipu_arch::REGION1_BASE) as u64 / groups.len().max(1) as u64;
     let mut planned = Vec::new();
     phase("plan", || {
-        for &id in &gemm_nodes {
-            let node = graph.node(id);
+        for group in &groups {
+            let node = graph.node(group.gemm);
             let (a, b) = (graph.ty(node.args[0]), graph.ty(node.args[1]));
             let result = graph.value(node.result);
             let k = a.shape.dims()[1] as u32;
             let f32_result = lower::gemm_acc32(result.ty.dtype);
+            if f32_result && group.needs_reduce_step() {
+                return Err(CompileError::Unsupported {
+                    value: result.name.clone(),
+                    operation: "gemm".into(),
+                    reason: "an f32 GEMM result with a fused epilogue or a GEMM consumer".into(),
+                });
+            }
             let acc32 = f32_result
+                || group.needs_reduce_step()
                 || match options.accumulation {
                     Accumulation::F16 => false,
                     Accumulation::F32 => true,
@@ -249,35 +263,57 @@ pub fn compile(options: &CompileOptions) -> Result<CompileOutput, CompileError> 
                 f16_result: !f32_result,
             };
             let request = gemm_kernel(geometry.acc32);
-            let cast_request = geometry.acc32.then(|| reduce_kernel(geometry.f16_result));
-            let mut cost = gemm::GemmCosts {
+            let reduce_request =
+                geometry.acc32.then(|| reduce_kernel(geometry.f16_result, group.epilogue()));
+            let cost = gemm::GemmCosts {
                 gemm: kernel_formula(&mut library, &request, &["M", "NCB", "NKB"])?,
-                reduce: match &cast_request {
+                reduce: match &reduce_request {
                     Some(r) => Some(kernel_formula(&mut library, r, &["ROWS", "QUADS", "P"])?),
                     None => None,
                 },
+                memory_budget: share,
+                owns_a: matches!(group.a, fuse::Source::Host(_)),
+                feeds_gemm: group.feeds_gemm,
             };
-            let (front, candidates) =
-                plan::search(&geometry, options.tiles, &mut cost, share, &options.search);
+            planned.push((geometry, (request, reduce_request), cost, result.name.clone()));
+        }
+        let fronts: Vec<(Vec<plan::GemmPlan>, usize)> = if chained {
+            let m = planned[0].0.m;
+            if let Some(p) = planned.iter().find(|p| p.0.m != m) {
+                return Err(CompileError::Unsupported {
+                    value: p.3.clone(),
+                    operation: "gemm".into(),
+                    reason: format!("a model with a GEMM chain must have one row count; this GEMM has {} rows, the first {m}", p.0.m),
+                });
+            }
+            let mut items: Vec<(GemmGeometry, &mut gemm::GemmCosts)> =
+                planned.iter_mut().map(|p| (p.0, &mut p.2)).collect();
+            plan::search_chain(&mut items, options.tiles, &options.search)
+        } else {
+            planned
+                .iter_mut()
+                .map(|p| plan::search(&p.0, options.tiles, &mut p.2, &options.search))
+                .collect()
+        };
+        let mut reports = Vec::new();
+        for ((geometry, (request, reduce), _, value), (front, candidates)) in planned.iter().zip(fronts) {
             let Some(chosen) = front.first().cloned() else {
                 return Err(CompileError::NoFeasiblePlan {
-                    value: result.name.clone(),
+                    value: value.clone(),
                     reason: format!(
-                        "none of {candidates} partitions of [{}, {}] x [{}, {}] over at most {} tiles fits {share} bytes of interleaved memory per tile",
-                        geometry.m, geometry.k, geometry.k, geometry.n, options.tiles
+                        "none of {candidates} partitions of [{}, {}] x [{}, {}] over at most {} tiles fits {share} bytes of interleaved memory per tile{}",
+                        geometry.m, geometry.k, geometry.k, geometry.n, options.tiles,
+                        if chained { " (chains keep whole rows on a tile)" } else { "" }
                     ),
                 });
             };
-            let finalists: Vec<plan::GemmPlan> = front
-                .iter()
-                .take(options.search.finalists)
-                .cloned()
-                .collect();
+            let finalists: Vec<plan::GemmPlan> =
+                front.iter().take(options.search.finalists).cloned().collect();
             for (i, f) in finalists.iter().enumerate() {
                 let e = &f.estimate;
                 tracing::info!(
                     finalist = i,
-                    value = %result.name,
+                    value = %value,
                     values = graph.values().len(),
                     operations = graph.nodes().len(),
                     row_parts = f.row_parts,
@@ -293,31 +329,26 @@ pub fn compile(options: &CompileOptions) -> Result<CompileOutput, CompileError> 
                     "retained operator-plan finalist"
                 );
             }
-            planned.push((
-                id,
-                geometry,
-                (request.clone(), cast_request.clone()),
-                cost,
-                OperationReport {
-                    value: result.name.clone(),
-                    operation: "gemm".into(),
-                    shape: [geometry.m, geometry.k, geometry.n],
-                    kernel: match &cast_request {
-                        Some(c) => format!("{request} + {c}"),
-                        None => request.to_string(),
-                    },
-                    candidates,
-                    chosen,
-                    finalists,
+            reports.push(OperationReport {
+                value: value.clone(),
+                operation: "gemm".into(),
+                shape: [geometry.m, geometry.k, geometry.n],
+                kernel: match reduce {
+                    Some(c) => format!("{request} + {c}"),
+                    None => request.to_string(),
                 },
-            ));
+                candidates,
+                chosen,
+                finalists,
+            });
         }
-        Ok(())
-    })?;
+        Ok(reports)
+    })
+    .map(|reports| operation_reports.extend(reports))?;
 
     let maps = phase("map_tiles", || {
         let mut maps = Vec::new();
-        for (_, _, _, _, r) in &planned {
+        for r in &operation_reports {
             let m = map_tiles::map_gemm(&r.chosen);
             verifier("map_tiles", map_tiles::verify(&r.chosen, &m, options.tiles))?;
             maps.push(m);
@@ -334,15 +365,19 @@ pub fn compile(options: &CompileOptions) -> Result<CompileOutput, CompileError> 
         let mut gemms: Vec<lower::PlannedGemm> = planned
             .iter_mut()
             .zip(&maps)
+            .zip(&operation_reports)
+            .zip(&groups)
             .map(
-                |((id, geometry, (request, cast), costs, report), map)| lower::PlannedGemm {
-                    node: *id,
-                    geometry: *geometry,
-                    plan: &report.chosen,
-                    map,
-                    kernel: request.clone(),
-                    reduce_kernel: cast.clone(),
-                    costs,
+                |((((geometry, (request, reduce), costs, _), map), report), group)| {
+                    lower::PlannedGemm {
+                        group,
+                        geometry: *geometry,
+                        plan: &report.chosen,
+                        map,
+                        kernel: request.clone(),
+                        reduce_kernel: reduce.clone(),
+                        costs,
+                    }
                 },
             )
             .collect();
@@ -417,18 +452,21 @@ pub fn compile(options: &CompileOptions) -> Result<CompileOutput, CompileError> 
     let flops = analysis::graph_flops(graph);
     let compute_bound = ipu_arch::compute_bound_cycles(flops.matmul, tile_count);
     let compute_bound_chip = ipu_arch::compute_bound_cycles(flops.matmul, ipu_arch::TILES_PER_CHIP);
-    let estimated_compute: u64 = planned
+    let estimated_compute: u64 = operation_reports
         .iter()
-        .map(|p| p.4.chosen.estimate.compute_cycles)
+        .map(|r| r.chosen.estimate.compute_cycles)
         .sum();
-    let host_in: u64 = planned
-        .iter()
-        .map(|p| p.4.chosen.estimate.host_in_cycles)
-        .sum();
-    let host_out: u64 = planned
-        .iter()
-        .map(|p| p.4.chosen.estimate.host_out_cycles)
-        .sum();
+    // Host link cycles of the run call from the placements themselves.
+    let host_cycles = |tensors: &[lower::HostTensor]| {
+        let bytes: u64 = tensors
+            .iter()
+            .flat_map(|t| &t.placements)
+            .map(|p| p.bytes as u64)
+            .sum();
+        ipu_arch::host_transfer_cycles(bytes, ipu_arch::CLOCK_HZ_C600)
+    };
+    let host_in = host_cycles(&lowered.io[1].0);
+    let host_out = host_cycles(&lowered.io[1].1);
     let estimated_run = ipu_arch::SYNC_CYCLES + host_in + estimated_compute + host_out;
     let mut memory = Vec::new();
     let mut peak_r0 = 0u64;
@@ -473,7 +511,7 @@ pub fn compile(options: &CompileOptions) -> Result<CompileOutput, CompileError> 
         .filter(|k| linked_kernels.contains(&k.request))
         .map(|k| json!({"kernel": k.request.to_string(), "origin": k.origin, "code_bytes": k.metadata.code_bytes, "cycles": k.metadata.cycles}))
         .collect();
-    let operations: Vec<&OperationReport> = planned.iter().map(|p| &p.4).collect();
+    let operations: Vec<&OperationReport> = operation_reports.iter().collect();
     let report = json!({
         "format_version": 1,
         "model": graph.name(),

@@ -12,7 +12,9 @@
 //! A request names the kernel's entry symbol and the parameters it needs. An
 //! object matches when its metadata lists the entry and records every
 //! requested parameter with the requested value. Requests are recorded, so the
-//! report can name every specialisation the package used.
+//! report can name every specialisation the package used. A loaded object's
+//! global symbols are renamed with its parameters ([`KernelRequest::symbol`])
+//! so that several specialisations of one source link into one tile.
 
 use crate::error::CompileError;
 use ipu_object::{KernelMetadata, Object};
@@ -42,6 +44,39 @@ pub struct KernelRequest {
     pub source: String,
     /// Parameters the object must have been assembled with.
     pub params: BTreeMap<String, i64>,
+}
+
+impl KernelRequest {
+    /// The linked name of the entry: the entry with the parameters appended
+    /// (`reduce_f32__EPI2__OUT16`), so that two specialisations of one
+    /// source can be linked into the same tile.
+    pub fn symbol(&self) -> String {
+        mangle(&self.entry, &self.params)
+    }
+}
+
+fn mangle(name: &str, params: &BTreeMap<String, i64>) -> String {
+    let mut s = name.to_string();
+    for (k, v) in params {
+        s.push_str(&format!(
+            "__{k}{}",
+            if *v < 0 {
+                format!("m{}", -v)
+            } else {
+                v.to_string()
+            }
+        ));
+    }
+    s
+}
+
+/// Renames every global symbol the object defines to its mangled name.
+fn rename_globals(object: &mut Object, params: &BTreeMap<String, i64>) {
+    for sym in &mut object.symbols {
+        if sym.binding == ipu_object::Binding::Global && sym.section.is_some() {
+            sym.name = mangle(&sym.name, params);
+        }
+    }
 }
 
 impl std::fmt::Display for KernelRequest {
@@ -162,6 +197,12 @@ impl KernelLibrary {
     }
 
     fn load(&self, request: &KernelRequest) -> Result<LoadedKernel, CompileError> {
+        let mut k = self.load_object(request)?;
+        rename_globals(&mut k.object, &request.params);
+        Ok(k)
+    }
+
+    fn load_object(&self, request: &KernelRequest) -> Result<LoadedKernel, CompileError> {
         match &self.source {
             KernelSource::Index(path) => {
                 let found = self.index.iter().find(|(_, _, m)| {

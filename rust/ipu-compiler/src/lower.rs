@@ -9,12 +9,13 @@
 //! a further step kind holding transfers between (tile, buffer, offset)
 //! pairs, emitted between `sync` and `xend`, without changing the rest.
 
+use crate::fuse::{Group, Source};
 use crate::gemm::{best_split, GemmGeometry, ShardLayout};
 use crate::kernels::GEMM_STATE_WORDS;
 use crate::library::KernelRequest;
 use crate::map_tiles::ShardOnTile;
 use crate::plan::GemmPlan;
-use ipu_graph::{DType, Graph, NodeId, TensorType};
+use ipu_graph::{DType, Graph, TensorType};
 use std::collections::BTreeMap;
 
 /// Which memory a buffer needs.
@@ -113,9 +114,13 @@ pub struct Lowered {
     pub io: Vec<(Vec<HostTensor>, Vec<HostTensor>)>,
 }
 
+/// Where a group's compact result lives on a tile: (buffer, row stride,
+/// global row range).
+type ResultOnTile = (usize, u32, (u32, u32));
+
 /// A GEMM node with its chosen plan and mapping.
 pub struct PlannedGemm<'a> {
-    pub node: NodeId,
+    pub group: &'a Group,
     pub geometry: GemmGeometry,
     pub plan: &'a GemmPlan,
     pub map: &'a [ShardOnTile],
@@ -150,23 +155,35 @@ pub fn lower(graph: &Graph, tile_count: u32, gemms: &mut [PlannedGemm]) -> Lower
     let mut params: BTreeMap<String, HostTensor> = BTreeMap::new();
     let mut outputs: BTreeMap<String, HostTensor> = BTreeMap::new();
     let mut steps = Vec::new();
-    for pg in gemms.iter_mut() {
-        let node = graph.node(pg.node);
+    // The compact result buffer `d` of each (group, tile): (buffer, row stride, rows).
+    let mut results: BTreeMap<(usize, u32), ResultOnTile> = BTreeMap::new();
+    for (gi_group, pg) in gemms.iter_mut().enumerate() {
+        let node = graph.node(pg.group.gemm);
         let value = graph.value(node.result).name.clone();
+        let result_value = pg.group.result();
+        let result_name = graph.value(result_value).name.clone();
         let (a_id, b_id) = (node.args[0], node.args[1]);
         let g = pg.geometry;
         let (k, n, ob) = (g.k, g.n, g.out_bytes());
         let rows = pg.plan.row_ranges(&g);
         let cols = pg.plan.col_ranges(&g);
+        let fused: Vec<&str> = pg.group.values[1..]
+            .iter()
+            .map(|&v| graph.value(v).name.as_str())
+            .collect();
         let mut step = Step {
-            operation: value.clone(),
-            phase: format!("gemm {value}"),
+            operation: result_name.clone(),
+            phase: if fused.is_empty() {
+                format!("gemm {value}")
+            } else {
+                format!("gemm {value} (epilogue {})", fused.join(", "))
+            },
             tiles: BTreeMap::new(),
             estimated_cycles: pg.plan.estimate.compute_cycles - pg.plan.estimate.reduce_cycles,
         };
         let mut reduce_step = Step {
-            operation: value.clone(),
-            phase: format!("reduce {value}"),
+            operation: result_name.clone(),
+            phase: format!("reduce {result_name}"),
             tiles: BTreeMap::new(),
             estimated_cycles: pg.plan.estimate.reduce_cycles,
         };
@@ -180,13 +197,12 @@ pub fn lower(graph: &Graph, tile_count: u32, gemms: &mut [PlannedGemm]) -> Lower
             let (r0, r1) = rows[shard.row_part as usize];
             let (c0, c1) = cols[shard.col_part as usize];
             let (mt, nct) = (r1 - r0, c1 - c0);
-            let (split, _, _) = best_split(&g, mt, nct, pg.costs);
+            let (split, _, _) = best_split(&g, mt, nct, pg.costs)
+                .expect("the plan's shards have a split that fits (plan checked it)");
             let layout = ShardLayout::new(&g, mt, nct, &split);
             let tile_bufs = buffers
                 .get_mut(&shard.tile)
                 .expect("tiles below tile_count");
-            let base = tile_bufs.len();
-            let (ia, ib, ic, it) = (base, base + 1, base + 2, base + 3);
             let width = (c1 * 16).min(n) - c0 * 16;
             let pad_a = g.kp() != k;
             let pad_b = pad_a || width != nct * 16;
@@ -201,17 +217,35 @@ pub fn lower(graph: &Graph, tile_count: u32, gemms: &mut [PlannedGemm]) -> Lower
                     zero,
                     category: category.into(),
                 };
-            tile_bufs.push(buf(
-                "a",
-                layout.a_bytes(),
-                true,
-                if pad_a {
-                    vec![(0, layout.a_bytes())]
-                } else {
-                    vec![]
-                },
-                "gemm_operand",
-            ));
+            // A: the host operand's rows, or the producing group's result,
+            // which the joint plan put on this tile with the same rows.
+            let ia = match pg.group.a {
+                Source::Host(_) => {
+                    tile_bufs.push(buf(
+                        "a",
+                        layout.a_bytes(),
+                        true,
+                        if pad_a {
+                            vec![(0, layout.a_bytes())]
+                        } else {
+                            vec![]
+                        },
+                        "gemm_operand",
+                    ));
+                    tile_bufs.len() - 1
+                }
+                Source::Group(p) => {
+                    let &(id, rs, prows) = results
+                        .get(&(p, shard.tile))
+                        .expect("a chained GEMM runs on the tiles of its producer");
+                    assert_eq!(
+                        (rs, prows),
+                        (layout.rs_a, (r0, r1)),
+                        "chained layouts agree by construction"
+                    );
+                    id
+                }
+            };
             tile_bufs.push(buf(
                 "b",
                 layout.b_bytes(),
@@ -223,6 +257,7 @@ pub fn lower(graph: &Graph, tile_count: u32, gemms: &mut [PlannedGemm]) -> Lower
                 },
                 "gemm_weight",
             ));
+            let ib = tile_bufs.len() - 1;
             tile_bufs.push(buf(
                 "c",
                 layout.c_bytes(),
@@ -230,6 +265,7 @@ pub fn lower(graph: &Graph, tile_count: u32, gemms: &mut [PlannedGemm]) -> Lower
                 header.clone(),
                 "gemm_result",
             ));
+            let ic = tile_bufs.len() - 1;
             tile_bufs.push(buf(
                 "c_partial",
                 layout.c_bytes(),
@@ -237,6 +273,21 @@ pub fn lower(graph: &Graph, tile_count: u32, gemms: &mut [PlannedGemm]) -> Lower
                 header,
                 "gemm_partials",
             ));
+            let it = tile_bufs.len() - 1;
+            // The fused bias: the tile's columns, padding zero so that padded
+            // result columns stay exact zeros (a chained GEMM multiplies them).
+            let bias_buffer = pg.group.bias.map(|bias| {
+                tile_bufs.push(BufferSpec {
+                    name: format!("{value}.bias"),
+                    bytes: nct * 32,
+                    align: 16,
+                    region: RegionReq::Standard,
+                    exclusive_element: false,
+                    zero: vec![(0, nct * 32)],
+                    category: "bias".into(),
+                });
+                (bias, tile_bufs.len() - 1)
+            });
 
             let mut vertices = Vec::new();
             for (gi, &(lr0, lr1)) in split.row_groups.iter().enumerate() {
@@ -296,15 +347,24 @@ pub fn lower(graph: &Graph, tile_count: u32, gemms: &mut [PlannedGemm]) -> Lower
                     .clone()
                     .expect("f32 accumulation comes with a reduce kernel");
                 let id = tile_bufs.len();
+                // A result that a later GEMM streams as its A operand lives
+                // in interleaved elements of its own, with the two rows the
+                // consumer's drain reads.
+                let feeds = pg.group.feeds_gemm;
                 tile_bufs.push(BufferSpec {
                     name: format!("{value}.d"),
-                    bytes: layout.d_bytes(),
+                    bytes: layout.d_bytes() + if feeds { 2 * layout.rs_d() } else { 0 },
                     align: 16,
-                    region: RegionReq::Standard,
-                    exclusive_element: false,
+                    region: if feeds {
+                        RegionReq::Interleaved
+                    } else {
+                        RegionReq::Standard
+                    },
+                    exclusive_element: feeds,
                     zero: vec![],
                     category: "gemm_result".into(),
                 });
+                results.insert((gi_group, shard.tile), (id, layout.rs_d(), (r0, r1)));
                 let mut reduces = Vec::new();
                 for (gi, (lr0, lr1), (cg0, cg1)) in split.reduce_parts() {
                     {
@@ -325,6 +385,13 @@ pub fn lower(graph: &Graph, tile_count: u32, gemms: &mut [PlannedGemm]) -> Lower
                                 StateWord::Const(layout.rs_d()),
                                 StateWord::Const(lr1 - lr0),
                                 StateWord::Const(4 * (cg1 - cg0)),
+                                match bias_buffer {
+                                    Some((_, b)) => StateWord::Addr {
+                                        buffer: b,
+                                        offset: cg0 * 32,
+                                    },
+                                    None => StateWord::Const(0),
+                                },
                             ],
                         });
                     }
@@ -333,25 +400,44 @@ pub fn lower(graph: &Graph, tile_count: u32, gemms: &mut [PlannedGemm]) -> Lower
                 result_buffer = (id, Some(layout.rs_d()));
             }
 
-            // Host placements: A rows, B rows of the tile's columns, result rows.
-            let a_t = (if kind_of(a_id) {
-                &mut params
-            } else {
-                &mut inputs
-            })
-            .entry(graph.value(a_id).name.clone())
-            .or_insert_with(|| host_tensor(a_id));
-            for r in 0..mt {
-                push_coalesced(
-                    &mut a_t.placements,
-                    HostPlacement {
-                        tile: shard.tile,
-                        buffer: ia,
-                        buffer_offset: r * layout.rs_a,
-                        host_offset: (r0 + r) as u64 * k as u64 * 2,
-                        bytes: k * 2,
-                    },
-                );
+            // Host placements: A rows (host operands), B rows of the tile's
+            // columns, the bias, result rows (graph outputs).
+            if let Source::Host(_) = pg.group.a {
+                let a_t = (if kind_of(a_id) {
+                    &mut params
+                } else {
+                    &mut inputs
+                })
+                .entry(graph.value(a_id).name.clone())
+                .or_insert_with(|| host_tensor(a_id));
+                for r in 0..mt {
+                    push_coalesced(
+                        &mut a_t.placements,
+                        HostPlacement {
+                            tile: shard.tile,
+                            buffer: ia,
+                            buffer_offset: r * layout.rs_a,
+                            host_offset: (r0 + r) as u64 * k as u64 * 2,
+                            bytes: k * 2,
+                        },
+                    );
+                }
+            }
+            if let Some((bias, b)) = bias_buffer {
+                let t = (if kind_of(bias) {
+                    &mut params
+                } else {
+                    &mut inputs
+                })
+                .entry(graph.value(bias).name.clone())
+                .or_insert_with(|| host_tensor(bias));
+                t.placements.push(HostPlacement {
+                    tile: shard.tile,
+                    buffer: b,
+                    buffer_offset: 0,
+                    host_offset: c0 as u64 * 16 * 2,
+                    bytes: width * 2,
+                });
             }
             let b_t = (if kind_of(b_id) {
                 &mut params
@@ -372,9 +458,12 @@ pub fn lower(graph: &Graph, tile_count: u32, gemms: &mut [PlannedGemm]) -> Lower
                     },
                 );
             }
+            if !graph.outputs().contains(&result_value) {
+                continue;
+            }
             let c_t = outputs
-                .entry(value.clone())
-                .or_insert_with(|| host_tensor(node.result));
+                .entry(result_name.clone())
+                .or_insert_with(|| host_tensor(result_value));
             let rb = g.result_bytes();
             for (gi, &(lr0, lr1)) in split.row_groups.iter().enumerate() {
                 for r in lr0..lr1 {

@@ -13,7 +13,6 @@
 //! by device cycles first: host link cycles are reported, not optimised.
 
 use crate::gemm::{best_split, ranges, GemmCosts, GemmGeometry, ShardLayout};
-use crate::storage;
 use ipu_arch::{host_transfer_cycles, CLOCK_HZ_C600, SYNC_CYCLES};
 
 /// Search limits.
@@ -93,13 +92,12 @@ pub const STANDARD_BUDGET: u64 =
     (ipu_arch::REGION0_END - ipu_arch::REGION0_BASE) as u64 - 24 * 1024;
 
 /// Cost and memory of one (row parts, col parts) candidate; `None` when a
-/// shard does not fit tile memory within `memory_budget` bytes.
+/// shard does not fit tile memory within `costs.memory_budget` bytes.
 pub fn evaluate(
     g: &GemmGeometry,
     row_parts: u32,
     col_parts: u32,
     costs: &mut GemmCosts,
-    memory_budget: u64,
 ) -> Option<GemmPlan> {
     let rows = ranges(g.m, row_parts);
     let cols = ranges(g.ncb(), col_parts);
@@ -117,33 +115,30 @@ pub fn evaluate(
     sizes.sort_unstable();
     sizes.dedup();
     for (mt, nct) in sizes {
-        let (split, gemm, reduce) = best_split(g, mt, nct, costs);
+        let (split, gemm, reduce) = best_split(g, mt, nct, costs)?;
         let mut tile = gemm + supervisor_cycles(split.vertices() as u64);
         let layout = ShardLayout::new(g, mt, nct, &split);
         if g.needs_reduce(split.k_groups.len()) {
             let c = reduce + supervisor_cycles(split.reduce_vertices() as u64);
             tile += c;
             cast_part = cast_part.max(c);
-            if layout.d_bytes() as u64 > STANDARD_BUDGET {
-                return None;
+            if !costs.feeds_gemm {
+                if layout.d_bytes() as u64 > STANDARD_BUDGET {
+                    return None;
+                }
+                peak_r0 = peak_r0.max(layout.d_bytes() as u64);
             }
-            peak_r0 = peak_r0.max(layout.d_bytes() as u64);
         }
         compute = compute.max(tile);
-        let r1 = storage::region1_footprint(&[
-            (layout.a_bytes(), true),
-            (layout.c_bytes(), true),
-            (layout.c_bytes(), true),
-            (layout.b_bytes(), false),
-        ])?;
-        if r1 > memory_budget {
-            return None;
-        }
+        // best_split only returns splits within the budget.
+        let r1 = costs.region1_bytes(&layout)?;
         peak_r1 = peak_r1.max(r1);
     }
     for &(r0, r1) in &rows {
-        // A rows go to every tile of the row part; B columns to every row part.
-        in_bytes += (r1 - r0) as u64 * g.k as u64 * 2 * cols.len() as u64;
+        // Host A rows go to every tile of the row part; B columns to every row part.
+        if costs.owns_a {
+            in_bytes += (r1 - r0) as u64 * g.k as u64 * 2 * cols.len() as u64;
+        }
     }
     for &(c0, c1) in &cols {
         let width = (c1 * 16).min(g.n) - c0 * 16;
@@ -175,7 +170,6 @@ pub fn search(
     g: &GemmGeometry,
     tiles: u32,
     costs: &mut GemmCosts,
-    memory_budget: u64,
     budget: &SearchBudget,
 ) -> (Vec<GemmPlan>, usize) {
     let mut candidates = Vec::new();
@@ -186,7 +180,7 @@ pub fn search(
                 break 'outer;
             }
             generated += 1;
-            if let Some(p) = evaluate(g, rp, cp, costs, memory_budget) {
+            if let Some(p) = evaluate(g, rp, cp, costs) {
                 candidates.push(p);
             }
         }
@@ -217,4 +211,43 @@ pub fn search(
         }
     }
     (front, generated)
+}
+
+/// Joint plans of a chain of GEMMs with one row count: every GEMM uses the
+/// same row parts and whole rows per tile (one column part), so each GEMM
+/// finds its A rows on the tile that computed them. Candidates are ranked by
+/// the sum of the GEMMs' device cycles; returns, per GEMM, its plans in the
+/// joint ranking (the first of each is the chosen joint plan) and the
+/// candidate count.
+pub fn search_chain(
+    items: &mut [(GemmGeometry, &mut GemmCosts)],
+    tiles: u32,
+    budget: &SearchBudget,
+) -> Vec<(Vec<GemmPlan>, usize)> {
+    let m = items.first().map_or(0, |i| i.0.m);
+    let mut joint: Vec<(u64, u64, Vec<GemmPlan>)> = Vec::new();
+    let mut generated = 0usize;
+    for rp in 1..=m.min(tiles) {
+        if generated >= budget.max_candidates {
+            break;
+        }
+        generated += 1;
+        let plans: Option<Vec<GemmPlan>> = items
+            .iter_mut()
+            .map(|(g, costs)| evaluate(g, rp, 1, costs))
+            .collect();
+        if let Some(plans) = plans {
+            let compute = plans.iter().map(|p| p.estimate.compute_cycles).sum();
+            let memory = plans
+                .iter()
+                .map(|p| p.estimate.peak_interleaved_bytes)
+                .sum();
+            joint.push((compute, memory, plans));
+        }
+    }
+    joint.sort_by_key(|j| (j.0, j.1, j.2[0].row_parts));
+    joint.truncate(budget.beam_width);
+    (0..items.len())
+        .map(|i| (joint.iter().map(|j| j.2[i].clone()).collect(), generated))
+        .collect()
 }
