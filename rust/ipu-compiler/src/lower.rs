@@ -112,6 +112,10 @@ pub struct Lowered {
     pub calls: Vec<CallProgram>,
     /// Host tensors of each call: (inputs, outputs), indexed like `calls`.
     pub io: Vec<(Vec<HostTensor>, Vec<HostTensor>)>,
+    /// Values computed by "run" that are not outputs but stay on the device
+    /// until the next call (e.g. a chain's hidden activation), with where
+    /// they are (host offsets as if they were outputs).
+    pub resident: Vec<HostTensor>,
 }
 
 /// Where a group's compact result lives on a tile: (buffer, row stride,
@@ -154,6 +158,7 @@ pub fn lower(graph: &Graph, tile_count: u32, gemms: &mut [PlannedGemm]) -> Lower
     let mut inputs: BTreeMap<String, HostTensor> = BTreeMap::new();
     let mut params: BTreeMap<String, HostTensor> = BTreeMap::new();
     let mut outputs: BTreeMap<String, HostTensor> = BTreeMap::new();
+    let mut resident: BTreeMap<String, HostTensor> = BTreeMap::new();
     let mut steps = Vec::new();
     // The compact result buffer `d` of each (group, tile): (buffer, row stride, rows).
     let mut results: BTreeMap<(usize, u32), ResultOnTile> = BTreeMap::new();
@@ -458,10 +463,14 @@ pub fn lower(graph: &Graph, tile_count: u32, gemms: &mut [PlannedGemm]) -> Lower
                     },
                 );
             }
-            if !graph.outputs().contains(&result_value) {
-                continue;
-            }
-            let c_t = outputs
+            // Results that are not outputs stay resident on the device; the
+            // package lists where (checkpoints.json) for diagnosis.
+            let target = if graph.outputs().contains(&result_value) {
+                &mut outputs
+            } else {
+                &mut resident
+            };
+            let c_t = target
                 .entry(result_name.clone())
                 .or_insert_with(|| host_tensor(result_value));
             let rb = g.result_bytes();
@@ -509,6 +518,7 @@ pub fn lower(graph: &Graph, tile_count: u32, gemms: &mut [PlannedGemm]) -> Lower
             },
         ],
         io: vec![(order(params), vec![]), (order(inputs), order(outputs))],
+        resident: order(resident),
     }
 }
 
@@ -551,7 +561,8 @@ pub fn verify(l: &Lowered) -> Result<(), String> {
             }
         }
     }
-    for (ins, outs) in &l.io {
+    let resident: (Vec<HostTensor>, Vec<HostTensor>) = (Vec::new(), l.resident.clone());
+    for (ins, outs) in l.io.iter().chain(std::iter::once(&resident)) {
         for (t, exactly_once) in ins
             .iter()
             .map(|t| (t, false))

@@ -150,7 +150,10 @@ fn placements_json(list: &[Placement]) -> Value {
 }
 
 /// `checkpoints.json`: every value still intact at each call's final hsync
-/// (no extra stops: operands and results live for the whole program).
+/// (no extra stops: operands and results live for the whole program): the
+/// call's inputs, the parameters, its outputs and, for "run", the results
+/// of fused groups that stay on the device. Values fused inside a group
+/// (e.g. the pre-bias GEMM result) never exist in memory and are absent.
 pub fn checkpoints(l: &Lowered, storage: &BTreeMap<u32, TileStorage>) -> Value {
     let params = &l.io[0].0;
     let calls: Vec<Value> = l
@@ -166,7 +169,10 @@ pub fn checkpoints(l: &Lowered, storage: &BTreeMap<u32, TileStorage>) -> Value {
                     values.push(json!({"value": t.name, "stop": 1, "placements": placements_json(&unique_placements(&placements(t, storage)))}));
                 }
             }
-            for t in outs {
+            let computed = outs
+                .iter()
+                .chain(if call.name == "run" { l.resident.iter() } else { [].iter() });
+            for t in computed {
                 let kernels: Vec<Value> = call
                     .steps
                     .iter()

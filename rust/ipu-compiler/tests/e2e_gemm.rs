@@ -146,6 +146,60 @@ fn mlp_small_on_the_simulator() {
     }
 }
 
+/// The hidden activation of the MLP stays on the device; checkpoints.json
+/// says where, and a checkpoint run through the runtime reads it back equal
+/// to the reference within tolerance.
+#[test]
+fn mlp_small_checkpoints_the_hidden_activation() {
+    let cache = tempfile::tempdir().unwrap();
+    let out = compile(&options(
+        &root().join("models/mlp_small.ipug"),
+        5,
+        cache.path(),
+    ))
+    .unwrap();
+    let pkg = out.package;
+    let graph = ipu_graph::parse(
+        "model.ipug",
+        std::str::from_utf8(&pkg.members["model.ipug"]).unwrap(),
+    )
+    .unwrap();
+    let checkpoints = ipu_runtime::members::checkpoints(&pkg, &graph)
+        .unwrap()
+        .expect("the package has checkpoints.json");
+    let run_cp = checkpoints
+        .calls
+        .iter()
+        .find(|c| c.call == "run")
+        .unwrap()
+        .clone();
+    let names: Vec<&str> = run_cp.values.iter().map(|v| v.value.as_str()).collect();
+    assert_eq!(names, ["x", "w1", "b1", "w2", "b2", "y", "g"]);
+    let feeds = random::gaussian_feeds(&graph, 21);
+    let mut session = Session::load(
+        Box::new(SimDevice::new(pkg.info.tile_count).unwrap()),
+        pkg.clone(),
+        None,
+    )
+    .unwrap();
+    let pick = |call: &str| -> BTreeMap<String, ipu_reference::Tensor> {
+        let c = pkg.info.calls.iter().find(|c| c.name == call).unwrap();
+        c.inputs
+            .iter()
+            .map(|t| (t.name.clone(), feeds[&t.name].clone()))
+            .collect()
+    };
+    session.call("initialize", &pick("initialize")).unwrap();
+    let run = session
+        .call_with_checkpoints("run", &pick("run"), &run_cp, &graph)
+        .unwrap();
+    let all = ipu_reference::evaluate_all(&graph, &feeds).unwrap();
+    let g_ref = &all[graph.lookup("g").unwrap().0 as usize];
+    let tol = Tolerance::for_output(g_ref.dtype(), 76, g_ref.data());
+    let cmp = compare(&run.checkpoints["g"], g_ref, tol).unwrap();
+    assert!(cmp.passed(), "{cmp:?}");
+}
+
 #[test]
 fn gemm_model_on_the_simulator() {
     compile_and_run(&root().join("models/gemm.ipug"), 64, 11);
