@@ -91,14 +91,18 @@ pub fn fuse(graph: &Graph) -> Result<Vec<Group>, CompileError> {
             ..
         } = node.op
         else {
-            return Err(err(
-                r,
-                node.op.name(),
+            let reason = if matches!(node.op, Op::Add | Op::Gelu) {
                 format!(
-                    "only a bias `add` or a `gelu` directly after a GEMM (its result used once, not an output) is lowered today; `{}` here is not",
+                    "`{}` is lowered only directly after a GEMM whose result it alone uses and that is not an output (a bias add with a [N] input or param, then gelu)",
                     node.op.name()
-                ),
-            ));
+                )
+            } else {
+                format!(
+                    "no lowering for `{}` yet (lowered today: gemm, with a fused bias add and gelu)",
+                    node.op.name()
+                )
+            };
+            return Err(err(r, node.op.name(), reason));
         };
         if transpose_a || transpose_b {
             return Err(err(r, "gemm", "transposed operands".into()));
