@@ -12,6 +12,7 @@ mod logging;
 mod machine;
 mod object;
 mod sim;
+mod sweep;
 
 use clap::{Parser, Subcommand};
 use std::process::ExitCode;
@@ -53,6 +54,8 @@ enum Command {
     /// Query execution profiles.
     #[command(subcommand)]
     Profile(execute::ProfileCommand),
+    /// Tabulate the compile reports of a package sweep (used by ipu_sweep).
+    SweepReport(sweep::SweepReportArgs),
 }
 
 fn main() -> ExitCode {
@@ -69,6 +72,7 @@ fn main() -> ExitCode {
         Command::Run(args) => execute::run(args),
         Command::Verify(args) => execute::verify(args),
         Command::Profile(command) => execute::profile(command),
+        Command::SweepReport(args) => sweep::run(args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
