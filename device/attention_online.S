@@ -1,0 +1,168 @@
+# Flash-attention state update for one K/V block (online softmax, f32 state).
+#
+# For each query row i of this vertex, with s[j] = f32(S[i, j] * SCALE) over
+# the keys j of the block that row i may see:
+#   m' = max(m, max_j s[j])              running maximum (f32)
+#   a  = exp(m - m')                     rescaling of the old state
+#   p_j = exp(s[j] - m')                 (f32, never rounded to f16)
+#   l' = l * a + sum_j p_j               running sum (f32, keys in order)
+#   O' = O * a + sum_j p_j V[j, :]       accumulator (f32, fused mac per key)
+# The final O / l and the f16 store are device/attention_final.S.
+#
+# The P V product runs on the f32 vector unit inside this vertex (one
+# `f32v2mac` per two head columns per key), not on the AMP: P never leaves
+# the registers, so no [Rq, Bk] P buffer is written, converted to f16 or read
+# back, and P keeps its full f32 precision. The cost is 6 bundles per four
+# head columns per key (documented in docs/kernels.md with the AMP bound).
+#
+# S = Q K^T is produced before this vertex by gemm_f16 with ACC=32 (f32
+# scores; docs/kernels.md, "Attention kernels").
+#
+# Causal masking (.param CAUSAL=1): key K0 + j is visible to query Q0 + i iff
+# K0 + j <= Q0 + i, so row i uses the first nk = clamp(Q0 + i - K0 + 1, 0, BK)
+# keys of the block; a row with nk = 0 is left unchanged (its state is not
+# touched, so exp(-inf - -inf) never arises). With CAUSAL=0 every row uses
+# all BK keys and Q0/K0 are not read.
+#
+# Vertex state (u32 words, byte offsets):
+#    0 S      address of S[0, 0]: raw scores Q K^T of this block, f32, 4-aligned
+#    4 RS_S   S row stride in bytes (multiple of 4)
+#    8 V      address of V[0, 0]: f16 [BK, 4*DQ], 8-aligned, head columns
+#             padded to a multiple of 4 with zeros
+#   12 RS_V   V row stride in bytes (multiple of 8, >= 8*DQ)
+#   16 O      address of O[0, 0]: f32 [ROWS, 4*DQ], 8-aligned
+#   20 RS_O   O row stride in bytes (multiple of 8)
+#   24 ML     address of the running state: ROWS pairs (m, l) of f32, 8-aligned
+#             (initially m = -inf, l = 0, O = 0)
+#   28 ROWS   query rows (>= 1)
+#   32 BK     keys in the block (>= 1)
+#   36 DQ     groups of four head columns (ceil(D / 4), >= 1)
+#   40 SCALE  f32 bits of the score scale (> 0, e.g. 1/sqrt(D))
+#   44 Q0     index of query row 0 in the sequence (CAUSAL=1 only)
+#   48 K0     index of key 0 of the block in the sequence (CAUSAL=1 only)
+#
+# SCALE must be positive: the row maximum is taken on raw scores and scaled
+# once. Each worker runs its own vertex over its own query rows (its own O
+# rows and (m, l) pairs); S and V are only read, so workers may share them.
+
+        .kernel attention_online
+        .param CAUSAL, 0
+        .workers 6
+        .if CAUSAL != 0 && CAUSAL != 1
+        .error "CAUSAL must be 0 (all keys) or 1 (key index <= query index)"
+        .endif
+        .cycles "6 * (4 + ROWS * (24 + 4 * DQ + BK * (10 + 6 * DQ)))"
+
+        .equ ST_S, 0
+        .equ ST_RS_S, 4
+        .equ ST_V, 8
+        .equ ST_RS_V, 12
+        .equ ST_O, 16
+        .equ ST_RS_O, 20
+        .equ ST_ML, 24
+        .equ ST_ROWS, 28
+        .equ ST_BK, 32
+        .equ ST_DQ, 36
+        .equ ST_SCALE, 40
+        .equ ST_Q0, 44
+        .equ ST_K0, 48
+
+# Integer registers: $m0 state (re-read for V per row), $m1 Q0 - K0 + 1 + i
+# (CAUSAL), $m2 S row, $m3 O row, $m4 rows left - 1, $m5 BK, $m6 DQ, $m7
+# (m, l) walk, $m8 RS_V - 8*DQ (V row skip), $m9 RS_S, $m10 RS_O, $m11 keys
+# left - 1, $m12 V walk, $m13 S walk, $m14 O walk.
+# Float registers: $a12 SCALE, $a13 m', $a14 l', $a15 a, $a10:11 p (pair),
+# $a0..$a9 temporaries.
+
+        .text
+        .globl attention_online
+        .entry attention_online
+attention_online:
+        ld32 $m2, [$m0 + ST_S]
+        ld32 $m9, [$m0 + ST_RS_S]
+        ld32 $m3, [$m0 + ST_O]
+        ld32 $m10, [$m0 + ST_RS_O]
+        ld32 $m7, [$m0 + ST_ML]
+        ld32 $m4, [$m0 + ST_ROWS]
+        add $m4, $m4, -1
+        ld32 $m5, [$m0 + ST_BK]
+        ld32 $m6, [$m0 + ST_DQ]
+        ld32 $m8, [$m0 + ST_RS_V]
+        shl $m11, $m6, 3
+        sub $m8, $m8, $m11
+        ld32 $a12, [$m0 + ST_SCALE]
+        .if CAUSAL
+        ld32 $m1, [$m0 + ST_Q0]
+        ld32 $m11, [$m0 + ST_K0]
+        sub $m1, $m1, $m11
+        add $m1, $m1, 1
+        .endif
+row:
+        .if CAUSAL
+        max $m11, $m1, $mzero
+        min $m11, $m11, $m5
+        add $m1, $m1, 1
+        brz $m11, skip_row
+        .else
+        mov $m11, $m5
+        .endif
+
+        # Row maximum of the visible raw scores; each bundle folds in the
+        # score loaded by the previous one.
+        mov $m13, $m2
+        sethi $a0, 0xFF800
+        sethi $a3, 0xFF800
+        rpt $m11, 1
+        { ld32 $a0, [$m13]+=4 ; f32max $a3, $a3, $a0 }
+        f32max $a3, $a3, $a0
+        f32mul $a3, $a3, $a12
+
+        # m' = max(m, rowmax), a = exp(m - m'), l * a.
+        ld64 $a4:5, [$m7]
+        f32max $a13, $a4, $a3
+        f32sub $a15, $a4, $a13
+        f32exp $a15, $a15
+        f32mul $a14, $a5, $a15
+
+        # O row *= a.
+        f32v2bcast $a8:9, $a15
+        mov $m14, $m3
+        rpt $m6, 4
+        ld64 $a0:1, [$m14 + 0]
+        { ld64 $a2:3, [$m14 + 8] ; f32v2mul $a0:1, $a0:1, $a8:9 }
+        { st64 $a0:1, [$m14]+=8 ; f32v2mul $a2:3, $a2:3, $a8:9 }
+        st64 $a2:3, [$m14]+=8
+
+        # Keys: p = exp(s - m'), l' += p, O row += p * V[j, :].
+        mov $m13, $m2
+        ld32 $m12, [$m0 + ST_V]
+        add $m11, $m11, -1
+key:
+        ld32 $a0, [$m13]+=4
+        f32mul $a0, $a0, $a12
+        f32sub $a0, $a0, $a13
+        f32exp $a0, $a0
+        f32add $a14, $a14, $a0
+        { mov $m14, $m3 ; f32v2bcast $a10:11, $a0 }
+        rpt $m6, 6
+        ld64 $a0:1, [$m12]+=8
+        { ld64 $a2:3, [$m14 + 0] ; f16v2tof32 $a4:5, $a0 }
+        { ld64 $a6:7, [$m14 + 8] ; f16v2tof32 $a8:9, $a1 }
+        f32v2mac $a2:3, $a4:5, $a10:11
+        { st64 $a2:3, [$m14]+=8 ; f32v2mac $a6:7, $a8:9, $a10:11 }
+        st64 $a6:7, [$m14]+=8
+        add $m12, $m12, $m8
+        brnzdec $m11, key
+
+        # Store (m', l').
+        mov $a0, $a13
+        mov $a1, $a14
+        st64 $a0:1, [$m7]+=8
+        br next_row
+skip_row:
+        add $m7, $m7, 8
+next_row:
+        add $m2, $m2, $m9
+        add $m3, $m3, $m10
+        brnzdec $m4, row
+        exit

@@ -1,0 +1,519 @@
+//! The attention kernels (device/softmax_rows.S, device/attention_online.S,
+//! device/attention_final.S) on one simulated tile, checked against f64 host
+//! references within documented tolerances, at the edge shapes of the SigLIP
+//! workload (17 queries, 19 keys, head sizes 19 and 72) and at whole-head
+//! sizes for the cycle figures. The simulator executes the kernels' machine
+//! code; the host only prepares memory, reads results back and compares.
+//!
+//! Tolerances. Every kernel computes in f32 and rounds its output once to
+//! f16, so an output `y` must satisfy `|y - ref| <= 2^-11 |ref| + ABS` with
+//! the f16 half-ulp 2^-11 (relative) plus a small absolute term for the f32
+//! arithmetic before the rounding and for results near zero (ABS = 2^-14,
+//! 2^-14 being also the smallest normal f16). The f32 running state (m, l)
+//! of the online update is compared with relative tolerance 1e-5.
+
+use ipu_isa::numerics::{f16_bits_to_f32, f64_to_f16_bits};
+use ipu_sim::{Chip, ChipConfig, Stop};
+use std::path::PathBuf;
+
+fn device_dir() -> PathBuf {
+    PathBuf::from(std::env::var("CARGO_MANIFEST_DIR").expect("cargo or bazel sets it"))
+        .join("../../device")
+}
+
+/// splitmix64: the random inputs of the tests.
+struct Rng(u64);
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+    /// Uniform in [lo, hi).
+    fn uniform(&mut self, lo: f64, hi: f64) -> f64 {
+        let u = (self.next() >> 11) as f64 / (1u64 << 53) as f64;
+        lo + (hi - lo) * u
+    }
+    /// A random f16 in [lo, hi), as bits.
+    fn f16(&mut self, lo: f64, hi: f64) -> u16 {
+        f64_to_f16_bits(self.uniform(lo, hi))
+    }
+}
+
+fn f16v(bits: u16) -> f64 {
+    f16_bits_to_f32(bits) as f64
+}
+
+/// Splits `n` items into `parts` near-equal contiguous ranges.
+fn ranges(n: usize, parts: usize) -> Vec<(usize, usize)> {
+    (0..parts)
+        .map(|i| (i * n / parts, (i + 1) * n / parts))
+        .filter(|(a, b)| b > a)
+        .collect()
+}
+
+/// One vertex launch: the kernel entry and its state words.
+struct Launch {
+    entry: &'static str,
+    state: Vec<u32>,
+}
+
+/// Assembles the kernels and a supervisor that runs each group of launches
+/// concurrently (one `run` per launch, then `wsync`), links them, loads
+/// `memory` and runs one tile to its exit. Returns the chip (for reading
+/// results) and the tile's compute cycles.
+fn simulate(
+    kernels: &[(&str, &[(&str, i64)])],
+    groups: &[Vec<Launch>],
+    memory: &[(u32, Vec<u8>)],
+) -> (Chip, u64) {
+    let mut sup = String::from("        .text\n        .globl main\nmain:\n");
+    let mut data = String::from("        .data\n        .align 4\n");
+    let mut n = 0;
+    for group in groups {
+        assert!(group.len() <= 6, "at most six workers");
+        for launch in group {
+            sup.push_str(&format!(
+                "        setzi $m2, {}\n        setzi $m3, st{n}\n        run $m2, $m3\n",
+                launch.entry
+            ));
+            let words: Vec<String> = launch.state.iter().map(|w| w.to_string()).collect();
+            data.push_str(&format!("st{n}: .word {}\n", words.join(", ")));
+            n += 1;
+        }
+        sup.push_str("        wsync\n");
+    }
+    sup.push_str("        exit\n");
+    sup.push_str(&data);
+    let prog = ipu_asm::assemble_source(
+        "sup.S",
+        &sup,
+        std::path::Path::new("."),
+        &ipu_asm::Options::default(),
+    )
+    .unwrap_or_else(|e| panic!("{e}"));
+    let mut inputs = vec![ipu_link::Input {
+        name: "sup.o".into(),
+        object: prog.object,
+    }];
+    for (file, defines) in kernels {
+        let mut opts = ipu_asm::Options::default();
+        for (k, v) in defines.iter() {
+            opts.defines.insert((*k).into(), *v);
+        }
+        let kernel = ipu_asm::assemble_file(&device_dir().join(file), &opts)
+            .unwrap_or_else(|e| panic!("{e}"));
+        inputs.push(ipu_link::Input {
+            name: format!("{file}.o"),
+            object: kernel.object,
+        });
+    }
+    let linked = ipu_link::link(&inputs, &ipu_link::LinkOptions::new("main"))
+        .unwrap_or_else(|e| panic!("{e}"));
+    let mut chip = Chip::new(ChipConfig {
+        tiles: 1,
+        ..ChipConfig::default()
+    });
+    for s in &linked.image.segments {
+        chip.write(0, s.address, &s.bytes).unwrap();
+    }
+    for (addr, bytes) in memory {
+        chip.write(0, *addr, bytes).unwrap();
+    }
+    chip.set_entry(0, linked.image.entry).unwrap();
+    assert_eq!(chip.run().unwrap_or_else(|e| panic!("{e}")), Stop::Exited);
+    let cycles = chip.steps().last().unwrap().tiles[0].compute_cycles;
+    (chip, cycles)
+}
+
+fn f16_bytes(v: &[u16]) -> Vec<u8> {
+    v.iter().flat_map(|h| h.to_le_bytes()).collect()
+}
+
+fn f32_bytes(v: &[f32]) -> Vec<u8> {
+    v.iter().flat_map(|x| x.to_le_bytes()).collect()
+}
+
+fn read_f16(chip: &Chip, addr: u32, n: usize) -> Vec<u16> {
+    chip.peek(0, addr, 2 * n as u32)
+        .unwrap()
+        .chunks(2)
+        .map(|c| u16::from_le_bytes([c[0], c[1]]))
+        .collect()
+}
+
+fn read_f32(chip: &Chip, addr: u32, n: usize) -> Vec<f32> {
+    chip.peek(0, addr, 4 * n as u32)
+        .unwrap()
+        .chunks(4)
+        .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+        .collect()
+}
+
+/// The documented f16-output tolerance (module docs).
+fn within_f16_tolerance(got: f64, want: f64) -> bool {
+    (got - want).abs() <= want.abs() / 2048.0 + 1.0 / 16384.0
+}
+
+/// A row stride in bytes for `cols` f16 values: a multiple of 8, with 8
+/// spare bytes so that a kernel ignoring the stride would be caught.
+fn f16_stride(cols: usize) -> usize {
+    cols.div_ceil(4) * 8 + 8
+}
+
+// ---------------------------------------------------------------- softmax
+
+const SM_IN: u32 = 0x80000;
+const SM_OUT: u32 = 0xA0000;
+
+/// Runs softmax_rows on `rows x cols` random f16 inputs (spread `spread`)
+/// split over `workers`, checks every output against the f64 softmax and
+/// returns the compute cycles.
+fn softmax_case(
+    rows: usize,
+    cols: usize,
+    scale: f32,
+    spread: f64,
+    workers: usize,
+    seed: u64,
+) -> u64 {
+    let mut rng = Rng(seed);
+    let rs_in = f16_stride(cols);
+    let rs_out = f16_stride(cols) + 8;
+    let x: Vec<u16> = (0..rows * cols).map(|_| rng.f16(-spread, spread)).collect();
+    let mut input = vec![0u8; rows * rs_in];
+    for r in 0..rows {
+        let row = f16_bytes(&x[r * cols..(r + 1) * cols]);
+        input[r * rs_in..r * rs_in + row.len()].copy_from_slice(&row);
+    }
+    // Poison the output so that unwritten elements fail.
+    let poison = vec![0xFFu8; rows * rs_out];
+    let launches: Vec<Launch> = ranges(rows, workers)
+        .into_iter()
+        .map(|(r0, r1)| Launch {
+            entry: "softmax_rows",
+            state: vec![
+                SM_IN + (r0 * rs_in) as u32,
+                rs_in as u32,
+                SM_OUT + (r0 * rs_out) as u32,
+                rs_out as u32,
+                (r1 - r0) as u32,
+                cols as u32,
+                scale.to_bits(),
+            ],
+        })
+        .collect();
+    let (chip, cycles) = simulate(
+        &[("softmax_rows.S", &[])],
+        &[launches],
+        &[(SM_IN, input), (SM_OUT, poison)],
+    );
+    for r in 0..rows {
+        let t: Vec<f64> = (0..cols)
+            .map(|c| f16v(x[r * cols + c]) * scale as f64)
+            .collect();
+        let m = t.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+        let sum: f64 = t.iter().map(|v| (v - m).exp()).sum();
+        let got = read_f16(&chip, SM_OUT + (r * rs_out) as u32, cols);
+        for c in 0..cols {
+            let want = (t[c] - m).exp() / sum;
+            let g = f16v(got[c]);
+            assert!(
+                within_f16_tolerance(g, want),
+                "softmax {rows}x{cols} scale {scale} workers {workers}: y[{r}, {c}] = {g} ({:#06x}), f64 reference {want}",
+                got[c]
+            );
+        }
+    }
+    cycles
+}
+
+#[test]
+fn softmax_rows_matches_f64_reference_on_edge_shapes() {
+    for &(rows, cols) in &[(1, 1), (1, 3), (2, 4), (17, 19), (5, 72), (17, 729), (3, 6)] {
+        for workers in [1, 6] {
+            softmax_case(rows, cols, 1.0, 4.0, workers, (rows * 1000 + cols) as u64);
+        }
+    }
+    // The attention scale and a wide spread (exponentials underflow to 0).
+    softmax_case(17, 19, 1.0 / (72f32).sqrt(), 60.0, 3, 7);
+    softmax_case(4, 33, 0.5, 30.0, 2, 8);
+}
+
+#[test]
+fn softmax_rows_cycles_against_bounds() {
+    for &(rows, cols) in &[(6, 729), (48, 72), (17, 19)] {
+        let cycles = softmax_case(rows, cols, 1.0, 4.0, 6, 11);
+        let per_worker = rows.div_ceil(6) as u64;
+        let estimate =
+            6 * (6 + per_worker * (22 + (cols as u64 / 4) * 34 + (cols as u64 % 4) * 20));
+        // Lower bounds: the bytes in and out at 8 B/cycle, and the
+        // exponentials at the fastest exp rate of the ISA (f16v4exp: four
+        // lanes per two issue slots, six workers: 2 per cycle).
+        let bytes = (rows * cols * 4) as u64;
+        let exps = (rows * cols) as u64;
+        let bound = (bytes / 8).max(exps / 2);
+        println!(
+            "softmax_rows {rows}x{cols}: simulated {cycles} cycles, .cycles {estimate}, lower bound {bound} (bytes/8 = {}, exp/2 = {})",
+            bytes / 8,
+            exps / 2
+        );
+        assert!(cycles >= bound);
+        let ratio = estimate as f64 / cycles as f64;
+        assert!(
+            (0.85..1.2).contains(&ratio),
+            "estimate {estimate} vs simulated {cycles}"
+        );
+    }
+}
+
+// ------------------------------------------------------ flash attention
+
+const AT_S: u32 = 0x80000;
+const AT_V: u32 = 0x90000;
+const AT_O: u32 = 0xA0000;
+const AT_ML: u32 = 0xB0000;
+const AT_OUT: u32 = 0xB8000;
+
+struct AttentionCase {
+    queries: usize,
+    keys: usize,
+    head: usize,
+    block: usize,
+    causal: bool,
+    /// Sequence index of query row 0 (keys start at 0).
+    q0: usize,
+    workers: usize,
+    seed: u64,
+}
+
+/// Runs attention_online over every K/V block and then attention_final,
+/// checks the running state (m, l) after the last block and the f16 output
+/// against the f64 reference computed from the same f32 scores. Returns
+/// the compute cycles of the whole run (every update and the final group).
+fn attention_case(case: &AttentionCase) -> u64 {
+    let mut rng = Rng(case.seed);
+    let (nq, nk, d) = (case.queries, case.keys, case.head);
+    let dq = d.div_ceil(4);
+    let scale = 1.0 / (d as f32).sqrt();
+    // Scores as the f32 output of gemm_f16 ACC=32 would hold them: the f64
+    // product of f16 inputs rounded to f32.
+    let q: Vec<u16> = (0..nq * d).map(|_| rng.f16(-2.0, 2.0)).collect();
+    let k: Vec<u16> = (0..nk * d).map(|_| rng.f16(-2.0, 2.0)).collect();
+    let v: Vec<u16> = (0..nk * d).map(|_| rng.f16(-1.0, 1.0)).collect();
+    let s: Vec<f32> = (0..nq * nk)
+        .map(|ij| {
+            let (i, j) = (ij / nk, ij % nk);
+            (0..d)
+                .map(|c| f16v(q[i * d + c]) * f16v(k[j * d + c]))
+                .sum::<f64>() as f32
+        })
+        .collect();
+    let visible = |i: usize, j: usize| !case.causal || j <= case.q0 + i;
+
+    let blocks: Vec<(usize, usize)> = (0..nk.div_ceil(case.block))
+        .map(|b| (b * case.block, ((b + 1) * case.block).min(nk)))
+        .collect();
+    let rs_v = 8 * dq + 8;
+    let rs_o = 16 * dq + 8;
+    let rs_out = 8 * dq + 8;
+    let mut memory = Vec::new();
+    let mut v_bytes = vec![0u8; nk * rs_v];
+    for j in 0..nk {
+        let row = f16_bytes(&v[j * d..(j + 1) * d]);
+        v_bytes[j * rs_v..j * rs_v + row.len()].copy_from_slice(&row);
+    }
+    memory.push((AT_V, v_bytes));
+    memory.push((AT_O, vec![0u8; nq * rs_o]));
+    let ml: Vec<f32> = (0..nq).flat_map(|_| [f32::NEG_INFINITY, 0.0]).collect();
+    memory.push((AT_ML, f32_bytes(&ml)));
+    memory.push((AT_OUT, vec![0xFFu8; nq * rs_out]));
+    let mut groups = Vec::new();
+    let mut s_addr = AT_S;
+    for &(k0, k1) in &blocks {
+        let bk = k1 - k0;
+        let rs_s = 4 * bk + 4;
+        let mut block = vec![0u8; nq * rs_s];
+        for i in 0..nq {
+            let row = f32_bytes(&s[i * nk + k0..i * nk + k1]);
+            block[i * rs_s..i * rs_s + row.len()].copy_from_slice(&row);
+        }
+        memory.push((s_addr, block));
+        groups.push(
+            ranges(nq, case.workers)
+                .into_iter()
+                .map(|(r0, r1)| Launch {
+                    entry: "attention_online",
+                    state: vec![
+                        s_addr + (r0 * rs_s) as u32,
+                        rs_s as u32,
+                        AT_V + (k0 * rs_v) as u32,
+                        rs_v as u32,
+                        AT_O + (r0 * rs_o) as u32,
+                        rs_o as u32,
+                        AT_ML + (8 * r0) as u32,
+                        (r1 - r0) as u32,
+                        bk as u32,
+                        dq as u32,
+                        scale.to_bits(),
+                        (case.q0 + r0) as u32,
+                        k0 as u32,
+                    ],
+                })
+                .collect(),
+        );
+        s_addr += (nq * rs_s).div_ceil(16) as u32 * 16;
+    }
+    assert!(s_addr <= AT_V, "scores overflow their area");
+    groups.push(
+        ranges(nq, case.workers)
+            .into_iter()
+            .map(|(r0, r1)| Launch {
+                entry: "attention_final",
+                state: vec![
+                    AT_O + (r0 * rs_o) as u32,
+                    rs_o as u32,
+                    AT_ML + (8 * r0) as u32,
+                    AT_OUT + (r0 * rs_out) as u32,
+                    rs_out as u32,
+                    (r1 - r0) as u32,
+                    dq as u32,
+                ],
+            })
+            .collect(),
+    );
+    let causal = [("CAUSAL", case.causal as i64)];
+    let (chip, total_cycles) = simulate(
+        &[("attention_online.S", &causal), ("attention_final.S", &[])],
+        &groups,
+        &memory,
+    );
+    let label = format!(
+        "attention q={nq} k={nk} d={d} block={} causal={} q0={} workers={}",
+        case.block, case.causal, case.q0, case.workers
+    );
+    let ml_got = read_f32(&chip, AT_ML, 2 * nq);
+    for i in 0..nq {
+        let t: Vec<(usize, f64)> = (0..nk)
+            .filter(|&j| visible(i, j))
+            .map(|j| (j, s[i * nk + j] as f64 * scale as f64))
+            .collect();
+        assert!(!t.is_empty(), "{label}: the test gives every row a key");
+        let m = t.iter().map(|x| x.1).fold(f64::NEG_INFINITY, f64::max);
+        let l: f64 = t.iter().map(|x| (x.1 - m).exp()).sum();
+        let (gm, gl) = (ml_got[2 * i] as f64, ml_got[2 * i + 1] as f64);
+        assert!(
+            (gm - m).abs() <= 1e-5 * m.abs().max(1.0) && (gl - l).abs() <= 1e-5 * l,
+            "{label}: row {i}: (m, l) = ({gm}, {gl}), f64 reference ({m}, {l})"
+        );
+        let out = read_f16(&chip, AT_OUT + (i * rs_out) as u32, 4 * dq);
+        for c in 0..d {
+            let want: f64 = t
+                .iter()
+                .map(|&(j, x)| (x - m).exp() * f16v(v[j * d + c]))
+                .sum::<f64>()
+                / l;
+            let g = f16v(out[c]);
+            assert!(
+                within_f16_tolerance(g, want),
+                "{label}: out[{i}, {c}] = {g} ({:#06x}), f64 reference {want}",
+                out[c]
+            );
+        }
+        for (c, &h) in out.iter().enumerate().skip(d) {
+            assert_eq!(h, 0, "{label}: padding column out[{i}, {c}] must be zero");
+        }
+    }
+    total_cycles
+}
+
+#[test]
+fn flash_attention_matches_f64_reference_on_edge_shapes() {
+    let mut seed = 1;
+    for &(queries, keys, head, block) in &[
+        (17, 19, 19, 19),
+        (17, 19, 72, 19),
+        (17, 38, 72, 19),
+        (17, 57, 19, 19),
+        (1, 1, 1, 1),
+        (6, 40, 72, 16),
+    ] {
+        for causal in [false, true] {
+            for workers in [1, 6] {
+                seed += 1;
+                attention_case(&AttentionCase {
+                    queries,
+                    keys,
+                    head,
+                    block,
+                    causal,
+                    q0: 0,
+                    workers,
+                    seed,
+                });
+            }
+        }
+    }
+}
+
+#[test]
+fn causal_offsets_skip_fully_masked_rows_of_a_block() {
+    // Queries 20..37 against keys 0..57 in blocks of 19: the third block
+    // (keys 38..56) is invisible to every row, the second partly visible.
+    for q0 in [0, 5, 20] {
+        attention_case(&AttentionCase {
+            queries: 17,
+            keys: 57,
+            head: 72,
+            block: 19,
+            causal: true,
+            q0,
+            workers: 4,
+            seed: 100 + q0 as u64,
+        });
+    }
+}
+
+#[test]
+fn flash_attention_cycles_against_bounds() {
+    // One K/V block's update = (run with two equal blocks) - (run with one):
+    // the supervisor launch and the final normalisation cancel out.
+    for &(queries, block, head) in &[(24, 64, 72), (17, 19, 72), (12, 128, 72)] {
+        let run = |blocks: usize| {
+            attention_case(&AttentionCase {
+                queries,
+                keys: blocks * block,
+                head,
+                block,
+                causal: false,
+                q0: 0,
+                workers: 6,
+                seed: 5,
+            })
+        };
+        let (one, two) = (run(1), run(2));
+        let update = two - one;
+        let rows = queries.div_ceil(6) as u64;
+        let (bk, dq) = (block as u64, head.div_ceil(4) as u64);
+        let estimate = 6 * (4 + rows * (24 + 4 * dq + bk * (10 + 6 * dq)));
+        // Lower bounds for one update: the P V MACs at the AMP's f32-
+        // accumulating rate (32 MAC/cycle) and the exponentials at the
+        // fastest exp rate (2 per cycle); the Q K^T product is not counted.
+        let macs = (queries * block * head) as u64;
+        let exps = (queries * block) as u64;
+        let bound = (macs / 32).max(exps / 2);
+        println!(
+            "attention_online q={queries} block={block} d={head}: simulated {update} cycles per block, .cycles {estimate}, lower bound {bound} (MAC/32 = {}, exp/2 = {}); whole run with one block {one}",
+            macs / 32,
+            exps / 2
+        );
+        assert!(update >= bound);
+        let ratio = estimate as f64 / update as f64;
+        assert!(
+            (0.85..1.2).contains(&ratio),
+            "estimate {estimate} vs simulated {update}"
+        );
+    }
+}
