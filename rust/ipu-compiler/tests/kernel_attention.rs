@@ -517,3 +517,212 @@ fn flash_attention_cycles_against_bounds() {
         );
     }
 }
+
+// ------------------------------------ scores on gemm_f16, end to end
+
+/// The gemm_f16 test layout (as in kernel_gemm.rs): A, CA and CB in
+/// different 32 KiB interleaved elements, B after them.
+const GE_A: u32 = 0x80000;
+const GE_CA: u32 = 0x98000;
+const GE_CB: u32 = 0xB0000;
+const GE_B: u32 = 0xC8000;
+/// The attention buffers of the end-to-end runs (region 0).
+const E2_V: u32 = 0x60000;
+const E2_O: u32 = 0x68000;
+const E2_ML: u32 = 0x70000;
+const E2_OUT: u32 = 0x74000;
+
+/// Flash attention as the compiler will lower it: per K/V block, S = Q K^T
+/// on gemm_f16 (ACC=32: f32 scores, K^T as the B operand with the head
+/// dimension padded with zeros to a multiple of 16), then attention_online
+/// reading S straight from the GEMM's C buffer; at the end attention_final.
+/// Checked against the f64 attention of the f16 inputs (no f32 rounding of
+/// the scores in the reference). Returns the compute cycles.
+fn attention_end_to_end(
+    queries: usize,
+    keys: usize,
+    head: usize,
+    block: usize,
+    causal: bool,
+    seed: u64,
+) -> u64 {
+    let mut rng = Rng(seed);
+    let (nq, nk, d) = (queries, keys, head);
+    let dq = d.div_ceil(4);
+    let dp = d.div_ceil(16) * 16;
+    let scale = 1.0 / (d as f32).sqrt();
+    let q: Vec<u16> = (0..nq * d).map(|_| rng.f16(-2.0, 2.0)).collect();
+    let k: Vec<u16> = (0..nk * d).map(|_| rng.f16(-2.0, 2.0)).collect();
+    let v: Vec<u16> = (0..nk * d).map(|_| rng.f16(-1.0, 1.0)).collect();
+
+    // A = Q, rows padded to dp with zeros, two spare rows after the last.
+    let rs_a = dp * 2;
+    let mut a_mem = vec![0u8; (nq + 2) * rs_a];
+    for i in 0..nq {
+        let row = f16_bytes(&q[i * d..(i + 1) * d]);
+        a_mem[i * rs_a..i * rs_a + row.len()].copy_from_slice(&row);
+    }
+    let nkb = dp / 16;
+    let (first, second) = if nkb % 2 == 1 {
+        (GE_CA, GE_CB)
+    } else {
+        (GE_CB, GE_CA)
+    };
+    // K block 0 writes `first`; choosing it by the parity of NKB puts the
+    // last K block's result in GE_CA whatever the head size.
+    let last = GE_CA;
+    let rs_v = 8 * dq + 8;
+    let rs_o = 16 * dq + 8;
+    let rs_out = 8 * dq + 8;
+    let mut v_mem = vec![0u8; nk * rs_v];
+    for j in 0..nk {
+        let row = f16_bytes(&v[j * d..(j + 1) * d]);
+        v_mem[j * rs_v..j * rs_v + row.len()].copy_from_slice(&row);
+    }
+    let ml: Vec<f32> = (0..nq).flat_map(|_| [f32::NEG_INFINITY, 0.0]).collect();
+    let mut memory = vec![
+        (GE_A, a_mem),
+        (E2_V, v_mem),
+        (E2_O, vec![0u8; nq * rs_o]),
+        (E2_ML, f32_bytes(&ml)),
+        (E2_OUT, vec![0xFFu8; nq * rs_out]),
+        (GE_CA, vec![0u8; 8]),
+        (GE_CB, vec![0u8; 8]),
+    ];
+    let mut groups = Vec::new();
+    let mut b_addr = GE_B;
+    for k0 in (0..nk).step_by(block) {
+        let k1 = (k0 + block).min(nk);
+        let bk = k1 - k0;
+        let ncb = bk.div_ceil(16);
+        // B = K^T of this block: [dp, 16 * ncb], zero padded.
+        let rs_b = ncb * 32;
+        let mut b_mem = vec![0u8; dp * rs_b];
+        for j in k0..k1 {
+            for c in 0..d {
+                b_mem[c * rs_b + 2 * (j - k0)..][..2].copy_from_slice(&k[j * d + c].to_le_bytes());
+            }
+        }
+        memory.push((b_addr, b_mem));
+        // C rows: a 16-byte zero word, two junk rows, then the nq rows.
+        let rs_c = ncb * 16 * 4;
+        let c_row0 = (16 + 2 * rs_c) as u32;
+        assert!(16 + (nq + 4) * rs_c <= (GE_CB - GE_CA) as usize);
+        groups.push(vec![Launch {
+            entry: "gemm_f16",
+            state: vec![
+                GE_A,
+                rs_a as u32,
+                b_addr,
+                rs_b as u32,
+                first + c_row0,
+                second + c_row0,
+                rs_c as u32,
+                second,
+                nq as u32,
+                nkb as u32,
+                ncb as u32,
+            ],
+        }]);
+        b_addr += (dp * rs_b) as u32;
+        groups.push(
+            ranges(nq, 6)
+                .into_iter()
+                .map(|(r0, r1)| Launch {
+                    entry: "attention_online",
+                    state: vec![
+                        last + c_row0 + (r0 * rs_c) as u32,
+                        rs_c as u32,
+                        E2_V + (k0 * rs_v) as u32,
+                        rs_v as u32,
+                        E2_O + (r0 * rs_o) as u32,
+                        rs_o as u32,
+                        E2_ML + (8 * r0) as u32,
+                        (r1 - r0) as u32,
+                        bk as u32,
+                        dq as u32,
+                        scale.to_bits(),
+                        r0 as u32,
+                        k0 as u32,
+                    ],
+                })
+                .collect(),
+        );
+    }
+    groups.push(
+        ranges(nq, 6)
+            .into_iter()
+            .map(|(r0, r1)| Launch {
+                entry: "attention_final",
+                state: vec![
+                    E2_O + (r0 * rs_o) as u32,
+                    rs_o as u32,
+                    E2_ML + (8 * r0) as u32,
+                    E2_OUT + (r0 * rs_out) as u32,
+                    rs_out as u32,
+                    (r1 - r0) as u32,
+                    dq as u32,
+                ],
+            })
+            .collect(),
+    );
+    let causal_def = [("CAUSAL", causal as i64)];
+    let (chip, cycles) = simulate(
+        &[
+            ("gemm_f16.S", &[("ACC", 32)]),
+            ("attention_online.S", &causal_def),
+            ("attention_final.S", &[]),
+        ],
+        &groups,
+        &memory,
+    );
+    for i in 0..nq {
+        let s: Vec<(usize, f64)> = (0..nk)
+            .filter(|&j| !causal || j <= i)
+            .map(|j| {
+                let dot: f64 = (0..d)
+                    .map(|c| f16v(q[i * d + c]) * f16v(k[j * d + c]))
+                    .sum();
+                (j, dot * scale as f64)
+            })
+            .collect();
+        let m = s.iter().map(|x| x.1).fold(f64::NEG_INFINITY, f64::max);
+        let l: f64 = s.iter().map(|x| (x.1 - m).exp()).sum();
+        let out = read_f16(&chip, E2_OUT + (i * rs_out) as u32, d);
+        for c in 0..d {
+            let want = s
+                .iter()
+                .map(|&(j, x)| (x - m).exp() * f16v(v[j * d + c]))
+                .sum::<f64>()
+                / l;
+            let g = f16v(out[c]);
+            assert!(
+                within_f16_tolerance(g, want),
+                "end to end q={nq} k={nk} d={d} block={block} causal={causal}: out[{i}, {c}] = {g}, f64 reference {want}"
+            );
+        }
+    }
+    cycles
+}
+
+#[test]
+fn scores_on_gemm_f16_feed_the_online_update() {
+    for &(queries, keys, head, block) in &[
+        (17, 19, 72, 19),
+        (17, 19, 19, 19),
+        (17, 38, 72, 19),
+        (12, 40, 72, 32),
+    ] {
+        for causal in [false, true] {
+            let cycles = attention_end_to_end(
+                queries,
+                keys,
+                head,
+                block,
+                causal,
+                (queries * keys + head) as u64,
+            );
+            println!("end to end q={queries} k={keys} d={head} block={block} causal={causal}: {cycles} cycles");
+        }
+    }
+}
