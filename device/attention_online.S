@@ -10,10 +10,11 @@
 # The final O / l and the f16 store are device/attention_final.S.
 #
 # The P V product runs on the f32 vector unit inside this vertex (one
-# `f32v2mac` per two head columns per key), not on the AMP: P never leaves
-# the registers, so no [Rq, Bk] P buffer is written, converted to f16 or read
-# back, and P keeps its full f32 precision. The cost is 6 bundles per four
-# head columns per key (documented in docs/kernels.md with the AMP bound).
+# `f32v2mac` per two head columns per key), not on the AMP: p stays f32
+# (one row of it in the vertex's PBUF scratch, as broadcast pairs), never
+# rounded to f16. Loop order: per group of four head columns, the O quad
+# stays in registers over all keys, so one key costs 4 bundles per four head
+# columns (two conversions, two macs; the loads pair with them).
 #
 # S = Q K^T is produced before this vertex by gemm_f16 with ACC=32 (f32
 # scores; docs/kernels.md, "Attention kernels").
@@ -40,6 +41,8 @@
 #   40 SCALE  f32 bits of the score scale (> 0, e.g. 1/sqrt(D))
 #   44 Q0     index of query row 0 in the sequence (CAUSAL=1 only)
 #   48 K0     index of key 0 of the block in the sequence (CAUSAL=1 only)
+#   52 PBUF   scratch of 8*BK bytes, 8-aligned, this vertex's own: p_j as
+#             f32 pairs (p_j, p_j), rewritten for every row
 #
 # SCALE must be positive: the row maximum is taken on raw scores and scaled
 # once. Each worker runs its own vertex over its own query rows (its own O
@@ -51,7 +54,7 @@
         .if CAUSAL != 0 && CAUSAL != 1
         .error "CAUSAL must be 0 (all keys) or 1 (key index <= query index)"
         .endif
-        .cycles "6 * (4 + ROWS * (24 + 4 * DQ + BK * (10 + 6 * DQ)))"
+        .cycles "6 * (8 + ROWS * (26 + 7 * BK + DQ * (12 + 4 * BK)))"
 
         .equ ST_S, 0
         .equ ST_RS_S, 4
@@ -66,31 +69,27 @@
         .equ ST_SCALE, 40
         .equ ST_Q0, 44
         .equ ST_K0, 48
+        .equ ST_PBUF, 52
 
-# Integer registers: $m0 state (re-read for V per row), $m1 Q0 - K0 + 1 + i
-# (CAUSAL), $m2 S row, $m3 O row, $m4 rows left - 1, $m5 BK, $m6 DQ, $m7
-# (m, l) walk, $m8 RS_V - 8*DQ (V row skip), $m9 RS_S, $m10 RS_O, $m11 keys
-# left - 1, $m12 V walk, $m13 S walk, $m14 O walk.
-# Float registers: $a12 SCALE, $a13 m', $a14 l', $a15 a, $a10:11 p (pair),
-# $a0..$a9 temporaries.
+# Integer registers: $m0 state (BK, SCALE, V, PBUF and the strides are
+# re-read per row or quad), $m1 Q0 - K0 + 1 + i (CAUSAL), $m2 S row, $m3 O
+# row, $m4 rows left - 1, $m5 temporary, $m6 DQ, $m7 (m, l) walk, $m8 RS_V,
+# $m9 V column of the quad, $m10 quads left - 1, $m11 visible keys, $m12 S
+# or V walk, $m13 PBUF walk, $m14 O walk.
+# Float registers: $a12 SCALE, $a13 m', $a14 l', $a15 a (then $a12:13 the
+# pair (a, a)), $a10:11 p pair, $a0..$a9 temporaries.
 
         .text
         .globl attention_online
         .entry attention_online
 attention_online:
         ld32 $m2, [$m0 + ST_S]
-        ld32 $m9, [$m0 + ST_RS_S]
         ld32 $m3, [$m0 + ST_O]
-        ld32 $m10, [$m0 + ST_RS_O]
         ld32 $m7, [$m0 + ST_ML]
         ld32 $m4, [$m0 + ST_ROWS]
         add $m4, $m4, -1
-        ld32 $m5, [$m0 + ST_BK]
         ld32 $m6, [$m0 + ST_DQ]
         ld32 $m8, [$m0 + ST_RS_V]
-        shl $m11, $m6, 3
-        sub $m8, $m8, $m11
-        ld32 $a12, [$m0 + ST_SCALE]
         .if CAUSAL
         ld32 $m1, [$m0 + ST_Q0]
         ld32 $m11, [$m0 + ST_K0]
@@ -98,14 +97,14 @@ attention_online:
         add $m1, $m1, 1
         .endif
 row:
+        ld32 $m11, [$m0 + ST_BK]
         .if CAUSAL
-        max $m11, $m1, $mzero
+        max $m5, $m1, $mzero
         min $m11, $m11, $m5
         add $m1, $m1, 1
         brz $m11, skip_row
-        .else
-        mov $m11, $m5
         .endif
+        ld32 $a12, [$m0 + ST_SCALE]
 
         # Row maximum of the visible raw scores; each bundle folds in the
         # score loaded by the previous one.
@@ -124,45 +123,55 @@ row:
         f32exp $a15, $a15
         f32mul $a14, $a5, $a15
 
-        # O row *= a.
-        f32v2bcast $a8:9, $a15
-        mov $m14, $m3
-        rpt $m6, 4
-        ld64 $a0:1, [$m14 + 0]
-        { ld64 $a2:3, [$m14 + 8] ; f32v2mul $a0:1, $a0:1, $a8:9 }
-        { st64 $a0:1, [$m14]+=8 ; f32v2mul $a2:3, $a2:3, $a8:9 }
-        st64 $a2:3, [$m14]+=8
-
-        # Keys: p = exp(s - m'), l' += p, O row += p * V[j, :].
-        mov $m13, $m2
-        ld32 $m12, [$m0 + ST_V]
-        add $m11, $m11, -1
-key:
-        ld32 $a0, [$m13]+=4
+        # p_j = exp(s_j - m') for the visible keys, l' += p_j in key order,
+        # and each p_j stored as an f32 pair (p, p) in the worker's PBUF.
+        mov $m12, $m2
+        ld32 $m13, [$m0 + ST_PBUF]
+        rpt $m11, 6
+        ld32 $a0, [$m12]+=4
         f32mul $a0, $a0, $a12
         f32sub $a0, $a0, $a13
         f32exp $a0, $a0
-        f32add $a14, $a14, $a0
-        { mov $m14, $m3 ; f32v2bcast $a10:11, $a0 }
-        rpt $m6, 6
-        ld64 $a0:1, [$m12]+=8
-        { ld64 $a2:3, [$m14 + 0] ; f16v2tof32 $a4:5, $a0 }
-        { ld64 $a6:7, [$m14 + 8] ; f16v2tof32 $a8:9, $a1 }
-        f32v2mac $a2:3, $a4:5, $a10:11
-        { st64 $a2:3, [$m14]+=8 ; f32v2mac $a6:7, $a8:9, $a10:11 }
-        st64 $a6:7, [$m14]+=8
-        add $m12, $m12, $m8
-        brnzdec $m11, key
+        { nop ; f32v2bcast $a10:11, $a0 }
+        { st64 $a10:11, [$m13]+=8 ; f32add $a14, $a14, $a0 }
 
-        # Store (m', l').
+        # Store (m', l'); $a12:13 becomes the pair (a, a).
         mov $a0, $a13
         mov $a1, $a14
-        st64 $a0:1, [$m7]+=8
+        { st64 $a0:1, [$m7]+=8 ; f32v2bcast $a12:13, $a15 }
+
+        # Per group of four head columns: the O quad stays in $a2:3/$a6:7,
+        # is scaled by a, and takes p_j V[j, quad] for every visible key,
+        # V walked down its column with the register stride RS_V. The hi
+        # half's mac of key j runs in the first bundle of key j + 1 (and
+        # once after the loop); $a8:9 = 0 makes the first one add zero.
+        ld32 $m9, [$m0 + ST_V]
+        mov $m14, $m3
+        add $m10, $m6, -1
+quad:
+        mov $m12, $m9
+        ld32 $m13, [$m0 + ST_PBUF]
+        ld64 $a2:3, [$m14 + 0]
+        { ld64 $a6:7, [$m14 + 8] ; f32v2mul $a2:3, $a2:3, $a12:13 }
+        { setzi $a8, 0 ; f32v2mul $a6:7, $a6:7, $a12:13 }
+        setzi $a9, 0
+        rpt $m11, 4
+        { ld64 $a0:1, [$m12]+=$m8 ; f32v2mac $a6:7, $a8:9, $a10:11 }
+        { ld64 $a10:11, [$m13]+=8 ; f16v2tof32 $a4:5, $a0 }
+        f16v2tof32 $a8:9, $a1
+        f32v2mac $a2:3, $a4:5, $a10:11
+        f32v2mac $a6:7, $a8:9, $a10:11
+        st64 $a2:3, [$m14]+=8
+        { st64 $a6:7, [$m14]+=8 ; nop }
+        add $m9, $m9, 8
+        brnzdec $m10, quad
         br next_row
 skip_row:
         add $m7, $m7, 8
 next_row:
-        add $m2, $m2, $m9
-        add $m3, $m3, $m10
+        ld32 $m5, [$m0 + ST_RS_S]
+        add $m2, $m2, $m5
+        ld32 $m5, [$m0 + ST_RS_O]
+        add $m3, $m3, $m5
         brnzdec $m4, row
         exit

@@ -276,6 +276,8 @@ const AT_V: u32 = 0x90000;
 const AT_O: u32 = 0xA0000;
 const AT_ML: u32 = 0xB0000;
 const AT_OUT: u32 = 0xB8000;
+/// Per-worker p scratch of attention_online (0x800 bytes each: BK <= 256).
+const AT_PBUF: u32 = 0xC0000;
 
 struct AttentionCase {
     queries: usize,
@@ -344,7 +346,8 @@ fn attention_case(case: &AttentionCase) -> u64 {
         groups.push(
             ranges(nq, case.workers)
                 .into_iter()
-                .map(|(r0, r1)| Launch {
+                .enumerate()
+                .map(|(w, (r0, r1))| Launch {
                     entry: "attention_online",
                     state: vec![
                         s_addr + (r0 * rs_s) as u32,
@@ -360,6 +363,7 @@ fn attention_case(case: &AttentionCase) -> u64 {
                         scale.to_bits(),
                         (case.q0 + r0) as u32,
                         k0 as u32,
+                        AT_PBUF + 0x800 * w as u32,
                     ],
                 })
                 .collect(),
@@ -497,7 +501,7 @@ fn flash_attention_cycles_against_bounds() {
         let update = two - one;
         let rows = queries.div_ceil(6) as u64;
         let (bk, dq) = (block as u64, head.div_ceil(4) as u64);
-        let estimate = 6 * (4 + rows * (24 + 4 * dq + bk * (10 + 6 * dq)));
+        let estimate = 6 * (8 + rows * (26 + 7 * bk + dq * (12 + 4 * bk)));
         // Lower bounds for one update: the P V MACs at the AMP's f32-
         // accumulating rate (32 MAC/cycle) and the exponentials at the
         // fastest exp rate (2 per cycle); the Q K^T product is not counted.
@@ -531,6 +535,7 @@ const E2_V: u32 = 0x60000;
 const E2_O: u32 = 0x68000;
 const E2_ML: u32 = 0x70000;
 const E2_OUT: u32 = 0x74000;
+const E2_PBUF: u32 = 0x78000;
 
 /// Flash attention as the compiler will lower it: per K/V block, S = Q K^T
 /// on gemm_f16 (ACC=32: f32 scores, K^T as the B operand with the head
@@ -628,7 +633,8 @@ fn attention_end_to_end(
         groups.push(
             ranges(nq, 6)
                 .into_iter()
-                .map(|(r0, r1)| Launch {
+                .enumerate()
+                .map(|(w, (r0, r1))| Launch {
                     entry: "attention_online",
                     state: vec![
                         last + c_row0 + (r0 * rs_c) as u32,
@@ -644,6 +650,7 @@ fn attention_end_to_end(
                         scale.to_bits(),
                         r0 as u32,
                         k0 as u32,
+                        E2_PBUF + 0x800 * w as u32,
                     ],
                 })
                 .collect(),
