@@ -33,7 +33,10 @@
 
         .kernel softmax_rows
         .workers 6
-        .cycles "6 * (6 + ROWS * (22 + (COLS / 4) * 34 + (COLS % 4) * 20))"
+        # Per row: 22 bundles, 34 per group of four, 20 per tail element, written
+        # without `%` for the compiler's formula evaluator: 34 * (COLS / 4) +
+        # 20 * (COLS % 4) = 20 * COLS - 46 * (COLS / 4).
+        .cycles "6 * (6 + ROWS * (22 + 20 * COLS - 46 * (COLS / 4)))"
 
         .equ ST_IN, 0
         .equ ST_RS_IN, 4

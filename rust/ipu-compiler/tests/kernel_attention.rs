@@ -157,6 +157,26 @@ fn within_f16_tolerance(got: f64, want: f64) -> bool {
     (got - want).abs() <= want.abs() / 2048.0 + 1.0 / 16384.0
 }
 
+/// The kernel's declared `.cycles` formula (from the assembled object's
+/// metadata) evaluated by the compiler's own evaluator, so that the tests
+/// compare the simulator with what the cost model will use.
+fn declared_cycles(file: &str, defines: &[(&str, i64)], vars: &[(&str, u64)]) -> u64 {
+    let mut opts = ipu_asm::Options::default();
+    for (k, v) in defines {
+        opts.defines.insert((*k).into(), *v);
+    }
+    let assembly =
+        ipu_asm::assemble_file(&device_dir().join(file), &opts).unwrap_or_else(|e| panic!("{e}"));
+    let formula = assembly
+        .metadata
+        .cycles
+        .unwrap_or_else(|| panic!("{file} declares no .cycles"));
+    let vars: std::collections::BTreeMap<&str, i64> =
+        vars.iter().map(|&(k, v)| (k, v as i64)).collect();
+    ipu_compiler::formula::evaluate(&formula, &vars)
+        .unwrap_or_else(|e| panic!("{file}: .cycles {formula:?}: {e}")) as u64
+}
+
 /// A row stride in bytes for `cols` f16 values: a multiple of 8, with 8
 /// spare bytes so that a kernel ignoring the stride would be caught.
 fn f16_stride(cols: usize) -> usize {
@@ -247,8 +267,11 @@ fn softmax_rows_cycles_against_bounds() {
     for &(rows, cols) in &[(6, 729), (48, 72), (17, 19)] {
         let cycles = softmax_case(rows, cols, 1.0, 4.0, 6, 11);
         let per_worker = rows.div_ceil(6) as u64;
-        let estimate =
-            6 * (6 + per_worker * (22 + (cols as u64 / 4) * 34 + (cols as u64 % 4) * 20));
+        let estimate = declared_cycles(
+            "softmax_rows.S",
+            &[],
+            &[("ROWS", per_worker), ("COLS", cols as u64)],
+        );
         // Lower bounds: the bytes in and out at 8 B/cycle, and the
         // exponentials at the fastest exp rate of the ISA (f16v4exp: four
         // lanes per two issue slots, six workers: 2 per cycle).
@@ -501,7 +524,11 @@ fn flash_attention_cycles_against_bounds() {
         let update = two - one;
         let rows = queries.div_ceil(6) as u64;
         let (bk, dq) = (block as u64, head.div_ceil(4) as u64);
-        let estimate = 6 * (8 + rows * (26 + 7 * bk + dq * (12 + 4 * bk)));
+        let estimate = declared_cycles(
+            "attention_online.S",
+            &[("CAUSAL", 0)],
+            &[("ROWS", rows), ("BK", bk), ("DQ", dq)],
+        );
         // Lower bounds for one update: the P V MACs at the AMP's f32-
         // accumulating rate (32 MAC/cycle) and the exponentials at the
         // fastest exp rate (2 per cycle); the Q K^T product is not counted.
@@ -732,4 +759,17 @@ fn scores_on_gemm_f16_feed_the_online_update() {
             println!("end to end q={queries} k={keys} d={head} block={block} causal={causal}: {cycles} cycles");
         }
     }
+}
+
+#[test]
+fn invalid_causal_parameter_is_a_clear_assembly_error() {
+    let mut opts = ipu_asm::Options::default();
+    opts.defines.insert("CAUSAL".into(), 2);
+    let err = ipu_asm::assemble_file(&device_dir().join("attention_online.S"), &opts)
+        .expect_err("CAUSAL=2 must not assemble")
+        .to_string();
+    assert!(
+        err.contains("attention_online.S") && err.contains("CAUSAL must be 0"),
+        "unexpected error: {err}"
+    );
 }
