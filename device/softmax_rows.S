@@ -1,6 +1,6 @@
 # Row-wise softmax of an [ROWS, COLS] f16 matrix: y[r, c] = exp(t[r, c] -
-# m[r]) / sum_c exp(t[r, c] - m[r]) with t = f32(x * SCALE) and m[r] the
-# row maximum of t, written as f16 (round to nearest even). The maximum,
+# m[r]) / sum_c exp(t[r, c] - m[r]) with t = x * SCALE and m[r] the row
+# maximum of t (f32(max(x) * SCALE); t - m is computed with one rounding), written as f16 (round to nearest even). The maximum,
 # the exponentials and the sum are f32; only the output is f16.
 #
 # Any ROWS >= 1 and COLS >= 1: a row is COLS >> 2 groups of four (vector
@@ -17,6 +17,8 @@
 #   20 COLS    columns (>= 1)
 #   24 SCALE   f32 bits of the scale applied before the maximum (> 0, e.g.
 #              1.0 for a plain softmax or 1/sqrt(d) in attention)
+#   28 SCRATCH this vertex's own scratch of 4 * COLS + 16 bytes, 8-aligned:
+#              the pair (-m, -m) and one row of f32 exponentials
 #
 # SCALE must be positive: the pass that finds the maximum runs on the raw
 # f16 values (`f16v4hmax`) and scales the maximum once, which equals the
@@ -25,18 +27,18 @@
 # Each worker runs its own vertex (its own state block, a contiguous range
 # of rows); workers never share a row, so no worker reads another's output.
 #
-# Three passes per row: (1) maximum of the raw row, (2) sum of exp(t - m)
-# in f32 (two interleaved lanes, added by `f32v2hsum`, then the scalar
-# tail), (3) exp(t - m) recomputed and multiplied by f32 recip(sum), then
-# converted to f16. Recomputing the exponentials in pass 3 costs two issue
-# slots per pair but needs no scratch buffer of ROWS x COLS f32 values.
+# Three passes per row: (1) maximum of the raw row, (2) e = exp(x * SCALE -
+# m) with the argument fused (`f32v2mac` onto the pair (-m, -m), loaded
+# from SCRATCH by the otherwise idle main slot), stored as f32 into
+# SCRATCH and summed in f32 (two interleaved lanes added by `f32v2hsum`,
+# then the scalar tail), (3) y = f16(e * recip(sum)) from SCRATCH.
 
         .kernel softmax_rows
         .workers 6
-        # Per row: 22 bundles, 34 per group of four, 20 per tail element, written
-        # without `%` for the compiler's formula evaluator: 34 * (COLS / 4) +
-        # 20 * (COLS % 4) = 20 * COLS - 46 * (COLS / 4).
-        .cycles "6 * (6 + ROWS * (22 + 20 * COLS - 46 * (COLS / 4)))"
+        # Per row: 35 issue slots, 18 per group of four, 14 per tail element,
+        # written without `%` for the compiler's formula evaluator:
+        # 18 * (COLS / 4) + 14 * (COLS % 4) = 14 * COLS - 38 * (COLS / 4).
+        .cycles "6 * (7 + ROWS * (35 + 14 * COLS - 38 * (COLS / 4)))"
 
         .equ ST_IN, 0
         .equ ST_RS_IN, 4
@@ -45,31 +47,12 @@
         .equ ST_ROWS, 16
         .equ ST_COLS, 20
         .equ ST_SCALE, 24
+        .equ ST_SCRATCH, 28
 
-# Registers: $m2 input row, $m3 output row, $m4 rows left - 1, $m5 groups of
-# four per row, $m6 tail elements, $m7 input walk, $m8 output walk, $m9
-# RS_IN, $m10 RS_OUT. $a12:13 SCALE pair, $a14:15 row maximum pair, $a10:11
-# sum pair and later the reciprocal pair, $a3 running maximum.
-
-        .macro EXP4
-        # $a0:1 holds four f16 inputs; leaves exp(t - m) in $a2:3 and $a4:5.
-        f16v2tof32 $a2:3, $a0
-        f16v2tof32 $a4:5, $a1
-        f32v2mul $a2:3, $a2:3, $a12:13
-        f32v2mul $a4:5, $a4:5, $a12:13
-        f32v2sub $a2:3, $a2:3, $a14:15
-        f32v2sub $a4:5, $a4:5, $a14:15
-        f32v2exp $a2:3, $a2:3
-        f32v2exp $a4:5, $a4:5
-        .endm
-
-        .macro EXP1
-        # $a0 holds one f16 input (high half zero); leaves exp(t - m) in $a0.
-        f16v2tof32 $a0:1, $a0
-        f32mul $a0, $a0, $a12
-        f32sub $a0, $a0, $a14
-        f32exp $a0, $a0
-        .endm
+# Registers: $m2 input row, $m3 output row, $m4 rows left - 1, $m5 groups
+# of four per row, $m6 tail elements, $m7 and $m8 walks, $m9 RS_IN, $m10
+# RS_OUT, $m11 SCRATCH ((-m, -m) at +0, the exponentials from +8). $a12:13
+# SCALE pair, $a10:11 sum pair and later the reciprocal pair, $a3 maximum.
 
         .text
         .globl softmax_rows
@@ -84,6 +67,7 @@ softmax_rows:
         ld32 $m6, [$m0 + ST_COLS]
         shr $m5, $m6, 2
         and $m6, $m6, 3
+        ld32 $m11, [$m0 + ST_SCRATCH]
         ld32 $a12, [$m0 + ST_SCALE]
         f32v2bcast $a12:13, $a12
 row:
@@ -101,41 +85,55 @@ row:
         f16v2tof32 $a0:1, $a0
         f32max $a3, $a3, $a0
         f32mul $a3, $a3, $a12
+        f32neg $a3, $a3
         f32v2bcast $a14:15, $a3
+        st64 $a14:15, [$m11]
 
-        # Pass 2: sum of exp(t - m) in f32.
+        # Pass 2: e = exp(x * SCALE - m) into SCRATCH, summed in f32. The hi
+        # pair's add of one group runs in the next group's first bundle (and
+        # once after the loop), so $a4:5 starts at zero.
         mov $m7, $m2
+        add $m8, $m11, 8
         setzi $a10, 0
         setzi $a11, 0
-        rpt $m5, 11
-        ld64 $a0:1, [$m7]+=8
-        EXP4
-        f32v2add $a10:11, $a10:11, $a2:3
+        setzi $a4, 0
+        setzi $a5, 0
+        rpt $m5, 9
+        { ld64 $a0:1, [$m7]+=8 ; f32v2add $a10:11, $a10:11, $a4:5 }
+        { ld64 $a2:3, [$m11] ; f16v2tof32 $a6:7, $a0 }
+        { ld64 $a4:5, [$m11] ; f16v2tof32 $a8:9, $a1 }
+        f32v2mac $a2:3, $a6:7, $a12:13
+        f32v2mac $a4:5, $a8:9, $a12:13
+        f32v2exp $a2:3, $a2:3
+        f32v2exp $a4:5, $a4:5
+        { st64 $a2:3, [$m8]+=8 ; f32v2add $a10:11, $a10:11, $a2:3 }
+        st64 $a4:5, [$m8]+=8
         f32v2add $a10:11, $a10:11, $a4:5
-        rpt $m6, 6
+        rpt $m6, 5
         ld16 $a0, [$m7]+=2
-        EXP1
-        f32add $a10, $a10, $a0
+        { ld32 $a2, [$m11] ; f16v2tof32 $a0:1, $a0 }
+        f32mac $a2, $a0, $a12
+        f32exp $a2, $a2
+        { st32 $a2, [$m8]+=4 ; f32add $a10, $a10, $a2 }
         f32v2hsum $a10, $a10:11
         f32recip $a10, $a10
         f32v2bcast $a10:11, $a10
 
-        # Pass 3: y = f16(exp(t - m) * recip(sum)).
-        mov $m7, $m2
+        # Pass 3: y = f16(e * recip(sum)). The loop loads the next group's
+        # low pair ahead (SCRATCH has 8 spare bytes for the last one).
+        add $m7, $m11, 8
         mov $m8, $m3
-        rpt $m5, 14
         ld64 $a0:1, [$m7]+=8
-        EXP4
+        rpt $m5, 5
+        { ld64 $a2:3, [$m7]+=8 ; f32v2mul $a0:1, $a0:1, $a10:11 }
         f32v2mul $a2:3, $a2:3, $a10:11
-        f32v2mul $a4:5, $a4:5, $a10:11
-        f32v2tof16 $a6, $a2:3
-        f32v2tof16 $a7, $a4:5
-        st64 $a6:7, [$m8]+=8
-        rpt $m6, 9
-        ld16 $a0, [$m7]+=2
-        EXP1
-        f32mul $a0, $a0, $a10
-        setzi $a1, 0
+        { ld64 $a0:1, [$m7]+=8 ; f32v2tof16 $a4, $a0:1 }
+        f32v2tof16 $a5, $a2:3
+        st64 $a4:5, [$m8]+=8
+        add $m7, $m7, -8
+        rpt $m6, 4
+        ld32 $a0, [$m7]+=4
+        { setzi $a1, 0 ; f32mul $a0, $a0, $a10 }
         f32v2tof16 $a0, $a0:1
         st16 $a0, [$m8]+=2
         add $m2, $m2, $m9

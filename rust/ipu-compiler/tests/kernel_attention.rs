@@ -187,6 +187,9 @@ fn f16_stride(cols: usize) -> usize {
 
 const SM_IN: u32 = 0x80000;
 const SM_OUT: u32 = 0xA0000;
+/// Per-worker scratch of softmax_rows (4 * COLS + 16 bytes each).
+const SM_SCRATCH: u32 = 0xC0000;
+const SM_SCRATCH_BYTES: u32 = 0x1000;
 
 /// Runs softmax_rows on `rows x cols` random f16 inputs (spread `spread`)
 /// split over `workers`, checks every output against the f64 softmax and
@@ -202,6 +205,7 @@ fn softmax_case(
     let mut rng = Rng(seed);
     let rs_in = f16_stride(cols);
     let rs_out = f16_stride(cols) + 8;
+    assert!(4 * cols + 16 <= SM_SCRATCH_BYTES as usize);
     let x: Vec<u16> = (0..rows * cols).map(|_| rng.f16(-spread, spread)).collect();
     let mut input = vec![0u8; rows * rs_in];
     for r in 0..rows {
@@ -212,7 +216,8 @@ fn softmax_case(
     let poison = vec![0xFFu8; rows * rs_out];
     let launches: Vec<Launch> = ranges(rows, workers)
         .into_iter()
-        .map(|(r0, r1)| Launch {
+        .enumerate()
+        .map(|(w, (r0, r1))| Launch {
             entry: "softmax_rows",
             state: vec![
                 SM_IN + (r0 * rs_in) as u32,
@@ -222,6 +227,7 @@ fn softmax_case(
                 (r1 - r0) as u32,
                 cols as u32,
                 scale.to_bits(),
+                SM_SCRATCH + SM_SCRATCH_BYTES * w as u32,
             ],
         })
         .collect();
