@@ -19,7 +19,7 @@
 
         .kernel attention_final
         .workers 6
-        .cycles "6 * (4 + ROWS * (8 + 6 * DQ))"
+        .cycles "6 * (10 + ROWS * (10 + 6 * DQ))"
 
         .equ ST_O, 0
         .equ ST_RS_O, 4

@@ -779,3 +779,75 @@ fn invalid_causal_parameter_is_a_clear_assembly_error() {
         "unexpected error: {err}"
     );
 }
+
+#[test]
+fn final_normalisation_alone() {
+    // Random O and l (l > 0), six workers: out = f16(O * recip(l)).
+    for &(rows, head) in &[(17usize, 19usize), (12, 72), (1, 1)] {
+        let mut rng = Rng((rows * 100 + head) as u64);
+        let dq = head.div_ceil(4);
+        let (rs_o, rs_out) = (16 * dq + 8, 8 * dq + 8);
+        let o: Vec<f32> = (0..rows * 4 * dq)
+            .map(|i| {
+                if i % (4 * dq) < head {
+                    rng.uniform(-20.0, 20.0) as f32
+                } else {
+                    0.0
+                }
+            })
+            .collect();
+        let l: Vec<f32> = (0..rows).map(|_| rng.uniform(0.5, 40.0) as f32).collect();
+        let mut o_mem = vec![0u8; rows * rs_o];
+        for i in 0..rows {
+            let row = f32_bytes(&o[i * 4 * dq..(i + 1) * 4 * dq]);
+            o_mem[i * rs_o..i * rs_o + row.len()].copy_from_slice(&row);
+        }
+        let ml: Vec<f32> = l.iter().flat_map(|&l| [0.0, l]).collect();
+        let launches = ranges(rows, 6)
+            .into_iter()
+            .map(|(r0, r1)| Launch {
+                entry: "attention_final",
+                state: vec![
+                    AT_O + (r0 * rs_o) as u32,
+                    rs_o as u32,
+                    AT_ML + (8 * r0) as u32,
+                    AT_OUT + (r0 * rs_out) as u32,
+                    rs_out as u32,
+                    (r1 - r0) as u32,
+                    dq as u32,
+                ],
+            })
+            .collect();
+        let (chip, cycles) = simulate(
+            &[("attention_final.S", &[])],
+            &[launches],
+            &[
+                (AT_O, o_mem),
+                (AT_ML, f32_bytes(&ml)),
+                (AT_OUT, vec![0xFFu8; rows * rs_out]),
+            ],
+        );
+        for i in 0..rows {
+            let out = read_f16(&chip, AT_OUT + (i * rs_out) as u32, 4 * dq);
+            for c in 0..4 * dq {
+                let want = o[i * 4 * dq + c] as f64 / l[i] as f64;
+                let g = f16v(out[c]);
+                assert!(
+                    within_f16_tolerance(g, want),
+                    "final {rows}x{head}: out[{i}, {c}] = {g}, f64 reference {want}"
+                );
+            }
+        }
+        let estimate = declared_cycles(
+            "attention_final.S",
+            &[],
+            &[("ROWS", rows.div_ceil(6) as u64), ("DQ", dq as u64)],
+        );
+        println!("attention_final {rows}x{head}: simulated {cycles} cycles, .cycles {estimate}");
+        let ratio = estimate as f64 / cycles as f64;
+        assert!(
+            (0.7..1.2).contains(&ratio),
+            "estimate {estimate} vs simulated {cycles}"
+        );
+    }
+}
