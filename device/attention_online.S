@@ -42,7 +42,19 @@
 #   44 Q0     index of query row 0 in the sequence (CAUSAL=1 only)
 #   48 K0     index of key 0 of the block in the sequence (CAUSAL=1 only)
 #   52 PBUF   scratch of 8*BK bytes, 8-aligned, this vertex's own: p_j as
-#             f32 pairs (p_j, p_j), rewritten for every row
+#             f32 pairs (p_j, p_j), rewritten for every row (PV=0 only)
+#   56 P      address of P[0, 0], f16 [ROWS, BKP] (PV=1 only): the A operand
+#             of gemm_f16 ACC=32 for P V
+#   60 RS_P   P row stride in bytes (PV=1 only)
+#   64 BKP    keys padded for the GEMM (>= BK; PV=1 only): P[i, nk..BKP] = 0
+#   68 ALPHA  address of ROWS f32 rescaling factors a (PV=1 only), for
+#             attention_merge: O = O * a + (P V)
+#
+# PV=1 (P V on the AMP): the vertex updates (m, l), writes p rounded to f16
+# into P (masked and padding keys as zeros; a row with no visible key gets
+# a zero P row and a = 1) and a into ALPHA, and touches neither O, V nor
+# PBUF. gemm_f16 ACC=32 then computes P V in f32 (A = P, B = V padded to
+# [BKP, 16 * ncb]) and device/attention_merge.S forms O * a + P V.
 #
 # SCALE must be positive: the row maximum is taken on raw scores and scaled
 # once. Each worker runs its own vertex over its own query rows (its own O
@@ -50,11 +62,18 @@
 
         .kernel attention_online
         .param CAUSAL, 0
+        .param PV, 0
         .workers 6
         .if CAUSAL != 0 && CAUSAL != 1
         .error "CAUSAL must be 0 (all keys) or 1 (key index <= query index)"
         .endif
+        .if PV == 0
         .cycles "6 * (8 + ROWS * (26 + 7 * BK + DQ * (12 + 4 * BK)))"
+        .elseif PV == 1
+        .cycles "6 * (10 + ROWS * (30 + 6 * BK + (BKP - BK)))"
+        .else
+        .error "PV must be 0 (P V on the vector unit) or 1 (P to f16 for gemm_f16)"
+        .endif
 
         .equ ST_S, 0
         .equ ST_RS_S, 4
@@ -70,6 +89,10 @@
         .equ ST_Q0, 44
         .equ ST_K0, 48
         .equ ST_PBUF, 52
+        .equ ST_P, 56
+        .equ ST_RS_P, 60
+        .equ ST_BKP, 64
+        .equ ST_ALPHA, 68
 
 # Integer registers: $m0 state (BK, SCALE, V, PBUF and the strides are
 # re-read per row or quad), $m1 Q0 - K0 + 1 + i (CAUSAL), $m2 S row, $m3 O
@@ -90,6 +113,10 @@ attention_online:
         add $m4, $m4, -1
         ld32 $m6, [$m0 + ST_DQ]
         ld32 $m8, [$m0 + ST_RS_V]
+        .if PV
+        ld32 $m9, [$m0 + ST_P]
+        ld32 $m14, [$m0 + ST_ALPHA]
+        .endif
         .if CAUSAL
         ld32 $m1, [$m0 + ST_Q0]
         ld32 $m11, [$m0 + ST_K0]
@@ -122,6 +149,30 @@ row:
         f32sub $a15, $a4, $a13
         f32exp $a15, $a15
         f32mul $a14, $a5, $a15
+
+        .if PV
+        # p_j = exp(s_j - m') for the visible keys, l' += p_j in key order,
+        # each p_j rounded to f16 into the P row, then zeros up to BKP.
+        mov $m12, $m2
+        mov $m13, $m9
+        rpt $m11, 6
+        ld32 $a0, [$m12]+=4
+        f32mul $a0, $a0, $a12
+        f32sub $a0, $a0, $a13
+        f32exp $a0, $a0
+        f32v2tof16 $a1, $a0:1
+        { st16 $a1, [$m13]+=2 ; f32add $a14, $a14, $a0 }
+        ld32 $m5, [$m0 + ST_BKP]
+        sub $m5, $m5, $m11
+        setzi $a9, 0
+        rpt $m5, 1
+        st16 $a9, [$m13]+=2
+        mov $a0, $a13
+        mov $a1, $a14
+        st64 $a0:1, [$m7]+=8
+        st32 $a15, [$m14]+=4
+        br next_row
+        .endif
 
         # p_j = exp(s_j - m') for the visible keys, l' += p_j in key order,
         # and each p_j stored as an f32 pair (p, p) in the worker's PBUF.
@@ -168,7 +219,21 @@ quad:
         br next_row
 skip_row:
         add $m7, $m7, 8
+        .if PV
+        # No visible key: a zero P row and a = 1 leave O, m and l unchanged.
+        mov $m13, $m9
+        ld32 $m5, [$m0 + ST_BKP]
+        setzi $a9, 0
+        rpt $m5, 1
+        st16 $a9, [$m13]+=2
+        sethi $a15, 0x3F800
+        st32 $a15, [$m14]+=4
+        .endif
 next_row:
+        .if PV
+        ld32 $m5, [$m0 + ST_RS_P]
+        add $m9, $m9, $m5
+        .endif
         ld32 $m5, [$m0 + ST_RS_S]
         add $m2, $m2, $m5
         ld32 $m5, [$m0 + ST_RS_O]

@@ -1,0 +1,58 @@
+# Flash attention with P V on the AMP (attention_online PV=1): after
+# gemm_f16 ACC=32 has computed PV = P V in f32, this vertex forms the new
+# accumulator O = f32(O * a + PV) (one fused rounding, `f32v2mac`) with a
+# the rescaling factor attention_online stored per row.
+#
+# Vertex state (u32 words, byte offsets):
+#    0 O      address of O[0, 0] (f32 [ROWS, 4*DQ], 8-aligned)
+#    4 RS_O   O row stride in bytes (multiple of 8)
+#    8 PV     address of PV[0, 0] (f32, 8-aligned): the GEMM's C buffer
+#   12 RS_PV  PV row stride in bytes (multiple of 8)
+#   16 ALPHA  address of ROWS f32 factors a
+#   20 ROWS   rows (>= 1)
+#   24 DQ     groups of four head columns (>= 1)
+#
+# Each worker runs its own vertex over its own rows.
+
+        .kernel attention_merge
+        .workers 6
+        .cycles "6 * (10 + ROWS * (9 + 6 * DQ))"
+
+        .equ ST_O, 0
+        .equ ST_RS_O, 4
+        .equ ST_PV, 8
+        .equ ST_RS_PV, 12
+        .equ ST_ALPHA, 16
+        .equ ST_ROWS, 20
+        .equ ST_DQ, 24
+
+# $m2 O row, $m3 PV row, $m4 rows left - 1, $m5 DQ, $m6 ALPHA walk, $m7
+# RS_O, $m8 RS_PV, $m12 O walk, $m13 PV walk; $a10:11 the pair (a, a).
+        .text
+        .globl attention_merge
+        .entry attention_merge
+attention_merge:
+        ld32 $m2, [$m0 + ST_O]
+        ld32 $m7, [$m0 + ST_RS_O]
+        ld32 $m3, [$m0 + ST_PV]
+        ld32 $m8, [$m0 + ST_RS_PV]
+        ld32 $m6, [$m0 + ST_ALPHA]
+        ld32 $m4, [$m0 + ST_ROWS]
+        add $m4, $m4, -1
+        ld32 $m5, [$m0 + ST_DQ]
+row:
+        ld32 $a10, [$m6]+=4
+        f32v2bcast $a10:11, $a10
+        mov $m12, $m2
+        mov $m13, $m3
+        rpt $m5, 6
+        ld64 $a0:1, [$m13]+=8
+        ld64 $a2:3, [$m13]+=8
+        ld64 $a4:5, [$m12 + 0]
+        { ld64 $a6:7, [$m12 + 8] ; f32v2mac $a0:1, $a4:5, $a10:11 }
+        { st64 $a0:1, [$m12]+=8 ; f32v2mac $a2:3, $a6:7, $a10:11 }
+        st64 $a2:3, [$m12]+=8
+        add $m2, $m2, $m7
+        add $m3, $m3, $m8
+        brnzdec $m4, row
+        exit
