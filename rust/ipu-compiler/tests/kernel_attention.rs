@@ -658,22 +658,28 @@ fn attention_end_to_end(
         let rs_c = ncb * 16 * 4;
         let c_row0 = (16 + 2 * rs_c) as u32;
         assert!(16 + (nq + 4) * rs_c <= (GE_CB - GE_CA) as usize);
-        groups.push(vec![Launch {
-            entry: "gemm_f16",
-            state: vec![
-                GE_A,
-                rs_a as u32,
-                b_addr,
-                rs_b as u32,
-                first + c_row0,
-                second + c_row0,
-                rs_c as u32,
-                second,
-                nq as u32,
-                nkb as u32,
-                ncb as u32,
-            ],
-        }]);
+        // One gemm_f16 vertex per column block of 16 keys (at most six).
+        assert!(ncb <= 6);
+        groups.push(
+            (0..ncb)
+                .map(|cb| Launch {
+                    entry: "gemm_f16",
+                    state: vec![
+                        GE_A,
+                        rs_a as u32,
+                        b_addr + (cb * 32) as u32,
+                        rs_b as u32,
+                        first + c_row0 + (cb * 64) as u32,
+                        second + c_row0 + (cb * 64) as u32,
+                        rs_c as u32,
+                        second,
+                        nq as u32,
+                        nkb as u32,
+                        1,
+                    ],
+                })
+                .collect(),
+        );
         b_addr += (dp * rs_b) as u32;
         groups.push(
             ranges(nq, 6)
@@ -931,4 +937,29 @@ fn final_normalisation_alone() {
             "estimate {estimate} vs simulated {cycles}"
         );
     }
+}
+
+#[test]
+fn pv_on_the_amp_is_faster_per_block() {
+    // Cycles of one K/V block (S on gemm_f16, the online update and, with
+    // PV=1, the P V GEMM and the merge) = run with two blocks - run with one.
+    let (queries, block, head) = (24, 64, 72);
+    let per_block = |pv_on_amp: bool| {
+        let run = |blocks: usize| {
+            attention_end_to_end(queries, blocks * block, head, block, false, pv_on_amp, 3)
+        };
+        run(2) - run(1)
+    };
+    let (vector, amp) = (per_block(false), per_block(true));
+    // Lower bound of one block: Q K^T and P V at the AMP's f32-accumulating
+    // rate (32 MAC/cycle) with the head padded to 80.
+    let bound = (2 * queries * block * 80 / 32) as u64;
+    println!(
+        "one block q={queries} block={block} d={head}: PV=0 (vector unit) {vector} cycles, PV=1 (AMP) {amp} cycles, lower bound {bound}"
+    );
+    assert!(amp >= bound && vector >= bound);
+    assert!(
+        amp < vector,
+        "P V on the AMP ({amp}) must beat the vector unit ({vector})"
+    );
 }
