@@ -963,3 +963,77 @@ fn pv_on_the_amp_is_faster_per_block() {
         "P V on the AMP ({amp}) must beat the vector unit ({vector})"
     );
 }
+
+#[test]
+fn merge_alone() {
+    // Random O, PV and a, six workers: O = f32(O * a + PV) with one rounding.
+    for &(rows, head) in &[(17usize, 19usize), (12, 72), (1, 1)] {
+        let mut rng = Rng((rows * 1000 + head) as u64);
+        let dq = head.div_ceil(4);
+        let (rs_o, rs_pv) = (16 * dq + 8, 16 * dq + 24);
+        let o: Vec<f32> = (0..rows * 4 * dq)
+            .map(|_| rng.uniform(-20.0, 20.0) as f32)
+            .collect();
+        let pv: Vec<f32> = (0..rows * 4 * dq)
+            .map(|_| rng.uniform(-20.0, 20.0) as f32)
+            .collect();
+        let alpha: Vec<f32> = (0..rows).map(|_| rng.uniform(0.0, 1.0) as f32).collect();
+        let lay = |v: &[f32], rs: usize| {
+            let mut m = vec![0u8; rows * rs];
+            for i in 0..rows {
+                let row = f32_bytes(&v[i * 4 * dq..(i + 1) * 4 * dq]);
+                m[i * rs..i * rs + row.len()].copy_from_slice(&row);
+            }
+            m
+        };
+        let launches = ranges(rows, 6)
+            .into_iter()
+            .map(|(r0, r1)| Launch {
+                entry: "attention_merge",
+                state: vec![
+                    AT_O + (r0 * rs_o) as u32,
+                    rs_o as u32,
+                    AT_S + (r0 * rs_pv) as u32,
+                    rs_pv as u32,
+                    AT_ML + (4 * r0) as u32,
+                    (r1 - r0) as u32,
+                    dq as u32,
+                ],
+            })
+            .collect();
+        let (chip, cycles) = simulate(
+            &[("attention_merge.S", &[])],
+            &[launches],
+            &[
+                (AT_O, lay(&o, rs_o)),
+                (AT_S, lay(&pv, rs_pv)),
+                (AT_ML, f32_bytes(&alpha)),
+            ],
+        );
+        for i in 0..rows {
+            let got = read_f32(&chip, AT_O + (i * rs_o) as u32, 4 * dq);
+            for c in 0..4 * dq {
+                let at = i * 4 * dq + c;
+                // f32v2mac rounds once: the f32 nearest to the exact value.
+                let want = (o[at] as f64 * alpha[i] as f64 + pv[at] as f64) as f32;
+                assert_eq!(
+                    got[c].to_bits(),
+                    want.to_bits(),
+                    "merge {rows}x{head}: O[{i}, {c}] = {}, expected {want}",
+                    got[c]
+                );
+            }
+        }
+        let estimate = declared_cycles(
+            "attention_merge.S",
+            &[],
+            &[("ROWS", rows.div_ceil(6) as u64), ("DQ", dq as u64)],
+        );
+        println!("attention_merge {rows}x{head}: simulated {cycles} cycles, .cycles {estimate}");
+        let ratio = estimate as f64 / cycles as f64;
+        assert!(
+            (0.7..1.2).contains(&ratio),
+            "estimate {estimate} vs simulated {cycles}"
+        );
+    }
+}
