@@ -1010,17 +1010,16 @@ fn merge_alone() {
                 (AT_ML, f32_bytes(&alpha)),
             ],
         );
-        for i in 0..rows {
+        for (i, &a) in alpha.iter().enumerate() {
             let got = read_f32(&chip, AT_O + (i * rs_o) as u32, 4 * dq);
-            for c in 0..4 * dq {
+            for (c, g) in got.iter().enumerate() {
                 let at = i * 4 * dq + c;
                 // f32v2mac rounds once: the f32 nearest to the exact value.
-                let want = (o[at] as f64 * alpha[i] as f64 + pv[at] as f64) as f32;
+                let want = (o[at] as f64 * a as f64 + pv[at] as f64) as f32;
                 assert_eq!(
-                    got[c].to_bits(),
+                    g.to_bits(),
                     want.to_bits(),
-                    "merge {rows}x{head}: O[{i}, {c}] = {}, expected {want}",
-                    got[c]
+                    "merge {rows}x{head}: O[{i}, {c}] = {g}, expected {want}"
                 );
             }
         }
