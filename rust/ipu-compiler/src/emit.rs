@@ -10,7 +10,9 @@
 //!         shl/shr $m2 by 1           # drop bit 31 (checkpoint runs)
 //!         <compare with each call index, branch to call_i>
 //! finish: exit                       # exit command (or an unknown call)
-//! call_i: <per step: setzi entry/state, run ... (at most 6), wsync>
+//! call_i: <per compute step: setzi entry/state, run ... (at most 6), wsync>
+//!         <per exchange step: sync; setzi $m1, table; setzi $m2, count;
+//!          xtab $m1, $m2; xend; setzi $m1, COMMAND>
 //!         br loop                    # the next hsync is where outputs are read
 //! ```
 //! followed by the vertex states in `.data`. Every tile runs the same loop;
@@ -48,6 +50,30 @@ pub fn tile_program(l: &Lowered, tile: u32, storage: &TileStorage) -> String {
         let _ = writeln!(s, "# call {ci}: {}", call.name);
         let _ = writeln!(s, "call_{ci}:");
         for (si, step) in call.steps.iter().enumerate() {
+            if let Some(x) = &step.exchange {
+                // Every tile takes part in the sync, with or without
+                // descriptors. The standard prologue of ipu-exchange (xtab at
+                // T0 + 12, which the tables were scheduled for) uses $m1, so
+                // the command address is set again after `xend`.
+                let table = crate::exchange::resolve(x, tile, |b| storage.addresses[b]);
+                let label = format!("xt_{ci}_{si}");
+                let _ = writeln!(s, "        # {}", step.phase);
+                let _ = writeln!(
+                    s,
+                    "        sync\n        setzi $m1, {label}\n        setzi $m2, {}\n        xtab $m1, $m2\n        xend\n        setzi $m1, {COMMAND_ADDRESS:#x}",
+                    table.len()
+                );
+                let words: Vec<String> = table
+                    .iter()
+                    .flat_map(|d| [d.kind, d.address, d.words, d.start])
+                    .map(|w| format!("{w:#x}"))
+                    .collect();
+                let _ = writeln!(data, "{label}:");
+                if !words.is_empty() {
+                    let _ = writeln!(data, "        .word {}", words.join(", "));
+                }
+                continue;
+            }
             let Some(vertices) = step.tiles.get(&tile) else {
                 continue;
             };

@@ -26,6 +26,7 @@
 
 pub mod emit;
 pub mod error;
+pub mod exchange;
 pub mod formula;
 pub mod fuse;
 pub mod gemm;
@@ -204,6 +205,63 @@ fn verifier(phase: &'static str, r: Result<(), String>) -> Result<(), CompileErr
     r.map_err(|message| CompileError::Verifier { phase, message })
 }
 
+/// The best combination of per-GEMM plans of a chain whose hand-offs are
+/// exchange steps: the few best plans of each GEMM (at most 16
+/// combinations), each combination charged its GEMMs' device cycles plus,
+/// per hand-off, the exchange step that ipu-exchange schedules for that
+/// mapping (the 600-cycle sync and the phase). Returns the total and, per
+/// GEMM, the index of its plan in `fronts`; `None` when a GEMM has no plan.
+fn plan_exchanged_chain(
+    geometries: &[GemmGeometry],
+    producers: &[Option<usize>],
+    fronts: &[(Vec<plan::GemmPlan>, usize)],
+) -> Result<Option<(u64, Vec<usize>)>, CompileError> {
+    if fronts.iter().any(|f| f.0.is_empty()) {
+        return Ok(None);
+    }
+    let per_group = (1..=4usize)
+        .rev()
+        .find(|k| k.pow(fronts.len() as u32) <= 16)
+        .unwrap_or(1);
+    let mut best: Option<(u64, Vec<usize>)> = None;
+    let mut choice = vec![0usize; fronts.len()];
+    loop {
+        let plans: Vec<&plan::GemmPlan> =
+            fronts.iter().zip(&choice).map(|(f, &i)| &f.0[i]).collect();
+        let maps: Vec<Vec<map_tiles::ShardOnTile>> =
+            plans.iter().map(|p| map_tiles::map_gemm(p)).collect();
+        let tiles = maps.iter().flatten().map(|s| s.tile + 1).max().unwrap_or(1);
+        let mut total: u64 = plans.iter().map(|p| p.estimate.compute_cycles).sum();
+        for (c, p) in producers.iter().enumerate() {
+            let Some(p) = *p else { continue };
+            let transfers = exchange::handoff(
+                (&geometries[p], plans[p], &maps[p]),
+                (&geometries[c], plans[c], &maps[c]),
+                |_| 0,
+                |_| 1,
+            );
+            let x = exchange::schedule(tiles, transfers, c as u32)?;
+            total += exchange::step_cycles(&x.figures);
+        }
+        if best.as_ref().is_none_or(|b| total < b.0) {
+            best = Some((total, choice.clone()));
+        }
+        // The next combination (odometer order keeps the result deterministic).
+        let mut i = 0;
+        loop {
+            if i == choice.len() {
+                return Ok(best);
+            }
+            choice[i] += 1;
+            if choice[i] < per_group.min(fronts[i].0.len()) {
+                break;
+            }
+            choice[i] = 0;
+            i += 1;
+        }
+    }
+}
+
 /// Compiles `options.model` into a package (and writes it when `output` is set).
 pub fn compile(options: &CompileOptions) -> Result<CompileOutput, CompileError> {
     if !(1..=ipu_arch::TILES_PER_CHIP).contains(&options.tiles) {
@@ -234,6 +292,9 @@ pub fn compile(options: &CompileOptions) -> Result<CompileOutput, CompileError> 
     let share =
         (ipu_arch::REGION1_END - ipu_arch::REGION1_BASE) as u64 / groups.len().max(1) as u64;
     let mut planned = Vec::new();
+    // Per group: whether its A operand arrives by an exchange step.
+    let mut a_by_exchange = vec![false; groups.len()];
+    let mut chain_choice: Option<serde_json::Value> = None;
     phase("plan", || {
         for group in &groups {
             let node = graph.node(group.gemm);
@@ -288,7 +349,72 @@ pub fn compile(options: &CompileOptions) -> Result<CompileOutput, CompileError> 
             }
             let mut items: Vec<(GemmGeometry, &mut gemm::GemmCosts)> =
                 planned.iter_mut().map(|p| (p.0, &mut p.2)).collect();
-            plan::search_chain(&mut items, options.tiles, &options.search)
+            let shared = plan::search_chain(&mut items, options.tiles, &options.search);
+            let shared_cycles: Option<u64> = shared
+                .iter()
+                .map(|f| f.0.first().map(|p| p.estimate.compute_cycles))
+                .sum();
+            // The other candidate: every GEMM with its own plan, the
+            // intermediate handed over by an exchange step.
+            let consumers: Vec<bool> =
+                groups.iter().map(|g| matches!(g.a, fuse::Source::Group(_))).collect();
+            let producers: Vec<Option<usize>> = groups
+                .iter()
+                .map(|g| match g.a {
+                    fuse::Source::Group(p) => Some(p),
+                    fuse::Source::Host(_) => None,
+                })
+                .collect();
+            for (p, &c) in planned.iter_mut().zip(&consumers) {
+                p.2.owns_a |= c;
+            }
+            let geometries: Vec<GemmGeometry> = planned.iter().map(|p| p.0).collect();
+            let mut own: Vec<(Vec<plan::GemmPlan>, usize)> = planned
+                .iter_mut()
+                .map(|p| plan::search(&p.0, options.tiles, &mut p.2, &options.search))
+                .collect();
+            // A consumer owns its A buffer (memory) but the host never writes it.
+            for (front, &c) in own.iter_mut().zip(&consumers) {
+                for p in front.0.iter_mut().filter(|_| c) {
+                    p.estimate.total_cycles -= p.estimate.host_in_cycles;
+                    p.estimate.host_in_cycles = 0;
+                }
+            }
+            let exchanged = plan_exchanged_chain(&geometries, &producers, &own)?;
+            let use_exchange = match (&exchanged, shared_cycles) {
+                (Some(x), Some(s)) => x.0 < s,
+                (Some(_), None) => true,
+                (None, _) => false,
+            };
+            chain_choice = Some(json!({
+                "shared_rows_estimated_cycles": shared_cycles,
+                "exchange_estimated_cycles": exchanged.as_ref().map(|x| x.0),
+                "chosen": if use_exchange { "exchange" } else { "shared_rows" },
+            }));
+            tracing::info!(
+                shared_rows_estimated_cycles = shared_cycles.unwrap_or(0),
+                exchange_estimated_cycles = exchanged.as_ref().map_or(0, |x| x.0),
+                chosen = if use_exchange { "exchange" } else { "shared_rows" },
+                "chain hand-off candidates"
+            );
+            if let (true, Some((_, choice))) = (use_exchange, exchanged) {
+                a_by_exchange = consumers;
+                own.into_iter()
+                    .zip(choice)
+                    .map(|((mut front, n), i)| {
+                        // The chosen plan goes first; the rest keep their order.
+                        let chosen = front.remove(i);
+                        front.insert(0, chosen);
+                        // Its A operand comes from other tiles, not the host.
+                        (front, n)
+                    })
+                    .collect()
+            } else {
+                for (p, &c) in planned.iter_mut().zip(&consumers) {
+                    p.2.owns_a &= !c;
+                }
+                shared
+            }
         } else {
             planned
                 .iter_mut()
@@ -377,11 +503,15 @@ pub fn compile(options: &CompileOptions) -> Result<CompileOutput, CompileError> 
                         kernel: request.clone(),
                         reduce_kernel: reduce.clone(),
                         costs,
+                        a_by_exchange: false,
                     }
                 },
             )
             .collect();
-        let l = lower::lower(graph, tile_count, &mut gemms);
+        for (g, &x) in gemms.iter_mut().zip(&a_by_exchange) {
+            g.a_by_exchange = x;
+        }
+        let l = lower::lower(graph, tile_count, &mut gemms)?;
         verifier("lower", lower::verify(&l))?;
         Ok(l)
     })?;
@@ -401,6 +531,7 @@ pub fn compile(options: &CompileOptions) -> Result<CompileOutput, CompileError> 
         v
     };
 
+    let mut exchange_reports: Vec<serde_json::Value> = Vec::new();
     let storage = phase("place_storage", || {
         let mut out = BTreeMap::new();
         for (&tile, bufs) in &lowered.buffers {
@@ -422,6 +553,29 @@ pub fn compile(options: &CompileOptions) -> Result<CompileOutput, CompileError> 
             let s = storage::place(tile, bufs, code_bytes)?;
             verifier("place_storage", storage::validate(&s, bufs))?;
             out.insert(tile, s);
+        }
+        // Every exchange step's tables, resolved to the placed addresses,
+        // must pass ipu-exchange's independent checker before any code is
+        // emitted from them.
+        for call in &lowered.calls {
+            for step in &call.steps {
+                let Some(x) = &step.exchange else { continue };
+                let summary =
+                    exchange::verify_placed(x, |t, b| out[&t].addresses[b]).map_err(|e| {
+                        CompileError::Verifier {
+                            phase: "place_storage",
+                            message: format!("exchange step `{}`: {e}", step.phase),
+                        }
+                    })?;
+                let f = &x.figures;
+                exchange_reports.push(json!({
+                    "call": call.name,
+                    "step": step.phase,
+                    "figures": f,
+                    "estimated_cycles": step.estimated_cycles,
+                    "checked": {"descriptors": summary.descriptors, "horizon": summary.horizon, "words_delivered": summary.words_delivered},
+                }));
+            }
         }
         Ok(out)
     })?;
@@ -452,10 +606,18 @@ pub fn compile(options: &CompileOptions) -> Result<CompileOutput, CompileError> 
     let flops = analysis::graph_flops(graph);
     let compute_bound = ipu_arch::compute_bound_cycles(flops.matmul, tile_count);
     let compute_bound_chip = ipu_arch::compute_bound_cycles(flops.matmul, ipu_arch::TILES_PER_CHIP);
+    let estimated_exchange: u64 = lowered
+        .calls
+        .iter()
+        .flat_map(|c| &c.steps)
+        .filter(|s| s.exchange.is_some())
+        .map(|s| s.estimated_cycles)
+        .sum();
     let estimated_compute: u64 = operation_reports
         .iter()
         .map(|r| r.chosen.estimate.compute_cycles)
-        .sum();
+        .sum::<u64>()
+        + estimated_exchange;
     // Host link cycles of the run call from the placements themselves.
     let host_cycles = |tensors: &[lower::HostTensor]| {
         let bytes: u64 = tensors
@@ -520,7 +682,9 @@ pub fn compile(options: &CompileOptions) -> Result<CompileOutput, CompileError> 
         "matmul_flop": flops.matmul,
         "compute_bound_cycles": compute_bound,
         "compute_bound_cycles_chip": compute_bound_chip,
-        "estimated_cycles": {"run": estimated_run, "run_compute": estimated_compute, "run_host_in": host_in, "run_host_out": host_out},
+        "estimated_cycles": {"run": estimated_run, "run_compute": estimated_compute, "run_exchange": estimated_exchange, "run_host_in": host_in, "run_host_out": host_out},
+        "chain_handoff": chain_choice,
+        "exchange_steps": exchange_reports,
         "operations": operations,
         "kernels": kernels_used,
         "specialisations_that_would_help": [],

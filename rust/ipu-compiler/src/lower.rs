@@ -4,17 +4,23 @@
 //! (resolved after `place_storage`), and every host tensor its placements
 //! (buffer offsets, resolved to addresses the same way).
 //!
-//! A call is a sequence of [`Step`]s. Today every step is a compute set
-//! (vertices started together, then `wsync`); an inter-tile exchange will be
-//! a further step kind holding transfers between (tile, buffer, offset)
-//! pairs, emitted between `sync` and `xend`, without changing the rest.
+//! A call is a sequence of [`Step`]s. A step is a compute set (vertices
+//! started together, then `wsync`) or an exchange step
+//! ([`crate::exchange::ExchangeStep`]: transfers between (tile, buffer,
+//! offset) pairs, scheduled here by `ipu-exchange` on a synthetic layout,
+//! resolved to placed addresses and checked after `place_storage`, emitted
+//! as `sync; xtab; xend` on every tile). Today the one exchange is a GEMM
+//! chain's hand-off when the consumer has its own plan
+//! ([`PlannedGemm::a_by_exchange`]).
 
+use crate::exchange::{self, ExchangeStep};
 use crate::fuse::{Group, Source};
 use crate::gemm::{best_split, GemmGeometry, ShardLayout};
 use crate::kernels::GEMM_STATE_WORDS;
 use crate::library::KernelRequest;
 use crate::map_tiles::ShardOnTile;
 use crate::plan::GemmPlan;
+use crate::CompileError;
 use ipu_graph::{DType, Graph, TensorType};
 use std::collections::BTreeMap;
 
@@ -75,6 +81,9 @@ pub struct Step {
     pub tiles: BTreeMap<u32, Vec<Vertex>>,
     /// The cost model's cycles for the step (slowest tile).
     pub estimated_cycles: u64,
+    /// An exchange step (then `tiles` is empty): every tile runs `sync`,
+    /// `xtab` of its table, `xend`.
+    pub exchange: Option<ExchangeStep>,
 }
 
 /// The program of one call.
@@ -132,6 +141,10 @@ pub struct PlannedGemm<'a> {
     /// The reduce kernel (f32 accumulation only).
     pub reduce_kernel: Option<KernelRequest>,
     pub costs: &'a mut crate::gemm::GemmCosts,
+    /// A chained GEMM whose A rows arrive by an exchange step from the
+    /// producer's tiles (its own plan), rather than staying on the tiles of
+    /// a shared row partition.
+    pub a_by_exchange: bool,
 }
 
 /// Appends `p` to `list`, merging it into the last placement when both the
@@ -152,7 +165,11 @@ fn push_coalesced(list: &mut Vec<HostPlacement>, p: HostPlacement) {
 }
 
 /// Lowers the GEMMs (in graph order) of a graph that `load` accepted.
-pub fn lower(graph: &Graph, tile_count: u32, gemms: &mut [PlannedGemm]) -> Lowered {
+pub fn lower(
+    graph: &Graph,
+    tile_count: u32,
+    gemms: &mut [PlannedGemm],
+) -> Result<Lowered, CompileError> {
     let mut buffers: BTreeMap<u32, Vec<BufferSpec>> =
         (0..tile_count).map(|t| (t, Vec::new())).collect();
     let mut inputs: BTreeMap<String, HostTensor> = BTreeMap::new();
@@ -162,6 +179,10 @@ pub fn lower(graph: &Graph, tile_count: u32, gemms: &mut [PlannedGemm]) -> Lower
     let mut steps = Vec::new();
     // The compact result buffer `d` of each (group, tile): (buffer, row stride, rows).
     let mut results: BTreeMap<(usize, u32), ResultOnTile> = BTreeMap::new();
+    // Per group already lowered: geometry, plan and mapping (for hand-offs).
+    let mut handoff_views: Vec<(GemmGeometry, GemmPlan, Vec<ShardOnTile>)> = Vec::new();
+    let mut gemms_results = Vec::new();
+    let mut exchange_label = 0u32;
     for (gi_group, pg) in gemms.iter_mut().enumerate() {
         let node = graph.node(pg.group.gemm);
         let value = graph.value(node.result).name.clone();
@@ -185,12 +206,16 @@ pub fn lower(graph: &Graph, tile_count: u32, gemms: &mut [PlannedGemm]) -> Lower
             },
             tiles: BTreeMap::new(),
             estimated_cycles: pg.plan.estimate.compute_cycles - pg.plan.estimate.reduce_cycles,
+            exchange: None,
         };
+        // The A buffer of each consumer tile of an exchanged hand-off.
+        let mut a_buffers: BTreeMap<u32, usize> = BTreeMap::new();
         let mut reduce_step = Step {
             operation: result_name.clone(),
             phase: format!("reduce {result_name}"),
             tiles: BTreeMap::new(),
             estimated_cycles: pg.plan.estimate.reduce_cycles,
+            exchange: None,
         };
         let host_tensor = |id| HostTensor {
             name: graph.value(id).name.clone(),
@@ -237,6 +262,19 @@ pub fn lower(graph: &Graph, tile_count: u32, gemms: &mut [PlannedGemm]) -> Lower
                         },
                         "gemm_operand",
                     ));
+                    tile_bufs.len() - 1
+                }
+                Source::Group(_) if pg.a_by_exchange => {
+                    // Filled by the exchange step; the two drain rows are
+                    // never written, so they start as zeros.
+                    tile_bufs.push(buf(
+                        "a",
+                        layout.a_bytes(),
+                        true,
+                        vec![(mt * layout.rs_a, layout.a_bytes())],
+                        "gemm_operand",
+                    ));
+                    a_buffers.insert(shard.tile, tile_bufs.len() - 1);
                     tile_bufs.len() - 1
                 }
                 Source::Group(p) => {
@@ -493,6 +531,31 @@ pub fn lower(graph: &Graph, tile_count: u32, gemms: &mut [PlannedGemm]) -> Lower
                 }
             }
         }
+        if let (Source::Group(p), true) = (pg.group.a, pg.a_by_exchange) {
+            let transfers = {
+                let (producer, consumer) = (&handoff_views[p], &*pg);
+                exchange::handoff(
+                    (&producer.0, &producer.1, &producer.2),
+                    (&consumer.geometry, consumer.plan, consumer.map),
+                    |t| results[&(p, t)].0,
+                    |t| a_buffers[&t],
+                )
+            };
+            let x = exchange::schedule(tile_count, transfers, exchange_label)?;
+            exchange_label += 1;
+            steps.push(Step {
+                operation: result_name.clone(),
+                phase: format!(
+                    "exchange {} -> {value}.a",
+                    graph.value(gemms_results[p]).name
+                ),
+                tiles: BTreeMap::new(),
+                estimated_cycles: exchange::step_cycles(&x.figures),
+                exchange: Some(x),
+            });
+        }
+        handoff_views.push((g, pg.plan.clone(), pg.map.to_vec()));
+        gemms_results.push(result_value);
         steps.push(step);
         if !reduce_step.tiles.is_empty() {
             steps.push(reduce_step);
@@ -504,7 +567,7 @@ pub fn lower(graph: &Graph, tile_count: u32, gemms: &mut [PlannedGemm]) -> Lower
         v.sort_by_key(|t| graph.lookup(&t.name).map(|id| id.0));
         v
     };
-    Lowered {
+    Ok(Lowered {
         tile_count,
         buffers,
         calls: vec![
@@ -519,7 +582,7 @@ pub fn lower(graph: &Graph, tile_count: u32, gemms: &mut [PlannedGemm]) -> Lower
         ],
         io: vec![(order(params), vec![]), (order(inputs), order(outputs))],
         resident: order(resident),
-    }
+    })
 }
 
 /// The verifier after `lower`: state words and placements refer to existing
@@ -558,6 +621,37 @@ pub fn verify(l: &Lowered) -> Result<(), String> {
                         }
                     }
                 }
+            }
+        }
+    }
+    for call in &l.calls {
+        for step in &call.steps {
+            let Some(x) = &step.exchange else { continue };
+            for t in &x.transfers {
+                for r in std::iter::once(&t.source).chain(&t.destinations) {
+                    let b = l
+                        .buffers
+                        .get(&r.tile)
+                        .and_then(|b| b.get(r.buffer))
+                        .ok_or_else(|| {
+                            format!(
+                                "step `{}`: a transfer names buffer {} of tile {}, which does not exist",
+                                step.phase, r.buffer, r.tile
+                            )
+                        })?;
+                    if r.offset as u64 + t.bytes as u64 > b.bytes as u64 {
+                        return Err(format!(
+                            "step `{}`: transfer bytes {}..+{} leave buffer `{}` on tile {}",
+                            step.phase, r.offset, t.bytes, b.name, r.tile
+                        ));
+                    }
+                }
+            }
+            if x.tiles != l.tile_count {
+                return Err(format!(
+                    "step `{}`: exchange among {} tiles, the program has {}",
+                    step.phase, x.tiles, l.tile_count
+                ));
             }
         }
     }

@@ -1,0 +1,391 @@
+//! Inter-tile exchange steps: transfers between (tile, buffer, offset)
+//! pairs, scheduled by `ipu-exchange` and proven by its independent checker.
+//!
+//! The tables must exist (with their final sizes) before `place_storage`,
+//! which sizes each tile's code and data, but buffer addresses only exist
+//! after it. So an exchange step is scheduled once, in `lower`, on a
+//! *synthetic* layout: per tile, the buffers a phase touches are packed from
+//! `REGION1_BASE` in buffer order with a 16-byte gap between them, so that
+//! no descriptor can span two buffers (the gap breaks every contiguity the
+//! coalescer or the lowering would merge across). After `place_storage`,
+//! [`resolve`] moves each descriptor's address from its synthetic buffer to
+//! the placed one (the schedule does not depend on addresses, only on
+//! contiguity inside a buffer, which the move preserves), and
+//! [`verify_placed`] runs `ipu_exchange::check` on the resolved tables
+//! against the phase written with the real addresses. The driver runs it on
+//! every exchange step before `emit_code`; the package is never written
+//! with unchecked tables.
+//!
+//! The one producer of exchange steps today is a GEMM chain hand-off
+//! ([`handoff`]): rows of the producer's compact result `d` (on the tiles of
+//! its plan) go to the consumer's A buffers (on the tiles of the consumer's
+//! plan), every row segment multicast to all consumer tiles that hold that
+//! row.
+
+use crate::gemm::GemmGeometry;
+use crate::map_tiles::ShardOnTile;
+use crate::plan::GemmPlan;
+use crate::CompileError;
+use ipu_exchange::{Descriptor, Destination, Phase, Transfer};
+use std::collections::BTreeMap;
+
+/// Bytes at `offset` of buffer `buffer` (an index into the tile's buffers) on `tile`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub struct BufferRef {
+    pub tile: u32,
+    pub buffer: usize,
+    pub offset: u32,
+}
+
+/// One transfer: `bytes` from `source` to every destination.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct BufferTransfer {
+    pub source: BufferRef,
+    pub destinations: Vec<BufferRef>,
+    pub bytes: u32,
+}
+
+/// The scheduler's figures for one step, as reported.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+pub struct ExchangeFigures {
+    pub transfers: usize,
+    pub descriptors: usize,
+    pub initial_horizon: u64,
+    pub selected_horizon: u64,
+    pub exchange_cycles: u64,
+    pub endpoint_lower_bound: u64,
+    pub lower_bound: u64,
+    pub lower_bound_gap: u64,
+}
+
+/// Synthetic `[base, end)` address range of each touched (tile, buffer).
+pub type SyntheticLayout = BTreeMap<(u32, usize), (u32, u32)>;
+
+/// A scheduled exchange step (all `tiles` tiles take part in its sync).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ExchangeStep {
+    pub tiles: u32,
+    pub transfers: Vec<BufferTransfer>,
+    /// Synthetic `[base, end)` of every (tile, buffer) the step touches.
+    pub layout: SyntheticLayout,
+    /// Per tile (index = tile), descriptors with synthetic addresses.
+    pub tables: Vec<Vec<Descriptor>>,
+    pub figures: ExchangeFigures,
+}
+
+/// Cycles the cost model charges for an exchange step: the 600-cycle sync,
+/// the phase from `T0` to the last tile's compute resume under the standard
+/// prologue, and one supervisor bundle that restores the command address.
+pub fn step_cycles(figures: &ExchangeFigures) -> u64 {
+    ipu_arch::SYNC_CYCLES + figures.exchange_cycles + ipu_arch::CONTEXT_ISSUE_INTERVAL as u64
+}
+
+/// Transfers that hand a chain's intermediate from the producer's result
+/// buffers to the consumer's A buffers: row `r`, column blocks `cb0..cb1`
+/// of a producer tile (`prod_buffer(tile)`, compact rows of `16 * nct` f16)
+/// go to byte `(r - r0) * 2 kp + 32 cb0` of the A buffer
+/// (`cons_buffer(tile)`) of every consumer tile whose rows `r0..` hold `r`.
+/// Whole column blocks move (their padding columns are zeros, which the
+/// consumer's K padding needs).
+pub fn handoff(
+    producer: (&GemmGeometry, &GemmPlan, &[ShardOnTile]),
+    consumer: (&GemmGeometry, &GemmPlan, &[ShardOnTile]),
+    prod_buffer: impl Fn(u32) -> usize,
+    cons_buffer: impl Fn(u32) -> usize,
+) -> Vec<BufferTransfer> {
+    let (pg, pp, pmap) = producer;
+    let (cg, cp, cmap) = consumer;
+    let prows = pp.row_ranges(pg);
+    let pcols = pp.col_ranges(pg);
+    let crows = cp.row_ranges(cg);
+    let rs_a = cg.kp() * 2;
+    let mut out = Vec::new();
+    for shard in pmap {
+        let (p0, p1) = prows[shard.row_part as usize];
+        let (cb0, cb1) = pcols[shard.col_part as usize];
+        let rs_d = (cb1 - cb0) * 16 * pg.result_bytes();
+        for r in p0..p1 {
+            let destinations: Vec<BufferRef> = cmap
+                .iter()
+                .filter_map(|c| {
+                    let (r0, r1) = crows[c.row_part as usize];
+                    (r0..r1).contains(&r).then(|| BufferRef {
+                        tile: c.tile,
+                        buffer: cons_buffer(c.tile),
+                        offset: (r - r0) * rs_a + cb0 * 16 * 2,
+                    })
+                })
+                .collect();
+            if destinations.is_empty() {
+                continue;
+            }
+            out.push(BufferTransfer {
+                source: BufferRef {
+                    tile: shard.tile,
+                    buffer: prod_buffer(shard.tile),
+                    offset: (r - p0) * rs_d,
+                },
+                destinations,
+                bytes: rs_d,
+            });
+        }
+    }
+    out
+}
+
+/// The synthetic layout of `transfers`: per tile, touched buffers packed
+/// from `REGION1_BASE` in buffer order, 16-aligned, 16 bytes apart.
+fn synthetic_layout(transfers: &[BufferTransfer]) -> Result<SyntheticLayout, CompileError> {
+    let mut extent: BTreeMap<(u32, usize), u32> = BTreeMap::new();
+    for t in transfers {
+        for r in std::iter::once(&t.source).chain(&t.destinations) {
+            let e = extent.entry((r.tile, r.buffer)).or_default();
+            *e = (*e).max(r.offset + t.bytes);
+        }
+    }
+    let mut layout = BTreeMap::new();
+    let mut next: BTreeMap<u32, u32> = BTreeMap::new();
+    for (&(tile, buffer), &bytes) in &extent {
+        let base = next.entry(tile).or_insert(ipu_arch::REGION1_BASE);
+        let start = *base;
+        let end = start + bytes;
+        if end > ipu_arch::REGION1_END {
+            return Err(CompileError::CodeGen {
+                tile,
+                message: format!(
+                    "the exchange step touches more than {} bytes of buffers on this tile",
+                    ipu_arch::REGION1_END - ipu_arch::REGION1_BASE
+                ),
+            });
+        }
+        *base = (end + 16).div_ceil(16) * 16;
+        layout.insert((tile, buffer), (start, end));
+    }
+    Ok(layout)
+}
+
+/// The phase of `transfers` with addresses from `address`.
+fn phase_of(
+    tiles: u32,
+    transfers: &[BufferTransfer],
+    address: impl Fn(&BufferRef) -> u32,
+) -> Phase {
+    Phase {
+        tiles,
+        transfers: transfers
+            .iter()
+            .enumerate()
+            .map(|(id, t)| Transfer {
+                id: id as u32,
+                source: t.source.tile,
+                source_address: address(&t.source),
+                destinations: t
+                    .destinations
+                    .iter()
+                    .map(|d| Destination {
+                        tile: d.tile,
+                        address: address(d),
+                    })
+                    .collect(),
+                bytes: t.bytes,
+            })
+            .collect(),
+    }
+}
+
+/// Schedules `transfers` among tiles `0..tiles` (phase number `label` in the
+/// log line `optimized physical exchange schedule phase=...`).
+pub fn schedule(
+    tiles: u32,
+    transfers: Vec<BufferTransfer>,
+    label: u32,
+) -> Result<ExchangeStep, CompileError> {
+    let layout = synthetic_layout(&transfers)?;
+    let phase = phase_of(tiles, &transfers, |r| {
+        layout[&(r.tile, r.buffer)].0 + r.offset
+    });
+    let options = ipu_exchange::Options {
+        label,
+        ..ipu_exchange::Options::default()
+    };
+    let compiled =
+        ipu_exchange::compile_phase(&phase, &options).map_err(|e| CompileError::Verifier {
+            phase: "lower",
+            message: format!("exchange phase {label}: {e}"),
+        })?;
+    let r = &compiled.report;
+    let figures = ExchangeFigures {
+        transfers: r.transfers,
+        descriptors: r.descriptors,
+        initial_horizon: r.initial_horizon,
+        selected_horizon: r.selected_horizon,
+        exchange_cycles: r.exchange_cycles,
+        endpoint_lower_bound: r.endpoint_lower_bound,
+        lower_bound: r.lower_bound,
+        lower_bound_gap: r.lower_bound_gap,
+    };
+    Ok(ExchangeStep {
+        tiles,
+        transfers,
+        layout,
+        tables: compiled.lowered.tables,
+        figures,
+    })
+}
+
+/// `tile`'s table with every address moved from its synthetic buffer to
+/// the placed one (`address_of(buffer)` on that tile).
+pub fn resolve(
+    step: &ExchangeStep,
+    tile: u32,
+    address_of: impl Fn(usize) -> u32,
+) -> Vec<Descriptor> {
+    let Some(table) = step.tables.get(tile as usize) else {
+        return Vec::new();
+    };
+    table
+        .iter()
+        .map(|d| {
+            // Descriptors never span buffers (the layout's gaps), so the
+            // buffer that holds the first byte holds them all.
+            let found = step
+                .layout
+                .range((tile, 0)..=(tile, usize::MAX))
+                .find(|(_, &(s, e))| (s..e).contains(&d.address));
+            match found {
+                Some((&(_, buffer), &(s, _))) => Descriptor {
+                    address: address_of(buffer) + (d.address - s),
+                    ..*d
+                },
+                // Unreachable for tables made by `schedule`; left as is so
+                // that the checker reports it rather than a panic.
+                None => *d,
+            }
+        })
+        .collect()
+}
+
+/// Runs the independent checker of `ipu-exchange` on `tables` against the
+/// step's transfers at the placed addresses (`address_of(tile, buffer)`).
+pub fn check_tables(
+    step: &ExchangeStep,
+    tables: &[Vec<Descriptor>],
+    address_of: impl Fn(u32, usize) -> u32,
+) -> Result<ipu_exchange::CheckSummary, String> {
+    let phase = phase_of(step.tiles, &step.transfers, |r| {
+        address_of(r.tile, r.buffer) + r.offset
+    });
+    ipu_exchange::check(&phase, tables, ipu_exchange::XTAB_ISSUE_OFFSET).map_err(|e| e.to_string())
+}
+
+/// Resolves every tile's table and checks the result: what the driver runs
+/// on every exchange step after `place_storage`.
+pub fn verify_placed(
+    step: &ExchangeStep,
+    address_of: impl Fn(u32, usize) -> u32,
+) -> Result<ipu_exchange::CheckSummary, String> {
+    let tables: Vec<Vec<Descriptor>> = (0..step.tiles)
+        .map(|t| resolve(step, t, |b| address_of(t, b)))
+        .collect();
+    check_tables(step, &tables, address_of)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Two tiles swap 64 bytes and multicast a row to both.
+    fn small_step() -> ExchangeStep {
+        let r = |tile, buffer, offset| BufferRef {
+            tile,
+            buffer,
+            offset,
+        };
+        schedule(
+            3,
+            vec![
+                BufferTransfer {
+                    source: r(0, 2, 0),
+                    destinations: vec![r(1, 0, 32)],
+                    bytes: 64,
+                },
+                BufferTransfer {
+                    source: r(1, 1, 64),
+                    destinations: vec![r(0, 0, 0), r(2, 5, 0)],
+                    bytes: 32,
+                },
+            ],
+            0,
+        )
+        .unwrap()
+    }
+
+    /// Placed addresses unrelated to the synthetic ones.
+    fn placed(tile: u32, buffer: usize) -> u32 {
+        0x4E000 + 0x1000 * buffer as u32 + 0x100 * tile
+    }
+
+    #[test]
+    fn resolved_tables_pass_the_checker() {
+        let step = small_step();
+        let s = verify_placed(&step, placed).unwrap();
+        assert_eq!(s.words_delivered, 16 + 8 + 8);
+        let t1 = resolve(&step, 1, |b| placed(1, b));
+        assert!(t1
+            .iter()
+            .any(|d| !d.is_send() && d.address == placed(1, 0) + 32));
+    }
+
+    #[test]
+    fn corrupted_tables_are_rejected() {
+        let step = small_step();
+        let good: Vec<Vec<Descriptor>> = (0..3)
+            .map(|t| resolve(&step, t, |b| placed(t, b)))
+            .collect();
+        let mutations: [fn(&mut Descriptor); 4] = [
+            |d| d.address += 4,
+            |d| d.start += 1,
+            |d| d.words -= 1,
+            |d| {
+                d.kind = if d.is_send() {
+                    2
+                } else {
+                    ipu_exchange::SEND_KIND
+                }
+            },
+        ];
+        for tile in 0..3 {
+            for i in 0..good[tile].len() {
+                for m in mutations {
+                    let mut bad = good.clone();
+                    m(&mut bad[tile][i]);
+                    assert!(
+                        check_tables(&step, &bad, placed).is_err(),
+                        "tile {tile} descriptor {i}: {:?} accepted",
+                        bad[tile][i]
+                    );
+                }
+            }
+        }
+        // A table resolved with the wrong placement is rejected as well.
+        let shifted: Vec<Vec<Descriptor>> = (0..3)
+            .map(|t| resolve(&step, t, |b| placed(t, b) + 16))
+            .collect();
+        assert!(check_tables(&step, &shifted, placed).is_err());
+    }
+
+    #[test]
+    fn synthetic_buffers_never_touch() {
+        let step = small_step();
+        let mut prev: Option<(u32, u32)> = None;
+        for (&(tile, _), &(s, e)) in &step.layout {
+            if let Some((pt, pe)) = prev {
+                if pt == tile {
+                    assert!(s >= pe + 16);
+                }
+            }
+            assert_eq!(s % 16, 0);
+            prev = Some((tile, e));
+        }
+    }
+}
