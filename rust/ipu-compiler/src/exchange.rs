@@ -375,6 +375,21 @@ mod tests {
     }
 
     #[test]
+    fn the_drivers_check_rejects_a_corrupted_scheduled_table() {
+        // `verify_placed` is what `compile` runs after `place_storage`: a
+        // step whose scheduled table was damaged never reaches emit_code.
+        let mut step = small_step();
+        assert!(verify_placed(&step, placed).is_ok());
+        let tile = (0..3).find(|&t| !step.tables[t].is_empty()).unwrap();
+        step.tables[tile][0].start += 1;
+        let err = verify_placed(&step, placed).unwrap_err();
+        assert!(err.contains(&format!("tile {tile}")), "{err}");
+        let mut step = small_step();
+        step.tables[1].pop();
+        assert!(verify_placed(&step, placed).is_err());
+    }
+
+    #[test]
     fn synthetic_buffers_never_touch() {
         let step = small_step();
         let mut prev: Option<(u32, u32)> = None;

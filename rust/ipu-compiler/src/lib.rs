@@ -11,7 +11,11 @@
 //! 3. [`map_tiles`]: shards to physical tiles (verified: one shard per tile).
 //! 4. [`lower`]: buffers, vertex calls and host placements per tile (verified:
 //!    references inside buffers, tensors covered).
-//! 5. [`storage`] (`place_storage`): addresses (independently validated).
+//!    A GEMM chain's hand-off between GEMMs with their own plans is an
+//!    exchange step ([`exchange`]), scheduled here by `ipu-exchange`.
+//! 5. [`storage`] (`place_storage`): addresses (independently validated);
+//!    every exchange step's tables, moved to the placed addresses, pass
+//!    `ipu_exchange::check` before any code is emitted from them.
 //! 6. [`emit`] (`emit_code`): the supervisor program per tile.
 //! 7. [`link`]: tile program + kernel objects -> tile image (validated).
 //! 8. [`package`] (`write_package`): manifest, images and members, written atomically.
@@ -240,6 +244,15 @@ fn plan_exchanged_chain(
                 |_| 0,
                 |_| 1,
             );
+            // The scheduler logs its `optimized physical exchange schedule`
+            // line inside this span, so planning candidates are told apart
+            // from the phases the package runs (logged under `lower`).
+            let span = tracing::info_span!(
+                "ipu_compiler.plan.exchange_candidate",
+                consumer = c,
+                plans = %format!("{choice:?}")
+            );
+            let _enter = span.enter();
             let x = exchange::schedule(tiles, transfers, c as u32)?;
             total += exchange::step_cycles(&x.figures);
         }

@@ -177,6 +177,20 @@ fn mlp_small_hands_off_by_exchange_on_64_tiles() {
     assert!(ran.compile.package.info.tile_count > 17);
 }
 
+/// Estimated vs simulated cycles of mlp_small over tile budgets (the
+/// shared row partition used at most 17 tiles: 19,895 simulated cycles).
+#[test]
+fn mlp_small_figures_over_tile_budgets() {
+    for tiles in [5, 128, 1472] {
+        let ran = compile_and_run(&root().join("models/mlp_small.ipug"), tiles, 17);
+        let (chosen, steps) = exchange_facts(&ran.compile);
+        println!("budget {tiles}: hand-off {chosen}");
+        if chosen == "exchange" {
+            check_exchange_package(&ran, steps.len());
+        }
+    }
+}
+
 #[test]
 fn three_gemm_chain_without_bias_runs_two_exchange_steps() {
     let dir = tempfile::tempdir().unwrap();
