@@ -48,27 +48,15 @@ def _data_runfiles(ctx, crates):
         runfiles = runfiles.merge(target[DefaultInfo].default_runfiles)
     return files, runfiles
 
-def _compile_crate(ctx, crate_type, default_roots):
-    crate_name = ctx.attr.crate_name or crate_name_from_label(ctx.label)
-    root = _crate_root(ctx, default_roots)
+def _crate_spec(ctx, default_roots):
+    """What rustc needs to know about the crate this rule describes."""
     deps, build_infos = collect_deps(ctx.attr.deps)
-    proc_macro_deps = [d[CrateInfo] for d in ctx.attr.proc_macro_deps]
-    srcs = depset(ctx.files.srcs + ctx.files.compile_data)
-    if crate_type == "bin":
-        output = ctx.actions.declare_file(ctx.label.name)
-    else:
-        output = ctx.actions.declare_file(output_name(crate_name, crate_type, ctx.label))
-    dep_env = None
-    for info in build_infos:
-        dep_env = info.dep_env
-    dep_files = rustc_compile(
-        ctx,
-        crate_name = crate_name,
-        crate_type = crate_type,
-        root = root,
-        srcs = srcs,
+    return struct(
+        crate_name = ctx.attr.crate_name or crate_name_from_label(ctx.label),
+        root = _crate_root(ctx, default_roots),
+        srcs = depset(ctx.files.srcs + ctx.files.compile_data),
         deps = deps,
-        proc_macro_deps = proc_macro_deps,
+        proc_macro_deps = [d[CrateInfo] for d in ctx.attr.proc_macro_deps],
         build_infos = build_infos,
         edition = ctx.attr.edition,
         features = ctx.attr.crate_features,
@@ -77,28 +65,59 @@ def _compile_crate(ctx, crate_type, default_roots):
         rustc_env_files = ctx.files.rustc_env_files,
         version = ctx.attr.version,
         package_name = package_name_for(ctx),
-        output = output,
     )
-    data_files, runfiles = _data_runfiles(ctx, deps)
+
+def _compile(ctx, spec, crate_type, output, is_test = False):
+    return rustc_compile(
+        ctx,
+        crate_name = spec.crate_name,
+        crate_type = crate_type,
+        root = spec.root,
+        srcs = spec.srcs,
+        deps = spec.deps,
+        proc_macro_deps = spec.proc_macro_deps,
+        build_infos = spec.build_infos,
+        edition = spec.edition,
+        features = spec.features,
+        rustc_flags = spec.rustc_flags,
+        rustc_env = spec.rustc_env,
+        rustc_env_files = spec.rustc_env_files,
+        version = spec.version,
+        package_name = spec.package_name,
+        output = output,
+        is_test = is_test,
+    )
+
+def _compile_crate(ctx, crate_type, default_roots):
+    spec = _crate_spec(ctx, default_roots)
+    if crate_type == "bin":
+        output = ctx.actions.declare_file(ctx.label.name)
+    else:
+        output = ctx.actions.declare_file(output_name(spec.crate_name, crate_type, ctx.label))
+    dep_env = None
+    for info in spec.build_infos:
+        dep_env = info.dep_env
+    dep_files = _compile(ctx, spec, crate_type, output)
+    data_files, runfiles = _data_runfiles(ctx, spec.deps)
     info = CrateInfo(
-        name = crate_name,
+        name = spec.crate_name,
         type = crate_type,
         output = output,
         transitive_outputs = depset([output], transitive = [dep_files]),
         dep_env = dep_env,
         data = data_files,
-        root = root,
-        srcs = srcs,
-        deps = deps,
-        proc_macro_deps = proc_macro_deps,
-        build_infos = build_infos,
-        edition = ctx.attr.edition,
-        features = ctx.attr.crate_features,
-        rustc_flags = ctx.attr.rustc_flags,
-        rustc_env = ctx.attr.rustc_env,
-        rustc_env_files = ctx.files.rustc_env_files,
-        version = ctx.attr.version,
-        package_name = package_name_for(ctx),
+        root = spec.root,
+        srcs = spec.srcs,
+        deps = spec.deps,
+        proc_macro_deps = spec.proc_macro_deps,
+        build_infos = spec.build_infos,
+        edition = spec.edition,
+        features = spec.features,
+        rustc_flags = spec.rustc_flags,
+        rustc_env = spec.rustc_env,
+        rustc_env_files = spec.rustc_env_files,
+        version = spec.version,
+        package_name = spec.package_name,
     )
     return info, output, runfiles
 
@@ -128,57 +147,31 @@ def _rust_test_impl(ctx):
         # deps, as rules_rust does for unit tests.
         base = ctx.attr.crate[CrateInfo]
         extra_deps, extra_build_infos = collect_deps(ctx.attr.deps)
-        deps = base.deps + [d for d in extra_deps if d not in base.deps]
-        build_infos = base.build_infos + extra_build_infos
-        proc_macro_deps = base.proc_macro_deps + [d[CrateInfo] for d in ctx.attr.proc_macro_deps]
-        srcs = depset(ctx.files.srcs + ctx.files.compile_data, transitive = [base.srcs])
-        root = base.root
-        crate_name = base.name
-        edition = base.edition
-        features = base.features + ctx.attr.crate_features
-        rustc_flags = base.rustc_flags + ctx.attr.rustc_flags
         rustc_env = dict(base.rustc_env)
         rustc_env.update(ctx.attr.rustc_env)
-        rustc_env_files = base.rustc_env_files + ctx.files.rustc_env_files
-        version = base.version
-        package_name = base.package_name
+        spec = struct(
+            crate_name = base.name,
+            root = base.root,
+            srcs = depset(ctx.files.srcs + ctx.files.compile_data, transitive = [base.srcs]),
+            deps = base.deps + [d for d in extra_deps if d not in base.deps],
+            proc_macro_deps = base.proc_macro_deps + [d[CrateInfo] for d in ctx.attr.proc_macro_deps],
+            build_infos = base.build_infos + extra_build_infos,
+            edition = base.edition,
+            features = base.features + ctx.attr.crate_features,
+            rustc_flags = base.rustc_flags + ctx.attr.rustc_flags,
+            rustc_env = rustc_env,
+            rustc_env_files = base.rustc_env_files + ctx.files.rustc_env_files,
+            version = base.version,
+            package_name = base.package_name,
+        )
         manifest_label = ctx.attr.crate.label
     else:
-        deps, build_infos = collect_deps(ctx.attr.deps)
-        proc_macro_deps = [d[CrateInfo] for d in ctx.attr.proc_macro_deps]
-        srcs = depset(ctx.files.srcs + ctx.files.compile_data)
-        root = _crate_root(ctx, ["main.rs", "lib.rs"])
-        crate_name = ctx.attr.crate_name or crate_name_from_label(ctx.label)
-        edition = ctx.attr.edition
-        features = ctx.attr.crate_features
-        rustc_flags = ctx.attr.rustc_flags
-        rustc_env = ctx.attr.rustc_env
-        rustc_env_files = ctx.files.rustc_env_files
-        version = ctx.attr.version
-        package_name = package_name_for(ctx)
+        spec = _crate_spec(ctx, ["main.rs", "lib.rs"])
         manifest_label = ctx.label
 
     output = ctx.actions.declare_file(ctx.label.name)
-    rustc_compile(
-        ctx,
-        crate_name = crate_name,
-        crate_type = "bin",
-        root = root,
-        srcs = srcs,
-        deps = deps,
-        proc_macro_deps = proc_macro_deps,
-        build_infos = build_infos,
-        edition = edition,
-        features = features,
-        rustc_flags = rustc_flags,
-        rustc_env = rustc_env,
-        rustc_env_files = rustc_env_files,
-        version = version,
-        package_name = package_name,
-        output = output,
-        is_test = True,
-    )
-    _, runfiles = _data_runfiles(ctx, deps)
+    _compile(ctx, spec, "bin", output, is_test = True)
+    _, runfiles = _data_runfiles(ctx, spec.deps)
     if ctx.attr.crate:
         runfiles = runfiles.merge(ctx.attr.crate[DefaultInfo].default_runfiles)
     runfiles = ctx.runfiles(files = [output]).merge(runfiles)
