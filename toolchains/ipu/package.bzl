@@ -42,8 +42,6 @@ def _ipu_package_impl(ctx):
         outputs = [pkg, report, log],
         mnemonic = "IpuCompile",
         progress_message = "Compiling IPU package %s (%d tiles)" % (ctx.label, ctx.attr.tiles),
-        # Quiet in Bazel actions: progress bars only show in a terminal.
-        env = {"IPU_PROGRESS": "never"},
     )
     return [
         IpuPackageInfo(package = pkg, report = report, log = log, model = ctx.file.model, tiles = ctx.attr.tiles),
