@@ -442,7 +442,7 @@ pub fn compile(options: &CompileOptions) -> Result<CompileOutput, CompileError> 
                     reason: format!(
                         "none of {candidates} partitions of [{}, {}] x [{}, {}] over at most {} tiles fits {share} bytes of interleaved memory per tile{}",
                         geometry.m, geometry.k, geometry.k, geometry.n, options.tiles,
-                        if chained { " (chains keep whole rows on a tile)" } else { "" }
+                        if chained { " (neither with whole rows per tile for the chain nor with a plan of its own and an exchange hand-off)" } else { "" }
                     ),
                 });
             };
