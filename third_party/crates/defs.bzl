@@ -365,6 +365,8 @@ _NORMAL_DEPENDENCIES = {
             "half": Label("//:half-2.7.1"),
         },
     },
+    "rust/ipu-rng": {
+    },
     "rust/ipu-runtime": {
         _COMMON_CONDITION: {
             "blake3": Label("//:blake3-1.8.7"),
@@ -425,6 +427,8 @@ _NORMAL_ALIASES = {
     "rust/ipu-reference": {
         _COMMON_CONDITION: {
         },
+    },
+    "rust/ipu-rng": {
     },
     "rust/ipu-runtime": {
         _COMMON_CONDITION: {
@@ -497,6 +501,8 @@ _NORMAL_DEV_DEPENDENCIES = {
             "expect-test": Label("//:expect-test-1.5.1"),
         },
     },
+    "rust/ipu-rng": {
+    },
     "rust/ipu-runtime": {
         _COMMON_CONDITION: {
             "expect-test": Label("//:expect-test-1.5.1"),
@@ -556,6 +562,8 @@ _NORMAL_DEV_ALIASES = {
         _COMMON_CONDITION: {
         },
     },
+    "rust/ipu-rng": {
+    },
     "rust/ipu-runtime": {
         _COMMON_CONDITION: {
         },
@@ -592,6 +600,8 @@ _PROC_MACRO_DEPENDENCIES = {
     },
     "rust/ipu-reference": {
     },
+    "rust/ipu-rng": {
+    },
     "rust/ipu-runtime": {
     },
     "rust/ipu-sim": {
@@ -624,6 +634,8 @@ _PROC_MACRO_ALIASES = {
     },
     "rust/ipu-reference": {
     },
+    "rust/ipu-rng": {
+    },
     "rust/ipu-runtime": {
     },
     "rust/ipu-sim": {
@@ -655,6 +667,8 @@ _PROC_MACRO_DEV_DEPENDENCIES = {
     "rust/ipu-package": {
     },
     "rust/ipu-reference": {
+    },
+    "rust/ipu-rng": {
     },
     "rust/ipu-runtime": {
     },
@@ -708,6 +722,8 @@ _PROC_MACRO_DEV_ALIASES = {
         _COMMON_CONDITION: {
         },
     },
+    "rust/ipu-rng": {
+    },
     "rust/ipu-runtime": {
         _COMMON_CONDITION: {
         },
@@ -744,6 +760,8 @@ _BUILD_DEPENDENCIES = {
     },
     "rust/ipu-reference": {
     },
+    "rust/ipu-rng": {
+    },
     "rust/ipu-runtime": {
     },
     "rust/ipu-sim": {
@@ -775,6 +793,8 @@ _BUILD_ALIASES = {
     "rust/ipu-package": {
     },
     "rust/ipu-reference": {
+    },
+    "rust/ipu-rng": {
     },
     "rust/ipu-runtime": {
     },
@@ -808,6 +828,8 @@ _BUILD_PROC_MACRO_DEPENDENCIES = {
     },
     "rust/ipu-reference": {
     },
+    "rust/ipu-rng": {
+    },
     "rust/ipu-runtime": {
     },
     "rust/ipu-sim": {
@@ -839,6 +861,8 @@ _BUILD_PROC_MACRO_ALIASES = {
     "rust/ipu-package": {
     },
     "rust/ipu-reference": {
+    },
+    "rust/ipu-rng": {
     },
     "rust/ipu-runtime": {
     },

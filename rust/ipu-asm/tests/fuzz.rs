@@ -5,19 +5,7 @@
 
 use std::path::PathBuf;
 
-struct Rng(u64);
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-    fn below(&mut self, n: usize) -> usize {
-        (self.next() % n.max(1) as u64) as usize
-    }
-}
+use ipu_rng::SplitMix64 as Rng;
 
 const FRAGMENTS: &[&str] = &[
     ".if",
@@ -104,38 +92,38 @@ fn mutated_sources_never_panic() {
     for round in 0..3000 {
         let base = &sources[round % sources.len()];
         let mut lines: Vec<String> = base.lines().map(String::from).collect();
-        for _ in 0..1 + rng.below(4) {
+        for _ in 0..1 + rng.index(4) {
             let n = lines.len();
-            match rng.below(6) {
+            match rng.index(6) {
                 0 if n > 0 => {
-                    lines.remove(rng.below(n));
+                    lines.remove(rng.index(n));
                 }
                 1 if n > 0 => {
-                    let l = lines[rng.below(n)].clone();
-                    lines.insert(rng.below(n + 1), l);
+                    let l = lines[rng.index(n)].clone();
+                    lines.insert(rng.index(n + 1), l);
                 }
                 2 if n > 1 => {
-                    let (a, b) = (rng.below(n), rng.below(n));
+                    let (a, b) = (rng.index(n), rng.index(n));
                     lines.swap(a, b);
                 }
                 3 if n > 0 => {
                     // Splice a fragment into a line at a character boundary.
-                    let i = rng.below(n);
+                    let i = rng.index(n);
                     let cut = lines[i]
                         .char_indices()
                         .map(|(k, _)| k)
-                        .nth(rng.below(lines[i].chars().count() + 1))
+                        .nth(rng.index(lines[i].chars().count() + 1))
                         .unwrap_or(lines[i].len());
-                    let frag = FRAGMENTS[rng.below(FRAGMENTS.len())];
+                    let frag = FRAGMENTS[rng.index(FRAGMENTS.len())];
                     lines[i].insert_str(cut, frag);
                 }
                 _ => {
                     let mut l = String::new();
-                    for _ in 0..1 + rng.below(5) {
-                        l.push_str(FRAGMENTS[rng.below(FRAGMENTS.len())]);
+                    for _ in 0..1 + rng.index(5) {
+                        l.push_str(FRAGMENTS[rng.index(FRAGMENTS.len())]);
                         l.push(' ');
                     }
-                    lines.insert(rng.below(n + 1), l);
+                    lines.insert(rng.index(n + 1), l);
                 }
             }
         }
@@ -164,11 +152,11 @@ fn random_bytes_never_panic() {
     let mut rng = Rng(7);
     let opts = ipu_asm::Options::default();
     for _ in 0..2000 {
-        let len = rng.below(200);
+        let len = rng.index(200);
         let text: String = (0..len)
             .map(|_| {
                 let pool = b"abcxyz019$[]{}();,:.+-*/%<>=!~&|^\\\"'# \n\tmK@";
-                pool[rng.below(pool.len())] as char
+                pool[rng.index(pool.len())] as char
             })
             .collect();
         let _ = ipu_asm::assemble_source("random.S", &text, std::path::Path::new("."), &opts);

@@ -7,20 +7,7 @@ use ipu_isa::{encode_word, parse_instruction, RelocKind};
 use ipu_object::*;
 use std::collections::BTreeMap;
 
-/// splitmix64: small, seeded, deterministic.
-struct Rng(u64);
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-    fn below(&mut self, n: usize) -> usize {
-        (self.next() % n.max(1) as u64) as usize
-    }
-}
+use ipu_rng::SplitMix64 as Rng;
 
 fn code(lines: &[&str]) -> Vec<u8> {
     lines
@@ -150,26 +137,27 @@ fn sample_image() -> TileImage {
 
 fn mutate(rng: &mut Rng, good: &[u8]) -> Vec<u8> {
     let mut b = good.to_vec();
-    for _ in 0..1 + rng.below(4) {
-        match rng.below(5) {
+    for _ in 0..1 + rng.index(4) {
+        match rng.index(5) {
             0 => {
-                let i = rng.below(b.len());
-                b[i] ^= 1 << rng.below(8);
+                let i = rng.index(b.len());
+                b[i] ^= 1 << rng.index(8);
             }
             1 => {
-                let i = rng.below(b.len());
-                b[i] = rng.next() as u8;
+                let i = rng.index(b.len());
+                b[i] = rng.next_u64() as u8;
             }
-            2 => b.truncate(rng.below(b.len())),
+            2 => b.truncate(rng.index(b.len())),
             3 => {
-                let i = rng.below(b.len() + 1);
-                b.insert(i, rng.next() as u8);
+                let i = rng.index(b.len() + 1);
+                b.insert(i, rng.next_u64() as u8);
             }
             _ => {
                 // Large length or count fields are the classic crash.
-                let i = rng.below(b.len().saturating_sub(4));
+                let i = rng.index(b.len().saturating_sub(4));
                 if i + 4 <= b.len() {
-                    b[i..i + 4].copy_from_slice(&(rng.next() as u32 | 0x8000_0000).to_le_bytes());
+                    b[i..i + 4]
+                        .copy_from_slice(&(rng.next_u64() as u32 | 0x8000_0000).to_le_bytes());
                 }
             }
         }

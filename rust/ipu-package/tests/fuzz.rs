@@ -9,26 +9,26 @@ use ipu_package::Package;
 
 fn mutate(rng: &mut common::Rng, bytes: &[u8]) -> Vec<u8> {
     let mut b = bytes.to_vec();
-    match rng.below(5) {
+    match rng.index(5) {
         0 => {
-            let i = rng.below(b.len());
-            b[i] ^= 1 << rng.below(8);
+            let i = rng.index(b.len());
+            b[i] ^= 1 << rng.index(8);
         }
         1 => {
-            for _ in 0..1 + rng.below(8) {
-                let i = rng.below(b.len());
-                b[i] = rng.next() as u8;
+            for _ in 0..1 + rng.index(8) {
+                let i = rng.index(b.len());
+                b[i] = rng.next_u64() as u8;
             }
         }
-        2 => b.truncate(rng.below(b.len())),
+        2 => b.truncate(rng.index(b.len())),
         3 => {
-            let i = rng.below(b.len());
-            let n = 1 + rng.below(16);
-            b.splice(i..i, (0..n).map(|_| rng.next() as u8));
+            let i = rng.index(b.len());
+            let n = 1 + rng.index(16);
+            b.splice(i..i, (0..n).map(|_| rng.next_u64() as u8));
         }
         _ => {
-            let i = rng.below(b.len());
-            let n = (1 + rng.below(64)).min(b.len() - i);
+            let i = rng.index(b.len());
+            let n = (1 + rng.index(64)).min(b.len() - i);
             b.drain(i..i + n);
         }
     }

@@ -1,9 +1,9 @@
 //! Deterministic input generators over a seeded PRNG.
 //!
 //! SplitMix64 expands a seed into the state of xoshiro256**, which draws the
-//! numbers. Both are small, well-known public-domain generators written out
-//! here so that the same seed gives the same tensors on every machine and
-//! toolchain, forever: tests and snapshots depend on it.
+//! numbers (both from the project's `ipu-rng`), so that the same seed gives
+//! the same tensors on every machine and toolchain, forever: tests and
+//! snapshots depend on it.
 
 use std::collections::BTreeMap;
 
@@ -11,54 +11,7 @@ use ipu_graph::{Graph, TensorType, ValueDef};
 
 use crate::tensor::Tensor;
 
-/// SplitMix64: used to seed xoshiro and to mix names into seeds.
-#[derive(Clone, Debug)]
-pub struct SplitMix64(pub u64);
-
-impl SplitMix64 {
-    /// The next 64 random bits.
-    pub fn next_u64(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-}
-
-/// xoshiro256**.
-#[derive(Clone, Debug)]
-pub struct Xoshiro256 {
-    s: [u64; 4],
-}
-
-impl Xoshiro256 {
-    /// A generator seeded through SplitMix64 (never all-zero state).
-    pub fn seeded(seed: u64) -> Xoshiro256 {
-        let mut sm = SplitMix64(seed);
-        Xoshiro256 {
-            s: [sm.next_u64(), sm.next_u64(), sm.next_u64(), sm.next_u64()],
-        }
-    }
-
-    /// The next 64 random bits.
-    pub fn next_u64(&mut self) -> u64 {
-        let result = self.s[1].wrapping_mul(5).rotate_left(7).wrapping_mul(9);
-        let t = self.s[1] << 17;
-        self.s[2] ^= self.s[0];
-        self.s[3] ^= self.s[1];
-        self.s[1] ^= self.s[2];
-        self.s[0] ^= self.s[3];
-        self.s[2] ^= t;
-        self.s[3] = self.s[3].rotate_left(45);
-        result
-    }
-
-    /// A uniform double in [0, 1) with 53 random bits.
-    pub fn next_f64(&mut self) -> f64 {
-        (self.next_u64() >> 11) as f64 * (1.0 / (1u64 << 53) as f64)
-    }
-}
+pub use ipu_rng::{SplitMix64, Xoshiro256};
 
 /// How to fill a tensor.
 #[derive(Clone, Copy, Debug, PartialEq)]

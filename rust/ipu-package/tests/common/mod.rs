@@ -159,21 +159,5 @@ pub fn members_of(tar: &[u8]) -> Vec<(String, Vec<u8>)> {
         .collect()
 }
 
-/// A small seeded PRNG (SplitMix64) for the fuzz test.
-pub struct Rng(pub u64);
-
-impl Rng {
-    /// The next 64 random bits.
-    pub fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-
-    /// A number below `n`.
-    pub fn below(&mut self, n: usize) -> usize {
-        (self.next() % n as u64) as usize
-    }
-}
+/// The seeded PRNG of the fuzz test.
+pub use ipu_rng::SplitMix64 as Rng;
