@@ -4,121 +4,14 @@
 //! inputs and compare with ipu-reference within the documented tolerance.
 //! Estimated and simulated cycles are printed side by side.
 
-use ipu_compiler::{compile, Accumulation, CompileOptions, CompileOutput, KernelSource};
+use ipu_compiler::{compile, Accumulation, CompileOptions, KernelSource};
 use ipu_package::Package;
-use ipu_reference::{compare, evaluate, random, Tolerance};
+use ipu_reference::{compare, random, Tolerance};
 use ipu_runtime::{Session, SimDevice};
 use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
 
-fn root() -> PathBuf {
-    PathBuf::from(std::env::var("CARGO_MANIFEST_DIR").expect("cargo or bazel sets it"))
-        .join("../..")
-}
-
-fn options(model: &Path, tiles: u32, cache: &Path) -> CompileOptions {
-    CompileOptions::new(
-        model,
-        tiles,
-        KernelSource::Sources {
-            device_dir: root().join("device"),
-            cache_dir: Some(cache.to_path_buf()),
-        },
-    )
-}
-
-struct Ran {
-    compile: CompileOutput,
-    run_device_cycles: u64,
-}
-
-/// Compiles `model` for `tiles`, runs it on the simulator with seeded
-/// Gaussian feeds and checks every output against the host reference.
-fn compile_and_run(model: &Path, tiles: u32, seed: u64) -> Ran {
-    let cache = tempfile::tempdir().unwrap();
-    let (ran, _) = run_with(
-        &options(model, tiles, cache.path()),
-        |g| random::gaussian_feeds(g, seed),
-        true,
-    );
-    ran
-}
-
-/// Compiles with `opts`, runs with `feeds(graph)`, checks every output
-/// against the reference when `check`, and returns the outputs too.
-fn run_with(
-    opts: &CompileOptions,
-    feeds: impl Fn(&ipu_graph::Graph) -> BTreeMap<String, ipu_reference::Tensor>,
-    check: bool,
-) -> (Ran, BTreeMap<String, ipu_reference::Tensor>) {
-    let model = opts.model.as_path();
-    let out = compile(opts).unwrap_or_else(|e| panic!("{}: {e}", model.display()));
-    let pkg =
-        Package::from_bytes(&out.package.to_bytes().unwrap()).expect("the package reads back");
-    assert_eq!(pkg, out.package);
-    let graph = ipu_graph::parse(
-        "model.ipug",
-        std::str::from_utf8(&pkg.members["model.ipug"]).unwrap(),
-    )
-    .unwrap();
-    let device = SimDevice::new(pkg.info.tile_count).unwrap();
-    let mut session =
-        Session::load(Box::new(device), pkg.clone(), None).unwrap_or_else(|e| panic!("{e}"));
-    let feeds = feeds(&graph);
-    let pick = |call: &str| -> BTreeMap<String, ipu_reference::Tensor> {
-        let c = pkg.info.calls.iter().find(|c| c.name == call).unwrap();
-        c.inputs
-            .iter()
-            .map(|t| (t.name.clone(), feeds[&t.name].clone()))
-            .collect()
-    };
-    session
-        .call("initialize", &pick("initialize"))
-        .unwrap_or_else(|e| panic!("initialize: {e}"));
-    let run = session
-        .call("run", &pick("run"))
-        .unwrap_or_else(|e| panic!("run: {e}"));
-    let reference = evaluate(&graph, &feeds).unwrap();
-    let k = ipu_graph::analysis::max_reduction_length(&graph);
-    for (name, want) in reference.iter().filter(|_| check) {
-        let got = &run.outputs[name];
-        let tol = Tolerance::for_output(want.dtype(), k, want.data());
-        let cmp = compare(got, want, tol).unwrap();
-        assert!(
-            cmp.passed(),
-            "{}: output `{name}`: {cmp:?}",
-            model.display()
-        );
-        assert!(
-            cmp.cosine > 0.9999,
-            "{}: output `{name}` cosine {}",
-            model.display(),
-            cmp.cosine
-        );
-    }
-    println!(
-        "{:<28} tiles={:<4} estimated_compute={:<8} simulated_run_device={:<8} estimated_run={:<8} compute_bound={}",
-        model.file_name().unwrap().to_string_lossy(),
-        out.package.info.tile_count,
-        out.estimated_compute_cycles,
-        run.cycles.device_cycles,
-        out.estimated_run_cycles,
-        out.package.info.report_summary["compute_bound_cycles"],
-    );
-    (
-        Ran {
-            compile: out,
-            run_device_cycles: run.cycles.device_cycles,
-        },
-        run.outputs,
-    )
-}
-
-fn write_model(dir: &Path, name: &str, text: &str) -> PathBuf {
-    let p = dir.join(format!("{name}.ipug"));
-    std::fs::write(&p, text).unwrap();
-    p
-}
+mod common;
+use common::*;
 
 #[test]
 fn gemm_small_on_the_simulator() {
