@@ -36,6 +36,10 @@ pub struct Group {
     pub values: Vec<ValueId>,
     /// Whether later GEMMs read the result on the device.
     pub feeds_gemm: bool,
+    /// Whether an attention block reads the result (through `split_heads`):
+    /// it moves to the attention tiles from the compact layout of the
+    /// reduce step ([`crate::attention`]).
+    pub feeds_attention: bool,
 }
 
 impl Group {
@@ -58,7 +62,7 @@ impl Group {
     /// an epilogue to apply, or a result that a later GEMM reads in the
     /// compact layout the reduce step writes.
     pub fn needs_reduce_step(&self) -> bool {
-        self.epilogue() != 0 || self.feeds_gemm
+        self.epilogue() != 0 || self.feeds_gemm || self.feeds_attention
     }
 }
 
@@ -85,6 +89,14 @@ pub fn fuse(graph: &Graph) -> Result<Vec<Group>, CompileError> {
         if owner[r.0 as usize].is_some() {
             continue;
         }
+        // Attention blocks (split_heads, attention, merge_heads) are
+        // recognised and checked as a whole by `attention::recognise`.
+        if matches!(
+            node.op,
+            Op::SplitHeads { .. } | Op::Attention { .. } | Op::MergeHeads
+        ) {
+            continue;
+        }
         let Op::Gemm {
             transpose_a,
             transpose_b,
@@ -98,7 +110,7 @@ pub fn fuse(graph: &Graph) -> Result<Vec<Group>, CompileError> {
                 )
             } else {
                 format!(
-                    "no lowering for `{}` yet (lowered today: gemm, with a fused bias add and gelu)",
+                    "no lowering for `{}` yet (lowered today: gemm, with a fused bias add and gelu; split_heads, attention and merge_heads of GEMM results)",
                     node.op.name()
                 )
             };
@@ -160,6 +172,7 @@ pub fn fuse(graph: &Graph) -> Result<Vec<Group>, CompileError> {
             gelu: false,
             values: vec![r],
             feeds_gemm: false,
+            feeds_attention: false,
         };
         // Follow single-use chains: add(bias) then gelu.
         loop {
@@ -206,7 +219,7 @@ pub fn fuse(graph: &Graph) -> Result<Vec<Group>, CompileError> {
         groups.push(group);
     }
     // Every value inside a group except its result must stay internal.
-    for g in &groups {
+    for g in groups.iter_mut() {
         for &v in &g.values[..g.values.len() - 1] {
             if is_output(v) {
                 return Err(err(
@@ -219,6 +232,10 @@ pub fn fuse(graph: &Graph) -> Result<Vec<Group>, CompileError> {
         let result = g.result();
         for u in users(graph, result) {
             let consumer = graph.node(u);
+            if matches!(consumer.op, Op::SplitHeads { .. }) {
+                g.feeds_attention = true;
+                continue;
+            }
             let fine = matches!(consumer.op, Op::Gemm { .. })
                 && consumer.args[0] == result
                 && consumer.args[1] != result;

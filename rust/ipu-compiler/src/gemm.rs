@@ -26,6 +26,9 @@ pub struct GemmGeometry {
     pub acc32: bool,
     /// The result the host reads is f16 (else f32).
     pub f16_result: bool,
+    /// Row-part boundaries are multiples of this (1, or 2 when the result is
+    /// transposed on its tiles and moved as runs of 4-byte words).
+    pub row_align: u32,
 }
 
 impl GemmGeometry {
@@ -60,6 +63,10 @@ impl GemmGeometry {
     pub fn needs_reduce(&self, k_groups: usize) -> bool {
         self.acc32 && (k_groups > 1 || self.f16_result)
     }
+    /// Row ranges of `parts` row parts, boundaries aligned to `row_align`.
+    pub fn row_ranges(&self, parts: u32) -> Vec<(u32, u32)> {
+        aligned_ranges(self.m, parts, self.row_align)
+    }
     /// Multiply-accumulates of the whole product.
     pub fn macs(&self) -> u64 {
         self.m as u64 * self.k as u64 * self.n as u64
@@ -75,6 +82,25 @@ pub fn ranges(n: u32, parts: u32) -> Vec<(u32, u32)> {
                 ((i as u64 + 1) * n as u64 / parts as u64) as u32,
             )
         })
+        .filter(|(a, b)| b > a)
+        .collect()
+}
+
+/// Like [`ranges`], with every inner boundary rounded to a multiple of
+/// `align` (ranges that become empty are dropped).
+pub fn aligned_ranges(n: u32, parts: u32, align: u32) -> Vec<(u32, u32)> {
+    if align <= 1 {
+        return ranges(n, parts);
+    }
+    let bound = |i: u32| -> u32 {
+        if i >= parts {
+            return n;
+        }
+        let exact = i as u64 * n as u64 / parts as u64;
+        (((exact + align as u64 / 2) / align as u64) * align as u64).min(n as u64) as u32
+    };
+    (0..parts)
+        .map(|i| (bound(i), bound(i + 1)))
         .filter(|(a, b)| b > a)
         .collect()
 }
@@ -339,6 +365,7 @@ mod tests {
             n,
             acc32,
             f16_result: true,
+            row_align: 1,
         }
     }
 
@@ -346,6 +373,8 @@ mod tests {
     fn ranges_cover_and_balance() {
         assert_eq!(ranges(10, 3), vec![(0, 3), (3, 6), (6, 10)]);
         assert_eq!(ranges(2, 4), vec![(0, 1), (1, 2)]);
+        assert_eq!(aligned_ranges(729, 4, 2), vec![(0, 182), (182, 364), (364, 546), (546, 729)]);
+        assert_eq!(aligned_ranges(5, 4, 2), vec![(0, 2), (2, 4), (4, 5)]);
     }
 
     #[test]

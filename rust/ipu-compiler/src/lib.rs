@@ -28,6 +28,7 @@
 //! and the Bazel rule call it. Kernels come from a Bazel library index or are
 //! assembled on demand from `device/` ([`library::KernelSource`]).
 
+pub mod attention;
 pub mod emit;
 pub mod error;
 pub mod exchange;
@@ -160,7 +161,7 @@ fn reduce_kernel(f16_result: bool, epilogue: i64) -> KernelRequest {
 }
 
 /// A kernel's declared cycle formula, checked to evaluate with `vars`.
-fn kernel_formula(
+pub(crate) fn kernel_formula(
     library: &mut KernelLibrary,
     request: &KernelRequest,
     vars: &[&str],
@@ -275,6 +276,26 @@ fn plan_exchanged_chain(
     }
 }
 
+/// The run call's device cycles on the program's own structure: a compute
+/// step advances only the tiles it runs on (tiles never wait for each other
+/// between compute sets), an exchange step first syncs every tile. Steps
+/// carry their slowest tile's estimate (GEMM steps their plan's compute,
+/// exchange steps their schedule).
+fn timeline_cycles(l: &lower::Lowered) -> u64 {
+    let mut clock = vec![0u64; l.tile_count as usize];
+    for step in l.calls.iter().filter(|c| c.name == "run").flat_map(|c| &c.steps) {
+        if step.exchange.is_some() {
+            let start = clock.iter().copied().max().unwrap_or(0);
+            clock.fill(start + step.estimated_cycles);
+        } else {
+            for &tile in step.tiles.keys() {
+                clock[tile as usize] += step.estimated_cycles;
+            }
+        }
+    }
+    clock.into_iter().max().unwrap_or(0)
+}
+
 /// Compiles `options.model` into a package (and writes it when `output` is set).
 pub fn compile(options: &CompileOptions) -> Result<CompileOutput, CompileError> {
     if !(1..=ipu_arch::TILES_PER_CHIP).contains(&options.tiles) {
@@ -298,12 +319,106 @@ pub fn compile(options: &CompileOptions) -> Result<CompileOutput, CompileError> 
 
     // Plan every GEMM; each gets an equal share of region 1 so that all fit.
     let mut operation_reports: Vec<OperationReport> = Vec::new();
-    let groups = phase("fuse", || fuse::fuse(graph))?;
+    let (groups, blocks) = phase("fuse", || {
+        let groups = fuse::fuse(graph)?;
+        let blocks = attention::recognise(graph, &groups)?;
+        Ok((groups, blocks))
+    })?;
+    // An attention block's kernels and formulas.
+    let mut attention_kernels = match blocks.first() {
+        Some(b) => {
+            let requests = attention::kernel_requests(b);
+            let mut f = Vec::new();
+            for (r, vars) in requests.iter().zip(attention::FORMULA_VARS) {
+                f.push((r.clone(), kernel_formula(&mut library, r, vars)?));
+            }
+            let mut it = f.into_iter();
+            let mut next = || it.next().expect("six kernels");
+            Some(attention::AttentionKernels {
+                gemm: next(),
+                online: next(),
+                merge: next(),
+                final_: next(),
+                fill: next(),
+                transpose: next(),
+            })
+        }
+        None => None,
+    };
+    // The attention block gets tiles of its own after the projections'.
+    let mut attention_plan: Option<attention::AttentionPlan> = None;
+    let mut attention_candidates: Vec<attention::AttentionPlan> = Vec::new();
+    let mut gemm_tiles = options.tiles;
+    if let (Some(b), Some(k)) = (blocks.first(), attention_kernels.as_mut()) {
+        phase("plan_attention", || {
+            let macs: u64 = groups
+                .iter()
+                .map(|g| {
+                    let node = graph.node(g.gemm);
+                    let (a, bt) = (graph.ty(node.args[0]), graph.ty(node.args[1]));
+                    a.shape.dims()[0] as u64 * a.shape.dims()[1] as u64 * bt.shape.dims()[1] as u64
+                })
+                .max()
+                .unwrap_or(0);
+            // A proxy for the projections, side by side on equal shares of
+            // the tiles left: the f32-accumulating AMP rate at the 72%
+            // efficiency measured for SigLIP-size projections
+            // (docs/compiler.md); the projections themselves are planned
+            // exactly once the split is chosen.
+            let per_group = groups.len().max(1) as u64;
+            let proxy = |tiles: u32| -> u64 {
+                (macs * per_group * 100)
+                    .div_ceil(tiles.max(1) as u64 * ipu_arch::AMP_MACS_F16_F32 as u64 * 72)
+            };
+            attention_candidates = attention::plan(b, options.tiles, k, proxy);
+            let Some(chosen) = attention_candidates.first().cloned() else {
+                return Err(CompileError::NoFeasiblePlan {
+                    value: graph.value(b.attention).name.clone(),
+                    reason: format!(
+                        "no query blocking of {} heads x {} queries over fewer than {} tiles fits a tile's memory with the head's K^T and V ({} keys)",
+                        b.heads, b.sq, options.tiles, b.sk
+                    ),
+                });
+            };
+            for (i, c) in attention_candidates.iter().take(options.search.finalists).enumerate() {
+                tracing::info!(
+                    finalist = i,
+                    value = %graph.value(b.attention).name,
+                    query_blocks = c.query_blocks,
+                    rows = c.rows,
+                    key_blocks = c.key_blocks.len(),
+                    attention_tiles = c.tiles,
+                    estimated_cycles = c.total_cycles(),
+                    estimated_compute_cycles = c.compute_cycles,
+                    estimated_exchange_cycles = c.exchange_bound_cycles,
+                    estimated_projection_cycles = c.projection_cycles,
+                    peak_interleaved_bytes = c.region1_bytes,
+                    "retained attention-plan finalist"
+                );
+            }
+            gemm_tiles = chosen.first_tile;
+            attention_plan = Some(chosen);
+            Ok(())
+        })?;
+    }
     // A chain (a GEMM reading an earlier group's result) is planned jointly:
     // one row partition, whole rows per tile, so no data crosses tiles.
     let chained = groups.iter().any(|g| matches!(g.a, fuse::Source::Group(_)));
-    let share =
-        (ipu_arch::REGION1_END - ipu_arch::REGION1_BASE) as u64 / groups.len().max(1) as u64;
+    // In a model with attention, the groups (the projections) run side by
+    // side on tiles of their own, each with all of region 1; otherwise every
+    // group spans the same tiles and gets an equal share of region 1.
+    let disjoint_groups = !blocks.is_empty();
+    let region1 = (ipu_arch::REGION1_END - ipu_arch::REGION1_BASE) as u64;
+    let share = if disjoint_groups {
+        region1
+    } else {
+        region1 / groups.len().max(1) as u64
+    };
+    let group_tiles = if disjoint_groups {
+        (gemm_tiles / groups.len().max(1) as u32).max(1)
+    } else {
+        gemm_tiles
+    };
     let mut planned = Vec::new();
     // Per group: whether its A operand arrives by an exchange step.
     let mut a_by_exchange = vec![false; groups.len()];
@@ -335,6 +450,8 @@ pub fn compile(options: &CompileOptions) -> Result<CompileOutput, CompileError> 
                 n: b.shape.dims()[1] as u32,
                 acc32,
                 f16_result: !f32_result,
+                // K^T moves as runs of keys in 4-byte words.
+                row_align: if blocks.iter().any(|b| groups[b.k].gemm == group.gemm) { 2 } else { 1 },
             };
             let request = gemm_kernel(geometry.acc32);
             let reduce_request =
@@ -362,7 +479,7 @@ pub fn compile(options: &CompileOptions) -> Result<CompileOutput, CompileError> 
             }
             let mut items: Vec<(GemmGeometry, &mut gemm::GemmCosts)> =
                 planned.iter_mut().map(|p| (p.0, &mut p.2)).collect();
-            let shared = plan::search_chain(&mut items, options.tiles, &options.search);
+            let shared = plan::search_chain(&mut items, gemm_tiles, &options.search);
             let shared_cycles: Option<u64> = shared
                 .iter()
                 .map(|f| f.0.first().map(|p| p.estimate.compute_cycles))
@@ -384,7 +501,7 @@ pub fn compile(options: &CompileOptions) -> Result<CompileOutput, CompileError> 
             let geometries: Vec<GemmGeometry> = planned.iter().map(|p| p.0).collect();
             let mut own: Vec<(Vec<plan::GemmPlan>, usize)> = planned
                 .iter_mut()
-                .map(|p| plan::search(&p.0, options.tiles, &mut p.2, &options.search))
+                .map(|p| plan::search(&p.0, gemm_tiles, &mut p.2, &options.search))
                 .collect();
             // A consumer owns its A buffer (memory) but the host never writes it.
             for (front, &c) in own.iter_mut().zip(&consumers) {
@@ -431,7 +548,7 @@ pub fn compile(options: &CompileOptions) -> Result<CompileOutput, CompileError> 
         } else {
             planned
                 .iter_mut()
-                .map(|p| plan::search(&p.0, options.tiles, &mut p.2, &options.search))
+                .map(|p| plan::search(&p.0, group_tiles, &mut p.2, &options.search))
                 .collect()
         };
         let mut reports = Vec::new();
@@ -441,7 +558,7 @@ pub fn compile(options: &CompileOptions) -> Result<CompileOutput, CompileError> 
                     value: value.clone(),
                     reason: format!(
                         "none of {candidates} partitions of [{}, {}] x [{}, {}] over at most {} tiles fits {share} bytes of interleaved memory per tile{}",
-                        geometry.m, geometry.k, geometry.k, geometry.n, options.tiles,
+                        geometry.m, geometry.k, geometry.k, geometry.n, group_tiles,
                         if chained { " (neither with whole rows per tile for the chain nor with a plan of its own and an exchange hand-off)" } else { "" }
                     ),
                 });
@@ -488,17 +605,28 @@ pub fn compile(options: &CompileOptions) -> Result<CompileOutput, CompileError> 
     let maps = phase("map_tiles", || {
         let mut maps = Vec::new();
         for r in &operation_reports {
-            let m = map_tiles::map_gemm(&r.chosen);
+            let mut m = map_tiles::map_gemm(&r.chosen);
+            if disjoint_groups {
+                let first = maps.len() as u32 * group_tiles;
+                for s in m.iter_mut() {
+                    s.tile += first;
+                }
+            }
             verifier("map_tiles", map_tiles::verify(&r.chosen, &m, options.tiles))?;
             maps.push(m);
         }
         Ok(maps)
     })?;
-    let tile_count = maps
+    let mut tile_count = maps
         .iter()
         .flat_map(|m| m.iter().map(|s| s.tile + 1))
         .max()
         .unwrap_or(1);
+    // The attention tiles follow the projections' tiles.
+    if let Some(p) = attention_plan.as_mut() {
+        p.first_tile = tile_count;
+        tile_count += p.tiles;
+    }
 
     let lowered = phase("lower", || {
         let mut gemms: Vec<lower::PlannedGemm> = planned
@@ -524,7 +652,11 @@ pub fn compile(options: &CompileOptions) -> Result<CompileOutput, CompileError> 
         for (g, &x) in gemms.iter_mut().zip(&a_by_exchange) {
             g.a_by_exchange = x;
         }
-        let l = lower::lower(graph, tile_count, &mut gemms)?;
+        let mut l = lower::lower(graph, tile_count, &mut gemms)?;
+        if let (Some(b), Some(p), Some(k)) = (blocks.first(), &attention_plan, attention_kernels.as_mut()) {
+            let label = l.calls.iter().flat_map(|c| &c.steps).filter(|s| s.exchange.is_some()).count() as u32;
+            attention::lower(graph, b, p, k, &mut l, label)?;
+        }
         verifier("lower", lower::verify(&l))?;
         Ok(l)
     })?;
@@ -626,11 +758,7 @@ pub fn compile(options: &CompileOptions) -> Result<CompileOutput, CompileError> 
         .filter(|s| s.exchange.is_some())
         .map(|s| s.estimated_cycles)
         .sum();
-    let estimated_compute: u64 = operation_reports
-        .iter()
-        .map(|r| r.chosen.estimate.compute_cycles)
-        .sum::<u64>()
-        + estimated_exchange;
+    let estimated_compute = timeline_cycles(&lowered);
     // Host link cycles of the run call from the placements themselves.
     let host_cycles = |tensors: &[lower::HostTensor]| {
         let bytes: u64 = tensors
@@ -697,6 +825,12 @@ pub fn compile(options: &CompileOptions) -> Result<CompileOutput, CompileError> 
         "compute_bound_cycles_chip": compute_bound_chip,
         "estimated_cycles": {"run": estimated_run, "run_compute": estimated_compute, "run_exchange": estimated_exchange, "run_host_in": host_in, "run_host_out": host_out},
         "chain_handoff": chain_choice,
+        "attention": attention_plan.as_ref().map(|p| json!({
+            "value": blocks.first().map(|b| graph.value(b.attention).name.clone()),
+            "chosen": p,
+            "finalists": attention_candidates.iter().take(options.search.finalists).collect::<Vec<_>>(),
+            "candidates": attention_candidates.len(),
+        })),
         "exchange_steps": exchange_reports,
         "operations": operations,
         "kernels": kernels_used,

@@ -125,6 +125,20 @@ pub struct Lowered {
     /// until the next call (e.g. a chain's hidden activation), with where
     /// they are (host offsets as if they were outputs).
     pub resident: Vec<HostTensor>,
+    /// Where each (group, tile)'s compact f16 result (the reduce step's `d`
+    /// buffer) is, for later phases that move it between tiles.
+    pub group_results: BTreeMap<(usize, u32), GroupResult>,
+}
+
+/// A group's compact result on one tile: rows `rows` and columns
+/// `col0..col0 + width` of the result, `row_stride` bytes apart in `buffer`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct GroupResult {
+    pub buffer: usize,
+    pub row_stride: u32,
+    pub rows: (u32, u32),
+    pub col0: u32,
+    pub width: u32,
 }
 
 /// Where a group's compact result lives on a tile: (buffer, row stride,
@@ -179,6 +193,7 @@ pub fn lower(
     let mut steps = Vec::new();
     // The compact result buffer `d` of each (group, tile): (buffer, row stride, rows).
     let mut results: BTreeMap<(usize, u32), ResultOnTile> = BTreeMap::new();
+    let mut group_results: BTreeMap<(usize, u32), GroupResult> = BTreeMap::new();
     // Per group already lowered: geometry, plan and mapping (for hand-offs).
     let mut handoff_views: Vec<(GemmGeometry, GemmPlan, Vec<ShardOnTile>)> = Vec::new();
     let mut gemms_results = Vec::new();
@@ -408,6 +423,16 @@ pub fn lower(
                     category: "gemm_result".into(),
                 });
                 results.insert((gi_group, shard.tile), (id, layout.rs_d(), (r0, r1)));
+                group_results.insert(
+                    (gi_group, shard.tile),
+                    GroupResult {
+                        buffer: id,
+                        row_stride: layout.rs_d(),
+                        rows: (r0, r1),
+                        col0: c0 * 16,
+                        width,
+                    },
+                );
                 let mut reduces = Vec::new();
                 for (gi, (lr0, lr1), (cg0, cg1)) in split.reduce_parts() {
                     {
@@ -582,6 +607,7 @@ pub fn lower(
         ],
         io: vec![(order(params), vec![]), (order(inputs), order(outputs))],
         resident: order(resident),
+        group_results,
     })
 }
 

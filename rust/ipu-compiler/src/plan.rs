@@ -71,7 +71,7 @@ pub struct GemmPlan {
 impl GemmPlan {
     /// Row ranges of the row parts.
     pub fn row_ranges(&self, g: &GemmGeometry) -> Vec<(u32, u32)> {
-        ranges(g.m, self.row_parts)
+        g.row_ranges(self.row_parts)
     }
     /// Column-block ranges of the column parts.
     pub fn col_ranges(&self, g: &GemmGeometry) -> Vec<(u32, u32)> {
@@ -99,8 +99,13 @@ pub fn evaluate(
     col_parts: u32,
     costs: &mut GemmCosts,
 ) -> Option<GemmPlan> {
-    let rows = ranges(g.m, row_parts);
+    let rows = g.row_ranges(row_parts);
     let cols = ranges(g.ncb(), col_parts);
+    // Aligned row boundaries can leave a part empty: that plan is another
+    // plan's duplicate with a wrong part count, so it is no candidate.
+    if rows.len() as u32 != row_parts {
+        return None;
+    }
     let mut compute = 0u64;
     let mut cast_part = 0u64;
     let mut peak_r1 = 0u64;
