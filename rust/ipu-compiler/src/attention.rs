@@ -375,11 +375,13 @@ fn key_blocking(b: &AttentionBlock, rows: u32) -> Option<(Vec<(u32, u32)>, TileL
     None
 }
 
-/// Candidate partitions of `block` over at most `tiles` tiles, best first.
+/// Candidate partitions of `block` over at most `tiles` tiles that leave at
+/// least `min_left` tiles for the projections, best first.
 /// `projection_cycles(tiles)` estimates the projections on the tiles left.
 pub fn plan(
     block: &AttentionBlock,
     tiles: u32,
+    min_left: u32,
     kernels: &mut AttentionKernels,
     projection_cycles: impl Fn(u32) -> u64,
 ) -> Vec<AttentionPlan> {
@@ -388,7 +390,7 @@ pub fn plan(
     for qb in 1..=block.sq {
         let rows = block.sq.div_ceil(qb);
         let attention_tiles = block.heads * qb;
-        if attention_tiles >= tiles || !seen.insert(rows) {
+        if attention_tiles + min_left > tiles || !seen.insert(rows) {
             continue;
         }
         let Some((key_blocks, layout, r1)) = key_blocking(block, rows) else {

@@ -348,7 +348,7 @@ pub fn compile(options: &CompileOptions) -> Result<CompileOutput, CompileError> 
     // The attention block gets tiles of its own after the projections'.
     let mut attention_plan: Option<attention::AttentionPlan> = None;
     let mut attention_candidates: Vec<attention::AttentionPlan> = Vec::new();
-    let mut gemm_tiles = options.tiles;
+    let gemm_tiles = options.tiles;
     if let (Some(b), Some(k)) = (blocks.first(), attention_kernels.as_mut()) {
         phase("plan_attention", || {
             let macs: u64 = groups
@@ -370,8 +370,8 @@ pub fn compile(options: &CompileOptions) -> Result<CompileOutput, CompileError> 
                 (macs * per_group * 100)
                     .div_ceil(tiles.max(1) as u64 * ipu_arch::AMP_MACS_F16_F32 as u64 * 72)
             };
-            attention_candidates = attention::plan(b, options.tiles, k, proxy);
-            let Some(chosen) = attention_candidates.first().cloned() else {
+            attention_candidates = attention::plan(b, options.tiles, groups.len() as u32, k, proxy);
+            let Some(_) = attention_candidates.first() else {
                 return Err(CompileError::NoFeasiblePlan {
                     value: graph.value(b.attention).name.clone(),
                     reason: format!(
@@ -396,8 +396,6 @@ pub fn compile(options: &CompileOptions) -> Result<CompileOutput, CompileError> 
                     "retained attention-plan finalist"
                 );
             }
-            gemm_tiles = chosen.first_tile;
-            attention_plan = Some(chosen);
             Ok(())
         })?;
     }
@@ -414,7 +412,7 @@ pub fn compile(options: &CompileOptions) -> Result<CompileOutput, CompileError> 
     } else {
         region1 / groups.len().max(1) as u64
     };
-    let group_tiles = if disjoint_groups {
+    let mut group_tiles = if disjoint_groups {
         (gemm_tiles / groups.len().max(1) as u32).max(1)
     } else {
         gemm_tiles
@@ -545,6 +543,40 @@ pub fn compile(options: &CompileOptions) -> Result<CompileOutput, CompileError> 
                 }
                 shared
             }
+        } else if let Some(b) = blocks.first() {
+            // The best attention candidate whose remaining tiles fit every
+            // projection (the proxy that ranked them knows no memory).
+            let mut chosen = None;
+            for c in &attention_candidates {
+                let tiles = ((options.tiles - c.tiles) / groups.len() as u32).max(1);
+                let fronts: Vec<(Vec<plan::GemmPlan>, usize)> = planned
+                    .iter_mut()
+                    .map(|p| plan::search(&p.0, tiles, &mut p.2, &options.search))
+                    .collect();
+                if fronts.iter().all(|f| !f.0.is_empty()) {
+                    group_tiles = tiles;
+                    chosen = Some((c.clone(), fronts));
+                    break;
+                }
+            }
+            let Some((c, fronts)) = chosen else {
+                return Err(CompileError::NoFeasiblePlan {
+                    value: graph.value(b.attention).name.clone(),
+                    reason: format!(
+                        "none of {} query blockings leaves tiles on which the projections fit ({} tiles in all)",
+                        attention_candidates.len(),
+                        options.tiles
+                    ),
+                });
+            };
+            tracing::info!(
+                query_blocks = c.query_blocks,
+                attention_tiles = c.tiles,
+                projection_tiles_each = group_tiles,
+                "attention plan chosen"
+            );
+            attention_plan = Some(c);
+            fronts
         } else {
             planned
                 .iter_mut()
