@@ -303,6 +303,11 @@ _NORMAL_DEPENDENCIES = {
             "clap": Label("//:clap-4.6.9"),
         },
     },
+    "rust/ipu-bench": {
+        _COMMON_CONDITION: {
+            "tempfile": Label("//:tempfile-3.27.0"),
+        },
+    },
     "rust/ipu-cli": {
         _COMMON_CONDITION: {
             "clap": Label("//:clap-4.6.9"),
@@ -390,6 +395,10 @@ _NORMAL_ALIASES = {
         _COMMON_CONDITION: {
         },
     },
+    "rust/ipu-bench": {
+        _COMMON_CONDITION: {
+        },
+    },
     "rust/ipu-cli": {
         _COMMON_CONDITION: {
         },
@@ -449,6 +458,8 @@ _NORMAL_DEV_DEPENDENCIES = {
             "expect-test": Label("//:expect-test-1.5.1"),
             "tempfile": Label("//:tempfile-3.27.0"),
         },
+    },
+    "rust/ipu-bench": {
     },
     "rust/ipu-cli": {
     },
@@ -524,6 +535,8 @@ _NORMAL_DEV_ALIASES = {
         _COMMON_CONDITION: {
         },
     },
+    "rust/ipu-bench": {
+    },
     "rust/ipu-cli": {
     },
     "rust/ipu-compiler": {
@@ -580,6 +593,8 @@ _PROC_MACRO_DEPENDENCIES = {
     },
     "rust/ipu-asm": {
     },
+    "rust/ipu-bench": {
+    },
     "rust/ipu-cli": {
     },
     "rust/ipu-compiler": {
@@ -614,6 +629,8 @@ _PROC_MACRO_ALIASES = {
     },
     "rust/ipu-asm": {
     },
+    "rust/ipu-bench": {
+    },
     "rust/ipu-cli": {
     },
     "rust/ipu-compiler": {
@@ -647,6 +664,8 @@ _PROC_MACRO_DEV_DEPENDENCIES = {
     "rust/ipu-arch": {
     },
     "rust/ipu-asm": {
+    },
+    "rust/ipu-bench": {
     },
     "rust/ipu-cli": {
     },
@@ -683,6 +702,8 @@ _PROC_MACRO_DEV_ALIASES = {
     "rust/ipu-asm": {
         _COMMON_CONDITION: {
         },
+    },
+    "rust/ipu-bench": {
     },
     "rust/ipu-cli": {
     },
@@ -740,6 +761,8 @@ _BUILD_DEPENDENCIES = {
     },
     "rust/ipu-asm": {
     },
+    "rust/ipu-bench": {
+    },
     "rust/ipu-cli": {
     },
     "rust/ipu-compiler": {
@@ -773,6 +796,8 @@ _BUILD_ALIASES = {
     "rust/ipu-arch": {
     },
     "rust/ipu-asm": {
+    },
+    "rust/ipu-bench": {
     },
     "rust/ipu-cli": {
     },
@@ -808,6 +833,8 @@ _BUILD_PROC_MACRO_DEPENDENCIES = {
     },
     "rust/ipu-asm": {
     },
+    "rust/ipu-bench": {
+    },
     "rust/ipu-cli": {
     },
     "rust/ipu-compiler": {
@@ -841,6 +868,8 @@ _BUILD_PROC_MACRO_ALIASES = {
     "rust/ipu-arch": {
     },
     "rust/ipu-asm": {
+    },
+    "rust/ipu-bench": {
     },
     "rust/ipu-cli": {
     },

@@ -17,21 +17,15 @@ pub struct SimArgs {
 }
 
 pub fn run(args: SimArgs) -> Result<(), String> {
-    if args.tiles == 0 || args.tiles > ipu_arch::TILES_PER_CHIP {
-        return Err(format!(
-            "--tiles {} is outside 1..={}",
-            args.tiles,
-            ipu_arch::TILES_PER_CHIP
-        ));
-    }
     let bytes = std::fs::read(&args.image).map_err(|e| format!("{}: {e}", args.image.display()))?;
     let image = ipu_object::TileImage::from_bytes(&bytes)
         .map_err(|e| format!("{}: {e}", args.image.display()))?;
-    let mut chip = ipu_sim::Chip::new(ipu_sim::ChipConfig {
+    let mut chip = ipu_sim::Chip::try_new(ipu_sim::ChipConfig {
         tiles: args.tiles,
         step_limit: args.step_limit,
         ..Default::default()
-    });
+    })
+    .map_err(|e| format!("--tiles: {e}"))?;
     let symbols: Arc<ipu_sim::SymbolMap> = Arc::new(
         image
             .symbols

@@ -109,15 +109,8 @@ impl SimDevice {
 
     /// A simulator with explicit settings.
     pub fn with_config(config: ChipConfig) -> Result<SimDevice, DeviceError> {
-        if !(1..=ipu_arch::TILES_PER_CHIP).contains(&config.tiles) {
-            return Err(DeviceError::Refused(format!(
-                "a simulated ipu21 has 1..={} tiles, not {}",
-                ipu_arch::TILES_PER_CHIP,
-                config.tiles
-            )));
-        }
         Ok(SimDevice {
-            chip: Chip::new(config),
+            chip: Chip::try_new(config).map_err(DeviceError::Refused)?,
             registers: BTreeMap::new(),
             writes_replayed: 0,
         })

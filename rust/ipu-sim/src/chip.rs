@@ -122,14 +122,24 @@ fn kind_name(e: &PhaseEnd) -> &'static str {
 
 impl Chip {
     /// A chip with `config.tiles` tiles, all memory zero.
+    ///
+    /// Panics on a tile count outside `1..=TILES_PER_CHIP`; callers with a
+    /// count from users use [`Chip::try_new`].
     pub fn new(config: ChipConfig) -> Chip {
-        assert!(
-            (1..=TILES_PER_CHIP).contains(&config.tiles),
-            "tile count {} outside 1..={TILES_PER_CHIP}",
-            config.tiles
-        );
+        Chip::try_new(config).unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    /// A chip, or an error naming the tile count when it is outside
+    /// `1..=TILES_PER_CHIP`.
+    pub fn try_new(config: ChipConfig) -> Result<Chip, String> {
+        if !(1..=TILES_PER_CHIP).contains(&config.tiles) {
+            return Err(format!(
+                "a simulated ipu21 has 1..={TILES_PER_CHIP} tiles, not {}",
+                config.tiles
+            ));
+        }
         let n = config.tiles as usize;
-        Chip {
+        Ok(Chip {
             tiles: (0..config.tiles).map(Tile::new).collect(),
             entries: vec![None; n],
             phase_start: vec![0; n],
@@ -138,7 +148,7 @@ impl Chip {
             steps: Vec::new(),
             pending: vec![TileStep::default(); n],
             config,
-        }
+        })
     }
 
     /// Number of tiles.
@@ -427,5 +437,29 @@ impl Chip {
             });
             self.pending = vec![TileStep::default(); self.tiles.len()];
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tile_counts_outside_the_chip_are_errors_naming_the_count() {
+        for tiles in [0, TILES_PER_CHIP + 1] {
+            let e = Chip::try_new(ChipConfig {
+                tiles,
+                ..ChipConfig::default()
+            })
+            .err()
+            .expect("refused");
+            assert!(e.contains(&format!("not {tiles}")), "{e}");
+        }
+        let chip = Chip::try_new(ChipConfig {
+            tiles: TILES_PER_CHIP,
+            ..ChipConfig::default()
+        })
+        .expect("a whole chip");
+        assert_eq!(chip.tile_count(), TILES_PER_CHIP);
     }
 }
