@@ -26,8 +26,9 @@
 # all BK keys and Q0/K0 are not read.
 #
 # Vertex state (u32 words, byte offsets):
-#    0 S      address of S[0, 0]: raw scores Q K^T of this block, f32, 4-aligned
-#    4 RS_S   S row stride in bytes (multiple of 4)
+#    0 S      address of S[0, 0]: raw scores Q K^T of this block, f32,
+#             4-aligned (8-aligned with PV=1)
+#    4 RS_S   S row stride in bytes (multiple of 4; of 8 with PV=1)
 #    8 V      address of V[0, 0]: f16 [BK, 4*DQ], 8-aligned, head columns
 #             padded to a multiple of 4 with zeros
 #   12 RS_V   V row stride in bytes (multiple of 8, >= 8*DQ)
@@ -41,8 +42,9 @@
 #   40 SCALE  f32 bits of the score scale (> 0, e.g. 1/sqrt(D))
 #   44 Q0     index of query row 0 in the sequence (CAUSAL=1 only)
 #   48 K0     index of key 0 of the block in the sequence (CAUSAL=1 only)
-#   52 PBUF   scratch of 8*BK bytes, 8-aligned, this vertex's own: p_j as
-#             f32 pairs (p_j, p_j), rewritten for every row (PV=0 only)
+#   52 PBUF   scratch, 8-aligned, this vertex's own: with PV=0 8*BK bytes
+#             (p_j as f32 pairs (p_j, p_j), rewritten for every row); with
+#             PV=1 8 bytes (the pair (-m', -m') that the p loop reloads)
 #   56 P      address of P[0, 0], f16 [ROWS, BKP] (PV=1 only): the A operand
 #             of gemm_f16 ACC=32 for P V
 #   60 RS_P   P row stride in bytes (PV=1 only)
@@ -52,8 +54,13 @@
 #
 # PV=1 (P V on the AMP): the vertex updates (m, l), writes p rounded to f16
 # into P (masked and padding keys as zeros; a row with no visible key gets
-# a zero P row and a = 1) and a into ALPHA, and touches neither O, V nor
-# PBUF. gemm_f16 ACC=32 then computes P V in f32 (A = P, B = V padded to
+# a zero P row and a = 1) and a into ALPHA, and touches neither O nor V.
+# It works on pairs of keys: the row maximum with `f32v2max`, and
+# p = exp(s * SCALE - m') with one fused `f32v2mac` onto (-m', -m') (which
+# the idle load slot reloads from PBUF each pair), a two-slot `f32v2exp`,
+# one conversion and a pair of running sums: 5 issue slots per two keys,
+# software-pipelined so that the loads and the store ride in the same
+# bundles (the first version took 7 slots per key). gemm_f16 ACC=32 then computes P V in f32 (A = P, B = V padded to
 # [BKP, 16 * ncb]) and device/attention_merge.S forms O * a + P V.
 #
 # SCALE must be positive: the row maximum is taken on raw scores and scaled
@@ -70,7 +77,7 @@
         .if PV == 0
         .cycles "6 * (8 + ROWS * (26 + 7 * BK + DQ * (12 + 4 * BK)))"
         .elseif PV == 1
-        .cycles "6 * (10 + ROWS * (30 + 6 * BK + (BKP - BK)))"
+        .cycles "6 * (12 + ROWS * (54 + 3 * BK + (BKP - BK)))"
         .else
         .error "PV must be 0 (P V on the vector unit) or 1 (P to f16 for gemm_f16)"
         .endif
@@ -116,6 +123,7 @@ attention_online:
         .if PV
         ld32 $m9, [$m0 + ST_P]
         ld32 $m14, [$m0 + ST_ALPHA]
+        ld32 $m10, [$m0 + ST_PBUF]
         .endif
         .if CAUSAL
         ld32 $m1, [$m0 + ST_Q0]
@@ -134,13 +142,30 @@ row:
         ld32 $a12, [$m0 + ST_SCALE]
 
         # Row maximum of the visible raw scores; each bundle folds in the
-        # score loaded by the previous one.
+        # score (PV=1: the pair of scores) loaded by the previous one.
         mov $m13, $m2
+        .if PV
+        sethi $a0, 0xFF800
+        sethi $a1, 0xFF800
+        sethi $a2, 0xFF800
+        sethi $a3, 0xFF800
+        shr $m5, $m11, 1
+        rpt $m5, 1
+        { ld64 $a0:1, [$m13]+=8 ; f32v2max $a2:3, $a2:3, $a0:1 }
+        f32v2max $a2:3, $a2:3, $a0:1
+        f32v2hmax $a3, $a2:3
+        and $m5, $m11, 1
+        brz $m5, max_done
+        ld32 $a0, [$m13]
+        f32max $a3, $a3, $a0
+max_done:
+        .else
         sethi $a0, 0xFF800
         sethi $a3, 0xFF800
         rpt $m11, 1
         { ld32 $a0, [$m13]+=4 ; f32max $a3, $a3, $a0 }
         f32max $a3, $a3, $a0
+        .endif
         f32mul $a3, $a3, $a12
 
         # m' = max(m, rowmax), a = exp(m - m'), l * a.
@@ -151,17 +176,46 @@ row:
         f32mul $a14, $a5, $a15
 
         .if PV
-        # p_j = exp(s_j - m') for the visible keys, l' += p_j in key order,
-        # each p_j rounded to f16 into the P row, then zeros up to BKP.
+        # p_j = exp(s_j * SCALE - m') for the visible keys in pairs, each
+        # pair rounded to f16 into the P row and added to the pair of
+        # running sums $a6:7; an odd last key alone; then zeros up to BKP.
+        # Registers: $a8:9 (SCALE, SCALE), $a2:3 (-m', -m') then the
+        # argument, $a10:11 the pair of p, $a4 its f16 pair.
+        f32neg $a2, $a13
+        f32v2bcast $a2:3, $a2
+        st64 $a2:3, [$m10]
+        f32v2bcast $a8:9, $a12
+        setzi $a6, 0
+        setzi $a7, 0
         mov $m12, $m2
         mov $m13, $m9
-        rpt $m11, 6
+        shr $m5, $m11, 1
+        brz $m5, pairs_done
+        # Pair 0, then per further pair: its argument and exp while pair
+        # i - 1 is converted, summed and stored.
+        ld64 $a0:1, [$m12]+=8
+        f32v2mac $a2:3, $a0:1, $a8:9
+        f32v2exp $a10:11, $a2:3
+        add $m5, $m5, -1
+        rpt $m5, 4
+        { ld64 $a2:3, [$m10] ; f32v2tof16 $a4, $a10:11 }
+        { ld64 $a0:1, [$m12]+=8 ; f32v2add $a6:7, $a6:7, $a10:11 }
+        { st32 $a4, [$m13]+=4 ; f32v2mac $a2:3, $a0:1, $a8:9 }
+        f32v2exp $a10:11, $a2:3
+        f32v2tof16 $a4, $a10:11
+        { st32 $a4, [$m13]+=4 ; f32v2add $a6:7, $a6:7, $a10:11 }
+pairs_done:
+        f32v2hsum $a0, $a6:7
+        f32add $a14, $a14, $a0
+        and $m5, $m11, 1
+        brz $m5, tail_done
+        ld32 $a2, [$m10]
         ld32 $a0, [$m12]+=4
-        f32mul $a0, $a0, $a12
-        f32sub $a0, $a0, $a13
-        f32exp $a0, $a0
+        f32mac $a2, $a0, $a12
+        f32exp $a0, $a2
         f32v2tof16 $a1, $a0:1
         { st16 $a1, [$m13]+=2 ; f32add $a14, $a14, $a0 }
+tail_done:
         ld32 $m5, [$m0 + ST_BKP]
         sub $m5, $m5, $m11
         setzi $a9, 0

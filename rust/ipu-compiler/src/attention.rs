@@ -433,6 +433,8 @@ struct TileBuffers {
     ml: usize,
     alpha: usize,
     out: usize,
+    /// Eight bytes per online vertex (its (-m', -m') pair).
+    scratch: usize,
 }
 
 fn round_up(x: u32, a: u32) -> u32 {
@@ -502,7 +504,8 @@ pub fn lower(
             let ml = push(spec("ml", rows * 8, RegionReq::Standard, false, vec![], "attention_state"));
             let alpha = push(spec("alpha", rows * 4, RegionReq::Standard, false, vec![], "attention_state"));
             let out = push(spec("out", rows * lay.rs_out, RegionReq::Standard, false, vec![], "attention_result"));
-            tiles.insert(tile, (h, qi as u32, TileBuffers { q, kt, v, s, s2, p, o, ml, alpha, out }, lay));
+            let scratch = push(spec("scratch", 8 * rows.min(6), RegionReq::Standard, false, vec![], "attention_state"));
+            tiles.insert(tile, (h, qi as u32, TileBuffers { q, kt, v, s, s2, p, o, ml, alpha, out, scratch }, lay));
         }
     }
 
@@ -732,7 +735,8 @@ pub fn lower(
                 tile,
                 row_parts
                     .iter()
-                    .map(|&(r0, r1)| Vertex {
+                    .enumerate()
+                    .map(|(w, &(r0, r1))| Vertex {
                         kernel: kernels.online.0.clone(),
                         state: vec![
                             StateWord::Addr { buffer: t.s, offset: C_HEADER + (r0 + 2) * lay.rs_s },
@@ -748,7 +752,7 @@ pub fn lower(
                             StateWord::Const(b.scale.to_bits()),
                             StateWord::Const(q0 + r0 + offset_causal),
                             StateWord::Const(k0),
-                            StateWord::Const(0),
+                            StateWord::Addr { buffer: t.scratch, offset: 8 * w as u32 },
                             StateWord::Addr { buffer: t.p, offset: r0 * lay.rs_p },
                             StateWord::Const(lay.rs_p),
                             StateWord::Const(nb * 16),

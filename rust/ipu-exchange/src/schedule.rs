@@ -384,8 +384,12 @@ pub struct Search {
     pub improvements: u32,
 }
 
+/// Rounds without improvement after which [`improve`] stops.
+pub const PATIENCE: u32 = 4;
+
 /// Construction followed by up to `rounds` squeaky-wheel rounds; stops early
-/// when the horizon reaches `target` (a lower bound).
+/// when the horizon reaches `target` (a lower bound) or after [`PATIENCE`]
+/// rounds without improvement.
 pub fn improve(
     jobs: &[Job],
     pieces: &[Piece],
@@ -399,8 +403,13 @@ pub fn improve(
     let mut best = initial.clone();
     let mut last = initial.clone();
     let mut improvements = 0;
+    let mut stale = 0;
     for _ in 0..rounds {
-        if best.horizon <= target {
+        // Squeaky-wheel rounds that keep failing rarely start succeeding:
+        // after PATIENCE rounds without a better horizon the search stops
+        // (on the seed-sized attention phase, every round past the first
+        // few cost seconds and found nothing).
+        if best.horizon <= target || stale >= PATIENCE {
             break;
         }
         // Lateness of each port: how far its last piece ends past the bound.
@@ -422,6 +431,9 @@ pub fn improve(
         if last.horizon < best.horizon {
             best = last.clone();
             improvements += 1;
+            stale = 0;
+        } else {
+            stale += 1;
         }
     }
     Search {
