@@ -318,6 +318,7 @@ _NORMAL_DEPENDENCIES = {
     },
     "rust/ipu-compiler": {
         _COMMON_CONDITION: {
+            "rayon": Label("//:rayon-1.12.0"),
             "serde": Label("//:serde-1.0.229"),
             "serde_json": Label("//:serde_json-1.0.154"),
             "tracing": Label("//:tracing-0.1.44"),

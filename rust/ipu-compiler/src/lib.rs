@@ -53,6 +53,7 @@ use gemm::{FormulaCost, GemmGeometry};
 use ipu_graph::analysis;
 use library::{KernelLibrary, KernelRequest};
 use serde_json::json;
+use rayon::prelude::*;
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::time::Instant;
@@ -709,27 +710,45 @@ pub fn compile(options: &CompileOptions) -> Result<CompileOutput, CompileError> 
     };
 
     let mut exchange_reports: Vec<serde_json::Value> = Vec::new();
+    // Every kernel any tile links, loaded once: the per-tile work of
+    // place_storage and link then runs on all cores and only reads the
+    // library (each tile's result depends on that tile alone, and errors are
+    // reported for the lowest tile, so the output stays deterministic).
+    for tile in lowered.buffers.keys() {
+        for r in tile_kernels(*tile) {
+            library.get(&r)?;
+        }
+    }
+    let kernels_of = |tile: u32| -> Vec<&library::LoadedKernel> {
+        tile_kernels(tile)
+            .iter()
+            .map(|r| library.loaded(r).expect("every tile's kernels were loaded above"))
+            .collect()
+    };
     let storage = phase("place_storage", || {
         let mut out = BTreeMap::new();
-        for (&tile, bufs) in &lowered.buffers {
-            // A dry-run link with every buffer at address 0 sizes the code and
-            // states: their size does not depend on the addresses.
-            let dummy = storage::TileStorage {
-                tile,
-                code_end: 0,
-                addresses: vec![0; bufs.len()],
-            };
-            let text = emit::tile_program(&lowered, tile, &dummy);
-            let requests = tile_kernels(tile);
-            let mut kernels = Vec::new();
-            for r in &requests {
-                kernels.push(library.get(r)?.clone());
-            }
-            let linked = link::link_program(tile, &text, &kernels.iter().collect::<Vec<_>>())?;
-            let code_bytes = link::linked_end(&linked) - ipu_arch::REGION0_BASE;
-            let s = storage::place(tile, bufs, code_bytes)?;
-            verifier("place_storage", storage::validate(&s, bufs))?;
-            out.insert(tile, s);
+        let tiles: Vec<(&u32, &Vec<lower::BufferSpec>)> = lowered.buffers.iter().collect();
+        let placed: Vec<Result<storage::TileStorage, CompileError>> = tiles
+            .par_iter()
+            .map(|&(&tile, bufs)| {
+                // A dry-run link with every buffer at address 0 sizes the code
+                // and states: their size does not depend on the addresses.
+                let dummy = storage::TileStorage {
+                    tile,
+                    code_end: 0,
+                    addresses: vec![0; bufs.len()],
+                };
+                let text = emit::tile_program(&lowered, tile, &dummy);
+                let linked = link::link_program(tile, &text, &kernels_of(tile))?;
+                let code_bytes = link::linked_end(&linked) - ipu_arch::REGION0_BASE;
+                let s = storage::place(tile, bufs, code_bytes)?;
+                verifier("place_storage", storage::validate(&s, bufs))?;
+                Ok(s)
+            })
+            .collect();
+        for s in placed {
+            let s = s?;
+            out.insert(s.tile, s);
         }
         // Every exchange step's tables, resolved to the placed addresses,
         // must pass ipu-exchange's independent checker before any code is
@@ -766,14 +785,18 @@ pub fn compile(options: &CompileOptions) -> Result<CompileOutput, CompileError> 
     })?;
 
     let linked = phase("link", || {
+        let tiles: Vec<(&u32, &String)> = programs.iter().collect();
+        let images: Vec<Result<(u32, link::LinkedTile), CompileError>> = tiles
+            .par_iter()
+            .map(|&(&tile, text)| {
+                let l = link::link_program(tile, text, &kernels_of(tile))?;
+                let lt = link::tile_image(tile, &l, &lowered.buffers[&tile], &storage[&tile])?;
+                Ok((tile, lt))
+            })
+            .collect();
         let mut out = BTreeMap::new();
-        for (&tile, text) in &programs {
-            let mut kernels = Vec::new();
-            for r in tile_kernels(tile) {
-                kernels.push(library.get(&r)?.clone());
-            }
-            let l = link::link_program(tile, text, &kernels.iter().collect::<Vec<_>>())?;
-            let lt = link::tile_image(tile, &l, &lowered.buffers[&tile], &storage[&tile])?;
+        for r in images {
+            let (tile, lt) = r?;
             out.insert(tile, lt);
         }
         Ok(out)

@@ -191,6 +191,12 @@ impl KernelLibrary {
         Ok(&self.loaded[request])
     }
 
+    /// A kernel already loaded by [`KernelLibrary::get`] (for readers that
+    /// share the library across threads).
+    pub fn loaded(&self, request: &KernelRequest) -> Option<&LoadedKernel> {
+        self.loaded.get(request)
+    }
+
     /// Every kernel loaded so far, in request order.
     pub fn used(&self) -> impl Iterator<Item = &LoadedKernel> {
         self.loaded.values()
