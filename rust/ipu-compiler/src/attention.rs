@@ -36,6 +36,9 @@ use crate::CompileError;
 use ipu_graph::{DType, Graph, NodeId, Op, ValueDef, ValueId};
 use std::collections::BTreeMap;
 
+/// Scratch phase of the attention's operands and scores.
+pub const ATTENTION_PHASE: u32 = 2;
+
 /// One recognised attention block.
 #[derive(Clone, Debug, PartialEq)]
 pub struct AttentionBlock {
@@ -359,20 +362,26 @@ fn compute_cycles(
     (steps.iter().sum(), steps)
 }
 
-/// The fewest key blocks whose buffers fit region 1 with `rows` query rows.
-fn key_blocking(b: &AttentionBlock, rows: u32) -> Option<(Vec<(u32, u32)>, TileLayout, u64)> {
+/// Key blockings whose buffers fit region 1 with `rows` query rows: the
+/// fewest blocks and up to two more (smaller score buffers leave more
+/// memory to the projections' weights, at the price of more launches).
+fn key_blockings(b: &AttentionBlock, rows: u32) -> Vec<(Vec<(u32, u32)>, TileLayout, u64)> {
     let ncb = b.key_blocks();
+    let mut out = Vec::new();
     for nblocks in 1..=ncb {
         let blocks = ranges(ncb, nblocks);
         let widest = blocks.iter().map(|c| c.1 - c.0).max().unwrap_or(1);
         let layout = TileLayout::new(b, rows, widest);
         if let Some(r1) = layout.region1(b) {
             if layout.region0() <= STANDARD_BUDGET / 2 {
-                return Some((blocks, layout, r1));
+                out.push((blocks, layout, r1));
+                if out.len() == 3 {
+                    break;
+                }
             }
         }
     }
-    None
+    out
 }
 
 /// Candidate partitions of `block` over at most `tiles` tiles that leave at
@@ -393,9 +402,7 @@ pub fn plan(
         if attention_tiles + min_left > tiles || !seen.insert(rows) {
             continue;
         }
-        let Some((key_blocks, layout, r1)) = key_blocking(block, rows) else {
-            continue;
-        };
+        for (key_blocks, layout, r1) in key_blockings(block, rows) {
         let (compute, _) = compute_cycles(block, kernels, rows, &key_blocks);
         // Every attention tile receives its head's K^T and V and its Q rows.
         let received = layout.kt_bytes(block) as u64 * block.d as u64 / block.dp() as u64
@@ -403,7 +410,7 @@ pub fn plan(
             + rows as u64 * block.d as u64 * 2;
         let exchange = ipu_arch::SYNC_CYCLES
             + received.div_ceil(ipu_arch::EXCHANGE_RECV_BYTES_PER_CYCLE as u64);
-        let first_tile = tiles - attention_tiles;
+        let first_tile = 0;
         out.push(AttentionPlan {
             query_blocks: qb,
             rows,
@@ -412,12 +419,13 @@ pub fn plan(
             tiles: attention_tiles,
             compute_cycles: compute,
             exchange_bound_cycles: exchange,
-            projection_cycles: projection_cycles(first_tile),
+            projection_cycles: projection_cycles(tiles),
             region1_bytes: r1,
             region0_bytes: layout.region0(),
         });
+        }
     }
-    out.sort_by_key(|p| (p.total_cycles(), p.tiles));
+    out.sort_by_key(|p| (p.total_cycles(), p.tiles, p.key_blocks.len()));
     out
 }
 
@@ -435,6 +443,14 @@ struct TileBuffers {
     out: usize,
     /// Eight bytes per online vertex (its (-m', -m') pair).
     scratch: usize,
+}
+
+/// Supervisor cycles around a step of `n` short fill vertices: the last one
+/// starts after the others' launches (two `setzi` and a two-slot `run`
+/// each, 24 cycles), and `wsync` follows (measured on the simulator; the
+/// GEMM planner's [`supervisor_cycles`] also covers the call's dispatch).
+pub fn fill_launch_cycles(n: u64) -> u64 {
+    24 * n.saturating_sub(1) + 12
 }
 
 fn round_up(x: u32, a: u32) -> u32 {
@@ -467,6 +483,7 @@ pub fn lower(
         exclusive_element: exclusive,
         zero,
         category: category.into(),
+        scratch: None,
     };
     for h in 0..b.heads {
         for (qi, &(q0, q1)) in qranges.iter().enumerate() {
@@ -478,28 +495,24 @@ pub fn lower(
                 bufs.push(s);
                 bufs.len() - 1
             };
-            // Q: the head's columns of the tile's query rows, padded to dp,
-            // then the GEMM's two drain rows.
-            let mut zq: Vec<(u32, u32)> = (0..rows).map(|r| (r * lay.rs_q + d * 2, (r + 1) * lay.rs_q)).filter(|z| z.0 < z.1).collect();
-            zq.push((rows * lay.rs_q, lay.q_bytes()));
-            let q = push(spec("q", lay.q_bytes(), RegionReq::Interleaved, true, zq, "attention_operand"));
-            // K^T: dp rows of all keys (padded to 16); padding zero.
-            let kt_tail = round_up(b.sk * 2, 4);
-            let mut zk: Vec<(u32, u32)> = (0..d).map(|j| (j * lay.rs_kt + kt_tail, (j + 1) * lay.rs_kt)).filter(|z| z.0 < z.1).collect();
-            if dp > d {
-                zk.push((d * lay.rs_kt, dp * lay.rs_kt));
-            }
-            let kt = push(spec("kt", lay.kt_bytes(b), RegionReq::Interleaved, false, zk, "attention_operand"));
-            // V: all keys (padded to 16) by dp columns; padding zero.
-            let mut zv: Vec<(u32, u32)> = (0..b.sk).map(|r| (r * lay.rs_v + d * 2, (r + 1) * lay.rs_v)).filter(|z| z.0 < z.1).collect();
-            if b.key_blocks() * 16 > b.sk {
-                zv.push((b.sk * lay.rs_v, lay.v_bytes(b)));
-            }
-            let v = push(spec("v", lay.v_bytes(b), RegionReq::Interleaved, false, zv, "attention_operand"));
-            let header = vec![(0, C_HEADER)];
-            let s = push(spec("s", lay.c_bytes(), RegionReq::Interleaved, true, header.clone(), "attention_scores"));
-            let s2 = push(spec("s_partial", lay.c_bytes(), RegionReq::Interleaved, true, header, "attention_scores"));
-            let p = push(spec("p", lay.p_bytes(), RegionReq::Interleaved, true, vec![(rows * lay.rs_p, lay.p_bytes())], "attention_scores"));
+            // The operands and scores are scratch of the attention phase:
+            // they share memory with the projections' scratch, so what the
+            // GEMMs multiply as padding is zeroed by fills each run (before
+            // the exchange writes the data): all of Q (head padding and the
+            // two drain rows), the padding rows of K^T (head) and V (keys),
+            // the C headers and P's drain rows. Padding columns of V and the
+            // key padding of K^T may hold anything: they only reach result
+            // columns and scores nothing reads.
+            let scratch = |mut b: BufferSpec| {
+                b.scratch = Some(ATTENTION_PHASE);
+                b
+            };
+            let q = push(scratch(spec("q", lay.q_bytes(), RegionReq::Interleaved, true, vec![], "attention_operand")));
+            let kt = push(scratch(spec("kt", lay.kt_bytes(b), RegionReq::Interleaved, false, vec![], "attention_operand")));
+            let v = push(scratch(spec("v", lay.v_bytes(b), RegionReq::Interleaved, false, vec![], "attention_operand")));
+            let s = push(scratch(spec("s", lay.c_bytes(), RegionReq::Interleaved, true, vec![], "attention_scores")));
+            let s2 = push(scratch(spec("s_partial", lay.c_bytes(), RegionReq::Interleaved, true, vec![], "attention_scores")));
+            let p = push(scratch(spec("p", lay.p_bytes(), RegionReq::Interleaved, true, vec![], "attention_scores")));
             let o = push(spec("o", rows * lay.rs_o, RegionReq::Standard, false, vec![], "attention_state"));
             let ml = push(spec("ml", rows * 8, RegionReq::Standard, false, vec![], "attention_state"));
             let alpha = push(spec("alpha", rows * 4, RegionReq::Standard, false, vec![], "attention_state"));
@@ -512,7 +525,7 @@ pub fn lower(
     // Step 1: K^T on the K projection's tiles; reset of the running state.
     let mut prep = Step {
         operation: name.clone(),
-        phase: format!("transpose {} (K^T), reset {name} state", graph.value(b.k_value).name),
+        phase: format!("transpose {} (K^T)", graph.value(b.k_value).name),
         tiles: BTreeMap::new(),
         estimated_cycles: 0,
         exchange: None,
@@ -546,6 +559,7 @@ pub fn lower(
             exclusive_element: false,
             zero,
             category: "attention_operand".into(),
+            scratch: None,
         });
         let ktb = bufs.len() - 1;
         kt_src.insert(tile, (ktb, rs));
@@ -571,21 +585,49 @@ pub fn lower(
         prep_cycles = prep_cycles.max(slowest + supervisor_cycles(parts.len() as u64));
         prep.tiles.insert(tile, vertices);
     }
-    for (&tile, (_, _, t, lay)) in &tiles {
-        let fill = |buffer: usize, count: u32, lo: u32, hi: u32| Vertex {
-            kernel: kernels.fill.0.clone(),
-            state: vec![StateWord::Addr { buffer, offset: 0 }, StateWord::Const(count), StateWord::Const(lo), StateWord::Const(hi)],
-        };
-        let rows = lay.rows;
-        let v = vec![
-            fill(t.o, rows * lay.rs_o / 8, 0, 0),
-            fill(t.ml, rows, f32::NEG_INFINITY.to_bits(), 0),
-        ];
-        let c = kernels.fill.1.eval(&[("COUNT", (rows * lay.rs_o / 8) as i64)]);
-        prep_cycles = prep_cycles.max(c + supervisor_cycles(2));
-        prep.tiles.insert(tile, v);
-    }
     prep.estimated_cycles = prep_cycles;
+    // The fills of every attention tile, at most six per compute step.
+    let mut fill_steps: Vec<Step> = Vec::new();
+    for (&tile, (_, _, t, lay)) in &tiles {
+        let rows = lay.rows;
+        let fill = |buffer: usize, offset: u32, bytes: u32, lo: u32, hi: u32| (
+            Vertex {
+                kernel: kernels.fill.0.clone(),
+                state: vec![StateWord::Addr { buffer, offset }, StateWord::Const(bytes / 8), StateWord::Const(lo), StateWord::Const(hi)],
+            },
+            bytes / 8,
+        );
+        let mut fills = vec![
+            fill(t.o, 0, rows * lay.rs_o, 0, 0),
+            fill(t.ml, 0, rows * 8, f32::NEG_INFINITY.to_bits(), 0),
+            fill(t.q, 0, lay.q_bytes(), 0, 0),
+            fill(t.s, 0, C_HEADER, 0, 0),
+            fill(t.s2, 0, C_HEADER, 0, 0),
+            fill(t.p, rows * lay.rs_p, 2 * lay.rs_p, 0, 0),
+        ];
+        if dp > d {
+            fills.push(fill(t.kt, d * lay.rs_kt, (dp - d) * lay.rs_kt, 0, 0));
+        }
+        let key_pad = b.key_blocks() * 16 - b.sk;
+        if key_pad > 0 {
+            fills.push(fill(t.v, b.sk * lay.rs_v, key_pad * lay.rs_v, 0, 0));
+        }
+        for (i, chunk) in fills.chunks(ipu_arch::WORKER_CONTEXTS as usize).enumerate() {
+            if fill_steps.len() <= i {
+                fill_steps.push(Step {
+                    operation: name.clone(),
+                    phase: format!("reset {name} state and padding ({})", i + 1),
+                    tiles: BTreeMap::new(),
+                    estimated_cycles: 0,
+                    exchange: None,
+                });
+            }
+            let slowest = chunk.iter().map(|f| kernels.fill.1.eval(&[("COUNT", f.1 as i64)])).max().unwrap_or(0);
+            let st = &mut fill_steps[i];
+            st.estimated_cycles = st.estimated_cycles.max(slowest + fill_launch_cycles(chunk.len() as u64));
+            st.tiles.insert(tile, chunk.iter().map(|f| f.0.clone()).collect());
+        }
+    }
 
     // Step 2: the exchange of Q, K^T and V.
     let head_of = |tile: u32| tiles[&tile].0;
@@ -675,7 +717,9 @@ pub fn lower(
     // Steps 3 and 4: per key block, then the final normalisation.
     let nkb_s = dp / 16;
     let ncb_v = dp / 16;
-    let mut steps = vec![prep, xstep];
+    let mut steps = vec![prep];
+    steps.extend(fill_steps);
+    steps.push(xstep);
     let mut total = steps.iter().map(|s| s.estimated_cycles).sum::<u64>();
     let offset_causal = b.sk - b.sq.min(b.sk);
     for (bi, &(c0, c1)) in plan.key_blocks.iter().enumerate() {

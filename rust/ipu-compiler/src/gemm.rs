@@ -243,12 +243,38 @@ pub struct GemmCosts {
     pub owns_a: bool,
     /// Whether the result feeds a later GEMM (and lives in region 1).
     pub feeds_gemm: bool,
+    /// Phased placement (a model with attention): the region-1 bytes that
+    /// buffers live for the whole program may take (B, and A when it is a
+    /// param or padded, `a_persistent`); the others are phase-1 scratch
+    /// above them (docs/compiler.md, storage). `None`: everything persists.
+    pub persistent_budget: Option<u64>,
+    pub a_persistent: bool,
 }
 
 impl GemmCosts {
     /// Region-1 bytes of a shard's buffers as `place_storage` allocates them,
     /// or `None` when they cannot fit region 1 at all.
     pub fn region1_bytes(&self, layout: &ShardLayout) -> Option<u64> {
+        if let Some(budget) = self.persistent_budget {
+            let mut persistent = vec![(layout.b_bytes(), false)];
+            let mut scratch = vec![(layout.c_bytes(), true), (layout.c_bytes(), true)];
+            if self.owns_a {
+                if self.a_persistent {
+                    persistent.push((layout.a_bytes(), true));
+                } else {
+                    scratch.push((layout.a_bytes(), true));
+                }
+            }
+            let p = crate::storage::region1_footprint(&persistent)?;
+            if p > budget {
+                return None;
+            }
+            let element = ipu_arch::INTERLEAVED_ELEMENT_BYTES as u64;
+            let s = crate::storage::region1_footprint(&scratch)?;
+            let total = p.div_ceil(element) * element + s;
+            return (total <= (ipu_arch::REGION1_END - ipu_arch::REGION1_BASE) as u64)
+                .then_some(total);
+        }
         let mut bufs = vec![
             (layout.c_bytes(), true),
             (layout.c_bytes(), true),
@@ -355,6 +381,8 @@ mod tests {
             memory_budget: 416 * 1024,
             owns_a: true,
             feeds_gemm: false,
+            persistent_budget: None,
+            a_persistent: false,
         }
     }
 

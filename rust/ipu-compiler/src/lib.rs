@@ -371,7 +371,7 @@ pub fn compile(options: &CompileOptions) -> Result<CompileOutput, CompileError> 
                 (macs * per_group * 100)
                     .div_ceil(tiles.max(1) as u64 * ipu_arch::AMP_MACS_F16_F32 as u64 * 72)
             };
-            attention_candidates = attention::plan(b, options.tiles, groups.len() as u32, k, proxy);
+            attention_candidates = attention::plan(b, options.tiles, 0, k, proxy);
             let Some(_) = attention_candidates.first() else {
                 return Err(CompileError::NoFeasiblePlan {
                     value: graph.value(b.attention).name.clone(),
@@ -413,7 +413,7 @@ pub fn compile(options: &CompileOptions) -> Result<CompileOutput, CompileError> 
     } else {
         region1 / groups.len().max(1) as u64
     };
-    let mut group_tiles = if disjoint_groups {
+    let group_tiles = if disjoint_groups {
         (gemm_tiles / groups.len().max(1) as u32).max(1)
     } else {
         gemm_tiles
@@ -464,6 +464,9 @@ pub fn compile(options: &CompileOptions) -> Result<CompileOutput, CompileError> 
                 memory_budget: share,
                 owns_a: matches!(group.a, fuse::Source::Host(_)),
                 feeds_gemm: group.feeds_gemm,
+                persistent_budget: None,
+                a_persistent: geometry.kp() != geometry.k
+                    || graph.value(node.args[0]).def == ipu_graph::ValueDef::Param,
             };
             planned.push((geometry, (request, reduce_request), cost, result.name.clone()));
         }
@@ -547,15 +550,22 @@ pub fn compile(options: &CompileOptions) -> Result<CompileOutput, CompileError> 
         } else if let Some(b) = blocks.first() {
             // The best attention candidate whose remaining tiles fit every
             // projection (the proxy that ranked them knows no memory).
+            // The projections run first, side by side on equal shares of all
+            // tiles; the attention then uses the same tiles, its buffers
+            // sharing memory with the projections' scratch (phases), so the
+            // projections' persistent buffers get what the attention leaves.
             let mut chosen = None;
+            let element = ipu_arch::INTERLEAVED_ELEMENT_BYTES as u64;
             for c in &attention_candidates {
-                let tiles = ((options.tiles - c.tiles) / groups.len() as u32).max(1);
+                let left = region1.saturating_sub(c.region1_bytes) / element * element;
+                for p in planned.iter_mut() {
+                    p.2.persistent_budget = Some(left);
+                }
                 let fronts: Vec<(Vec<plan::GemmPlan>, usize)> = planned
                     .iter_mut()
-                    .map(|p| plan::search(&p.0, tiles, &mut p.2, &options.search))
+                    .map(|p| plan::search(&p.0, group_tiles, &mut p.2, &options.search))
                     .collect();
                 if fronts.iter().all(|f| !f.0.is_empty()) {
-                    group_tiles = tiles;
                     chosen = Some((c.clone(), fronts));
                     break;
                 }
@@ -655,12 +665,20 @@ pub fn compile(options: &CompileOptions) -> Result<CompileOutput, CompileError> 
         .flat_map(|m| m.iter().map(|s| s.tile + 1))
         .max()
         .unwrap_or(1);
-    // The attention tiles follow the projections' tiles.
+    // The attention runs on tiles 0.. after the projections (same tiles).
     if let Some(p) = attention_plan.as_mut() {
-        p.first_tile = tile_count;
-        tile_count += p.tiles;
+        p.first_tile = 0;
+        tile_count = tile_count.max(p.tiles);
     }
 
+    // In a model with attention the projections' scratch buffers need
+    // their C headers zeroed each run (fill64, two 16-byte fills).
+    let scratch_fill = attention_kernels.as_mut().map(|k| {
+        (
+            k.fill.0.clone(),
+            k.fill.1.eval(&[("COUNT", (gemm::C_HEADER / 8) as i64)]) + attention::fill_launch_cycles(2),
+        )
+    });
     let lowered = phase("lower", || {
         let mut gemms: Vec<lower::PlannedGemm> = planned
             .iter_mut()
@@ -678,6 +696,7 @@ pub fn compile(options: &CompileOptions) -> Result<CompileOutput, CompileError> 
                         reduce_kernel: reduce.clone(),
                         costs,
                         a_by_exchange: false,
+                        scratch_fill: scratch_fill.clone(),
                     }
                 },
             )

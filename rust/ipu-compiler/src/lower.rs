@@ -51,6 +51,11 @@ pub struct BufferSpec {
     pub zero: Vec<(u32, u32)>,
     /// Memory category in the report (e.g. "gemm_operand", "gemm_result").
     pub category: String,
+    /// `Some(phase)`: the buffer is live only during that phase of the run
+    /// call and may share memory with buffers of other phases (region 1
+    /// only, never zero at load: the phase's fill steps set what must be
+    /// zero); `None`: live for the whole program.
+    pub scratch: Option<u32>,
 }
 
 /// A vertex state word.
@@ -159,7 +164,15 @@ pub struct PlannedGemm<'a> {
     /// producer's tiles (its own plan), rather than staying on the tiles of
     /// a shared row partition.
     pub a_by_exchange: bool,
+    /// The GEMM runs in scratch phase 1 of the run call: its host-input A
+    /// rows (when K needs no padding) and its C buffers share memory with a
+    /// later phase; the C headers are zeroed by this fill kernel (with its
+    /// estimated cycles for one step of two 16-byte fills) before the GEMM.
+    pub scratch_fill: Option<(KernelRequest, u64)>,
 }
+
+/// Scratch phase of the projections in a model with attention.
+pub const PROJECTION_PHASE: u32 = 1;
 
 /// Appends `p` to `list`, merging it into the last placement when both the
 /// host bytes and the buffer bytes continue it.
@@ -232,6 +245,13 @@ pub fn lower(
             estimated_cycles: pg.plan.estimate.reduce_cycles,
             exchange: None,
         };
+        let mut fill_step = Step {
+            operation: result_name.clone(),
+            phase: format!("zero {value} C headers"),
+            tiles: BTreeMap::new(),
+            estimated_cycles: pg.scratch_fill.as_ref().map_or(0, |f| f.1),
+            exchange: None,
+        };
         let host_tensor = |id| HostTensor {
             name: graph.value(id).name.clone(),
             ty: graph.value(id).ty.clone(),
@@ -261,12 +281,14 @@ pub fn lower(
                     exclusive_element: exclusive,
                     zero,
                     category: category.into(),
+                    scratch: None,
                 };
             // A: the host operand's rows, or the producing group's result,
             // which the joint plan put on this tile with the same rows.
+            let scratch = pg.scratch_fill.is_some();
             let ia = match pg.group.a {
-                Source::Host(_) => {
-                    tile_bufs.push(buf(
+                Source::Host(a) => {
+                    let mut spec = buf(
                         "a",
                         layout.a_bytes(),
                         true,
@@ -276,7 +298,14 @@ pub fn lower(
                             vec![]
                         },
                         "gemm_operand",
-                    ));
+                    );
+                    // Host inputs are written at the start of every run, so
+                    // their rows are phase-1 scratch; params (written once)
+                    // and padded rows (zeros from the image) stay.
+                    if scratch && !pad_a && !kind_of(a) {
+                        spec.scratch = Some(PROJECTION_PHASE);
+                    }
+                    tile_bufs.push(spec);
                     tile_bufs.len() - 1
                 }
                 Source::Group(_) if pg.a_by_exchange => {
@@ -316,22 +345,30 @@ pub fn lower(
                 "gemm_weight",
             ));
             let ib = tile_bufs.len() - 1;
-            tile_bufs.push(buf(
-                "c",
-                layout.c_bytes(),
-                true,
-                header.clone(),
-                "gemm_result",
-            ));
+            let c_spec = |role: &str, category: &str| {
+                let mut b = buf(role, layout.c_bytes(), true, header.clone(), category);
+                if scratch {
+                    b.zero.clear();
+                    b.scratch = Some(PROJECTION_PHASE);
+                }
+                b
+            };
+            tile_bufs.push(c_spec("c", "gemm_result"));
             let ic = tile_bufs.len() - 1;
-            tile_bufs.push(buf(
-                "c_partial",
-                layout.c_bytes(),
-                true,
-                header,
-                "gemm_partials",
-            ));
+            tile_bufs.push(c_spec("c_partial", "gemm_partials"));
             let it = tile_bufs.len() - 1;
+            if let Some((fill, _)) = &pg.scratch_fill {
+                let zero_header = |buffer: usize| Vertex {
+                    kernel: fill.clone(),
+                    state: vec![
+                        StateWord::Addr { buffer, offset: 0 },
+                        StateWord::Const(crate::gemm::C_HEADER / 8),
+                        StateWord::Const(0),
+                        StateWord::Const(0),
+                    ],
+                };
+                fill_step.tiles.insert(shard.tile, vec![zero_header(ic), zero_header(it)]);
+            }
             // The fused bias: the tile's columns, padding zero so that padded
             // result columns stay exact zeros (a chained GEMM multiplies them).
             let bias_buffer = pg.group.bias.map(|bias| {
@@ -343,6 +380,7 @@ pub fn lower(
                     exclusive_element: false,
                     zero: vec![(0, nct * 32)],
                     category: "bias".into(),
+                    scratch: None,
                 });
                 (bias, tile_bufs.len() - 1)
             });
@@ -421,6 +459,7 @@ pub fn lower(
                     exclusive_element: feeds,
                     zero: vec![],
                     category: "gemm_result".into(),
+                    scratch: None,
                 });
                 results.insert((gi_group, shard.tile), (id, layout.rs_d(), (r0, r1)));
                 group_results.insert(
@@ -581,6 +620,9 @@ pub fn lower(
         }
         handoff_views.push((g, pg.plan.clone(), pg.map.to_vec()));
         gemms_results.push(result_value);
+        if !fill_step.tiles.is_empty() {
+            steps.push(fill_step);
+        }
         steps.push(step);
         if !reduce_step.tiles.is_empty() {
             steps.push(reduce_step);

@@ -12,8 +12,10 @@
 //!   different 32 KiB elements), each starting on an element boundary, then
 //!   the other interleaved buffers.
 //!
-//! All buffers live for the whole program (no reuse across operations yet),
-//! so there are no lifetimes to check beyond disjointness.
+//! Buffers live for the whole program unless they are scratch buffers of a
+//! phase of the run call ([`BufferSpec::scratch`]): the phases run one after
+//! the other, so their region-1 buffers share one area above the persistent
+//! ones, and the validator allows overlap only between different phases.
 
 use crate::error::CompileError;
 use crate::lower::{BufferSpec, RegionReq};
@@ -91,21 +93,38 @@ pub fn place(
             &|b| b.region == RegionReq::Standard,
         ));
     }
-    // Region 1: element-exclusive buffers on element boundaries, then the rest.
-    let mut r1 = REGION1_BASE as u64;
+    // Region 1: the buffers live for the whole program (element-exclusive
+    // ones on element boundaries, then the rest); then, from the next
+    // element boundary, each scratch phase's buffers the same way, every
+    // phase starting at that boundary (phases never run at the same time).
     let mut r0 = code_end;
-    for (i, b) in buffers.iter().enumerate() {
-        if b.region == RegionReq::Interleaved && b.exclusive_element {
-            let start = align_up(r1, INTERLEAVED_ELEMENT_BYTES as u64);
-            addresses[i] = start as u32;
-            r1 = start + b.bytes as u64;
+    let place_set = |from: u64, which: &dyn Fn(&BufferSpec) -> bool, addresses: &mut Vec<u32>| {
+        let mut r1 = from;
+        for (i, b) in buffers.iter().enumerate() {
+            if b.region == RegionReq::Interleaved && b.exclusive_element && which(b) {
+                let start = align_up(r1, INTERLEAVED_ELEMENT_BYTES as u64);
+                addresses[i] = start as u32;
+                r1 = start + b.bytes as u64;
+            }
         }
-    }
-    for (i, b) in buffers.iter().enumerate() {
-        if b.region == RegionReq::Interleaved && !b.exclusive_element {
-            let start = align_up(r1, b.align as u64);
-            addresses[i] = start as u32;
-            r1 = start + b.bytes as u64;
+        for (i, b) in buffers.iter().enumerate() {
+            if b.region == RegionReq::Interleaved && !b.exclusive_element && which(b) {
+                let start = align_up(r1, b.align as u64);
+                addresses[i] = start as u32;
+                r1 = start + b.bytes as u64;
+            }
+        }
+        r1
+    };
+    let mut r1 = place_set(REGION1_BASE as u64, &|b| b.scratch.is_none(), &mut addresses);
+    let phases: std::collections::BTreeSet<u32> = buffers.iter().filter_map(|b| b.scratch).collect();
+    let scratch_base = align_up(r1, INTERLEAVED_ELEMENT_BYTES as u64);
+    let mut worst: Option<u32> = None;
+    for &p in &phases {
+        let end = place_set(scratch_base, &|b| b.scratch == Some(p), &mut addresses);
+        if end > r1 {
+            r1 = end;
+            worst = Some(p);
         }
     }
     if r1 > REGION1_END as u64 {
@@ -113,7 +132,7 @@ pub fn place(
             "region 1 (interleaved)",
             r1 - REGION1_BASE as u64,
             (REGION1_END - REGION1_BASE) as u64,
-            &|b| b.region == RegionReq::Interleaved,
+            &|b| b.region == RegionReq::Interleaved && (b.scratch.is_none() || b.scratch == worst),
         ));
     }
     for (i, b) in buffers.iter().enumerate() {
@@ -195,13 +214,41 @@ pub fn validate(storage: &TileStorage, buffers: &[BufferSpec]) -> Result<(), Str
         }
         spans.push((a as u64, end, format!("buffer `{}`", b.name)));
     }
-    spans.sort();
-    for w in spans.windows(2) {
-        if w[1].0 < w[0].1 {
+    // Scratch buffers: region 1 only, nothing zero at load.
+    for b in buffers.iter().filter(|b| b.scratch.is_some()) {
+        if b.region != RegionReq::Interleaved || !b.zero.is_empty() {
             return Err(format!(
-                "tile {t}: {} ({:#x}..{:#x}) overlaps {} ({:#x}..{:#x})",
-                w[0].2, w[0].0, w[0].1, w[1].2, w[1].0, w[1].1
+                "tile {t}: scratch buffer `{}` must be in interleaved memory and have no zero-at-load ranges",
+                b.name
             ));
+        }
+    }
+    // Two spans conflict unless both are scratch buffers of different phases.
+    let mut spans: Vec<(u64, u64, String, Option<u32>)> =
+        spans.into_iter().map(|(a, e, n)| (a, e, n, None)).collect();
+    for (i, b) in buffers.iter().enumerate() {
+        if b.scratch.is_some() {
+            let a = storage.addresses[i] as u64;
+            let pos = spans
+                .iter()
+                .position(|s| s.0 == a && s.2 == format!("buffer `{}`", b.name))
+                .expect("every buffer has its span");
+            spans[pos].3 = b.scratch;
+        }
+    }
+    spans.sort();
+    for (i, x) in spans.iter().enumerate() {
+        for y in &spans[i + 1..] {
+            if y.0 >= x.1 {
+                break;
+            }
+            let co_live = x.3.is_none() || y.3.is_none() || x.3 == y.3;
+            if co_live {
+                return Err(format!(
+                    "tile {t}: {} ({:#x}..{:#x}) overlaps {} ({:#x}..{:#x})",
+                    x.2, x.0, x.1, y.2, y.0, y.1
+                ));
+            }
         }
     }
     let elements = |a: u32, bytes: u32| {
@@ -222,6 +269,9 @@ pub fn validate(storage: &TileStorage, buffers: &[BufferSpec]) -> Result<(), Str
             ));
         }
         for &(b2, a2) in &exclusive[i + 1..] {
+            if b1.scratch.is_some() && b2.scratch.is_some() && b1.scratch != b2.scratch {
+                continue;
+            }
             let (e1, e2) = (elements(a1, b1.bytes), elements(a2, b2.bytes));
             if e1.start() <= e2.end() && e2.start() <= e1.end() {
                 return Err(format!(
@@ -247,7 +297,46 @@ mod tests {
             exclusive_element: exclusive,
             zero: vec![],
             category: "test".into(),
+            scratch: None,
         }
+    }
+
+    #[test]
+    fn scratch_phases_share_memory_and_persistent_buffers_do_not() {
+        let mut bufs = vec![
+            buf("w", 40_000, RegionReq::Interleaved, false),
+            buf("x1", 100_000, RegionReq::Interleaved, true),
+            buf("c1", 100, RegionReq::Interleaved, true),
+            buf("k2", 250_000, RegionReq::Interleaved, false),
+            buf("q2", 1000, RegionReq::Interleaved, true),
+        ];
+        bufs[1].scratch = Some(1);
+        bufs[2].scratch = Some(1);
+        bufs[3].scratch = Some(2);
+        bufs[4].scratch = Some(2);
+        let s = place(0, &bufs, 1000).unwrap();
+        validate(&s, &bufs).unwrap();
+        // Both phases start on the element after the persistent weights.
+        let base = REGION1_BASE + 2 * INTERLEAVED_ELEMENT_BYTES;
+        assert_eq!((s.addresses[1], s.addresses[4]), (base, base));
+        // Without phases the same buffers do not fit.
+        let mut flat = bufs.clone();
+        for b in flat.iter_mut() {
+            b.scratch = None;
+        }
+        assert!(place(0, &flat, 1000).is_err());
+        // The validator refuses overlap within a phase and with persistent buffers.
+        let mut bad = s.clone();
+        bad.addresses[2] = bad.addresses[1] + 16;
+        assert!(validate(&bad, &bufs).unwrap_err().contains("overlaps"));
+        let mut bad = s;
+        bad.addresses[3] = REGION1_BASE;
+        assert!(validate(&bad, &bufs).unwrap_err().contains("overlaps"));
+        // Scratch buffers may not ask for zeros at load.
+        let mut zeroed = bufs.clone();
+        zeroed[1].zero = vec![(0, 16)];
+        let s = place(0, &zeroed, 1000).unwrap();
+        assert!(validate(&s, &zeroed).unwrap_err().contains("zero-at-load"));
     }
 
     #[test]
