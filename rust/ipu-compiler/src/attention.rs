@@ -704,7 +704,8 @@ pub fn lower(
             });
         }
     }
-    let x = exchange::schedule(l.tile_count, transfers, exchange_label)?;
+    let mut x = exchange::schedule(l.tile_count, transfers, exchange_label)?;
+    exchange::attach_tables(&mut x, &mut l.buffers, &format!("xtab{exchange_label}"));
     let exchange_cycles = exchange::step_cycles(&x.figures);
     let xstep = Step {
         operation: name.clone(),

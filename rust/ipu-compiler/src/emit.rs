@@ -55,23 +55,15 @@ pub fn tile_program(l: &Lowered, tile: u32, storage: &TileStorage) -> String {
                 // descriptors. The standard prologue of ipu-exchange (xtab at
                 // T0 + 12, which the tables were scheduled for) uses $m1, so
                 // the command address is set again after `xend`.
-                let table = crate::exchange::resolve(x, tile, |b| storage.addresses[b]);
-                let label = format!("xt_{ci}_{si}");
+                // The table itself is a buffer whose contents `link` writes
+                // into the image.
+                let count = x.tables.get(tile as usize).map_or(0, |t| t.len());
+                let address = storage.addresses[x.table_buffers[&tile]];
                 let _ = writeln!(s, "        # {}", step.phase);
                 let _ = writeln!(
                     s,
-                    "        sync\n        setzi $m1, {label}\n        setzi $m2, {}\n        xtab $m1, $m2\n        xend\n        setzi $m1, {COMMAND_ADDRESS:#x}",
-                    table.len()
+                    "        sync\n        setzi $m1, {address:#x}\n        setzi $m2, {count}\n        xtab $m1, $m2\n        xend\n        setzi $m1, {COMMAND_ADDRESS:#x}"
                 );
-                let words: Vec<String> = table
-                    .iter()
-                    .flat_map(|d| [d.kind, d.address, d.words, d.start])
-                    .map(|w| format!("{w:#x}"))
-                    .collect();
-                let _ = writeln!(data, "{label}:");
-                if !words.is_empty() {
-                    let _ = writeln!(data, "        .word {}", words.join(", "));
-                }
                 continue;
             }
             let Some(vertices) = step.tiles.get(&tile) else {

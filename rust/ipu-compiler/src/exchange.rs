@@ -71,6 +71,42 @@ pub struct ExchangeStep {
     /// Per tile (index = tile), descriptors with synthetic addresses.
     pub tables: Vec<Vec<Descriptor>>,
     pub figures: ExchangeFigures,
+    /// Per tile, the buffer that holds its resolved table in the tile image
+    /// ([`attach_tables`]); the supervisor's `xtab` reads it there.
+    pub table_buffers: BTreeMap<u32, usize>,
+}
+
+/// Gives every tile a buffer (`name`, standard memory) for its table of
+/// `step`, whose resolved descriptors `link` writes into the tile image:
+/// the tables never pass through assembly text.
+pub fn attach_tables(
+    step: &mut ExchangeStep,
+    buffers: &mut BTreeMap<u32, Vec<crate::lower::BufferSpec>>,
+    name: &str,
+) {
+    for (&tile, bufs) in buffers.iter_mut() {
+        let descriptors = step.tables.get(tile as usize).map_or(0, |t| t.len()) as u32;
+        bufs.push(crate::lower::BufferSpec {
+            name: name.to_string(),
+            bytes: (16 * descriptors).max(16),
+            align: 8,
+            region: crate::lower::RegionReq::Standard,
+            exclusive_element: false,
+            zero: vec![],
+            category: "exchange_tables".into(),
+            scratch: None,
+        });
+        step.table_buffers.insert(tile, bufs.len() - 1);
+    }
+}
+
+/// The bytes of `tile`'s resolved table (little-endian words).
+pub fn table_bytes(step: &ExchangeStep, tile: u32, address_of: impl Fn(usize) -> u32) -> Vec<u8> {
+    resolve(step, tile, address_of)
+        .iter()
+        .flat_map(|d| [d.kind, d.address, d.words, d.start])
+        .flat_map(u32::to_le_bytes)
+        .collect()
 }
 
 /// Cycles the cost model charges for an exchange step: the 600-cycle sync,
@@ -230,6 +266,7 @@ pub fn schedule(
         layout,
         tables: compiled.lowered.tables,
         figures,
+        table_buffers: BTreeMap::new(),
     })
 }
 

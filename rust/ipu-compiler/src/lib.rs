@@ -809,7 +809,15 @@ pub fn compile(options: &CompileOptions) -> Result<CompileOutput, CompileError> 
             .par_iter()
             .map(|&(&tile, text)| {
                 let l = link::link_program(tile, text, &kernels_of(tile))?;
-                let lt = link::tile_image(tile, &l, &lowered.buffers[&tile], &storage[&tile])?;
+                let st = &storage[&tile];
+                let tables = lowered
+                    .calls
+                    .iter()
+                    .flat_map(|c| &c.steps)
+                    .filter_map(|s| s.exchange.as_ref())
+                    .map(|x| (x.table_buffers[&tile], exchange::table_bytes(x, tile, |b| st.addresses[b])))
+                    .collect();
+                let lt = link::tile_image(tile, &l, &lowered.buffers[&tile], st, tables)?;
                 Ok((tile, lt))
             })
             .collect();

@@ -59,13 +59,15 @@ pub fn linked_end(linked: &ipu_link::Linked) -> u32 {
         .unwrap_or(ipu_arch::REGION0_BASE)
 }
 
-/// The package image of a tile: the linked segments plus a zero segment for
-/// every buffer range that must start zeroed.
+/// The package image of a tile: the linked segments, a zero segment for
+/// every buffer range that must start zeroed, and `contents` (buffer index,
+/// bytes) for buffers that start with data (the exchange tables).
 pub fn tile_image(
     tile: u32,
     linked: &ipu_link::Linked,
     buffers: &[BufferSpec],
     storage: &TileStorage,
+    contents: Vec<(usize, Vec<u8>)>,
 ) -> Result<LinkedTile, CompileError> {
     let code_end = linked_end(linked);
     if code_end > storage.code_end {
@@ -91,6 +93,26 @@ pub fn tile_image(
             segments.push(ipu_package::Segment {
                 address: addr + start,
                 bytes: vec![0; (end - start) as usize],
+            });
+        }
+    }
+    // Buffers with initial contents (the exchange tables).
+    for (buffer, bytes) in contents {
+        if bytes.len() as u64 > buffers[buffer].bytes as u64 {
+            return Err(CompileError::Verifier {
+                phase: "link",
+                message: format!(
+                    "tile {tile}: {} bytes of contents for buffer `{}` of {} bytes",
+                    bytes.len(),
+                    buffers[buffer].name,
+                    buffers[buffer].bytes
+                ),
+            });
+        }
+        if !bytes.is_empty() {
+            segments.push(ipu_package::Segment {
+                address: storage.addresses[buffer],
+                bytes,
             });
         }
     }

@@ -605,7 +605,8 @@ pub fn lower(
                     |t| a_buffers[&t],
                 )
             };
-            let x = exchange::schedule(tile_count, transfers, exchange_label)?;
+            let mut x = exchange::schedule(tile_count, transfers, exchange_label)?;
+            exchange::attach_tables(&mut x, &mut buffers, &format!("xtab{exchange_label}"));
             exchange_label += 1;
             steps.push(Step {
                 operation: result_name.clone(),
