@@ -197,10 +197,11 @@ pub struct AttentionKernels {
     pub final_: (KernelRequest, FormulaCost),
     pub fill: (KernelRequest, FormulaCost),
     pub transpose: (KernelRequest, FormulaCost),
+    pub combine: (KernelRequest, FormulaCost),
 }
 
 /// Requests for the kernels of `block`.
-pub fn kernel_requests(block: &AttentionBlock) -> [KernelRequest; 6] {
+pub fn kernel_requests(block: &AttentionBlock) -> [KernelRequest; 7] {
     let req = |entry: &str, source: &str, params: &[(&str, i64)]| KernelRequest {
         entry: entry.into(),
         source: source.into(),
@@ -217,17 +218,19 @@ pub fn kernel_requests(block: &AttentionBlock) -> [KernelRequest; 6] {
         req("attention_final", "attention_final.S", &[]),
         req("fill64", "fill64.S", &[]),
         req("transpose_f16", "transpose_f16.S", &[]),
+        req("attention_combine", "attention_combine.S", &[]),
     ]
 }
 
 /// The variables each kernel's formula reads.
-pub const FORMULA_VARS: [&[&str]; 6] = [
+pub const FORMULA_VARS: [&[&str]; 7] = [
     &["M", "NCB", "NKB"],
     &["ROWS", "BK", "BKP", "DQ"],
     &["ROWS", "DQ"],
     &["ROWS", "DQ"],
     &["COUNT"],
     &["ROWS", "COLS"],
+    &["ROWS", "DQ"],
 ];
 
 /// The chosen partition of an attention block.
@@ -237,10 +240,15 @@ pub struct AttentionPlan {
     pub query_blocks: u32,
     /// Most query rows on a tile.
     pub rows: u32,
-    /// Key column-block ranges processed one after the other.
+    /// Key column-block ranges of the key splits: the keys of one (head,
+    /// query block) are split over this many tiles, whose flash states a
+    /// combine step folds together.
+    pub key_splits: Vec<(u32, u32)>,
+    /// The key blocks of the first split, processed one after the other
+    /// (every split has as many, near-equal).
     pub key_blocks: Vec<(u32, u32)>,
-    /// The first attention tile; tile `first_tile + h * query_blocks + b`
-    /// holds head `h`, query block `b`.
+    /// The first attention tile; tile `first_tile + (h * query_blocks + b)
+    /// * splits + s` holds head `h`, query block `b`, key split `s`.
     pub first_tile: u32,
     pub tiles: u32,
     /// Estimated cycles of the attention's compute steps (slowest tile).
@@ -258,8 +266,18 @@ impl AttentionPlan {
     pub fn query_ranges(&self, block: &AttentionBlock) -> Vec<(u32, u32)> {
         ranges(block.sq, self.query_blocks)
     }
-    pub fn tile(&self, head: u32, query_block: u32) -> u32 {
-        self.first_tile + head * self.query_blocks + query_block
+    pub fn tile(&self, head: u32, query_block: u32, split: u32) -> u32 {
+        self.first_tile
+            + (head * self.query_blocks + query_block) * self.key_splits.len() as u32
+            + split
+    }
+    /// The key blocks of split `split` (as many as `key_blocks`).
+    pub fn blocks_of(&self, split: usize) -> Vec<(u32, u32)> {
+        let (c0, c1) = self.key_splits[split];
+        ranges(c1 - c0, self.key_blocks.len() as u32)
+            .into_iter()
+            .map(|(a, z)| (c0 + a, c0 + z))
+            .collect()
     }
     pub fn total_cycles(&self) -> u64 {
         self.compute_cycles + self.exchange_bound_cycles + self.projection_cycles
@@ -270,6 +288,7 @@ impl AttentionPlan {
 #[derive(Clone, Copy, Debug)]
 struct TileLayout {
     rows: u32,
+    split_cb: u32,
     rs_q: u32,
     rs_kt: u32,
     rs_v: u32,
@@ -281,11 +300,14 @@ struct TileLayout {
 }
 
 impl TileLayout {
-    fn new(b: &AttentionBlock, rows: u32, block_cb: u32) -> TileLayout {
+    /// `block_cb`: column blocks of the widest key block; `split_cb`: of
+    /// the widest key split.
+    fn new(b: &AttentionBlock, rows: u32, block_cb: u32, split_cb: u32) -> TileLayout {
         TileLayout {
             rows,
+            split_cb,
             rs_q: b.dp() * 2,
-            rs_kt: b.key_blocks() * 32,
+            rs_kt: split_cb * 32,
             rs_v: b.dp() * 2,
             rs_s: block_cb * 16 * 4,
             rs_pv: b.dp() * 4,
@@ -300,8 +322,8 @@ impl TileLayout {
     fn kt_bytes(&self, b: &AttentionBlock) -> u32 {
         b.dp() * self.rs_kt
     }
-    fn v_bytes(&self, b: &AttentionBlock) -> u32 {
-        b.key_blocks() * 16 * self.rs_v
+    fn v_bytes(&self, _b: &AttentionBlock) -> u32 {
+        self.split_cb * 16 * self.rs_v
     }
     /// Both C buffers serve the scores GEMM and then the P V GEMM: a zero
     /// header, two junk rows, the rows, two drain rows.
@@ -321,9 +343,12 @@ impl TileLayout {
             (self.v_bytes(b), false),
         ])
     }
-    fn region0(&self) -> u64 {
+    /// Region 0: O, (m, l), factors, the output rows, scratch, and the
+    /// other splits' states a combining tile receives.
+    fn region0(&self, splits: u32) -> u64 {
         let r = self.rows as u64;
-        r * self.rs_o as u64 + 8 * r + 4 * r + r * self.rs_out as u64 + 64
+        let state = r * self.rs_o as u64 + 8 * r;
+        state * splits as u64 + 4 * r + r * self.rs_out as u64 + 64
     }
 }
 
@@ -338,7 +363,7 @@ fn compute_cycles(
     let row_parts = ranges(rows, rows.min(6));
     let max_rows = row_parts.iter().map(|r| r.1 - r.0).max().unwrap_or(0) as i64;
     let mut steps = Vec::new();
-    let layout = TileLayout::new(b, rows, 1);
+    let layout = TileLayout::new(b, rows, 1, 1);
     let fill = k.fill.1.eval(&[("COUNT", (rows * layout.rs_o / 8) as i64)]);
     steps.push(fill + supervisor_cycles(2));
     for &(c0, c1) in key_blocks {
@@ -362,18 +387,29 @@ fn compute_cycles(
     (steps.iter().sum(), steps)
 }
 
-/// Key blockings whose buffers fit region 1 with `rows` query rows: the
-/// fewest blocks and up to two more (smaller score buffers leave more
-/// memory to the projections' weights, at the price of more launches).
-fn key_blockings(b: &AttentionBlock, rows: u32) -> Vec<(Vec<(u32, u32)>, TileLayout, u64)> {
-    let ncb = b.key_blocks();
+/// Key blockings of splits at most `split_cb` column blocks wide whose
+/// buffers fit region 1 with `rows` query rows: the fewest blocks and up to
+/// two more (smaller score buffers leave more memory to the projections'
+/// weights, at the price of more launches). Each is (blocks of `first`,
+/// layout, region-1 bytes).
+fn key_blockings(
+    b: &AttentionBlock,
+    rows: u32,
+    first: (u32, u32),
+    split_cb: u32,
+    min_split_cb: u32,
+    splits: u32,
+) -> Vec<(Vec<(u32, u32)>, TileLayout, u64)> {
     let mut out = Vec::new();
-    for nblocks in 1..=ncb {
-        let blocks = ranges(ncb, nblocks);
-        let widest = blocks.iter().map(|c| c.1 - c.0).max().unwrap_or(1);
-        let layout = TileLayout::new(b, rows, widest);
+    for nblocks in 1..=min_split_cb {
+        let widest = split_cb.div_ceil(nblocks);
+        let layout = TileLayout::new(b, rows, widest, split_cb);
         if let Some(r1) = layout.region1(b) {
-            if layout.region0() <= STANDARD_BUDGET / 2 {
+            if layout.region0(splits) <= STANDARD_BUDGET / 2 {
+                let blocks = ranges(first.1 - first.0, nblocks)
+                    .into_iter()
+                    .map(|(a, z)| (first.0 + a, first.0 + z))
+                    .collect();
                 out.push((blocks, layout, r1));
                 if out.len() == 3 {
                     break;
@@ -385,7 +421,8 @@ fn key_blockings(b: &AttentionBlock, rows: u32) -> Vec<(Vec<(u32, u32)>, TileLay
 }
 
 /// Candidate partitions of `block` over at most `tiles` tiles that leave at
-/// least `min_left` tiles for the projections, best first.
+/// least `min_left` tiles for the projections, best first: query rows per
+/// tile, key splits over tiles (1, 2, 4 or 8) and key blocks.
 /// `projection_cycles(tiles)` estimates the projections on the tiles left.
 pub fn plan(
     block: &AttentionBlock,
@@ -394,35 +431,59 @@ pub fn plan(
     kernels: &mut AttentionKernels,
     projection_cycles: impl Fn(u32) -> u64,
 ) -> Vec<AttentionPlan> {
-    let mut seen = std::collections::BTreeSet::new();
     let mut out = Vec::new();
-    for qb in 1..=block.sq {
-        let rows = block.sq.div_ceil(qb);
-        let attention_tiles = block.heads * qb;
-        if attention_tiles + min_left > tiles || !seen.insert(rows) {
-            continue;
-        }
-        for (key_blocks, layout, r1) in key_blockings(block, rows) {
-        let (compute, _) = compute_cycles(block, kernels, rows, &key_blocks);
-        // Every attention tile receives its head's K^T and V and its Q rows.
-        let received = layout.kt_bytes(block) as u64 * block.d as u64 / block.dp() as u64
-            + block.sk as u64 * block.d as u64 * 2
-            + rows as u64 * block.d as u64 * 2;
-        let exchange = ipu_arch::SYNC_CYCLES
-            + received.div_ceil(ipu_arch::EXCHANGE_RECV_BYTES_PER_CYCLE as u64);
-        let first_tile = 0;
-        out.push(AttentionPlan {
-            query_blocks: qb,
-            rows,
-            key_blocks,
-            first_tile,
-            tiles: attention_tiles,
-            compute_cycles: compute,
-            exchange_bound_cycles: exchange,
-            projection_cycles: projection_cycles(tiles),
-            region1_bytes: r1,
-            region0_bytes: layout.region0(),
-        });
+    let ncb = block.key_blocks();
+    let dq = block.dq() as i64;
+    for splits in [1u32, 2, 4, 8].into_iter().filter(|&s| s <= ncb) {
+        let key_splits = ranges(ncb, splits);
+        let split_cb = key_splits.iter().map(|c| c.1 - c.0).max().unwrap_or(1);
+        let min_split_cb = key_splits.iter().map(|c| c.1 - c.0).min().unwrap_or(1);
+        let widest_split = *key_splits.iter().max_by_key(|c| (c.1 - c.0, u32::MAX - c.0)).expect("splits");
+        let mut seen = std::collections::BTreeSet::new();
+        for qb in 1..=block.sq {
+            let rows = block.sq.div_ceil(qb);
+            let attention_tiles = block.heads * qb * splits;
+            if attention_tiles + min_left > tiles || !seen.insert(rows) {
+                continue;
+            }
+            for (key_blocks, layout, r1) in key_blockings(block, rows, widest_split, split_cb, min_split_cb, splits) {
+                let (mut compute, _) = compute_cycles(block, kernels, rows, &key_blocks);
+                // Every attention tile receives its split's K^T and V and
+                // its Q rows; with splits, a combine exchange and steps.
+                let keys = (split_cb * 16).min(block.sk) as u64;
+                let received = 2 * keys * block.d as u64 * 2 + rows as u64 * block.d as u64 * 2;
+                let mut exchange = ipu_arch::SYNC_CYCLES
+                    + received.div_ceil(ipu_arch::EXCHANGE_RECV_BYTES_PER_CYCLE as u64);
+                if splits > 1 {
+                    let state = (splits as u64 - 1) * rows as u64 * (layout.rs_o as u64 + 8);
+                    exchange += ipu_arch::SYNC_CYCLES
+                        + state.div_ceil(ipu_arch::EXCHANGE_RECV_BYTES_PER_CYCLE as u64);
+                    let per_vertex = rows.div_ceil(6) as i64;
+                    compute += (splits as u64 - 1)
+                        * (kernels.combine.1.eval(&[("ROWS", per_vertex), ("DQ", dq)])
+                            + supervisor_cycles(rows.min(6) as u64));
+                }
+                out.push(AttentionPlan {
+                    query_blocks: qb,
+                    rows,
+                    key_splits: key_splits.clone(),
+                    key_blocks: {
+                        // The blocks of split 0 (the cost used the widest split).
+                        let (c0, c1) = key_splits[0];
+                        ranges(c1 - c0, key_blocks.len() as u32)
+                            .into_iter()
+                            .map(|(a, z)| (c0 + a, c0 + z))
+                            .collect()
+                    },
+                    first_tile: 0,
+                    tiles: attention_tiles,
+                    compute_cycles: compute,
+                    exchange_bound_cycles: exchange,
+                    projection_cycles: projection_cycles(tiles),
+                    region1_bytes: r1,
+                    region0_bytes: layout.region0(splits),
+                });
+            }
         }
     }
     out.sort_by_key(|p| (p.total_cycles(), p.tiles, p.key_blocks.len()));
@@ -443,6 +504,8 @@ struct TileBuffers {
     out: usize,
     /// Eight bytes per online vertex (its (-m', -m') pair).
     scratch: usize,
+    /// On a split-0 tile: (O, (m, l)) received from each other key split.
+    others: Vec<(usize, usize)>,
 }
 
 /// Supervisor cycles around a step of `n` short fill vertices: the last one
@@ -473,8 +536,19 @@ pub fn lower(
     let y_name = graph.value(b.result).name.clone();
     let (d, dp, dq) = (b.d, b.dp(), b.dq());
     let qranges = plan.query_ranges(b);
-    let widest = plan.key_blocks.iter().map(|c| c.1 - c.0).max().unwrap_or(1);
-    let mut tiles: BTreeMap<u32, (u32, u32, TileBuffers, TileLayout)> = BTreeMap::new();
+    let splits = plan.key_splits.len() as u32;
+    let split_cb = plan.key_splits.iter().map(|c| c.1 - c.0).max().unwrap_or(1);
+    let widest = (0..plan.key_splits.len())
+        .flat_map(|k| plan.blocks_of(k))
+        .map(|c| c.1 - c.0)
+        .max()
+        .unwrap_or(1);
+    // The first key of split `ks` and its key count.
+    let split_keys = |ks: u32| -> (u32, u32) {
+        let (c0, c1) = plan.key_splits[ks as usize];
+        (c0 * 16, (c1 * 16).min(b.sk) - c0 * 16)
+    };
+    let mut tiles: BTreeMap<u32, (u32, u32, u32, TileBuffers, TileLayout)> = BTreeMap::new();
     let spec = |role: &str, bytes: u32, region: RegionReq, exclusive: bool, zero: Vec<(u32, u32)>, category: &str| BufferSpec {
         name: format!("{name}.{role}"),
         bytes,
@@ -487,9 +561,10 @@ pub fn lower(
     };
     for h in 0..b.heads {
         for (qi, &(q0, q1)) in qranges.iter().enumerate() {
-            let tile = plan.tile(h, qi as u32);
+          for ks in 0..splits {
+            let tile = plan.tile(h, qi as u32, ks);
             let rows = q1 - q0;
-            let lay = TileLayout::new(b, rows, widest);
+            let lay = TileLayout::new(b, rows, widest, split_cb);
             let bufs = l.buffers.get_mut(&tile).expect("attention tiles are below tile_count");
             let mut push = |s: BufferSpec| {
                 bufs.push(s);
@@ -518,7 +593,21 @@ pub fn lower(
             let alpha = push(spec("alpha", rows * 4, RegionReq::Standard, false, vec![], "attention_state"));
             let out = push(spec("out", rows * lay.rs_out, RegionReq::Standard, false, vec![], "attention_result"));
             let scratch = push(spec("scratch", 8 * rows.min(6), RegionReq::Standard, false, vec![], "attention_state"));
-            tiles.insert(tile, (h, qi as u32, TileBuffers { q, kt, v, s, s2, p, o, ml, alpha, out, scratch }, lay));
+            // The combining tile (split 0) receives the other splits' states.
+            let others: Vec<(usize, usize)> = if ks == 0 {
+                (1..splits)
+                    .map(|j| {
+                        (
+                            push(spec(&format!("o_split{j}"), rows * lay.rs_o, RegionReq::Standard, false, vec![], "attention_state")),
+                            push(spec(&format!("ml_split{j}"), rows * 8, RegionReq::Standard, false, vec![], "attention_state")),
+                        )
+                    })
+                    .collect()
+            } else {
+                Vec::new()
+            };
+            tiles.insert(tile, (h, qi as u32, ks, TileBuffers { q, kt, v, s, s2, p, o, ml, alpha, out, scratch, others }, lay));
+          }
         }
     }
 
@@ -588,7 +677,7 @@ pub fn lower(
     prep.estimated_cycles = prep_cycles;
     // The fills of every attention tile, at most six per compute step.
     let mut fill_steps: Vec<Step> = Vec::new();
-    for (&tile, (_, _, t, lay)) in &tiles {
+    for (&tile, &(_, _, ks, ref t, lay)) in &tiles {
         let rows = lay.rows;
         let fill = |buffer: usize, offset: u32, bytes: u32, lo: u32, hi: u32| (
             Vertex {
@@ -608,9 +697,11 @@ pub fn lower(
         if dp > d {
             fills.push(fill(t.kt, d * lay.rs_kt, (dp - d) * lay.rs_kt, 0, 0));
         }
-        let key_pad = b.key_blocks() * 16 - b.sk;
-        if key_pad > 0 {
-            fills.push(fill(t.v, b.sk * lay.rs_v, key_pad * lay.rs_v, 0, 0));
+        // V rows past the split's keys (the GEMM multiplies them by P's
+        // zero columns, so they must not hold NaN or infinity).
+        let keys = split_keys(ks).1;
+        if split_cb * 16 > keys {
+            fills.push(fill(t.v, keys * lay.rs_v, (split_cb * 16 - keys) * lay.rs_v, 0, 0));
         }
         for (i, chunk) in fills.chunks(ipu_arch::WORKER_CONTEXTS as usize).enumerate() {
             if fill_steps.len() <= i {
@@ -630,8 +721,6 @@ pub fn lower(
     }
 
     // Step 2: the exchange of Q, K^T and V.
-    let head_of = |tile: u32| tiles[&tile].0;
-    let _ = head_of;
     let qblock_of = |r: u32| -> (u32, u32) {
         let i = qranges.iter().position(|&(a, z)| (a..z).contains(&r)).expect("query ranges cover the queries");
         (i as u32, qranges[i].0)
@@ -649,26 +738,45 @@ pub fn lower(
         v
     };
     let mut transfers = Vec::new();
+    let split_of = |key: u32| -> u32 {
+        (0..splits)
+            .find(|&ks| {
+                let (k0, n) = split_keys(ks);
+                (k0..k0 + n).contains(&key)
+            })
+            .expect("the splits cover the keys")
+    };
     for (&(g, tile), r) in &l.group_results {
         if g == b.q {
+            // Q rows go to every split of their (head, query block).
             for row in r.rows.0..r.rows.1 {
                 let (qi, q0) = qblock_of(row);
                 for (h, s0, s1) in segments(r.col0, r.width) {
-                    let dst = plan.tile(h, qi);
+                    let destinations = (0..splits)
+                        .map(|ks| {
+                            let dst = plan.tile(h, qi, ks);
+                            let t = &tiles[&dst];
+                            BufferRef { tile: dst, buffer: t.3.q, offset: (row - q0) * t.4.rs_q + (s0 - h * d) * 2 }
+                        })
+                        .collect();
                     transfers.push(BufferTransfer {
                         source: BufferRef { tile, buffer: r.buffer, offset: (row - r.rows.0) * r.row_stride + (s0 - r.col0) * 2 },
-                        destinations: vec![BufferRef { tile: dst, buffer: tiles[&dst].2.q, offset: (row - q0) * tiles[&dst].3.rs_q + (s0 - h * d) * 2 }],
+                        destinations,
                         bytes: (s1 - s0) * 2,
                     });
                 }
             }
         } else if g == b.v {
+            // A V row goes to every query block of its head, in its split.
             for row in r.rows.0..r.rows.1 {
+                let ks = split_of(row);
+                let k0 = split_keys(ks).0;
                 for (h, s0, s1) in segments(r.col0, r.width) {
                     let destinations = (0..plan.query_blocks)
                         .map(|qi| {
-                            let dst = plan.tile(h, qi);
-                            BufferRef { tile: dst, buffer: tiles[&dst].2.v, offset: row * tiles[&dst].3.rs_v + (s0 - h * d) * 2 }
+                            let dst = plan.tile(h, qi, ks);
+                            let t = &tiles[&dst];
+                            BufferRef { tile: dst, buffer: t.3.v, offset: (row - k0) * t.4.rs_v + (s0 - h * d) * 2 }
                         })
                         .collect();
                     transfers.push(BufferTransfer {
@@ -679,19 +787,31 @@ pub fn lower(
                 }
             }
         } else if g == b.k {
+            // A K^T row's keys, cut at the splits (which start on multiples
+            // of 16 keys, and the shard's rows on even keys, so every run
+            // starts on a word; a run that ends at the last, odd key takes
+            // the zero after it along).
             let (ktb, rs) = kt_src[&tile];
             let (r0, r1) = r.rows;
-            let bytes = round_up((r1 - r0) * 2, 4);
-            for c in 0..r.width {
-                let gc = r.col0 + c;
-                let (h, j) = (gc / d, gc % d);
-                let destinations = (0..plan.query_blocks)
-                    .map(|qi| {
-                        let dst = plan.tile(h, qi);
-                        BufferRef { tile: dst, buffer: tiles[&dst].2.kt, offset: j * tiles[&dst].3.rs_kt + r0 * 2 }
-                    })
-                    .collect();
-                transfers.push(BufferTransfer { source: BufferRef { tile, buffer: ktb, offset: c * rs }, destinations, bytes });
+            for ks in 0..splits {
+                let (k0, n) = split_keys(ks);
+                let (a, z) = (r0.max(k0), r1.min(k0 + n));
+                if a >= z {
+                    continue;
+                }
+                let bytes = round_up((z - a) * 2, 4);
+                for c in 0..r.width {
+                    let gc = r.col0 + c;
+                    let (h, j) = (gc / d, gc % d);
+                    let destinations = (0..plan.query_blocks)
+                        .map(|qi| {
+                            let dst = plan.tile(h, qi, ks);
+                            let t = &tiles[&dst];
+                            BufferRef { tile: dst, buffer: t.3.kt, offset: j * t.4.rs_kt + (a - k0) * 2 }
+                        })
+                        .collect();
+                    transfers.push(BufferTransfer { source: BufferRef { tile, buffer: ktb, offset: c * rs + (a - r0) * 2 }, destinations, bytes });
+                }
             }
         }
     }
@@ -723,17 +843,23 @@ pub fn lower(
     steps.push(xstep);
     let mut total = steps.iter().map(|s| s.estimated_cycles).sum::<u64>();
     let offset_causal = b.sk - b.sq.min(b.sk);
-    for (bi, &(c0, c1)) in plan.key_blocks.iter().enumerate() {
-        let nb = c1 - c0;
-        let k0 = c0 * 16;
-        let bk = (c1 * 16).min(b.sk) - k0;
+    let split_blocks: Vec<Vec<(u32, u32)>> = (0..plan.key_splits.len()).map(|k| plan.blocks_of(k)).collect();
+    for bi in 0..plan.key_blocks.len() {
         let mut sg = Step { operation: name.clone(), phase: format!("{name} scores, key block {bi}"), tiles: BTreeMap::new(), estimated_cycles: 0, exchange: None };
         let mut on = Step { operation: name.clone(), phase: format!("{name} online softmax, key block {bi}"), tiles: BTreeMap::new(), estimated_cycles: 0, exchange: None };
         let mut pv = Step { operation: name.clone(), phase: format!("{name} P V, key block {bi}"), tiles: BTreeMap::new(), estimated_cycles: 0, exchange: None };
         let mut mg = Step { operation: name.clone(), phase: format!("{name} merge, key block {bi}"), tiles: BTreeMap::new(), estimated_cycles: 0, exchange: None };
-        for (&tile, (_, qi, t, lay)) in &tiles {
+        for (&tile, &(_, qi, ks, ref t, lay)) in &tiles {
             let rows = lay.rows;
-            let q0 = qranges[*qi as usize].0;
+            let q0 = qranges[qi as usize].0;
+            // This tile's block: global column blocks c0..c1 of keys, k0 its
+            // first key, bk its keys; `local` its first column block in the
+            // split's K^T and V.
+            let (c0, c1) = split_blocks[ks as usize][bi];
+            let local = c0 - plan.key_splits[ks as usize].0;
+            let nb = c1 - c0;
+            let k0 = c0 * 16;
+            let bk = (c1 * 16).min(b.sk) - k0;
             // The result of a GEMM with NKB blocks ends in `s` when K block
             // 0 writes `s` for odd NKB and `s_partial` for even NKB.
             let order = |nkb: u32| if nkb % 2 == 1 { (t.s, t.s2) } else { (t.s2, t.s) };
@@ -765,7 +891,7 @@ pub fn lower(
                         gemm(
                             StateWord::Addr { buffer: t.q, offset: 0 },
                             lay.rs_q,
-                            StateWord::Addr { buffer: t.kt, offset: (c0 + g0) * 32 },
+                            StateWord::Addr { buffer: t.kt, offset: (local + g0) * 32 },
                             lay.rs_kt,
                             lay.rs_s,
                             g0,
@@ -786,7 +912,7 @@ pub fn lower(
                         state: vec![
                             StateWord::Addr { buffer: t.s, offset: C_HEADER + (r0 + 2) * lay.rs_s },
                             StateWord::Const(lay.rs_s),
-                            StateWord::Addr { buffer: t.v, offset: k0 * lay.rs_v },
+                            StateWord::Addr { buffer: t.v, offset: local * 16 * lay.rs_v },
                             StateWord::Const(lay.rs_v),
                             StateWord::Addr { buffer: t.o, offset: r0 * lay.rs_o },
                             StateWord::Const(lay.rs_o),
@@ -815,7 +941,7 @@ pub fn lower(
                         gemm(
                             StateWord::Addr { buffer: t.p, offset: 0 },
                             lay.rs_p,
-                            StateWord::Addr { buffer: t.v, offset: k0 * lay.rs_v + g0 * 32 },
+                            StateWord::Addr { buffer: t.v, offset: local * 16 * lay.rs_v + g0 * 32 },
                             lay.rs_v,
                             lay.rs_pv,
                             g0,
@@ -844,7 +970,13 @@ pub fn lower(
                     .collect(),
             );
         }
-        let (_, per_step) = compute_cycles(b, kernels, plan.rows, &[(c0, c1)]);
+        // The widest split's block bi sets the step's estimate.
+        let widest_block = split_blocks
+            .iter()
+            .map(|v| v[bi])
+            .max_by_key(|c| (c.1 - c.0, (c.1 * 16).min(b.sk) - c.0 * 16))
+            .expect("at least one split");
+        let (_, per_step) = compute_cycles(b, kernels, plan.rows, &[widest_block]);
         // per_step: [fill, scores, online, pv, merge, final].
         sg.estimated_cycles = per_step[1];
         on.estimated_cycles = per_step[2];
@@ -853,12 +985,81 @@ pub fn lower(
         total += per_step[1] + per_step[2] + per_step[3] + per_step[4];
         steps.extend([sg, on, pv, mg]);
     }
+    // Key splits: the other splits' (O, (m, l)) move to split 0 in one
+    // exchange step, and split 0 folds them in one after the other.
+    if splits > 1 {
+        let mut moves = Vec::new();
+        for (&tile, &(h, qi, ks, ref t, lay)) in &tiles {
+            if ks == 0 {
+                continue;
+            }
+            let dst = plan.tile(h, qi, 0);
+            let (o2, ml2) = tiles[&dst].3.others[ks as usize - 1];
+            moves.push(BufferTransfer {
+                source: BufferRef { tile, buffer: t.o, offset: 0 },
+                destinations: vec![BufferRef { tile: dst, buffer: o2, offset: 0 }],
+                bytes: lay.rows * lay.rs_o,
+            });
+            moves.push(BufferTransfer {
+                source: BufferRef { tile, buffer: t.ml, offset: 0 },
+                destinations: vec![BufferRef { tile: dst, buffer: ml2, offset: 0 }],
+                bytes: lay.rows * 8,
+            });
+        }
+        let mut x = exchange::schedule(l.tile_count, moves, exchange_label + 1)?;
+        exchange::attach_tables(&mut x, &mut l.buffers, &format!("xtab{}", exchange_label + 1));
+        let cycles = exchange::step_cycles(&x.figures);
+        total += cycles;
+        steps.push(Step {
+            operation: name.clone(),
+            phase: format!("exchange {name} key-split states"),
+            tiles: BTreeMap::new(),
+            estimated_cycles: cycles,
+            exchange: Some(x),
+        });
+        for j in 1..splits {
+            let mut cs = Step { operation: name.clone(), phase: format!("{name} combine key split {j}"), tiles: BTreeMap::new(), estimated_cycles: 0, exchange: None };
+            for (&tile, &(_, _, ks, ref t, lay)) in &tiles {
+                if ks != 0 {
+                    continue;
+                }
+                let (o2, ml2) = t.others[j as usize - 1];
+                cs.tiles.insert(
+                    tile,
+                    ranges(lay.rows, lay.rows.min(6))
+                        .iter()
+                        .map(|&(r0, r1)| Vertex {
+                            kernel: kernels.combine.0.clone(),
+                            state: vec![
+                                StateWord::Addr { buffer: t.o, offset: r0 * lay.rs_o },
+                                StateWord::Const(lay.rs_o),
+                                StateWord::Addr { buffer: t.ml, offset: 8 * r0 },
+                                StateWord::Addr { buffer: o2, offset: r0 * lay.rs_o },
+                                StateWord::Const(lay.rs_o),
+                                StateWord::Addr { buffer: ml2, offset: 8 * r0 },
+                                StateWord::Const(r1 - r0),
+                                StateWord::Const(dq),
+                            ],
+                        })
+                        .collect(),
+                );
+            }
+            let per_vertex = plan.rows.div_ceil(6) as i64;
+            cs.estimated_cycles = kernels.combine.1.eval(&[("ROWS", per_vertex), ("DQ", dq as i64)])
+                + supervisor_cycles(plan.rows.min(6) as u64);
+            total += cs.estimated_cycles;
+            steps.push(cs);
+        }
+    }
     let mut fin = Step { operation: name.clone(), phase: format!("{name} final normalisation"), tiles: BTreeMap::new(), estimated_cycles: 0, exchange: None };
     let mut y = HostTensor { name: y_name, ty: graph.value(b.result).ty.clone(), placements: Vec::new() };
     let hd = (b.heads * d) as u64;
-    for (&tile, (h, qi, t, lay)) in &tiles {
+    for (&tile, &(h, qi, ks, ref t, lay)) in &tiles {
+        if ks != 0 {
+            continue;
+        }
         let rows = lay.rows;
-        let q0 = qranges[*qi as usize].0;
+        let q0 = qranges[qi as usize].0;
         fin.tiles.insert(
             tile,
             ranges(rows, rows.min(6))
@@ -882,7 +1083,7 @@ pub fn lower(
                 tile,
                 buffer: t.out,
                 buffer_offset: r * lay.rs_out,
-                host_offset: ((q0 + r) as u64 * hd + (*h * d) as u64) * 2,
+                host_offset: ((q0 + r) as u64 * hd + (h * d) as u64) * 2,
                 bytes: d * 2,
             });
         }

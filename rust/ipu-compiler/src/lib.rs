@@ -334,7 +334,7 @@ pub fn compile(options: &CompileOptions) -> Result<CompileOutput, CompileError> 
                 f.push((r.clone(), kernel_formula(&mut library, r, vars)?));
             }
             let mut it = f.into_iter();
-            let mut next = || it.next().expect("six kernels");
+            let mut next = || it.next().expect("seven kernels");
             Some(attention::AttentionKernels {
                 gemm: next(),
                 online: next(),
@@ -342,6 +342,7 @@ pub fn compile(options: &CompileOptions) -> Result<CompileOutput, CompileError> 
                 final_: next(),
                 fill: next(),
                 transpose: next(),
+                combine: next(),
             })
         }
         None => None,

@@ -74,6 +74,26 @@ fn causal_cross_attention_over_key_blocks() {
     assert!(check_attention(&ran) > 1, "{:#}", ran.compile.report["attention"]);
 }
 
+/// Key splits: few queries over many keys on 64 tiles; each (head, query
+/// block) spreads its keys over several tiles whose flash states a combine
+/// step folds together (attention_combine), causal and not.
+#[test]
+fn keys_split_over_tiles_and_combined() {
+    let dir = tempfile::tempdir().unwrap();
+    for causal in [false, true] {
+        let model = write_model(
+            dir.path(),
+            &format!("split_{causal}"),
+            &format!("model split\ninput x: f16[8, 48]\ninput mem: f16[600, 48]\nparam wq: f16[48, 48]\nparam wk: f16[48, 48]\nparam wv: f16[48, 48]\nq = gemm(x, wq)\nk = gemm(mem, wk)\nv = gemm(mem, wv)\nqh = split_heads(q, heads=2)\nkh = split_heads(k, heads=2)\nvh = split_heads(v, heads=2)\no = attention(qh, kh, vh, causal={causal})\ny = merge_heads(o)\noutput y\n"),
+        );
+        let ran = compile_and_run(&model, 64, 19);
+        check_attention(&ran);
+        let splits = ran.compile.report["attention"]["chosen"]["key_splits"].as_array().unwrap().len();
+        println!("causal={causal}: {splits} key splits");
+        assert!(splits > 1, "{:#}", ran.compile.report["attention"]["chosen"]);
+    }
+}
+
 #[test]
 fn attention_packages_are_deterministic() {
     let cache = tempfile::tempdir().unwrap();
