@@ -31,7 +31,7 @@ use crate::fuse::Group;
 use crate::gemm::{ranges, FormulaCost, C_HEADER};
 use crate::library::KernelRequest;
 use crate::lower::{BufferSpec, HostPlacement, HostTensor, Lowered, RegionReq, StateWord, Step, Vertex};
-use crate::plan::{supervisor_cycles, STANDARD_BUDGET};
+use crate::plan::STANDARD_BUDGET;
 use crate::CompileError;
 use ipu_graph::{DType, Graph, NodeId, Op, ValueDef, ValueId};
 use std::collections::BTreeMap;
@@ -228,7 +228,7 @@ pub const FORMULA_VARS: [&[&str]; 7] = [
     &["ROWS", "BK", "BKP", "DQ"],
     &["ROWS", "DQ"],
     &["ROWS", "DQ"],
-    &["COUNT"],
+    &["N", "COUNT"],
     &["ROWS", "COLS"],
     &["ROWS", "DQ"],
 ];
@@ -364,26 +364,28 @@ fn compute_cycles(
     let max_rows = row_parts.iter().map(|r| r.1 - r.0).max().unwrap_or(0) as i64;
     let mut steps = Vec::new();
     let layout = TileLayout::new(b, rows, 1, 1);
-    let fill = k.fill.1.eval(&[("COUNT", (rows * layout.rs_o / 8) as i64)]);
-    steps.push(fill + supervisor_cycles(2));
+    // The fills (balanced over six workers): O, (m, l), Q, the padding.
+    let items = (rows * layout.rs_o + 8 * rows + (rows + 4) * layout.rs_q + 8 * b.key_blocks() * 32) / 8;
+    let fill = k.fill.1.eval(&[("N", 3), ("COUNT", items.div_ceil(6) as i64)]);
+    steps.push(fill + launch_cycles(6));
     for &(c0, c1) in key_blocks {
         let nb = c1 - c0;
         let cols = ranges(nb, nb.min(6));
         let widest = cols.iter().map(|c| c.1 - c.0).max().unwrap_or(0) as i64;
         let s = k.gemm.1.eval(&[("M", rows as i64), ("NCB", widest), ("NKB", (b.dp() / 16) as i64)]);
-        steps.push(s + supervisor_cycles(cols.len() as u64));
+        steps.push(s + launch_cycles(cols.len() as u64));
         let keys = ((c1 * 16).min(b.sk) - c0 * 16) as i64;
         let online = k.online.1.eval(&[("ROWS", max_rows), ("BK", keys), ("BKP", nb as i64 * 16), ("DQ", dq)]);
-        steps.push(online + supervisor_cycles(row_parts.len() as u64));
+        steps.push(online + launch_cycles(row_parts.len() as u64));
         let vcols = ranges(b.dp() / 16, (b.dp() / 16).min(6));
         let vwidest = vcols.iter().map(|c| c.1 - c.0).max().unwrap_or(0) as i64;
         let pv = k.gemm.1.eval(&[("M", rows as i64), ("NCB", vwidest), ("NKB", nb as i64)]);
-        steps.push(pv + supervisor_cycles(vcols.len() as u64));
+        steps.push(pv + launch_cycles(vcols.len() as u64));
         let merge = k.merge.1.eval(&[("ROWS", max_rows), ("DQ", dq)]);
-        steps.push(merge + supervisor_cycles(row_parts.len() as u64));
+        steps.push(merge + launch_cycles(row_parts.len() as u64));
     }
     let fin = k.final_.1.eval(&[("ROWS", max_rows), ("DQ", dq)]);
-    steps.push(fin + supervisor_cycles(row_parts.len() as u64));
+    steps.push(fin + launch_cycles(row_parts.len() as u64));
     (steps.iter().sum(), steps)
 }
 
@@ -461,7 +463,7 @@ pub fn plan(
                     let per_vertex = rows.div_ceil(6) as i64;
                     compute += (splits as u64 - 1)
                         * (kernels.combine.1.eval(&[("ROWS", per_vertex), ("DQ", dq)])
-                            + supervisor_cycles(rows.min(6) as u64));
+                            + launch_cycles(rows.min(6) as u64));
                 }
                 out.push(AttentionPlan {
                     query_blocks: qb,
@@ -508,11 +510,12 @@ struct TileBuffers {
     others: Vec<(usize, usize)>,
 }
 
-/// Supervisor cycles around a step of `n` short fill vertices: the last one
-/// starts after the others' launches (two `setzi` and a two-slot `run`
-/// each, 24 cycles), and `wsync` follows (measured on the simulator; the
-/// GEMM planner's [`supervisor_cycles`] also covers the call's dispatch).
-pub fn fill_launch_cycles(n: u64) -> u64 {
+/// Supervisor cycles around a compute step of `n` vertices inside a call:
+/// the last vertex starts after the others' launches (two `setzi` and a
+/// two-slot `run` each, 24 cycles), and `wsync` follows (measured on the
+/// simulator; the GEMM planner's `plan::supervisor_cycles` also covers the
+/// call's dispatch, which the attention's steps do not repeat).
+pub fn launch_cycles(n: u64) -> u64 {
     24 * n.saturating_sub(1) + 12
 }
 
@@ -671,53 +674,79 @@ pub fn lower(
                 }
             })
             .collect();
-        prep_cycles = prep_cycles.max(slowest + supervisor_cycles(parts.len() as u64));
+        prep_cycles = prep_cycles.max(slowest + launch_cycles(parts.len() as u64));
         prep.tiles.insert(tile, vertices);
     }
     prep.estimated_cycles = prep_cycles;
-    // The fills of every attention tile, at most six per compute step.
-    let mut fill_steps: Vec<Step> = Vec::new();
+    // The fills of every attention tile: its ranges cut into six equal
+    // shares of items, one `fill64` vertex (a list of ranges) per worker.
+    let mut fill_step = Step {
+        operation: name.clone(),
+        phase: format!("reset {name} state and padding"),
+        tiles: BTreeMap::new(),
+        estimated_cycles: 0,
+        exchange: None,
+    };
     for (&tile, &(_, _, ks, ref t, lay)) in &tiles {
         let rows = lay.rows;
-        let fill = |buffer: usize, offset: u32, bytes: u32, lo: u32, hi: u32| (
-            Vertex {
-                kernel: kernels.fill.0.clone(),
-                state: vec![StateWord::Addr { buffer, offset }, StateWord::Const(bytes / 8), StateWord::Const(lo), StateWord::Const(hi)],
-            },
-            bytes / 8,
-        );
-        let mut fills = vec![
-            fill(t.o, 0, rows * lay.rs_o, 0, 0),
-            fill(t.ml, 0, rows * 8, f32::NEG_INFINITY.to_bits(), 0),
-            fill(t.q, 0, lay.q_bytes(), 0, 0),
-            fill(t.s, 0, C_HEADER, 0, 0),
-            fill(t.s2, 0, C_HEADER, 0, 0),
-            fill(t.p, rows * lay.rs_p, 2 * lay.rs_p, 0, 0),
+        // (buffer, offset, bytes, lo, hi)
+        let mut ranges_to_fill: Vec<(usize, u32, u32, u32, u32)> = vec![
+            (t.o, 0, rows * lay.rs_o, 0, 0),
+            (t.ml, 0, rows * 8, f32::NEG_INFINITY.to_bits(), 0),
+            (t.q, 0, lay.q_bytes(), 0, 0),
+            (t.s, 0, C_HEADER, 0, 0),
+            (t.s2, 0, C_HEADER, 0, 0),
+            (t.p, rows * lay.rs_p, 2 * lay.rs_p, 0, 0),
         ];
         if dp > d {
-            fills.push(fill(t.kt, d * lay.rs_kt, (dp - d) * lay.rs_kt, 0, 0));
+            ranges_to_fill.push((t.kt, d * lay.rs_kt, (dp - d) * lay.rs_kt, 0, 0));
         }
         // V rows past the split's keys (the GEMM multiplies them by P's
         // zero columns, so they must not hold NaN or infinity).
         let keys = split_keys(ks).1;
         if split_cb * 16 > keys {
-            fills.push(fill(t.v, keys * lay.rs_v, (split_cb * 16 - keys) * lay.rs_v, 0, 0));
+            ranges_to_fill.push((t.v, keys * lay.rs_v, (split_cb * 16 - keys) * lay.rs_v, 0, 0));
         }
-        for (i, chunk) in fills.chunks(ipu_arch::WORKER_CONTEXTS as usize).enumerate() {
-            if fill_steps.len() <= i {
-                fill_steps.push(Step {
-                    operation: name.clone(),
-                    phase: format!("reset {name} state and padding ({})", i + 1),
-                    tiles: BTreeMap::new(),
-                    estimated_cycles: 0,
-                    exchange: None,
-                });
+        let total: u32 = ranges_to_fill.iter().map(|r| r.2 / 8).sum();
+        let share = total.div_ceil(ipu_arch::WORKER_CONTEXTS).max(1);
+        let mut vertices: Vec<Vec<StateWord>> = Vec::new();
+        let mut current: Vec<StateWord> = Vec::new();
+        let (mut in_current, mut ranges_in_current) = (0u32, 0u32);
+        let mut slowest = 0u64;
+        for &(buffer, offset, bytes, lo, hi) in &ranges_to_fill {
+            let mut done = 0;
+            while done < bytes / 8 {
+                let take = (bytes / 8 - done).min(share - in_current);
+                current.extend([
+                    StateWord::Addr { buffer, offset: offset + 8 * done },
+                    StateWord::Const(take),
+                    StateWord::Const(lo),
+                    StateWord::Const(hi),
+                ]);
+                ranges_in_current += 1;
+                in_current += take;
+                done += take;
+                if in_current == share {
+                    slowest = slowest.max(kernels.fill.1.eval(&[("N", ranges_in_current as i64), ("COUNT", in_current as i64)]));
+                    let mut state = vec![StateWord::Const(ranges_in_current)];
+                    state.append(&mut current);
+                    vertices.push(state);
+                    in_current = 0;
+                    ranges_in_current = 0;
+                }
             }
-            let slowest = chunk.iter().map(|f| kernels.fill.1.eval(&[("COUNT", f.1 as i64)])).max().unwrap_or(0);
-            let st = &mut fill_steps[i];
-            st.estimated_cycles = st.estimated_cycles.max(slowest + fill_launch_cycles(chunk.len() as u64));
-            st.tiles.insert(tile, chunk.iter().map(|f| f.0.clone()).collect());
         }
+        if ranges_in_current > 0 {
+            slowest = slowest.max(kernels.fill.1.eval(&[("N", ranges_in_current as i64), ("COUNT", in_current as i64)]));
+            let mut state = vec![StateWord::Const(ranges_in_current)];
+            state.append(&mut current);
+            vertices.push(state);
+        }
+        fill_step.estimated_cycles = fill_step.estimated_cycles.max(slowest + launch_cycles(vertices.len() as u64));
+        fill_step.tiles.insert(
+            tile,
+            vertices.into_iter().map(|state| Vertex { kernel: kernels.fill.0.clone(), state }).collect(),
+        );
     }
 
     // Step 2: the exchange of Q, K^T and V.
@@ -838,9 +867,7 @@ pub fn lower(
     // Steps 3 and 4: per key block, then the final normalisation.
     let nkb_s = dp / 16;
     let ncb_v = dp / 16;
-    let mut steps = vec![prep];
-    steps.extend(fill_steps);
-    steps.push(xstep);
+    let mut steps = vec![prep, fill_step, xstep];
     let mut total = steps.iter().map(|s| s.estimated_cycles).sum::<u64>();
     let offset_causal = b.sk - b.sq.min(b.sk);
     let split_blocks: Vec<Vec<(u32, u32)>> = (0..plan.key_splits.len()).map(|k| plan.blocks_of(k)).collect();
@@ -1046,7 +1073,7 @@ pub fn lower(
             }
             let per_vertex = plan.rows.div_ceil(6) as i64;
             cs.estimated_cycles = kernels.combine.1.eval(&[("ROWS", per_vertex), ("DQ", dq as i64)])
-                + supervisor_cycles(plan.rows.min(6) as u64);
+                + launch_cycles(plan.rows.min(6) as u64);
             total += cs.estimated_cycles;
             steps.push(cs);
         }

@@ -677,7 +677,8 @@ pub fn compile(options: &CompileOptions) -> Result<CompileOutput, CompileError> 
     let scratch_fill = attention_kernels.as_mut().map(|k| {
         (
             k.fill.0.clone(),
-            k.fill.1.eval(&[("COUNT", (gemm::C_HEADER / 8) as i64)]) + attention::fill_launch_cycles(2),
+            k.fill.1.eval(&[("N", 2), ("COUNT", (2 * gemm::C_HEADER / 8) as i64)])
+                + attention::launch_cycles(1),
         )
     });
     let lowered = phase("lower", || {

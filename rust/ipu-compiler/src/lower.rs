@@ -167,7 +167,7 @@ pub struct PlannedGemm<'a> {
     /// The GEMM runs in scratch phase 1 of the run call: its host-input A
     /// rows (when K needs no padding) and its C buffers share memory with a
     /// later phase; the C headers are zeroed by this fill kernel (with its
-    /// estimated cycles for one step of two 16-byte fills) before the GEMM.
+    /// estimated cycles for one vertex filling both) before the GEMM.
     pub scratch_fill: Option<(KernelRequest, u64)>,
 }
 
@@ -358,16 +358,17 @@ pub fn lower(
             tile_bufs.push(c_spec("c_partial", "gemm_partials"));
             let it = tile_bufs.len() - 1;
             if let Some((fill, _)) = &pg.scratch_fill {
-                let zero_header = |buffer: usize| Vertex {
-                    kernel: fill.clone(),
-                    state: vec![
+                // One fill64 vertex with the two headers as its ranges.
+                let mut state = vec![StateWord::Const(2)];
+                for buffer in [ic, it] {
+                    state.extend([
                         StateWord::Addr { buffer, offset: 0 },
                         StateWord::Const(crate::gemm::C_HEADER / 8),
                         StateWord::Const(0),
                         StateWord::Const(0),
-                    ],
-                };
-                fill_step.tiles.insert(shard.tile, vec![zero_header(ic), zero_header(it)]);
+                    ]);
+                }
+                fill_step.tiles.insert(shard.tile, vec![Vertex { kernel: fill.clone(), state }]);
             }
             // The fused bias: the tile's columns, padding zero so that padded
             // result columns stay exact zeros (a chained GEMM multiplies them).

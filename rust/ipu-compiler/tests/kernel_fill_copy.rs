@@ -179,3 +179,49 @@ fn copy64_paths_and_fill32_cycles_against_declared_and_bounds() {
         "estimate {estimate} vs {cycles}"
     );
 }
+
+/// device/fill64.S: a list of ranges, each with its own word pair, filled
+/// and nothing else written (poisoned guards between and around the ranges);
+/// the cycles against `.cycles`.
+#[test]
+fn fill64_fills_each_range_with_its_pair() {
+    let base = 0x80000u32;
+    // (offset from base, items, lo, hi); gaps of poison between ranges.
+    let ranges: [(u32, u32, u32, u32); 4] = [
+        (0, 37, 0, 0),
+        (37 * 8 + 24, 5, 0xFF80_0000, 0),
+        (37 * 8 + 24 + 5 * 8 + 16, 0, 7, 7),
+        (37 * 8 + 24 + 5 * 8 + 32, 300, 0x1234_5678, 0x9ABC_DEF0),
+    ];
+    let end = ranges[3].0 + 300 * 8;
+    let mut state = vec![ranges.len() as u32];
+    for &(off, n, lo, hi) in &ranges {
+        state.extend([base + off, n, lo, hi]);
+    }
+    let (chip, cycles) = simulate(
+        &[Kernel {
+            file: "fill64.S",
+            defines: &[],
+        }],
+        &[vec![Launch {
+            entry: "fill64".into(),
+            state,
+        }]],
+        &[(base - GUARD, vec![POISON; (end + 2 * GUARD) as usize])],
+    );
+    let words = read_u32(&chip, base - GUARD, ((end + 2 * GUARD) / 4) as usize);
+    let poison = u32::from_le_bytes([POISON; 4]);
+    for (i, &w) in words.iter().enumerate() {
+        let addr = i as u32 * 4;
+        let at = addr as i64 - GUARD as i64;
+        let want = ranges
+            .iter()
+            .find(|r| at >= r.0 as i64 && at < (r.0 + 8 * r.1) as i64)
+            .map(|r| if (at - r.0 as i64) % 8 == 0 { r.2 } else { r.3 })
+            .unwrap_or(poison);
+        assert_eq!(w, want, "word at base{at:+}");
+    }
+    let declared = declared_cycles("fill64.S", &[], &[("N", 4), ("COUNT", 342)]);
+    println!("fill64 4 ranges 342 items: simulated {cycles} cycles, .cycles {declared}, bound {}", 342);
+    assert!(cycles >= 342 && (declared as f64) > 0.9 * cycles as f64 && (declared as f64) < 1.1 * cycles as f64);
+}
