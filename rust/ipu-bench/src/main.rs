@@ -64,18 +64,35 @@ fn siglip(tiles: u32) -> Result<(), String> {
     .map_err(|e| e.to_string())?;
     let feeds = ipu_reference::random::gaussian_feeds(&graph, 1);
     let device = SimDevice::new(pkg.info.tile_count).map_err(|e| e.to_string())?;
-    let mut session = Session::load(Box::new(device), pkg.clone(), None).map_err(|e| e.to_string())?;
+    let mut session =
+        Session::load(Box::new(device), pkg.clone(), None).map_err(|e| e.to_string())?;
     let pick = |call: &str| -> BTreeMap<String, ipu_reference::Tensor> {
-        let c = pkg.info.calls.iter().find(|c| c.name == call).expect("package calls");
-        c.inputs.iter().map(|t| (t.name.clone(), feeds[&t.name].clone())).collect()
+        let c = pkg
+            .info
+            .calls
+            .iter()
+            .find(|c| c.name == call)
+            .expect("package calls");
+        c.inputs
+            .iter()
+            .map(|t| (t.name.clone(), feeds[&t.name].clone()))
+            .collect()
     };
-    session.call("initialize", &pick("initialize")).map_err(|e| e.to_string())?;
+    session
+        .call("initialize", &pick("initialize"))
+        .map_err(|e| e.to_string())?;
     let start = Instant::now();
-    let run = session.call("run", &pick("run")).map_err(|e| e.to_string())?;
+    let run = session
+        .call("run", &pick("run"))
+        .map_err(|e| e.to_string())?;
     let sim_s = start.elapsed().as_secs_f64();
     let cycles = run.cycles.device_cycles;
     let steps = &session.device().steps()[run.cycles.first_step..run.cycles.end_step];
-    let instructions: u64 = steps.iter().flat_map(|s| &s.tiles).map(|t| t.instructions).sum();
+    let instructions: u64 = steps
+        .iter()
+        .flat_map(|s| &s.tiles)
+        .map(|t| t.instructions)
+        .sum();
     let bundles: u64 = steps.iter().flat_map(|s| &s.tiles).map(|t| t.bundles).sum();
     let reference = ipu_reference::evaluate(&graph, &feeds).map_err(|e| e.to_string())?;
     let k = ipu_graph::analysis::max_reduction_length(&graph);
@@ -83,7 +100,8 @@ fn siglip(tiles: u32) -> Result<(), String> {
     let mut max_error = 0.0f64;
     for (name, want) in &reference {
         let tol = ipu_reference::Tolerance::for_output(want.dtype(), k, want.data());
-        let cmp = ipu_reference::compare(&run.outputs[name], want, tol).map_err(|e| e.to_string())?;
+        let cmp =
+            ipu_reference::compare(&run.outputs[name], want, tol).map_err(|e| e.to_string())?;
         verified &= cmp.passed();
         max_error = max_error.max(cmp.max_abs_error);
     }
@@ -105,7 +123,10 @@ fn siglip(tiles: u32) -> Result<(), String> {
         "  simulator:           {sim_s:.2} s wall for the run call, {instructions} tile-instructions ({bundles} bundles), {:.1} M tile-instructions/s (goal: well under 30 s)",
         instructions as f64 / sim_s / 1e6
     );
-    println!("  verification:        {} (Gaussian inputs, max error {max_error:.3e})", if verified { "passed" } else { "FAILED" });
+    println!(
+        "  verification:        {} (Gaussian inputs, max error {max_error:.3e})",
+        if verified { "passed" } else { "FAILED" }
+    );
     if !verified {
         return Err("verification failed".into());
     }
@@ -126,7 +147,9 @@ fn gemm4096(tiles: u32) -> Result<(), String> {
         let flop = 2.0 * 4096f64.powi(3);
         flop / (cycles as f64 * ipu_arch::CHIP_F16_FLOP_PER_CYCLE as f64)
     };
-    println!("4096 x 4096 x 4096 f16 GEMM on {tiles} tiles (goal > 75% of peak; existing stack 32.2%)");
+    println!(
+        "4096 x 4096 x 4096 f16 GEMM on {tiles} tiles (goal > 75% of peak; existing stack 32.2%)"
+    );
     let start = Instant::now();
     match compile(&opts) {
         Ok(out) => {
@@ -144,7 +167,10 @@ fn gemm4096(tiles: u32) -> Result<(), String> {
 
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
-    let tiles = args.get(1).and_then(|t| t.parse().ok()).unwrap_or(ipu_arch::TILES_PER_CHIP);
+    let tiles = args
+        .get(1)
+        .and_then(|t| t.parse().ok())
+        .unwrap_or(ipu_arch::TILES_PER_CHIP);
     let result = match args.first().map(String::as_str) {
         Some("siglip") => siglip(tiles),
         Some("gemm4096") => gemm4096(tiles),

@@ -30,7 +30,9 @@ use crate::exchange::{self, BufferRef, BufferTransfer};
 use crate::fuse::Group;
 use crate::gemm::{ranges, FormulaCost, C_HEADER};
 use crate::library::KernelRequest;
-use crate::lower::{BufferSpec, HostPlacement, HostTensor, Lowered, RegionReq, StateWord, Step, Vertex};
+use crate::lower::{
+    BufferSpec, HostPlacement, HostTensor, Lowered, RegionReq, StateWord, Step, Vertex,
+};
 use crate::plan::STANDARD_BUDGET;
 use crate::CompileError;
 use ipu_graph::{DType, Graph, NodeId, Op, ValueDef, ValueId};
@@ -108,22 +110,45 @@ pub fn recognise(graph: &Graph, groups: &[Group]) -> Result<Vec<AttentionBlock>,
         // Each operand: split_heads of a GEMM group's result, read only here.
         let mut operand = |arg: ValueId, role: &str| -> Result<(usize, u32), CompileError> {
             let ValueDef::Node(n) = graph.value(arg).def else {
-                return Err(err(o, "attention", format!("operand {role} `{}` must be split_heads of a GEMM result", graph.value(arg).name)));
+                return Err(err(
+                    o,
+                    "attention",
+                    format!(
+                        "operand {role} `{}` must be split_heads of a GEMM result",
+                        graph.value(arg).name
+                    ),
+                ));
             };
             let split = graph.node(n);
             let Op::SplitHeads { heads } = split.op else {
-                return Err(err(o, "attention", format!("operand {role} `{}` must be split_heads of a GEMM result", graph.value(arg).name)));
+                return Err(err(
+                    o,
+                    "attention",
+                    format!(
+                        "operand {role} `{}` must be split_heads of a GEMM result",
+                        graph.value(arg).name
+                    ),
+                ));
             };
             covered.insert(n.0 as usize);
             if is_output(arg) || users(graph, arg).len() != 1 {
-                return Err(err(arg, "split_heads", "the split heads must be read by one attention and be no output".into()));
+                return Err(err(
+                    arg,
+                    "split_heads",
+                    "the split heads must be read by one attention and be no output".into(),
+                ));
             }
             let src = split.args[0];
             let g = groups.iter().position(|g| g.result() == src).ok_or_else(|| {
                 err(arg, "split_heads", format!("`{}` is not the result of a GEMM (attention takes q, k and v from GEMM projections)", graph.value(src).name))
             })?;
             if users(graph, src).len() != 1 || is_output(src) {
-                return Err(err(src, "gemm", "a projection feeding attention must have no other reader and be no output".into()));
+                return Err(err(
+                    src,
+                    "gemm",
+                    "a projection feeding attention must have no other reader and be no output"
+                        .into(),
+                ));
             }
             Ok((g, heads as u32))
         };
@@ -131,37 +156,61 @@ pub fn recognise(graph: &Graph, groups: &[Group]) -> Result<Vec<AttentionBlock>,
         let (k, _) = operand(node.args[1], "k")?;
         let (v, _) = operand(node.args[2], "v")?;
         if q == k || q == v || k == v {
-            return Err(err(o, "attention", "q, k and v must come from three different projections".into()));
+            return Err(err(
+                o,
+                "attention",
+                "q, k and v must come from three different projections".into(),
+            ));
         }
         let qt = &graph.value(node.args[0]).ty;
         let kt = &graph.value(node.args[1]).ty;
         let vt = &graph.value(node.args[2]).ty;
         if qt.dtype != DType::F16 {
-            return Err(err(o, "attention", format!("q is {}; attention is lowered for f16", qt.dtype)));
+            return Err(err(
+                o,
+                "attention",
+                format!("q is {}; attention is lowered for f16", qt.dtype),
+            ));
         }
         if qt.shape.rank() != 3 {
-            return Err(err(o, "attention", format!("q has type {qt}; batched attention is not lowered")));
+            return Err(err(
+                o,
+                "attention",
+                format!("q has type {qt}; batched attention is not lowered"),
+            ));
         }
         let (sq, d) = (qt.shape.dims()[1] as u32, qt.shape.dims()[2] as u32);
         let sk = kt.shape.dims()[1] as u32;
         if vt.shape.dims()[2] as u32 != d {
-            return Err(err(o, "attention", format!("v's head size {} differs from q's {d}", vt.shape.dims()[2])));
+            return Err(err(
+                o,
+                "attention",
+                format!("v's head size {} differs from q's {d}", vt.shape.dims()[2]),
+            ));
         }
         if d % 2 != 0 {
             return Err(err(o, "attention", format!("head size {d} is odd; the exchange moves 4-byte words, so heads must start on them (even head sizes are lowered)")));
         }
         // The result: one merge_heads, a graph output.
         let u = users(graph, o);
-        let merge = match u.as_slice() {
-            [m] if matches!(graph.node(*m).op, Op::MergeHeads) && !is_output(o) => *m,
-            _ => {
-                return Err(err(o, "attention", "the attention result must be read by exactly one merge_heads and be no output".into()))
-            }
-        };
+        let merge =
+            match u.as_slice() {
+                [m] if matches!(graph.node(*m).op, Op::MergeHeads) && !is_output(o) => *m,
+                _ => return Err(err(
+                    o,
+                    "attention",
+                    "the attention result must be read by exactly one merge_heads and be no output"
+                        .into(),
+                )),
+            };
         covered.insert(merge.0 as usize);
         let y = graph.node(merge).result;
         if !is_output(y) || !users(graph, y).is_empty() {
-            return Err(err(y, "merge_heads", "the merged attention result must be a graph output read by nothing else".into()));
+            return Err(err(
+                y,
+                "merge_heads",
+                "the merged attention result must be a graph output read by nothing else".into(),
+            ));
         }
         blocks.push(AttentionBlock {
             q,
@@ -180,11 +229,19 @@ pub fn recognise(graph: &Graph, groups: &[Group]) -> Result<Vec<AttentionBlock>,
     }
     for (i, node) in graph.nodes().iter().enumerate() {
         if matches!(node.op, Op::SplitHeads { .. } | Op::MergeHeads) && !covered.contains(&i) {
-            return Err(err(node.result, node.op.name(), "split_heads and merge_heads are lowered only around an attention".into()));
+            return Err(err(
+                node.result,
+                node.op.name(),
+                "split_heads and merge_heads are lowered only around an attention".into(),
+            ));
         }
     }
     if blocks.len() > 1 {
-        return Err(err(blocks[1].attention, "attention", "one attention block per model is lowered".into()));
+        return Err(err(
+            blocks[1].attention,
+            "attention",
+            "one attention block per model is lowered".into(),
+        ));
     }
     Ok(blocks)
 }
@@ -365,21 +422,37 @@ fn compute_cycles(
     let mut steps = Vec::new();
     let layout = TileLayout::new(b, rows, 1, 1);
     // The fills (balanced over six workers): O, (m, l), Q, the padding.
-    let items = (rows * layout.rs_o + 8 * rows + (rows + 4) * layout.rs_q + 8 * b.key_blocks() * 32) / 8;
-    let fill = k.fill.1.eval(&[("N", 3), ("COUNT", items.div_ceil(6) as i64)]);
+    let items =
+        (rows * layout.rs_o + 8 * rows + (rows + 4) * layout.rs_q + 8 * b.key_blocks() * 32) / 8;
+    let fill = k
+        .fill
+        .1
+        .eval(&[("N", 3), ("COUNT", items.div_ceil(6) as i64)]);
     steps.push(fill + launch_cycles(6));
     for &(c0, c1) in key_blocks {
         let nb = c1 - c0;
         let cols = ranges(nb, nb.min(6));
         let widest = cols.iter().map(|c| c.1 - c.0).max().unwrap_or(0) as i64;
-        let s = k.gemm.1.eval(&[("M", rows as i64), ("NCB", widest), ("NKB", (b.dp() / 16) as i64)]);
+        let s = k.gemm.1.eval(&[
+            ("M", rows as i64),
+            ("NCB", widest),
+            ("NKB", (b.dp() / 16) as i64),
+        ]);
         steps.push(s + launch_cycles(cols.len() as u64));
         let keys = ((c1 * 16).min(b.sk) - c0 * 16) as i64;
-        let online = k.online.1.eval(&[("ROWS", max_rows), ("BK", keys), ("BKP", nb as i64 * 16), ("DQ", dq)]);
+        let online = k.online.1.eval(&[
+            ("ROWS", max_rows),
+            ("BK", keys),
+            ("BKP", nb as i64 * 16),
+            ("DQ", dq),
+        ]);
         steps.push(online + launch_cycles(row_parts.len() as u64));
         let vcols = ranges(b.dp() / 16, (b.dp() / 16).min(6));
         let vwidest = vcols.iter().map(|c| c.1 - c.0).max().unwrap_or(0) as i64;
-        let pv = k.gemm.1.eval(&[("M", rows as i64), ("NCB", vwidest), ("NKB", nb as i64)]);
+        let pv = k
+            .gemm
+            .1
+            .eval(&[("M", rows as i64), ("NCB", vwidest), ("NKB", nb as i64)]);
         steps.push(pv + launch_cycles(vcols.len() as u64));
         let merge = k.merge.1.eval(&[("ROWS", max_rows), ("DQ", dq)]);
         steps.push(merge + launch_cycles(row_parts.len() as u64));
@@ -388,6 +461,10 @@ fn compute_cycles(
     steps.push(fin + launch_cycles(row_parts.len() as u64));
     (steps.iter().sum(), steps)
 }
+
+/// A key blocking: the blocks of the first split, the tile layout and its
+/// region-1 bytes.
+type Blocking = (Vec<(u32, u32)>, TileLayout, u64);
 
 /// Key blockings of splits at most `split_cb` column blocks wide whose
 /// buffers fit region 1 with `rows` query rows: the fewest blocks and up to
@@ -401,7 +478,7 @@ fn key_blockings(
     split_cb: u32,
     min_split_cb: u32,
     splits: u32,
-) -> Vec<(Vec<(u32, u32)>, TileLayout, u64)> {
+) -> Vec<Blocking> {
     let mut out = Vec::new();
     for nblocks in 1..=min_split_cb {
         let widest = split_cb.div_ceil(nblocks);
@@ -440,7 +517,10 @@ pub fn plan(
         let key_splits = ranges(ncb, splits);
         let split_cb = key_splits.iter().map(|c| c.1 - c.0).max().unwrap_or(1);
         let min_split_cb = key_splits.iter().map(|c| c.1 - c.0).min().unwrap_or(1);
-        let widest_split = *key_splits.iter().max_by_key(|c| (c.1 - c.0, u32::MAX - c.0)).expect("splits");
+        let widest_split = *key_splits
+            .iter()
+            .max_by_key(|c| (c.1 - c.0, u32::MAX - c.0))
+            .expect("splits");
         let mut seen = std::collections::BTreeSet::new();
         for qb in 1..=block.sq {
             let rows = block.sq.div_ceil(qb);
@@ -448,7 +528,9 @@ pub fn plan(
             if attention_tiles + min_left > tiles || !seen.insert(rows) {
                 continue;
             }
-            for (key_blocks, layout, r1) in key_blockings(block, rows, widest_split, split_cb, min_split_cb, splits) {
+            for (key_blocks, layout, r1) in
+                key_blockings(block, rows, widest_split, split_cb, min_split_cb, splits)
+            {
                 let (mut compute, _) = compute_cycles(block, kernels, rows, &key_blocks);
                 // Every attention tile receives its split's K^T and V and
                 // its Q rows; with splits, a combine exchange and steps.
@@ -552,10 +634,19 @@ pub fn lower(
         (c0 * 16, (c1 * 16).min(b.sk) - c0 * 16)
     };
     let mut tiles: BTreeMap<u32, (u32, u32, u32, TileBuffers, TileLayout)> = BTreeMap::new();
-    let spec = |role: &str, bytes: u32, region: RegionReq, exclusive: bool, zero: Vec<(u32, u32)>, category: &str| BufferSpec {
+    let spec = |role: &str,
+                bytes: u32,
+                region: RegionReq,
+                exclusive: bool,
+                zero: Vec<(u32, u32)>,
+                category: &str| BufferSpec {
         name: format!("{name}.{role}"),
         bytes,
-        align: if region == RegionReq::Interleaved { 16 } else { 8 },
+        align: if region == RegionReq::Interleaved {
+            16
+        } else {
+            8
+        },
         region,
         exclusive_element: exclusive,
         zero,
@@ -564,53 +655,169 @@ pub fn lower(
     };
     for h in 0..b.heads {
         for (qi, &(q0, q1)) in qranges.iter().enumerate() {
-          for ks in 0..splits {
-            let tile = plan.tile(h, qi as u32, ks);
-            let rows = q1 - q0;
-            let lay = TileLayout::new(b, rows, widest, split_cb);
-            let bufs = l.buffers.get_mut(&tile).expect("attention tiles are below tile_count");
-            let mut push = |s: BufferSpec| {
-                bufs.push(s);
-                bufs.len() - 1
-            };
-            // The operands and scores are scratch of the attention phase:
-            // they share memory with the projections' scratch, so what the
-            // GEMMs multiply as padding is zeroed by fills each run (before
-            // the exchange writes the data): all of Q (head padding and the
-            // two drain rows), the padding rows of K^T (head) and V (keys),
-            // the C headers and P's drain rows. Padding columns of V and the
-            // key padding of K^T may hold anything: they only reach result
-            // columns and scores nothing reads.
-            let scratch = |mut b: BufferSpec| {
-                b.scratch = Some(ATTENTION_PHASE);
-                b
-            };
-            let q = push(scratch(spec("q", lay.q_bytes(), RegionReq::Interleaved, true, vec![], "attention_operand")));
-            let kt = push(scratch(spec("kt", lay.kt_bytes(b), RegionReq::Interleaved, false, vec![], "attention_operand")));
-            let v = push(scratch(spec("v", lay.v_bytes(b), RegionReq::Interleaved, false, vec![], "attention_operand")));
-            let s = push(scratch(spec("s", lay.c_bytes(), RegionReq::Interleaved, true, vec![], "attention_scores")));
-            let s2 = push(scratch(spec("s_partial", lay.c_bytes(), RegionReq::Interleaved, true, vec![], "attention_scores")));
-            let p = push(scratch(spec("p", lay.p_bytes(), RegionReq::Interleaved, true, vec![], "attention_scores")));
-            let o = push(spec("o", rows * lay.rs_o, RegionReq::Standard, false, vec![], "attention_state"));
-            let ml = push(spec("ml", rows * 8, RegionReq::Standard, false, vec![], "attention_state"));
-            let alpha = push(spec("alpha", rows * 4, RegionReq::Standard, false, vec![], "attention_state"));
-            let out = push(spec("out", rows * lay.rs_out, RegionReq::Standard, false, vec![], "attention_result"));
-            let scratch = push(spec("scratch", 8 * rows.min(6), RegionReq::Standard, false, vec![], "attention_state"));
-            // The combining tile (split 0) receives the other splits' states.
-            let others: Vec<(usize, usize)> = if ks == 0 {
-                (1..splits)
-                    .map(|j| {
-                        (
-                            push(spec(&format!("o_split{j}"), rows * lay.rs_o, RegionReq::Standard, false, vec![], "attention_state")),
-                            push(spec(&format!("ml_split{j}"), rows * 8, RegionReq::Standard, false, vec![], "attention_state")),
-                        )
-                    })
-                    .collect()
-            } else {
-                Vec::new()
-            };
-            tiles.insert(tile, (h, qi as u32, ks, TileBuffers { q, kt, v, s, s2, p, o, ml, alpha, out, scratch, others }, lay));
-          }
+            for ks in 0..splits {
+                let tile = plan.tile(h, qi as u32, ks);
+                let rows = q1 - q0;
+                let lay = TileLayout::new(b, rows, widest, split_cb);
+                let bufs = l
+                    .buffers
+                    .get_mut(&tile)
+                    .expect("attention tiles are below tile_count");
+                let mut push = |s: BufferSpec| {
+                    bufs.push(s);
+                    bufs.len() - 1
+                };
+                // The operands and scores are scratch of the attention phase:
+                // they share memory with the projections' scratch, so what the
+                // GEMMs multiply as padding is zeroed by fills each run (before
+                // the exchange writes the data): all of Q (head padding and the
+                // two drain rows), the padding rows of K^T (head) and V (keys),
+                // the C headers and P's drain rows. Padding columns of V and the
+                // key padding of K^T may hold anything: they only reach result
+                // columns and scores nothing reads.
+                let scratch = |mut b: BufferSpec| {
+                    b.scratch = Some(ATTENTION_PHASE);
+                    b
+                };
+                let q = push(scratch(spec(
+                    "q",
+                    lay.q_bytes(),
+                    RegionReq::Interleaved,
+                    true,
+                    vec![],
+                    "attention_operand",
+                )));
+                let kt = push(scratch(spec(
+                    "kt",
+                    lay.kt_bytes(b),
+                    RegionReq::Interleaved,
+                    false,
+                    vec![],
+                    "attention_operand",
+                )));
+                let v = push(scratch(spec(
+                    "v",
+                    lay.v_bytes(b),
+                    RegionReq::Interleaved,
+                    false,
+                    vec![],
+                    "attention_operand",
+                )));
+                let s = push(scratch(spec(
+                    "s",
+                    lay.c_bytes(),
+                    RegionReq::Interleaved,
+                    true,
+                    vec![],
+                    "attention_scores",
+                )));
+                let s2 = push(scratch(spec(
+                    "s_partial",
+                    lay.c_bytes(),
+                    RegionReq::Interleaved,
+                    true,
+                    vec![],
+                    "attention_scores",
+                )));
+                let p = push(scratch(spec(
+                    "p",
+                    lay.p_bytes(),
+                    RegionReq::Interleaved,
+                    true,
+                    vec![],
+                    "attention_scores",
+                )));
+                let o = push(spec(
+                    "o",
+                    rows * lay.rs_o,
+                    RegionReq::Standard,
+                    false,
+                    vec![],
+                    "attention_state",
+                ));
+                let ml = push(spec(
+                    "ml",
+                    rows * 8,
+                    RegionReq::Standard,
+                    false,
+                    vec![],
+                    "attention_state",
+                ));
+                let alpha = push(spec(
+                    "alpha",
+                    rows * 4,
+                    RegionReq::Standard,
+                    false,
+                    vec![],
+                    "attention_state",
+                ));
+                let out = push(spec(
+                    "out",
+                    rows * lay.rs_out,
+                    RegionReq::Standard,
+                    false,
+                    vec![],
+                    "attention_result",
+                ));
+                let scratch = push(spec(
+                    "scratch",
+                    8 * rows.min(6),
+                    RegionReq::Standard,
+                    false,
+                    vec![],
+                    "attention_state",
+                ));
+                // The combining tile (split 0) receives the other splits' states.
+                let others: Vec<(usize, usize)> = if ks == 0 {
+                    (1..splits)
+                        .map(|j| {
+                            (
+                                push(spec(
+                                    &format!("o_split{j}"),
+                                    rows * lay.rs_o,
+                                    RegionReq::Standard,
+                                    false,
+                                    vec![],
+                                    "attention_state",
+                                )),
+                                push(spec(
+                                    &format!("ml_split{j}"),
+                                    rows * 8,
+                                    RegionReq::Standard,
+                                    false,
+                                    vec![],
+                                    "attention_state",
+                                )),
+                            )
+                        })
+                        .collect()
+                } else {
+                    Vec::new()
+                };
+                tiles.insert(
+                    tile,
+                    (
+                        h,
+                        qi as u32,
+                        ks,
+                        TileBuffers {
+                            q,
+                            kt,
+                            v,
+                            s,
+                            s2,
+                            p,
+                            o,
+                            ml,
+                            alpha,
+                            out,
+                            scratch,
+                            others,
+                        },
+                        lay,
+                    ),
+                );
+            }
         }
     }
 
@@ -642,7 +849,10 @@ pub fn lower(
         }
         let rs = round_up(mt * 2, 8);
         let bufs = l.buffers.get_mut(&tile).expect("projection tiles exist");
-        let zero: Vec<(u32, u32)> = (0..r.width).map(|c| (c * rs + mt * 2, (c + 1) * rs)).filter(|z| z.0 < z.1).collect();
+        let zero: Vec<(u32, u32)> = (0..r.width)
+            .map(|c| (c * rs + mt * 2, (c + 1) * rs))
+            .filter(|z| z.0 < z.1)
+            .collect();
         bufs.push(BufferSpec {
             name: format!("{name}.k_transposed"),
             bytes: r.width * rs,
@@ -660,13 +870,24 @@ pub fn lower(
         let vertices = parts
             .iter()
             .map(|&(c0, c1)| {
-                slowest = slowest.max(kernels.transpose.1.eval(&[("ROWS", mt as i64), ("COLS", (c1 - c0) as i64)]));
+                slowest = slowest.max(
+                    kernels
+                        .transpose
+                        .1
+                        .eval(&[("ROWS", mt as i64), ("COLS", (c1 - c0) as i64)]),
+                );
                 Vertex {
                     kernel: kernels.transpose.0.clone(),
                     state: vec![
-                        StateWord::Addr { buffer: r.buffer, offset: c0 * 2 },
+                        StateWord::Addr {
+                            buffer: r.buffer,
+                            offset: c0 * 2,
+                        },
                         StateWord::Const(r.row_stride),
-                        StateWord::Addr { buffer: ktb, offset: c0 * rs },
+                        StateWord::Addr {
+                            buffer: ktb,
+                            offset: c0 * rs,
+                        },
                         StateWord::Const(rs),
                         StateWord::Const(mt),
                         StateWord::Const(c1 - c0),
@@ -705,7 +926,13 @@ pub fn lower(
         // zero columns, so they must not hold NaN or infinity).
         let keys = split_keys(ks).1;
         if split_cb * 16 > keys {
-            ranges_to_fill.push((t.v, keys * lay.rs_v, (split_cb * 16 - keys) * lay.rs_v, 0, 0));
+            ranges_to_fill.push((
+                t.v,
+                keys * lay.rs_v,
+                (split_cb * 16 - keys) * lay.rs_v,
+                0,
+                0,
+            ));
         }
         let total: u32 = ranges_to_fill.iter().map(|r| r.2 / 8).sum();
         let share = total.div_ceil(ipu_arch::WORKER_CONTEXTS).max(1);
@@ -718,7 +945,10 @@ pub fn lower(
             while done < bytes / 8 {
                 let take = (bytes / 8 - done).min(share - in_current);
                 current.extend([
-                    StateWord::Addr { buffer, offset: offset + 8 * done },
+                    StateWord::Addr {
+                        buffer,
+                        offset: offset + 8 * done,
+                    },
                     StateWord::Const(take),
                     StateWord::Const(lo),
                     StateWord::Const(hi),
@@ -727,7 +957,10 @@ pub fn lower(
                 in_current += take;
                 done += take;
                 if in_current == share {
-                    slowest = slowest.max(kernels.fill.1.eval(&[("N", ranges_in_current as i64), ("COUNT", in_current as i64)]));
+                    slowest = slowest.max(kernels.fill.1.eval(&[
+                        ("N", ranges_in_current as i64),
+                        ("COUNT", in_current as i64),
+                    ]));
                     let mut state = vec![StateWord::Const(ranges_in_current)];
                     state.append(&mut current);
                     vertices.push(state);
@@ -737,21 +970,35 @@ pub fn lower(
             }
         }
         if ranges_in_current > 0 {
-            slowest = slowest.max(kernels.fill.1.eval(&[("N", ranges_in_current as i64), ("COUNT", in_current as i64)]));
+            slowest = slowest.max(kernels.fill.1.eval(&[
+                ("N", ranges_in_current as i64),
+                ("COUNT", in_current as i64),
+            ]));
             let mut state = vec![StateWord::Const(ranges_in_current)];
             state.append(&mut current);
             vertices.push(state);
         }
-        fill_step.estimated_cycles = fill_step.estimated_cycles.max(slowest + launch_cycles(vertices.len() as u64));
+        fill_step.estimated_cycles = fill_step
+            .estimated_cycles
+            .max(slowest + launch_cycles(vertices.len() as u64));
         fill_step.tiles.insert(
             tile,
-            vertices.into_iter().map(|state| Vertex { kernel: kernels.fill.0.clone(), state }).collect(),
+            vertices
+                .into_iter()
+                .map(|state| Vertex {
+                    kernel: kernels.fill.0.clone(),
+                    state,
+                })
+                .collect(),
         );
     }
 
     // Step 2: the exchange of Q, K^T and V.
     let qblock_of = |r: u32| -> (u32, u32) {
-        let i = qranges.iter().position(|&(a, z)| (a..z).contains(&r)).expect("query ranges cover the queries");
+        let i = qranges
+            .iter()
+            .position(|&(a, z)| (a..z).contains(&r))
+            .expect("query ranges cover the queries");
         (i as u32, qranges[i].0)
     };
     // Segments of columns [c0, c0 + w) by head: (head, first col, last col).
@@ -785,11 +1032,19 @@ pub fn lower(
                         .map(|ks| {
                             let dst = plan.tile(h, qi, ks);
                             let t = &tiles[&dst];
-                            BufferRef { tile: dst, buffer: t.3.q, offset: (row - q0) * t.4.rs_q + (s0 - h * d) * 2 }
+                            BufferRef {
+                                tile: dst,
+                                buffer: t.3.q,
+                                offset: (row - q0) * t.4.rs_q + (s0 - h * d) * 2,
+                            }
                         })
                         .collect();
                     transfers.push(BufferTransfer {
-                        source: BufferRef { tile, buffer: r.buffer, offset: (row - r.rows.0) * r.row_stride + (s0 - r.col0) * 2 },
+                        source: BufferRef {
+                            tile,
+                            buffer: r.buffer,
+                            offset: (row - r.rows.0) * r.row_stride + (s0 - r.col0) * 2,
+                        },
                         destinations,
                         bytes: (s1 - s0) * 2,
                     });
@@ -805,11 +1060,19 @@ pub fn lower(
                         .map(|qi| {
                             let dst = plan.tile(h, qi, ks);
                             let t = &tiles[&dst];
-                            BufferRef { tile: dst, buffer: t.3.v, offset: (row - k0) * t.4.rs_v + (s0 - h * d) * 2 }
+                            BufferRef {
+                                tile: dst,
+                                buffer: t.3.v,
+                                offset: (row - k0) * t.4.rs_v + (s0 - h * d) * 2,
+                            }
                         })
                         .collect();
                     transfers.push(BufferTransfer {
-                        source: BufferRef { tile, buffer: r.buffer, offset: (row - r.rows.0) * r.row_stride + (s0 - r.col0) * 2 },
+                        source: BufferRef {
+                            tile,
+                            buffer: r.buffer,
+                            offset: (row - r.rows.0) * r.row_stride + (s0 - r.col0) * 2,
+                        },
                         destinations,
                         bytes: (s1 - s0) * 2,
                     });
@@ -836,20 +1099,37 @@ pub fn lower(
                         .map(|qi| {
                             let dst = plan.tile(h, qi, ks);
                             let t = &tiles[&dst];
-                            BufferRef { tile: dst, buffer: t.3.kt, offset: j * t.4.rs_kt + (a - k0) * 2 }
+                            BufferRef {
+                                tile: dst,
+                                buffer: t.3.kt,
+                                offset: j * t.4.rs_kt + (a - k0) * 2,
+                            }
                         })
                         .collect();
-                    transfers.push(BufferTransfer { source: BufferRef { tile, buffer: ktb, offset: c * rs + (a - r0) * 2 }, destinations, bytes });
+                    transfers.push(BufferTransfer {
+                        source: BufferRef {
+                            tile,
+                            buffer: ktb,
+                            offset: c * rs + (a - r0) * 2,
+                        },
+                        destinations,
+                        bytes,
+                    });
                 }
             }
         }
     }
     for t in &transfers {
-        let aligned = t.bytes % 4 == 0 && t.source.offset % 4 == 0 && t.destinations.iter().all(|x| x.offset % 4 == 0);
+        let aligned = t.bytes % 4 == 0
+            && t.source.offset % 4 == 0
+            && t.destinations.iter().all(|x| x.offset % 4 == 0);
         if !aligned {
             return Err(CompileError::Verifier {
                 phase: "lower",
-                message: format!("attention transfer from tile {} offset {} ({} bytes) is not word aligned", t.source.tile, t.source.offset, t.bytes),
+                message: format!(
+                    "attention transfer from tile {} offset {} ({} bytes) is not word aligned",
+                    t.source.tile, t.source.offset, t.bytes
+                ),
             });
         }
     }
@@ -870,12 +1150,38 @@ pub fn lower(
     let mut steps = vec![prep, fill_step, xstep];
     let mut total = steps.iter().map(|s| s.estimated_cycles).sum::<u64>();
     let offset_causal = b.sk - b.sq.min(b.sk);
-    let split_blocks: Vec<Vec<(u32, u32)>> = (0..plan.key_splits.len()).map(|k| plan.blocks_of(k)).collect();
+    let split_blocks: Vec<Vec<(u32, u32)>> = (0..plan.key_splits.len())
+        .map(|k| plan.blocks_of(k))
+        .collect();
     for bi in 0..plan.key_blocks.len() {
-        let mut sg = Step { operation: name.clone(), phase: format!("{name} scores, key block {bi}"), tiles: BTreeMap::new(), estimated_cycles: 0, exchange: None };
-        let mut on = Step { operation: name.clone(), phase: format!("{name} online softmax, key block {bi}"), tiles: BTreeMap::new(), estimated_cycles: 0, exchange: None };
-        let mut pv = Step { operation: name.clone(), phase: format!("{name} P V, key block {bi}"), tiles: BTreeMap::new(), estimated_cycles: 0, exchange: None };
-        let mut mg = Step { operation: name.clone(), phase: format!("{name} merge, key block {bi}"), tiles: BTreeMap::new(), estimated_cycles: 0, exchange: None };
+        let mut sg = Step {
+            operation: name.clone(),
+            phase: format!("{name} scores, key block {bi}"),
+            tiles: BTreeMap::new(),
+            estimated_cycles: 0,
+            exchange: None,
+        };
+        let mut on = Step {
+            operation: name.clone(),
+            phase: format!("{name} online softmax, key block {bi}"),
+            tiles: BTreeMap::new(),
+            estimated_cycles: 0,
+            exchange: None,
+        };
+        let mut pv = Step {
+            operation: name.clone(),
+            phase: format!("{name} P V, key block {bi}"),
+            tiles: BTreeMap::new(),
+            estimated_cycles: 0,
+            exchange: None,
+        };
+        let mut mg = Step {
+            operation: name.clone(),
+            phase: format!("{name} merge, key block {bi}"),
+            tiles: BTreeMap::new(),
+            estimated_cycles: 0,
+            exchange: None,
+        };
         for (&tile, &(_, qi, ks, ref t, lay)) in &tiles {
             let rows = lay.rows;
             let q0 = qranges[qi as usize].0;
@@ -889,8 +1195,21 @@ pub fn lower(
             let bk = (c1 * 16).min(b.sk) - k0;
             // The result of a GEMM with NKB blocks ends in `s` when K block
             // 0 writes `s` for odd NKB and `s_partial` for even NKB.
-            let order = |nkb: u32| if nkb % 2 == 1 { (t.s, t.s2) } else { (t.s2, t.s) };
-            let gemm = |a: StateWord, rs_a: u32, bb: StateWord, rs_b: u32, rs_c: u32, cg0: u32, ncb: u32, nkb: u32| {
+            let order = |nkb: u32| {
+                if nkb % 2 == 1 {
+                    (t.s, t.s2)
+                } else {
+                    (t.s2, t.s)
+                }
+            };
+            let gemm = |a: StateWord,
+                        rs_a: u32,
+                        bb: StateWord,
+                        rs_b: u32,
+                        rs_c: u32,
+                        cg0: u32,
+                        ncb: u32,
+                        nkb: u32| {
                 let (first, second) = order(nkb);
                 let c_off = C_HEADER + 2 * rs_c + cg0 * 64;
                 Vertex {
@@ -900,10 +1219,19 @@ pub fn lower(
                         StateWord::Const(rs_a),
                         bb,
                         StateWord::Const(rs_b),
-                        StateWord::Addr { buffer: first, offset: c_off },
-                        StateWord::Addr { buffer: second, offset: c_off },
+                        StateWord::Addr {
+                            buffer: first,
+                            offset: c_off,
+                        },
+                        StateWord::Addr {
+                            buffer: second,
+                            offset: c_off,
+                        },
                         StateWord::Const(rs_c),
-                        StateWord::Addr { buffer: second, offset: 0 },
+                        StateWord::Addr {
+                            buffer: second,
+                            offset: 0,
+                        },
                         StateWord::Const(rows),
                         StateWord::Const(nkb),
                         StateWord::Const(ncb),
@@ -916,9 +1244,15 @@ pub fn lower(
                 cols.iter()
                     .map(|&(g0, g1)| {
                         gemm(
-                            StateWord::Addr { buffer: t.q, offset: 0 },
+                            StateWord::Addr {
+                                buffer: t.q,
+                                offset: 0,
+                            },
                             lay.rs_q,
-                            StateWord::Addr { buffer: t.kt, offset: (local + g0) * 32 },
+                            StateWord::Addr {
+                                buffer: t.kt,
+                                offset: (local + g0) * 32,
+                            },
                             lay.rs_kt,
                             lay.rs_s,
                             g0,
@@ -937,24 +1271,45 @@ pub fn lower(
                     .map(|(w, &(r0, r1))| Vertex {
                         kernel: kernels.online.0.clone(),
                         state: vec![
-                            StateWord::Addr { buffer: t.s, offset: C_HEADER + (r0 + 2) * lay.rs_s },
+                            StateWord::Addr {
+                                buffer: t.s,
+                                offset: C_HEADER + (r0 + 2) * lay.rs_s,
+                            },
                             StateWord::Const(lay.rs_s),
-                            StateWord::Addr { buffer: t.v, offset: local * 16 * lay.rs_v },
+                            StateWord::Addr {
+                                buffer: t.v,
+                                offset: local * 16 * lay.rs_v,
+                            },
                             StateWord::Const(lay.rs_v),
-                            StateWord::Addr { buffer: t.o, offset: r0 * lay.rs_o },
+                            StateWord::Addr {
+                                buffer: t.o,
+                                offset: r0 * lay.rs_o,
+                            },
                             StateWord::Const(lay.rs_o),
-                            StateWord::Addr { buffer: t.ml, offset: 8 * r0 },
+                            StateWord::Addr {
+                                buffer: t.ml,
+                                offset: 8 * r0,
+                            },
                             StateWord::Const(r1 - r0),
                             StateWord::Const(bk),
                             StateWord::Const(dq),
                             StateWord::Const(b.scale.to_bits()),
                             StateWord::Const(q0 + r0 + offset_causal),
                             StateWord::Const(k0),
-                            StateWord::Addr { buffer: t.scratch, offset: 8 * w as u32 },
-                            StateWord::Addr { buffer: t.p, offset: r0 * lay.rs_p },
+                            StateWord::Addr {
+                                buffer: t.scratch,
+                                offset: 8 * w as u32,
+                            },
+                            StateWord::Addr {
+                                buffer: t.p,
+                                offset: r0 * lay.rs_p,
+                            },
                             StateWord::Const(lay.rs_p),
                             StateWord::Const(nb * 16),
-                            StateWord::Addr { buffer: t.alpha, offset: 4 * r0 },
+                            StateWord::Addr {
+                                buffer: t.alpha,
+                                offset: 4 * r0,
+                            },
                         ],
                     })
                     .collect(),
@@ -966,9 +1321,15 @@ pub fn lower(
                     .iter()
                     .map(|&(g0, g1)| {
                         gemm(
-                            StateWord::Addr { buffer: t.p, offset: 0 },
+                            StateWord::Addr {
+                                buffer: t.p,
+                                offset: 0,
+                            },
                             lay.rs_p,
-                            StateWord::Addr { buffer: t.v, offset: local * 16 * lay.rs_v + g0 * 32 },
+                            StateWord::Addr {
+                                buffer: t.v,
+                                offset: local * 16 * lay.rs_v + g0 * 32,
+                            },
                             lay.rs_v,
                             lay.rs_pv,
                             g0,
@@ -985,11 +1346,20 @@ pub fn lower(
                     .map(|&(r0, r1)| Vertex {
                         kernel: kernels.merge.0.clone(),
                         state: vec![
-                            StateWord::Addr { buffer: t.o, offset: r0 * lay.rs_o },
+                            StateWord::Addr {
+                                buffer: t.o,
+                                offset: r0 * lay.rs_o,
+                            },
                             StateWord::Const(lay.rs_o),
-                            StateWord::Addr { buffer: t.s, offset: C_HEADER + (r0 + 2) * lay.rs_pv },
+                            StateWord::Addr {
+                                buffer: t.s,
+                                offset: C_HEADER + (r0 + 2) * lay.rs_pv,
+                            },
                             StateWord::Const(lay.rs_pv),
-                            StateWord::Addr { buffer: t.alpha, offset: 4 * r0 },
+                            StateWord::Addr {
+                                buffer: t.alpha,
+                                offset: 4 * r0,
+                            },
                             StateWord::Const(r1 - r0),
                             StateWord::Const(dq),
                         ],
@@ -1023,18 +1393,38 @@ pub fn lower(
             let dst = plan.tile(h, qi, 0);
             let (o2, ml2) = tiles[&dst].3.others[ks as usize - 1];
             moves.push(BufferTransfer {
-                source: BufferRef { tile, buffer: t.o, offset: 0 },
-                destinations: vec![BufferRef { tile: dst, buffer: o2, offset: 0 }],
+                source: BufferRef {
+                    tile,
+                    buffer: t.o,
+                    offset: 0,
+                },
+                destinations: vec![BufferRef {
+                    tile: dst,
+                    buffer: o2,
+                    offset: 0,
+                }],
                 bytes: lay.rows * lay.rs_o,
             });
             moves.push(BufferTransfer {
-                source: BufferRef { tile, buffer: t.ml, offset: 0 },
-                destinations: vec![BufferRef { tile: dst, buffer: ml2, offset: 0 }],
+                source: BufferRef {
+                    tile,
+                    buffer: t.ml,
+                    offset: 0,
+                },
+                destinations: vec![BufferRef {
+                    tile: dst,
+                    buffer: ml2,
+                    offset: 0,
+                }],
                 bytes: lay.rows * 8,
             });
         }
         let mut x = exchange::schedule(l.tile_count, moves, exchange_label + 1)?;
-        exchange::attach_tables(&mut x, &mut l.buffers, &format!("xtab{}", exchange_label + 1));
+        exchange::attach_tables(
+            &mut x,
+            &mut l.buffers,
+            &format!("xtab{}", exchange_label + 1),
+        );
         let cycles = exchange::step_cycles(&x.figures);
         total += cycles;
         steps.push(Step {
@@ -1045,7 +1435,13 @@ pub fn lower(
             exchange: Some(x),
         });
         for j in 1..splits {
-            let mut cs = Step { operation: name.clone(), phase: format!("{name} combine key split {j}"), tiles: BTreeMap::new(), estimated_cycles: 0, exchange: None };
+            let mut cs = Step {
+                operation: name.clone(),
+                phase: format!("{name} combine key split {j}"),
+                tiles: BTreeMap::new(),
+                estimated_cycles: 0,
+                exchange: None,
+            };
             for (&tile, &(_, _, ks, ref t, lay)) in &tiles {
                 if ks != 0 {
                     continue;
@@ -1058,12 +1454,24 @@ pub fn lower(
                         .map(|&(r0, r1)| Vertex {
                             kernel: kernels.combine.0.clone(),
                             state: vec![
-                                StateWord::Addr { buffer: t.o, offset: r0 * lay.rs_o },
+                                StateWord::Addr {
+                                    buffer: t.o,
+                                    offset: r0 * lay.rs_o,
+                                },
                                 StateWord::Const(lay.rs_o),
-                                StateWord::Addr { buffer: t.ml, offset: 8 * r0 },
-                                StateWord::Addr { buffer: o2, offset: r0 * lay.rs_o },
+                                StateWord::Addr {
+                                    buffer: t.ml,
+                                    offset: 8 * r0,
+                                },
+                                StateWord::Addr {
+                                    buffer: o2,
+                                    offset: r0 * lay.rs_o,
+                                },
                                 StateWord::Const(lay.rs_o),
-                                StateWord::Addr { buffer: ml2, offset: 8 * r0 },
+                                StateWord::Addr {
+                                    buffer: ml2,
+                                    offset: 8 * r0,
+                                },
                                 StateWord::Const(r1 - r0),
                                 StateWord::Const(dq),
                             ],
@@ -1072,14 +1480,27 @@ pub fn lower(
                 );
             }
             let per_vertex = plan.rows.div_ceil(6) as i64;
-            cs.estimated_cycles = kernels.combine.1.eval(&[("ROWS", per_vertex), ("DQ", dq as i64)])
+            cs.estimated_cycles = kernels
+                .combine
+                .1
+                .eval(&[("ROWS", per_vertex), ("DQ", dq as i64)])
                 + launch_cycles(plan.rows.min(6) as u64);
             total += cs.estimated_cycles;
             steps.push(cs);
         }
     }
-    let mut fin = Step { operation: name.clone(), phase: format!("{name} final normalisation"), tiles: BTreeMap::new(), estimated_cycles: 0, exchange: None };
-    let mut y = HostTensor { name: y_name, ty: graph.value(b.result).ty.clone(), placements: Vec::new() };
+    let mut fin = Step {
+        operation: name.clone(),
+        phase: format!("{name} final normalisation"),
+        tiles: BTreeMap::new(),
+        estimated_cycles: 0,
+        exchange: None,
+    };
+    let mut y = HostTensor {
+        name: y_name,
+        ty: graph.value(b.result).ty.clone(),
+        placements: Vec::new(),
+    };
     let hd = (b.heads * d) as u64;
     for (&tile, &(h, qi, ks, ref t, lay)) in &tiles {
         if ks != 0 {
@@ -1094,10 +1515,19 @@ pub fn lower(
                 .map(|&(r0, r1)| Vertex {
                     kernel: kernels.final_.0.clone(),
                     state: vec![
-                        StateWord::Addr { buffer: t.o, offset: r0 * lay.rs_o },
+                        StateWord::Addr {
+                            buffer: t.o,
+                            offset: r0 * lay.rs_o,
+                        },
                         StateWord::Const(lay.rs_o),
-                        StateWord::Addr { buffer: t.ml, offset: 8 * r0 },
-                        StateWord::Addr { buffer: t.out, offset: r0 * lay.rs_out },
+                        StateWord::Addr {
+                            buffer: t.ml,
+                            offset: 8 * r0,
+                        },
+                        StateWord::Addr {
+                            buffer: t.out,
+                            offset: r0 * lay.rs_out,
+                        },
                         StateWord::Const(lay.rs_out),
                         StateWord::Const(r1 - r0),
                         StateWord::Const(dq),
@@ -1122,6 +1552,8 @@ pub fn lower(
     y.placements.sort();
     l.calls[1].steps.extend(steps);
     l.io[1].1.push(y);
-    l.io[1].1.sort_by_key(|t| graph.lookup(&t.name).map(|id| id.0));
+    l.io[1]
+        .1
+        .sort_by_key(|t| graph.lookup(&t.name).map(|id| id.0));
     Ok(total)
 }

@@ -401,7 +401,10 @@ mod tests {
     fn ranges_cover_and_balance() {
         assert_eq!(ranges(10, 3), vec![(0, 3), (3, 6), (6, 10)]);
         assert_eq!(ranges(2, 4), vec![(0, 1), (1, 2)]);
-        assert_eq!(aligned_ranges(729, 4, 2), vec![(0, 182), (182, 364), (364, 546), (546, 729)]);
+        assert_eq!(
+            aligned_ranges(729, 4, 2),
+            vec![(0, 182), (182, 364), (364, 546), (546, 729)]
+        );
         assert_eq!(aligned_ranges(5, 4, 2), vec![(0, 2), (2, 4), (4, 5)]);
     }
 

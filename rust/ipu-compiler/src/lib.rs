@@ -52,8 +52,8 @@ pub use plan::SearchBudget;
 use gemm::{FormulaCost, GemmGeometry};
 use ipu_graph::analysis;
 use library::{KernelLibrary, KernelRequest};
-use serde_json::json;
 use rayon::prelude::*;
+use serde_json::json;
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::time::Instant;
@@ -284,7 +284,12 @@ fn plan_exchanged_chain(
 /// exchange steps their schedule).
 fn timeline_cycles(l: &lower::Lowered) -> u64 {
     let mut clock = vec![0u64; l.tile_count as usize];
-    for step in l.calls.iter().filter(|c| c.name == "run").flat_map(|c| &c.steps) {
+    for step in l
+        .calls
+        .iter()
+        .filter(|c| c.name == "run")
+        .flat_map(|c| &c.steps)
+    {
         if step.exchange.is_some() {
             let start = clock.iter().copied().max().unwrap_or(0);
             clock.fill(start + step.estimated_cycles);
@@ -382,7 +387,11 @@ pub fn compile(options: &CompileOptions) -> Result<CompileOutput, CompileError> 
                     ),
                 });
             };
-            for (i, c) in attention_candidates.iter().take(options.search.finalists).enumerate() {
+            for (i, c) in attention_candidates
+                .iter()
+                .take(options.search.finalists)
+                .enumerate()
+            {
                 tracing::info!(
                     finalist = i,
                     value = %graph.value(b.attention).name,
@@ -677,7 +686,9 @@ pub fn compile(options: &CompileOptions) -> Result<CompileOutput, CompileError> 
     let scratch_fill = attention_kernels.as_mut().map(|k| {
         (
             k.fill.0.clone(),
-            k.fill.1.eval(&[("N", 2), ("COUNT", (2 * gemm::C_HEADER / 8) as i64)])
+            k.fill
+                .1
+                .eval(&[("N", 2), ("COUNT", (2 * gemm::C_HEADER / 8) as i64)])
                 + attention::launch_cycles(1),
         )
     });
@@ -707,8 +718,15 @@ pub fn compile(options: &CompileOptions) -> Result<CompileOutput, CompileError> 
             g.a_by_exchange = x;
         }
         let mut l = lower::lower(graph, tile_count, &mut gemms)?;
-        if let (Some(b), Some(p), Some(k)) = (blocks.first(), &attention_plan, attention_kernels.as_mut()) {
-            let label = l.calls.iter().flat_map(|c| &c.steps).filter(|s| s.exchange.is_some()).count() as u32;
+        if let (Some(b), Some(p), Some(k)) =
+            (blocks.first(), &attention_plan, attention_kernels.as_mut())
+        {
+            let label = l
+                .calls
+                .iter()
+                .flat_map(|c| &c.steps)
+                .filter(|s| s.exchange.is_some())
+                .count() as u32;
             attention::lower(graph, b, p, k, &mut l, label)?;
         }
         verifier("lower", lower::verify(&l))?;
@@ -743,7 +761,11 @@ pub fn compile(options: &CompileOptions) -> Result<CompileOutput, CompileError> 
     let kernels_of = |tile: u32| -> Vec<&library::LoadedKernel> {
         tile_kernels(tile)
             .iter()
-            .map(|r| library.loaded(r).expect("every tile's kernels were loaded above"))
+            .map(|r| {
+                library
+                    .loaded(r)
+                    .expect("every tile's kernels were loaded above")
+            })
             .collect()
     };
     let storage = phase("place_storage", || {
@@ -817,7 +839,12 @@ pub fn compile(options: &CompileOptions) -> Result<CompileOutput, CompileError> 
                     .iter()
                     .flat_map(|c| &c.steps)
                     .filter_map(|s| s.exchange.as_ref())
-                    .map(|x| (x.table_buffers[&tile], exchange::table_bytes(x, tile, |b| st.addresses[b])))
+                    .map(|x| {
+                        (
+                            x.table_buffers[&tile],
+                            exchange::table_bytes(x, tile, |b| st.addresses[b]),
+                        )
+                    })
                     .collect();
                 let lt = link::tile_image(tile, &l, &lowered.buffers[&tile], st, tables)?;
                 Ok((tile, lt))

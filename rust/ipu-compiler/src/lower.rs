@@ -368,7 +368,13 @@ pub fn lower(
                         StateWord::Const(0),
                     ]);
                 }
-                fill_step.tiles.insert(shard.tile, vec![Vertex { kernel: fill.clone(), state }]);
+                fill_step.tiles.insert(
+                    shard.tile,
+                    vec![Vertex {
+                        kernel: fill.clone(),
+                        state,
+                    }],
+                );
             }
             // The fused bias: the tile's columns, padding zero so that padded
             // result columns stay exact zeros (a chained GEMM multiplies them).

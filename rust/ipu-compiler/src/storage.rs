@@ -116,8 +116,13 @@ pub fn place(
         }
         r1
     };
-    let mut r1 = place_set(REGION1_BASE as u64, &|b| b.scratch.is_none(), &mut addresses);
-    let phases: std::collections::BTreeSet<u32> = buffers.iter().filter_map(|b| b.scratch).collect();
+    let mut r1 = place_set(
+        REGION1_BASE as u64,
+        &|b| b.scratch.is_none(),
+        &mut addresses,
+    );
+    let phases: std::collections::BTreeSet<u32> =
+        buffers.iter().filter_map(|b| b.scratch).collect();
     let scratch_base = align_up(r1, INTERLEAVED_ELEMENT_BYTES as u64);
     let mut worst: Option<u32> = None;
     for &p in &phases {

@@ -17,13 +17,25 @@ fn check_attention(ran: &Ran) -> usize {
     let a = &out.report["attention"];
     let chosen = &a["chosen"];
     let heads_tiles = chosen["tiles"].as_u64().unwrap();
-    assert_eq!(heads_tiles % chosen["query_blocks"].as_u64().unwrap(), 0, "{a:#}");
+    assert_eq!(
+        heads_tiles % chosen["query_blocks"].as_u64().unwrap(),
+        0,
+        "{a:#}"
+    );
     let steps = out.report["exchange_steps"].as_array().unwrap();
     let x = steps
         .iter()
-        .find(|s| s["step"].as_str().unwrap().starts_with("exchange q, k^T, v"))
+        .find(|s| {
+            s["step"]
+                .as_str()
+                .unwrap()
+                .starts_with("exchange q, k^T, v")
+        })
         .expect("the attention exchange step is reported");
-    assert_eq!(x["checked"]["descriptors"], x["figures"]["descriptors"], "{x:#}");
+    assert_eq!(
+        x["checked"]["descriptors"], x["figures"]["descriptors"],
+        "{x:#}"
+    );
     let estimate = out.estimated_compute_cycles + 600;
     let simulated = ran.run_device_cycles;
     let error = (estimate as f64 - simulated as f64).abs() / simulated as f64;
@@ -71,7 +83,11 @@ fn causal_cross_attention_over_key_blocks() {
         "model blocks\ninput x: f16[48, 48]\ninput mem: f16[1000, 48]\nparam wq: f16[48, 48]\nparam wk: f16[48, 48]\nparam wv: f16[48, 48]\nq = gemm(x, wq)\nk = gemm(mem, wk)\nv = gemm(mem, wv)\nqh = split_heads(q, heads=2)\nkh = split_heads(k, heads=2)\nvh = split_heads(v, heads=2)\no = attention(qh, kh, vh, causal=true)\ny = merge_heads(o)\noutput y\n",
     );
     let ran = compile_and_run(&model, 6, 11);
-    assert!(check_attention(&ran) > 1, "{:#}", ran.compile.report["attention"]);
+    assert!(
+        check_attention(&ran) > 1,
+        "{:#}",
+        ran.compile.report["attention"]
+    );
 }
 
 /// Key splits: few queries over many keys on 64 tiles; each (head, query
@@ -88,16 +104,27 @@ fn keys_split_over_tiles_and_combined() {
         );
         let ran = compile_and_run(&model, 64, 19);
         check_attention(&ran);
-        let splits = ran.compile.report["attention"]["chosen"]["key_splits"].as_array().unwrap().len();
+        let splits = ran.compile.report["attention"]["chosen"]["key_splits"]
+            .as_array()
+            .unwrap()
+            .len();
         println!("causal={causal}: {splits} key splits");
-        assert!(splits > 1, "{:#}", ran.compile.report["attention"]["chosen"]);
+        assert!(
+            splits > 1,
+            "{:#}",
+            ran.compile.report["attention"]["chosen"]
+        );
     }
 }
 
 #[test]
 fn attention_packages_are_deterministic() {
     let cache = tempfile::tempdir().unwrap();
-    let opts = options(&root().join("models/attention_small.ipug"), 64, cache.path());
+    let opts = options(
+        &root().join("models/attention_small.ipug"),
+        64,
+        cache.path(),
+    );
     let a = compile(&opts).unwrap().package.to_bytes().unwrap();
     let b = compile(&opts).unwrap().package.to_bytes().unwrap();
     assert!(a == b, "two compiles differ");
@@ -131,7 +158,10 @@ fn refusals_name_the_value() {
     ];
     for (name, text, value, reason) in cases {
         let model = write_model(dir.path(), name, &text);
-        let e = compile(&options(&model, 64, cache.path())).err().unwrap_or_else(|| panic!("{name} compiled")).to_string();
+        let e = compile(&options(&model, 64, cache.path()))
+            .err()
+            .unwrap_or_else(|| panic!("{name} compiled"))
+            .to_string();
         assert!(e.contains(value) && e.contains(reason), "{name}: {e}");
     }
 }

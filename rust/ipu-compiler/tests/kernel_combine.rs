@@ -14,7 +14,10 @@ const ML: u32 = 0x60000;
 const ML2: u32 = 0x61000;
 
 fn read_f32(chip: &ipu_sim::Chip, addr: u32, n: usize) -> Vec<f32> {
-    read_u32(chip, addr, n).into_iter().map(f32::from_bits).collect()
+    read_u32(chip, addr, n)
+        .into_iter()
+        .map(f32::from_bits)
+        .collect()
 }
 
 /// Combines random states of `rows` rows with `dq` quads over `workers`
@@ -75,7 +78,12 @@ fn combine_case(rows: usize, dq: usize, workers: usize, seed: u64) -> u64 {
     let got_o = read_f32(&chip, O, o.len());
     let got_ml = read_f32(&chip, ML, 2 * rows);
     for i in 0..rows {
-        let (m1, l1, m2, l2) = (ml[2 * i] as f64, ml[2 * i + 1] as f64, ml2[2 * i] as f64, ml2[2 * i + 1] as f64);
+        let (m1, l1, m2, l2) = (
+            ml[2 * i] as f64,
+            ml[2 * i + 1] as f64,
+            ml2[2 * i] as f64,
+            ml2[2 * i + 1] as f64,
+        );
         let m = m1.max(m2);
         let (a, b) = ((m1 - m).exp(), (m2 - m).exp());
         let l = l1 * a + l2 * b;
@@ -89,7 +97,11 @@ fn combine_case(rows: usize, dq: usize, workers: usize, seed: u64) -> u64 {
         close(got_ml[2 * i + 1], l, "l");
         for c in 0..cols {
             let k = i * rs as usize / 4 + c;
-            close(got_o[k], o[k] as f64 * a + o2[k] as f64 * b, &format!("O[{c}]"));
+            close(
+                got_o[k],
+                o[k] as f64 * a + o2[k] as f64 * b,
+                &format!("O[{c}]"),
+            );
         }
         // The padding word after the row is untouched.
         assert_eq!(got_o[i * rs as usize / 4 + cols], 0.0);
@@ -108,7 +120,11 @@ fn combines_two_ranges_against_f64() {
 fn combine_cycles_against_declared() {
     let (rows, dq) = (32, 18);
     let simulated = combine_case(rows, dq, 6, 5);
-    let declared = declared_cycles("attention_combine.S", &[], &[("ROWS", 6), ("DQ", dq as u64)]);
+    let declared = declared_cycles(
+        "attention_combine.S",
+        &[],
+        &[("ROWS", 6), ("DQ", dq as u64)],
+    );
     // Bound: O and O2 are read and O written once, 8 bytes per bundle, six
     // workers issuing one bundle per cycle between them.
     let bound = (3 * rows * 16 * dq / 8) as u64;

@@ -222,6 +222,13 @@ fn fill64_fills_each_range_with_its_pair() {
         assert_eq!(w, want, "word at base{at:+}");
     }
     let declared = declared_cycles("fill64.S", &[], &[("N", 4), ("COUNT", 342)]);
-    println!("fill64 4 ranges 342 items: simulated {cycles} cycles, .cycles {declared}, bound {}", 342);
-    assert!(cycles >= 342 && (declared as f64) > 0.9 * cycles as f64 && (declared as f64) < 1.1 * cycles as f64);
+    println!(
+        "fill64 4 ranges 342 items: simulated {cycles} cycles, .cycles {declared}, bound {}",
+        342
+    );
+    assert!(
+        cycles >= 342
+            && (declared as f64) > 0.9 * cycles as f64
+            && (declared as f64) < 1.1 * cycles as f64
+    );
 }

@@ -205,7 +205,14 @@ pub fn compile_phase(phase: &Phase, options: &Options) -> Result<Compiled, Excha
         let rounds = options
             .rounds
             .unwrap_or_else(|| (1_000_000 / pieces.len().max(1)).clamp(1, 24) as u32);
-        let search = schedule::improve(&jobs, &pieces, phase.tiles, c, rounds, b.horizon + b.horizon / GOOD_ENOUGH);
+        let search = schedule::improve(
+            &jobs,
+            &pieces,
+            phase.tiles,
+            c,
+            rounds,
+            b.horizon + b.horizon / GOOD_ENOUGH,
+        );
         let lowered = lower::lower(&jobs, &search.best, phase.tiles, c)?;
         Ok(Candidate {
             piece_words,
@@ -217,10 +224,19 @@ pub fn compile_phase(phase: &Phase, options: &Options) -> Result<Compiled, Excha
     // is kept without trying piece sizes (on the SigLIP attention phase, 6 M
     // descriptors, the other candidates cost minutes and found nothing).
     let first = attempt(None);
-    let good_enough = matches!(&first, Ok(c) if c.search.best.horizon <= b.horizon + b.horizon / GOOD_ENOUGH);
-    let rest: Vec<Option<u32>> = if good_enough { Vec::new() } else { sizes[1..].to_vec() };
+    let good_enough =
+        matches!(&first, Ok(c) if c.search.best.horizon <= b.horizon + b.horizon / GOOD_ENOUGH);
+    let rest: Vec<Option<u32>> = if good_enough {
+        Vec::new()
+    } else {
+        sizes[1..].to_vec()
+    };
     let mut candidates: Vec<Result<Candidate, LowerError>> = vec![first];
-    candidates.extend(rest.par_iter().map(|&piece_words| attempt(piece_words)).collect::<Vec<_>>());
+    candidates.extend(
+        rest.par_iter()
+            .map(|&piece_words| attempt(piece_words))
+            .collect::<Vec<_>>(),
+    );
     let mut best: Option<Candidate> = None;
     let mut initial_horizon = 0;
     for (i, cand) in candidates.into_iter().enumerate() {

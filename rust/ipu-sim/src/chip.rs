@@ -447,12 +447,12 @@ mod tests {
     #[test]
     fn tile_counts_outside_the_chip_are_errors_naming_the_count() {
         for tiles in [0, TILES_PER_CHIP + 1] {
-            let e = Chip::try_new(ChipConfig {
+            let Err(e) = Chip::try_new(ChipConfig {
                 tiles,
                 ..ChipConfig::default()
-            })
-            .err()
-            .expect("refused");
+            }) else {
+                panic!("{tiles} tiles accepted");
+            };
             assert!(e.contains(&format!("not {tiles}")), "{e}");
         }
         let chip = Chip::try_new(ChipConfig {
