@@ -619,6 +619,13 @@ pub fn lower(
     let b = block;
     let name = graph.value(b.attention).name.clone();
     let y_name = graph.value(b.result).name.clone();
+    let compute_step = |phase: String| Step {
+        operation: name.clone(),
+        phase,
+        tiles: BTreeMap::new(),
+        estimated_cycles: 0,
+        exchange: None,
+    };
     let (d, dp, dq) = (b.d, b.dp(), b.dq());
     let qranges = plan.query_ranges(b);
     let splits = plan.key_splits.len() as u32;
@@ -822,13 +829,7 @@ pub fn lower(
     }
 
     // Step 1: K^T on the K projection's tiles; reset of the running state.
-    let mut prep = Step {
-        operation: name.clone(),
-        phase: format!("transpose {} (K^T)", graph.value(b.k_value).name),
-        tiles: BTreeMap::new(),
-        estimated_cycles: 0,
-        exchange: None,
-    };
+    let mut prep = compute_step(format!("transpose {} (K^T)", graph.value(b.k_value).name));
     let k_results: Vec<(u32, crate::lower::GroupResult)> = l
         .group_results
         .iter()
@@ -901,13 +902,7 @@ pub fn lower(
     prep.estimated_cycles = prep_cycles;
     // The fills of every attention tile: its ranges cut into six equal
     // shares of items, one `fill64` vertex (a list of ranges) per worker.
-    let mut fill_step = Step {
-        operation: name.clone(),
-        phase: format!("reset {name} state and padding"),
-        tiles: BTreeMap::new(),
-        estimated_cycles: 0,
-        exchange: None,
-    };
+    let mut fill_step = compute_step(format!("reset {name} state and padding"));
     for (&tile, &(_, _, ks, ref t, lay)) in &tiles {
         let rows = lay.rows;
         // (buffer, offset, bytes, lo, hi)
@@ -1022,62 +1017,67 @@ pub fn lower(
             })
             .expect("the splits cover the keys")
     };
+    // Rows of a projection's result cut at head boundaries, each segment to
+    // `dests(row, head)` (buffer offsets of the head's column 0 there).
+    let row_segments = |transfers: &mut Vec<BufferTransfer>,
+                        tile: u32,
+                        r: &crate::lower::GroupResult,
+                        dests: &dyn Fn(u32, u32) -> Vec<BufferRef>| {
+        for row in r.rows.0..r.rows.1 {
+            for (h, s0, s1) in segments(r.col0, r.width) {
+                let destinations = dests(row, h)
+                    .into_iter()
+                    .map(|x| BufferRef {
+                        offset: x.offset + (s0 - h * d) * 2,
+                        ..x
+                    })
+                    .collect();
+                transfers.push(BufferTransfer {
+                    source: BufferRef {
+                        tile,
+                        buffer: r.buffer,
+                        offset: (row - r.rows.0) * r.row_stride + (s0 - r.col0) * 2,
+                    },
+                    destinations,
+                    bytes: (s1 - s0) * 2,
+                });
+            }
+        }
+    };
     for (&(g, tile), r) in &l.group_results {
         if g == b.q {
             // Q rows go to every split of their (head, query block).
-            for row in r.rows.0..r.rows.1 {
+            row_segments(&mut transfers, tile, r, &|row, h| {
                 let (qi, q0) = qblock_of(row);
-                for (h, s0, s1) in segments(r.col0, r.width) {
-                    let destinations = (0..splits)
-                        .map(|ks| {
-                            let dst = plan.tile(h, qi, ks);
-                            let t = &tiles[&dst];
-                            BufferRef {
-                                tile: dst,
-                                buffer: t.3.q,
-                                offset: (row - q0) * t.4.rs_q + (s0 - h * d) * 2,
-                            }
-                        })
-                        .collect();
-                    transfers.push(BufferTransfer {
-                        source: BufferRef {
-                            tile,
-                            buffer: r.buffer,
-                            offset: (row - r.rows.0) * r.row_stride + (s0 - r.col0) * 2,
-                        },
-                        destinations,
-                        bytes: (s1 - s0) * 2,
-                    });
-                }
-            }
+                (0..splits)
+                    .map(|ks| {
+                        let dst = plan.tile(h, qi, ks);
+                        let t = &tiles[&dst];
+                        BufferRef {
+                            tile: dst,
+                            buffer: t.3.q,
+                            offset: (row - q0) * t.4.rs_q,
+                        }
+                    })
+                    .collect()
+            });
         } else if g == b.v {
             // A V row goes to every query block of its head, in its split.
-            for row in r.rows.0..r.rows.1 {
+            row_segments(&mut transfers, tile, r, &|row, h| {
                 let ks = split_of(row);
                 let k0 = split_keys(ks).0;
-                for (h, s0, s1) in segments(r.col0, r.width) {
-                    let destinations = (0..plan.query_blocks)
-                        .map(|qi| {
-                            let dst = plan.tile(h, qi, ks);
-                            let t = &tiles[&dst];
-                            BufferRef {
-                                tile: dst,
-                                buffer: t.3.v,
-                                offset: (row - k0) * t.4.rs_v + (s0 - h * d) * 2,
-                            }
-                        })
-                        .collect();
-                    transfers.push(BufferTransfer {
-                        source: BufferRef {
-                            tile,
-                            buffer: r.buffer,
-                            offset: (row - r.rows.0) * r.row_stride + (s0 - r.col0) * 2,
-                        },
-                        destinations,
-                        bytes: (s1 - s0) * 2,
-                    });
-                }
-            }
+                (0..plan.query_blocks)
+                    .map(|qi| {
+                        let dst = plan.tile(h, qi, ks);
+                        let t = &tiles[&dst];
+                        BufferRef {
+                            tile: dst,
+                            buffer: t.3.v,
+                            offset: (row - k0) * t.4.rs_v,
+                        }
+                    })
+                    .collect()
+            });
         } else if g == b.k {
             // A K^T row's keys, cut at the splits (which start on multiples
             // of 16 keys, and the shard's rows on even keys, so every run
@@ -1154,34 +1154,10 @@ pub fn lower(
         .map(|k| plan.blocks_of(k))
         .collect();
     for bi in 0..plan.key_blocks.len() {
-        let mut sg = Step {
-            operation: name.clone(),
-            phase: format!("{name} scores, key block {bi}"),
-            tiles: BTreeMap::new(),
-            estimated_cycles: 0,
-            exchange: None,
-        };
-        let mut on = Step {
-            operation: name.clone(),
-            phase: format!("{name} online softmax, key block {bi}"),
-            tiles: BTreeMap::new(),
-            estimated_cycles: 0,
-            exchange: None,
-        };
-        let mut pv = Step {
-            operation: name.clone(),
-            phase: format!("{name} P V, key block {bi}"),
-            tiles: BTreeMap::new(),
-            estimated_cycles: 0,
-            exchange: None,
-        };
-        let mut mg = Step {
-            operation: name.clone(),
-            phase: format!("{name} merge, key block {bi}"),
-            tiles: BTreeMap::new(),
-            estimated_cycles: 0,
-            exchange: None,
-        };
+        let mut sg = compute_step(format!("{name} scores, key block {bi}"));
+        let mut on = compute_step(format!("{name} online softmax, key block {bi}"));
+        let mut pv = compute_step(format!("{name} P V, key block {bi}"));
+        let mut mg = compute_step(format!("{name} merge, key block {bi}"));
         for (&tile, &(_, qi, ks, ref t, lay)) in &tiles {
             let rows = lay.rows;
             let q0 = qranges[qi as usize].0;
@@ -1435,13 +1411,7 @@ pub fn lower(
             exchange: Some(x),
         });
         for j in 1..splits {
-            let mut cs = Step {
-                operation: name.clone(),
-                phase: format!("{name} combine key split {j}"),
-                tiles: BTreeMap::new(),
-                estimated_cycles: 0,
-                exchange: None,
-            };
+            let mut cs = compute_step(format!("{name} combine key split {j}"));
             for (&tile, &(_, _, ks, ref t, lay)) in &tiles {
                 if ks != 0 {
                     continue;
@@ -1489,13 +1459,7 @@ pub fn lower(
             steps.push(cs);
         }
     }
-    let mut fin = Step {
-        operation: name.clone(),
-        phase: format!("{name} final normalisation"),
-        tiles: BTreeMap::new(),
-        estimated_cycles: 0,
-        exchange: None,
-    };
+    let mut fin = compute_step(format!("{name} final normalisation"));
     let mut y = HostTensor {
         name: y_name,
         ty: graph.value(b.result).ty.clone(),
