@@ -379,12 +379,20 @@ pub fn compile(options: &CompileOptions) -> Result<CompileOutput, CompileError> 
             };
             attention_candidates = attention::plan(b, options.tiles, 0, k, proxy);
             let Some(_) = attention_candidates.first() else {
+                let reason = if b.heads > options.tiles {
+                    format!(
+                        "attention needs at least one tile per head: {} heads, {} tiles",
+                        b.heads, options.tiles
+                    )
+                } else {
+                    format!(
+                        "no query blocking of {} heads x {} queries over at most {} tiles fits a tile's memory with its keys' K^T and V ({} keys)",
+                        b.heads, b.sq, options.tiles, b.sk
+                    )
+                };
                 return Err(CompileError::NoFeasiblePlan {
                     value: graph.value(b.attention).name.clone(),
-                    reason: format!(
-                        "no query blocking of {} heads x {} queries over fewer than {} tiles fits a tile's memory with the head's K^T and V ({} keys)",
-                        b.heads, b.sq, options.tiles, b.sk
-                    ),
+                    reason,
                 });
             };
             for (i, c) in attention_candidates

@@ -156,6 +156,19 @@ fn refusals_name_the_value() {
             "merge_heads",
         ),
     ];
+    // Fewer tiles than heads.
+    let e = compile(&options(
+        &root().join("models/attention_small.ipug"),
+        3,
+        cache.path(),
+    ))
+    .err()
+    .expect("3 tiles for 4 heads")
+    .to_string();
+    assert!(
+        e.contains("value `o`") && e.contains("one tile per head: 4 heads, 3 tiles"),
+        "{e}"
+    );
     for (name, text, value, reason) in cases {
         let model = write_model(dir.path(), name, &text);
         let e = compile(&options(&model, 64, cache.path()))
