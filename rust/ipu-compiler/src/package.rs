@@ -29,7 +29,7 @@ pub fn placements(t: &HostTensor, storage: &BTreeMap<u32, TileStorage>) -> Vec<P
 }
 
 /// Placements with every host byte once (the first tile that holds it), as
-/// checkpoints need; inputs may be placed on several tiles.
+/// checkpoints need (inputs may be placed on several tiles), in tile order.
 pub fn unique_placements(list: &[Placement]) -> Vec<Placement> {
     let mut sorted = list.to_vec();
     sorted.sort_by_key(|p| (p.offset, p.tile, p.address));
@@ -49,6 +49,8 @@ pub fn unique_placements(list: &[Placement]) -> Vec<Placement> {
         });
         covered = end;
     }
+    // Tile order: a tile's rows then form placement runs in the package.
+    out.sort_by_key(|p| (p.tile, p.address, p.offset));
     out
 }
 
@@ -141,12 +143,10 @@ fn kernels_of(step: &crate::lower::Step) -> Vec<Value> {
         .collect()
 }
 
+/// Placements as the package stores them: runs (docs/package-format.md).
 fn placements_json(list: &[Placement]) -> Value {
-    Value::Array(
-        list.iter()
-            .map(|p| json!({"tile": p.tile, "address": p.address, "offset": p.offset, "bytes": p.bytes}))
-            .collect(),
-    )
+    serde_json::to_value(ipu_package::placement_runs::to_runs(list))
+        .expect("placement runs serialise")
 }
 
 /// `checkpoints.json`: every value still intact at each call's final hsync

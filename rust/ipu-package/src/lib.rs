@@ -26,8 +26,9 @@ use std::path::Path;
 
 pub use image::{ImageError, Segment, TileImage, IMAGE_MAGIC, IMAGE_VERSION};
 pub use manifest::{
-    tile_file, CallPhase, ConfigWrite, HostInterface, Manifest, MemberEntry, PhaseKind, Placement,
-    StreamTensor, StreamingCall, TileEntry, EXIT_COMMAND, FORMAT_VERSION, TARGET,
+    placement_runs, tile_file, CallPhase, ConfigWrite, HostInterface, Manifest, MemberEntry,
+    PhaseKind, Placement, StreamTensor, StreamingCall, TileEntry, EXIT_COMMAND, FORMAT_VERSION,
+    TARGET,
 };
 
 use ipu_arch::{SRAM_BASE, SRAM_END, TILES_PER_CHIP};

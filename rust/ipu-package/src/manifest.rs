@@ -6,7 +6,7 @@ use ipu_graph::DType;
 use serde::{Deserialize, Serialize};
 
 /// The package format version this crate reads and writes.
-pub const FORMAT_VERSION: u32 = 1;
+pub const FORMAT_VERSION: u32 = 2;
 /// The only target architecture.
 pub const TARGET: &str = "ipu21";
 
@@ -93,7 +93,9 @@ pub struct StreamTensor {
     pub shape: Vec<usize>,
     /// Byte ranges of the row-major host buffer and their tile addresses.
     /// Inputs may place the same bytes on several tiles; outputs place each
-    /// byte exactly once. Together they cover the whole buffer.
+    /// byte exactly once. Together they cover the whole buffer. Stored as
+    /// runs ([`placement_runs`]).
+    #[serde(with = "placement_runs")]
     pub placements: Vec<Placement>,
 }
 
@@ -116,6 +118,154 @@ pub struct Placement {
     pub offset: u64,
     /// Length in bytes.
     pub bytes: u32,
+}
+
+/// On disk, a list of placements is a list of runs: `count` placements of
+/// `bytes` bytes on `tile`, the i-th at `address + i * address_step` and
+/// host offset `offset + i * offset_step` (a weight's rows on a tile are one
+/// run instead of a thousand entries). Runs are formed greedily in list
+/// order and expand back to exactly the same list, so the order (and the
+/// package bytes) stay deterministic. Use with `#[serde(with = ...)]`.
+pub mod placement_runs {
+    use super::Placement;
+    use serde::{Deserialize, Deserializer, Serialize, Serializer};
+
+    fn one() -> u32 {
+        1
+    }
+    fn is_one(x: &u32) -> bool {
+        *x == 1
+    }
+    fn is_zero(x: &i64) -> bool {
+        *x == 0
+    }
+
+    /// One run of placements.
+    #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+    #[serde(deny_unknown_fields)]
+    pub struct Run {
+        pub tile: u32,
+        pub address: u32,
+        pub offset: u64,
+        pub bytes: u32,
+        #[serde(default = "one", skip_serializing_if = "is_one")]
+        pub count: u32,
+        #[serde(default, skip_serializing_if = "is_zero")]
+        pub address_step: i64,
+        #[serde(default, skip_serializing_if = "is_zero")]
+        pub offset_step: i64,
+    }
+
+    /// The runs of `list`, in order.
+    pub fn to_runs(list: &[Placement]) -> Vec<Run> {
+        let mut runs: Vec<Run> = Vec::new();
+        for p in list {
+            if let Some(r) = runs.last_mut() {
+                if r.tile == p.tile && r.bytes == p.bytes {
+                    let da = p.address as i64 - r.address as i64;
+                    let doff = p.offset as i64 - r.offset as i64;
+                    let k = r.count as i64;
+                    let fits = if r.count == 1 {
+                        true
+                    } else {
+                        da == k * r.address_step && doff == k * r.offset_step
+                    };
+                    if fits && r.count < u32::MAX {
+                        if r.count == 1 {
+                            r.address_step = da;
+                            r.offset_step = doff;
+                        }
+                        r.count += 1;
+                        continue;
+                    }
+                }
+            }
+            runs.push(Run {
+                tile: p.tile,
+                address: p.address,
+                offset: p.offset,
+                bytes: p.bytes,
+                count: 1,
+                address_step: 0,
+                offset_step: 0,
+            });
+        }
+        runs
+    }
+
+    /// The placements of `runs`, or a message naming the run that leaves
+    /// the address or offset range.
+    pub fn from_runs(runs: &[Run]) -> Result<Vec<Placement>, String> {
+        let mut out = Vec::new();
+        for (i, r) in runs.iter().enumerate() {
+            if r.count == 0 {
+                return Err(format!("placement run {i} has count 0"));
+            }
+            for j in 0..r.count as i64 {
+                let address = r.address as i64 + j * r.address_step;
+                let offset = r.offset as i64 + j * r.offset_step;
+                if !(0..=u32::MAX as i64).contains(&address) || offset < 0 {
+                    return Err(format!(
+                        "placement run {i} (tile {}) leaves the address or offset range at element {j}",
+                        r.tile
+                    ));
+                }
+                out.push(Placement {
+                    tile: r.tile,
+                    address: address as u32,
+                    offset: offset as u64,
+                    bytes: r.bytes,
+                });
+            }
+        }
+        Ok(out)
+    }
+
+    pub fn serialize<S: Serializer>(list: &[Placement], s: S) -> Result<S::Ok, S::Error> {
+        to_runs(list).serialize(s)
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<Placement>, D::Error> {
+        let runs = Vec::<Run>::deserialize(d)?;
+        from_runs(&runs).map_err(serde::de::Error::custom)
+    }
+
+    #[cfg(test)]
+    mod tests {
+        use super::*;
+
+        #[test]
+        fn runs_round_trip_and_compress() {
+            let p = |tile, address, offset, bytes| Placement {
+                tile,
+                address,
+                offset,
+                bytes,
+            };
+            let mut list: Vec<Placement> = (0..1152)
+                .map(|k| p(7, 0x80000 + 32 * k, 2304 * k as u64, 32))
+                .collect();
+            list.push(p(7, 0x90000, 5, 32));
+            list.push(p(8, 0x90000, 5, 32));
+            list.push(p(8, 0x90010, 3, 32));
+            list.push(p(8, 0x90000, 1, 32));
+            let runs = to_runs(&list);
+            assert_eq!(runs.len(), 4, "{runs:?}");
+            assert_eq!(runs[0].count, 1152);
+            assert_eq!(runs[2].offset_step, -2);
+            assert_eq!(from_runs(&runs).unwrap(), list);
+            let bad = Run {
+                tile: 1,
+                address: 4,
+                offset: 0,
+                bytes: 4,
+                count: 3,
+                address_step: -4,
+                offset_step: 4,
+            };
+            assert!(from_runs(&[bad]).unwrap_err().contains("run 0 (tile 1)"));
+        }
+    }
 }
 
 /// How the host drives the tile programs (docs/host-protocol.md).

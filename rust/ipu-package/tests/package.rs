@@ -58,7 +58,7 @@ fn manifest_text() {
     assert_eq!(name, "manifest.json");
     expect![[r#"
         {
-          "format_version": 1,
+          "format_version": 2,
           "compiler_version": "ipu-compile 0.1.0",
           "target": "ipu21",
           "tile_count": 4,
@@ -421,7 +421,7 @@ fn corrupt_archives_are_refused() {
             "manifest digest missing",
             common::tar_of(&[&[("manifest.json", manifest.as_bytes())], &rest[..]].concat()),
         ),
-        ("bad json", with("{\"format_version\": 1,", &rest)),
+        ("bad json", with("{\"format_version\": 2,", &rest)),
         (
             "unknown field",
             with(&manifest.replacen("{", "{\n  \"extra\": 1,", 1), &rest),
@@ -429,7 +429,7 @@ fn corrupt_archives_are_refused() {
         (
             "future version",
             with(
-                &manifest.replace("\"format_version\": 1", "\"format_version\": 2"),
+                &manifest.replace("\"format_version\": 2", "\"format_version\": 3"),
                 &rest,
             ),
         ),
@@ -498,11 +498,11 @@ fn corrupt_archives_are_refused() {
         [
             "empty: the archive is empty (expected manifest.json first)",
             "manifest not first: the first member is `report.json`, expected manifest.json",
-            "manifest edited: member `manifest.json`: its blake3 ebfee0ba34f0cb3dc122a01f63e1c0103103b285507bc6e713217b8ef294c7a5 differs from the digest recorded in manifest.json.blake3, db655e7c780184fbdb1474af240d411bfb2db51adadef43ba1f7159ef437760f",
+            "manifest edited: member `manifest.json`: its blake3 01bc7f679c4407bab5122ec4d6aab125be87d7f737711d005c98409a922b8f5c differs from the digest recorded in manifest.json.blake3, 4914f7d6753e24db85a63e52d5249c610b62ac8f3c6ea0e7502872de68d9bc47",
             "manifest digest missing: member `report.json`: expected manifest.json.blake3 right after manifest.json",
             "bad json: manifest.json: EOF while parsing a value at line 1 column 21",
             "unknown field: manifest.json: unknown field `extra`, expected one of `format_version`, `compiler_version`, `target`, `tile_count`, `model`, `host`, `calls`, `config_writes`, `report_summary`, `tiles`, `members` at line 2 column 9",
-            "future version: manifest.json: unsupported package format version 2 (this reader supports 1)",
+            "future version: manifest.json: unsupported package format version 3 (this reader supports 2)",
             "wrong target: manifest.json: unsupported target `ipu2` (expected ipu21)",
             "too many tiles: manifest.json: tile_count 1473 is outside 1..=1472",
             "bad dtype: manifest.json: unknown dtype `bf16` (expected f32, f16, fp8 or fp8<scale> with an integer scale from -128 to 127) at line 23 column 25",

@@ -82,7 +82,8 @@ pub struct CheckpointValue {
     pub value: String,
     /// The stop (1..=stops + 1) at which the placements hold it.
     pub stop: u32,
-    /// Its bytes on the device.
+    /// Its bytes on the device (stored as placement runs).
+    #[serde(with = "ipu_package::placement_runs")]
     pub placements: Vec<Placement>,
     /// Kernels that computed it.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
