@@ -120,6 +120,13 @@ impl fmt::Display for VerifyReport {
             self.model,
             if self.passed() { "passed" } else { "FAILED" }
         )?;
+        for c in self.calls.iter().filter(|c| !c.checkpoint) {
+            writeln!(
+                f,
+                "call `{}`: {} device cycles (host link: {} cycles in, {} out)",
+                c.call, c.device_cycles, c.host_in_cycles, c.host_out_cycles
+            )?;
+        }
         for o in &self.outputs {
             writeln!(f, "output {}", summary_line(&o.name, &o.comparison))?;
             for line in o.comparison.to_string().lines().skip(1) {
