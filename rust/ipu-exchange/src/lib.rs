@@ -173,10 +173,10 @@ struct Candidate {
 }
 
 /// A schedule whose horizon is within `lower bound / GOOD_ENOUGH` of the
-/// lower bound ends the search (1.6%): the squeaky-wheel rounds and the
+/// lower bound ends the search (3.1%): the squeaky-wheel rounds and the
 /// other piece sizes rarely gain more and cost minutes on phases of millions
 /// of descriptors.
-pub const GOOD_ENOUGH: u64 = 64;
+pub const GOOD_ENOUGH: u64 = 32;
 
 /// The piece sizes tried: whole jobs, and pieces of 1/16 and 1/64 of the
 /// endpoint bound when some job is longer than that.
