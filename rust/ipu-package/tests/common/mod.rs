@@ -159,5 +159,7 @@ pub fn members_of(tar: &[u8]) -> Vec<(String, Vec<u8>)> {
         .collect()
 }
 
-/// The seeded PRNG of the fuzz test.
+/// The seeded PRNG of the fuzz test (the other test binaries that share
+/// this module do not use it).
+#[allow(unused_imports)]
 pub use ipu_rng::SplitMix64 as Rng;
