@@ -3,28 +3,34 @@
 //!
 //! Recognition ([`recognise`]) checks the whole pattern and refuses anything
 //! else with the value at fault. Planning ([`plan`]) gives every (head, query
-//! block) pair a tile of its own, after the tiles of the projections, and
-//! picks the query block size and the key blocking with the kernels' cycle
-//! formulas, a receive-bound estimate of the exchange and an estimate of the
-//! projections on the tiles left. Lowering ([`lower`]) appends to the
-//! projections' lowered program:
+//! block, key split) a tile of its own; the attention runs on the same tiles
+//! as the projections, after them, its operands in scratch memory of phase
+//! [`ATTENTION_PHASE`] (docs/compiler.md, "Buffer phases"). It picks the
+//! query rows per tile, the key splits and the key blocking with the
+//! kernels' cycle formulas and receive-bound estimates of the exchanges.
+//! Lowering ([`lower`]) appends to the projections' lowered program:
 //!
 //! 1. `transpose k`: every tile of the K projection transposes its result
 //!    shard (`transpose_f16`), so that the exchange moves K^T as runs of
 //!    keys (the K projection's row parts have even boundaries, so every run
-//!    starts on a 4-byte word); the same step resets each attention tile's
-//!    running state (`fill64`: O = 0, (m, l) = (-inf, 0)).
-//! 2. one exchange step: Q rows of the tile's queries and head, and the
-//!    whole head's K^T and V (multicast to every query block of the head),
-//!    into zero-padded GEMM operand layouts (head size padded to 16).
-//! 3. per key block: S = Q K^T (`gemm_f16` ACC=32), the online softmax
+//!    starts on a 4-byte word).
+//! 2. a fill step: O = 0, (m, l) = (-inf, 0) and every padding a GEMM
+//!    multiplies, in six equal shares (`fill64` range lists).
+//! 3. one exchange step: Q rows of the tile's queries and head (to every key
+//!    split), the split's K^T and V (to every query block of the head), into
+//!    GEMM operand layouts with the head padded to 16.
+//! 4. per key block: S = Q K^T (`gemm_f16` ACC=32), the online softmax
 //!    update (`attention_online` PV=1: (m, l), P in f16 and the rescaling
 //!    factors), P V (`gemm_f16` ACC=32) and O = O a + P V (`attention_merge`).
-//! 4. `attention_final`: out = f16(O / l), the rows the host reads as `y`.
+//! 5. with key splits: an exchange of the other splits' (O, (m, l)) to
+//!    split 0, and one `attention_combine` step per other split.
+//! 6. `attention_final` on split 0: out = f16(O / l), the rows the host
+//!    reads as `y`.
 //!
 //! Invariants: every transfer moves whole 4-byte words between 4-aligned
-//! offsets (head sizes are even); padding that a GEMM multiplies is zero at
-//! load and never written with anything but zeros.
+//! offsets (head sizes are even); whatever a GEMM multiplies as padding is
+//! zero after the fill step (stale data is left only where it reaches
+//! result columns or scores that nothing reads).
 
 use crate::exchange::{self, BufferRef, BufferTransfer};
 use crate::fuse::Group;
