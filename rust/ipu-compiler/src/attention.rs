@@ -598,6 +598,23 @@ struct TileBuffers {
     others: Vec<(usize, usize)>,
 }
 
+/// One vertex of `kernel` per part of `rows` (at most one per worker), its
+/// state `state(worker, first row, end row)`.
+fn row_vertices(
+    rows: u32,
+    kernel: &KernelRequest,
+    state: impl Fn(u32, u32, u32) -> Vec<StateWord>,
+) -> Vec<Vertex> {
+    ranges(rows, rows.min(ipu_arch::WORKER_CONTEXTS))
+        .iter()
+        .enumerate()
+        .map(|(w, &(r0, r1))| Vertex {
+            kernel: kernel.clone(),
+            state: state(w as u32, r0, r1),
+        })
+        .collect()
+}
+
 /// Supervisor cycles around a compute step of `n` vertices inside a call:
 /// the last vertex starts after the others' launches (two `setzi` and a
 /// two-slot `run` each, 24 cycles), and `wsync` follows (measured on the
@@ -1244,57 +1261,51 @@ pub fn lower(
                     })
                     .collect(),
             );
-            let row_parts = ranges(rows, rows.min(6));
             on.tiles.insert(
                 tile,
-                row_parts
-                    .iter()
-                    .enumerate()
-                    .map(|(w, &(r0, r1))| Vertex {
-                        kernel: kernels.online.0.clone(),
-                        state: vec![
-                            StateWord::Addr {
-                                buffer: t.s,
-                                offset: C_HEADER + (r0 + 2) * lay.rs_s,
-                            },
-                            StateWord::Const(lay.rs_s),
-                            StateWord::Addr {
-                                buffer: t.v,
-                                offset: local * 16 * lay.rs_v,
-                            },
-                            StateWord::Const(lay.rs_v),
-                            StateWord::Addr {
-                                buffer: t.o,
-                                offset: r0 * lay.rs_o,
-                            },
-                            StateWord::Const(lay.rs_o),
-                            StateWord::Addr {
-                                buffer: t.ml,
-                                offset: 8 * r0,
-                            },
-                            StateWord::Const(r1 - r0),
-                            StateWord::Const(bk),
-                            StateWord::Const(dq),
-                            StateWord::Const(b.scale.to_bits()),
-                            StateWord::Const(q0 + r0 + offset_causal),
-                            StateWord::Const(k0),
-                            StateWord::Addr {
-                                buffer: t.scratch,
-                                offset: 8 * w as u32,
-                            },
-                            StateWord::Addr {
-                                buffer: t.p,
-                                offset: r0 * lay.rs_p,
-                            },
-                            StateWord::Const(lay.rs_p),
-                            StateWord::Const(nb * 16),
-                            StateWord::Addr {
-                                buffer: t.alpha,
-                                offset: 4 * r0,
-                            },
-                        ],
-                    })
-                    .collect(),
+                row_vertices(rows, &kernels.online.0, |w, r0, r1| {
+                    vec![
+                        StateWord::Addr {
+                            buffer: t.s,
+                            offset: C_HEADER + (r0 + 2) * lay.rs_s,
+                        },
+                        StateWord::Const(lay.rs_s),
+                        StateWord::Addr {
+                            buffer: t.v,
+                            offset: local * 16 * lay.rs_v,
+                        },
+                        StateWord::Const(lay.rs_v),
+                        StateWord::Addr {
+                            buffer: t.o,
+                            offset: r0 * lay.rs_o,
+                        },
+                        StateWord::Const(lay.rs_o),
+                        StateWord::Addr {
+                            buffer: t.ml,
+                            offset: 8 * r0,
+                        },
+                        StateWord::Const(r1 - r0),
+                        StateWord::Const(bk),
+                        StateWord::Const(dq),
+                        StateWord::Const(b.scale.to_bits()),
+                        StateWord::Const(q0 + r0 + offset_causal),
+                        StateWord::Const(k0),
+                        StateWord::Addr {
+                            buffer: t.scratch,
+                            offset: 8 * w,
+                        },
+                        StateWord::Addr {
+                            buffer: t.p,
+                            offset: r0 * lay.rs_p,
+                        },
+                        StateWord::Const(lay.rs_p),
+                        StateWord::Const(nb * 16),
+                        StateWord::Addr {
+                            buffer: t.alpha,
+                            offset: 4 * r0,
+                        },
+                    ]
+                }),
             );
             let vcols = ranges(ncb_v, ncb_v.min(6));
             pv.tiles.insert(
@@ -1323,30 +1334,26 @@ pub fn lower(
             );
             mg.tiles.insert(
                 tile,
-                row_parts
-                    .iter()
-                    .map(|&(r0, r1)| Vertex {
-                        kernel: kernels.merge.0.clone(),
-                        state: vec![
-                            StateWord::Addr {
-                                buffer: t.o,
-                                offset: r0 * lay.rs_o,
-                            },
-                            StateWord::Const(lay.rs_o),
-                            StateWord::Addr {
-                                buffer: t.s,
-                                offset: C_HEADER + (r0 + 2) * lay.rs_pv,
-                            },
-                            StateWord::Const(lay.rs_pv),
-                            StateWord::Addr {
-                                buffer: t.alpha,
-                                offset: 4 * r0,
-                            },
-                            StateWord::Const(r1 - r0),
-                            StateWord::Const(dq),
-                        ],
-                    })
-                    .collect(),
+                row_vertices(rows, &kernels.merge.0, |_, r0, r1| {
+                    vec![
+                        StateWord::Addr {
+                            buffer: t.o,
+                            offset: r0 * lay.rs_o,
+                        },
+                        StateWord::Const(lay.rs_o),
+                        StateWord::Addr {
+                            buffer: t.s,
+                            offset: C_HEADER + (r0 + 2) * lay.rs_pv,
+                        },
+                        StateWord::Const(lay.rs_pv),
+                        StateWord::Addr {
+                            buffer: t.alpha,
+                            offset: 4 * r0,
+                        },
+                        StateWord::Const(r1 - r0),
+                        StateWord::Const(dq),
+                    ]
+                }),
             );
         }
         // The widest split's block bi sets the step's estimate.
@@ -1425,34 +1432,30 @@ pub fn lower(
                 let (o2, ml2) = t.others[j as usize - 1];
                 cs.tiles.insert(
                     tile,
-                    ranges(lay.rows, lay.rows.min(6))
-                        .iter()
-                        .map(|&(r0, r1)| Vertex {
-                            kernel: kernels.combine.0.clone(),
-                            state: vec![
-                                StateWord::Addr {
-                                    buffer: t.o,
-                                    offset: r0 * lay.rs_o,
-                                },
-                                StateWord::Const(lay.rs_o),
-                                StateWord::Addr {
-                                    buffer: t.ml,
-                                    offset: 8 * r0,
-                                },
-                                StateWord::Addr {
-                                    buffer: o2,
-                                    offset: r0 * lay.rs_o,
-                                },
-                                StateWord::Const(lay.rs_o),
-                                StateWord::Addr {
-                                    buffer: ml2,
-                                    offset: 8 * r0,
-                                },
-                                StateWord::Const(r1 - r0),
-                                StateWord::Const(dq),
-                            ],
-                        })
-                        .collect(),
+                    row_vertices(lay.rows, &kernels.combine.0, |_, r0, r1| {
+                        vec![
+                            StateWord::Addr {
+                                buffer: t.o,
+                                offset: r0 * lay.rs_o,
+                            },
+                            StateWord::Const(lay.rs_o),
+                            StateWord::Addr {
+                                buffer: t.ml,
+                                offset: 8 * r0,
+                            },
+                            StateWord::Addr {
+                                buffer: o2,
+                                offset: r0 * lay.rs_o,
+                            },
+                            StateWord::Const(lay.rs_o),
+                            StateWord::Addr {
+                                buffer: ml2,
+                                offset: 8 * r0,
+                            },
+                            StateWord::Const(r1 - r0),
+                            StateWord::Const(dq),
+                        ]
+                    }),
                 );
             }
             let per_vertex = plan.rows.div_ceil(6) as i64;
@@ -1480,30 +1483,26 @@ pub fn lower(
         let q0 = qranges[qi as usize].0;
         fin.tiles.insert(
             tile,
-            ranges(rows, rows.min(6))
-                .iter()
-                .map(|&(r0, r1)| Vertex {
-                    kernel: kernels.final_.0.clone(),
-                    state: vec![
-                        StateWord::Addr {
-                            buffer: t.o,
-                            offset: r0 * lay.rs_o,
-                        },
-                        StateWord::Const(lay.rs_o),
-                        StateWord::Addr {
-                            buffer: t.ml,
-                            offset: 8 * r0,
-                        },
-                        StateWord::Addr {
-                            buffer: t.out,
-                            offset: r0 * lay.rs_out,
-                        },
-                        StateWord::Const(lay.rs_out),
-                        StateWord::Const(r1 - r0),
-                        StateWord::Const(dq),
-                    ],
-                })
-                .collect(),
+            row_vertices(rows, &kernels.final_.0, |_, r0, r1| {
+                vec![
+                    StateWord::Addr {
+                        buffer: t.o,
+                        offset: r0 * lay.rs_o,
+                    },
+                    StateWord::Const(lay.rs_o),
+                    StateWord::Addr {
+                        buffer: t.ml,
+                        offset: 8 * r0,
+                    },
+                    StateWord::Addr {
+                        buffer: t.out,
+                        offset: r0 * lay.rs_out,
+                    },
+                    StateWord::Const(lay.rs_out),
+                    StateWord::Const(r1 - r0),
+                    StateWord::Const(dq),
+                ]
+            }),
         );
         for r in 0..rows {
             y.placements.push(HostPlacement {
