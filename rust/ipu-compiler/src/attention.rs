@@ -310,9 +310,6 @@ pub struct AttentionPlan {
     /// The key blocks of the first split, processed one after the other
     /// (every split has as many, near-equal).
     pub key_blocks: Vec<(u32, u32)>,
-    /// The first attention tile; tile `first_tile + (h * query_blocks + b)
-    /// * splits + s` holds head `h`, query block `b`, key split `s`.
-    pub first_tile: u32,
     pub tiles: u32,
     /// Estimated cycles of the attention's compute steps (slowest tile).
     pub compute_cycles: u64,
@@ -329,10 +326,10 @@ impl AttentionPlan {
     pub fn query_ranges(&self, block: &AttentionBlock) -> Vec<(u32, u32)> {
         ranges(block.sq, self.query_blocks)
     }
+    /// Tile `(h * query_blocks + b) * splits + s` holds head `h`, query
+    /// block `b`, key split `s`.
     pub fn tile(&self, head: u32, query_block: u32, split: u32) -> u32 {
-        self.first_tile
-            + (head * self.query_blocks + query_block) * self.key_splits.len() as u32
-            + split
+        (head * self.query_blocks + query_block) * self.key_splits.len() as u32 + split
     }
     /// The key blocks of split `split` (as many as `key_blocks`).
     pub fn blocks_of(&self, split: usize) -> Vec<(u32, u32)> {
@@ -505,16 +502,16 @@ fn key_blockings(
     out
 }
 
-/// Candidate partitions of `block` over at most `tiles` tiles that leave at
-/// least `min_left` tiles for the projections, best first: query rows per
-/// tile, key splits over tiles (1, 2, 4 or 8) and key blocks.
-/// `projection_cycles(tiles)` estimates the projections on the tiles left.
+/// Candidate partitions of `block` over at most `tiles` tiles, best first:
+/// query rows per tile, key splits over tiles (1, 2, 4 or 8) and key
+/// blocks. `projection_cycles` (the projections' estimate, the same for
+/// every candidate: they run before, on the same tiles) completes each
+/// candidate's total.
 pub fn plan(
     block: &AttentionBlock,
     tiles: u32,
-    min_left: u32,
     kernels: &mut AttentionKernels,
-    projection_cycles: impl Fn(u32) -> u64,
+    projection_cycles: u64,
 ) -> Vec<AttentionPlan> {
     let mut out = Vec::new();
     let ncb = block.key_blocks();
@@ -531,7 +528,7 @@ pub fn plan(
         for qb in 1..=block.sq {
             let rows = block.sq.div_ceil(qb);
             let attention_tiles = block.heads * qb * splits;
-            if attention_tiles + min_left > tiles || !seen.insert(rows) {
+            if attention_tiles > tiles || !seen.insert(rows) {
                 continue;
             }
             for (key_blocks, layout, r1) in
@@ -565,11 +562,10 @@ pub fn plan(
                             .map(|(a, z)| (c0 + a, c0 + z))
                             .collect()
                     },
-                    first_tile: 0,
                     tiles: attention_tiles,
                     compute_cycles: compute,
                     exchange_bound_cycles: exchange,
-                    projection_cycles: projection_cycles(tiles),
+                    projection_cycles,
                     region1_bytes: r1,
                     region0_bytes: layout.region0(splits),
                 });
@@ -638,7 +634,7 @@ pub fn lower(
     kernels: &mut AttentionKernels,
     l: &mut Lowered,
     exchange_label: u32,
-) -> Result<u64, CompileError> {
+) -> Result<(), CompileError> {
     let b = block;
     let name = graph.value(b.attention).name.clone();
     let y_name = graph.value(b.result).name.clone();
@@ -1171,7 +1167,6 @@ pub fn lower(
     let nkb_s = dp / 16;
     let ncb_v = dp / 16;
     let mut steps = vec![prep, fill_step, xstep];
-    let mut total = steps.iter().map(|s| s.estimated_cycles).sum::<u64>();
     let offset_causal = b.sk - b.sq.min(b.sk);
     let split_blocks: Vec<Vec<(u32, u32)>> = (0..plan.key_splits.len())
         .map(|k| plan.blocks_of(k))
@@ -1368,7 +1363,6 @@ pub fn lower(
         on.estimated_cycles = per_step[2];
         pv.estimated_cycles = per_step[3];
         mg.estimated_cycles = per_step[4];
-        total += per_step[1] + per_step[2] + per_step[3] + per_step[4];
         steps.extend([sg, on, pv, mg]);
     }
     // Key splits: the other splits' (O, (m, l)) move to split 0 in one
@@ -1415,7 +1409,6 @@ pub fn lower(
             &format!("xtab{}", exchange_label + 1),
         );
         let cycles = exchange::step_cycles(&x.figures);
-        total += cycles;
         steps.push(Step {
             operation: name.clone(),
             phase: format!("exchange {name} key-split states"),
@@ -1464,7 +1457,6 @@ pub fn lower(
                 .1
                 .eval(&[("ROWS", per_vertex), ("DQ", dq as i64)])
                 + launch_cycles(plan.rows.min(6) as u64);
-            total += cs.estimated_cycles;
             steps.push(cs);
         }
     }
@@ -1516,7 +1508,6 @@ pub fn lower(
     }
     let (_, per_step) = compute_cycles(b, kernels, plan.rows, &[]);
     fin.estimated_cycles = per_step[1];
-    total += per_step[1];
     steps.push(fin);
     y.placements.sort();
     l.calls[1].steps.extend(steps);
@@ -1524,5 +1515,5 @@ pub fn lower(
     l.io[1]
         .1
         .sort_by_key(|t| graph.lookup(&t.name).map(|id| id.0));
-    Ok(total)
+    Ok(())
 }

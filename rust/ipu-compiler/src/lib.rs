@@ -352,10 +352,9 @@ pub fn compile(options: &CompileOptions) -> Result<CompileOutput, CompileError> 
         }
         None => None,
     };
-    // The attention block gets tiles of its own after the projections'.
+    // An attention block runs on the projections' tiles, after them.
     let mut attention_plan: Option<attention::AttentionPlan> = None;
     let mut attention_candidates: Vec<attention::AttentionPlan> = Vec::new();
-    let gemm_tiles = options.tiles;
     if let (Some(b), Some(k)) = (blocks.first(), attention_kernels.as_mut()) {
         phase("plan_attention", || {
             let macs: u64 = groups
@@ -368,16 +367,14 @@ pub fn compile(options: &CompileOptions) -> Result<CompileOutput, CompileError> 
                 .max()
                 .unwrap_or(0);
             // A proxy for the projections, side by side on equal shares of
-            // the tiles left: the f32-accumulating AMP rate at the 72%
-            // efficiency measured for SigLIP-size projections
-            // (docs/compiler.md); the projections themselves are planned
-            // exactly once the split is chosen.
+            // the tiles: the f32-accumulating AMP rate at the 72% efficiency
+            // measured for SigLIP-size projections (docs/compiler.md); the
+            // projections themselves are planned exactly once the attention
+            // candidate is chosen.
             let per_group = groups.len().max(1) as u64;
-            let proxy = |tiles: u32| -> u64 {
-                (macs * per_group * 100)
-                    .div_ceil(tiles.max(1) as u64 * ipu_arch::AMP_MACS_F16_F32 as u64 * 72)
-            };
-            attention_candidates = attention::plan(b, options.tiles, 0, k, proxy);
+            let proxy = (macs * per_group * 100)
+                .div_ceil(options.tiles as u64 * ipu_arch::AMP_MACS_F16_F32 as u64 * 72);
+            attention_candidates = attention::plan(b, options.tiles, k, proxy);
             let Some(_) = attention_candidates.first() else {
                 let reason = if b.heads > options.tiles {
                     format!(
@@ -432,9 +429,9 @@ pub fn compile(options: &CompileOptions) -> Result<CompileOutput, CompileError> 
         region1 / groups.len().max(1) as u64
     };
     let group_tiles = if disjoint_groups {
-        (gemm_tiles / groups.len().max(1) as u32).max(1)
+        (options.tiles / groups.len().max(1) as u32).max(1)
     } else {
-        gemm_tiles
+        options.tiles
     };
     let mut planned = Vec::new();
     // Per group: whether its A operand arrives by an exchange step.
@@ -499,7 +496,7 @@ pub fn compile(options: &CompileOptions) -> Result<CompileOutput, CompileError> 
             }
             let mut items: Vec<(GemmGeometry, &mut gemm::GemmCosts)> =
                 planned.iter_mut().map(|p| (p.0, &mut p.2)).collect();
-            let shared = plan::search_chain(&mut items, gemm_tiles, &options.search);
+            let shared = plan::search_chain(&mut items, options.tiles, &options.search);
             let shared_cycles: Option<u64> = shared
                 .iter()
                 .map(|f| f.0.first().map(|p| p.estimate.compute_cycles))
@@ -521,7 +518,7 @@ pub fn compile(options: &CompileOptions) -> Result<CompileOutput, CompileError> 
             let geometries: Vec<GemmGeometry> = planned.iter().map(|p| p.0).collect();
             let mut own: Vec<(Vec<plan::GemmPlan>, usize)> = planned
                 .iter_mut()
-                .map(|p| plan::search(&p.0, gemm_tiles, &mut p.2, &options.search))
+                .map(|p| plan::search(&p.0, options.tiles, &mut p.2, &options.search))
                 .collect();
             // A consumer owns its A buffer (memory) but the host never writes it.
             for (front, &c) in own.iter_mut().zip(&consumers) {
@@ -684,8 +681,7 @@ pub fn compile(options: &CompileOptions) -> Result<CompileOutput, CompileError> 
         .max()
         .unwrap_or(1);
     // The attention runs on tiles 0.. after the projections (same tiles).
-    if let Some(p) = attention_plan.as_mut() {
-        p.first_tile = 0;
+    if let Some(p) = &attention_plan {
         tile_count = tile_count.max(p.tiles);
     }
 
