@@ -20,7 +20,13 @@
 #   20 CB     C buffer written by K block 1 (and 3, 5, ...); the result of the
 #             last K block is in CA when NKB is odd, else in CB
 #   24 RS_C   C row stride in bytes (both C buffers; at most 32767 + 56)
-#   28 Z      address of 8 zero bytes in region 1 (the partials of K block 0)
+#   28 Z      address of 8 zero bytes in region 1 (the partials of K block 0),
+#             or 0: accumulate, K block 0 reads its partials from CB (the
+#             running sum of earlier calls, RS_C apart, rows M and M+1
+#             included), so CA = CB + A x B over the first K block. A GEMM
+#             whose K arrives in chunks by successive exchange steps calls
+#             the vertex once per chunk and swaps CA and CB as the parity
+#             rule below says.
 #   32 M      rows (>= 1)
 #   36 NKB    K blocks (>= 1)
 #   40 NCB    column blocks (>= 1)
@@ -45,9 +51,9 @@
         .param ACC, 16
         .workers 6
         .if ACC == 16
-        .cycles "6 * (14 + NCB * (9 + NKB * (4 * M + 51)))"
+        .cycles "6 * (14 + NCB * (11 + NKB * (4 * M + 51)))"
         .elseif ACC == 32
-        .cycles "6 * (14 + NCB * (9 + NKB * (8 * M + 55)))"
+        .cycles "6 * (14 + NCB * (11 + NKB * (8 * M + 55)))"
         .else
         .error "ACC must be 16 (f16 accumulation) or 32 (f32 accumulation)"
         .endif
@@ -202,12 +208,19 @@ cb_loop:
         .endif
         ld32 $m3, [$m0 + ST_NKB]
         add $m3, $m3, -1
-        # K block 0: the partials are the zero word, held in place.
+        # K block 0: the partials are the zero word, held in place, or with
+        # Z = 0 the running sum in CB, streamed like a later block's.
         LOAD_WEIGHTS
         mov $m4, $m9
         ld32 $m5, [$m0 + ST_Z]
         sub $m6, $m11, $m13
+        brz $m5, kb0_accumulate
         STREAM HOLD, HOLD
+        br kb0_done
+kb0_accumulate:
+        mov $m5, $m12
+        STREAM INC, HI
+kb0_done:
         brz $m3, cb_done
         add $m3, $m3, -1
 kb_loop:

@@ -372,9 +372,9 @@ mod tests {
     fn costs(acc32: bool) -> GemmCosts {
         GemmCosts {
             gemm: FormulaCost::new(if acc32 {
-                "6 * (14 + NCB * (9 + NKB * (8 * M + 55)))".into()
+                "6 * (14 + NCB * (11 + NKB * (8 * M + 55)))".into()
             } else {
-                "6 * (14 + NCB * (9 + NKB * (4 * M + 51)))".into()
+                "6 * (14 + NCB * (11 + NKB * (4 * M + 51)))".into()
             }),
             reduce: acc32
                 .then(|| FormulaCost::new("6 * (8 + ROWS * (3 + QUADS * (2 * P + 7)))".into())),

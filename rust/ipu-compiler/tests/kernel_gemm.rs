@@ -54,6 +54,9 @@ struct Case {
     acc32: bool,
     /// (row groups, column groups); each worker gets one (row group, column group).
     split: (usize, usize),
+    /// Accumulate mode (Z = 0): the first K block adds to a running sum
+    /// already in the C buffer the vertex reads first.
+    accumulate: bool,
 }
 
 struct Outcome {
@@ -72,7 +75,7 @@ fn ranges(n: usize, parts: usize) -> Vec<(usize, usize)> {
 /// The AMP's f16/f32 accumulation emulated in the documented order: per
 /// phase, products summed in increasing k, plus the accumulator, plus the
 /// partial (for the phase's columns), rounded once.
-fn emulate(case: &Case, a: &[u16], b: &[u16]) -> Vec<f64> {
+fn emulate(case: &Case, a: &[u16], b: &[u16], initial: &[f64]) -> Vec<f64> {
     let (m, k, n) = (case.m, case.k, case.n);
     let kp = k.div_ceil(16) * 16;
     let (phases, rows_per_phase, lanes) = if case.acc32 { (8, 2, 2) } else { (4, 4, 4) };
@@ -89,7 +92,7 @@ fn emulate(case: &Case, a: &[u16], b: &[u16]) -> Vec<f64> {
     for i in 0..m {
         for j in 0..n {
             let col = j % 16;
-            let mut partial = 0f64;
+            let mut partial = initial[i * n + j];
             for kb in 0..kp / 16 {
                 let mut acc = 0f64;
                 for p in 0..phases {
@@ -121,6 +124,18 @@ fn run_case(case: &Case, seed: u64) -> Outcome {
     let mut rng = Rng(seed);
     let a: Vec<u16> = (0..m * k).map(|_| rng.f16()).collect();
     let b: Vec<u16> = (0..k * n).map(|_| rng.f16()).collect();
+    // The running sum of earlier K chunks (zero unless accumulating), in
+    // the C buffers' element type.
+    let initial: Vec<f64> = (0..m * n)
+        .map(|_| {
+            let v = if case.accumulate { f16v(rng.f16()) } else { 0.0 };
+            if case.acc32 {
+                v as f32 as f64
+            } else {
+                v
+            }
+        })
+        .collect();
 
     // Row groups each get two junk rows before them in the C buffers; row i
     // of group g is at row i + 2 (g + 1) of the buffer, after a 16-byte zero word.
@@ -143,7 +158,7 @@ fn run_case(case: &Case, seed: u64) -> Outcome {
                 c_first: first + (c_row(g, r0) + col) as u32,
                 c_second: second + (c_row(g, r0) + col) as u32,
                 rs_c: rs_c as u32,
-                zero: second,
+                zero: if case.accumulate { 0 } else { second },
                 m: (r1 - r0) as u32,
                 nkb: nkb as u32,
                 ncb: (c1 - c0) as u32,
@@ -231,13 +246,32 @@ fn run_case(case: &Case, seed: u64) -> Outcome {
     chip.write(0, CB_ADDR, &garbage).unwrap();
     chip.write(0, CA_ADDR, &[0u8; 8]).unwrap();
     chip.write(0, CB_ADDR, &[0u8; 8]).unwrap();
+    if case.accumulate {
+        // The running sum is in the buffer K block 0 reads: the one the
+        // final block does not write (CB when NKB is odd, else CA).
+        let sum_addr = if nkb % 2 == 1 { CB_ADDR } else { CA_ADDR };
+        for (g, &(r0, r1)) in row_groups.iter().enumerate() {
+            for i in r0..r1 {
+                let mut row = Vec::new();
+                for j in 0..n {
+                    let v = initial[i * n + j];
+                    if case.acc32 {
+                        row.extend_from_slice(&(v as f32).to_le_bytes());
+                    } else {
+                        row.extend_from_slice(&f64_to_f16_bits(v).to_le_bytes());
+                    }
+                }
+                chip.write(0, sum_addr + c_row(g, i) as u32, &row).unwrap();
+            }
+        }
+    }
     chip.set_entry(0, linked.image.entry).unwrap();
     let stop = chip
         .run()
         .unwrap_or_else(|e| panic!("m={m} k={k} n={n}: {e}"));
     assert_eq!(stop, Stop::Exited);
 
-    let expect = emulate(case, &a, &b);
+    let expect = emulate(case, &a, &b, &initial);
     let mut got = vec![0f64; m * n];
     for (g, &(r0, r1)) in row_groups.iter().enumerate() {
         for i in r0..r1 {
@@ -271,6 +305,7 @@ fn run_case(case: &Case, seed: u64) -> Outcome {
             (0..k)
                 .map(|kk| f16v(a[i * k + kk]) * f16v(b[kk * n + j]))
                 .sum::<f64>()
+                + initial[idx]
         })
         .collect();
     let dtype = if case.acc32 {
@@ -291,7 +326,7 @@ fn run_case(case: &Case, seed: u64) -> Outcome {
     let per_worker = |s: &GemmState| {
         let per_row = if case.acc32 { 8 } else { 4 };
         let fixed = if case.acc32 { 55 } else { 51 };
-        6 * (14 + s.ncb as u64 * (9 + s.nkb as u64 * (per_row * s.m as u64 + fixed)))
+        6 * (14 + s.ncb as u64 * (11 + s.nkb as u64 * (per_row * s.m as u64 + fixed)))
     };
     let estimate = states.iter().map(per_worker).max().unwrap();
     Outcome { cycles, estimate }
@@ -305,6 +340,7 @@ fn check(m: usize, k: usize, n: usize, acc32: bool, split: (usize, usize)) -> Ou
             n,
             acc32,
             split,
+            accumulate: false,
         },
         (m * 1000003 + k * 1009 + n) as u64,
     )
@@ -343,6 +379,35 @@ fn f32_accumulation_edge_shapes() {
                 continue;
             }
             check(m, k, n, true, split);
+        }
+    }
+}
+
+#[test]
+fn accumulate_mode_adds_to_the_running_sum() {
+    // Z = 0: K block 0 reads the running sum instead of the zero word, for
+    // both accumulations, odd and even K block counts and several splits.
+    for &(m, k, n, acc32) in &[
+        (7usize, 5usize, 3usize, false),
+        (33, 48, 20, false),
+        (17, 32, 37, true),
+        (13, 70, 40, true),
+    ] {
+        for split in [(1, 1), (3, 2), (6, 1)] {
+            if split.1 > n.div_ceil(16usize) || split.0 > m {
+                continue;
+            }
+            run_case(
+                &Case {
+                    m,
+                    k,
+                    n,
+                    acc32,
+                    split,
+                    accumulate: true,
+                },
+                (m * 7919 + k * 31 + n) as u64,
+            );
         }
     }
 }
