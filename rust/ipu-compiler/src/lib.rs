@@ -44,6 +44,7 @@ pub mod map_tiles;
 pub mod package;
 pub mod plan;
 pub mod storage;
+pub mod stream;
 
 pub use error::CompileError;
 pub use library::KernelSource;
@@ -604,9 +605,28 @@ pub fn compile(options: &CompileOptions) -> Result<CompileOutput, CompileError> 
             attention_plan = Some(c);
             fronts
         } else {
+            // A GEMM whose operands do not fit beside each other with K
+            // whole on a tile streams K through the tiles in chunks (a
+            // single GEMM with host operands; chains and attention
+            // projections keep K whole).
+            let single = groups.len() == 1 && matches!(groups[0].a, fuse::Source::Host(_));
             planned
                 .iter_mut()
-                .map(|p| plan::search(&p.0, group_tiles, &mut p.2, &options.search))
+                .map(|p| {
+                    let front = plan::search(&p.0, group_tiles, &mut p.2, &options.search);
+                    if front.0.is_empty() && single {
+                        let streamed =
+                            stream::search(&p.0, group_tiles, &mut p.2, &options.search);
+                        tracing::info!(
+                            value = %p.3,
+                            candidates = streamed.1,
+                            feasible = streamed.0.len(),
+                            "no whole-K plan fits; streamed plans (K in chunks over exchange steps)"
+                        );
+                        return (streamed.0, front.1 + streamed.1);
+                    }
+                    front
+                })
                 .collect()
         };
         let mut reports = Vec::new();
@@ -634,7 +654,9 @@ pub fn compile(options: &CompileOptions) -> Result<CompileOutput, CompileError> 
                     col_parts = f.col_parts,
                     estimated_cycles = e.total_cycles,
                     estimated_compute_cycles = e.compute_cycles,
-                    estimated_exchange_cycles = 0,
+                    estimated_exchange_cycles = f.stream.map_or(0, |s| s.exchange_cycles),
+                    k_chunk_blocks = f.stream.map_or(0, |s| s.chunk_blocks),
+                    k_steps = f.stream.map_or(1, |s| s.steps),
                     exchange_row_bytes = 0,
                     peak_standard_bytes = e.peak_standard_bytes,
                     peak_interleaved_bytes = e.peak_interleaved_bytes,

@@ -176,7 +176,7 @@ pub const PROJECTION_PHASE: u32 = 1;
 
 /// Appends `p` to `list`, merging it into the last placement when both the
 /// host bytes and the buffer bytes continue it.
-fn push_coalesced(list: &mut Vec<HostPlacement>, p: HostPlacement) {
+pub(crate) fn push_coalesced(list: &mut Vec<HostPlacement>, p: HostPlacement) {
     if let Some(last) = list.last_mut() {
         if last.tile == p.tile
             && last.buffer == p.buffer
@@ -212,6 +212,27 @@ pub fn lower(
     let mut gemms_results = Vec::new();
     let mut exchange_label = 0u32;
     for (gi_group, pg) in gemms.iter_mut().enumerate() {
+        if pg.plan.stream.is_some() {
+            // K streams through the tiles in chunks (crate::stream); such a
+            // GEMM is never part of a chain, so nothing below needs its views.
+            crate::stream::lower(
+                graph,
+                tile_count,
+                pg,
+                crate::stream::Sink {
+                    buffers: &mut buffers,
+                    inputs: &mut inputs,
+                    params: &mut params,
+                    outputs: &mut outputs,
+                    resident: &mut resident,
+                    steps: &mut steps,
+                    exchange_label: &mut exchange_label,
+                },
+            )?;
+            handoff_views.push((pg.geometry, pg.plan.clone(), pg.map.to_vec()));
+            gemms_results.push(pg.group.result());
+            continue;
+        }
         let node = graph.node(pg.group.gemm);
         let value = graph.value(node.result).name.clone();
         let result_value = pg.group.result();

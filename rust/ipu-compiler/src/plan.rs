@@ -66,6 +66,22 @@ pub struct GemmPlan {
     pub row_parts: u32,
     pub col_parts: u32,
     pub estimate: Estimate,
+    /// `Some`: K streams through the tiles in chunks, one exchange step and
+    /// one accumulating compute step per chunk (crate::stream); `None`: K
+    /// is whole on every tile.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub stream: Option<StreamShape>,
+}
+
+/// How a streamed plan walks K.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+pub struct StreamShape {
+    /// K blocks (of 16) per chunk; the last chunk may be shorter.
+    pub chunk_blocks: u32,
+    /// Chunks, i.e. exchange + compute step pairs.
+    pub steps: u32,
+    /// Estimated cycles of all the exchange steps (syncs included).
+    pub exchange_cycles: u64,
 }
 
 impl GemmPlan {
@@ -155,6 +171,7 @@ pub fn evaluate(
     Some(GemmPlan {
         row_parts,
         col_parts,
+        stream: None,
         estimate: Estimate {
             compute_cycles: compute,
             reduce_cycles: cast_part,

@@ -1,0 +1,749 @@
+//! Streamed GEMMs: plans and lowering for a GEMM whose operands do not fit
+//! beside each other on the tiles with K whole (the 4096^3 GEMM).
+//!
+//! The tiles form a grid of `row_parts x col_parts`; tile `(i, j)` owns the
+//! result block of row part `i` and column part `j` and accumulates it over
+//! K in chunks of `chunk_blocks` K blocks. The operands live once on the
+//! chip, in *home* buffers: A chunk `(i, s)` (row part `i`, chunk `s`) on
+//! tile `(i, s mod col_parts)`, B chunk `(s, j)` on tile
+//! `(s mod row_parts, j)`. Chunk `s` is one exchange step, which multicasts
+//! every A chunk to its row of tiles and every B chunk to its column, and
+//! one compute step, whose `gemm_f16` vertices add the chunk's product to
+//! the running sum in the C buffers (the kernel's accumulate mode, state
+//! word Z = 0, from the second chunk on). With f32 accumulation the reduce
+//! step follows as in a whole-K plan.
+//!
+//! Invariants the lowering relies on (checked by `lower::verify`,
+//! `storage::validate` and the exchange checker like any other program):
+//! - every vertex's running sum ends in the `c` buffer: a vertex that runs
+//!   `T` K blocks in all starts in `c` when `T` is odd, else in
+//!   `c_partial`, and every block moves the sum to the other buffer;
+//! - home chunks have the receive buffers' row stride, so each chunk moves
+//!   as one contiguous transfer; padding (K beyond the model's, columns
+//!   beyond N, the short last chunk) is zero in the homes from load time
+//!   and never written, so padded products add exact zeros.
+
+use crate::exchange::{self, BufferRef, BufferTransfer};
+use crate::fuse::Source;
+use crate::gemm::{best_split, ranges, GemmCosts, GemmGeometry, ShardLayout, WorkerSplit};
+use crate::lower::{
+    push_coalesced, BufferSpec, HostPlacement, HostTensor, PlannedGemm, RegionReq, StateWord, Step,
+    Vertex,
+};
+use crate::plan::{
+    supervisor_cycles, Estimate, GemmPlan, SearchBudget, StreamShape, STANDARD_BUDGET,
+};
+use crate::CompileError;
+use ipu_arch::{host_transfer_cycles, CLOCK_HZ_C600, SYNC_CYCLES};
+use ipu_graph::Graph;
+use std::collections::BTreeMap;
+
+/// Chunk sizes (K blocks) the search tries.
+const CHUNK_BLOCKS: [u32; 12] = [1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64];
+
+/// Region-0 bytes of one compute step's program on a tile: per vertex its
+/// 11-word state and three supervisor instructions, plus the step's own.
+fn program_bytes(vertices: u64) -> u64 {
+    vertices * (4 * crate::kernels::GEMM_STATE_WORDS as u64 + 24) + 64
+}
+
+/// K-block ranges of the K groups for a chunk of `w` blocks: always
+/// `groups` entries (a group may get none when `w < groups`).
+fn k_ranges(w: u32, groups: u32) -> Vec<(u32, u32)> {
+    (0..groups)
+        .map(|i| (i * w / groups, (i + 1) * w / groups))
+        .collect()
+}
+
+/// Blocks (K blocks) of chunk `s`.
+fn chunk(g: &GemmGeometry, ch: u32, s: u32) -> (u32, u32) {
+    (s * ch, ((s + 1) * ch).min(g.nkb()))
+}
+
+/// The chunk geometry: the GEMM with K cut to one chunk (what a tile's
+/// receive buffers and worker split see).
+fn chunk_geometry(g: &GemmGeometry, ch: u32) -> GemmGeometry {
+    GemmGeometry {
+        k: ch.min(g.nkb()) * 16,
+        ..*g
+    }
+}
+
+/// The slowest vertex of a compute step over a chunk of `w` blocks, with
+/// the supervisor's launches.
+fn step_compute(costs: &mut GemmCosts, split: &WorkerSplit, w: u32) -> u64 {
+    let kg = split.k_groups.len() as u32;
+    let mut slowest = 0;
+    let mut vertices = 0;
+    for r in &split.row_groups {
+        for c in &split.col_groups {
+            for k in k_ranges(w, kg) {
+                if k.1 == k.0 {
+                    continue;
+                }
+                vertices += 1;
+                slowest = slowest.max(costs.gemm.eval(&[
+                    ("M", (r.1 - r.0) as i64),
+                    ("NCB", (c.1 - c.0) as i64),
+                    ("NKB", (k.1 - k.0) as i64),
+                ]));
+            }
+        }
+    }
+    slowest + supervisor_cycles(vertices)
+}
+
+/// The cost model's cycles for one exchange step that receives (and sends)
+/// at most `bytes` per tile: the sync, the receive port's words with the
+/// scheduler's tolerance of 1/32 above its bound, and the step's prologue.
+fn exchange_estimate(bytes: u64) -> u64 {
+    let words = bytes.div_ceil(ipu_arch::EXCHANGE_RECV_BYTES_PER_CYCLE as u64);
+    SYNC_CYCLES + words + words / 32 + 40
+}
+
+/// Cost and memory of one streamed candidate, `None` if it does not fit.
+pub fn evaluate(
+    g: &GemmGeometry,
+    row_parts: u32,
+    col_parts: u32,
+    ch: u32,
+    costs: &mut GemmCosts,
+) -> Option<GemmPlan> {
+    let rows = g.row_ranges(row_parts);
+    let cols = ranges(g.ncb(), col_parts);
+    if rows.len() as u32 != row_parts || cols.len() as u32 != col_parts {
+        return None;
+    }
+    let gc = chunk_geometry(g, ch);
+    let ch = gc.nkb();
+    let steps = g.nkb().div_ceil(ch);
+    let last = g.nkb() - (steps - 1) * ch;
+    let mut sizes: Vec<(u32, u32)> = rows
+        .iter()
+        .flat_map(|r| cols.iter().map(move |c| (r.1 - r.0, c.1 - c.0)))
+        .collect();
+    sizes.sort_unstable();
+    sizes.dedup();
+    let (mut compute, mut reduce_part, mut peak_r1, mut peak_r0, mut exchange_bytes) =
+        (0u64, 0u64, 0u64, 0u64, 0u64);
+    // Homes per tile: A chunks s = j (mod col_parts), B chunks s = i (mod row_parts).
+    let a_chunks = steps.div_ceil(col_parts) as u64;
+    let b_chunks = steps.div_ceil(row_parts) as u64;
+    for (mt, nct) in sizes {
+        let (split, _, _) = best_split(&gc, mt, nct, costs)?;
+        let layout = ShardLayout::new(&gc, mt, nct, &split);
+        let mut tile = (steps as u64 - 1) * step_compute(costs, &split, ch)
+            + step_compute(costs, &split, last);
+        let mut r0 = a_chunks * (mt * layout.rs_a) as u64
+            + b_chunks * layout.b_bytes() as u64
+            + steps as u64 * program_bytes(split.vertices() as u64)
+            + steps as u64 * 16;
+        if g.needs_reduce(split.k_groups.len()) {
+            let (_, reduce) = costs.split_cycles(&gc, &split);
+            let c = reduce + supervisor_cycles(split.reduce_vertices() as u64);
+            tile += c;
+            reduce_part = reduce_part.max(c);
+            r0 += layout.d_bytes() as u64;
+        }
+        if r0 > STANDARD_BUDGET {
+            return None;
+        }
+        compute = compute.max(tile);
+        peak_r0 = peak_r0.max(r0);
+        peak_r1 = peak_r1.max(costs.region1_bytes(&layout)?);
+        // A tile receives its A and B chunks; a home tile sends as much.
+        exchange_bytes = exchange_bytes.max((mt * layout.rs_a + layout.b_bytes()) as u64);
+    }
+    let exchange = steps as u64 * exchange_estimate(exchange_bytes);
+    let in_bytes = if costs.owns_a {
+        g.m as u64 * g.k as u64 * 2
+    } else {
+        0
+    };
+    let host_in = host_transfer_cycles(in_bytes, CLOCK_HZ_C600);
+    let host_out = host_transfer_cycles(
+        g.m as u64 * g.n as u64 * g.result_bytes() as u64,
+        CLOCK_HZ_C600,
+    );
+    let device = compute + exchange;
+    Some(GemmPlan {
+        row_parts,
+        col_parts,
+        stream: Some(StreamShape {
+            chunk_blocks: ch,
+            steps,
+            exchange_cycles: exchange,
+        }),
+        estimate: Estimate {
+            compute_cycles: device,
+            reduce_cycles: reduce_part,
+            host_in_cycles: host_in,
+            host_out_cycles: host_out,
+            params_cycles: host_transfer_cycles(g.k as u64 * g.n as u64 * 2, CLOCK_HZ_C600),
+            total_cycles: SYNC_CYCLES + host_in + device + host_out,
+            peak_standard_bytes: peak_r0,
+            peak_interleaved_bytes: peak_r1,
+            active_tiles: row_parts * col_parts,
+        },
+    })
+}
+
+/// Streamed candidates over grids that use at least half of the tiles and
+/// the chunk sizes of [`CHUNK_BLOCKS`], Pareto-filtered over (device
+/// cycles, peak bytes), best first, at most `beam_width`.
+pub fn search(
+    g: &GemmGeometry,
+    tiles: u32,
+    costs: &mut GemmCosts,
+    budget: &SearchBudget,
+) -> (Vec<GemmPlan>, usize) {
+    let mut candidates = Vec::new();
+    let mut generated = 0usize;
+    let least = (tiles / 2).max(1);
+    'outer: for rp in 1..=g.m.min(tiles) {
+        let first_cp = least.div_ceil(rp).max(1);
+        for cp in first_cp..=g.ncb().min(tiles / rp) {
+            for ch in CHUNK_BLOCKS.iter().copied().filter(|&c| c <= g.nkb()) {
+                if generated >= budget.max_candidates {
+                    break 'outer;
+                }
+                generated += 1;
+                if let Some(p) = evaluate(g, rp, cp, ch, costs) {
+                    candidates.push(p);
+                }
+            }
+        }
+    }
+    candidates.sort_by_key(|p| {
+        (
+            p.estimate.compute_cycles,
+            p.estimate.active_tiles,
+            p.estimate.peak_interleaved_bytes + p.estimate.peak_standard_bytes,
+            p.row_parts,
+            p.stream.map(|s| s.chunk_blocks),
+        )
+    });
+    let mut front: Vec<GemmPlan> = Vec::new();
+    let mut best_memory = u64::MAX;
+    for p in candidates {
+        let mem = p.estimate.peak_interleaved_bytes + p.estimate.peak_standard_bytes;
+        if mem < best_memory || front.is_empty() {
+            best_memory = best_memory.min(mem);
+            front.push(p);
+        }
+        if front.len() >= budget.beam_width {
+            break;
+        }
+    }
+    (front, generated)
+}
+
+/// Where lowering puts what it makes.
+pub struct Sink<'s> {
+    pub buffers: &'s mut BTreeMap<u32, Vec<BufferSpec>>,
+    pub inputs: &'s mut BTreeMap<String, HostTensor>,
+    pub params: &'s mut BTreeMap<String, HostTensor>,
+    pub outputs: &'s mut BTreeMap<String, HostTensor>,
+    pub resident: &'s mut BTreeMap<String, HostTensor>,
+    pub steps: &'s mut Vec<Step>,
+    pub exchange_label: &'s mut u32,
+}
+
+/// Per tile of the grid: its buffers and worker split.
+struct TileWork {
+    tile: u32,
+    rows: (u32, u32),
+    cols: (u32, u32),
+    split: WorkerSplit,
+    layout: ShardLayout,
+    a: usize,
+    b: usize,
+    c: usize,
+    c_partial: usize,
+    a_home: usize,
+    b_home: usize,
+    bias: Option<usize>,
+}
+
+/// Lowers one streamed GEMM (a host or param A, not part of a chain).
+pub fn lower(
+    graph: &Graph,
+    tile_count: u32,
+    pg: &mut PlannedGemm,
+    sink: Sink,
+) -> Result<(), CompileError> {
+    let shape = pg.plan.stream.expect("a streamed plan");
+    let node = graph.node(pg.group.gemm);
+    let value = graph.value(node.result).name.clone();
+    let result_value = pg.group.result();
+    let result_name = graph.value(result_value).name.clone();
+    let Source::Host(a_id) = pg.group.a else {
+        unreachable!("streamed plans are only made for host operands");
+    };
+    let b_id = node.args[1];
+    let g = pg.geometry;
+    let gc = chunk_geometry(&g, shape.chunk_blocks);
+    let ch = shape.chunk_blocks;
+    let steps = shape.steps;
+    let (k, n) = (g.k, g.n);
+    let rows = pg.plan.row_ranges(&g);
+    let cols = pg.plan.col_ranges(&g);
+    let (rp, cp) = (pg.plan.row_parts, pg.plan.col_parts);
+    let last_w = g.nkb() - (steps - 1) * ch;
+    let mut work: BTreeMap<(u32, u32), TileWork> = BTreeMap::new();
+    for shard in pg.map {
+        let (i, j) = (shard.row_part, shard.col_part);
+        let (r0, r1) = rows[i as usize];
+        let (c0, c1) = cols[j as usize];
+        let (mt, nct) = (r1 - r0, c1 - c0);
+        let (split, _, _) = best_split(&gc, mt, nct, pg.costs)
+            .expect("the plan's shards have a split that fits (plan checked it)");
+        let layout = ShardLayout::new(&gc, mt, nct, &split);
+        let width = (c1 * 16).min(n) - c0 * 16;
+        let bufs = sink
+            .buffers
+            .get_mut(&shard.tile)
+            .expect("tiles below tile_count");
+        let mut push =
+            |role: &str, bytes: u32, region, exclusive, zero: Vec<(u32, u32)>, category: &str| {
+                bufs.push(BufferSpec {
+                    name: format!("{value}.{role}"),
+                    bytes,
+                    align: 16,
+                    region,
+                    exclusive_element: exclusive,
+                    zero,
+                    category: category.into(),
+                    scratch: None,
+                });
+                bufs.len() - 1
+            };
+        // The receive buffers: the drain rows of A are never written.
+        let a = push(
+            "a",
+            layout.a_bytes(),
+            RegionReq::Interleaved,
+            true,
+            vec![(mt * layout.rs_a, layout.a_bytes())],
+            "gemm_operand",
+        );
+        let b = push(
+            "b",
+            layout.b_bytes(),
+            RegionReq::Interleaved,
+            false,
+            vec![],
+            "gemm_weight",
+        );
+        let header = vec![(0, crate::gemm::C_HEADER)];
+        let c = push(
+            "c",
+            layout.c_bytes(),
+            RegionReq::Interleaved,
+            true,
+            header.clone(),
+            "gemm_result",
+        );
+        let c_partial = push(
+            "c_partial",
+            layout.c_bytes(),
+            RegionReq::Interleaved,
+            true,
+            header,
+            "gemm_partials",
+        );
+        // Homes: zero wherever the host never writes and a kernel reads.
+        let a_count = (j..steps).step_by(cp as usize).count() as u32;
+        let b_count = (i..steps).step_by(rp as usize).count() as u32;
+        let a_home_bytes = (a_count * mt * layout.rs_a).max(16);
+        let b_home_bytes = (b_count * layout.b_bytes()).max(16);
+        let short = last_w != ch;
+        let a_home = push(
+            "a_home",
+            a_home_bytes,
+            RegionReq::Any,
+            false,
+            if g.kp() != k || short {
+                vec![(0, a_home_bytes)]
+            } else {
+                vec![]
+            },
+            "gemm_operand_home",
+        );
+        let b_home = push(
+            "b_home",
+            b_home_bytes,
+            RegionReq::Any,
+            false,
+            if g.kp() != k || short || width != nct * 16 {
+                vec![(0, b_home_bytes)]
+            } else {
+                vec![]
+            },
+            "gemm_weight_home",
+        );
+        let bias = pg.group.bias.map(|_| {
+            push(
+                "bias",
+                nct * 32,
+                RegionReq::Standard,
+                false,
+                vec![(0, nct * 32)],
+                "bias",
+            )
+        });
+        work.insert(
+            (i, j),
+            TileWork {
+                tile: shard.tile,
+                rows: (r0, r1),
+                cols: (c0, c1),
+                split,
+                layout,
+                a,
+                b,
+                c,
+                c_partial,
+                a_home,
+                b_home,
+                bias,
+            },
+        );
+    }
+
+    // Per vertex (tile, row group, column group, K group): blocks still to
+    // run and where its running sum is (None before its first block).
+    type VertexKey = (u32, u32, usize, usize, usize);
+    let mut remaining: BTreeMap<VertexKey, u32> = BTreeMap::new();
+    let mut sum_in: BTreeMap<VertexKey, usize> = BTreeMap::new();
+    for (&(i, j), w) in &work {
+        let kg = w.split.k_groups.len() as u32;
+        for gi in 0..w.split.row_groups.len() {
+            for ci in 0..w.split.col_groups.len() {
+                for kj in 0..kg as usize {
+                    let total = (0..steps)
+                        .map(|s| {
+                            let (b0, b1) = chunk(&g, ch, s);
+                            let r = k_ranges(b1 - b0, kg)[kj];
+                            r.1 - r.0
+                        })
+                        .sum();
+                    remaining.insert((i, j, gi, ci, kj), total);
+                }
+            }
+        }
+    }
+
+    for s in 0..steps {
+        let (kb0, kb1) = chunk(&g, ch, s);
+        let w_blocks = kb1 - kb0;
+        // The exchange: A chunks along rows, B chunks along columns.
+        let mut transfers = Vec::new();
+        for i in 0..rp {
+            let home = &work[&(i, s % cp)];
+            transfers.push(BufferTransfer {
+                source: BufferRef {
+                    tile: home.tile,
+                    buffer: home.a_home,
+                    offset: (s / cp) * (home.rows.1 - home.rows.0) * home.layout.rs_a,
+                },
+                destinations: (0..cp)
+                    .map(|j| {
+                        let t = &work[&(i, j)];
+                        BufferRef {
+                            tile: t.tile,
+                            buffer: t.a,
+                            offset: 0,
+                        }
+                    })
+                    .collect(),
+                bytes: (home.rows.1 - home.rows.0) * home.layout.rs_a,
+            });
+        }
+        for j in 0..cp {
+            let home = &work[&(s % rp, j)];
+            transfers.push(BufferTransfer {
+                source: BufferRef {
+                    tile: home.tile,
+                    buffer: home.b_home,
+                    offset: (s / rp) * home.layout.b_bytes(),
+                },
+                destinations: (0..rp)
+                    .map(|i| {
+                        let t = &work[&(i, j)];
+                        BufferRef {
+                            tile: t.tile,
+                            buffer: t.b,
+                            offset: 0,
+                        }
+                    })
+                    .collect(),
+                bytes: w_blocks * 16 * home.layout.rs_b,
+            });
+        }
+        let label = *sink.exchange_label;
+        let mut x = exchange::schedule(tile_count, transfers, label)?;
+        exchange::attach_tables(&mut x, sink.buffers, &format!("xtab{label}"));
+        *sink.exchange_label += 1;
+        sink.steps.push(Step {
+            operation: result_name.clone(),
+            phase: format!("exchange {value} chunk {s} (K blocks {kb0}..{kb1})"),
+            tiles: BTreeMap::new(),
+            estimated_cycles: exchange::step_cycles(&x.figures),
+            exchange: Some(x),
+        });
+
+        // The compute step: every vertex adds the chunk's product.
+        let mut step = Step {
+            operation: result_name.clone(),
+            phase: format!("gemm {value} chunk {s}"),
+            tiles: BTreeMap::new(),
+            estimated_cycles: 0,
+            exchange: None,
+        };
+        for (&(i, j), t) in &work {
+            let l = &t.layout;
+            let kg = t.split.k_groups.len() as u32;
+            let mut vertices = Vec::new();
+            for (gi, &(lr0, lr1)) in t.split.row_groups.iter().enumerate() {
+                for (ci, &(cg0, cg1)) in t.split.col_groups.iter().enumerate() {
+                    for (kj, (q0, q1)) in k_ranges(w_blocks, kg).into_iter().enumerate() {
+                        if q1 == q0 {
+                            continue;
+                        }
+                        let key = (i, j, gi, ci, kj);
+                        let left = remaining[&key];
+                        let other = |b: usize| if b == t.c { t.c_partial } else { t.c };
+                        // (written by the first block, read as partials, zero word)
+                        let (ca, cb, zero) = match sum_in.get(&key) {
+                            None => {
+                                let first = if left % 2 == 1 { t.c } else { t.c_partial };
+                                (first, other(first), Some(other(first)))
+                            }
+                            Some(&loc) => (other(loc), loc, None),
+                        };
+                        let blocks = q1 - q0;
+                        sum_in.insert(key, if blocks % 2 == 1 { ca } else { cb });
+                        remaining.insert(key, left - blocks);
+                        let c_off = l.c_row(kj as u32, gi as u32, lr0) + cg0 * 16 * g.out_bytes();
+                        vertices.push(Vertex {
+                            kernel: pg.kernel.clone(),
+                            state: vec![
+                                StateWord::Addr {
+                                    buffer: t.a,
+                                    offset: lr0 * l.rs_a + q0 * 32,
+                                },
+                                StateWord::Const(l.rs_a),
+                                StateWord::Addr {
+                                    buffer: t.b,
+                                    offset: q0 * 16 * l.rs_b + cg0 * 32,
+                                },
+                                StateWord::Const(l.rs_b),
+                                StateWord::Addr {
+                                    buffer: ca,
+                                    offset: c_off,
+                                },
+                                StateWord::Addr {
+                                    buffer: cb,
+                                    offset: c_off,
+                                },
+                                StateWord::Const(l.rs_c),
+                                match zero {
+                                    Some(buffer) => StateWord::Addr { buffer, offset: 0 },
+                                    None => StateWord::Const(0),
+                                },
+                                StateWord::Const(lr1 - lr0),
+                                StateWord::Const(blocks),
+                                StateWord::Const(cg1 - cg0),
+                            ],
+                        });
+                    }
+                }
+            }
+            step.estimated_cycles = step
+                .estimated_cycles
+                .max(step_compute(pg.costs, &t.split, w_blocks));
+            step.tiles.insert(t.tile, vertices);
+        }
+        sink.steps.push(step);
+    }
+    debug_assert!(remaining.values().all(|&r| r == 0));
+    debug_assert!(work.iter().all(|(&(i, j), t)| sum_in
+        .iter()
+        .filter(|(k, _)| k.0 == i && k.1 == j)
+        .all(|(_, &b)| b == t.c)));
+
+    // f32 accumulation: the reduce step (sum of K groups, f16, epilogue).
+    let mut reduce_step = Step {
+        operation: result_name.clone(),
+        phase: format!("reduce {result_name}"),
+        tiles: BTreeMap::new(),
+        estimated_cycles: 0,
+        exchange: None,
+    };
+    let kind_of = |id| graph.value(id).def == ipu_graph::ValueDef::Param;
+    let host_tensor = |id| HostTensor {
+        name: graph.value(id).name.clone(),
+        ty: graph.value(id).ty.clone(),
+        placements: Vec::new(),
+    };
+    let rb = g.result_bytes();
+    for (&(i, j), t) in &work {
+        let l = &t.layout;
+        let (r0, r1) = t.rows;
+        let (c0, c1) = t.cols;
+        let mt = r1 - r0;
+        let width = (c1 * 16).min(n) - c0 * 16;
+        let mut result_buffer = (t.c, None);
+        if g.needs_reduce(t.split.k_groups.len()) {
+            let reduce = pg
+                .reduce_kernel
+                .clone()
+                .expect("f32 accumulation comes with a reduce kernel");
+            let bufs = sink
+                .buffers
+                .get_mut(&t.tile)
+                .expect("tiles below tile_count");
+            bufs.push(BufferSpec {
+                name: format!("{value}.d"),
+                bytes: l.d_bytes(),
+                align: 16,
+                region: RegionReq::Standard,
+                exclusive_element: false,
+                zero: vec![],
+                category: "gemm_result".into(),
+                scratch: None,
+            });
+            let d = bufs.len() - 1;
+            let mut reduces = Vec::new();
+            for (gi, (lr0, lr1), (cg0, cg1)) in t.split.reduce_parts() {
+                reduces.push(Vertex {
+                    kernel: reduce.clone(),
+                    state: vec![
+                        StateWord::Addr {
+                            buffer: t.c,
+                            offset: l.c_row(0, gi as u32, lr0) + cg0 * 64,
+                        },
+                        StateWord::Const(l.section()),
+                        StateWord::Const(t.split.k_groups.len() as u32),
+                        StateWord::Const(l.rs_c),
+                        StateWord::Addr {
+                            buffer: d,
+                            offset: lr0 * l.rs_d() + cg0 * 16 * rb,
+                        },
+                        StateWord::Const(l.rs_d()),
+                        StateWord::Const(lr1 - lr0),
+                        StateWord::Const(4 * (cg1 - cg0)),
+                        match t.bias {
+                            Some(b) => StateWord::Addr {
+                                buffer: b,
+                                offset: cg0 * 32,
+                            },
+                            None => StateWord::Const(0),
+                        },
+                    ],
+                });
+            }
+            let (_, reduce_cycles) = pg.costs.split_cycles(&gc, &t.split);
+            reduce_step.estimated_cycles = reduce_step
+                .estimated_cycles
+                .max(reduce_cycles + supervisor_cycles(reduces.len() as u64));
+            reduce_step.tiles.insert(t.tile, reduces);
+            result_buffer = (d, Some(l.rs_d()));
+        }
+
+        // Host placements: A rows into the A homes (input or param), B rows
+        // into the B homes (initialize), the bias, the result rows.
+        let a_t = (if kind_of(a_id) {
+            &mut *sink.params
+        } else {
+            &mut *sink.inputs
+        })
+        .entry(graph.value(a_id).name.clone())
+        .or_insert_with(|| host_tensor(a_id));
+        for (idx, s) in (j..steps).step_by(cp as usize).enumerate() {
+            let (b0, b1) = chunk(&g, ch, s);
+            let bytes = ((b1 * 16).min(k) - b0 * 16) * 2;
+            for r in 0..mt {
+                push_coalesced(
+                    &mut a_t.placements,
+                    HostPlacement {
+                        tile: t.tile,
+                        buffer: t.a_home,
+                        buffer_offset: (idx as u32 * mt + r) * l.rs_a,
+                        host_offset: (r0 + r) as u64 * k as u64 * 2 + b0 as u64 * 32,
+                        bytes,
+                    },
+                );
+            }
+        }
+        let b_t = (if kind_of(b_id) {
+            &mut *sink.params
+        } else {
+            &mut *sink.inputs
+        })
+        .entry(graph.value(b_id).name.clone())
+        .or_insert_with(|| host_tensor(b_id));
+        for (idx, s) in (i..steps).step_by(rp as usize).enumerate() {
+            let (b0, b1) = chunk(&g, ch, s);
+            for kk in b0 * 16..(b1 * 16).min(k) {
+                push_coalesced(
+                    &mut b_t.placements,
+                    HostPlacement {
+                        tile: t.tile,
+                        buffer: t.b_home,
+                        buffer_offset: idx as u32 * l.b_bytes() + (kk - b0 * 16) * l.rs_b,
+                        host_offset: (kk as u64 * n as u64 + c0 as u64 * 16) * 2,
+                        bytes: width * 2,
+                    },
+                );
+            }
+        }
+        if let (Some(bias), Some(b)) = (pg.group.bias, t.bias) {
+            let bt = (if kind_of(bias) {
+                &mut *sink.params
+            } else {
+                &mut *sink.inputs
+            })
+            .entry(graph.value(bias).name.clone())
+            .or_insert_with(|| host_tensor(bias));
+            bt.placements.push(HostPlacement {
+                tile: t.tile,
+                buffer: b,
+                buffer_offset: 0,
+                host_offset: c0 as u64 * 16 * 2,
+                bytes: width * 2,
+            });
+        }
+        let target = if graph.outputs().contains(&result_value) {
+            &mut *sink.outputs
+        } else {
+            &mut *sink.resident
+        };
+        let c_t = target
+            .entry(result_name.clone())
+            .or_insert_with(|| host_tensor(result_value));
+        for (gi, &(lr0, lr1)) in t.split.row_groups.iter().enumerate() {
+            for r in lr0..lr1 {
+                let (buffer, buffer_offset) = match result_buffer {
+                    (id, Some(rs_d)) => (id, r * rs_d),
+                    (id, None) => (id, l.c_row(0, gi as u32, r)),
+                };
+                push_coalesced(
+                    &mut c_t.placements,
+                    HostPlacement {
+                        tile: t.tile,
+                        buffer,
+                        buffer_offset,
+                        host_offset: ((r0 + r) as u64 * n as u64 + c0 as u64 * 16) * rb as u64,
+                        bytes: width * rb,
+                    },
+                );
+            }
+        }
+    }
+    if !reduce_step.tiles.is_empty() {
+        sink.steps.push(reduce_step);
+    }
+    Ok(())
+}
