@@ -111,6 +111,9 @@ struct LabelDef {
 
 pub(crate) struct Assembler<'o> {
     opts: &'o Options,
+    /// When set, `.include` names are looked up in this map (exact name as
+    /// written) and the file system is never read.
+    pub(crate) memory_includes: Option<&'o BTreeMap<String, String>>,
     sections: Vec<SectionBuf>,
     current: Option<usize>,
     labels: BTreeMap<String, LabelDef>,
@@ -165,6 +168,7 @@ impl<'o> Assembler<'o> {
             .collect();
         Assembler {
             opts,
+            memory_includes: None,
             sections: Vec::new(),
             current: None,
             labels: BTreeMap::new(),
@@ -442,6 +446,25 @@ impl<'o> Assembler<'o> {
             return Err(line.err(col, "`.include` expects one file name in quotes"));
         }
         let name = syntax::string_literal(&args[0].text).map_err(|m| line.err(args[0].col, m))?;
+        if let Some(map) = self.memory_includes {
+            let Some(text) = map.get(&name) else {
+                let known: Vec<&str> = map.keys().map(String::as_str).collect();
+                return Err(line.err(
+                    args[0].col,
+                    format!(
+                        "cannot find include file \"{name}\" (in-memory sources: {})",
+                        if known.is_empty() {
+                            "none".to_string()
+                        } else {
+                            known.join(", ")
+                        }
+                    ),
+                ));
+            };
+            let path = PathBuf::from(&name);
+            self.files.push((path.clone(), text.as_bytes().to_vec()));
+            return self.run_included(line, col, &path, text, line.dir.clone());
+        }
         let mut candidates = vec![line.dir.join(&name)];
         candidates.extend(self.opts.include_dirs.iter().map(|d| d.join(&name)));
         let Some(path) = candidates.iter().find(|p| p.is_file()) else {
@@ -473,6 +496,20 @@ impl<'o> Assembler<'o> {
             )
         })?;
         self.files.push((path.clone(), bytes));
+        let dir: Rc<Path> = Rc::from(path.parent().unwrap_or(Path::new(".")));
+        self.run_included(line, col, path, &text, dir)
+    }
+
+    /// Assembles the text of a file included at `line`, one expansion level
+    /// deeper than the including line.
+    fn run_included(
+        &mut self,
+        line: &Line,
+        col: u32,
+        path: &Path,
+        text: &str,
+        dir: Rc<Path>,
+    ) -> Result<(), AsmError> {
         if line.ctx.len() >= MAX_DEPTH {
             return Err(line.err(
                 col,
@@ -481,9 +518,8 @@ impl<'o> Assembler<'o> {
         }
         let mut ctx = vec![Frame::Include { at: line.loc(col) }];
         ctx.extend(line.ctx.iter().cloned());
-        let dir: Rc<Path> = Rc::from(path.parent().unwrap_or(Path::new(".")));
         let lines = split_lines(
-            &text,
+            text,
             Rc::from(path.display().to_string()),
             dir,
             Rc::new(ctx),

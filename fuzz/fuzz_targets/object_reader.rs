@@ -1,0 +1,7 @@
+//! The `object_reader` fuzz target: see `ipu_fuzz_support::check_object_reader` for the input
+//! format and the properties checked.
+#![no_main]
+
+libfuzzer_sys::fuzz_target!(|data: &[u8]| {
+    ipu_fuzz_support::check_object_reader(data);
+});

@@ -1,0 +1,7 @@
+//! The `package_reader` fuzz target: see `ipu_fuzz_support::check_package_reader` for the input
+//! format and the properties checked.
+#![no_main]
+
+libfuzzer_sys::fuzz_target!(|data: &[u8]| {
+    ipu_fuzz_support::check_package_reader(data);
+});
