@@ -46,12 +46,15 @@
 # scale in use. `ampscale` takes only an immediate, so the vertex jumps into
 # a table of `ampscale s` entries for s = -64..63, SCALE clamped to that
 # range. The clamp is exact: a sum of 8 F143 products is a multiple of 2^-20
-# below 2^19, so with s <= -44 every product sum is below a quarter of the
-# smallest f16 step and leaves every accumulator exactly as with s = -64,
-# and with s >= 38 every non-zero product sum is at least 2^18 and makes
-# the accumulator infinite (or NaN) exactly as with s = 63 (accumulators
-# and partials are f16, below 2^16 in magnitude). So any SCALE gives the
-# result of the exact product scale. The table costs 1 KiB of code.
+# below 2^19 (exact in f64). With s <= -44 every scaled product sum is below
+# half the smallest f16 step (2^-25), so an accumulator rounds to 0 until
+# its partial arrives and then to the partial, and stays there: the same
+# bits as with s = -64 (up to the sign of zero). With s >= 38 every non-zero
+# product sum is at least 2^18, beyond any f16 accumulator plus partial
+# (below 2^17), so the accumulator becomes infinite (or NaN) with the sign
+# of the products, as with s = 63; a zero product sum adds nothing at any
+# scale. So any SCALE word gives the result of the exact product scale.
+# The table costs 1 KiB of code.
 #
 # Memory contract (that of gemm_f16, checked by the compiler's storage
 # validator):
