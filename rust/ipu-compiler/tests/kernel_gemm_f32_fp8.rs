@@ -29,6 +29,9 @@ const A_ADDR: u32 = 0x80000;
 const CA_ADDR: u32 = 0x98000;
 const CB_ADDR: u32 = 0xB0000;
 const B_ADDR: u32 = 0xC8000;
+/// Bytes after each C buffer that no vertex may write, and their value.
+const GUARD: usize = 64;
+const POISON: u8 = 0xA5;
 
 #[derive(Clone, Copy, Debug, PartialEq)]
 enum Kind {
@@ -321,7 +324,7 @@ fn run_case(case: &Case, seed: u64) -> Outcome {
         "A too large for the test layout"
     );
     assert!(
-        (c_rows_total * rs_c + 16) as u32 <= CB_ADDR - CA_ADDR,
+        (c_rows_total * rs_c + 16 + GUARD) as u32 <= CB_ADDR - CA_ADDR,
         "C too large for the test layout"
     );
     assert!((kp * rs_b) as u32 <= 0xE8000 - B_ADDR, "B too large");
@@ -343,7 +346,10 @@ fn run_case(case: &Case, seed: u64) -> Outcome {
     }
     // The C buffers start with garbage (NaN patterns) except the zero words:
     // the kernel must neither read stale partials nor depend on zeroed memory.
-    let garbage = vec![0xFFu8; c_rows_total * rs_c + 16];
+    // A guard of POISON bytes follows each C buffer.
+    let c_bytes = c_rows_total * rs_c + 16;
+    let mut garbage = vec![0xFFu8; c_bytes + GUARD];
+    garbage[c_bytes..].fill(POISON);
     let mut memory = vec![
         (A_ADDR, a_mem),
         (B_ADDR, b_mem),
@@ -371,6 +377,34 @@ fn run_case(case: &Case, seed: u64) -> Outcome {
         &[launches],
         &memory,
     );
+
+    // Nothing outside the vertices' rows and column blocks (and their junk
+    // rows) is written: the zero words, the stride padding of every data
+    // row and the guards after the buffers keep their bytes.
+    for buffer in [CA_ADDR, CB_ADDR] {
+        let bytes = chip.peek(0, buffer, (c_bytes + GUARD) as u32).unwrap();
+        assert_eq!(
+            &bytes[..8],
+            &[0u8; 8],
+            "{}: zero word at {buffer:#x} overwritten",
+            case.label()
+        );
+        assert!(
+            bytes[c_bytes..].iter().all(|&b| b == POISON),
+            "{}: guard after the C buffer at {buffer:#x} overwritten",
+            case.label()
+        );
+        for (g, &(r0, r1)) in row_groups.iter().enumerate() {
+            for i in r0..r1 {
+                let row = &bytes[c_row(g, i)..c_row(g, i) + rs_c];
+                assert!(
+                    row[np * ob..].iter().all(|&b| b == 0xFF),
+                    "{}: stride padding of C row {i} at {buffer:#x} overwritten",
+                    case.label()
+                );
+            }
+        }
+    }
 
     let expect = emulate(case, &inp);
     let mut got = vec![0u32; m * n];
