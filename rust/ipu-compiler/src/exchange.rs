@@ -5,7 +5,7 @@
 //! which sizes each tile's code and data, but buffer addresses only exist
 //! after it. So an exchange step is scheduled once, in `lower`, on a
 //! *synthetic* layout: per tile, the buffers a phase touches are packed from
-//! `REGION1_BASE` in buffer order with a 16-byte gap between them, so that
+//! `SRAM_BASE` in buffer order with a 16-byte gap between them, so that
 //! no descriptor can span two buffers (the gap breaks every contiguity the
 //! coalescer or the lowering would merge across). After `place_storage`,
 //! [`resolve`] moves each descriptor's address from its synthetic buffer to
@@ -170,7 +170,7 @@ pub fn handoff(
 }
 
 /// The synthetic layout of `transfers`: per tile, touched buffers packed
-/// from `REGION1_BASE` in buffer order, 16-aligned, 16 bytes apart.
+/// from `SRAM_BASE` in buffer order, 16-aligned, 16 bytes apart.
 fn synthetic_layout(transfers: &[BufferTransfer]) -> Result<SyntheticLayout, CompileError> {
     let mut extent: BTreeMap<(u32, usize), u32> = BTreeMap::new();
     for t in transfers {
@@ -182,15 +182,15 @@ fn synthetic_layout(transfers: &[BufferTransfer]) -> Result<SyntheticLayout, Com
     let mut layout = BTreeMap::new();
     let mut next: BTreeMap<u32, u32> = BTreeMap::new();
     for (&(tile, buffer), &bytes) in &extent {
-        let base = next.entry(tile).or_insert(ipu_arch::REGION1_BASE);
+        let base = next.entry(tile).or_insert(ipu_arch::SRAM_BASE);
         let start = *base;
         let end = start + bytes;
-        if end > ipu_arch::REGION1_END {
+        if end > ipu_arch::SRAM_END {
             return Err(CompileError::CodeGen {
                 tile,
                 message: format!(
                     "the exchange step touches more than {} bytes of buffers on this tile",
-                    ipu_arch::REGION1_END - ipu_arch::REGION1_BASE
+                    ipu_arch::SRAM_END - ipu_arch::SRAM_BASE
                 ),
             });
         }

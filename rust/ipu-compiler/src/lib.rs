@@ -615,8 +615,9 @@ pub fn compile(options: &CompileOptions) -> Result<CompileOutput, CompileError> 
                 .map(|p| {
                     let front = plan::search(&p.0, group_tiles, &mut p.2, &options.search);
                     if front.0.is_empty() && single {
+                        let bias = groups[0].bias.is_some();
                         let streamed =
-                            stream::search(&p.0, group_tiles, &mut p.2, &options.search);
+                            stream::search(&p.0, group_tiles, bias, &mut p.2, &options.search);
                         tracing::info!(
                             value = %p.3,
                             candidates = streamed.1,

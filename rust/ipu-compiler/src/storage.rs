@@ -140,12 +140,38 @@ pub fn place(
             &|b| b.region == RegionReq::Interleaved && (b.scratch.is_none() || b.scratch == worst),
         ));
     }
-    for (i, b) in buffers.iter().enumerate() {
-        if matches!(b.region, RegionReq::Standard | RegionReq::Any) {
-            let start = align_up(r0, b.align as u64);
-            addresses[i] = start as u32;
-            r0 = start + b.bytes as u64;
+    // Region 0: the standard buffers and, in buffer order, every buffer
+    // that may go anywhere while region 0 has room for it; the others of
+    // those follow the interleaved ones in region 1 (a streamed GEMM's
+    // operand homes can exceed region 0).
+    // Standard bytes still to place after each buffer: an anywhere buffer
+    // never takes the room a later standard one needs.
+    let mut standard_after = vec![0u64; buffers.len()];
+    let mut acc = 0u64;
+    for (i, b) in buffers.iter().enumerate().rev() {
+        standard_after[i] = acc;
+        if b.region == RegionReq::Standard {
+            acc += align_up(b.bytes as u64, b.align as u64) + b.align as u64;
         }
+    }
+    let mut r0_full = false;
+    for (i, b) in buffers.iter().enumerate() {
+        let any = b.region == RegionReq::Any;
+        if !any && b.region != RegionReq::Standard {
+            continue;
+        }
+        let start = align_up(r0, b.align as u64);
+        let spill =
+            any && (r0_full || start + b.bytes as u64 + standard_after[i] > r0_limit);
+        if spill && align_up(r1, b.align as u64) + b.bytes as u64 <= REGION1_END as u64 {
+            r0_full = true;
+            let start = align_up(r1, b.align as u64);
+            addresses[i] = start as u32;
+            r1 = start + b.bytes as u64;
+            continue;
+        }
+        addresses[i] = start as u32;
+        r0 = start + b.bytes as u64;
     }
     if r0 > r0_limit {
         return Err(overflow(

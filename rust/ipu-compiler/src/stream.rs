@@ -38,6 +38,9 @@ use ipu_arch::{host_transfer_cycles, CLOCK_HZ_C600, SYNC_CYCLES};
 use ipu_graph::Graph;
 use std::collections::BTreeMap;
 
+/// Bytes of region 1.
+const REGION1_BYTES: u64 = (ipu_arch::REGION1_END - ipu_arch::REGION1_BASE) as u64;
+
 /// Chunk sizes (K blocks) the search tries.
 const CHUNK_BLOCKS: [u32; 12] = [1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64];
 
@@ -101,12 +104,14 @@ fn exchange_estimate(bytes: u64) -> u64 {
     SYNC_CYCLES + words + words / 32 + 40
 }
 
-/// Cost and memory of one streamed candidate, `None` if it does not fit.
+/// Cost and memory of one streamed candidate (`bias`: a fused bias to
+/// place), `None` if it does not fit.
 pub fn evaluate(
     g: &GemmGeometry,
     row_parts: u32,
     col_parts: u32,
     ch: u32,
+    bias: bool,
     costs: &mut GemmCosts,
 ) -> Option<GemmPlan> {
     let rows = g.row_ranges(row_parts);
@@ -134,23 +139,38 @@ pub fn evaluate(
         let layout = ShardLayout::new(&gc, mt, nct, &split);
         let mut tile = (steps as u64 - 1) * step_compute(costs, &split, ch)
             + step_compute(costs, &split, last);
-        let mut r0 = a_chunks * (mt * layout.rs_a) as u64
-            + b_chunks * layout.b_bytes() as u64
-            + steps as u64 * program_bytes(split.vertices() as u64)
-            + steps as u64 * 16;
+        let mut fixed_r0 = steps as u64 * (program_bytes(split.vertices() as u64) + 16);
         if g.needs_reduce(split.k_groups.len()) {
             let (_, reduce) = costs.split_cycles(&gc, &split);
             let c = reduce + supervisor_cycles(split.reduce_vertices() as u64);
             tile += c;
             reduce_part = reduce_part.max(c);
-            r0 += layout.d_bytes() as u64;
+            fixed_r0 += layout.d_bytes() as u64;
         }
-        if r0 > STANDARD_BUDGET {
+        if bias {
+            fixed_r0 += nct as u64 * 32;
+        }
+        // The homes go to region 0 while it has room, else after the
+        // interleaved buffers (storage::place does the same, in this order).
+        let r1 = costs.region1_bytes(&layout)?;
+        let (mut r0, mut r1_end) = (0u64, r1);
+        for home in [
+            a_chunks * (mt * layout.rs_a) as u64,
+            b_chunks * layout.b_bytes() as u64,
+        ] {
+            if r0 + home + fixed_r0 <= STANDARD_BUDGET {
+                r0 += home;
+            } else {
+                r1_end += home;
+            }
+        }
+        r0 += fixed_r0;
+        if r0 > STANDARD_BUDGET || r1_end > REGION1_BYTES {
             return None;
         }
         compute = compute.max(tile);
         peak_r0 = peak_r0.max(r0);
-        peak_r1 = peak_r1.max(costs.region1_bytes(&layout)?);
+        peak_r1 = peak_r1.max(r1_end);
         // A tile receives its A and B chunks; a home tile sends as much.
         exchange_bytes = exchange_bytes.max((mt * layout.rs_a + layout.b_bytes()) as u64);
     }
@@ -194,6 +214,7 @@ pub fn evaluate(
 pub fn search(
     g: &GemmGeometry,
     tiles: u32,
+    bias: bool,
     costs: &mut GemmCosts,
     budget: &SearchBudget,
 ) -> (Vec<GemmPlan>, usize) {
@@ -208,7 +229,7 @@ pub fn search(
                     break 'outer;
                 }
                 generated += 1;
-                if let Some(p) = evaluate(g, rp, cp, ch, costs) {
+                if let Some(p) = evaluate(g, rp, cp, ch, bias, costs) {
                     candidates.push(p);
                 }
             }

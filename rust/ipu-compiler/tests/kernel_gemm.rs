@@ -128,7 +128,11 @@ fn run_case(case: &Case, seed: u64) -> Outcome {
     // the C buffers' element type.
     let initial: Vec<f64> = (0..m * n)
         .map(|_| {
-            let v = if case.accumulate { f16v(rng.f16()) } else { 0.0 };
+            let v = if case.accumulate {
+                f16v(rng.f16())
+            } else {
+                0.0
+            };
             if case.acc32 {
                 v as f32 as f64
             } else {
