@@ -243,7 +243,7 @@ fn validate_info(info: &PackageInfo) -> Result<(), PackageError> {
         }
     }
     let command = info.host.command_address;
-    if !command.is_multiple_of(4) || command < SRAM_BASE || command + 4 > SRAM_END {
+    if !command.is_multiple_of(4) || command < SRAM_BASE || command as u64 + 4 > SRAM_END as u64 {
         return Err(invalid(format!(
             "host command address 0x{command:X} is not a 4-aligned word inside tile SRAM \
              (0x{:X}..0x{:X})",

@@ -128,6 +128,7 @@ pub struct Placement {
 /// package bytes) stay deterministic. Use with `#[serde(with = ...)]`.
 pub mod placement_runs {
     use super::Placement;
+    use ipu_arch::TILE_SRAM_BYTES;
     use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
     fn one() -> u32 {
@@ -200,6 +201,17 @@ pub mod placement_runs {
         for (i, r) in runs.iter().enumerate() {
             if r.count == 0 {
                 return Err(format!("placement run {i} has count 0"));
+            }
+            // A run puts count x bytes bytes on one tile. More than the
+            // tile's SRAM cannot be valid (its placements would overlap or
+            // be empty), and refusing it before expanding keeps a few
+            // manifest bytes from asking for billions of placements.
+            let placed = r.count as u64 * (r.bytes as u64).max(1);
+            if placed > TILE_SRAM_BYTES as u64 {
+                return Err(format!(
+                    "placement run {i} (tile {}) places {} x {} bytes, more than a tile's {TILE_SRAM_BYTES}-byte SRAM",
+                    r.tile, r.count, r.bytes
+                ));
             }
             for j in 0..r.count as i64 {
                 let address = r.address as i64 + j * r.address_step;

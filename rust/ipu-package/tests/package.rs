@@ -479,6 +479,27 @@ fn corrupt_archives_are_refused() {
             "misnamed tile",
             with(&manifest.replace("tiles/0001.img", "tiles/1.img"), &rest),
         ),
+        // Found with the package_reader fuzz target's manifest mode: the
+        // address check added 4 to a u32 and overflowed (a panic).
+        (
+            "command address at the top",
+            with(
+                &manifest.replace(
+                    "\"command_address\": 311296",
+                    "\"command_address\": 4294967292",
+                ),
+                &rest,
+            ),
+        ),
+        // Also from that target: a run of four billion placements made the
+        // reader allocate ~96 GB before any check.
+        (
+            "huge placement run",
+            with(
+                &manifest.replacen("\"bytes\": 16", "\"bytes\": 16, \"count\": 4000000000", 1),
+                &rest,
+            ),
+        ),
     ];
     // A symlink member.
     let mut builder = tar::Builder::new(Vec::new());
@@ -512,6 +533,8 @@ fn corrupt_archives_are_refused() {
             "digest mismatch: member `tiles/0000.img`: blake3 b4a35977b4a638b6fa9254253488140cb1dec7e6620f6af35333e4f09275c5b7 differs from the manifest's a7024a809a28755601c12be6e3fec2dbe634ced0fe507f24b53d12239d4ec15c",
             "size mismatch: member `report.json`: size 2 differs from the manifest's 17",
             "misnamed tile: manifest.json: tile 1 is stored as `tiles/1.img`, expected `tiles/0001.img`",
+            "command address at the top: manifest.json: host command address 0xFFFFFFFC is not a 4-aligned word inside tile SRAM (0x4C000..0xE8000)",
+            "huge placement run: manifest.json: placement run 0 (tile 0) places 4000000000 x 16 bytes, more than a tile's 638976-byte SRAM at line 114 column 9",
             "symlink: member `manifest.json`: is a Symlink entry, not a regular file",
         ]
     "#]]
