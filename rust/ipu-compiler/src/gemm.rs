@@ -332,12 +332,24 @@ pub fn best_split(
     col_blocks: u32,
     costs: &mut GemmCosts,
 ) -> Option<(WorkerSplit, u64, u64)> {
+    best_split_with(g, rows, col_blocks, costs, u32::MAX)
+}
+
+/// [`best_split`] with at most `max_k_groups` K groups (1 when the reduce
+/// step sums partials of other tiles instead).
+pub fn best_split_with(
+    g: &GemmGeometry,
+    rows: u32,
+    col_blocks: u32,
+    costs: &mut GemmCosts,
+    max_k_groups: u32,
+) -> Option<(WorkerSplit, u64, u64)> {
     let mut best: Option<((u64, usize), WorkerSplit, u64, u64)> = None;
     let workers = ipu_arch::WORKER_CONTEXTS;
     for cg in 1..=col_blocks.min(workers) {
         for rg in 1..=rows.min(workers / cg) {
             let max_kg = if g.acc32 && costs.reduce.is_some() {
-                g.nkb().min(workers / (cg * rg))
+                g.nkb().min(workers / (cg * rg)).min(max_k_groups)
             } else {
                 1
             };

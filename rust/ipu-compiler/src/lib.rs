@@ -658,6 +658,7 @@ pub fn compile(options: &CompileOptions) -> Result<CompileOutput, CompileError> 
                     estimated_exchange_cycles = f.stream.map_or(0, |s| s.exchange_cycles),
                     k_chunk_blocks = f.stream.map_or(0, |s| s.chunk_blocks),
                     k_steps = f.stream.map_or(1, |s| s.steps),
+                    k_parts = f.stream.map_or(1, |s| s.k_parts),
                     exchange_row_bytes = 0,
                     peak_standard_bytes = e.peak_standard_bytes,
                     peak_interleaved_bytes = e.peak_interleaved_bytes,

@@ -14,21 +14,33 @@ pub struct ShardOnTile {
     pub tile: u32,
     pub row_part: u32,
     pub col_part: u32,
+    /// The K part (0 unless a streamed plan splits K over tiles).
+    pub k_part: u32,
 }
 
-/// Shard `(i, j)` goes to tile `i * col_parts + j`.
+/// Shard `(i, j)` goes to tile `i * col_parts + j`; with K split over
+/// `k` tiles (a streamed plan), shard `(i, j, l)` goes to tile
+/// `(i * col_parts + j) * k + l`, the tiles that sum one block side by side.
 pub fn map_gemm(plan: &GemmPlan) -> Vec<ShardOnTile> {
-    let mut out = Vec::with_capacity((plan.row_parts * plan.col_parts) as usize);
+    let k = k_parts(plan);
+    let mut out = Vec::with_capacity((plan.row_parts * plan.col_parts * k) as usize);
     for i in 0..plan.row_parts {
         for j in 0..plan.col_parts {
-            out.push(ShardOnTile {
-                tile: i * plan.col_parts + j,
-                row_part: i,
-                col_part: j,
-            });
+            for l in 0..k {
+                out.push(ShardOnTile {
+                    tile: (i * plan.col_parts + j) * k + l,
+                    row_part: i,
+                    col_part: j,
+                    k_part: l,
+                });
+            }
         }
     }
     out
+}
+
+fn k_parts(plan: &GemmPlan) -> u32 {
+    plan.stream.map_or(1, |s| s.k_parts)
 }
 
 /// Checks a mapping: every shard once, tiles distinct and below `tiles`.
@@ -47,20 +59,18 @@ pub fn verify(plan: &GemmPlan, map: &[ShardOnTile], tiles: u32) -> Result<(), St
         }
         if s.row_part >= plan.row_parts
             || s.col_part >= plan.col_parts
-            || !seen_shards.insert((s.row_part, s.col_part))
+            || s.k_part >= k_parts(plan)
+            || !seen_shards.insert((s.row_part, s.col_part, s.k_part))
         {
             return Err(format!(
-                "shard ({}, {}) is invalid or mapped twice",
-                s.row_part, s.col_part
+                "shard ({}, {}, {}) is invalid or mapped twice",
+                s.row_part, s.col_part, s.k_part
             ));
         }
     }
-    if seen_shards.len() as u32 != plan.row_parts * plan.col_parts {
-        return Err(format!(
-            "{} of {} shards mapped",
-            seen_shards.len(),
-            plan.row_parts * plan.col_parts
-        ));
+    let shards = plan.row_parts * plan.col_parts * k_parts(plan);
+    if seen_shards.len() as u32 != shards {
+        return Err(format!("{} of {shards} shards mapped", seen_shards.len()));
     }
     Ok(())
 }

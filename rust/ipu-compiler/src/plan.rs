@@ -80,6 +80,8 @@ pub struct StreamShape {
     pub chunk_blocks: u32,
     /// Chunks, i.e. exchange + compute step pairs.
     pub steps: u32,
+    /// Tiles that split K and sum their partials (reduce-scatter by rows).
+    pub k_parts: u32,
     /// Estimated cycles of all the exchange steps (syncs included).
     pub exchange_cycles: u64,
 }

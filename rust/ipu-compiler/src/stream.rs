@@ -1,17 +1,26 @@
 //! Streamed GEMMs: plans and lowering for a GEMM whose operands do not fit
 //! beside each other on the tiles with K whole (the 4096^3 GEMM).
 //!
-//! The tiles form a grid of `row_parts x col_parts`; tile `(i, j)` owns the
-//! result block of row part `i` and column part `j` and accumulates it over
-//! K in chunks of `chunk_blocks` K blocks. The operands live once on the
-//! chip, in *home* buffers: A chunk `(i, s)` (row part `i`, chunk `s`) on
-//! tile `(i, s mod col_parts)`, B chunk `(s, j)` on tile
-//! `(s mod row_parts, j)`. Chunk `s` is one exchange step, which multicasts
-//! every A chunk to its row of tiles and every B chunk to its column, and
-//! one compute step, whose `gemm_f16` vertices add the chunk's product to
-//! the running sum in the C buffers (the kernel's accumulate mode, state
-//! word Z = 0, from the second chunk on). With f32 accumulation the reduce
-//! step follows as in a whole-K plan.
+//! The tiles form a grid of `row_parts x col_parts x k_parts`; tile
+//! `(i, j, l)` computes the product of row part `i`, column part `j` over
+//! K part `l`, accumulating it over the part's K in chunks of
+//! `chunk_blocks` K blocks. The operands live once on the chip, in *home*
+//! buffers: in K part `l`, A chunk `(i, s)` on tile `(i, s mod col_parts,
+//! l)` and B chunk `(s, j)` on tile `(s mod row_parts, j, l)`. Chunk `s` is
+//! one exchange step, which multicasts every A chunk to its row of tiles
+//! and every B chunk to its column (all K parts at once), and one compute
+//! step, whose `gemm_f16` vertices add the chunk's product to the running
+//! sum in the C buffers (the kernel's accumulate mode, state word Z = 0,
+//! from the second chunk on).
+//!
+//! Then the result: with one K part, f16 accumulation leaves it in `c`, f32
+//! accumulation runs the reduce step as in a whole-K plan. With several K
+//! parts, the partials are reduce-scattered: tile `(i, j, l)` receives row
+//! piece `l` of every partial of its block (its own by a transfer to
+//! itself, so that `reduce_f32` sees P uniformly spaced sections) into a
+//! gather buffer, and sums them with the epilogue into its result rows. The
+//! gather buffer shares memory with the chunk buffers (scratch phases: the
+//! chunks are dead once the last chunk is summed).
 //!
 //! Invariants the lowering relies on (checked by `lower::verify`,
 //! `storage::validate` and the exchange checker like any other program):
@@ -25,7 +34,7 @@
 
 use crate::exchange::{self, BufferRef, BufferTransfer};
 use crate::fuse::Source;
-use crate::gemm::{best_split, ranges, GemmCosts, GemmGeometry, ShardLayout, WorkerSplit};
+use crate::gemm::{best_split_with, ranges, GemmCosts, GemmGeometry, ShardLayout, WorkerSplit};
 use crate::lower::{
     push_coalesced, BufferSpec, HostPlacement, HostTensor, PlannedGemm, RegionReq, StateWord, Step,
     Vertex,
@@ -33,6 +42,7 @@ use crate::lower::{
 use crate::plan::{
     supervisor_cycles, Estimate, GemmPlan, SearchBudget, StreamShape, STANDARD_BUDGET,
 };
+use crate::storage::region1_footprint;
 use crate::CompileError;
 use ipu_arch::{host_transfer_cycles, CLOCK_HZ_C600, SYNC_CYCLES};
 use ipu_graph::Graph;
@@ -43,6 +53,14 @@ const REGION1_BYTES: u64 = (ipu_arch::REGION1_END - ipu_arch::REGION1_BASE) as u
 
 /// Chunk sizes (K blocks) the search tries.
 const CHUNK_BLOCKS: [u32; 12] = [1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64];
+
+/// K-part counts the search tries.
+const K_PARTS: [u32; 6] = [1, 2, 3, 4, 6, 8];
+
+/// Scratch phases of a plan with several K parts: the chunk buffers, then
+/// the gather buffer of the partials.
+const CHUNK_PHASE: u32 = 1;
+const GATHER_PHASE: u32 = 2;
 
 /// Region-0 bytes of one compute step's program on a tile: per vertex its
 /// 11-word state and three supervisor instructions, plus the step's own.
@@ -58,9 +76,24 @@ fn k_ranges(w: u32, groups: u32) -> Vec<(u32, u32)> {
         .collect()
 }
 
-/// Blocks (K blocks) of chunk `s`.
-fn chunk(g: &GemmGeometry, ch: u32, s: u32) -> (u32, u32) {
-    (s * ch, ((s + 1) * ch).min(g.nkb()))
+/// The K-block range of every K part.
+fn k_parts(g: &GemmGeometry, kp: u32) -> Vec<(u32, u32)> {
+    ranges(g.nkb(), kp)
+}
+
+/// K blocks `[b0, b1)` of chunk `s` of the K part `part` (empty past its end).
+fn chunk(part: (u32, u32), ch: u32, s: u32) -> (u32, u32) {
+    let b0 = (part.0 + s * ch).min(part.1);
+    (b0, (b0 + ch).min(part.1))
+}
+
+/// Chunks of the longest K part: the step count.
+fn step_count(g: &GemmGeometry, kp: u32, ch: u32) -> u32 {
+    k_parts(g, kp)
+        .iter()
+        .map(|p| (p.1 - p.0).div_ceil(ch))
+        .max()
+        .unwrap_or(1)
 }
 
 /// The chunk geometry: the GEMM with K cut to one chunk (what a tile's
@@ -93,6 +126,9 @@ fn step_compute(costs: &mut GemmCosts, split: &WorkerSplit, w: u32) -> u64 {
             }
         }
     }
+    if vertices == 0 {
+        return 0;
+    }
     slowest + supervisor_cycles(vertices)
 }
 
@@ -104,87 +140,204 @@ fn exchange_estimate(bytes: u64) -> u64 {
     SYNC_CYCLES + words + words / 32 + 40
 }
 
+/// Row pieces of a block of `rows` rows for the reduce-scatter over `kp`
+/// K parts (a piece may be empty when `rows < kp`).
+fn pieces(rows: u32, kp: u32) -> Vec<(u32, u32)> {
+    (0..kp)
+        .map(|l| (l * rows / kp, (l + 1) * rows / kp))
+        .collect()
+}
+
+/// The reduce vertices of a piece of `rows` rows and `col_blocks` column
+/// blocks: its rows over the six workers.
+fn reduce_rows(rows: u32) -> Vec<(u32, u32)> {
+    ranges(rows, ipu_arch::WORKER_CONTEXTS)
+}
+
+/// What one shard size costs in one (chunk, K parts) configuration,
+/// independent of the grid: computed once per search.
+#[derive(Clone, Copy)]
+struct ShardCost {
+    /// Compute steps of the slowest K part and the reduce step.
+    compute: u64,
+    reduce: u64,
+    /// Region-0 bytes besides the homes, region-1 bytes of the buffers.
+    fixed_r0: u64,
+    r1: u64,
+    /// Bytes of one A chunk row block and one B chunk (home sizes).
+    a_chunk: u64,
+    b_chunk: u64,
+    /// Bytes a tile receives per chunk step, and in the reduce-scatter.
+    exchange: u64,
+    gather: u64,
+}
+
+/// Per-search memo of [`shard_cost`], keyed by (rows, column blocks,
+/// chunk blocks, K parts).
+pub struct Memo(BTreeMap<(u32, u32, u32, u32), Option<ShardCost>>);
+
+impl Memo {
+    pub fn new() -> Memo {
+        Memo(BTreeMap::new())
+    }
+}
+
+impl Default for Memo {
+    fn default() -> Self {
+        Memo::new()
+    }
+}
+
+fn shard_cost(
+    g: &GemmGeometry,
+    (mt, nct): (u32, u32),
+    ch: u32,
+    kp: u32,
+    bias: bool,
+    costs: &mut GemmCosts,
+) -> Option<ShardCost> {
+    let gc = chunk_geometry(g, ch);
+    let ch = gc.nkb();
+    let steps = step_count(g, kp, ch);
+    let max_kg = if kp > 1 { 1 } else { u32::MAX };
+    let (split, _, _) = best_split_with(&gc, mt, nct, costs, max_kg)?;
+    let layout = ShardLayout::new(&gc, mt, nct, &split);
+    // The slowest K part's steps.
+    let mut compute = k_parts(g, kp)
+        .iter()
+        .map(|&p| {
+            (0..steps)
+                .map(|s| {
+                    let (b0, b1) = chunk(p, ch, s);
+                    step_compute(costs, &split, b1 - b0)
+                })
+                .sum::<u64>()
+        })
+        .max()
+        .unwrap_or(0);
+    let mut fixed_r0 = steps as u64 * (program_bytes(split.vertices() as u64) + 16);
+    let (r1, reduce, gather);
+    if kp > 1 {
+        // Reduce-scatter: a piece of rows, P = kp partials of f32.
+        let piece = mt.div_ceil(kp);
+        let f = costs.reduce.as_mut()?;
+        let slowest = reduce_rows(piece)
+            .iter()
+            .map(|r| {
+                f.eval(&[
+                    ("ROWS", (r.1 - r.0) as i64),
+                    ("QUADS", 4 * nct as i64),
+                    ("P", kp as i64),
+                ])
+            })
+            .max()
+            .unwrap_or(0);
+        reduce = slowest + supervisor_cycles(reduce_rows(piece).len() as u64);
+        fixed_r0 += (piece * layout.rs_d()) as u64 + 128;
+        gather = (kp * piece * layout.rs_c) as u64;
+        let element = ipu_arch::INTERLEAVED_ELEMENT_BYTES as u64;
+        let persistent = region1_footprint(&[(layout.c_bytes(), true), (layout.c_bytes(), true)])?;
+        let chunks = region1_footprint(&[(layout.a_bytes(), true), (layout.b_bytes(), false)])?;
+        let gathered = region1_footprint(&[(kp * piece * layout.rs_c, false)])?;
+        r1 = persistent.div_ceil(element) * element + chunks.max(gathered);
+    } else {
+        reduce = if g.needs_reduce(split.k_groups.len()) {
+            let (_, r) = costs.split_cycles(&gc, &split);
+            fixed_r0 += layout.d_bytes() as u64;
+            r + supervisor_cycles(split.reduce_vertices() as u64)
+        } else {
+            0
+        };
+        gather = 0;
+        r1 = costs.region1_bytes(&layout)?;
+    }
+    compute += reduce;
+    if bias {
+        fixed_r0 += nct as u64 * 32;
+    }
+    Some(ShardCost {
+        compute,
+        reduce,
+        fixed_r0,
+        r1,
+        a_chunk: (mt * layout.rs_a) as u64,
+        b_chunk: layout.b_bytes() as u64,
+        exchange: (mt * layout.rs_a + layout.b_bytes()) as u64,
+        gather,
+    })
+}
+
 /// Cost and memory of one streamed candidate (`bias`: a fused bias to
 /// place), `None` if it does not fit.
 pub fn evaluate(
     g: &GemmGeometry,
-    row_parts: u32,
-    col_parts: u32,
+    (row_parts, col_parts, kp): (u32, u32, u32),
     ch: u32,
     bias: bool,
     costs: &mut GemmCosts,
+    memo: &mut Memo,
 ) -> Option<GemmPlan> {
     let rows = g.row_ranges(row_parts);
     let cols = ranges(g.ncb(), col_parts);
-    if rows.len() as u32 != row_parts || cols.len() as u32 != col_parts {
+    if rows.len() as u32 != row_parts || cols.len() as u32 != col_parts || kp > g.nkb() {
         return None;
     }
-    let gc = chunk_geometry(g, ch);
-    let ch = gc.nkb();
-    let steps = g.nkb().div_ceil(ch);
-    let last = g.nkb() - (steps - 1) * ch;
+    // Several K parts sum f32 partials (the reduce kernel reads f32).
+    if kp > 1 && (!g.acc32 || costs.reduce.is_none()) {
+        return None;
+    }
+    let ch = chunk_geometry(g, ch).nkb();
+    let steps = step_count(g, kp, ch);
     let mut sizes: Vec<(u32, u32)> = rows
         .iter()
         .flat_map(|r| cols.iter().map(move |c| (r.1 - r.0, c.1 - c.0)))
         .collect();
     sizes.sort_unstable();
     sizes.dedup();
-    let (mut compute, mut reduce_part, mut peak_r1, mut peak_r0, mut exchange_bytes) =
-        (0u64, 0u64, 0u64, 0u64, 0u64);
+    let (mut compute, mut reduce_part, mut peak_r1, mut peak_r0) = (0u64, 0u64, 0u64, 0u64);
+    let (mut exchange_bytes, mut gather_bytes) = (0u64, 0u64);
     // Homes per tile: A chunks s = j (mod col_parts), B chunks s = i (mod row_parts).
     let a_chunks = steps.div_ceil(col_parts) as u64;
     let b_chunks = steps.div_ceil(row_parts) as u64;
     for (mt, nct) in sizes {
-        let (split, _, _) = best_split(&gc, mt, nct, costs)?;
-        let layout = ShardLayout::new(&gc, mt, nct, &split);
-        let mut tile = (steps as u64 - 1) * step_compute(costs, &split, ch)
-            + step_compute(costs, &split, last);
-        let mut fixed_r0 = steps as u64 * (program_bytes(split.vertices() as u64) + 16);
-        if g.needs_reduce(split.k_groups.len()) {
-            let (_, reduce) = costs.split_cycles(&gc, &split);
-            let c = reduce + supervisor_cycles(split.reduce_vertices() as u64);
-            tile += c;
-            reduce_part = reduce_part.max(c);
-            fixed_r0 += layout.d_bytes() as u64;
-        }
-        if bias {
-            fixed_r0 += nct as u64 * 32;
-        }
+        let c = *memo
+            .0
+            .entry((mt, nct, ch, kp))
+            .or_insert_with(|| shard_cost(g, (mt, nct), ch, kp, bias, costs));
+        let c = c?;
         // The homes go to region 0 while it has room, else after the
         // interleaved buffers (storage::place does the same, in this order).
-        let r1 = costs.region1_bytes(&layout)?;
-        let (mut r0, mut r1_end) = (0u64, r1);
-        for home in [
-            a_chunks * (mt * layout.rs_a) as u64,
-            b_chunks * layout.b_bytes() as u64,
-        ] {
-            if r0 + home + fixed_r0 <= STANDARD_BUDGET {
+        let (mut r0, mut r1_end) = (0u64, c.r1);
+        for home in [a_chunks * c.a_chunk, b_chunks * c.b_chunk] {
+            if r0 + home + c.fixed_r0 <= STANDARD_BUDGET {
                 r0 += home;
             } else {
                 r1_end += home;
             }
         }
-        r0 += fixed_r0;
+        r0 += c.fixed_r0;
         if r0 > STANDARD_BUDGET || r1_end > REGION1_BYTES {
             return None;
         }
-        compute = compute.max(tile);
+        compute = compute.max(c.compute);
+        reduce_part = reduce_part.max(c.reduce);
         peak_r0 = peak_r0.max(r0);
         peak_r1 = peak_r1.max(r1_end);
-        // A tile receives its A and B chunks; a home tile sends as much.
-        exchange_bytes = exchange_bytes.max((mt * layout.rs_a + layout.b_bytes()) as u64);
+        exchange_bytes = exchange_bytes.max(c.exchange);
+        gather_bytes = gather_bytes.max(c.gather);
     }
-    let exchange = steps as u64 * exchange_estimate(exchange_bytes);
+    let mut exchange = steps as u64 * exchange_estimate(exchange_bytes);
+    if kp > 1 {
+        exchange += exchange_estimate(gather_bytes);
+    }
     let in_bytes = if costs.owns_a {
         g.m as u64 * g.k as u64 * 2
     } else {
         0
     };
     let host_in = host_transfer_cycles(in_bytes, CLOCK_HZ_C600);
-    let host_out = host_transfer_cycles(
-        g.m as u64 * g.n as u64 * g.result_bytes() as u64,
-        CLOCK_HZ_C600,
-    );
+    let host_out =
+        host_transfer_cycles(g.m as u64 * g.n as u64 * g.result_bytes() as u64, CLOCK_HZ_C600);
     let device = compute + exchange;
     Some(GemmPlan {
         row_parts,
@@ -192,6 +345,7 @@ pub fn evaluate(
         stream: Some(StreamShape {
             chunk_blocks: ch,
             steps,
+            k_parts: kp,
             exchange_cycles: exchange,
         }),
         estimate: Estimate {
@@ -203,14 +357,15 @@ pub fn evaluate(
             total_cycles: SYNC_CYCLES + host_in + device + host_out,
             peak_standard_bytes: peak_r0,
             peak_interleaved_bytes: peak_r1,
-            active_tiles: row_parts * col_parts,
+            active_tiles: row_parts * col_parts * kp,
         },
     })
 }
 
-/// Streamed candidates over grids that use at least half of the tiles and
-/// the chunk sizes of [`CHUNK_BLOCKS`], Pareto-filtered over (device
-/// cycles, peak bytes), best first, at most `beam_width`.
+/// Streamed candidates over grids that use at least half of the tiles, the
+/// K-part counts of [`K_PARTS`] and the chunk sizes of [`CHUNK_BLOCKS`],
+/// Pareto-filtered over (device cycles, peak bytes), best first, at most
+/// `beam_width`.
 pub fn search(
     g: &GemmGeometry,
     tiles: u32,
@@ -220,17 +375,21 @@ pub fn search(
 ) -> (Vec<GemmPlan>, usize) {
     let mut candidates = Vec::new();
     let mut generated = 0usize;
-    let least = (tiles / 2).max(1);
-    'outer: for rp in 1..=g.m.min(tiles) {
-        let first_cp = least.div_ceil(rp).max(1);
-        for cp in first_cp..=g.ncb().min(tiles / rp) {
-            for ch in CHUNK_BLOCKS.iter().copied().filter(|&c| c <= g.nkb()) {
-                if generated >= budget.max_candidates {
-                    break 'outer;
-                }
-                generated += 1;
-                if let Some(p) = evaluate(g, rp, cp, ch, bias, costs) {
-                    candidates.push(p);
+    let mut memo = Memo::new();
+    'outer: for kp in K_PARTS.iter().copied().filter(|&k| k <= g.nkb()) {
+        let grid = tiles / kp;
+        let least = (grid / 2).max(1);
+        for rp in 1..=g.m.min(grid) {
+            let first_cp = least.div_ceil(rp).max(1);
+            for cp in first_cp..=g.ncb().min(grid / rp) {
+                for ch in CHUNK_BLOCKS.iter().copied().filter(|&c| c <= g.nkb()) {
+                    if generated >= budget.max_candidates {
+                        break 'outer;
+                    }
+                    generated += 1;
+                    if let Some(p) = evaluate(g, (rp, cp, kp), ch, bias, costs, &mut memo) {
+                        candidates.push(p);
+                    }
                 }
             }
         }
@@ -241,7 +400,7 @@ pub fn search(
             p.estimate.active_tiles,
             p.estimate.peak_interleaved_bytes + p.estimate.peak_standard_bytes,
             p.row_parts,
-            p.stream.map(|s| s.chunk_blocks),
+            p.stream.map(|s| (s.k_parts, s.chunk_blocks)),
         )
     });
     let mut front: Vec<GemmPlan> = Vec::new();
@@ -270,11 +429,12 @@ pub struct Sink<'s> {
     pub exchange_label: &'s mut u32,
 }
 
-/// Per tile of the grid: its buffers and worker split.
+/// Per tile of the grid: its block, K part, buffers and worker split.
 struct TileWork {
     tile: u32,
     rows: (u32, u32),
     cols: (u32, u32),
+    part: (u32, u32),
     split: WorkerSplit,
     layout: ShardLayout,
     a: usize,
@@ -285,6 +445,10 @@ struct TileWork {
     b_home: usize,
     bias: Option<usize>,
 }
+
+/// A vertex of the compute steps: (row part, column part, K part, row
+/// group, column group, K group).
+type VertexKey = (u32, u32, u32, usize, usize, usize);
 
 /// Lowers one streamed GEMM (a host or param A, not part of a chain).
 pub fn lower(
@@ -304,20 +468,22 @@ pub fn lower(
     let b_id = node.args[1];
     let g = pg.geometry;
     let gc = chunk_geometry(&g, shape.chunk_blocks);
-    let ch = shape.chunk_blocks;
-    let steps = shape.steps;
+    let (ch, steps, kp) = (shape.chunk_blocks, shape.steps, shape.k_parts);
     let (k, n) = (g.k, g.n);
     let rows = pg.plan.row_ranges(&g);
     let cols = pg.plan.col_ranges(&g);
+    let parts = k_parts(&g, kp);
     let (rp, cp) = (pg.plan.row_parts, pg.plan.col_parts);
-    let last_w = g.nkb() - (steps - 1) * ch;
-    let mut work: BTreeMap<(u32, u32), TileWork> = BTreeMap::new();
+    let scratch = |phase| (kp > 1).then_some(phase);
+    let mut work: BTreeMap<(u32, u32, u32), TileWork> = BTreeMap::new();
     for shard in pg.map {
-        let (i, j) = (shard.row_part, shard.col_part);
+        let (i, j, l) = (shard.row_part, shard.col_part, shard.k_part);
         let (r0, r1) = rows[i as usize];
         let (c0, c1) = cols[j as usize];
+        let part = parts[l as usize];
         let (mt, nct) = (r1 - r0, c1 - c0);
-        let (split, _, _) = best_split(&gc, mt, nct, pg.costs)
+        let max_kg = if kp > 1 { 1 } else { u32::MAX };
+        let (split, _, _) = best_split_with(&gc, mt, nct, pg.costs, max_kg)
             .expect("the plan's shards have a split that fits (plan checked it)");
         let layout = ShardLayout::new(&gc, mt, nct, &split);
         let width = (c1 * 16).min(n) - c0 * 16;
@@ -325,28 +491,40 @@ pub fn lower(
             .buffers
             .get_mut(&shard.tile)
             .expect("tiles below tile_count");
-        let mut push =
-            |role: &str, bytes: u32, region, exclusive, zero: Vec<(u32, u32)>, category: &str| {
-                bufs.push(BufferSpec {
-                    name: format!("{value}.{role}"),
-                    bytes,
-                    align: 16,
-                    region,
-                    exclusive_element: exclusive,
-                    zero,
-                    category: category.into(),
-                    scratch: None,
-                });
-                bufs.len() - 1
-            };
-        // The receive buffers: the drain rows of A are never written.
+        let mut push = |role: &str,
+                        bytes: u32,
+                        region,
+                        exclusive,
+                        zero: Vec<(u32, u32)>,
+                        category: &str,
+                        phase: Option<u32>| {
+            bufs.push(BufferSpec {
+                name: format!("{value}.{role}"),
+                bytes,
+                align: 16,
+                region,
+                exclusive_element: exclusive,
+                zero,
+                category: category.into(),
+                scratch: phase,
+            });
+            bufs.len() - 1
+        };
+        // The receive buffers. The drain rows of A are never written (their
+        // products only reach the C buffers' trailing rows); outside scratch
+        // phases they start as zeros anyway.
         let a = push(
             "a",
             layout.a_bytes(),
             RegionReq::Interleaved,
             true,
-            vec![(mt * layout.rs_a, layout.a_bytes())],
+            if kp > 1 {
+                vec![]
+            } else {
+                vec![(mt * layout.rs_a, layout.a_bytes())]
+            },
             "gemm_operand",
+            scratch(CHUNK_PHASE),
         );
         let b = push(
             "b",
@@ -355,6 +533,7 @@ pub fn lower(
             false,
             vec![],
             "gemm_weight",
+            scratch(CHUNK_PHASE),
         );
         let header = vec![(0, crate::gemm::C_HEADER)];
         let c = push(
@@ -364,6 +543,7 @@ pub fn lower(
             true,
             header.clone(),
             "gemm_result",
+            None,
         );
         let c_partial = push(
             "c_partial",
@@ -372,36 +552,41 @@ pub fn lower(
             true,
             header,
             "gemm_partials",
+            None,
         );
         // Homes: zero wherever the host never writes and a kernel reads.
-        let a_count = (j..steps).step_by(cp as usize).count() as u32;
-        let b_count = (i..steps).step_by(rp as usize).count() as u32;
+        let part_steps = (part.1 - part.0).div_ceil(ch);
+        let a_count = (j..part_steps).step_by(cp as usize).count() as u32;
+        let b_count = (i..part_steps).step_by(rp as usize).count() as u32;
         let a_home_bytes = (a_count * mt * layout.rs_a).max(16);
         let b_home_bytes = (b_count * layout.b_bytes()).max(16);
-        let short = last_w != ch;
+        let short = (part.1 - part.0) % ch != 0;
+        let pad_k = g.kp() != k && part.1 == g.nkb();
         let a_home = push(
             "a_home",
             a_home_bytes,
             RegionReq::Any,
             false,
-            if g.kp() != k || short {
+            if pad_k || short {
                 vec![(0, a_home_bytes)]
             } else {
                 vec![]
             },
             "gemm_operand_home",
+            None,
         );
         let b_home = push(
             "b_home",
             b_home_bytes,
             RegionReq::Any,
             false,
-            if g.kp() != k || short || width != nct * 16 {
+            if pad_k || short || width != nct * 16 {
                 vec![(0, b_home_bytes)]
             } else {
                 vec![]
             },
             "gemm_weight_home",
+            None,
         );
         let bias = pg.group.bias.map(|_| {
             push(
@@ -411,14 +596,16 @@ pub fn lower(
                 false,
                 vec![(0, nct * 32)],
                 "bias",
+                None,
             )
         });
         work.insert(
-            (i, j),
+            (i, j, l),
             TileWork {
                 tile: shard.tile,
                 rows: (r0, r1),
                 cols: (c0, c1),
+                part,
                 split,
                 layout,
                 a,
@@ -432,75 +619,80 @@ pub fn lower(
         );
     }
 
-    // Per vertex (tile, row group, column group, K group): blocks still to
-    // run and where its running sum is (None before its first block).
-    type VertexKey = (u32, u32, usize, usize, usize);
+    // Per vertex: blocks still to run and where its running sum is (none
+    // before its first block).
     let mut remaining: BTreeMap<VertexKey, u32> = BTreeMap::new();
     let mut sum_in: BTreeMap<VertexKey, usize> = BTreeMap::new();
-    for (&(i, j), w) in &work {
+    for (&(i, j, l), w) in &work {
         let kg = w.split.k_groups.len() as u32;
         for gi in 0..w.split.row_groups.len() {
             for ci in 0..w.split.col_groups.len() {
                 for kj in 0..kg as usize {
                     let total = (0..steps)
                         .map(|s| {
-                            let (b0, b1) = chunk(&g, ch, s);
+                            let (b0, b1) = chunk(w.part, ch, s);
                             let r = k_ranges(b1 - b0, kg)[kj];
                             r.1 - r.0
                         })
                         .sum();
-                    remaining.insert((i, j, gi, ci, kj), total);
+                    remaining.insert((i, j, l, gi, ci, kj), total);
                 }
             }
         }
     }
 
     for s in 0..steps {
-        let (kb0, kb1) = chunk(&g, ch, s);
-        let w_blocks = kb1 - kb0;
-        // The exchange: A chunks along rows, B chunks along columns.
+        // The exchange: in every K part, A chunks along rows, B chunks
+        // along columns.
         let mut transfers = Vec::new();
-        for i in 0..rp {
-            let home = &work[&(i, s % cp)];
-            transfers.push(BufferTransfer {
-                source: BufferRef {
-                    tile: home.tile,
-                    buffer: home.a_home,
-                    offset: (s / cp) * (home.rows.1 - home.rows.0) * home.layout.rs_a,
-                },
-                destinations: (0..cp)
-                    .map(|j| {
-                        let t = &work[&(i, j)];
-                        BufferRef {
-                            tile: t.tile,
-                            buffer: t.a,
-                            offset: 0,
-                        }
-                    })
-                    .collect(),
-                bytes: (home.rows.1 - home.rows.0) * home.layout.rs_a,
-            });
-        }
-        for j in 0..cp {
-            let home = &work[&(s % rp, j)];
-            transfers.push(BufferTransfer {
-                source: BufferRef {
-                    tile: home.tile,
-                    buffer: home.b_home,
-                    offset: (s / rp) * home.layout.b_bytes(),
-                },
-                destinations: (0..rp)
-                    .map(|i| {
-                        let t = &work[&(i, j)];
-                        BufferRef {
-                            tile: t.tile,
-                            buffer: t.b,
-                            offset: 0,
-                        }
-                    })
-                    .collect(),
-                bytes: w_blocks * 16 * home.layout.rs_b,
-            });
+        for l in 0..kp {
+            let (b0, b1) = chunk(parts[l as usize], ch, s);
+            if b1 == b0 {
+                continue;
+            }
+            for i in 0..rp {
+                let home = &work[&(i, s % cp, l)];
+                let bytes = (home.rows.1 - home.rows.0) * home.layout.rs_a;
+                transfers.push(BufferTransfer {
+                    source: BufferRef {
+                        tile: home.tile,
+                        buffer: home.a_home,
+                        offset: (s / cp) * bytes,
+                    },
+                    destinations: (0..cp)
+                        .map(|j| {
+                            let t = &work[&(i, j, l)];
+                            BufferRef {
+                                tile: t.tile,
+                                buffer: t.a,
+                                offset: 0,
+                            }
+                        })
+                        .collect(),
+                    bytes,
+                });
+            }
+            for j in 0..cp {
+                let home = &work[&(s % rp, j, l)];
+                transfers.push(BufferTransfer {
+                    source: BufferRef {
+                        tile: home.tile,
+                        buffer: home.b_home,
+                        offset: (s / rp) * home.layout.b_bytes(),
+                    },
+                    destinations: (0..rp)
+                        .map(|i| {
+                            let t = &work[&(i, j, l)];
+                            BufferRef {
+                                tile: t.tile,
+                                buffer: t.b,
+                                offset: 0,
+                            }
+                        })
+                        .collect(),
+                    bytes: (b1 - b0) * 16 * home.layout.rs_b,
+                });
+            }
         }
         let label = *sink.exchange_label;
         let mut x = exchange::schedule(tile_count, transfers, label)?;
@@ -508,13 +700,13 @@ pub fn lower(
         *sink.exchange_label += 1;
         sink.steps.push(Step {
             operation: result_name.clone(),
-            phase: format!("exchange {value} chunk {s} (K blocks {kb0}..{kb1})"),
+            phase: format!("exchange {value} chunk {s}"),
             tiles: BTreeMap::new(),
             estimated_cycles: exchange::step_cycles(&x.figures),
             exchange: Some(x),
         });
 
-        // The compute step: every vertex adds the chunk's product.
+        // The compute step: every vertex adds its chunk's product.
         let mut step = Step {
             operation: result_name.clone(),
             phase: format!("gemm {value} chunk {s}"),
@@ -522,17 +714,21 @@ pub fn lower(
             estimated_cycles: 0,
             exchange: None,
         };
-        for (&(i, j), t) in &work {
-            let l = &t.layout;
+        for (&(i, j, l), t) in &work {
+            let (b0, b1) = chunk(t.part, ch, s);
+            if b1 == b0 {
+                continue;
+            }
+            let lay = &t.layout;
             let kg = t.split.k_groups.len() as u32;
             let mut vertices = Vec::new();
             for (gi, &(lr0, lr1)) in t.split.row_groups.iter().enumerate() {
                 for (ci, &(cg0, cg1)) in t.split.col_groups.iter().enumerate() {
-                    for (kj, (q0, q1)) in k_ranges(w_blocks, kg).into_iter().enumerate() {
+                    for (kj, (q0, q1)) in k_ranges(b1 - b0, kg).into_iter().enumerate() {
                         if q1 == q0 {
                             continue;
                         }
-                        let key = (i, j, gi, ci, kj);
+                        let key = (i, j, l, gi, ci, kj);
                         let left = remaining[&key];
                         let other = |b: usize| if b == t.c { t.c_partial } else { t.c };
                         // (written by the first block, read as partials, zero word)
@@ -546,20 +742,21 @@ pub fn lower(
                         let blocks = q1 - q0;
                         sum_in.insert(key, if blocks % 2 == 1 { ca } else { cb });
                         remaining.insert(key, left - blocks);
-                        let c_off = l.c_row(kj as u32, gi as u32, lr0) + cg0 * 16 * g.out_bytes();
+                        let c_off =
+                            lay.c_row(kj as u32, gi as u32, lr0) + cg0 * 16 * g.out_bytes();
                         vertices.push(Vertex {
                             kernel: pg.kernel.clone(),
                             state: vec![
                                 StateWord::Addr {
                                     buffer: t.a,
-                                    offset: lr0 * l.rs_a + q0 * 32,
+                                    offset: lr0 * lay.rs_a + q0 * 32,
                                 },
-                                StateWord::Const(l.rs_a),
+                                StateWord::Const(lay.rs_a),
                                 StateWord::Addr {
                                     buffer: t.b,
-                                    offset: q0 * 16 * l.rs_b + cg0 * 32,
+                                    offset: q0 * 16 * lay.rs_b + cg0 * 32,
                                 },
-                                StateWord::Const(l.rs_b),
+                                StateWord::Const(lay.rs_b),
                                 StateWord::Addr {
                                     buffer: ca,
                                     offset: c_off,
@@ -568,7 +765,7 @@ pub fn lower(
                                     buffer: cb,
                                     offset: c_off,
                                 },
-                                StateWord::Const(l.rs_c),
+                                StateWord::Const(lay.rs_c),
                                 match zero {
                                     Some(buffer) => StateWord::Addr { buffer, offset: 0 },
                                     None => StateWord::Const(0),
@@ -583,18 +780,79 @@ pub fn lower(
             }
             step.estimated_cycles = step
                 .estimated_cycles
-                .max(step_compute(pg.costs, &t.split, w_blocks));
+                .max(step_compute(pg.costs, &t.split, b1 - b0));
             step.tiles.insert(t.tile, vertices);
         }
         sink.steps.push(step);
     }
     debug_assert!(remaining.values().all(|&r| r == 0));
-    debug_assert!(work.iter().all(|(&(i, j), t)| sum_in
+    debug_assert!(sum_in
         .iter()
-        .filter(|(k, _)| k.0 == i && k.1 == j)
-        .all(|(_, &b)| b == t.c)));
+        .all(|(key, &b)| b == work[&(key.0, key.1, key.2)].c));
 
-    // f32 accumulation: the reduce step (sum of K groups, f16, epilogue).
+    // With several K parts: the reduce-scatter of the partials into each
+    // tile's gather buffer (scratch, after the chunks).
+    let mut gathers: BTreeMap<(u32, u32, u32), usize> = BTreeMap::new();
+    if kp > 1 {
+        let mut transfers = Vec::new();
+        for (&(i, j, l), t) in &work {
+            let lay = &t.layout;
+            let mt = t.rows.1 - t.rows.0;
+            let piece = pieces(mt, kp)[l as usize];
+            let section = mt.div_ceil(kp) * lay.rs_c;
+            let bufs = sink.buffers.get_mut(&t.tile).expect("tiles below tile_count");
+            bufs.push(BufferSpec {
+                name: format!("{value}.gather"),
+                bytes: (kp * section).max(16),
+                align: 16,
+                region: RegionReq::Interleaved,
+                exclusive_element: false,
+                zero: vec![],
+                category: "gemm_partials".into(),
+                scratch: Some(GATHER_PHASE),
+            });
+            let gather = bufs.len() - 1;
+            gathers.insert((i, j, l), gather);
+            // Rows of the piece, per row group of every source (rows of one
+            // row group are contiguous in `c`).
+            for src_l in 0..kp {
+                let src = &work[&(i, j, src_l)];
+                for (gi, &(g0, g1)) in src.split.row_groups.iter().enumerate() {
+                    let (r0, r1) = (g0.max(piece.0), g1.min(piece.1));
+                    if r1 <= r0 {
+                        continue;
+                    }
+                    transfers.push(BufferTransfer {
+                        source: BufferRef {
+                            tile: src.tile,
+                            buffer: src.c,
+                            offset: src.layout.c_row(0, gi as u32, r0),
+                        },
+                        destinations: vec![BufferRef {
+                            tile: t.tile,
+                            buffer: gather,
+                            offset: src_l * section + (r0 - piece.0) * lay.rs_c,
+                        }],
+                        bytes: (r1 - r0) * lay.rs_c,
+                    });
+                }
+            }
+        }
+        let label = *sink.exchange_label;
+        let mut x = exchange::schedule(tile_count, transfers, label)?;
+        exchange::attach_tables(&mut x, sink.buffers, &format!("xtab{label}"));
+        *sink.exchange_label += 1;
+        sink.steps.push(Step {
+            operation: result_name.clone(),
+            phase: format!("exchange {value} partials (reduce-scatter over {kp} K parts)"),
+            tiles: BTreeMap::new(),
+            estimated_cycles: exchange::step_cycles(&x.figures),
+            exchange: Some(x),
+        });
+    }
+
+    // The reduce step: f32 accumulation (sum of the worker K groups or of
+    // the K parts' partials, f16, epilogue).
     let mut reduce_step = Step {
         operation: result_name.clone(),
         phase: format!("reduce {result_name}"),
@@ -609,25 +867,90 @@ pub fn lower(
         placements: Vec::new(),
     };
     let rb = g.result_bytes();
-    for (&(i, j), t) in &work {
-        let l = &t.layout;
+    for (&(i, j, l), t) in &work {
+        let lay = &t.layout;
         let (r0, r1) = t.rows;
         let (c0, c1) = t.cols;
         let mt = r1 - r0;
+        let nct = c1 - c0;
         let width = (c1 * 16).min(n) - c0 * 16;
-        let mut result_buffer = (t.c, None);
-        if g.needs_reduce(t.split.k_groups.len()) {
+        // The rows this tile delivers, where: (first local row, row count,
+        // buffer, offset of the first row, row stride) per run of rows.
+        let mut delivered: Vec<(u32, u32, usize, u32, u32)> = Vec::new();
+        let bias_word = |cg0: u32| match t.bias {
+            Some(b) => StateWord::Addr {
+                buffer: b,
+                offset: cg0 * 32,
+            },
+            None => StateWord::Const(0),
+        };
+        if kp > 1 {
+            let reduce = pg
+                .reduce_kernel
+                .clone()
+                .expect("several K parts come with a reduce kernel");
+            let piece = pieces(mt, kp)[l as usize];
+            let section = mt.div_ceil(kp) * lay.rs_c;
+            let rows_here = piece.1 - piece.0;
+            if rows_here > 0 {
+                let bufs = sink.buffers.get_mut(&t.tile).expect("tiles below tile_count");
+                bufs.push(BufferSpec {
+                    name: format!("{value}.d"),
+                    bytes: rows_here * lay.rs_d(),
+                    align: 16,
+                    region: RegionReq::Standard,
+                    exclusive_element: false,
+                    zero: vec![],
+                    category: "gemm_result".into(),
+                    scratch: None,
+                });
+                let d = bufs.len() - 1;
+                let mut reduces = Vec::new();
+                let mut slowest = 0;
+                for (q0, q1) in reduce_rows(rows_here) {
+                    reduces.push(Vertex {
+                        kernel: reduce.clone(),
+                        state: vec![
+                            StateWord::Addr {
+                                buffer: gathers[&(i, j, l)],
+                                offset: q0 * lay.rs_c,
+                            },
+                            StateWord::Const(section),
+                            StateWord::Const(kp),
+                            StateWord::Const(lay.rs_c),
+                            StateWord::Addr {
+                                buffer: d,
+                                offset: q0 * lay.rs_d(),
+                            },
+                            StateWord::Const(lay.rs_d()),
+                            StateWord::Const(q1 - q0),
+                            StateWord::Const(4 * nct),
+                            bias_word(0),
+                        ],
+                    });
+                    if let Some(f) = pg.costs.reduce.as_mut() {
+                        slowest = slowest.max(f.eval(&[
+                            ("ROWS", (q1 - q0) as i64),
+                            ("QUADS", 4 * nct as i64),
+                            ("P", kp as i64),
+                        ]));
+                    }
+                }
+                reduce_step.estimated_cycles = reduce_step
+                    .estimated_cycles
+                    .max(slowest + supervisor_cycles(reduces.len() as u64));
+                reduce_step.tiles.insert(t.tile, reduces);
+                delivered.push((piece.0, rows_here, d, 0, lay.rs_d()));
+            }
+        } else if g.needs_reduce(t.split.k_groups.len()) {
             let reduce = pg
                 .reduce_kernel
                 .clone()
                 .expect("f32 accumulation comes with a reduce kernel");
-            let bufs = sink
-                .buffers
-                .get_mut(&t.tile)
-                .expect("tiles below tile_count");
+            let bufs = sink.buffers.get_mut(&t.tile).expect("tiles below tile_count");
             bufs.push(BufferSpec {
                 name: format!("{value}.d"),
-                bytes: l.d_bytes(),
+                bytes: lay.d_bytes(),
                 align: 16,
                 region: RegionReq::Standard,
                 exclusive_element: false,
@@ -643,25 +966,19 @@ pub fn lower(
                     state: vec![
                         StateWord::Addr {
                             buffer: t.c,
-                            offset: l.c_row(0, gi as u32, lr0) + cg0 * 64,
+                            offset: lay.c_row(0, gi as u32, lr0) + cg0 * 64,
                         },
-                        StateWord::Const(l.section()),
+                        StateWord::Const(lay.section()),
                         StateWord::Const(t.split.k_groups.len() as u32),
-                        StateWord::Const(l.rs_c),
+                        StateWord::Const(lay.rs_c),
                         StateWord::Addr {
                             buffer: d,
-                            offset: lr0 * l.rs_d() + cg0 * 16 * rb,
+                            offset: lr0 * lay.rs_d() + cg0 * 16 * rb,
                         },
-                        StateWord::Const(l.rs_d()),
+                        StateWord::Const(lay.rs_d()),
                         StateWord::Const(lr1 - lr0),
                         StateWord::Const(4 * (cg1 - cg0)),
-                        match t.bias {
-                            Some(b) => StateWord::Addr {
-                                buffer: b,
-                                offset: cg0 * 32,
-                            },
-                            None => StateWord::Const(0),
-                        },
+                        bias_word(cg0),
                     ],
                 });
             }
@@ -670,11 +987,16 @@ pub fn lower(
                 .estimated_cycles
                 .max(reduce_cycles + supervisor_cycles(reduces.len() as u64));
             reduce_step.tiles.insert(t.tile, reduces);
-            result_buffer = (d, Some(l.rs_d()));
+            delivered.push((0, mt, d, 0, lay.rs_d()));
+        } else {
+            for (gi, &(lr0, lr1)) in t.split.row_groups.iter().enumerate() {
+                delivered.push((lr0, lr1 - lr0, t.c, lay.c_row(0, gi as u32, lr0), lay.rs_c));
+            }
         }
 
         // Host placements: A rows into the A homes (input or param), B rows
         // into the B homes (initialize), the bias, the result rows.
+        let part_steps = (t.part.1 - t.part.0).div_ceil(ch);
         let a_t = (if kind_of(a_id) {
             &mut *sink.params
         } else {
@@ -682,8 +1004,8 @@ pub fn lower(
         })
         .entry(graph.value(a_id).name.clone())
         .or_insert_with(|| host_tensor(a_id));
-        for (idx, s) in (j..steps).step_by(cp as usize).enumerate() {
-            let (b0, b1) = chunk(&g, ch, s);
+        for (idx, s) in (j..part_steps).step_by(cp as usize).enumerate() {
+            let (b0, b1) = chunk(t.part, ch, s);
             let bytes = ((b1 * 16).min(k) - b0 * 16) * 2;
             for r in 0..mt {
                 push_coalesced(
@@ -691,7 +1013,7 @@ pub fn lower(
                     HostPlacement {
                         tile: t.tile,
                         buffer: t.a_home,
-                        buffer_offset: (idx as u32 * mt + r) * l.rs_a,
+                        buffer_offset: (idx as u32 * mt + r) * lay.rs_a,
                         host_offset: (r0 + r) as u64 * k as u64 * 2 + b0 as u64 * 32,
                         bytes,
                     },
@@ -705,15 +1027,15 @@ pub fn lower(
         })
         .entry(graph.value(b_id).name.clone())
         .or_insert_with(|| host_tensor(b_id));
-        for (idx, s) in (i..steps).step_by(rp as usize).enumerate() {
-            let (b0, b1) = chunk(&g, ch, s);
+        for (idx, s) in (i..part_steps).step_by(rp as usize).enumerate() {
+            let (b0, b1) = chunk(t.part, ch, s);
             for kk in b0 * 16..(b1 * 16).min(k) {
                 push_coalesced(
                     &mut b_t.placements,
                     HostPlacement {
                         tile: t.tile,
                         buffer: t.b_home,
-                        buffer_offset: idx as u32 * l.b_bytes() + (kk - b0 * 16) * l.rs_b,
+                        buffer_offset: idx as u32 * lay.b_bytes() + (kk - b0 * 16) * lay.rs_b,
                         host_offset: (kk as u64 * n as u64 + c0 as u64 * 16) * 2,
                         bytes: width * 2,
                     },
@@ -744,19 +1066,16 @@ pub fn lower(
         let c_t = target
             .entry(result_name.clone())
             .or_insert_with(|| host_tensor(result_value));
-        for (gi, &(lr0, lr1)) in t.split.row_groups.iter().enumerate() {
-            for r in lr0..lr1 {
-                let (buffer, buffer_offset) = match result_buffer {
-                    (id, Some(rs_d)) => (id, r * rs_d),
-                    (id, None) => (id, l.c_row(0, gi as u32, r)),
-                };
+        for (first, count, buffer, offset, stride) in delivered {
+            for r in 0..count {
                 push_coalesced(
                     &mut c_t.placements,
                     HostPlacement {
                         tile: t.tile,
                         buffer,
-                        buffer_offset,
-                        host_offset: ((r0 + r) as u64 * n as u64 + c0 as u64 * 16) * rb as u64,
+                        buffer_offset: offset + r * stride,
+                        host_offset: ((r0 + first + r) as u64 * n as u64 + c0 as u64 * 16)
+                            * rb as u64,
                         bytes: width * rb,
                     },
                 );
