@@ -161,8 +161,7 @@ pub fn place(
             continue;
         }
         let start = align_up(r0, b.align as u64);
-        let spill =
-            any && (r0_full || start + b.bytes as u64 + standard_after[i] > r0_limit);
+        let spill = any && (r0_full || start + b.bytes as u64 + standard_after[i] > r0_limit);
         if spill && align_up(r1, b.align as u64) + b.bytes as u64 <= REGION1_END as u64 {
             r0_full = true;
             let start = align_up(r1, b.align as u64);

@@ -336,8 +336,10 @@ pub fn evaluate(
         0
     };
     let host_in = host_transfer_cycles(in_bytes, CLOCK_HZ_C600);
-    let host_out =
-        host_transfer_cycles(g.m as u64 * g.n as u64 * g.result_bytes() as u64, CLOCK_HZ_C600);
+    let host_out = host_transfer_cycles(
+        g.m as u64 * g.n as u64 * g.result_bytes() as u64,
+        CLOCK_HZ_C600,
+    );
     let device = compute + exchange;
     Some(GemmPlan {
         row_parts,
@@ -742,8 +744,7 @@ pub fn lower(
                         let blocks = q1 - q0;
                         sum_in.insert(key, if blocks % 2 == 1 { ca } else { cb });
                         remaining.insert(key, left - blocks);
-                        let c_off =
-                            lay.c_row(kj as u32, gi as u32, lr0) + cg0 * 16 * g.out_bytes();
+                        let c_off = lay.c_row(kj as u32, gi as u32, lr0) + cg0 * 16 * g.out_bytes();
                         vertices.push(Vertex {
                             kernel: pg.kernel.clone(),
                             state: vec![
@@ -778,9 +779,9 @@ pub fn lower(
                     }
                 }
             }
-            step.estimated_cycles = step
-                .estimated_cycles
-                .max(step_compute(pg.costs, &t.split, b1 - b0));
+            step.estimated_cycles =
+                step.estimated_cycles
+                    .max(step_compute(pg.costs, &t.split, b1 - b0));
             step.tiles.insert(t.tile, vertices);
         }
         sink.steps.push(step);
@@ -800,7 +801,10 @@ pub fn lower(
             let mt = t.rows.1 - t.rows.0;
             let piece = pieces(mt, kp)[l as usize];
             let section = mt.div_ceil(kp) * lay.rs_c;
-            let bufs = sink.buffers.get_mut(&t.tile).expect("tiles below tile_count");
+            let bufs = sink
+                .buffers
+                .get_mut(&t.tile)
+                .expect("tiles below tile_count");
             bufs.push(BufferSpec {
                 name: format!("{value}.gather"),
                 bytes: (kp * section).max(16),
@@ -893,7 +897,10 @@ pub fn lower(
             let section = mt.div_ceil(kp) * lay.rs_c;
             let rows_here = piece.1 - piece.0;
             if rows_here > 0 {
-                let bufs = sink.buffers.get_mut(&t.tile).expect("tiles below tile_count");
+                let bufs = sink
+                    .buffers
+                    .get_mut(&t.tile)
+                    .expect("tiles below tile_count");
                 bufs.push(BufferSpec {
                     name: format!("{value}.d"),
                     bytes: rows_here * lay.rs_d(),
@@ -947,7 +954,10 @@ pub fn lower(
                 .reduce_kernel
                 .clone()
                 .expect("f32 accumulation comes with a reduce kernel");
-            let bufs = sink.buffers.get_mut(&t.tile).expect("tiles below tile_count");
+            let bufs = sink
+                .buffers
+                .get_mut(&t.tile)
+                .expect("tiles below tile_count");
             bufs.push(BufferSpec {
                 name: format!("{value}.d"),
                 bytes: lay.d_bytes(),
