@@ -422,7 +422,21 @@ pub fn sample_package() -> Package {
                         phase("compute", PhaseKind::Compute, Some(123)),
                         phase("download y", PhaseKind::DeviceToHost, Some(65)),
                     ],
-                    inputs: vec![tensor("x", DType::F16, vec![3, 4], 0x90000, true)],
+                    // Two rows per tile at consecutive addresses: stored
+                    // as one run with a count and steps.
+                    inputs: vec![StreamTensor {
+                        name: "x".into(),
+                        dtype: DType::F16,
+                        shape: vec![6, 4],
+                        placements: (0..6)
+                            .map(|row| Placement {
+                                tile: row / 2,
+                                address: 0x90000 + 8 * (row % 2),
+                                offset: row as u64 * 8,
+                                bytes: 8,
+                            })
+                            .collect(),
+                    }],
                     outputs: vec![tensor("y", DType::F32, vec![3, 2], 0xB0000, true)],
                 },
             ],
@@ -453,6 +467,7 @@ mod tests {
         assert_eq!(Package::from_tar(&rebuilt).unwrap(), p);
         // A manifest edit is judged by the manifest checks, not the digest.
         let text = String::from_utf8(members[0].1.clone()).unwrap();
+        assert!(text.contains("\"address_step\": 8"), "a run with steps");
         let edited = text.replace("\"tile_count\": 3", "\"tile_count\": 2");
         assert_ne!(edited, text);
         let err = Package::from_tar(&sample_archive_with_manifest(edited.as_bytes()))

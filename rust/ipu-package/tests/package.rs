@@ -479,7 +479,8 @@ fn corrupt_archives_are_refused() {
             "misnamed tile",
             with(&manifest.replace("tiles/0001.img", "tiles/1.img"), &rest),
         ),
-        // Found with the package_reader fuzz target's manifest mode: the
+        // Found while writing the package_reader fuzz target (by reading the
+        // checks it reaches, then replayed through its manifest mode): the
         // address check added 4 to a u32 and overflowed (a panic).
         (
             "command address at the top",
@@ -491,7 +492,7 @@ fn corrupt_archives_are_refused() {
                 &rest,
             ),
         ),
-        // Also from that target: a run of four billion placements made the
+        // Found the same way: a run of four billion placements made the
         // reader allocate ~96 GB before any check.
         (
             "huge placement run",
