@@ -3,6 +3,13 @@
 # over workers (each worker accumulates its own f32 partial) or, with P = 1,
 # the f32 -> f16 conversion of an f32-accumulated GEMM with an f16 result.
 #
+# IN=16: the partials are f16 instead (split-K over tiles of a GEMM
+# accumulated in f16, each tile holding an f16 partial of the same block).
+# Each partial is widened to f32 exactly (f16v2tof32, two per group of four)
+# and summed like IN=32; the state layout is the same, with f16 elements,
+# and SRC, SECTION and RS_SRC need only be multiples of 8 (64-bit loads,
+# any region).
+#
 # Epilogues (EPI, OUT=16 only), fused so that the GEMM's consumers never
 # need a pass of their own; each intermediate is rounded to f16 where the
 # graph stores it (docs/graph-format.md), the arithmetic runs in f32:
@@ -13,10 +20,11 @@
 # gelu(x) = 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))).
 #
 # Vertex state (u32 words, byte offsets):
-#    0 SRC      address of row 0, column 0 of partial 0 (region 1, 16-aligned)
-#    4 SECTION  bytes from one partial to the next (multiple of 16)
+#    0 SRC      address of row 0, column 0 of partial 0 (IN=32: region 1,
+#               16-aligned; IN=16: 8-aligned, any region)
+#    4 SECTION  bytes from one partial to the next (multiple of 16; IN=16: 8)
 #    8 P        partials (>= 1)
-#   12 RS_SRC   partial row stride in bytes (multiple of 16)
+#   12 RS_SRC   partial row stride in bytes (multiple of 16; IN=16: 8)
 #   16 DST      address of row 0 of the result (8-aligned)
 #   20 RS_DST   result row stride in bytes (multiple of 8)
 #   24 ROWS     rows (>= 1)
@@ -24,19 +32,34 @@
 #   32 BIAS     address of the f16 bias of column 0 (8-aligned; EPI 1 and 2)
 #
 # Sums run in f32 in partial order (p = 0, 1, ...), one rounding per add,
-# then one conversion: each group of four costs about 2P + 7 bundles.
+# then one conversion: each group of four costs about 2P + 7 bundles (IN=16:
+# 4P + 5, the widening doubles the arithmetic per partial).
 
         .kernel reduce_f32
         .param OUT, 16
         .param EPI, 0
+        .param IN, 32
         .workers 6
         .if OUT != 16 && OUT != 32
         .error "OUT must be 16 (f16 result) or 32 (f32 result)"
         .endif
+        .if IN != 16 && IN != 32
+        .error "IN must be 16 (f16 partials) or 32 (f32 partials)"
+        .endif
         .if EPI < 0 || EPI > 3 || (EPI != 0 && OUT != 16)
         .error "EPI must be 0..3, and epilogues need OUT=16"
         .endif
-        .if EPI == 0
+        .if IN == 16 && OUT == 32
+        .cycles "6 * (16 + ROWS * (6 + QUADS * (4 * P + 4)))"
+        .elseif IN == 16 && EPI == 0
+        .cycles "6 * (16 + ROWS * (6 + QUADS * (4 * P + 5)))"
+        .elseif IN == 16 && EPI == 1
+        .cycles "6 * (17 + ROWS * (7 + QUADS * (4 * P + 13)))"
+        .elseif IN == 16 && EPI == 2
+        .cycles "6 * (18 + ROWS * (7 + QUADS * (4 * P + 37)))"
+        .elseif IN == 16
+        .cycles "6 * (17 + ROWS * (6 + QUADS * (4 * P + 29)))"
+        .elseif EPI == 0
         .cycles "6 * (8 + ROWS * (3 + QUADS * (2 * P + 7)))"
         .elseif EPI == 1
         .cycles "6 * (8 + ROWS * (4 + QUADS * (2 * P + 16)))"
@@ -72,8 +95,12 @@
 
 # $m2 partial walk, $m3 result walk, $m4 rows left, $m5 quads left in the
 # row, $m6 source row start, $m7 result row start, $m8 SECTION, $m9 P - 1,
-# $m10 QUADS - 1, $m11 RS_SRC, $m12 RS_DST, $m13 quad source. $a14:15 stay
-# zero (workers start with zeroed registers) and clear $a2:3 between groups.
+# $m10 QUADS - 1, $m11 RS_SRC, $m12 RS_DST, $m13 quad source. IN=32: $a14:15
+# stay zero (workers start with zeroed registers) and clear $a2:3 between
+# groups. IN=16: $a14:15 hold -0 in both lanes and reset the lanes 2-3 sum
+# $a6:7 between groups; -0 is the exact identity of f32 addition (x + -0 = x
+# also for x = -0, where + 0 would give +0), so the pipelined loop below adds
+# partial 0's lanes 2-3 to it without changing a bit.
         .text
         .globl reduce_f32
         .entry reduce_f32
@@ -85,7 +112,13 @@ reduce_f32:
         ld32 $m11, [$m0 + ST_RS_SRC]
         ld32 $m7, [$m0 + ST_DST]
         ld32 $m12, [$m0 + ST_RS_DST]
+        .if IN == 16
+        sethi $a6, 0x80000
+        sethi $a7, 0x80000
+        { ld32 $m4, [$m0 + ST_ROWS] ; mov64 $a14:15, $a6:7 }
+        .else
         ld32 $m4, [$m0 + ST_ROWS]
+        .endif
         add $m4, $m4, -1
         ld32 $m10, [$m0 + ST_QUADS]
         add $m10, $m10, -1
@@ -104,6 +137,23 @@ row:
         mov $m14, $m1
         .endif
 quad:
+        .if IN == 16
+        # Partial 0 widened: lanes 0-1 into the sum $a4:5, lanes 2-3 into
+        # $a10:11 (added to the -0 in $a6:7 by the loop's first bundle or
+        # after it).
+        ld64 $a0:1, [$m13]
+        { add $m2, $m13, $m8 ; f16v2tof32 $a4:5, $a0 }
+        { add $m13, $m13, 8 ; f16v2tof32 $a10:11, $a1 }
+        # Partials 1..P-1: load the next while adding the previous one's
+        # lanes 2-3, widen, add lanes 0-1 (the arithmetic slot is the bound:
+        # two widenings and two adds per partial).
+        rpt $m9, 4
+        { ld64 $a0:1, [$m2]+=$m8 ; f32v2add $a6:7, $a6:7, $a10:11 }
+        f16v2tof32 $a2:3, $a0
+        f16v2tof32 $a10:11, $a1
+        f32v2add $a4:5, $a4:5, $a2:3
+        f32v2add $a6:7, $a6:7, $a10:11
+        .else
         mov $m2, $m13
         ld128 $a4:7, [$m2]+=$m8
         # Partials 1..P-1: load the next while adding the previous one's halves.
@@ -111,8 +161,13 @@ quad:
         { ld128 $a0:3, [$m2]+=$m8 ; f32v2add $a6:7, $a6:7, $a2:3 }
         f32v2add $a4:5, $a4:5, $a0:1
         f32v2add $a6:7, $a6:7, $a2:3
+        .endif
         .if OUT == 16
+        .if IN == 16
+        f32v2tof16 $a8, $a4:5
+        .else
         { add $m13, $m13, 16 ; f32v2tof16 $a8, $a4:5 }
+        .endif
         f32v2tof16 $a9, $a6:7
         .if EPI == 1 || EPI == 2
         # + bias, rounded to f16 where the graph stores the sum.
@@ -133,7 +188,15 @@ quad:
         f32v2tof16 $a8, $a4:5
         f32v2tof16 $a9, $a6:7
         .endif
+        .if IN == 16
+        { st64 $a8:9, [$m3]+=8 ; mov64 $a6:7, $a14:15 }
+        .else
         { st64 $a8:9, [$m3]+=8 ; mov64 $a2:3, $a14:15 }
+        .endif
+        .elseif IN == 16
+        st64 $a4:5, [$m3]+=8
+        # The store reads $a6:7 before the move resets it.
+        { st64 $a6:7, [$m3]+=8 ; mov64 $a6:7, $a14:15 }
         .else
         { st64 $a4:5, [$m3]+=8 ; mov64 $a2:3, $a14:15 }
         { st64 $a6:7, [$m3]+=8 ; nop }

@@ -5,9 +5,17 @@
 //! the documented operation order (docs/isa.md: f32 ops round once, `mac`
 //! is fused, `tanh` is computed in f64 and rounded). The simulator executes
 //! the kernel.
+//!
+//! `IN=16` (f16 partials, each widened exactly to f32, then the same sums)
+//! runs through the shared one-tile harness: every P from 1 to 8, edge row
+//! and group counts, each output and epilogue, signed zeros, infinities and
+//! subnormals, the bytes around the results, and the declared `.cycles`.
 
-use ipu_isa::numerics::{f16_bits_to_f32, f32_to_f16_bits};
+mod kernel_common;
+
+use ipu_isa::numerics::{canonical_f32_bits, f16_bits_to_f32, f32_to_f16_bits};
 use ipu_sim::{Chip, ChipConfig, Stop};
+use kernel_common::{declared_cycles, ranges_aligned, simulate, Kernel, Launch, Rng};
 use std::path::PathBuf;
 
 fn device_dir() -> PathBuf {
@@ -224,4 +232,302 @@ fn fused_bias_and_gelu_epilogues() {
             "formula {formula} vs simulated {cycles}"
         );
     }
+}
+
+/// Where the f16 partials start: region 0 (standard memory) and 8- but not
+/// 16-aligned, because IN=16 reads with 64-bit loads, which work anywhere.
+const SRC16: u32 = 0x7_8008;
+/// The byte the result area is filled with before the run: bytes the kernel
+/// must not write keep it.
+const GUARD: u8 = 0xA5;
+
+/// The distribution of the f16 partials.
+#[derive(Clone, Copy, Debug)]
+enum Values {
+    /// Half uniform in [-4, 4), half any finite f16 (all exponents,
+    /// subnormals included), so that f32 sums of far-apart magnitudes round.
+    Mixed,
+    /// Mostly signed zeros, infinities, the largest finite f16, the smallest
+    /// subnormals and +-1: the cases where an exact widening and in-order
+    /// f32 sums (not a + 0 identity, not a wider accumulator) show.
+    Specials,
+}
+
+fn random_f16(rng: &mut Rng, values: Values) -> u16 {
+    const SPECIALS: [u16; 10] = [
+        0x0000, 0x8000, 0x7C00, 0xFC00, 0x7BFF, 0xFBFF, 0x0001, 0x8001, 0x3C00, 0xBC00,
+    ];
+    let any_finite = |rng: &mut Rng| {
+        let bits = rng.next();
+        let exponent = (bits >> 16) % 31;
+        ((bits & 0x8000) | (exponent << 10) | (bits & 0x3FF)) as u16
+    };
+    match values {
+        Values::Mixed if rng.next() & 1 == 0 => f32_to_f16_bits(rng.uniform(-4.0, 4.0) as f32),
+        Values::Mixed => any_finite(rng),
+        Values::Specials if rng.next() % 4 != 0 => {
+            SPECIALS[(rng.next() % SPECIALS.len() as u64) as usize]
+        }
+        Values::Specials => any_finite(rng),
+    }
+}
+
+/// One IN=16 run: the shape, the kernel parameters, the worker split.
+#[derive(Clone, Copy, Debug)]
+struct Case16 {
+    rows: u32,
+    quads: u32,
+    partials: u32,
+    out32: bool,
+    epi: u32,
+    workers: u32,
+    values: Values,
+    seed: u64,
+}
+
+/// The sum as the kernel computes it: partial 0 widened exactly, then one
+/// f32 add per further partial in partial order, NaN results canonical.
+fn sum_f16_partials(partials: impl Iterator<Item = u16>) -> f32 {
+    partials
+        .map(f16_bits_to_f32)
+        .reduce(|sum, x| f32::from_bits(canonical_f32_bits(sum + x)))
+        .expect("P >= 1")
+}
+
+/// Runs `case` on one simulated tile, checks every result bit for bit and
+/// every guard byte, and returns the tile's compute cycles.
+fn run_in16(case: Case16) -> u64 {
+    let Case16 {
+        rows,
+        quads,
+        partials,
+        out32,
+        epi,
+        workers,
+        values,
+        seed,
+    } = case;
+    let mut rng = Rng(seed);
+    // Rows padded by 24 bytes and partials by 40: strides that are multiples
+    // of 8 but not of 16, which IN=16 allows.
+    let rs_src = quads * 8 + 24;
+    let section = rows * rs_src + 40;
+    let ob = if out32 { 4 } else { 2 };
+    let rs_dst = quads * 4 * ob + 8;
+    let elements = (quads * 4) as usize;
+    let at = |p: u32, r: u32, e: usize| ((p * rows + r) as usize) * elements + e;
+    let partial_values: Vec<u16> = (0..partials as usize * rows as usize * elements)
+        .map(|_| random_f16(&mut rng, values))
+        .collect();
+    let bias: Vec<u16> = (0..elements)
+        .map(|_| f32_to_f16_bits(rng.uniform(-2.0, 2.0) as f32))
+        .collect();
+    let mut src = vec![0u8; (section * partials) as usize];
+    for p in 0..partials {
+        for r in 0..rows {
+            for e in 0..elements {
+                let byte = (p * section + r * rs_src) as usize + 2 * e;
+                src[byte..byte + 2].copy_from_slice(&partial_values[at(p, r, e)].to_le_bytes());
+            }
+        }
+    }
+    let dst_bytes = rows * rs_dst + 64;
+    let launches: Vec<Launch> = ranges_aligned(rows as usize, workers as usize, 1)
+        .into_iter()
+        .map(|(r0, r1)| Launch {
+            entry: "reduce_f32".into(),
+            state: vec![
+                SRC16 + r0 as u32 * rs_src,
+                section,
+                partials,
+                rs_src,
+                DST + r0 as u32 * rs_dst,
+                rs_dst,
+                (r1 - r0) as u32,
+                quads,
+                BIAS,
+            ],
+        })
+        .collect();
+    let defines = [
+        ("IN", 16),
+        ("OUT", if out32 { 32 } else { 16 }),
+        ("EPI", epi as i64),
+    ];
+    let (chip, cycles) = simulate(
+        &[Kernel {
+            file: "reduce_f32.S",
+            defines: &defines,
+        }],
+        &[launches],
+        &[
+            (SRC16, src),
+            (BIAS, kernel_common::f16_bytes(&bias)),
+            (DST, vec![GUARD; dst_bytes as usize]),
+        ],
+    );
+    let out = chip.peek(0, DST, dst_bytes).unwrap();
+    for r in 0..rows {
+        let row = &out[(r * rs_dst) as usize..][..rs_dst as usize];
+        for e in 0..elements {
+            let sum = sum_f16_partials((0..partials).map(|p| partial_values[at(p, r, e)]));
+            let (got, want) = if out32 {
+                (
+                    u32::from_le_bytes(row[4 * e..][..4].try_into().unwrap()),
+                    sum.to_bits(),
+                )
+            } else {
+                (
+                    u16::from_le_bytes(row[2 * e..][..2].try_into().unwrap()) as u32,
+                    epilogue(epi, sum, bias[e]) as u32,
+                )
+            };
+            assert_eq!(
+                got,
+                want,
+                "{case:?}: [{r}, {e}] = {got:#x}, expected {want:#x} (sum {sum:e} of {:04x?})",
+                (0..partials)
+                    .map(|p| partial_values[at(p, r, e)])
+                    .collect::<Vec<_>>()
+            );
+        }
+        let written = elements * ob as usize;
+        assert!(
+            row[written..].iter().all(|&b| b == GUARD),
+            "{case:?}: row {r}: the stride padding after byte {written} was written"
+        );
+    }
+    assert!(
+        out[(rows * rs_dst) as usize..].iter().all(|&b| b == GUARD),
+        "{case:?}: bytes after the last result row were written"
+    );
+    cycles
+}
+
+/// Edge shapes: one row or group, more rows than workers, uneven splits.
+const SHAPES: [(u32, u32); 5] = [(1, 1), (2, 3), (7, 1), (13, 5), (6, 9)];
+
+#[test]
+fn in16_sums_f16_partials_bit_exactly() {
+    for partials in 1..=8 {
+        for (i, &(rows, quads)) in SHAPES.iter().enumerate() {
+            for out32 in [false, true] {
+                for workers in [1, 6] {
+                    run_in16(Case16 {
+                        rows,
+                        quads,
+                        partials,
+                        out32,
+                        epi: 0,
+                        workers,
+                        values: Values::Mixed,
+                        seed: (partials * 100 + i as u32 * 10 + workers) as u64,
+                    });
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn in16_signed_zeros_infinities_and_subnormals() {
+    for partials in 1..=8 {
+        for out32 in [false, true] {
+            run_in16(Case16 {
+                rows: 9,
+                quads: 4,
+                partials,
+                out32,
+                epi: 0,
+                workers: 3,
+                values: Values::Specials,
+                seed: 7000 + partials as u64,
+            });
+        }
+    }
+}
+
+#[test]
+fn in16_fused_bias_and_gelu_epilogues() {
+    for epi in 1..=3 {
+        for partials in [1, 2, 5, 8] {
+            for &(rows, quads) in &[(1, 1), (5, 3), (7, 4)] {
+                for (workers, values) in [(1, Values::Mixed), (4, Values::Specials)] {
+                    run_in16(Case16 {
+                        rows,
+                        quads,
+                        partials,
+                        out32: false,
+                        epi,
+                        workers,
+                        values,
+                        seed: (epi * 1000 + partials * 100 + rows * 10 + quads) as u64,
+                    });
+                }
+            }
+        }
+    }
+}
+
+/// One worker (so the tile's cycles are one vertex's), the formula the
+/// compiler reads from the object, evaluated by the compiler's evaluator.
+#[test]
+fn in16_cycles_match_the_declared_formula() {
+    let variants = [(false, 0), (true, 0), (false, 1), (false, 2), (false, 3)];
+    let mut outside = Vec::new();
+    for (out32, epi) in variants {
+        for &(rows, quads, partials) in &[(6, 4, 1), (6, 4, 6), (10, 8, 2), (4, 16, 8)] {
+            let simulated = run_in16(Case16 {
+                rows,
+                quads,
+                partials,
+                out32,
+                epi,
+                workers: 1,
+                values: Values::Mixed,
+                seed: 1,
+            });
+            let defines = [
+                ("IN", 16),
+                ("OUT", if out32 { 32 } else { 16 }),
+                ("EPI", epi as i64),
+            ];
+            let declared = declared_cycles(
+                "reduce_f32.S",
+                &defines,
+                &[
+                    ("ROWS", rows as u64),
+                    ("QUADS", quads as u64),
+                    ("P", partials as u64),
+                ],
+            );
+            println!(
+                "IN=16 out32={out32} EPI={epi} rows={rows} quads={quads} P={partials}: simulated {simulated}, .cycles {declared}"
+            );
+            let ratio = declared as f64 / simulated as f64;
+            if !(0.97..1.03).contains(&ratio) {
+                outside.push(format!(
+                    "IN=16 out32={out32} EPI={epi} rows={rows} quads={quads} P={partials}: .cycles {declared} vs simulated {simulated}"
+                ));
+            }
+        }
+    }
+    assert!(
+        outside.is_empty(),
+        "declared cycles off by 3% or more:\n{}",
+        outside.join("\n")
+    );
+}
+
+#[test]
+fn unsupported_input_width_is_a_clear_error() {
+    let err = kernel_common::assemble("reduce_f32.S", &[("IN", 8)])
+        .err()
+        .expect("IN=8 must not assemble");
+    let message = err.to_string();
+    assert!(
+        message.contains("IN must be 16 (f16 partials) or 32 (f32 partials)")
+            && message.contains("reduce_f32.S"),
+        "{message}"
+    );
 }
