@@ -611,13 +611,16 @@ fn row_vertices(
         .collect()
 }
 
-/// Supervisor cycles around a compute step of `n` vertices inside a call:
-/// the last vertex starts after the others' launches (two `setzi` and a
-/// two-slot `run` each, 24 cycles), and `wsync` follows (measured on the
-/// simulator; the GEMM planner's `plan::supervisor_cycles` also covers the
-/// call's dispatch, which the attention's steps do not repeat).
+/// Supervisor cycles around a compute step of `n` vertices inside a call,
+/// under the supervisor runtime (device/supervisor.S, docs/runtime.md): the
+/// step's record loads its entry and states in the shadow of the previous
+/// step's workers, so after the `wsync` the `run`s follow 12 cycles apart and
+/// the last worker's first issue lags its `run` by up to 6 cycles (slot
+/// alignment). Measured by tests/supervisor_runtime.rs; the GEMM planner's
+/// `plan::supervisor_cycles` covers a call's first step, which also pays
+/// the dispatch.
 pub fn launch_cycles(n: u64) -> u64 {
-    24 * n.saturating_sub(1) + 12
+    12 * n.saturating_sub(1) + 6
 }
 
 fn round_up(x: u32, a: u32) -> u32 {

@@ -761,7 +761,8 @@ pub fn compile(options: &CompileOptions) -> Result<CompileOutput, CompileError> 
         Ok(l)
     })?;
 
-    // Kernels each tile links, in request order.
+    // Kernels each tile links, in request order; the supervisor runtime
+    // (emit::runtime_request) is the one every tile links.
     let tile_kernels = |tile: u32| -> Vec<KernelRequest> {
         let mut v: Vec<KernelRequest> = lowered
             .calls
@@ -770,6 +771,7 @@ pub fn compile(options: &CompileOptions) -> Result<CompileOutput, CompileError> 
             .filter_map(|s| s.tiles.get(&tile))
             .flatten()
             .map(|v| v.kernel.clone())
+            .chain(std::iter::once(emit::runtime_request()))
             .collect();
         v.sort();
         v.dedup();
@@ -809,7 +811,12 @@ pub fn compile(options: &CompileOptions) -> Result<CompileOutput, CompileError> 
                     code_end: 0,
                     addresses: vec![0; bufs.len()],
                 };
-                let text = emit::tile_program(&lowered, tile, &dummy);
+                let text = emit::tile_program(&lowered, tile, &dummy).map_err(|message| {
+                    CompileError::Verifier {
+                        phase: "emit_code",
+                        message,
+                    }
+                })?;
                 let linked = link::link_program(tile, &text, &kernels_of(tile))?;
                 let code_bytes = link::linked_end(&linked) - ipu_arch::REGION0_BASE;
                 let s = storage::place(tile, bufs, code_bytes)?;
@@ -851,8 +858,16 @@ pub fn compile(options: &CompileOptions) -> Result<CompileOutput, CompileError> 
         Ok(lowered
             .buffers
             .keys()
-            .map(|&t| (t, emit::tile_program(&lowered, t, &storage[&t])))
-            .collect::<BTreeMap<u32, String>>())
+            .map(|&t| {
+                let text = emit::tile_program(&lowered, t, &storage[&t]).map_err(|message| {
+                    CompileError::Verifier {
+                        phase: "emit_code",
+                        message,
+                    }
+                })?;
+                Ok((t, text))
+            })
+            .collect::<Result<BTreeMap<u32, String>, CompileError>>()?)
     })?;
 
     let linked = phase("link", || {

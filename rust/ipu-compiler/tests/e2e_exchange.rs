@@ -44,7 +44,9 @@ fn check_exchange_package(ran: &Ran, steps_expected: usize) {
     }
     for (tile, program) in &out.programs {
         assert_eq!(
-            program.matches("xtab $m1, $m2").count(),
+            // One exchange record (`rt_exchange` or `rt_exchange_w`) of the
+            // program table per step.
+            program.matches(".word rt_exchange").count(),
             steps_expected,
             "tile {tile} runs every exchange step"
         );

@@ -50,6 +50,8 @@ fn compiles_from_a_bazel_kernel_library_index() {
             "reduce_f32.S",
             &[("OUT", 32)],
         ),
+        // The supervisor runtime, which every tile links.
+        assemble(dir.path(), "supervisor", "supervisor.S", &[]),
     ];
     let index = dir.path().join("kernels.library.json");
     std::fs::write(
