@@ -111,7 +111,8 @@ pub fn table_bytes(step: &ExchangeStep, tile: u32, address_of: impl Fn(usize) ->
 
 /// Cycles the cost model charges for an exchange step: the 600-cycle sync,
 /// the phase from `T0` to the last tile's compute resume under the standard
-/// prologue, and one supervisor bundle that restores the command address.
+/// prologue, and one supervisor bundle after `xend` (the runtime's `br` to
+/// the next record; docs/runtime.md, "The supervisor runtime").
 pub fn step_cycles(figures: &ExchangeFigures) -> u64 {
     ipu_arch::SYNC_CYCLES + figures.exchange_cycles + ipu_arch::CONTEXT_ISSUE_INTERVAL as u64
 }
