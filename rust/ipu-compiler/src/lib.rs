@@ -528,7 +528,66 @@ pub fn compile(options: &CompileOptions) -> Result<CompileOutput, CompileError> 
                     p.estimate.host_in_cycles = 0;
                 }
             }
-            let exchanged = plan_exchanged_chain(&geometries, &producers, &own)?;
+            // A two-GEMM chain whose consumer fits no whole-K plan streams
+            // the consumer's K (crate::stream) with its A chunks taken from
+            // the producer's result tiles; the producer then plans in the
+            // region-1 memory the streamed plan leaves.
+            let mut streamed_chain = false;
+            if groups.len() == 2 && producers[1] == Some(0) && own[1].0.is_empty() {
+                planned[1].2.memory_budget = region1;
+                let bias = groups[1].bias.is_some();
+                let g1 = planned[1].0;
+                let streamed = stream::search(
+                    &g1,
+                    options.tiles,
+                    (false, bias),
+                    &mut planned[1].2,
+                    &options.search,
+                );
+                // The fastest streamed plan that leaves the producer a plan
+                // (the Pareto front trades cycles for memory in order).
+                let element = ipu_arch::INTERLEAVED_ELEMENT_BYTES as u64;
+                let g0 = planned[0].0;
+                for (index, candidate) in streamed.0.iter().enumerate() {
+                    let left = region1.saturating_sub(candidate.estimate.peak_interleaved_bytes)
+                        / element
+                        * element;
+                    planned[0].2.memory_budget = left;
+                    let producer =
+                        plan::search(&g0, options.tiles, &mut planned[0].2, &options.search);
+                    if producer.0.is_empty() {
+                        continue;
+                    }
+                    tracing::info!(
+                        consumer = %planned[1].3,
+                        streamed_candidates = streamed.1,
+                        streamed_front_index = index,
+                        producer_budget_bytes = left,
+                        producer_plans = producer.0.len(),
+                        "chain: the consumer streams K; the producer plans in what is left"
+                    );
+                    let mut front = streamed.0.clone();
+                    let chosen = front.remove(index);
+                    front.insert(0, chosen);
+                    own = vec![producer, (front, streamed.1)];
+                    streamed_chain = true;
+                    break;
+                }
+                if !streamed_chain {
+                    tracing::info!(
+                        consumer = %planned[1].3,
+                        streamed_candidates = streamed.1,
+                        streamed_plans = streamed.0.len(),
+                        "chain: no streamed plan of the consumer leaves the producer a plan"
+                    );
+                }
+            }
+            let exchanged = if streamed_chain {
+                let total = own.iter().map(|f| f.0[0].estimate.compute_cycles).sum();
+                Some((total, vec![0, 0]))
+            } else {
+                plan_exchanged_chain(&geometries, &producers, &own)?
+            };
             let use_exchange = match (&exchanged, shared_cycles) {
                 (Some(x), Some(s)) => x.0 < s,
                 (Some(_), None) => true,
@@ -537,12 +596,18 @@ pub fn compile(options: &CompileOptions) -> Result<CompileOutput, CompileError> 
             chain_choice = Some(json!({
                 "shared_rows_estimated_cycles": shared_cycles,
                 "exchange_estimated_cycles": exchanged.as_ref().map(|x| x.0),
-                "chosen": if use_exchange { "exchange" } else { "shared_rows" },
+                "chosen": if streamed_chain { "streamed" } else if use_exchange { "exchange" } else { "shared_rows" },
             }));
             tracing::info!(
                 shared_rows_estimated_cycles = shared_cycles.unwrap_or(0),
                 exchange_estimated_cycles = exchanged.as_ref().map_or(0, |x| x.0),
-                chosen = if use_exchange { "exchange" } else { "shared_rows" },
+                chosen = if streamed_chain {
+                    "streamed"
+                } else if use_exchange {
+                    "exchange"
+                } else {
+                    "shared_rows"
+                },
                 "chain hand-off candidates"
             );
             if let (true, Some((_, choice))) = (use_exchange, exchanged) {
@@ -616,8 +681,13 @@ pub fn compile(options: &CompileOptions) -> Result<CompileOutput, CompileError> 
                     let front = plan::search(&p.0, group_tiles, &mut p.2, &options.search);
                     if front.0.is_empty() && single {
                         let bias = groups[0].bias.is_some();
-                        let streamed =
-                            stream::search(&p.0, group_tiles, bias, &mut p.2, &options.search);
+                        let streamed = stream::search(
+                            &p.0,
+                            group_tiles,
+                            (true, bias),
+                            &mut p.2,
+                            &options.search,
+                        );
                         tracing::info!(
                             value = %p.3,
                             candidates = streamed.1,

@@ -213,8 +213,20 @@ pub fn lower(
     let mut exchange_label = 0u32;
     for (gi_group, pg) in gemms.iter_mut().enumerate() {
         if pg.plan.stream.is_some() {
-            // K streams through the tiles in chunks (crate::stream); such a
-            // GEMM is never part of a chain, so nothing below needs its views.
+            // K streams through the tiles in chunks (crate::stream); its A
+            // comes from the host or from the producer's result tiles. A
+            // streamed GEMM is the last of its chain, so nothing below
+            // needs its views.
+            let a_from = match pg.group.a {
+                Source::Group(p) => Some(
+                    group_results
+                        .iter()
+                        .filter(|((g, _), _)| *g == p)
+                        .map(|(&(_, tile), &r)| (tile, r))
+                        .collect(),
+                ),
+                Source::Host(_) => None,
+            };
             crate::stream::lower(
                 graph,
                 tile_count,
@@ -227,6 +239,7 @@ pub fn lower(
                     resident: &mut resident,
                     steps: &mut steps,
                     exchange_label: &mut exchange_label,
+                    a_from,
                 },
             )?;
             handoff_views.push((pg.geometry, pg.plan.clone(), pg.map.to_vec()));

@@ -181,6 +181,22 @@ fn streamed_gemms_on_the_simulator() {
     assert!(k_split > 0, "some case splits K over tiles");
 }
 
+/// A chain whose consumer fits no whole-K plan: the consumer streams K with
+/// its A chunks taken from the producer's result tiles (the SigLIP MLP's
+/// shape of problem, small).
+#[test]
+fn mlp_with_a_streamed_consumer_on_the_simulator() {
+    let ran = compile_and_run(&root().join("models/mlp_stream_small.ipug"), 64, 23);
+    let report = &ran.compile.report;
+    assert_eq!(report["chain_handoff"]["chosen"], "streamed", "{}", report["chain_handoff"]);
+    assert!(report["operations"][1]["chosen"]["stream"]["steps"].as_u64().unwrap() >= 1);
+    let (est, sim) = (
+        ran.compile.estimated_compute_cycles as f64,
+        ran.run_device_cycles as f64,
+    );
+    assert!((est / sim - 1.0).abs() < 0.1, "estimate {est} vs simulated {sim}");
+}
+
 /// The seed's constant check on one projection of K = 1152: all-ones input,
 /// weights f16(1/1152). The exact projection 0.999755859375 rounds to 1.0
 /// in f16, so every output must be exactly 1.0. f32 accumulation (the
