@@ -36,8 +36,8 @@ use crate::exchange::{self, BufferRef, BufferTransfer};
 use crate::fuse::Source;
 use crate::gemm::{best_split_with, ranges, GemmCosts, GemmGeometry, ShardLayout, WorkerSplit};
 use crate::lower::{
-    push_coalesced, BufferSpec, HostPlacement, HostTensor, PlannedGemm, RegionReq, StateWord, Step,
-    Vertex,
+    push_coalesced, BufferSpec, GroupResult, HostPlacement, HostTensor, PlannedGemm, RegionReq,
+    StateWord, Step, Vertex,
 };
 use crate::plan::{
     supervisor_cycles, Estimate, GemmPlan, SearchBudget, StreamShape, STANDARD_BUDGET,
@@ -267,13 +267,14 @@ fn shard_cost(
     })
 }
 
-/// Cost and memory of one streamed candidate (`bias`: a fused bias to
-/// place), `None` if it does not fit.
+/// Cost and memory of one streamed candidate (`host_a`: A comes from the
+/// host into homes, else from an earlier GEMM's result tiles; `bias`: a
+/// fused bias to place), `None` if it does not fit.
 pub fn evaluate(
     g: &GemmGeometry,
     (row_parts, col_parts, kp): (u32, u32, u32),
     ch: u32,
-    bias: bool,
+    (host_a, bias): (bool, bool),
     costs: &mut GemmCosts,
     memo: &mut Memo,
 ) -> Option<GemmPlan> {
@@ -297,7 +298,11 @@ pub fn evaluate(
     let (mut compute, mut reduce_part, mut peak_r1, mut peak_r0) = (0u64, 0u64, 0u64, 0u64);
     let (mut exchange_bytes, mut gather_bytes) = (0u64, 0u64);
     // Homes per tile: A chunks s = j (mod col_parts), B chunks s = i (mod row_parts).
-    let a_chunks = steps.div_ceil(col_parts) as u64;
+    let a_chunks = if host_a {
+        steps.div_ceil(col_parts) as u64
+    } else {
+        0
+    };
     let b_chunks = steps.div_ceil(row_parts) as u64;
     for (mt, nct) in sizes {
         let c = *memo
@@ -330,7 +335,7 @@ pub fn evaluate(
     if kp > 1 {
         exchange += exchange_estimate(gather_bytes);
     }
-    let in_bytes = if costs.owns_a {
+    let in_bytes = if host_a {
         g.m as u64 * g.k as u64 * 2
     } else {
         0
@@ -371,7 +376,7 @@ pub fn evaluate(
 pub fn search(
     g: &GemmGeometry,
     tiles: u32,
-    bias: bool,
+    (host_a, bias): (bool, bool),
     costs: &mut GemmCosts,
     budget: &SearchBudget,
 ) -> (Vec<GemmPlan>, usize) {
@@ -389,7 +394,8 @@ pub fn search(
                         break 'outer;
                     }
                     generated += 1;
-                    if let Some(p) = evaluate(g, (rp, cp, kp), ch, bias, costs, &mut memo) {
+                    if let Some(p) = evaluate(g, (rp, cp, kp), ch, (host_a, bias), costs, &mut memo)
+                    {
                         candidates.push(p);
                     }
                 }
@@ -429,6 +435,9 @@ pub struct Sink<'s> {
     pub resident: &'s mut BTreeMap<String, HostTensor>,
     pub steps: &'s mut Vec<Step>,
     pub exchange_label: &'s mut u32,
+    /// For a GEMM whose A is an earlier GEMM's result: where that result
+    /// is, per producer tile (its compact rows of whole column blocks).
+    pub a_from: Option<Vec<(u32, GroupResult)>>,
 }
 
 /// Per tile of the grid: its block, K part, buffers and worker split.
@@ -443,7 +452,8 @@ struct TileWork {
     b: usize,
     c: usize,
     c_partial: usize,
-    a_home: usize,
+    /// `None` when A comes from an earlier GEMM's tiles.
+    a_home: Option<usize>,
     b_home: usize,
     bias: Option<usize>,
 }
@@ -452,7 +462,8 @@ struct TileWork {
 /// group, column group, K group).
 type VertexKey = (u32, u32, u32, usize, usize, usize);
 
-/// Lowers one streamed GEMM (a host or param A, not part of a chain).
+/// Lowers one streamed GEMM: its A from the host (or a param) through
+/// homes, or from an earlier GEMM's result tiles (`sink.a_from`).
 pub fn lower(
     graph: &Graph,
     tile_count: u32,
@@ -464,9 +475,15 @@ pub fn lower(
     let value = graph.value(node.result).name.clone();
     let result_value = pg.group.result();
     let result_name = graph.value(result_value).name.clone();
-    let Source::Host(a_id) = pg.group.a else {
-        unreachable!("streamed plans are only made for host operands");
+    let a_host = match pg.group.a {
+        Source::Host(a) => Some(a),
+        Source::Group(_) => None,
     };
+    assert_eq!(
+        a_host.is_none(),
+        sink.a_from.is_some(),
+        "a chained streamed GEMM comes with its producer's result tiles"
+    );
     let b_id = node.args[1];
     let g = pg.geometry;
     let gc = chunk_geometry(&g, shape.chunk_blocks);
@@ -564,19 +581,21 @@ pub fn lower(
         let b_home_bytes = (b_count * layout.b_bytes()).max(16);
         let short = (part.1 - part.0) % ch != 0;
         let pad_k = g.kp() != k && part.1 == g.nkb();
-        let a_home = push(
-            "a_home",
-            a_home_bytes,
-            RegionReq::Any,
-            false,
-            if pad_k || short {
-                vec![(0, a_home_bytes)]
-            } else {
-                vec![]
-            },
-            "gemm_operand_home",
-            None,
-        );
+        let a_home = a_host.map(|_| {
+            push(
+                "a_home",
+                a_home_bytes,
+                RegionReq::Any,
+                false,
+                if pad_k || short {
+                    vec![(0, a_home_bytes)]
+                } else {
+                    vec![]
+                },
+                "gemm_operand_home",
+                None,
+            )
+        });
         let b_home = push(
             "b_home",
             b_home_bytes,
@@ -653,12 +672,16 @@ pub fn lower(
                 continue;
             }
             for i in 0..rp {
+                if let Some(from) = &sink.a_from {
+                    transfers.extend(chained_a(from, &work, (i, l, cp), (b0, b1)));
+                    continue;
+                }
                 let home = &work[&(i, s % cp, l)];
                 let bytes = (home.rows.1 - home.rows.0) * home.layout.rs_a;
                 transfers.push(BufferTransfer {
                     source: BufferRef {
                         tile: home.tile,
-                        buffer: home.a_home,
+                        buffer: home.a_home.expect("a host A has homes"),
                         offset: (s / cp) * bytes,
                     },
                     destinations: (0..cp)
@@ -1007,27 +1030,29 @@ pub fn lower(
         // Host placements: A rows into the A homes (input or param), B rows
         // into the B homes (initialize), the bias, the result rows.
         let part_steps = (t.part.1 - t.part.0).div_ceil(ch);
-        let a_t = (if kind_of(a_id) {
-            &mut *sink.params
-        } else {
-            &mut *sink.inputs
-        })
-        .entry(graph.value(a_id).name.clone())
-        .or_insert_with(|| host_tensor(a_id));
-        for (idx, s) in (j..part_steps).step_by(cp as usize).enumerate() {
-            let (b0, b1) = chunk(t.part, ch, s);
-            let bytes = ((b1 * 16).min(k) - b0 * 16) * 2;
-            for r in 0..mt {
-                push_coalesced(
-                    &mut a_t.placements,
-                    HostPlacement {
-                        tile: t.tile,
-                        buffer: t.a_home,
-                        buffer_offset: (idx as u32 * mt + r) * lay.rs_a,
-                        host_offset: (r0 + r) as u64 * k as u64 * 2 + b0 as u64 * 32,
-                        bytes,
-                    },
-                );
+        if let (Some(a_id), Some(a_home)) = (a_host, t.a_home) {
+            let a_t = (if kind_of(a_id) {
+                &mut *sink.params
+            } else {
+                &mut *sink.inputs
+            })
+            .entry(graph.value(a_id).name.clone())
+            .or_insert_with(|| host_tensor(a_id));
+            for (idx, s) in (j..part_steps).step_by(cp as usize).enumerate() {
+                let (b0, b1) = chunk(t.part, ch, s);
+                let bytes = ((b1 * 16).min(k) - b0 * 16) * 2;
+                for r in 0..mt {
+                    push_coalesced(
+                        &mut a_t.placements,
+                        HostPlacement {
+                            tile: t.tile,
+                            buffer: a_home,
+                            buffer_offset: (idx as u32 * mt + r) * lay.rs_a,
+                            host_offset: (r0 + r) as u64 * k as u64 * 2 + b0 as u64 * 32,
+                            bytes,
+                        },
+                    );
+                }
             }
         }
         let b_t = (if kind_of(b_id) {
@@ -1096,4 +1121,51 @@ pub fn lower(
         sink.steps.push(reduce_step);
     }
     Ok(())
+}
+
+/// The transfers that bring chunk `(b0, b1)` (K blocks) of row part `i`'s
+/// A rows, in K part `l`, from an earlier GEMM's result tiles: every row's
+/// segment of each producer tile whose columns meet the chunk, multicast to
+/// the `cp` tiles of the row part (at the segment's place in their A
+/// chunk buffer). Producer results are whole column blocks (padding
+/// columns zero), so segments are block-aligned.
+fn chained_a(
+    from: &[(u32, GroupResult)],
+    work: &BTreeMap<(u32, u32, u32), TileWork>,
+    (i, l, cp): (u32, u32, u32),
+    (b0, b1): (u32, u32),
+) -> Vec<BufferTransfer> {
+    let first = &work[&(i, 0, l)];
+    let (r0, r1) = first.rows;
+    let rs_a = first.layout.rs_a;
+    let mut out = Vec::new();
+    for &(tile, res) in from {
+        let blocks = res.row_stride / 32;
+        let (p0, p1) = (res.col0 / 16, res.col0 / 16 + blocks);
+        let (c_lo, c_hi) = (p0.max(b0), p1.min(b1));
+        if c_hi <= c_lo {
+            continue;
+        }
+        for r in res.rows.0.max(r0)..res.rows.1.min(r1) {
+            out.push(BufferTransfer {
+                source: BufferRef {
+                    tile,
+                    buffer: res.buffer,
+                    offset: (r - res.rows.0) * res.row_stride + (c_lo - p0) * 32,
+                },
+                destinations: (0..cp)
+                    .map(|j| {
+                        let t = &work[&(i, j, l)];
+                        BufferRef {
+                            tile: t.tile,
+                            buffer: t.a,
+                            offset: (r - r0) * rs_a + (c_lo - b0) * 32,
+                        }
+                    })
+                    .collect(),
+                bytes: (c_hi - c_lo) * 32,
+            });
+        }
+    }
+    out
 }
