@@ -204,6 +204,7 @@ impl ShardLayout {
 }
 
 /// A memo over a kernel's declared formula.
+#[derive(Clone)]
 pub struct FormulaCost {
     pub formula: String,
     pub memo: BTreeMap<Vec<i64>, u64>,

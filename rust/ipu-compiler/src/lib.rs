@@ -162,6 +162,22 @@ fn reduce_kernel(f16_result: bool, epilogue: i64) -> KernelRequest {
     }
 }
 
+/// The vertex that sums f16 partials (split-K over tiles of an
+/// f16-accumulated GEMM) into an f16 result.
+fn reduce_kernel_f16_partials() -> KernelRequest {
+    KernelRequest {
+        entry: "reduce_f32".into(),
+        source: "reduce_f32.S".into(),
+        params: [
+            ("EPI".to_string(), 0),
+            ("IN".to_string(), 16),
+            ("OUT".to_string(), 16),
+        ]
+        .into_iter()
+        .collect(),
+    }
+}
+
 /// A kernel's declared cycle formula, checked to evaluate with `vars`.
 pub(crate) fn kernel_formula(
     library: &mut KernelLibrary,
@@ -675,12 +691,28 @@ pub fn compile(options: &CompileOptions) -> Result<CompileOutput, CompileError> 
             // single GEMM with host operands; chains and attention
             // projections keep K whole).
             let single = groups.len() == 1 && matches!(groups[0].a, fuse::Source::Host(_));
+            // An f16-accumulated streamed GEMM may split K over tiles when
+            // the library can sum f16 partials (reduce_f32 IN=16); without
+            // it, such plans are not candidates.
+            let f16_partials = match planned.first() {
+                Some(p) if single && !p.0.acc32 => {
+                    let request = reduce_kernel_f16_partials();
+                    kernel_formula(&mut library, &request, &["ROWS", "QUADS", "P"])
+                        .ok()
+                        .map(|f| (request, f))
+                }
+                _ => None,
+            };
             planned
                 .iter_mut()
                 .map(|p| {
                     let front = plan::search(&p.0, group_tiles, &mut p.2, &options.search);
                     if front.0.is_empty() && single {
                         let bias = groups[0].bias.is_some();
+                        if let Some((request, formula)) = f16_partials.clone() {
+                            p.1 .1 = Some(request);
+                            p.2.reduce = Some(formula);
+                        }
                         let streamed = stream::search(
                             &p.0,
                             group_tiles,
@@ -694,6 +726,13 @@ pub fn compile(options: &CompileOptions) -> Result<CompileOutput, CompileError> 
                             feasible = streamed.0.len(),
                             "no whole-K plan fits; streamed plans (K in chunks over exchange steps)"
                         );
+                        // The f16-partials reduce only runs when K is split.
+                        if !p.0.acc32
+                            && streamed.0.first().and_then(|c| c.stream).map_or(true, |s| s.k_parts == 1)
+                        {
+                            p.1 .1 = None;
+                            p.2.reduce = None;
+                        }
                         return (streamed.0, front.1 + streamed.1);
                     }
                     front

@@ -218,7 +218,7 @@ fn shard_cost(
     let mut fixed_r0 = steps as u64 * (program_bytes(split.vertices() as u64) + 16);
     let (r1, reduce, gather);
     if kp > 1 {
-        // Reduce-scatter: a piece of rows, P = kp partials of f32.
+        // Reduce-scatter: a piece of rows, P = kp partials.
         let piece = mt.div_ceil(kp);
         let f = costs.reduce.as_mut()?;
         let slowest = reduce_rows(piece)
@@ -283,8 +283,9 @@ pub fn evaluate(
     if rows.len() as u32 != row_parts || cols.len() as u32 != col_parts || kp > g.nkb() {
         return None;
     }
-    // Several K parts sum f32 partials (the reduce kernel reads f32).
-    if kp > 1 && (!g.acc32 || costs.reduce.is_none()) {
+    // Several K parts need the reduce kernel (f32 partials, or f16 ones
+    // when the library has reduce_f32 IN=16).
+    if kp > 1 && costs.reduce.is_none() {
         return None;
     }
     let ch = chunk_geometry(g, ch).nkb();
