@@ -728,7 +728,7 @@ pub fn compile(options: &CompileOptions) -> Result<CompileOutput, CompileError> 
                         );
                         // The f16-partials reduce only runs when K is split.
                         if !p.0.acc32
-                            && streamed.0.first().and_then(|c| c.stream).map_or(true, |s| s.k_parts == 1)
+                            && streamed.0.first().and_then(|c| c.stream).is_none_or(|s| s.k_parts == 1)
                         {
                             p.1 .1 = None;
                             p.2.reduce = None;
@@ -964,7 +964,7 @@ pub fn compile(options: &CompileOptions) -> Result<CompileOutput, CompileError> 
     })?;
 
     let programs = phase("emit_code", || {
-        Ok(lowered
+        lowered
             .buffers
             .keys()
             .map(|&t| {
@@ -976,7 +976,7 @@ pub fn compile(options: &CompileOptions) -> Result<CompileOutput, CompileError> 
                 })?;
                 Ok((t, text))
             })
-            .collect::<Result<BTreeMap<u32, String>, CompileError>>()?)
+            .collect::<Result<BTreeMap<u32, String>, CompileError>>()
     })?;
 
     let linked = phase("link", || {

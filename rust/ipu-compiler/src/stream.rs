@@ -580,7 +580,7 @@ pub fn lower(
         let b_count = (i..part_steps).step_by(rp as usize).count() as u32;
         let a_home_bytes = (a_count * mt * layout.rs_a).max(16);
         let b_home_bytes = (b_count * layout.b_bytes()).max(16);
-        let short = (part.1 - part.0) % ch != 0;
+        let short = !(part.1 - part.0).is_multiple_of(ch);
         let pad_k = g.kp() != k && part.1 == g.nkb();
         let a_home = a_host.map(|_| {
             push(
