@@ -265,7 +265,7 @@ fn random_f16(rng: &mut Rng, values: Values) -> u16 {
     match values {
         Values::Mixed if rng.next() & 1 == 0 => f32_to_f16_bits(rng.uniform(-4.0, 4.0) as f32),
         Values::Mixed => any_finite(rng),
-        Values::Specials if rng.next() % 4 != 0 => {
+        Values::Specials if !rng.next().is_multiple_of(4) => {
             SPECIALS[(rng.next() % SPECIALS.len() as u64) as usize]
         }
         Values::Specials => any_finite(rng),
@@ -521,9 +521,9 @@ fn in16_cycles_match_the_declared_formula() {
 
 #[test]
 fn unsupported_input_width_is_a_clear_error() {
-    let err = kernel_common::assemble("reduce_f32.S", &[("IN", 8)])
-        .err()
-        .expect("IN=8 must not assemble");
+    let Err(err) = kernel_common::assemble("reduce_f32.S", &[("IN", 8)]) else {
+        panic!("IN=8 must not assemble");
+    };
     let message = err.to_string();
     assert!(
         message.contains("IN must be 16 (f16 partials) or 32 (f32 partials)")
