@@ -153,8 +153,11 @@ fn reduce_kernel(f16_result: bool, epilogue: i64) -> KernelRequest {
     KernelRequest {
         entry: "reduce_f32".into(),
         source: "reduce_f32.S".into(),
+        // IN is named although 32 is the default: the library also holds
+        // IN=16 objects, and a request must match exactly one object.
         params: [
             ("EPI".to_string(), epilogue),
+            ("IN".to_string(), 32),
             ("OUT".to_string(), if f16_result { 16 } else { 32 }),
         ]
         .into_iter()
