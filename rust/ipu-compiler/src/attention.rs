@@ -1155,16 +1155,14 @@ pub fn lower(
             });
         }
     }
-    let mut x = exchange::schedule(l.tile_count, transfers, exchange_label)?;
-    exchange::attach_tables(&mut x, &mut l.buffers, &format!("xtab{exchange_label}"));
-    let exchange_cycles = exchange::step_cycles(&x.figures);
-    let xstep = Step {
-        operation: name.clone(),
-        phase: format!("exchange q, k^T, v -> {name}"),
-        tiles: BTreeMap::new(),
-        estimated_cycles: exchange_cycles,
-        exchange: Some(x),
-    };
+    let xstep = exchange::program_step(
+        l.tile_count,
+        transfers,
+        exchange_label,
+        &mut l.buffers,
+        name.clone(),
+        format!("exchange q, k^T, v -> {name}"),
+    )?;
 
     // Steps 3 and 4: per key block, then the final normalisation.
     let nkb_s = dp / 16;
@@ -1405,20 +1403,15 @@ pub fn lower(
                 bytes: lay.rows * 8,
             });
         }
-        let mut x = exchange::schedule(l.tile_count, moves, exchange_label + 1)?;
-        exchange::attach_tables(
-            &mut x,
+        let xstep = exchange::program_step(
+            l.tile_count,
+            moves,
+            exchange_label + 1,
             &mut l.buffers,
-            &format!("xtab{}", exchange_label + 1),
-        );
-        let cycles = exchange::step_cycles(&x.figures);
-        steps.push(Step {
-            operation: name.clone(),
-            phase: format!("exchange {name} key-split states"),
-            tiles: BTreeMap::new(),
-            estimated_cycles: cycles,
-            exchange: Some(x),
-        });
+            name.clone(),
+            format!("exchange {name} key-split states"),
+        )?;
+        steps.push(xstep);
         for j in 1..splits {
             let mut cs = compute_step(format!("{name} combine key split {j}"));
             for (&tile, &(_, _, ks, ref t, lay)) in &tiles {

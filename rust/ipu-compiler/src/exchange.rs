@@ -100,6 +100,28 @@ pub fn attach_tables(
     }
 }
 
+/// Schedules `transfers` as exchange step `label`, gives every tile its
+/// table buffer (`xtab<label>`) and returns the program step, costed by
+/// [`step_cycles`].
+pub fn program_step(
+    tiles: u32,
+    transfers: Vec<BufferTransfer>,
+    label: u32,
+    buffers: &mut BTreeMap<u32, Vec<crate::lower::BufferSpec>>,
+    operation: String,
+    phase: String,
+) -> Result<crate::lower::Step, CompileError> {
+    let mut x = schedule(tiles, transfers, label)?;
+    attach_tables(&mut x, buffers, &format!("xtab{label}"));
+    Ok(crate::lower::Step {
+        operation,
+        phase,
+        tiles: BTreeMap::new(),
+        estimated_cycles: step_cycles(&x.figures),
+        exchange: Some(x),
+    })
+}
+
 /// The bytes of `tile`'s resolved table (little-endian words).
 pub fn table_bytes(step: &ExchangeStep, tile: u32, address_of: impl Fn(usize) -> u32) -> Vec<u8> {
     resolve(step, tile, address_of)

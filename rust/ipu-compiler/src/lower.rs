@@ -646,19 +646,18 @@ pub fn lower(
                     |t| a_buffers[&t],
                 )
             };
-            let mut x = exchange::schedule(tile_count, transfers, exchange_label)?;
-            exchange::attach_tables(&mut x, &mut buffers, &format!("xtab{exchange_label}"));
-            exchange_label += 1;
-            steps.push(Step {
-                operation: result_name.clone(),
-                phase: format!(
+            steps.push(exchange::program_step(
+                tile_count,
+                transfers,
+                exchange_label,
+                &mut buffers,
+                result_name.clone(),
+                format!(
                     "exchange {} -> {value}.a",
                     graph.value(gemms_results[p]).name
                 ),
-                tiles: BTreeMap::new(),
-                estimated_cycles: exchange::step_cycles(&x.figures),
-                exchange: Some(x),
-            });
+            )?);
+            exchange_label += 1;
         }
         handoff_views.push((g, pg.plan.clone(), pg.map.to_vec()));
         gemms_results.push(result_value);

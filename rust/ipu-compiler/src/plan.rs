@@ -223,20 +223,25 @@ pub fn search(
         )
     };
     candidates.sort_by_key(key);
-    // Pareto filter: keep a plan only if no earlier (faster) plan uses less memory.
+    (pareto_front(candidates, budget.beam_width), generated)
+}
+
+/// The Pareto filter over plans sorted best first: a plan is kept only if
+/// no earlier (faster) plan uses less memory; at most `beam_width`.
+pub fn pareto_front(sorted: Vec<GemmPlan>, beam_width: usize) -> Vec<GemmPlan> {
     let mut front: Vec<GemmPlan> = Vec::new();
     let mut best_memory = u64::MAX;
-    for p in candidates {
+    for p in sorted {
         let mem = p.estimate.peak_interleaved_bytes + p.estimate.peak_standard_bytes;
         if mem < best_memory || front.is_empty() {
             best_memory = best_memory.min(mem);
             front.push(p);
         }
-        if front.len() >= budget.beam_width {
+        if front.len() >= beam_width {
             break;
         }
     }
-    (front, generated)
+    front
 }
 
 /// Joint plans of a chain of GEMMs with one row count: every GEMM uses the

@@ -40,7 +40,7 @@ use crate::lower::{
     StateWord, Step, Vertex,
 };
 use crate::plan::{
-    supervisor_cycles, Estimate, GemmPlan, SearchBudget, StreamShape, STANDARD_BUDGET,
+    pareto_front, supervisor_cycles, Estimate, GemmPlan, SearchBudget, StreamShape, STANDARD_BUDGET,
 };
 use crate::storage::region1_footprint;
 use crate::CompileError;
@@ -412,19 +412,7 @@ pub fn search(
             p.stream.map(|s| (s.k_parts, s.chunk_blocks)),
         )
     });
-    let mut front: Vec<GemmPlan> = Vec::new();
-    let mut best_memory = u64::MAX;
-    for p in candidates {
-        let mem = p.estimate.peak_interleaved_bytes + p.estimate.peak_standard_bytes;
-        if mem < best_memory || front.is_empty() {
-            best_memory = best_memory.min(mem);
-            front.push(p);
-        }
-        if front.len() >= budget.beam_width {
-            break;
-        }
-    }
-    (front, generated)
+    (pareto_front(candidates, budget.beam_width), generated)
 }
 
 /// Where lowering puts what it makes.
@@ -720,17 +708,15 @@ pub fn lower(
                 });
             }
         }
-        let label = *sink.exchange_label;
-        let mut x = exchange::schedule(tile_count, transfers, label)?;
-        exchange::attach_tables(&mut x, sink.buffers, &format!("xtab{label}"));
+        sink.steps.push(exchange::program_step(
+            tile_count,
+            transfers,
+            *sink.exchange_label,
+            sink.buffers,
+            result_name.clone(),
+            format!("exchange {value} chunk {s}"),
+        )?);
         *sink.exchange_label += 1;
-        sink.steps.push(Step {
-            operation: result_name.clone(),
-            phase: format!("exchange {value} chunk {s}"),
-            tiles: BTreeMap::new(),
-            estimated_cycles: exchange::step_cycles(&x.figures),
-            exchange: Some(x),
-        });
 
         // The compute step: every vertex adds its chunk's product.
         let mut step = Step {
@@ -866,17 +852,15 @@ pub fn lower(
                 }
             }
         }
-        let label = *sink.exchange_label;
-        let mut x = exchange::schedule(tile_count, transfers, label)?;
-        exchange::attach_tables(&mut x, sink.buffers, &format!("xtab{label}"));
+        sink.steps.push(exchange::program_step(
+            tile_count,
+            transfers,
+            *sink.exchange_label,
+            sink.buffers,
+            result_name.clone(),
+            format!("exchange {value} partials (reduce-scatter over {kp} K parts)"),
+        )?);
         *sink.exchange_label += 1;
-        sink.steps.push(Step {
-            operation: result_name.clone(),
-            phase: format!("exchange {value} partials (reduce-scatter over {kp} K parts)"),
-            tiles: BTreeMap::new(),
-            estimated_cycles: exchange::step_cycles(&x.figures),
-            exchange: Some(x),
-        });
     }
 
     // The reduce step: f32 accumulation (sum of the worker K groups or of
