@@ -132,12 +132,12 @@ pub fn fuse(graph: &Graph) -> Result<Vec<Group>, CompileError> {
                     ),
                 ));
             }
-            if t.dtype != DType::F16 {
+            if !matches!(t.dtype, DType::F16 | DType::Fp8 { .. }) {
                 return Err(err(
                     r,
                     "gemm",
                     format!(
-                        "operand `{}` is {}; only f16 operands are lowered",
+                        "operand `{}` is {}; only f16 and fp8 operands are lowered",
                         graph.value(arg).name,
                         t.dtype
                     ),

@@ -29,15 +29,35 @@ pub struct GemmGeometry {
     /// Row-part boundaries are multiples of this (1, or 2 when the result is
     /// transposed on its tiles and moved as runs of 4-byte words).
     pub row_align: u32,
+    /// fp8 operands (`gemm_fp8`: K blocks of 32, one byte per element, f16
+    /// accumulation) with this product scale exponent (the sum of the
+    /// operands' scales); `None`: f16 operands (`gemm_f16`).
+    pub fp8_scale: Option<i32>,
 }
 
 impl GemmGeometry {
-    /// K padded to the AMP's 16.
+    /// K padded to the AMP's weight block (16 rows of f16, 32 of fp8).
     pub fn kp(&self) -> u32 {
-        self.k.div_ceil(16) * 16
+        self.nkb() * self.k_block()
     }
     pub fn nkb(&self) -> u32 {
-        self.k.div_ceil(16)
+        self.k.div_ceil(self.k_block())
+    }
+    /// K rows of one AMP weight block.
+    pub fn k_block(&self) -> u32 {
+        if self.fp8_scale.is_some() {
+            32
+        } else {
+            16
+        }
+    }
+    /// Bytes of one operand element.
+    pub fn operand_bytes(&self) -> u32 {
+        if self.fp8_scale.is_some() {
+            1
+        } else {
+            2
+        }
     }
     pub fn ncb(&self) -> u32 {
         self.n.div_ceil(16)
@@ -169,8 +189,8 @@ impl ShardLayout {
             col_blocks,
             row_groups: split.row_groups.len() as u32,
             k_groups: split.k_groups.len() as u32,
-            rs_a: g.kp() * 2,
-            rs_b: col_blocks * 32,
+            rs_a: g.kp() * g.operand_bytes(),
+            rs_b: col_blocks * 16 * g.operand_bytes(),
             rs_c: col_blocks * 16 * g.out_bytes(),
             kp: g.kp(),
             result_bytes: g.result_bytes(),
@@ -407,6 +427,7 @@ mod tests {
             acc32,
             f16_result: true,
             row_align: 1,
+            fp8_scale: None,
         }
     }
 

@@ -148,6 +148,15 @@ fn gemm_kernel(acc32: bool) -> KernelRequest {
     }
 }
 
+/// The fp8 GEMM vertex (f16 accumulation, run-time product scale).
+fn gemm_fp8_kernel() -> KernelRequest {
+    KernelRequest {
+        entry: "gemm_fp8".into(),
+        source: "gemm_fp8.S".into(),
+        params: BTreeMap::new(),
+    }
+}
+
 /// The vertex that sums f32 partials into an f16 (or f32) result.
 fn reduce_kernel(f16_result: bool, epilogue: i64) -> KernelRequest {
     KernelRequest {
@@ -471,13 +480,28 @@ pub fn compile(options: &CompileOptions) -> Result<CompileOutput, CompileError> 
                     reason: "an f32 GEMM result with a fused epilogue or a GEMM consumer".into(),
                 });
             }
-            let acc32 = f32_result
+            let fp8_scale = match (a.dtype, b.dtype) {
+                (
+                    ipu_graph::DType::Fp8 { scale_log2: sa },
+                    ipu_graph::DType::Fp8 { scale_log2: sb },
+                ) => Some(sa as i32 + sb as i32),
+                _ => None,
+            };
+            if fp8_scale.is_some() && (f32_result || group.needs_reduce_step()) {
+                return Err(CompileError::Unsupported {
+                    value: result.name.clone(),
+                    operation: "gemm".into(),
+                    reason: "an fp8 GEMM accumulates in f16 on the AMP; an f32 result, a fused epilogue or a GEMM consumer of it is not lowered yet".into(),
+                });
+            }
+            let acc32 = fp8_scale.is_none()
+                && (f32_result
                 || group.needs_reduce_step()
                 || match options.accumulation {
                     Accumulation::F16 => false,
                     Accumulation::F32 => true,
                     Accumulation::Auto => k > F16_ACCUMULATION_MAX_K,
-                };
+                });
             let geometry = GemmGeometry {
                 m: a.shape.dims()[0] as u32,
                 k,
@@ -486,8 +510,13 @@ pub fn compile(options: &CompileOptions) -> Result<CompileOutput, CompileError> 
                 f16_result: !f32_result,
                 // K^T moves as runs of keys in 4-byte words.
                 row_align: if blocks.iter().any(|b| groups[b.k].gemm == group.gemm) { 2 } else { 1 },
+                fp8_scale,
             };
-            let request = gemm_kernel(geometry.acc32);
+            let request = if fp8_scale.is_some() {
+                gemm_fp8_kernel()
+            } else {
+                gemm_kernel(geometry.acc32)
+            };
             let reduce_request =
                 geometry.acc32.then(|| reduce_kernel(geometry.f16_result, group.epilogue()));
             let cost = gemm::GemmCosts {

@@ -253,6 +253,8 @@ pub fn lower(
         let (a_id, b_id) = (node.args[0], node.args[1]);
         let g = pg.geometry;
         let (k, n, ob) = (g.k, g.n, g.out_bytes());
+        // Bytes of one A or B element (fp8 1, f16 2).
+        let eb = g.operand_bytes();
         let rows = pg.plan.row_ranges(&g);
         let cols = pg.plan.col_ranges(&g);
         let fused: Vec<&str> = pg.group.values[1..]
@@ -446,7 +448,8 @@ pub fn lower(
                             StateWord::Const(layout.rs_a),
                             StateWord::Addr {
                                 buffer: ib,
-                                offset: kb0 * 16 * layout.rs_b + cg0 * 32,
+                                offset: kb0 * g.k_block() * layout.rs_b
+                                    + cg0 * 16 * g.operand_bytes(),
                             },
                             StateWord::Const(layout.rs_b),
                             StateWord::Addr {
@@ -466,6 +469,11 @@ pub fn lower(
                             StateWord::Const(kb1 - kb0),
                             StateWord::Const(cg1 - cg0),
                         ];
+                        // gemm_fp8's product scale (a signed word).
+                        let mut state = state;
+                        if let Some(scale) = g.fp8_scale {
+                            state.push(StateWord::Const(scale as u32));
+                        }
                         vertices.push(Vertex {
                             kernel: pg.kernel.clone(),
                             state,
@@ -565,8 +573,8 @@ pub fn lower(
                             tile: shard.tile,
                             buffer: ia,
                             buffer_offset: r * layout.rs_a,
-                            host_offset: (r0 + r) as u64 * k as u64 * 2,
-                            bytes: k * 2,
+                            host_offset: (r0 + r) as u64 * k as u64 * eb as u64,
+                            bytes: k * eb,
                         },
                     );
                 }
@@ -601,8 +609,8 @@ pub fn lower(
                         tile: shard.tile,
                         buffer: ib,
                         buffer_offset: kk * layout.rs_b,
-                        host_offset: (kk as u64 * n as u64 + c0 as u64 * 16) * 2,
-                        bytes: width * 2,
+                        host_offset: (kk as u64 * n as u64 + c0 as u64 * 16) * eb as u64,
+                        bytes: width * eb,
                     },
                 );
             }

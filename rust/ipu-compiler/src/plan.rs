@@ -162,12 +162,13 @@ pub fn evaluate(
     for &(r0, r1) in &rows {
         // Host A rows go to every tile of the row part; B columns to every row part.
         if costs.owns_a {
-            in_bytes += (r1 - r0) as u64 * g.k as u64 * 2 * cols.len() as u64;
+            in_bytes +=
+                (r1 - r0) as u64 * g.k as u64 * g.operand_bytes() as u64 * cols.len() as u64;
         }
     }
     for &(c0, c1) in &cols {
         let width = (c1 * 16).min(g.n) - c0 * 16;
-        param_bytes += width as u64 * g.k as u64 * 2 * rows.len() as u64;
+        param_bytes += width as u64 * g.k as u64 * g.operand_bytes() as u64 * rows.len() as u64;
     }
     let out_bytes = g.m as u64 * g.n as u64 * g.result_bytes() as u64;
     let host_in = host_transfer_cycles(in_bytes, CLOCK_HZ_C600);

@@ -384,6 +384,10 @@ pub fn search(
     let mut candidates = Vec::new();
     let mut generated = 0usize;
     let mut memo = Memo::new();
+    // The chunk layouts below are gemm_f16's; fp8 GEMMs are not streamed.
+    if g.fp8_scale.is_some() {
+        return (candidates, generated);
+    }
     'outer: for kp in K_PARTS.iter().copied().filter(|&k| k <= g.nkb()) {
         let grid = tiles / kp;
         let least = (grid / 2).max(1);
