@@ -33,6 +33,10 @@ pub struct GemmGeometry {
     /// accumulation) with this product scale exponent (the sum of the
     /// operands' scales); `None`: f16 operands (`gemm_f16`).
     pub fp8_scale: Option<i32>,
+    /// f16 accumulation whose result still passes the reduce step
+    /// (`reduce_f32` IN=16, one partial) for a fused epilogue or a GEMM
+    /// consumer's compact rows.
+    pub reduce_f16: bool,
 }
 
 impl GemmGeometry {
@@ -81,7 +85,7 @@ impl GemmGeometry {
     /// Whether a split with `k_groups` needs the reduce step: f32 partials of
     /// several K groups to sum, or an f32 accumulation to store as f16.
     pub fn needs_reduce(&self, k_groups: usize) -> bool {
-        self.acc32 && (k_groups > 1 || self.f16_result)
+        (self.acc32 && (k_groups > 1 || self.f16_result)) || self.reduce_f16
     }
     /// Row ranges of `parts` row parts, boundaries aligned to `row_align`.
     pub fn row_ranges(&self, parts: u32) -> Vec<(u32, u32)> {
@@ -369,7 +373,7 @@ pub fn best_split_with(
     let workers = ipu_arch::WORKER_CONTEXTS;
     for cg in 1..=col_blocks.min(workers) {
         for rg in 1..=rows.min(workers / cg) {
-            let max_kg = if g.acc32 && costs.reduce.is_some() {
+            let max_kg = if (g.acc32 || g.reduce_f16) && costs.reduce.is_some() {
                 g.nkb().min(workers / (cg * rg)).min(max_k_groups)
             } else {
                 1
@@ -428,6 +432,7 @@ mod tests {
             f16_result: true,
             row_align: 1,
             fp8_scale: None,
+            reduce_f16: false,
         }
     }
 

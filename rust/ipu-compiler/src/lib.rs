@@ -175,13 +175,14 @@ fn reduce_kernel(f16_result: bool, epilogue: i64) -> KernelRequest {
 }
 
 /// The vertex that sums f16 partials (split-K over tiles of an
-/// f16-accumulated GEMM) into an f16 result.
-fn reduce_kernel_f16_partials() -> KernelRequest {
+/// f16-accumulated GEMM, or the one partial of a GEMM with an epilogue)
+/// into an f16 result with the epilogue.
+fn reduce_kernel_f16_partials(epilogue: i64) -> KernelRequest {
     KernelRequest {
         entry: "reduce_f32".into(),
         source: "reduce_f32.S".into(),
         params: [
-            ("EPI".to_string(), 0),
+            ("EPI".to_string(), epilogue),
             ("IN".to_string(), 16),
             ("OUT".to_string(), 16),
         ]
@@ -494,14 +495,23 @@ pub fn compile(options: &CompileOptions) -> Result<CompileOutput, CompileError> 
                     reason: "an fp8 GEMM accumulates in f16 on the AMP; an f32 result, a fused epilogue or a GEMM consumer of it is not lowered yet".into(),
                 });
             }
+            let f16_accumulation = match options.accumulation {
+                Accumulation::F16 => true,
+                Accumulation::F32 => false,
+                Accumulation::Auto => k <= F16_ACCUMULATION_MAX_K,
+            };
+            // An f16-accumulated GEMM with an epilogue or a GEMM consumer
+            // sums its one f16 partial in the reduce step (IN=16); the
+            // attention projections keep f32 accumulation (their lowering
+            // reads f32 C buffers).
+            let reduce_f16 = fp8_scale.is_none()
+                && !f32_result
+                && f16_accumulation
+                && group.needs_reduce_step()
+                && blocks.is_empty();
             let acc32 = fp8_scale.is_none()
-                && (f32_result
-                || group.needs_reduce_step()
-                || match options.accumulation {
-                    Accumulation::F16 => false,
-                    Accumulation::F32 => true,
-                    Accumulation::Auto => k > F16_ACCUMULATION_MAX_K,
-                });
+                && !reduce_f16
+                && (f32_result || group.needs_reduce_step() || !f16_accumulation);
             let geometry = GemmGeometry {
                 m: a.shape.dims()[0] as u32,
                 k,
@@ -511,14 +521,20 @@ pub fn compile(options: &CompileOptions) -> Result<CompileOutput, CompileError> 
                 // K^T moves as runs of keys in 4-byte words.
                 row_align: if blocks.iter().any(|b| groups[b.k].gemm == group.gemm) { 2 } else { 1 },
                 fp8_scale,
+                reduce_f16,
             };
             let request = if fp8_scale.is_some() {
                 gemm_fp8_kernel()
             } else {
                 gemm_kernel(geometry.acc32)
             };
-            let reduce_request =
-                geometry.acc32.then(|| reduce_kernel(geometry.f16_result, group.epilogue()));
+            let reduce_request = if geometry.reduce_f16 {
+                Some(reduce_kernel_f16_partials(group.epilogue()))
+            } else {
+                geometry
+                    .acc32
+                    .then(|| reduce_kernel(geometry.f16_result, group.epilogue()))
+            };
             let cost = gemm::GemmCosts {
                 gemm: kernel_formula(&mut library, &request, &["M", "NCB", "NKB"])?,
                 reduce: match &reduce_request {
@@ -727,8 +743,8 @@ pub fn compile(options: &CompileOptions) -> Result<CompileOutput, CompileError> 
             // the library can sum f16 partials (reduce_f32 IN=16); without
             // it, such plans are not candidates.
             let f16_partials = match planned.first() {
-                Some(p) if single && !p.0.acc32 => {
-                    let request = reduce_kernel_f16_partials();
+                Some(p) if single && !p.0.acc32 && p.1 .1.is_none() => {
+                    let request = reduce_kernel_f16_partials(0);
                     kernel_formula(&mut library, &request, &["ROWS", "QUADS", "P"])
                         .ok()
                         .map(|f| (request, f))
@@ -760,6 +776,7 @@ pub fn compile(options: &CompileOptions) -> Result<CompileOutput, CompileError> 
                         );
                         // The f16-partials reduce only runs when K is split.
                         if !p.0.acc32
+                            && !p.0.reduce_f16
                             && streamed.0.first().and_then(|c| c.stream).is_none_or(|s| s.k_parts == 1)
                         {
                             p.1 .1 = None;

@@ -529,7 +529,8 @@ pub fn lower(
                             state: vec![
                                 StateWord::Addr {
                                     buffer: ic,
-                                    offset: layout.c_row(0, gi as u32, lr0) + cg0 * 64,
+                                    offset: layout.c_row(0, gi as u32, lr0)
+                                        + cg0 * 16 * g.out_bytes(),
                                 },
                                 StateWord::Const(layout.section()),
                                 StateWord::Const(split.k_groups.len() as u32),

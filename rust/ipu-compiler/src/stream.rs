@@ -988,7 +988,7 @@ pub fn lower(
                     state: vec![
                         StateWord::Addr {
                             buffer: t.c,
-                            offset: lay.c_row(0, gi as u32, lr0) + cg0 * 64,
+                            offset: lay.c_row(0, gi as u32, lr0) + cg0 * 16 * g.out_bytes(),
                         },
                         StateWord::Const(lay.section()),
                         StateWord::Const(t.split.k_groups.len() as u32),

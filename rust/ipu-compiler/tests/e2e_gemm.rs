@@ -207,6 +207,27 @@ fn mlp_with_a_streamed_consumer_on_the_simulator() {
         (est / sim - 1.0).abs() < 0.1,
         "estimate {est} vs simulated {sim}"
     );
+
+    // f16 accumulation: the producer's bias + GELU and the consumer's K
+    // parts are summed by reduce_f32 IN=16 (f16 partials, f32 sums).
+    let cache = tempfile::tempdir().unwrap();
+    let mut opts = options(
+        &root().join("models/mlp_stream_small.ipug"),
+        64,
+        cache.path(),
+    );
+    opts.accumulation = Accumulation::F16;
+    let (ran, _) = run_with(&opts, |g| random::gaussian_feeds(g, 29), true);
+    let kernels = ran.compile.report["operations"].to_string();
+    assert!(kernels.contains("IN=16"), "{kernels}");
+    let (est, sim) = (
+        ran.compile.estimated_compute_cycles as f64,
+        ran.run_device_cycles as f64,
+    );
+    assert!(
+        (est / sim - 1.0).abs() < 0.1,
+        "f16: estimate {est} vs simulated {sim}"
+    );
 }
 
 /// fp8 GEMMs on gemm_fp8: the operand scales become the kernel's product
