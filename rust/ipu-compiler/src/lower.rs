@@ -521,38 +521,13 @@ pub fn lower(
                         width,
                     },
                 );
-                let mut reduces = Vec::new();
-                for (gi, (lr0, lr1), (cg0, cg1)) in split.reduce_parts() {
-                    {
-                        reduces.push(Vertex {
-                            kernel: reduce.clone(),
-                            state: vec![
-                                StateWord::Addr {
-                                    buffer: ic,
-                                    offset: layout.c_row(0, gi as u32, lr0)
-                                        + cg0 * 16 * g.out_bytes(),
-                                },
-                                StateWord::Const(layout.section()),
-                                StateWord::Const(split.k_groups.len() as u32),
-                                StateWord::Const(layout.rs_c),
-                                StateWord::Addr {
-                                    buffer: id,
-                                    offset: lr0 * layout.rs_d() + cg0 * 16 * g.result_bytes(),
-                                },
-                                StateWord::Const(layout.rs_d()),
-                                StateWord::Const(lr1 - lr0),
-                                StateWord::Const(4 * (cg1 - cg0)),
-                                match bias_buffer {
-                                    Some((_, b)) => StateWord::Addr {
-                                        buffer: b,
-                                        offset: cg0 * 32,
-                                    },
-                                    None => StateWord::Const(0),
-                                },
-                            ],
-                        });
-                    }
-                }
+                let reduces = reduce_vertices(
+                    &reduce,
+                    &g,
+                    (&layout, &split),
+                    (ic, id),
+                    bias_buffer.map(|(_, b)| b),
+                );
                 reduce_step.tiles.insert(shard.tile, reduces);
                 result_buffer = (id, Some(layout.rs_d()));
             }
@@ -701,6 +676,49 @@ pub fn lower(
         resident: order(resident),
         group_results,
     })
+}
+
+/// The reduce step's vertices of one shard (`WorkerSplit::reduce_parts`):
+/// each sums its rows' K-group partials of buffer `c` (sections
+/// `layout.section()` apart) into the compact rows of buffer `d`, with the
+/// bias of its columns when the group has one.
+pub(crate) fn reduce_vertices(
+    kernel: &KernelRequest,
+    g: &GemmGeometry,
+    (layout, split): (&ShardLayout, &crate::gemm::WorkerSplit),
+    (c, d): (usize, usize),
+    bias: Option<usize>,
+) -> Vec<Vertex> {
+    split
+        .reduce_parts()
+        .into_iter()
+        .map(|(gi, (lr0, lr1), (cg0, cg1))| Vertex {
+            kernel: kernel.clone(),
+            state: vec![
+                StateWord::Addr {
+                    buffer: c,
+                    offset: layout.c_row(0, gi as u32, lr0) + cg0 * 16 * g.out_bytes(),
+                },
+                StateWord::Const(layout.section()),
+                StateWord::Const(split.k_groups.len() as u32),
+                StateWord::Const(layout.rs_c),
+                StateWord::Addr {
+                    buffer: d,
+                    offset: lr0 * layout.rs_d() + cg0 * 16 * g.result_bytes(),
+                },
+                StateWord::Const(layout.rs_d()),
+                StateWord::Const(lr1 - lr0),
+                StateWord::Const(4 * (cg1 - cg0)),
+                match bias {
+                    Some(b) => StateWord::Addr {
+                        buffer: b,
+                        offset: cg0 * 32,
+                    },
+                    None => StateWord::Const(0),
+                },
+            ],
+        })
+        .collect()
 }
 
 /// The verifier after `lower`: state words and placements refer to existing

@@ -981,29 +981,8 @@ pub fn lower(
                 scratch: None,
             });
             let d = bufs.len() - 1;
-            let mut reduces = Vec::new();
-            for (gi, (lr0, lr1), (cg0, cg1)) in t.split.reduce_parts() {
-                reduces.push(Vertex {
-                    kernel: reduce.clone(),
-                    state: vec![
-                        StateWord::Addr {
-                            buffer: t.c,
-                            offset: lay.c_row(0, gi as u32, lr0) + cg0 * 16 * g.out_bytes(),
-                        },
-                        StateWord::Const(lay.section()),
-                        StateWord::Const(t.split.k_groups.len() as u32),
-                        StateWord::Const(lay.rs_c),
-                        StateWord::Addr {
-                            buffer: d,
-                            offset: lr0 * lay.rs_d() + cg0 * 16 * rb,
-                        },
-                        StateWord::Const(lay.rs_d()),
-                        StateWord::Const(lr1 - lr0),
-                        StateWord::Const(4 * (cg1 - cg0)),
-                        bias_word(cg0),
-                    ],
-                });
-            }
+            let reduces =
+                crate::lower::reduce_vertices(&reduce, &g, (lay, &t.split), (t.c, d), t.bias);
             let (_, reduce_cycles) = pg.costs.split_cycles(&gc, &t.split);
             reduce_step.estimated_cycles = reduce_step
                 .estimated_cycles
