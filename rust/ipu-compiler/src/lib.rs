@@ -355,6 +355,8 @@ pub fn compile(options: &CompileOptions) -> Result<CompileOutput, CompileError> 
 
     // Plan every GEMM; each gets an equal share of region 1 so that all fit.
     let mut operation_reports: Vec<OperationReport> = Vec::new();
+    // Kernel specialisations the library lacks and a plan would use.
+    let mut would_help: Vec<serde_json::Value> = Vec::new();
     let (groups, blocks) = phase("fuse", || {
         let groups = fuse::fuse(graph)?;
         let blocks = attention::recognise(graph, &groups)?;
@@ -742,12 +744,17 @@ pub fn compile(options: &CompileOptions) -> Result<CompileOutput, CompileError> 
             // An f16-accumulated streamed GEMM may split K over tiles when
             // the library can sum f16 partials (reduce_f32 IN=16); without
             // it, such plans are not candidates.
+            let mut missing_f16_partials = None;
             let f16_partials = match planned.first() {
                 Some(p) if single && !p.0.acc32 && p.1 .1.is_none() => {
                     let request = reduce_kernel_f16_partials(0);
-                    kernel_formula(&mut library, &request, &["ROWS", "QUADS", "P"])
-                        .ok()
-                        .map(|f| (request, f))
+                    match kernel_formula(&mut library, &request, &["ROWS", "QUADS", "P"]) {
+                        Ok(f) => Some((request, f)),
+                        Err(_) => {
+                            missing_f16_partials = Some(request);
+                            None
+                        }
+                    }
                 }
                 _ => None,
             };
@@ -756,6 +763,18 @@ pub fn compile(options: &CompileOptions) -> Result<CompileOutput, CompileError> 
                 .map(|p| {
                     let front = plan::search(&p.0, group_tiles, &mut p.2, &options.search);
                     if front.0.is_empty() && single {
+                        if let Some(request) = &missing_f16_partials {
+                            tracing::info!(
+                                value = %p.3,
+                                kernel = %request,
+                                "the kernel library lacks a specialisation that would help"
+                            );
+                            would_help.push(json!({
+                                "kernel": request.to_string(),
+                                "value": p.3,
+                                "why": "the f16 partials of a streamed GEMM whose K is split over tiles are summed by this specialisation; without it the plans keep K on one tile per block",
+                            }));
+                        }
                         let bias = groups[0].bias.is_some();
                         if let Some((request, formula)) = f16_partials.clone() {
                             p.1 .1 = Some(request);
@@ -1146,7 +1165,7 @@ pub fn compile(options: &CompileOptions) -> Result<CompileOutput, CompileError> 
         "exchange_steps": exchange_reports,
         "operations": operations,
         "kernels": kernels_used,
-        "specialisations_that_would_help": [],
+        "specialisations_that_would_help": would_help,
         "peak_standard_bytes": peak_r0,
         "peak_interleaved_bytes": peak_r1,
         "memory": memory,

@@ -2,7 +2,7 @@
 //! output format of the lead's `ipu_kernel_library` rule), and the tile
 //! images it links are the same as with kernels assembled from device/.
 
-use ipu_compiler::{compile, CompileOptions, KernelSource};
+use ipu_compiler::{compile, Accumulation, CompileOptions, KernelSource};
 use std::path::{Path, PathBuf};
 
 fn root() -> PathBuf {
@@ -105,5 +105,57 @@ fn compiles_from_a_bazel_kernel_library_index() {
     assert!(
         e.contains("gemm_f16 ACC=32") && e.contains("only16.library.json"),
         "{e}"
+    );
+}
+
+/// The compiler uses a specialisation when the library has one and plans
+/// without it otherwise, naming it in the report: a streamed f16 GEMM
+/// splits K over tiles only with reduce_f32 IN=16.
+#[test]
+fn the_report_names_specialisations_that_would_help() {
+    let dir = tempfile::tempdir().unwrap();
+    let base = vec![
+        assemble(dir.path(), "gemm_f16", "gemm_f16.S", &[]),
+        assemble(dir.path(), "supervisor", "supervisor.S", &[]),
+    ];
+    let with = {
+        let mut v = base.clone();
+        v.push(assemble(
+            dir.path(),
+            "reduce_f32_in16",
+            "reduce_f32.S",
+            &[("IN", 16)],
+        ));
+        v
+    };
+    let model = root().join("models/gemm_stream_small.ipug");
+    let mut reports = Vec::new();
+    for (name, entries) in [("without", base), ("with", with)] {
+        let index = dir.path().join(format!("{name}.library.json"));
+        std::fs::write(&index, serde_json::json!({"kernels": entries}).to_string()).unwrap();
+        let mut opts = CompileOptions::new(&model, 64, KernelSource::Index(index));
+        opts.accumulation = Accumulation::F16;
+        let out = compile(&opts).unwrap_or_else(|e| panic!("{name}: {e}"));
+        reports.push(out.report);
+    }
+    let helps = &reports[0]["specialisations_that_would_help"];
+    assert_eq!(helps.as_array().map(Vec::len), Some(1), "{helps}");
+    assert!(
+        helps[0]["kernel"].as_str().unwrap().contains("IN=16"),
+        "{helps}"
+    );
+    assert_eq!(
+        reports[0]["operations"][0]["chosen"]["stream"]["k_parts"],
+        1
+    );
+    assert_eq!(
+        reports[1]["specialisations_that_would_help"],
+        serde_json::json!([])
+    );
+    assert!(
+        reports[1]["operations"][0]["chosen"]["stream"]["k_parts"]
+            .as_u64()
+            .unwrap()
+            > 1
     );
 }
