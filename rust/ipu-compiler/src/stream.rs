@@ -893,13 +893,6 @@ pub fn lower(
         // The rows this tile delivers, where: (first local row, row count,
         // buffer, offset of the first row, row stride) per run of rows.
         let mut delivered: Vec<(u32, u32, usize, u32, u32)> = Vec::new();
-        let bias_word = |cg0: u32| match t.bias {
-            Some(b) => StateWord::Addr {
-                buffer: b,
-                offset: cg0 * 32,
-            },
-            None => StateWord::Const(0),
-        };
         if kp > 1 {
             let reduce = pg
                 .reduce_kernel
@@ -944,7 +937,11 @@ pub fn lower(
                             StateWord::Const(lay.rs_d()),
                             StateWord::Const(q1 - q0),
                             StateWord::Const(4 * nct),
-                            bias_word(0),
+                            // The piece spans all of the tile's columns.
+                            match t.bias {
+                                Some(buffer) => StateWord::Addr { buffer, offset: 0 },
+                                None => StateWord::Const(0),
+                            },
                         ],
                     });
                     if let Some(f) = pg.costs.reduce.as_mut() {
