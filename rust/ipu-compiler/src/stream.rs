@@ -62,8 +62,9 @@ const K_PARTS: [u32; 6] = [1, 2, 3, 4, 6, 8];
 const CHUNK_PHASE: u32 = 1;
 const GATHER_PHASE: u32 = 2;
 
-/// Region-0 bytes of one compute step's program on a tile: per vertex its
-/// 11-word state and three supervisor instructions, plus the step's own.
+/// Region-0 bytes of one compute step's program on a tile (an upper
+/// bound): per vertex its 11-word state and a program-table entry, plus the
+/// step's own record.
 fn program_bytes(vertices: u64) -> u64 {
     vertices * (4 * crate::kernels::GEMM_STATE_WORDS as u64 + 24) + 64
 }
@@ -433,6 +434,29 @@ pub struct Sink<'s> {
     pub a_from: Option<Vec<(u32, GroupResult)>>,
 }
 
+impl Sink<'_> {
+    /// Appends an exchange step of `transfers` under the next label.
+    fn push_exchange(
+        &mut self,
+        tiles: u32,
+        transfers: Vec<BufferTransfer>,
+        operation: String,
+        phase: String,
+    ) -> Result<(), CompileError> {
+        let label = *self.exchange_label;
+        self.steps.push(exchange::program_step(
+            tiles,
+            transfers,
+            label,
+            self.buffers,
+            operation,
+            phase,
+        )?);
+        *self.exchange_label += 1;
+        Ok(())
+    }
+}
+
 /// Per tile of the grid: its block, K part, buffers and worker split.
 struct TileWork {
     tile: u32,
@@ -461,7 +485,7 @@ pub fn lower(
     graph: &Graph,
     tile_count: u32,
     pg: &mut PlannedGemm,
-    sink: Sink,
+    mut sink: Sink,
 ) -> Result<(), CompileError> {
     let shape = pg.plan.stream.expect("a streamed plan");
     let node = graph.node(pg.group.gemm);
@@ -712,15 +736,12 @@ pub fn lower(
                 });
             }
         }
-        sink.steps.push(exchange::program_step(
+        sink.push_exchange(
             tile_count,
             transfers,
-            *sink.exchange_label,
-            sink.buffers,
             result_name.clone(),
             format!("exchange {value} chunk {s}"),
-        )?);
-        *sink.exchange_label += 1;
+        )?;
 
         // The compute step: every vertex adds its chunk's product.
         let mut step = Step {
@@ -856,15 +877,12 @@ pub fn lower(
                 }
             }
         }
-        sink.steps.push(exchange::program_step(
+        sink.push_exchange(
             tile_count,
             transfers,
-            *sink.exchange_label,
-            sink.buffers,
             result_name.clone(),
             format!("exchange {value} partials (reduce-scatter over {kp} K parts)"),
-        )?);
-        *sink.exchange_label += 1;
+        )?;
     }
 
     // The reduce step: f32 accumulation (sum of the worker K groups or of
