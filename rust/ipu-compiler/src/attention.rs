@@ -681,6 +681,7 @@ pub fn lower(
         zero,
         category: category.into(),
         scratch: None,
+        lifetime: None,
     };
     for h in 0..b.heads {
         for (qi, &(q0, q1)) in qranges.iter().enumerate() {
@@ -885,6 +886,7 @@ pub fn lower(
             zero,
             category: "attention_operand".into(),
             scratch: None,
+            lifetime: None,
         });
         let ktb = bufs.len() - 1;
         kt_src.insert(tile, (ktb, rs));

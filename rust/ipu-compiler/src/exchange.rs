@@ -95,6 +95,7 @@ pub fn attach_tables(
             zero: vec![],
             category: "exchange_tables".into(),
             scratch: None,
+            lifetime: None,
         });
         step.table_buffers.insert(tile, bufs.len() - 1);
     }

@@ -43,6 +43,8 @@ pub mod lower;
 pub mod map_tiles;
 pub mod package;
 pub mod plan;
+pub mod rowwise;
+pub mod segment;
 pub mod storage;
 pub mod stream;
 
@@ -332,27 +334,31 @@ fn timeline_cycles(l: &lower::Lowered) -> u64 {
     clock.into_iter().max().unwrap_or(0)
 }
 
-/// Compiles `options.model` into a package (and writes it when `output` is set).
-pub fn compile(options: &CompileOptions) -> Result<CompileOutput, CompileError> {
-    if !(1..=ipu_arch::TILES_PER_CHIP).contains(&options.tiles) {
-        return Err(CompileError::Options {
-            message: format!(
-                "tile count {} is outside 1..={}",
-                options.tiles,
-                ipu_arch::TILES_PER_CHIP
-            ),
-        });
-    }
-    let model = phase("load", || load::load(&options.model))?;
-    let graph = &model.graph;
-    let span = tracing::info_span!(
-        "ipu_compiler.package.build",
-        tile_count = options.tiles,
-        operations = graph.nodes().len()
-    );
-    let _enter = span.enter();
-    let mut library = KernelLibrary::open(&options.kernels)?;
+/// Region-1 bytes each segment of a segmented model leaves to the buffers
+/// that outlive segments (one interleaved memory element).
+const SEGMENT_REGION1_RESERVE: u64 = 0;
 
+/// What planning and lowering one segment (or the whole graph) produced.
+pub(crate) struct SegmentLowered {
+    pub lowered: lower::Lowered,
+    pub tile_count: u32,
+    pub operation_reports: Vec<OperationReport>,
+    pub would_help: Vec<serde_json::Value>,
+    pub chain_choice: Option<serde_json::Value>,
+    /// The attention plan's report entry, when the graph has attention.
+    pub attention: Option<serde_json::Value>,
+}
+
+/// Phases `fuse` to `lower` of a graph of GEMM groups and attention blocks
+/// (the whole model, or one segment of it: [`segment`]). With
+/// `tile_count_override`, the program spans that many tiles whatever the
+/// plans use, so that segments lowered apart can be joined.
+fn plan_and_lower(
+    graph: &ipu_graph::Graph,
+    options: &CompileOptions,
+    library: &mut KernelLibrary,
+    tile_count_override: Option<u32>,
+) -> Result<SegmentLowered, CompileError> {
     // Plan every GEMM; each gets an equal share of region 1 so that all fit.
     let mut operation_reports: Vec<OperationReport> = Vec::new();
     // Kernel specialisations the library lacks and a plan would use.
@@ -368,7 +374,7 @@ pub fn compile(options: &CompileOptions) -> Result<CompileOutput, CompileError> 
             let requests = attention::kernel_requests(b);
             let mut f = Vec::new();
             for (r, vars) in requests.iter().zip(attention::FORMULA_VARS) {
-                f.push((r.clone(), kernel_formula(&mut library, r, vars)?));
+                f.push((r.clone(), kernel_formula(library, r, vars)?));
             }
             let mut it = f.into_iter();
             let mut next = || it.next().expect("seven kernels");
@@ -454,7 +460,15 @@ pub fn compile(options: &CompileOptions) -> Result<CompileOutput, CompileError> 
     // side on tiles of their own, each with all of region 1; otherwise every
     // group spans the same tiles and gets an equal share of region 1.
     let disjoint_groups = !blocks.is_empty();
-    let region1 = (ipu_arch::REGION1_END - ipu_arch::REGION1_BASE) as u64;
+    // A segment's plans leave room for what stays in region 1 across all
+    // segments (the values they pass on, buffers zeroed at load) and the
+    // element boundary above it.
+    let reserve = if tile_count_override.is_some() {
+        SEGMENT_REGION1_RESERVE
+    } else {
+        0
+    };
+    let region1 = (ipu_arch::REGION1_END - ipu_arch::REGION1_BASE) as u64 - reserve;
     let share = if disjoint_groups {
         region1
     } else {
@@ -538,9 +552,9 @@ pub fn compile(options: &CompileOptions) -> Result<CompileOutput, CompileError> 
                     .then(|| reduce_kernel(geometry.f16_result, group.epilogue()))
             };
             let cost = gemm::GemmCosts {
-                gemm: kernel_formula(&mut library, &request, &["M", "NCB", "NKB"])?,
+                gemm: kernel_formula(library, &request, &["M", "NCB", "NKB"])?,
                 reduce: match &reduce_request {
-                    Some(r) => Some(kernel_formula(&mut library, r, &["ROWS", "QUADS", "P"])?),
+                    Some(r) => Some(kernel_formula(library, r, &["ROWS", "QUADS", "P"])?),
                     None => None,
                 },
                 memory_budget: share,
@@ -748,7 +762,7 @@ pub fn compile(options: &CompileOptions) -> Result<CompileOutput, CompileError> 
             let f16_partials = match planned.first() {
                 Some(p) if single && !p.0.acc32 && p.1 .1.is_none() => {
                     let request = reduce_kernel_f16_partials(0);
-                    match kernel_formula(&mut library, &request, &["ROWS", "QUADS", "P"]) {
+                    match kernel_formula(library, &request, &["ROWS", "QUADS", "P"]) {
                         Ok(f) => Some((request, f)),
                         Err(_) => {
                             missing_f16_partials = Some(request);
@@ -885,18 +899,36 @@ pub fn compile(options: &CompileOptions) -> Result<CompileOutput, CompileError> 
     if let Some(p) = &attention_plan {
         tile_count = tile_count.max(p.tiles);
     }
+    if let Some(t) = tile_count_override {
+        tile_count = t;
+    }
 
     // In a model with attention the projections' scratch buffers need
     // their C headers zeroed each run (fill64, two 16-byte fills).
-    let scratch_fill = attention_kernels.as_mut().map(|k| {
-        (
-            k.fill.0.clone(),
-            k.fill
-                .1
-                .eval(&[("N", 2), ("COUNT", (2 * gemm::C_HEADER / 8) as i64)])
-                + attention::launch_cycles(1),
-        )
-    });
+    // So do the GEMMs of a segment (crate::segment): their C buffers then
+    // share memory with the other segments' buffers.
+    let mut segment_fill = None;
+    if attention_kernels.is_none() && tile_count_override.is_some() {
+        let request = KernelRequest {
+            entry: "fill64".into(),
+            source: "fill64.S".into(),
+            params: BTreeMap::new(),
+        };
+        let formula = kernel_formula(library, &request, &["N", "COUNT"])?;
+        segment_fill = Some((request, formula));
+    }
+    let scratch_fill = attention_kernels
+        .as_mut()
+        .map(|k| &mut k.fill)
+        .or(segment_fill.as_mut())
+        .map(|fill| {
+            (
+                fill.0.clone(),
+                fill.1
+                    .eval(&[("N", 2), ("COUNT", (2 * gemm::C_HEADER / 8) as i64)])
+                    + attention::launch_cycles(1),
+            )
+        });
     let lowered = phase("lower", || {
         let mut gemms: Vec<lower::PlannedGemm> = planned
             .iter_mut()
@@ -937,6 +969,139 @@ pub fn compile(options: &CompileOptions) -> Result<CompileOutput, CompileError> 
         verifier("lower", lower::verify(&l))?;
         Ok(l)
     })?;
+    let attention = attention_plan.as_ref().map(|p| {
+        json!({
+            "value": blocks.first().map(|b| graph.value(b.attention).name.clone()),
+            "chosen": p,
+            "finalists": attention_candidates.iter().take(options.search.finalists).collect::<Vec<_>>(),
+            "candidates": attention_candidates.len(),
+        })
+    });
+    Ok(SegmentLowered {
+        lowered,
+        tile_count,
+        operation_reports,
+        would_help,
+        chain_choice,
+        attention,
+    })
+}
+
+/// Phases `segment` to `lower`: a model that is one pattern of GEMM groups
+/// and attention blocks is planned and lowered as a whole; any other is
+/// split into segments ([`segment`]) that are lowered one by one on all
+/// tiles and joined with exchange steps between them.
+fn lower_segments(
+    graph: &ipu_graph::Graph,
+    options: &CompileOptions,
+    library: &mut KernelLibrary,
+    rowwise_reports: &mut Vec<serde_json::Value>,
+) -> Result<SegmentLowered, CompileError> {
+    let segments = phase("segment", || segment::split(graph))?;
+    if let [only] = segments.as_slice() {
+        if only.kind == segment::Kind::Blocks {
+            return plan_and_lower(graph, options, library, None);
+        }
+    }
+    let tiles = options.tiles;
+    let mut parts = Vec::new();
+    let mut operation_reports = Vec::new();
+    let mut would_help = Vec::new();
+    let mut chain_choice = None;
+    let mut attention = None;
+    for (index, s) in segments.iter().enumerate() {
+        let outputs: Vec<&str> = s
+            .graph
+            .outputs()
+            .iter()
+            .map(|&v| s.graph.value(v).name.as_str())
+            .collect();
+        let span = tracing::info_span!(
+            "ipu_compiler.segment",
+            segment = index,
+            kind = ?s.kind,
+            outputs = %outputs.join(",")
+        );
+        let _enter = span.enter();
+        match s.kind {
+            segment::Kind::Blocks => {
+                let r = plan_and_lower(&s.graph, options, library, Some(tiles))?;
+                parts.push(r.lowered);
+                operation_reports.extend(r.operation_reports);
+                would_help.extend(r.would_help);
+                chain_choice = chain_choice.or(r.chain_choice);
+                attention = attention.or(r.attention);
+            }
+            segment::Kind::Rowwise => {
+                let (l, reports) = phase("lower", || {
+                    let (l, reports) = rowwise::lower(&s.graph, tiles, library)?;
+                    verifier("lower", lower::verify(&l))?;
+                    Ok((l, reports))
+                })?;
+                parts.push(l);
+                rowwise_reports.extend(reports);
+            }
+        }
+    }
+    let lowered = phase("join", || {
+        // Every segment's weights stay where its plan put them when that
+        // fits beside the other segments; otherwise each weight has one
+        // copy spread over all tiles and moves to its segment's tiles when
+        // the segment starts.
+        let l = segment::join(graph, &segments, parts.clone(), tiles, false)?;
+        let l = match segment::first_overflow(&l) {
+            None => l,
+            Some(e) => {
+                tracing::info!(
+                    overflow = %e,
+                    "the segments' weights do not fit side by side; streaming them from their homes"
+                );
+                segment::join(graph, &segments, parts, tiles, true)?
+            }
+        };
+        verifier("join", lower::verify(&l))?;
+        Ok(l)
+    })?;
+    Ok(SegmentLowered {
+        lowered,
+        tile_count: tiles,
+        operation_reports,
+        would_help,
+        chain_choice,
+        attention,
+    })
+}
+
+/// Compiles `options.model` into a package (and writes it when `output` is set).
+pub fn compile(options: &CompileOptions) -> Result<CompileOutput, CompileError> {
+    if !(1..=ipu_arch::TILES_PER_CHIP).contains(&options.tiles) {
+        return Err(CompileError::Options {
+            message: format!(
+                "tile count {} is outside 1..={}",
+                options.tiles,
+                ipu_arch::TILES_PER_CHIP
+            ),
+        });
+    }
+    let model = phase("load", || load::load(&options.model))?;
+    let graph = &model.graph;
+    let span = tracing::info_span!(
+        "ipu_compiler.package.build",
+        tile_count = options.tiles,
+        operations = graph.nodes().len()
+    );
+    let _enter = span.enter();
+    let mut library = KernelLibrary::open(&options.kernels)?;
+
+    let mut rowwise_reports = Vec::new();
+    let SegmentLowered {
+        lowered,
+        tile_count,
+        operation_reports,
+        would_help,
+        chain_choice,
+        attention,
+    } = lower_segments(graph, options, &mut library, &mut rowwise_reports)?;
 
     // Kernels each tile links, in request order; the supervisor runtime
     // (emit::runtime_request) is the one every tile links.
@@ -1156,14 +1321,10 @@ pub fn compile(options: &CompileOptions) -> Result<CompileOutput, CompileError> 
         "compute_bound_cycles_chip": compute_bound_chip,
         "estimated_cycles": {"run": estimated_run, "run_compute": estimated_compute, "run_exchange": estimated_exchange, "run_host_in": host_in, "run_host_out": host_out},
         "chain_handoff": chain_choice,
-        "attention": attention_plan.as_ref().map(|p| json!({
-            "value": blocks.first().map(|b| graph.value(b.attention).name.clone()),
-            "chosen": p,
-            "finalists": attention_candidates.iter().take(options.search.finalists).collect::<Vec<_>>(),
-            "candidates": attention_candidates.len(),
-        })),
+        "attention": attention,
         "exchange_steps": exchange_reports,
         "operations": operations,
+        "rowwise_operations": rowwise_reports,
         "kernels": kernels_used,
         "specialisations_that_would_help": would_help,
         "peak_standard_bytes": peak_r0,

@@ -56,6 +56,11 @@ pub struct BufferSpec {
     /// only, never zero at load: the phase's fill steps set what must be
     /// zero); `None`: live for the whole program.
     pub scratch: Option<u32>,
+    /// `Some(s)`: the buffer is live only while segment `s` of a segmented
+    /// model runs ([`crate::segment::join`]), and may share memory with the
+    /// buffers of other segments (never zero at load); its scratch phase,
+    /// if any, is one of that segment's. `None`: no such limit.
+    pub lifetime: Option<u32>,
 }
 
 /// A vertex state word.
@@ -318,6 +323,7 @@ pub fn lower(
                     zero,
                     category: category.into(),
                     scratch: None,
+                    lifetime: None,
                 };
             // A: the host operand's rows, or the producing group's result,
             // which the joint plan put on this tile with the same rows.
@@ -424,6 +430,7 @@ pub fn lower(
                     zero: vec![(0, nct * 32)],
                     category: "bias".into(),
                     scratch: None,
+                    lifetime: None,
                 });
                 (bias, tile_bufs.len() - 1)
             });
@@ -509,6 +516,7 @@ pub fn lower(
                     zero: vec![],
                     category: "gemm_result".into(),
                     scratch: None,
+                    lifetime: None,
                 });
                 results.insert((gi_group, shard.tile), (id, layout.rs_d(), (r0, r1)));
                 group_results.insert(

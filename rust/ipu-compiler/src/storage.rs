@@ -118,18 +118,46 @@ pub fn place(
     };
     let mut r1 = place_set(
         REGION1_BASE as u64,
-        &|b| b.scratch.is_none(),
+        &|b| b.scratch.is_none() && b.lifetime.is_none(),
         &mut addresses,
     );
-    let phases: std::collections::BTreeSet<u32> =
-        buffers.iter().filter_map(|b| b.scratch).collect();
+    // Above the persistent buffers: per segment lifetime (`None` for a
+    // program without segments), the segment's own buffers, then each of
+    // its scratch phases from the next element boundary; segments never
+    // run at the same time, so they all start at the same base.
+    let lifetimes: std::collections::BTreeSet<Option<u32>> =
+        buffers.iter().map(|b| b.lifetime).collect();
     let scratch_base = align_up(r1, INTERLEAVED_ELEMENT_BYTES as u64);
-    let mut worst: Option<u32> = None;
-    for &p in &phases {
-        let end = place_set(scratch_base, &|b| b.scratch == Some(p), &mut addresses);
-        if end > r1 {
-            r1 = end;
-            worst = Some(p);
+    let mut worst: Option<(Option<u32>, Option<u32>)> = None;
+    for &life in &lifetimes {
+        let own = match life {
+            Some(_) => place_set(
+                scratch_base,
+                &|b| b.lifetime == life && b.scratch.is_none(),
+                &mut addresses,
+            ),
+            None => scratch_base,
+        };
+        if own > r1 {
+            r1 = own;
+            worst = Some((life, None));
+        }
+        let phase_base = align_up(own, INTERLEAVED_ELEMENT_BYTES as u64);
+        let phases: std::collections::BTreeSet<u32> = buffers
+            .iter()
+            .filter(|b| b.lifetime == life)
+            .filter_map(|b| b.scratch)
+            .collect();
+        for &p in &phases {
+            let end = place_set(
+                phase_base,
+                &|b| b.lifetime == life && b.scratch == Some(p),
+                &mut addresses,
+            );
+            if end > r1 {
+                r1 = end;
+                worst = Some((life, Some(p)));
+            }
         }
     }
     if r1 > REGION1_END as u64 {
@@ -137,7 +165,13 @@ pub fn place(
             "region 1 (interleaved)",
             r1 - REGION1_BASE as u64,
             (REGION1_END - REGION1_BASE) as u64,
-            &|b| b.region == RegionReq::Interleaved && (b.scratch.is_none() || b.scratch == worst),
+            &|b| {
+                b.region == RegionReq::Interleaved
+                    && ((b.scratch.is_none() && b.lifetime.is_none())
+                        || worst.is_some_and(|(life, phase)| {
+                            b.lifetime == life && (b.scratch.is_none() || b.scratch == phase)
+                        }))
+            },
         ));
     }
     // Region 0: the standard buffers and, in buffer order, every buffer
@@ -185,6 +219,16 @@ pub fn place(
         code_end: code_end as u32,
         addresses,
     })
+}
+
+/// A buffer's (segment lifetime, scratch phase).
+type Liveness = (Option<u32>, Option<u32>);
+
+/// Whether buffers with these liveness pairs are never live at the same time.
+fn never_together(a: Liveness, b: Liveness) -> bool {
+    let segments = matches!((a.0, b.0), (Some(x), Some(y)) if x != y);
+    let phases = matches!((a.1, b.1), (Some(x), Some(y)) if x != y);
+    segments || phases
 }
 
 /// Checks a placement independently of how [`place`] computed it: every
@@ -244,7 +288,8 @@ pub fn validate(storage: &TileStorage, buffers: &[BufferSpec]) -> Result<(), Str
         }
         spans.push((a as u64, end, format!("buffer `{}`", b.name)));
     }
-    // Scratch buffers: region 1 only, nothing zero at load.
+    // Scratch buffers: region 1 only, nothing zero at load; buffers of one
+    // segment: nothing zero at load.
     for b in buffers.iter().filter(|b| b.scratch.is_some()) {
         if b.region != RegionReq::Interleaved || !b.zero.is_empty() {
             return Err(format!(
@@ -253,17 +298,28 @@ pub fn validate(storage: &TileStorage, buffers: &[BufferSpec]) -> Result<(), Str
             ));
         }
     }
-    // Two spans conflict unless both are scratch buffers of different phases.
-    let mut spans: Vec<(u64, u64, String, Option<u32>)> =
-        spans.into_iter().map(|(a, e, n)| (a, e, n, None)).collect();
+    for b in buffers.iter().filter(|b| b.lifetime.is_some()) {
+        if !b.zero.is_empty() {
+            return Err(format!(
+                "tile {t}: buffer `{}` lives in one segment and must have no zero-at-load ranges",
+                b.name
+            ));
+        }
+    }
+    // Two spans conflict unless they are never live together: buffers of
+    // different segments, or scratch buffers of different phases.
+    let mut spans: Vec<(u64, u64, String, Liveness)> = spans
+        .into_iter()
+        .map(|(a, e, n)| (a, e, n, (None, None)))
+        .collect();
     for (i, b) in buffers.iter().enumerate() {
-        if b.scratch.is_some() {
+        if b.scratch.is_some() || b.lifetime.is_some() {
             let a = storage.addresses[i] as u64;
             let pos = spans
                 .iter()
                 .position(|s| s.0 == a && s.2 == format!("buffer `{}`", b.name))
                 .expect("every buffer has its span");
-            spans[pos].3 = b.scratch;
+            spans[pos].3 = (b.lifetime, b.scratch);
         }
     }
     spans.sort();
@@ -272,8 +328,7 @@ pub fn validate(storage: &TileStorage, buffers: &[BufferSpec]) -> Result<(), Str
             if y.0 >= x.1 {
                 break;
             }
-            let co_live = x.3.is_none() || y.3.is_none() || x.3 == y.3;
-            if co_live {
+            if !never_together(x.3, y.3) {
                 return Err(format!(
                     "tile {t}: {} ({:#x}..{:#x}) overlaps {} ({:#x}..{:#x})",
                     x.2, x.0, x.1, y.2, y.0, y.1
@@ -299,7 +354,7 @@ pub fn validate(storage: &TileStorage, buffers: &[BufferSpec]) -> Result<(), Str
             ));
         }
         for &(b2, a2) in &exclusive[i + 1..] {
-            if b1.scratch.is_some() && b2.scratch.is_some() && b1.scratch != b2.scratch {
+            if never_together((b1.lifetime, b1.scratch), (b2.lifetime, b2.scratch)) {
                 continue;
             }
             let (e1, e2) = (elements(a1, b1.bytes), elements(a2, b2.bytes));
@@ -328,6 +383,7 @@ mod tests {
             zero: vec![],
             category: "test".into(),
             scratch: None,
+            lifetime: None,
         }
     }
 

@@ -543,6 +543,7 @@ pub fn lower(
                 zero,
                 category: category.into(),
                 scratch: phase,
+                lifetime: None,
             });
             bufs.len() - 1
         };
@@ -849,6 +850,7 @@ pub fn lower(
                 zero: vec![],
                 category: "gemm_partials".into(),
                 scratch: Some(GATHER_PHASE),
+                lifetime: None,
             });
             let gather = bufs.len() - 1;
             gathers.insert((i, j, l), gather);
@@ -933,6 +935,7 @@ pub fn lower(
                     zero: vec![],
                     category: "gemm_result".into(),
                     scratch: None,
+                    lifetime: None,
                 });
                 let d = bufs.len() - 1;
                 let mut reduces = Vec::new();
@@ -994,6 +997,7 @@ pub fn lower(
                 zero: vec![],
                 category: "gemm_result".into(),
                 scratch: None,
+                lifetime: None,
             });
             let d = bufs.len() - 1;
             let reduces =

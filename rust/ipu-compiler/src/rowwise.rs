@@ -1,0 +1,623 @@
+//! Row-wise segments ([`crate::segment`]): layer norms, residual adds of
+//! two `[M, N]` tensors, bias adds of a host `[N]` vector and GELUs that no
+//! GEMM epilogue absorbs, all f16.
+//!
+//! Plan: the M rows are spread over as many tiles as there are rows (up to
+//! the tile count), equal contiguous row ranges; on a tile the rows split
+//! over up to six workers. Each operation is one compute step on every
+//! tile: `layernorm_f16`, or `reduce_f32` with f16 partials (IN=16), which
+//! sums P = 2 partials for a residual add, and with P = 1 applies the bias
+//! (EPI 1) or GELU (EPI 3) epilogue.
+//!
+//! Storage: every row takes `ceil(N / 4) * 8` bytes (the kernels work in
+//! groups of four elements; padding lanes start as zeros and only ever hold
+//! sums of zeros). A residual add reads both operands from one *pair*
+//! buffer, `a` rows then `b` rows (`reduce_f32`'s SECTION): an operand that
+//! is a segment input is delivered there, one computed here is written
+//! there by its producer ([`crate::segment::split`] cuts a segment so that
+//! such a value has no other reader). Inputs read otherwise have one buffer
+//! each; computed values not bound for a pair have their own buffer. Graph
+//! parameters (gamma, beta, biases) have a copy on every tile.
+
+use crate::attention::launch_cycles;
+use crate::error::CompileError;
+use crate::gemm::FormulaCost;
+use crate::library::{KernelLibrary, KernelRequest};
+use crate::lower::{
+    push_coalesced, BufferSpec, CallProgram, HostPlacement, HostTensor, Lowered, RegionReq,
+    StateWord, Step, Vertex,
+};
+use ipu_graph::{DType, Graph, Op, ValueDef, ValueId};
+use serde_json::json;
+use std::collections::BTreeMap;
+
+/// Bytes of one f16 row of `n` elements in groups of four.
+fn row_stride(n: u32) -> u32 {
+    n.div_ceil(4) * 8
+}
+
+/// How an operation runs.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Work {
+    LayerNorm {
+        epsilon: f64,
+    },
+    /// `reduce_f32` IN=16 with P partials and epilogue EPI.
+    Reduce {
+        p: u32,
+        epi: i64,
+    },
+}
+
+/// Where a value's rows are on every tile: buffer `buffer` (a plan-wide
+/// index, the same on every tile), row 0 at `section` sections in.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Home {
+    buffer: usize,
+    /// 0 or 1: the first or second half of a pair buffer.
+    section: u32,
+}
+
+/// A buffer of the plan; its bytes depend on the tile's rows.
+#[derive(Clone, Debug)]
+struct PlanBuffer {
+    name: String,
+    /// Row width in elements of the rows it holds (0: a vector).
+    n: u32,
+    /// Row blocks (2 for a pair buffer), or a vector of `n` elements.
+    sections: u32,
+    vector: bool,
+    /// Extra bytes after the rows (the layernorm over-read).
+    slack: u32,
+    category: &'static str,
+}
+
+/// The reduce kernel with f16 partials.
+pub fn reduce_request(epi: i64) -> KernelRequest {
+    KernelRequest {
+        entry: "reduce_f32".into(),
+        source: "reduce_f32.S".into(),
+        params: [
+            ("EPI".to_string(), epi),
+            ("IN".to_string(), 16),
+            ("OUT".to_string(), 16),
+        ]
+        .into_iter()
+        .collect(),
+    }
+}
+
+/// The layer-norm kernel.
+pub fn layernorm_request() -> KernelRequest {
+    KernelRequest {
+        entry: "layernorm_f16".into(),
+        source: "layernorm_f16.S".into(),
+        params: BTreeMap::new(),
+    }
+}
+
+/// Lowers a row-wise segment graph onto `tile_count` tiles. Returns the
+/// program and one report entry per operation.
+pub fn lower(
+    graph: &Graph,
+    tile_count: u32,
+    library: &mut KernelLibrary,
+) -> Result<(Lowered, Vec<serde_json::Value>), CompileError> {
+    let err = |v: ValueId, reason: String| CompileError::Unsupported {
+        value: graph.value(v).name.clone(),
+        operation: graph
+            .def_node(v)
+            .map_or("input", |n| graph.node(n).op.name())
+            .to_string(),
+        reason,
+    };
+    let is_host = |v: ValueId| !matches!(graph.value(v).def, ValueDef::Node(_));
+    let users = graph.all_users();
+    // Every row tensor: f16 [M, N] with one M.
+    let mut m = None;
+    let mut row_tensor = |v: ValueId| -> Result<u32, CompileError> {
+        let t = graph.ty(v);
+        if t.dtype != DType::F16 || t.shape.rank() != 2 {
+            return Err(err(
+                v,
+                format!(
+                    "has type {t}; row-wise operations are lowered for f16 [rows, width] tensors"
+                ),
+            ));
+        }
+        let (rows, n) = (t.shape.dims()[0] as u32, t.shape.dims()[1] as u32);
+        match m {
+            None => m = Some(rows),
+            Some(r) if r != rows => {
+                return Err(err(
+                    v,
+                    format!(
+                        "has {rows} rows; the other row-wise operations of its segment have {r}"
+                    ),
+                ))
+            }
+            _ => {}
+        }
+        Ok(n)
+    };
+    let vector = |v: ValueId, n: u32, role: &str| -> Result<(), CompileError> {
+        let t = graph.ty(v);
+        if !is_host(v) || t.dtype != DType::F16 || t.shape.dims() != [n as usize] {
+            return Err(err(
+                v,
+                format!("is the {role} of a row-wise operation on rows of {n}; it must be a host f16[{n}] input or param, not {t}"),
+            ));
+        }
+        Ok(())
+    };
+
+    // The operations: (node, work, row operands, vector operands).
+    struct Operation {
+        result: ValueId,
+        work: Work,
+        rows: Vec<ValueId>,
+        vectors: Vec<ValueId>,
+        n: u32,
+    }
+    let mut ops = Vec::new();
+    for node in graph.nodes() {
+        let r = node.result;
+        let n = row_tensor(r)?;
+        let op = match node.op {
+            Op::LayerNorm { epsilon } => {
+                row_tensor(node.args[0])?;
+                vector(node.args[1], n, "gamma")?;
+                vector(node.args[2], n, "beta")?;
+                if !(1e-6..=0.5).contains(&epsilon) {
+                    return Err(err(
+                        r,
+                        format!("epsilon {epsilon} is outside the kernel's range 1e-6..=0.5"),
+                    ));
+                }
+                Operation {
+                    result: r,
+                    work: Work::LayerNorm { epsilon },
+                    rows: vec![node.args[0]],
+                    vectors: vec![node.args[1], node.args[2]],
+                    n,
+                }
+            }
+            Op::Gelu => {
+                row_tensor(node.args[0])?;
+                Operation {
+                    result: r,
+                    work: Work::Reduce { p: 1, epi: 3 },
+                    rows: vec![node.args[0]],
+                    vectors: vec![],
+                    n,
+                }
+            }
+            Op::Add => {
+                let (a, b) = (node.args[0], node.args[1]);
+                let (ta, tb) = (graph.ty(a), graph.ty(b));
+                if ta.shape == tb.shape {
+                    row_tensor(a)?;
+                    Operation {
+                        result: r,
+                        work: Work::Reduce { p: 2, epi: 0 },
+                        rows: vec![a, b],
+                        vectors: vec![],
+                        n,
+                    }
+                } else {
+                    // A bias: the [N] operand is the vector.
+                    let (rows, bias) = if tb.shape.rank() == 1 { (a, b) } else { (b, a) };
+                    row_tensor(rows)?;
+                    vector(bias, n, "bias")?;
+                    Operation {
+                        result: r,
+                        work: Work::Reduce { p: 1, epi: 1 },
+                        rows: vec![rows],
+                        vectors: vec![bias],
+                        n,
+                    }
+                }
+            }
+            _ => {
+                return Err(err(
+                    r,
+                    format!("`{}` is not a row-wise operation", node.op.name()),
+                ))
+            }
+        };
+        ops.push(op);
+    }
+    let m = m.unwrap_or(0);
+    if m == 0 {
+        return Err(CompileError::Verifier {
+            phase: "lower",
+            message: format!("row-wise segment `{}` has no rows", graph.name()),
+        });
+    }
+
+    // Buffers and homes.
+    let mut plan: Vec<PlanBuffer> = Vec::new();
+    let mut homes: BTreeMap<ValueId, Home> = BTreeMap::new();
+    // Input slots: (value, home) pairs the exchange or the host fills.
+    let mut input_slots: Vec<(ValueId, Home)> = Vec::new();
+    let mut vectors: BTreeMap<ValueId, usize> = BTreeMap::new();
+    // The pair buffer of each residual add (by result).
+    let mut pairs: BTreeMap<ValueId, usize> = BTreeMap::new();
+    let name = |v: ValueId| graph.value(v).name.clone();
+    for op in &ops {
+        if let Work::Reduce { p: 2, .. } = op.work {
+            plan.push(PlanBuffer {
+                name: format!("{}.pair", name(op.result)),
+                n: op.n,
+                sections: 2,
+                vector: false,
+                slack: 0,
+                category: "rowwise_operand",
+            });
+            let pair = plan.len() - 1;
+            pairs.insert(op.result, pair);
+            for (section, &a) in op.rows.iter().enumerate() {
+                let home = Home {
+                    buffer: pair,
+                    section: section as u32,
+                };
+                if is_host(a) {
+                    input_slots.push((a, home));
+                } else if homes.contains_key(&a)
+                    || users[a.0 as usize].len() != 1
+                    || graph.outputs().contains(&a)
+                {
+                    return Err(err(op.result, format!("operand `{}` is read elsewhere too; a residual add reads operands that only it reads (the segmenter cuts before such an add)", name(a))));
+                } else {
+                    homes.insert(a, home);
+                }
+            }
+        }
+    }
+    // Layer norms over-read 8 bytes after a row's last group of four.
+    let over_read: Vec<ValueId> = ops
+        .iter()
+        .filter(|o| matches!(o.work, Work::LayerNorm { .. }))
+        .map(|o| o.rows[0])
+        .collect();
+    for op in &ops {
+        for &a in &op.rows {
+            if is_host(a)
+                && !homes.contains_key(&a)
+                && !matches!(op.work, Work::Reduce { p: 2, .. })
+            {
+                plan.push(PlanBuffer {
+                    name: format!("{}.in", name(a)),
+                    n: op.n,
+                    sections: 1,
+                    vector: false,
+                    slack: if over_read.contains(&a) { 8 } else { 0 },
+                    category: "rowwise_operand",
+                });
+                let home = Home {
+                    buffer: plan.len() - 1,
+                    section: 0,
+                };
+                homes.insert(a, home);
+                input_slots.push((a, home));
+            }
+        }
+        for &v in &op.vectors {
+            vectors.entry(v).or_insert_with(|| {
+                plan.push(PlanBuffer {
+                    name: name(v),
+                    n: op.n,
+                    sections: 1,
+                    vector: true,
+                    slack: 8,
+                    category: "rowwise_param",
+                });
+                plan.len() - 1
+            });
+        }
+        homes.entry(op.result).or_insert_with(|| {
+            plan.push(PlanBuffer {
+                name: format!("{}.out", name(op.result)),
+                n: op.n,
+                sections: 1,
+                vector: false,
+                slack: if over_read.contains(&op.result) { 8 } else { 0 },
+                category: "rowwise_result",
+            });
+            Home {
+                buffer: plan.len() - 1,
+                section: 0,
+            }
+        });
+    }
+    // The layer norms' per-worker scratch (4 N + 8 bytes each).
+    let ln_width = ops
+        .iter()
+        .filter(|o| matches!(o.work, Work::LayerNorm { .. }))
+        .map(|o| o.n)
+        .max();
+    let scratch = ln_width.map(|n| {
+        plan.push(PlanBuffer {
+            name: format!("{}.layernorm_scratch", graph.name()),
+            n: n + 2,
+            sections: ipu_arch::WORKER_CONTEXTS,
+            vector: true,
+            slack: 0,
+            category: "rowwise_scratch",
+        });
+        (plan.len() - 1, (4 * n + 8).div_ceil(8) * 8)
+    });
+
+    // Rows per tile: as many tiles as rows, up to the tile count.
+    let used = tile_count.min(m);
+    let per_tile = m.div_ceil(used);
+    let used = m.div_ceil(per_tile);
+    let rows_of = |t: u32| -> (u32, u32) {
+        let r0 = (t * per_tile).min(m);
+        (r0, ((t + 1) * per_tile).min(m))
+    };
+    let mut buffers: BTreeMap<u32, Vec<BufferSpec>> =
+        (0..tile_count).map(|t| (t, Vec::new())).collect();
+    for t in 0..used {
+        let (r0, r1) = rows_of(t);
+        let rows = r1 - r0;
+        let bufs = buffers.get_mut(&t).expect("tiles below tile_count");
+        for b in &plan {
+            let bytes = if b.vector {
+                if b.category == "rowwise_scratch" {
+                    // Each worker's share starts 8-aligned.
+                    b.sections * (4 * (b.n - 2) + 8).div_ceil(8) * 8
+                } else {
+                    row_stride(b.n) + b.slack
+                }
+            } else {
+                b.sections * rows * row_stride(b.n) + b.slack
+            };
+            // Padding lanes of rows and vectors start as zeros.
+            let padded = b.n % 4 != 0 && b.category != "rowwise_scratch";
+            bufs.push(BufferSpec {
+                name: b.name.clone(),
+                bytes,
+                align: 8,
+                // The layer norms' scratch in interleaved memory, where a
+                // segmented program's segments share memory; rows (often
+                // values that outlive their segment) and vectors wherever
+                // there is room, so that they do not cost the segments a
+                // whole interleaved element.
+                region: if b.category == "rowwise_scratch" {
+                    RegionReq::Interleaved
+                } else {
+                    RegionReq::Any
+                },
+                exclusive_element: false,
+                zero: if padded { vec![(0, bytes)] } else { vec![] },
+                category: b.category.into(),
+                scratch: None,
+                lifetime: None,
+            });
+        }
+    }
+
+    // Steps.
+    let mut formulas: BTreeMap<String, FormulaCost> = BTreeMap::new();
+    let mut steps = Vec::new();
+    let mut reports = Vec::new();
+    for op in &ops {
+        let request = match op.work {
+            Work::LayerNorm { .. } => layernorm_request(),
+            Work::Reduce { epi, .. } => reduce_request(epi),
+        };
+        let vars: &[&str] = match op.work {
+            Work::LayerNorm { .. } => &["ROWS", "COLS"],
+            Work::Reduce { .. } => &["ROWS", "QUADS", "P"],
+        };
+        let formula = match formulas.entry(request.to_string()) {
+            std::collections::btree_map::Entry::Occupied(e) => e.into_mut(),
+            std::collections::btree_map::Entry::Vacant(e) => {
+                e.insert(crate::kernel_formula(library, &request, vars)?)
+            }
+        };
+        let stride = row_stride(op.n);
+        let mut step = Step {
+            operation: name(op.result),
+            phase: format!(
+                "{} {}",
+                graph
+                    .node(graph.def_node(op.result).expect("a node's result"))
+                    .op
+                    .name(),
+                name(op.result)
+            ),
+            tiles: BTreeMap::new(),
+            estimated_cycles: 0,
+            exchange: None,
+        };
+        for t in 0..used {
+            let (r0, r1) = rows_of(t);
+            let rows = r1 - r0;
+            let workers = rows.min(ipu_arch::WORKER_CONTEXTS);
+            let section = rows * stride;
+            let at = |h: Home, row: u32| StateWord::Addr {
+                buffer: h.buffer,
+                offset: h.section * section + row * stride,
+            };
+            let out = homes[&op.result];
+            let mut vertices = Vec::new();
+            let mut slowest = 0;
+            for w in 0..workers {
+                let (w0, w1) = (w * rows / workers, (w + 1) * rows / workers);
+                if w0 == w1 {
+                    continue;
+                }
+                let state = match op.work {
+                    Work::LayerNorm { epsilon } => {
+                        let (sb, sbytes) = scratch.expect("layer norms have scratch");
+                        vec![
+                            at(homes[&op.rows[0]], w0),
+                            StateWord::Const(stride),
+                            at(out, w0),
+                            StateWord::Const(stride),
+                            StateWord::Const(w1 - w0),
+                            StateWord::Const(op.n),
+                            StateWord::Addr {
+                                buffer: vectors[&op.vectors[0]],
+                                offset: 0,
+                            },
+                            StateWord::Addr {
+                                buffer: vectors[&op.vectors[1]],
+                                offset: 0,
+                            },
+                            StateWord::Const((epsilon as f32).to_bits()),
+                            StateWord::Addr {
+                                buffer: sb,
+                                offset: w * sbytes,
+                            },
+                        ]
+                    }
+                    Work::Reduce { p, epi } => vec![
+                        match pairs.get(&op.result) {
+                            Some(&buffer) => at(Home { buffer, section: 0 }, w0),
+                            None => at(homes[&op.rows[0]], w0),
+                        },
+                        StateWord::Const(section),
+                        StateWord::Const(p),
+                        StateWord::Const(stride),
+                        at(out, w0),
+                        StateWord::Const(stride),
+                        StateWord::Const(w1 - w0),
+                        StateWord::Const(op.n.div_ceil(4)),
+                        if epi == 1 {
+                            StateWord::Addr {
+                                buffer: vectors[&op.vectors[0]],
+                                offset: 0,
+                            }
+                        } else {
+                            StateWord::Const(0)
+                        },
+                    ],
+                };
+                let cycles = match op.work {
+                    Work::LayerNorm { .. } => {
+                        formula.eval(&[("ROWS", (w1 - w0) as i64), ("COLS", op.n as i64)])
+                    }
+                    Work::Reduce { p, .. } => formula.eval(&[
+                        ("ROWS", (w1 - w0) as i64),
+                        ("QUADS", op.n.div_ceil(4) as i64),
+                        ("P", p as i64),
+                    ]),
+                };
+                slowest = slowest.max(cycles);
+                vertices.push(Vertex {
+                    kernel: request.clone(),
+                    state,
+                });
+            }
+            step.estimated_cycles = step
+                .estimated_cycles
+                .max(slowest + launch_cycles(vertices.len() as u64));
+            step.tiles.insert(t, vertices);
+        }
+        reports.push(json!({
+            "value": name(op.result),
+            "operation": graph.node(graph.def_node(op.result).expect("a node's result")).op.name(),
+            "shape": [m, op.n],
+            "kernel": request.to_string(),
+            "tiles": used,
+            "rows_per_tile": per_tile,
+            "estimated_cycles": step.estimated_cycles,
+        }));
+        tracing::info!(
+            value = %name(op.result),
+            kernel = %request,
+            tiles = used,
+            rows_per_tile = per_tile,
+            estimated_cycles = step.estimated_cycles,
+            "row-wise operation planned"
+        );
+        steps.push(step);
+    }
+
+    // Host tensors: row slots of inputs, vectors on every tile, outputs.
+    let host_tensor = |v: ValueId| HostTensor {
+        name: name(v),
+        ty: graph.ty(v).clone(),
+        placements: Vec::new(),
+    };
+    let mut inputs: BTreeMap<ValueId, HostTensor> = BTreeMap::new();
+    let mut params: BTreeMap<ValueId, HostTensor> = BTreeMap::new();
+    let rows_placements = |list: &mut Vec<HostPlacement>, v: ValueId, h: Home| {
+        let n = graph.ty(v).shape.dims()[1] as u32;
+        let stride = row_stride(n);
+        for t in 0..used {
+            let (r0, r1) = rows_of(t);
+            for r in r0..r1 {
+                push_coalesced(
+                    list,
+                    HostPlacement {
+                        tile: t,
+                        buffer: h.buffer,
+                        buffer_offset: h.section * (r1 - r0) * stride + (r - r0) * stride,
+                        host_offset: r as u64 * n as u64 * 2,
+                        bytes: n * 2,
+                    },
+                );
+            }
+        }
+    };
+    for &(v, h) in &input_slots {
+        let target = if graph.value(v).def == ValueDef::Param {
+            &mut params
+        } else {
+            &mut inputs
+        };
+        let t = target.entry(v).or_insert_with(|| host_tensor(v));
+        rows_placements(&mut t.placements, v, h);
+    }
+    for (&v, &b) in &vectors {
+        let target = if graph.value(v).def == ValueDef::Param {
+            &mut params
+        } else {
+            &mut inputs
+        };
+        let t = target.entry(v).or_insert_with(|| host_tensor(v));
+        let bytes = graph.ty(v).bytes() as u32;
+        for tile in 0..used {
+            t.placements.push(HostPlacement {
+                tile,
+                buffer: b,
+                buffer_offset: 0,
+                host_offset: 0,
+                bytes,
+            });
+        }
+    }
+    let mut outputs = Vec::new();
+    for &v in graph.outputs() {
+        let mut t = host_tensor(v);
+        rows_placements(&mut t.placements, v, homes[&v]);
+        outputs.push(t);
+    }
+    Ok((
+        Lowered {
+            tile_count,
+            buffers,
+            calls: vec![
+                CallProgram {
+                    name: "initialize".into(),
+                    steps: vec![],
+                },
+                CallProgram {
+                    name: "run".into(),
+                    steps,
+                },
+            ],
+            io: vec![
+                (params.into_values().collect(), vec![]),
+                (inputs.into_values().collect(), outputs),
+            ],
+            resident: Vec::new(),
+            group_results: BTreeMap::new(),
+        },
+        reports,
+    ))
+}

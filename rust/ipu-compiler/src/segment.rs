@@ -1,0 +1,767 @@
+//! Phase `segment`: splits a model that is more than one pattern of GEMM
+//! groups and attention blocks into segments that run one after another,
+//! and joins their lowered programs.
+//!
+//! A segment is either a *block* segment (GEMM groups with their fused
+//! epilogues, GEMM chains and attention blocks: what [`crate::fuse`] and
+//! [`crate::attention`] recognise, planned and lowered as a model of its
+//! own) or a *row-wise* segment (layer norms, residual adds, bias adds and
+//! GELUs that no GEMM epilogue absorbs: [`crate::rowwise`]). [`split`] cuts
+//! the graph in node order wherever the kind changes and before a GEMM
+//! whose A operand is computed in its segment by something other than a
+//! GEMM group (an attention block's `merge_heads`), so each segment is a
+//! graph the pattern it goes to accepts. A value a segment reads from an
+//! earlier one becomes an input of its graph (a *device input*); a value a
+//! later segment reads becomes an output.
+//!
+//! [`join`] concatenates the segments' programs on a common tile count and
+//! moves every device input with one exchange step before its segment:
+//! the producer's output placements and the consumer's input placements
+//! both say which bytes of the tensor sit where, so the transfers are their
+//! intersections, whatever the two layouts are. Invariants of the joined
+//! program: buffer indices and scratch phases are renumbered so that no two
+//! segments share one; every buffer that holds a value across segments (an
+//! exported value, a parameter, a host input written at the start of the
+//! run but read by a later segment) or must be zero at load is persistent;
+//! every other buffer lives only while its segment runs
+//! ([`crate::lower::BufferSpec::lifetime`]), so the segments' buffers share
+//! memory; a device input's destination lives for its whole segment (the
+//! exchange that fills it runs before the segment's first step).
+
+use crate::error::CompileError;
+use crate::exchange::{self, BufferRef, BufferTransfer};
+use crate::lower::{CallProgram, HostPlacement, HostTensor, Lowered, StateWord, Step};
+use ipu_graph::{DType, Graph, NodeId, Op, ValueDef, ValueId};
+use std::collections::{BTreeMap, BTreeSet};
+
+/// What lowers a segment.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Kind {
+    /// GEMM groups and attention blocks ([`crate::plan_and_lower`]).
+    Blocks,
+    /// Row-wise operations ([`crate::rowwise`]).
+    Rowwise,
+}
+
+/// One segment: a graph of its own.
+#[derive(Clone, Debug)]
+pub struct Segment {
+    pub kind: Kind,
+    pub graph: Graph,
+    /// Inputs of `graph` that earlier segments compute.
+    pub device_inputs: Vec<String>,
+}
+
+/// Whether the `add` or `gelu` node `n` is the epilogue of a GEMM group
+/// (the rule of [`crate::fuse::fuse`]: single-use f16 values after a GEMM,
+/// at most one bias add with a host `[N]` operand, then at most one gelu).
+fn epilogue_nodes(graph: &Graph) -> BTreeSet<NodeId> {
+    let users = graph.all_users();
+    let is_output = |v: ValueId| graph.outputs().contains(&v);
+    let mut out = BTreeSet::new();
+    for (i, node) in graph.nodes().iter().enumerate() {
+        if !matches!(node.op, Op::Gemm { .. }) || node.args.len() != 2 {
+            continue;
+        }
+        let b = graph.ty(node.args[1]);
+        let Some(&n) = b.shape.dims().last() else {
+            continue;
+        };
+        let _ = i;
+        let (mut last, mut bias, mut gelu) = (node.result, false, false);
+        loop {
+            let u = &users[last.0 as usize];
+            if is_output(last) || u.len() != 1 {
+                break;
+            }
+            let next = graph.node(u[0]);
+            if graph.ty(next.result).dtype != DType::F16 {
+                break;
+            }
+            match next.op {
+                Op::Add if !bias && !gelu => {
+                    let other = if next.args[0] == last {
+                        next.args[1]
+                    } else {
+                        next.args[0]
+                    };
+                    let host = !matches!(graph.value(other).def, ValueDef::Node(_));
+                    if other == last || !host || graph.ty(other).shape.dims() != [n] {
+                        break;
+                    }
+                    bias = true;
+                }
+                Op::Gelu if !gelu => gelu = true,
+                _ => break,
+            }
+            out.insert(u[0]);
+            last = next.result;
+        }
+    }
+    out
+}
+
+/// The kind of segment node `n` belongs to.
+fn kind_of(graph: &Graph, epilogues: &BTreeSet<NodeId>, n: NodeId) -> Kind {
+    match graph.node(n).op {
+        Op::LayerNorm { .. } => Kind::Rowwise,
+        Op::Add | Op::Gelu if !epilogues.contains(&n) => Kind::Rowwise,
+        _ => Kind::Blocks,
+    }
+}
+
+/// Splits `graph` into segments (see the module documentation). A graph
+/// that is one block segment is returned as that one segment, unchanged.
+pub fn split(graph: &Graph) -> Result<Vec<Segment>, CompileError> {
+    let epilogues = epilogue_nodes(graph);
+    let users = graph.all_users();
+    let is_output = |v: ValueId| graph.outputs().contains(&v);
+    // Node lists of the segments, in order.
+    let mut parts: Vec<(Kind, Vec<NodeId>)> = Vec::new();
+    // The segment that defines each value computed so far.
+    let mut defined_in: BTreeMap<ValueId, usize> = BTreeMap::new();
+    for i in 0..graph.nodes().len() {
+        let id = NodeId(i as u32);
+        let node = graph.node(id);
+        let kind = kind_of(graph, &epilogues, id);
+        let current = parts.len().checked_sub(1);
+        let here = |v: ValueId| current.is_some() && defined_in.get(&v) == current.as_ref();
+        let cut = match (current.map(|c| parts[c].0), kind) {
+            (None, _)
+            | (Some(Kind::Blocks), Kind::Rowwise)
+            | (Some(Kind::Rowwise), Kind::Blocks) => true,
+            // A GEMM reads its A operand from its own segment only as the
+            // result of a GEMM group (a chain).
+            (Some(Kind::Blocks), Kind::Blocks) => {
+                matches!(node.op, Op::Gemm { .. })
+                    && here(node.args[0])
+                    && graph.def_node(node.args[0]).is_some_and(|d| {
+                        !matches!(graph.node(d).op, Op::Gemm { .. }) && !epilogues.contains(&d)
+                    })
+            }
+            // A residual add reads both operands from one buffer, into which
+            // only a segment input or a value read nowhere else is written.
+            (Some(Kind::Rowwise), Kind::Rowwise) => {
+                matches!(node.op, Op::Add)
+                    && node
+                        .args
+                        .iter()
+                        .any(|&a| here(a) && (users[a.0 as usize].len() != 1 || is_output(a)))
+            }
+        };
+        if cut {
+            parts.push((kind, Vec::new()));
+        }
+        let last = parts.len() - 1;
+        parts[last].1.push(id);
+        defined_in.insert(node.result, last);
+    }
+    if parts.len() == 1 && parts[0].0 == Kind::Blocks {
+        return Ok(vec![Segment {
+            kind: Kind::Blocks,
+            graph: graph.clone(),
+            device_inputs: Vec::new(),
+        }]);
+    }
+    let graph_err = |e: ipu_graph::GraphError| CompileError::Verifier {
+        phase: "segment",
+        message: e.to_string(),
+    };
+    let mut segments = Vec::new();
+    for (si, (kind, nodes)) in parts.iter().enumerate() {
+        let mut g = Graph::new(format!("{}.s{si}", graph.name()));
+        let mut ids: BTreeMap<ValueId, ValueId> = BTreeMap::new();
+        let mut device_inputs = Vec::new();
+        for &n in nodes {
+            let node = graph.node(n);
+            let mut args = Vec::new();
+            for &a in &node.args {
+                if let Some(&id) = ids.get(&a) {
+                    args.push(id);
+                    continue;
+                }
+                let v = graph.value(a);
+                let id = match v.def {
+                    ValueDef::Param => g.add_param(&v.name, v.ty.clone()),
+                    ValueDef::Input => g.add_input(&v.name, v.ty.clone()),
+                    ValueDef::Node(_) => {
+                        device_inputs.push(v.name.clone());
+                        g.add_input(&v.name, v.ty.clone())
+                    }
+                }
+                .map_err(graph_err)?;
+                ids.insert(a, id);
+                args.push(id);
+            }
+            let r = g
+                .add_op(&graph.value(node.result).name, node.op.clone(), &args)
+                .map_err(graph_err)?;
+            ids.insert(node.result, r);
+        }
+        // Outputs: graph outputs and values later segments read.
+        for &n in nodes {
+            let r = graph.node(n).result;
+            let read_later = users[r.0 as usize]
+                .iter()
+                .any(|u| defined_in[&graph.node(*u).result] != si);
+            if is_output(r) || read_later {
+                g.add_output(ids[&r]).map_err(graph_err)?;
+            }
+        }
+        segments.push(Segment {
+            kind: *kind,
+            graph: g,
+            device_inputs,
+        });
+    }
+    Ok(segments)
+}
+
+/// Remaps one segment's buffer indices (per tile) into the joined program.
+struct Remap<'a> {
+    offset: &'a BTreeMap<u32, usize>,
+}
+
+impl Remap<'_> {
+    fn buffer(&self, tile: u32, b: usize) -> usize {
+        self.offset.get(&tile).copied().unwrap_or(0) + b
+    }
+    fn placement(&self, p: &HostPlacement) -> HostPlacement {
+        HostPlacement {
+            buffer: self.buffer(p.tile, p.buffer),
+            ..*p
+        }
+    }
+    fn reference(&self, r: &BufferRef) -> BufferRef {
+        BufferRef {
+            buffer: self.buffer(r.tile, r.buffer),
+            ..*r
+        }
+    }
+    fn step(&self, s: &Step) -> Step {
+        let mut s = s.clone();
+        for (&tile, vertices) in s.tiles.iter_mut() {
+            for v in vertices {
+                for w in v.state.iter_mut() {
+                    if let StateWord::Addr { buffer, .. } = w {
+                        *buffer = self.buffer(tile, *buffer);
+                    }
+                }
+            }
+        }
+        if let Some(x) = s.exchange.as_mut() {
+            for t in x.transfers.iter_mut() {
+                t.source = self.reference(&t.source);
+                for d in t.destinations.iter_mut() {
+                    *d = self.reference(d);
+                }
+            }
+            x.layout = x
+                .layout
+                .iter()
+                .map(|(&(tile, b), &span)| ((tile, self.buffer(tile, b)), span))
+                .collect();
+            for (tile, b) in x.table_buffers.iter_mut() {
+                *b = self.buffer(*tile, *b);
+            }
+        }
+        s
+    }
+}
+
+/// The transfers that move `tensor` from the producer's placements
+/// (`from`) to the consumer's (`to`): every consumer byte range from the
+/// producer ranges that cover it. A destination tile appears at most once
+/// per transfer, so a second slot on one tile gets a transfer of its own.
+fn transfers_between(
+    name: &str,
+    from: &[HostPlacement],
+    to: &[HostPlacement],
+) -> Result<Vec<BufferTransfer>, CompileError> {
+    let mut sources: Vec<&HostPlacement> = from.iter().collect();
+    sources.sort_by_key(|p| p.host_offset);
+    // Per source piece (tile, buffer, offset, bytes): its destinations.
+    let mut pieces: BTreeMap<(BufferRef, u32), Vec<BufferRef>> = BTreeMap::new();
+    for d in to {
+        let (start, end) = (d.host_offset, d.host_offset + d.bytes as u64);
+        let mut covered = start;
+        let first = sources.partition_point(|p| p.host_offset + (p.bytes as u64) <= start);
+        for s in &sources[first..] {
+            let (s0, s1) = (s.host_offset, s.host_offset + s.bytes as u64);
+            if s0 >= end {
+                break;
+            }
+            let (a, b) = (s0.max(covered), s1.min(end));
+            if a >= b {
+                continue;
+            }
+            if a != covered {
+                break;
+            }
+            let (src_off, dst_off, bytes) = (
+                s.buffer_offset + (a - s0) as u32,
+                d.buffer_offset + (a - start) as u32,
+                (b - a) as u32,
+            );
+            if src_off % 4 != 0 || dst_off % 4 != 0 || bytes % 4 != 0 {
+                return Err(CompileError::CodeGen {
+                    tile: d.tile,
+                    message: format!(
+                        "moving `{name}` bytes {a}..{b} from tile {} offset {src_off} to offset {dst_off}: the exchange moves whole 4-byte words",
+                        s.tile
+                    ),
+                });
+            }
+            pieces
+                .entry((
+                    BufferRef {
+                        tile: s.tile,
+                        buffer: s.buffer,
+                        offset: src_off,
+                    },
+                    bytes,
+                ))
+                .or_default()
+                .push(BufferRef {
+                    tile: d.tile,
+                    buffer: d.buffer,
+                    offset: dst_off,
+                });
+            covered = b;
+        }
+        if covered != end {
+            return Err(CompileError::CodeGen {
+                tile: d.tile,
+                message: format!(
+                    "`{name}` bytes {covered}..{end} are read here but no earlier segment placed them"
+                ),
+            });
+        }
+    }
+    let mut out = Vec::new();
+    for ((source, bytes), mut destinations) in pieces {
+        destinations.sort();
+        // One destination per tile and transfer.
+        while !destinations.is_empty() {
+            let mut seen = BTreeSet::new();
+            let (now, later): (Vec<BufferRef>, Vec<BufferRef>) =
+                destinations.into_iter().partition(|d| seen.insert(d.tile));
+            out.push(BufferTransfer {
+                source,
+                destinations: now,
+                bytes,
+            });
+            destinations = later;
+        }
+    }
+    Ok(out)
+}
+
+/// A parameter's home: its bytes in equal 4-byte-aligned runs over all
+/// tiles (one persistent buffer per tile that holds some), written once by
+/// the initialize call.
+fn param_home(
+    t: &HostTensor,
+    tile_count: u32,
+    buffers: &mut BTreeMap<u32, Vec<crate::lower::BufferSpec>>,
+) -> Vec<HostPlacement> {
+    let total = t.ty.bytes();
+    let chunk = total.div_ceil(tile_count as u64).div_ceil(4) * 4;
+    let mut out = Vec::new();
+    for tile in 0..tile_count {
+        let start = tile as u64 * chunk;
+        if start >= total {
+            break;
+        }
+        let bytes = chunk.min(total - start) as u32;
+        let bufs = buffers.get_mut(&tile).expect("tiles below tile_count");
+        bufs.push(crate::lower::BufferSpec {
+            name: format!("{}.home", t.name),
+            bytes,
+            align: 8,
+            region: crate::lower::RegionReq::Any,
+            exclusive_element: false,
+            zero: vec![],
+            category: "param_home".into(),
+            scratch: None,
+            lifetime: None,
+        });
+        out.push(HostPlacement {
+            tile,
+            buffer: bufs.len() - 1,
+            buffer_offset: 0,
+            host_offset: start,
+            bytes,
+        });
+    }
+    out
+}
+
+/// Joins the segments' programs (each lowered with `tile_count` tiles) into
+/// one, with an exchange step before each segment that moves its device
+/// inputs from where earlier segments left them (and, with
+/// `stream_params`, its GEMM weights from their one copy spread over all
+/// tiles, so that the segments' weight buffers share memory).
+pub fn join(
+    graph: &Graph,
+    segments: &[Segment],
+    parts: Vec<Lowered>,
+    tile_count: u32,
+    stream_params: bool,
+) -> Result<Lowered, CompileError> {
+    let mut buffers: BTreeMap<u32, Vec<crate::lower::BufferSpec>> =
+        (0..tile_count).map(|t| (t, Vec::new())).collect();
+    let mut init_steps = Vec::new();
+    let mut run_steps: Vec<Step> = Vec::new();
+    let mut params: BTreeMap<String, HostTensor> = BTreeMap::new();
+    let mut inputs: BTreeMap<String, HostTensor> = BTreeMap::new();
+    let mut outputs: BTreeMap<String, HostTensor> = BTreeMap::new();
+    let mut resident: BTreeMap<String, HostTensor> = BTreeMap::new();
+    // Where each value a segment exported is (joined buffer indices).
+    let mut exported: BTreeMap<String, Vec<HostPlacement>> = BTreeMap::new();
+    // (tile, buffer) that must stay persistent.
+    let mut persistent: BTreeSet<(u32, usize)> = BTreeSet::new();
+    // (tile, buffer) live for the whole of their segment (no scratch phase).
+    let mut whole_segment: BTreeSet<(u32, usize)> = BTreeSet::new();
+    // The segment of every buffer (None: added by the join).
+    let mut segment_of: BTreeMap<(u32, usize), u32> = BTreeMap::new();
+    // With `stream_params`, each parameter's one copy spread over all tiles.
+    let mut homes: BTreeMap<String, Vec<HostPlacement>> = BTreeMap::new();
+    let mut phase_base = 0u32;
+    let mut label = 0u32;
+    let is_output = |name: &str| {
+        graph
+            .lookup(name)
+            .is_some_and(|v| graph.outputs().contains(&v))
+    };
+    for (si, (segment, part)) in segments.iter().zip(parts).enumerate() {
+        if part.tile_count != tile_count {
+            return Err(CompileError::Verifier {
+                phase: "segment",
+                message: format!(
+                    "segment {si} was lowered for {} tiles, the program has {tile_count}",
+                    part.tile_count
+                ),
+            });
+        }
+        let offset: BTreeMap<u32, usize> = buffers.iter().map(|(&t, b)| (t, b.len())).collect();
+        let remap = Remap { offset: &offset };
+        let mut max_phase = 0;
+        for (tile, bufs) in part.buffers {
+            let joined = buffers.get_mut(&tile).expect("tiles below tile_count");
+            for mut b in bufs {
+                if let Some(p) = b.scratch.as_mut() {
+                    max_phase = max_phase.max(*p);
+                    *p += phase_base;
+                }
+                segment_of.insert((tile, joined.len()), si as u32);
+                joined.push(b);
+            }
+        }
+        // The segment's first scratch phase runs first: a buffer of it that
+        // an exchange fills before the segment's first step keeps its phase.
+        let first_phase = (max_phase > 0).then_some(phase_base + 1);
+        let starts_segment = |buffers: &BTreeMap<u32, Vec<crate::lower::BufferSpec>>,
+                              p: &HostPlacement| {
+            first_phase.is_some() && buffers[&p.tile][p.buffer].scratch == first_phase
+        };
+        phase_base += max_phase + 1;
+        let (seg_params, seg_inputs, seg_outputs) = {
+            let mut calls = part.io.into_iter();
+            let (p, _) = calls.next().unwrap_or_default();
+            let (i, o) = calls.next().unwrap_or_default();
+            (p, i, o)
+        };
+        // The device inputs' exchange step, before the segment's steps.
+        let mut transfers = Vec::new();
+        for t in seg_inputs {
+            let placements: Vec<HostPlacement> =
+                t.placements.iter().map(|p| remap.placement(p)).collect();
+            if segment.device_inputs.contains(&t.name) {
+                let from = exported
+                    .get(&t.name)
+                    .ok_or_else(|| CompileError::Verifier {
+                        phase: "segment",
+                        message: format!(
+                            "segment {si} reads `{}`, which no earlier segment exported",
+                            t.name
+                        ),
+                    })?;
+                transfers.extend(transfers_between(&t.name, from, &placements)?);
+                // Written by the exchange before the segment's first step.
+                whole_segment.extend(
+                    placements
+                        .iter()
+                        .filter(|p| !starts_segment(&buffers, p))
+                        .map(|p| (p.tile, p.buffer)),
+                );
+                continue;
+            }
+            // A host input a later segment reads is written at the start of
+            // the run, so it must outlive the earlier segments' phases.
+            if si > 0 {
+                persistent.extend(placements.iter().map(|p| (p.tile, p.buffer)));
+            }
+            inputs
+                .entry(t.name.clone())
+                .or_insert_with(|| HostTensor {
+                    name: t.name.clone(),
+                    ty: t.ty.clone(),
+                    placements: Vec::new(),
+                })
+                .placements
+                .extend(placements);
+        }
+        let mut streamed = Vec::new();
+        for t in seg_params {
+            // Written once, by the initialize call.
+            let mut placements: Vec<HostPlacement> =
+                t.placements.iter().map(|p| remap.placement(p)).collect();
+            if stream_params {
+                // Interleaved copies that need no zeros at load come from the
+                // parameter's home by exchange at the start of the segment.
+                let (moved, kept): (Vec<HostPlacement>, Vec<HostPlacement>) =
+                    placements.into_iter().partition(|p| {
+                        let b = &buffers[&p.tile][p.buffer];
+                        b.region == crate::lower::RegionReq::Interleaved && b.zero.is_empty()
+                    });
+                placements = kept;
+                if !moved.is_empty() {
+                    let home = homes
+                        .entry(t.name.clone())
+                        .or_insert_with(|| param_home(&t, tile_count, &mut buffers));
+                    transfers.extend(transfers_between(&t.name, home, &moved)?);
+                    whole_segment.extend(
+                        moved
+                            .iter()
+                            .filter(|p| !starts_segment(&buffers, p))
+                            .map(|p| (p.tile, p.buffer)),
+                    );
+                    streamed.push(t.name.clone());
+                }
+            }
+            persistent.extend(placements.iter().map(|p| (p.tile, p.buffer)));
+            params
+                .entry(t.name.clone())
+                .or_insert_with(|| HostTensor {
+                    name: t.name.clone(),
+                    ty: t.ty.clone(),
+                    placements: Vec::new(),
+                })
+                .placements
+                .extend(placements);
+        }
+        if !transfers.is_empty() {
+            let names = segment
+                .device_inputs
+                .iter()
+                .chain(&streamed)
+                .cloned()
+                .collect::<Vec<_>>()
+                .join(", ");
+            let first = segment
+                .graph
+                .nodes()
+                .first()
+                .map(|n| segment.graph.value(n.result).name.clone())
+                .unwrap_or_default();
+            run_steps.push(exchange::program_step(
+                tile_count,
+                transfers,
+                label,
+                &mut buffers,
+                first,
+                format!("exchange {names} -> segment {si}"),
+            )?);
+            label += 1;
+        }
+        for call in part.calls {
+            let steps = call.steps.iter().map(|s| remap.step(s));
+            if call.name == "initialize" {
+                init_steps.extend(steps);
+            } else {
+                for s in steps {
+                    if s.exchange.is_some() {
+                        label += 1;
+                    }
+                    run_steps.push(s);
+                }
+            }
+        }
+        for t in seg_outputs {
+            let placements: Vec<HostPlacement> =
+                t.placements.iter().map(|p| remap.placement(p)).collect();
+            persistent.extend(placements.iter().map(|p| (p.tile, p.buffer)));
+            exported.insert(t.name.clone(), placements.clone());
+            let target = if is_output(&t.name) {
+                &mut outputs
+            } else {
+                &mut resident
+            };
+            target.insert(t.name.clone(), HostTensor { placements, ..t });
+        }
+        for t in part.resident {
+            let placements = t.placements.iter().map(|p| remap.placement(p)).collect();
+            resident.insert(t.name.clone(), HostTensor { placements, ..t });
+        }
+    }
+    // Lifetimes: persistent buffers and those that must be zero at load
+    // live for the whole program; every other buffer of a segment lives
+    // only while it runs, so segments share memory.
+    for (&tile, bufs) in buffers.iter_mut() {
+        for (i, b) in bufs.iter_mut().enumerate() {
+            let key = (tile, i);
+            let Some(&si) = segment_of.get(&key) else {
+                continue;
+            };
+            // Only interleaved buffers share memory (region 0 is placed in
+            // order; exchange tables are image contents).
+            let shared = b.region == crate::lower::RegionReq::Interleaved;
+            if persistent.contains(&key) || !b.zero.is_empty() || !shared {
+                b.scratch = None;
+                b.lifetime = None;
+            } else {
+                if whole_segment.contains(&key) {
+                    b.scratch = None;
+                }
+                b.lifetime = Some(si);
+            }
+        }
+    }
+    // Table buffers are named after their step's position in the run.
+    let mut n = 0;
+    for s in &run_steps {
+        if let Some(x) = &s.exchange {
+            for (&tile, &b) in &x.table_buffers {
+                buffers.get_mut(&tile).expect("tiles below tile_count")[b].name =
+                    format!("xtab{n}");
+            }
+            n += 1;
+        }
+    }
+    for (name, home) in homes {
+        params
+            .get_mut(&name)
+            .expect("a streamed parameter has its tensor")
+            .placements
+            .extend(home);
+    }
+    let order = |m: BTreeMap<String, HostTensor>| -> Vec<HostTensor> {
+        let mut v: Vec<HostTensor> = m.into_values().collect();
+        v.sort_by_key(|t| graph.lookup(&t.name).map(|id| id.0));
+        v
+    };
+    Ok(Lowered {
+        tile_count,
+        buffers,
+        calls: vec![
+            CallProgram {
+                name: "initialize".into(),
+                steps: init_steps,
+            },
+            CallProgram {
+                name: "run".into(),
+                steps: run_steps,
+            },
+        ],
+        io: vec![(order(params), vec![]), (order(inputs), order(outputs))],
+        resident: order(resident),
+        group_results: BTreeMap::new(),
+    })
+}
+
+/// Code and vertex-state bytes assumed per tile when checking whether a
+/// joined program fits before it is linked (the SigLIP attention's tiles
+/// link about 20 KiB).
+const CODE_ALLOWANCE: u32 = 40 * 1024;
+
+/// The first tile whose buffers do not fit (with [`CODE_ALLOWANCE`] of
+/// code), as the storage error.
+pub fn first_overflow(l: &Lowered) -> Option<CompileError> {
+    l.buffers
+        .iter()
+        .find_map(|(&tile, bufs)| crate::storage::place(tile, bufs, CODE_ALLOWANCE).err())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn kinds(text: &str) -> Vec<(Kind, Vec<String>, Vec<String>)> {
+        let g = ipu_graph::parse("t.ipug", text).unwrap();
+        split(&g)
+            .unwrap()
+            .into_iter()
+            .map(|s| {
+                let names = s
+                    .graph
+                    .nodes()
+                    .iter()
+                    .map(|n| s.graph.value(n.result).name.clone())
+                    .collect();
+                (s.kind, names, s.device_inputs)
+            })
+            .collect()
+    }
+
+    #[test]
+    fn a_vit_block_splits_at_the_row_wise_operations_and_after_attention() {
+        let text = std::fs::read_to_string(
+            std::path::Path::new(&std::env::var("CARGO_MANIFEST_DIR").unwrap())
+                .join("../../models/vit_block_small.ipug"),
+        )
+        .unwrap();
+        let s = kinds(&text);
+        let summary: Vec<String> = s
+            .iter()
+            .map(|(k, names, dev)| format!("{k:?} {} <- [{}]", names.join(" "), dev.join(" ")))
+            .collect();
+        assert_eq!(
+            summary,
+            [
+                "Rowwise n1 <- []",
+                "Blocks q0 q k0 k v0 v qh kh vh oh o <- [n1]",
+                "Blocks p0 p <- [o]",
+                "Rowwise h n2 <- [p]",
+                "Blocks m0 m1 m2 m3 m <- [n2]",
+                "Rowwise y <- [h m]",
+            ],
+        );
+    }
+
+    #[test]
+    fn a_model_of_one_pattern_is_one_segment() {
+        let s = kinds("model m\ninput x: f16[4, 8]\nparam w: f16[8, 8]\nparam b: f16[8]\nh = gemm(x, w)\nz = add(h, b)\noutput z\n");
+        assert_eq!(s.len(), 1);
+        assert_eq!(s[0].0, Kind::Blocks);
+    }
+
+    #[test]
+    fn transfers_cover_each_consumer_range_from_the_producer_ranges() {
+        let p = |tile, buffer, buffer_offset, host_offset, bytes| HostPlacement {
+            tile,
+            buffer,
+            buffer_offset,
+            host_offset,
+            bytes,
+        };
+        // Rows of 8 bytes on two tiles, read as one 16-byte range on tile 2
+        // and twice on tile 3.
+        let from = [p(0, 0, 0, 0, 8), p(1, 0, 8, 8, 8)];
+        let to = [p(2, 1, 0, 0, 16), p(3, 0, 0, 4, 8), p(3, 1, 0, 4, 8)];
+        let t = transfers_between("x", &from, &to).unwrap();
+        let words: u32 = t
+            .iter()
+            .map(|t| t.bytes * t.destinations.len() as u32)
+            .sum();
+        assert_eq!(words, 32);
+        assert!(t.iter().all(|t| {
+            let tiles: BTreeSet<u32> = t.destinations.iter().map(|d| d.tile).collect();
+            tiles.len() == t.destinations.len()
+        }));
+        let e = transfers_between("x", &from, &[p(2, 0, 0, 8, 16)]).unwrap_err();
+        assert!(e.to_string().contains("bytes 16..24"), "{e}");
+        let e = transfers_between("x", &from, &[p(2, 0, 2, 0, 8)]).unwrap_err();
+        assert!(e.to_string().contains("4-byte words"), "{e}");
+    }
+}

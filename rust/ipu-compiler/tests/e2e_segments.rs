@@ -1,0 +1,109 @@
+//! Segmented models (crate `segment`): row-wise operations (layer norm,
+//! residual and bias adds, GELU) between GEMM groups and attention blocks,
+//! each segment lowered on its own and joined with exchange steps. Every
+//! case runs on the simulator and is compared with ipu-reference.
+
+use ipu_reference::random;
+
+mod common;
+use common::*;
+
+/// The small ViT block: layernorm, biased Q/K/V projections, attention, the
+/// output projection, a residual add, layernorm, the MLP and a second
+/// residual add, on 64 tiles and on 7 (rows split unevenly).
+#[test]
+fn vit_block_small_on_the_simulator() {
+    let model = root().join("models/vit_block_small.ipug");
+    for tiles in [64, 7] {
+        let ran = compile_and_run(&model, tiles, 17);
+        let (est, sim) = (
+            ran.compile.estimated_compute_cycles as f64,
+            ran.run_device_cycles as f64,
+        );
+        println!(
+            "vit_block_small tiles={tiles}: estimate/simulated = {:.3}",
+            est / sim
+        );
+        assert!(
+            (est / sim - 1.0).abs() < 0.10,
+            "estimate {est} vs simulated {sim} on {tiles} tiles"
+        );
+        let ops = &ran.compile.report["rowwise_operations"];
+        let names: Vec<&str> = ops
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|o| o["value"].as_str().unwrap())
+            .collect();
+        assert_eq!(names, ["n1", "h", "n2", "y"]);
+    }
+    // The seed's constant check (all ones through every operation).
+    let cache = tempfile::tempdir().unwrap();
+    run_with(
+        &options(&model, 64, cache.path()),
+        random::constant_feeds,
+        true,
+    );
+}
+
+/// Row-wise shapes and chains: widths that are no multiple of four, a
+/// GELU of a GEMM result that is itself an output, a bias add of a host
+/// input, a residual add whose operand is computed in its segment, and a
+/// host input read by two segments.
+#[test]
+fn row_wise_operations_on_the_simulator() {
+    let dir = tempfile::tempdir().unwrap();
+    let cases = [
+        (
+            "gelu_of_output",
+            "model gelu_of_output\ninput a: f16[9, 24]\nparam b: f16[24, 20]\nc = gemm(a, b)\ng = gelu(c)\noutput c, g\n",
+            4,
+        ),
+        (
+            "norm_odd",
+            "model norm_odd\ninput x: f16[11, 13]\nparam g: f16[13]\nparam b: f16[13]\nn = layernorm(x, g, b, epsilon=1e-5)\noutput n\n",
+            3,
+        ),
+        (
+            "chain",
+            "model chain\ninput x: f16[10, 36]\ninput y: f16[10, 36]\nparam g: f16[36]\nparam b: f16[36]\ninput c: f16[36]\nh = add(x, y)\nn = layernorm(h, g, b, epsilon=1e-6)\nz = gelu(n)\nw = add(z, x)\nv = add(w, c)\noutput h, v\n",
+            64,
+        ),
+        (
+            "residual_gemm",
+            "model residual_gemm\ninput x: f16[19, 32]\nparam w: f16[32, 32]\nparam g: f16[32]\nparam b: f16[32]\nn = layernorm(x, g, b, epsilon=1e-6)\np = gemm(n, w)\nh = add(x, p)\noutput h\n",
+            5,
+        ),
+    ];
+    for (name, text, tiles) in cases {
+        compile_and_run(&write_model(dir.path(), name, text), tiles, 3);
+    }
+}
+
+#[test]
+fn row_wise_errors_name_the_value() {
+    let dir = tempfile::tempdir().unwrap();
+    let cache = tempfile::tempdir().unwrap();
+    let err = |text: &str| {
+        let p = write_model(dir.path(), "m", text);
+        match ipu_compiler::compile(&options(&p, 4, cache.path())) {
+            Ok(_) => panic!("compiled:\n{text}"),
+            Err(e) => e.to_string(),
+        }
+    };
+    let e = err("model m\ninput a: f32[4, 8]\ng = gelu(a)\noutput g\n");
+    assert!(
+        e.contains("value `g` (gelu)") && e.contains("f16 [rows, width]"),
+        "{e}"
+    );
+    let e = err("model m\ninput a: f16[4, 8]\nparam g: f16[8]\nparam b: f16[8]\nn = layernorm(a, g, b, epsilon=1.0)\noutput n\n");
+    assert!(
+        e.contains("value `n` (layernorm)") && e.contains("epsilon 1"),
+        "{e}"
+    );
+    let e = err("model m\ninput a: f16[4, 8]\ns = softmax(a)\noutput s\n");
+    assert!(
+        e.contains("value `s` (softmax)") && e.contains("no lowering"),
+        "{e}"
+    );
+}
