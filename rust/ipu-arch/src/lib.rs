@@ -76,8 +76,7 @@ pub const VERTEX_LAUNCH_CYCLES: u64 = 11;
 pub const HOST_LINK_BYTES_PER_SECOND: u64 = 32_000_000_000;
 
 /// Peak f16 FLOP of the whole chip per cycle: 1472 tiles x 64 MAC x 2.
-pub const CHIP_F16_FLOP_PER_CYCLE: u64 =
-    TILES_PER_CHIP as u64 * AMP_MACS_F16_F16 as u64 * 2;
+pub const CHIP_F16_FLOP_PER_CYCLE: u64 = TILES_PER_CHIP as u64 * AMP_MACS_F16_F16 as u64 * 2;
 
 /// Memory region of an address.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -118,7 +117,10 @@ impl Region {
     /// store in one cycle must hit different elements.
     pub fn element_of(address: u32) -> Option<(Region, u32)> {
         let region = Region::of(address)?;
-        Some((region, (address - region.range().start) / region.element_bytes()))
+        Some((
+            region,
+            (address - region.range().start) / region.element_bytes(),
+        ))
     }
 }
 
@@ -168,7 +170,8 @@ mod tests {
     /// row names the value that the code uses.
     #[test]
     fn machine_model_doc_matches_constants() {
-        let dir = std::env::var("CARGO_MANIFEST_DIR").unwrap_or_else(|_| env!("CARGO_MANIFEST_DIR").into());
+        let dir = std::env::var("CARGO_MANIFEST_DIR")
+            .unwrap_or_else(|_| env!("CARGO_MANIFEST_DIR").into());
         let path = std::path::Path::new(&dir).join("../../docs/machine-model.md");
         let doc = std::fs::read_to_string(&path)
             .unwrap_or_else(|e| panic!("cannot read {}: {e}", path.display()));
@@ -204,7 +207,11 @@ mod tests {
             ("host link", format!("{} GB/s each way (PCIe Gen4 x16, effective)", HOST_LINK_BYTES_PER_SECOND / 1_000_000_000)),
         ];
         for (key, value) in expect {
-            assert_eq!(row(key), value, "docs/machine-model.md row '{key}' drifted from ipu-arch");
+            assert_eq!(
+                row(key),
+                value,
+                "docs/machine-model.md row '{key}' drifted from ipu-arch"
+            );
         }
     }
 
@@ -232,7 +239,10 @@ mod tests {
         assert_eq!(Region::of(REGION1_BASE), Some(Region::Interleaved));
         assert_eq!(Region::of(SRAM_END), None);
         assert_eq!(Region::of(SRAM_BASE - 1), None);
-        assert_eq!(Region::element_of(0x4C000 + 16 * 1024), Some((Region::Standard, 1)));
+        assert_eq!(
+            Region::element_of(0x4C000 + 16 * 1024),
+            Some((Region::Standard, 1))
+        );
     }
 
     #[test]

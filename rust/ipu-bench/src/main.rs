@@ -182,7 +182,10 @@ fn siglip_mlp(tiles: u32) -> Result<(), String> {
     let cache = tempfile::tempdir().map_err(|e| e.to_string())?;
     let m = measure(&options("siglip_mlp.ipug", tiles, cache.path()))?;
     println!("SigLIP MLP (729 x 1152 -> 4304 -> GELU -> 1152, f32 accumulation), {} tiles used of {tiles}", m.tile_count);
-    println!("  compile time:        {:.2} s on this machine", m.compile_s);
+    println!(
+        "  compile time:        {:.2} s on this machine",
+        m.compile_s
+    );
     println!(
         "  simulated cycles:    {} (compute bound {} at the f16 AMP peak, ratio {:.2}; existing stack f16 {ANCHOR_MLP_CYCLES})",
         m.cycles,
@@ -218,7 +221,10 @@ fn gemm4096(tiles: u32) -> Result<(), String> {
         "4096 x 4096 x 4096 f16 GEMM (f16 accumulation) on {tiles} tiles (goal > 75% of peak; existing stack 32.2%)"
     );
     let m = measure(&opts)?;
-    println!("  compile time:        {:.2} s on this machine ({} tiles used)", m.compile_s, m.tile_count);
+    println!(
+        "  compile time:        {:.2} s on this machine ({} tiles used)",
+        m.compile_s, m.tile_count
+    );
     println!(
         "  simulated cycles:    {} = {:.1}% of peak (peak-rate bound {} cycles on 1472 tiles; existing stack 2,262,696)",
         m.cycles,

@@ -31,9 +31,26 @@ use ipu_graph::{DType, Graph, Op, ValueDef, ValueId};
 use serde_json::json;
 use std::collections::BTreeMap;
 
-/// Bytes of one f16 row of `n` elements in groups of four.
-fn row_stride(n: u32) -> u32 {
-    n.div_ceil(4) * 8
+/// Bytes of one row of `n` elements of `eb` bytes, in groups of four.
+fn row_stride(n: u32, eb: u32) -> u32 {
+    n.div_ceil(4) * 4 * eb
+}
+
+/// Bytes of one element of a row-wise tensor (f16 or fp8).
+fn element_bytes(dtype: DType) -> u32 {
+    match dtype {
+        DType::Fp8 { .. } => 1,
+        _ => 2,
+    }
+}
+
+/// The bits of a format in the `cast` kernel's FROM and TO.
+fn cast_bits(dtype: DType) -> Option<i64> {
+    match dtype {
+        DType::F16 => Some(16),
+        DType::Fp8 { .. } => Some(8),
+        _ => None,
+    }
 }
 
 /// How an operation runs.
@@ -46,6 +63,12 @@ enum Work {
     Reduce {
         p: u32,
         epi: i64,
+    },
+    /// `cast` between f16 and fp8 (FROM and TO in bits) with the fp8 scale.
+    Cast {
+        from: i64,
+        to: i64,
+        scale: i64,
     },
 }
 
@@ -64,6 +87,8 @@ struct PlanBuffer {
     name: String,
     /// Row width in elements of the rows it holds (0: a vector).
     n: u32,
+    /// Bytes per element.
+    eb: u32,
     /// Row blocks (2 for a pair buffer), or a vector of `n` elements.
     sections: u32,
     vector: bool,
@@ -96,6 +121,22 @@ pub fn layernorm_request() -> KernelRequest {
     }
 }
 
+/// The cast kernel.
+pub fn cast_request(from: i64, to: i64, scale: i64) -> KernelRequest {
+    KernelRequest {
+        entry: "cast".into(),
+        source: "cast.S".into(),
+        params: [
+            ("FROM".to_string(), from),
+            ("TO".to_string(), to),
+            ("SR".to_string(), 0),
+            ("SCALE".to_string(), scale),
+        ]
+        .into_iter()
+        .collect(),
+    }
+}
+
 /// Lowers a row-wise segment graph onto `tile_count` tiles. Returns the
 /// program and one report entry per operation.
 pub fn lower(
@@ -113,15 +154,15 @@ pub fn lower(
     };
     let is_host = |v: ValueId| !matches!(graph.value(v).def, ValueDef::Node(_));
     let users = graph.all_users();
-    // Every row tensor: f16 [M, N] with one M.
+    // Every row tensor: f16 (or fp8, around a cast) [M, N] with one M.
     let mut m = None;
     let mut row_tensor = |v: ValueId| -> Result<u32, CompileError> {
         let t = graph.ty(v);
-        if t.dtype != DType::F16 || t.shape.rank() != 2 {
+        if cast_bits(t.dtype).is_none() || t.shape.rank() != 2 {
             return Err(err(
                 v,
                 format!(
-                    "has type {t}; row-wise operations are lowered for f16 [rows, width] tensors"
+                    "has type {t}; row-wise operations are lowered for f16 [rows, width] tensors (and fp8 ones around a cast)"
                 ),
             ));
         }
@@ -163,7 +204,42 @@ pub fn lower(
     for node in graph.nodes() {
         let r = node.result;
         let n = row_tensor(r)?;
+        if !matches!(node.op, Op::Cast { .. }) && graph.ty(r).dtype != DType::F16 {
+            return Err(err(
+                r,
+                format!(
+                    "is {}; `{}` is lowered for f16 [rows, width] tensors",
+                    graph.ty(r).dtype,
+                    node.op.name()
+                ),
+            ));
+        }
         let op = match node.op {
+            Op::Cast { to } => {
+                row_tensor(node.args[0])?;
+                let from = graph.ty(node.args[0]).dtype;
+                let scale = match (from, to) {
+                    (DType::F16, DType::Fp8 { scale_log2 })
+                    | (DType::Fp8 { scale_log2 }, DType::F16) => scale_log2 as i64,
+                    _ => {
+                        return Err(err(
+                            r,
+                            format!("casts from {from} to {to} are not lowered (f16 <-> fp8 are)"),
+                        ))
+                    }
+                };
+                Operation {
+                    result: r,
+                    work: Work::Cast {
+                        from: cast_bits(from).expect("checked by row_tensor"),
+                        to: cast_bits(to).expect("f16 or fp8"),
+                        scale,
+                    },
+                    rows: vec![node.args[0]],
+                    vectors: vec![],
+                    n,
+                }
+            }
             Op::LayerNorm { epsilon } => {
                 row_tensor(node.args[0])?;
                 vector(node.args[1], n, "gamma")?;
@@ -249,6 +325,7 @@ pub fn lower(
             plan.push(PlanBuffer {
                 name: format!("{}.pair", name(op.result)),
                 n: op.n,
+                eb: 2,
                 sections: 2,
                 vector: false,
                 slack: 0,
@@ -289,6 +366,7 @@ pub fn lower(
                 plan.push(PlanBuffer {
                     name: format!("{}.in", name(a)),
                     n: op.n,
+                    eb: element_bytes(graph.ty(a).dtype),
                     sections: 1,
                     vector: false,
                     slack: if over_read.contains(&a) { 8 } else { 0 },
@@ -307,6 +385,7 @@ pub fn lower(
                 plan.push(PlanBuffer {
                     name: name(v),
                     n: op.n,
+                    eb: 2,
                     sections: 1,
                     vector: true,
                     slack: 8,
@@ -319,6 +398,7 @@ pub fn lower(
             plan.push(PlanBuffer {
                 name: format!("{}.out", name(op.result)),
                 n: op.n,
+                eb: element_bytes(graph.ty(op.result).dtype),
                 sections: 1,
                 vector: false,
                 slack: if over_read.contains(&op.result) { 8 } else { 0 },
@@ -340,6 +420,7 @@ pub fn lower(
         plan.push(PlanBuffer {
             name: format!("{}.layernorm_scratch", graph.name()),
             n: n + 2,
+            eb: 4,
             sections: ipu_arch::WORKER_CONTEXTS,
             vector: true,
             slack: 0,
@@ -368,10 +449,10 @@ pub fn lower(
                     // Each worker's share starts 8-aligned.
                     b.sections * (4 * (b.n - 2) + 8).div_ceil(8) * 8
                 } else {
-                    row_stride(b.n) + b.slack
+                    row_stride(b.n, b.eb) + b.slack
                 }
             } else {
-                b.sections * rows * row_stride(b.n) + b.slack
+                b.sections * rows * row_stride(b.n, b.eb) + b.slack
             };
             // Padding lanes of rows and vectors start as zeros.
             let padded = b.n % 4 != 0 && b.category != "rowwise_scratch";
@@ -406,10 +487,12 @@ pub fn lower(
         let request = match op.work {
             Work::LayerNorm { .. } => layernorm_request(),
             Work::Reduce { epi, .. } => reduce_request(epi),
+            Work::Cast { from, to, scale } => cast_request(from, to, scale),
         };
         let vars: &[&str] = match op.work {
             Work::LayerNorm { .. } => &["ROWS", "COLS"],
             Work::Reduce { .. } => &["ROWS", "QUADS", "P"],
+            Work::Cast { .. } => &["N"],
         };
         let formula = match formulas.entry(request.to_string()) {
             std::collections::btree_map::Entry::Occupied(e) => e.into_mut(),
@@ -417,7 +500,17 @@ pub fn lower(
                 e.insert(crate::kernel_formula(library, &request, vars)?)
             }
         };
-        let stride = row_stride(op.n);
+        // Operand and result row strides (they differ only for a cast).
+        let stride = row_stride(op.n, element_bytes(graph.ty(op.rows[0]).dtype));
+        let out_stride = row_stride(op.n, element_bytes(graph.ty(op.result).dtype));
+        // A cast's workers take whole 8-byte groups (its addresses are
+        // 8-aligned and an fp8 vertex owns the words it writes): rows in
+        // pairs when a row is not a multiple of 8 bytes.
+        let unit = if matches!(op.work, Work::Cast { .. }) && out_stride.min(stride) % 8 != 0 {
+            2
+        } else {
+            1
+        };
         let mut step = Step {
             operation: name(op.result),
             phase: format!(
@@ -435,17 +528,25 @@ pub fn lower(
         for t in 0..used {
             let (r0, r1) = rows_of(t);
             let rows = r1 - r0;
-            let workers = rows.min(ipu_arch::WORKER_CONTEXTS);
+            let units = rows.div_ceil(unit);
+            let workers = units.min(ipu_arch::WORKER_CONTEXTS);
             let section = rows * stride;
             let at = |h: Home, row: u32| StateWord::Addr {
                 buffer: h.buffer,
                 offset: h.section * section + row * stride,
             };
+            let out_at = |row: u32| StateWord::Addr {
+                buffer: homes[&op.result].buffer,
+                offset: homes[&op.result].section * rows * out_stride + row * out_stride,
+            };
             let out = homes[&op.result];
             let mut vertices = Vec::new();
             let mut slowest = 0;
             for w in 0..workers {
-                let (w0, w1) = (w * rows / workers, (w + 1) * rows / workers);
+                let (w0, w1) = (
+                    (w * units / workers * unit).min(rows),
+                    ((w + 1) * units / workers * unit).min(rows),
+                );
                 if w0 == w1 {
                     continue;
                 }
@@ -495,6 +596,13 @@ pub fn lower(
                             StateWord::Const(0)
                         },
                     ],
+                    // The rows are contiguous (padding lanes included: the
+                    // operand's and the result's groups of four line up).
+                    Work::Cast { .. } => vec![
+                        at(homes[&op.rows[0]], w0),
+                        out_at(w0),
+                        StateWord::Const((w1 - w0) * op.n.div_ceil(4) * 4),
+                    ],
                 };
                 let cycles = match op.work {
                     Work::LayerNorm { .. } => {
@@ -505,6 +613,9 @@ pub fn lower(
                         ("QUADS", op.n.div_ceil(4) as i64),
                         ("P", p as i64),
                     ]),
+                    Work::Cast { .. } => {
+                        formula.eval(&[("N", ((w1 - w0) * op.n.div_ceil(4) * 4) as i64)])
+                    }
                 };
                 slowest = slowest.max(cycles);
                 vertices.push(Vertex {
@@ -547,7 +658,8 @@ pub fn lower(
     let mut params: BTreeMap<ValueId, HostTensor> = BTreeMap::new();
     let rows_placements = |list: &mut Vec<HostPlacement>, v: ValueId, h: Home| {
         let n = graph.ty(v).shape.dims()[1] as u32;
-        let stride = row_stride(n);
+        let eb = element_bytes(graph.ty(v).dtype);
+        let stride = row_stride(n, eb);
         for t in 0..used {
             let (r0, r1) = rows_of(t);
             for r in r0..r1 {
@@ -557,8 +669,8 @@ pub fn lower(
                         tile: t,
                         buffer: h.buffer,
                         buffer_offset: h.section * (r1 - r0) * stride + (r - r0) * stride,
-                        host_offset: r as u64 * n as u64 * 2,
-                        bytes: n * 2,
+                        host_offset: r as u64 * n as u64 * eb as u64,
+                        bytes: n * eb,
                     },
                 );
             }

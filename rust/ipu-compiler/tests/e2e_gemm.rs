@@ -256,13 +256,29 @@ fn fp8_gemms_on_the_simulator() {
         let bound = if tiles == 64 { 0.1 } else { 0.5 };
         assert!((est / sim - 1.0).abs() < bound, "{name}: estimate {est} vs simulated {sim}");
     }
+    // A fused bias: the f16 partials are summed by reduce_f32 IN=16 with
+    // the epilogue.
     let epilogue = write_model(
         dir.path(),
         "bias8",
         "model bias8\ninput a: fp8[8, 32]\nparam b: fp8[32, 16]\nparam bias: f16[16]\nh = gemm(a, b)\nc = add(h, bias)\noutput c\n",
     );
+    let ran = compile_and_run(&epilogue, 4, 9);
+    let kernel = ran.compile.report["operations"][0]["kernel"]
+        .as_str()
+        .unwrap();
+    assert!(
+        kernel.contains("gemm_fp8") && kernel.contains("IN=16"),
+        "{kernel}"
+    );
+    // An f32 result is refused with the reason.
+    let f32_out = write_model(
+        dir.path(),
+        "f32out8",
+        "model f32out8\ninput a: fp8[8, 32]\nparam b: fp8[32, 16]\nc = gemm(a, b, out=f32)\noutput c\n",
+    );
     let cache = tempfile::tempdir().unwrap();
-    let err = compile(&options(&epilogue, 4, cache.path()))
+    let err = compile(&options(&f32_out, 4, cache.path()))
         .err()
         .expect("refused");
     assert!(err.to_string().contains("fp8 GEMM"), "{err}");

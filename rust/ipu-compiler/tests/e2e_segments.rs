@@ -80,6 +80,40 @@ fn row_wise_operations_on_the_simulator() {
     }
 }
 
+/// fp8 MLP: a cast segment quantises the input, the fp8 GEMMs carry their
+/// bias and GELU in the reduce step (f16 partials), and a second cast
+/// segment re-quantises the GELU output for the second GEMM.
+#[test]
+fn fp8_mlp_with_casts_on_the_simulator() {
+    let model = root().join("models/mlp_small_fp8.ipug");
+    let ran = compile_and_run(&model, 64, 5);
+    let ops: Vec<String> = ran.compile.report["rowwise_operations"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|o| {
+            format!(
+                "{} {}",
+                o["value"].as_str().unwrap(),
+                o["kernel"].as_str().unwrap()
+            )
+        })
+        .collect();
+    assert_eq!(
+        ops,
+        [
+            "x8 cast FROM=16 SCALE=0 SR=0 TO=8",
+            "g8 cast FROM=16 SCALE=-2 SR=0 TO=8"
+        ]
+    );
+    let cache = tempfile::tempdir().unwrap();
+    run_with(
+        &options(&model, 64, cache.path()),
+        random::constant_feeds,
+        true,
+    );
+}
+
 #[test]
 fn row_wise_errors_name_the_value() {
     let dir = tempfile::tempdir().unwrap();

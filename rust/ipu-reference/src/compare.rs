@@ -48,10 +48,57 @@ impl Tolerance {
         }
     }
 
+    /// The rule for an output of a graph that re-quantises computed values
+    /// to fp8: [`Tolerance::for_output`] plus, per re-quantisation whose
+    /// input has unit roundoff `u_in` (entries of `requantised`, see
+    /// [`requantisations`]), `atol += 10 * sqrt(u_in / u8) * u8 * rms`
+    /// (docs/graph-format.md, "Verification"). The device's and the
+    /// reference's values entering the cast differ by about `u_in`
+    /// relatively, so a fraction `u_in / u8` of them round to neighbouring
+    /// fp8 values, `2 u8` apart; downstream sums add those flips as a random
+    /// walk with standard deviation `sqrt(u_in / u8) * 2 u8 * rms`, and the
+    /// bound allows five of them.
+    pub fn for_output_requantised(
+        dtype: DType,
+        reduction_length: u64,
+        reference: &[f64],
+        requantised: &[f64],
+    ) -> Tolerance {
+        let mut t = Tolerance::for_output(dtype, reduction_length, reference);
+        let rms = if reference.is_empty() {
+            0.0
+        } else {
+            (reference.iter().map(|r| r * r).sum::<f64>() / reference.len() as f64).sqrt()
+        };
+        let u8 = unit_roundoff(DType::Fp8 { scale_log2: 0 });
+        for &u_in in requantised {
+            t.atol += 10.0 * (u_in / u8).sqrt() * u8 * rms;
+        }
+        t
+    }
+
     /// Whether `device` is within tolerance of `reference` (NaN never is).
     pub fn accepts(&self, device: f64, reference: f64) -> bool {
         (device - reference).abs() <= self.atol + self.rtol * reference.abs()
     }
+}
+
+/// The unit roundoff of the input of every cast in `graph` that rounds a
+/// computed value (not a host input or parameter) to fp8, in graph order.
+pub fn requantisations(graph: &ipu_graph::Graph) -> Vec<f64> {
+    graph
+        .nodes()
+        .iter()
+        .filter(|n| {
+            matches!(
+                n.op,
+                ipu_graph::Op::Cast {
+                    to: DType::Fp8 { .. }
+                }
+            ) && matches!(graph.value(n.args[0]).def, ipu_graph::ValueDef::Node(_))
+        })
+        .map(|n| unit_roundoff(graph.ty(n.args[0]).dtype))
+        .collect()
 }
 
 /// What the reference looked like.

@@ -21,6 +21,8 @@ pub mod ops;
 pub mod random;
 mod tensor;
 
-pub use compare::{compare, compare_values, Comparison, Expected, Mismatch, Tolerance};
+pub use compare::{
+    compare, compare_values, requantisations, Comparison, Expected, Mismatch, Tolerance,
+};
 pub use eval::{evaluate, evaluate_all, EvalError};
 pub use tensor::{round_to, unit_roundoff, Tensor, TensorError};

@@ -15,6 +15,23 @@ fn tolerance_rule_matches_the_documentation() {
 }
 
 #[test]
+fn requantised_outputs_widen_atol_per_cast_of_a_computed_value() {
+    let g = ipu_graph::parse(
+        "m.ipug",
+        "model m\ninput x: f16[4, 8]\nparam w: fp8[8, 8]\nparam v: fp8[8, 8]\nx8 = cast(x, to=fp8)\nh = gemm(x8, w)\nh8 = cast(h, to=fp8<-2>)\ny = gemm(h8, v)\noutput y\n",
+    )
+    .unwrap();
+    // The cast of the host input is exact on both sides; the cast of `h` is not.
+    let u16 = 2f64.powi(-11);
+    assert_eq!(ipu_reference::requantisations(&g), [u16]);
+    let plain = Tolerance::for_output(DType::F16, 8, &[1.0; 4]);
+    let t = Tolerance::for_output_requantised(DType::F16, 8, &[1.0; 4], &[u16]);
+    let u8 = 2f64.powi(-4);
+    assert!((t.atol - plain.atol - 10.0 * (u16 / u8).sqrt() * u8).abs() < 1e-15);
+    assert_eq!(t.rtol, plain.rtol);
+}
+
+#[test]
 fn report_names_every_mismatch_detail() {
     let shape = Shape::new([2, 3, 4]);
     let reference: Vec<f64> = (0..24).map(|i| i as f64 * 0.25).collect();

@@ -201,10 +201,11 @@ fn check(
     name: &str,
     device: &Tensor,
     reference: &Tensor,
-    reduction: u64,
+    (reduction, requantised): (u64, &[f64]),
     placements: &[Placement],
 ) -> Result<TensorCheck, RuntimeError> {
-    let tol = Tolerance::for_output(device.dtype(), reduction, reference.data());
+    let tol =
+        Tolerance::for_output_requantised(device.dtype(), reduction, reference.data(), requantised);
     let comparison = compare(device, reference, tol)
         .map_err(|e| RuntimeError::Verify(format!("`{name}`: {e}")))?;
     let bad = if comparison.passed() {
@@ -262,6 +263,7 @@ pub fn verify_package(
         ))
     })?;
     let reduction = analysis::max_reduction_length(&graph);
+    let requantised = ipu_reference::requantisations(&graph);
 
     let run_session =
         |checkpointed: bool| -> Result<(crate::CallOutput, Vec<crate::CallCycles>), RuntimeError> {
@@ -310,7 +312,7 @@ pub fn verify_package(
             &t.name,
             &out.outputs[&t.name],
             &reference[id.0 as usize],
-            reduction,
+            (reduction, &requantised),
             &t.placements,
         )?;
         tracing::info!(
@@ -400,6 +402,7 @@ fn diagnose(
     device_values: &BTreeMap<String, Tensor>,
 ) -> Result<Option<Diagnosis>, RuntimeError> {
     let global_reduction = analysis::max_reduction_length(graph);
+    let requantised = ipu_reference::requantisations(graph);
     let mut trail = Vec::new();
     // Graph definition order is a topological order.
     for (i, v) in graph.values().iter().enumerate() {
@@ -411,7 +414,7 @@ fn diagnose(
             &v.name,
             device,
             &reference[i],
-            global_reduction,
+            (global_reduction, &requantised),
             &entry.placements,
         )?;
         let (local_failed, failing) =
@@ -421,7 +424,7 @@ fn diagnose(
                         unreachable!("local references exist only for nodes")
                     };
                     let k = analysis::reduction_length(graph, graph.node(n));
-                    let local = check(&v.name, device, &local_ref, k, &entry.placements)?;
+                    let local = check(&v.name, device, &local_ref, (k, &[]), &entry.placements)?;
                     let failed = !local.comparison.passed();
                     (Some(failed), if failed { Some(local) } else { None })
                 }
@@ -460,7 +463,7 @@ fn diagnose(
                     &w.name,
                     &device_values[&w.name],
                     &reference[id.0 as usize],
-                    global_reduction,
+                    (global_reduction, &requantised),
                     &e.placements,
                 )?;
                 trail.push((w.name.clone(), g.comparison.passed()));
@@ -488,7 +491,7 @@ fn diagnose(
                 name,
                 &device_values[name],
                 &reference[id.0 as usize],
-                global_reduction,
+                (global_reduction, &requantised),
                 &entry.placements,
             )?;
             let operation = match graph.value(id).def {

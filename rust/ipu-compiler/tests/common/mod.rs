@@ -82,7 +82,12 @@ pub fn run_with(
     let k = ipu_graph::analysis::max_reduction_length(&graph);
     for (name, want) in reference.iter().filter(|_| check) {
         let got = &run.outputs[name];
-        let tol = Tolerance::for_output(want.dtype(), k, want.data());
+        let tol = Tolerance::for_output_requantised(
+            want.dtype(),
+            k,
+            want.data(),
+            &ipu_reference::requantisations(&graph),
+        );
         let cmp = compare(got, want, tol).unwrap();
         assert!(
             cmp.passed(),
