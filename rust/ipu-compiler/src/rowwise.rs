@@ -506,7 +506,7 @@ pub fn lower(
         // A cast's workers take whole 8-byte groups (its addresses are
         // 8-aligned and an fp8 vertex owns the words it writes): rows in
         // pairs when a row is not a multiple of 8 bytes.
-        let unit = if matches!(op.work, Work::Cast { .. }) && out_stride.min(stride) % 8 != 0 {
+        let unit = if matches!(op.work, Work::Cast { .. }) && out_stride.min(stride) & 7 != 0 {
             2
         } else {
             1
