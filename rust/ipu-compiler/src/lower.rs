@@ -661,29 +661,85 @@ pub fn lower(
             steps.push(reduce_step);
         }
     }
-    // Tensors in graph order, so that the manifest follows the model.
-    let order = |m: BTreeMap<String, HostTensor>| -> Vec<HostTensor> {
-        let mut v: Vec<HostTensor> = m.into_values().collect();
-        v.sort_by_key(|t| graph.lookup(&t.name).map(|id| id.0));
-        v
-    };
-    Ok(Lowered {
+    let mut l = Lowered::two_calls(
+        graph,
         tile_count,
         buffers,
-        calls: vec![
-            CallProgram {
-                name: "initialize".into(),
-                steps: vec![],
-            },
-            CallProgram {
-                name: "run".into(),
-                steps,
-            },
-        ],
-        io: vec![(order(params), vec![]), (order(inputs), order(outputs))],
-        resident: order(resident),
-        group_results,
-    })
+        (vec![], steps),
+        HostTensors {
+            params,
+            inputs,
+            outputs,
+            resident,
+        },
+    );
+    l.group_results = group_results;
+    Ok(l)
+}
+
+/// A program's host tensors by name, in any order.
+#[derive(Default)]
+pub(crate) struct HostTensors {
+    pub params: BTreeMap<String, HostTensor>,
+    pub inputs: BTreeMap<String, HostTensor>,
+    pub outputs: BTreeMap<String, HostTensor>,
+    pub resident: BTreeMap<String, HostTensor>,
+}
+
+impl HostTensors {
+    /// Adds `placements` to tensor `t`'s entry in `map` (created from `t`).
+    pub fn place(
+        map: &mut BTreeMap<String, HostTensor>,
+        t: &HostTensor,
+        placements: impl IntoIterator<Item = HostPlacement>,
+    ) {
+        map.entry(t.name.clone())
+            .or_insert_with(|| HostTensor {
+                name: t.name.clone(),
+                ty: t.ty.clone(),
+                placements: Vec::new(),
+            })
+            .placements
+            .extend(placements);
+    }
+}
+
+impl Lowered {
+    /// The program of an `initialize` and a `run` call with these steps;
+    /// its tensors in graph order, so that the manifest follows the model.
+    pub(crate) fn two_calls(
+        graph: &Graph,
+        tile_count: u32,
+        buffers: BTreeMap<u32, Vec<BufferSpec>>,
+        (initialize, run): (Vec<Step>, Vec<Step>),
+        tensors: HostTensors,
+    ) -> Lowered {
+        let order = |m: BTreeMap<String, HostTensor>| -> Vec<HostTensor> {
+            let mut v: Vec<HostTensor> = m.into_values().collect();
+            v.sort_by_key(|t| graph.lookup(&t.name).map(|id| id.0));
+            v
+        };
+        Lowered {
+            tile_count,
+            buffers,
+            calls: vec![
+                CallProgram {
+                    name: "initialize".into(),
+                    steps: initialize,
+                },
+                CallProgram {
+                    name: "run".into(),
+                    steps: run,
+                },
+            ],
+            io: vec![
+                (order(tensors.params), vec![]),
+                (order(tensors.inputs), order(tensors.outputs)),
+            ],
+            resident: order(tensors.resident),
+            group_results: BTreeMap::new(),
+        }
+    }
 }
 
 /// The reduce step's vertices of one shard (`WorkerSplit::reduce_parts`):

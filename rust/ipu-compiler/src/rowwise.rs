@@ -24,7 +24,7 @@ use crate::error::CompileError;
 use crate::gemm::FormulaCost;
 use crate::library::{KernelLibrary, KernelRequest};
 use crate::lower::{
-    push_coalesced, BufferSpec, CallProgram, HostPlacement, HostTensor, Lowered, RegionReq,
+    push_coalesced, BufferSpec, HostPlacement, HostTensor, HostTensors, Lowered, RegionReq,
     StateWord, Step, Vertex,
 };
 use ipu_graph::{DType, Graph, Op, ValueDef, ValueId};
@@ -703,33 +703,23 @@ pub fn lower(
             });
         }
     }
-    let mut outputs = Vec::new();
+    let mut outputs = BTreeMap::new();
     for &v in graph.outputs() {
         let mut t = host_tensor(v);
         rows_placements(&mut t.placements, v, homes[&v]);
-        outputs.push(t);
+        outputs.insert(t.name.clone(), t);
     }
+    let by_name = |m: BTreeMap<ValueId, HostTensor>| -> BTreeMap<String, HostTensor> {
+        m.into_values().map(|t| (t.name.clone(), t)).collect()
+    };
+    let tensors = HostTensors {
+        params: by_name(params),
+        inputs: by_name(inputs),
+        outputs,
+        resident: BTreeMap::new(),
+    };
     Ok((
-        Lowered {
-            tile_count,
-            buffers,
-            calls: vec![
-                CallProgram {
-                    name: "initialize".into(),
-                    steps: vec![],
-                },
-                CallProgram {
-                    name: "run".into(),
-                    steps,
-                },
-            ],
-            io: vec![
-                (params.into_values().collect(), vec![]),
-                (inputs.into_values().collect(), outputs),
-            ],
-            resident: Vec::new(),
-            group_results: BTreeMap::new(),
-        },
+        Lowered::two_calls(graph, tile_count, buffers, (vec![], steps), tensors),
         reports,
     ))
 }

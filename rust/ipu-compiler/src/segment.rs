@@ -30,7 +30,7 @@
 
 use crate::error::CompileError;
 use crate::exchange::{self, BufferRef, BufferTransfer};
-use crate::lower::{CallProgram, HostPlacement, HostTensor, Lowered, StateWord, Step};
+use crate::lower::{HostPlacement, HostTensor, HostTensors, Lowered, StateWord, Step};
 use ipu_graph::{DType, Graph, NodeId, Op, ValueDef, ValueId};
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -502,15 +502,7 @@ pub fn join(
             if si > 0 {
                 persistent.extend(placements.iter().map(|p| (p.tile, p.buffer)));
             }
-            inputs
-                .entry(t.name.clone())
-                .or_insert_with(|| HostTensor {
-                    name: t.name.clone(),
-                    ty: t.ty.clone(),
-                    placements: Vec::new(),
-                })
-                .placements
-                .extend(placements);
+            HostTensors::place(&mut inputs, &t, placements);
         }
         let mut streamed = Vec::new();
         for t in seg_params {
@@ -541,15 +533,7 @@ pub fn join(
                 }
             }
             persistent.extend(placements.iter().map(|p| (p.tile, p.buffer)));
-            params
-                .entry(t.name.clone())
-                .or_insert_with(|| HostTensor {
-                    name: t.name.clone(),
-                    ty: t.ty.clone(),
-                    placements: Vec::new(),
-                })
-                .placements
-                .extend(placements);
+            HostTensors::place(&mut params, &t, placements);
         }
         if !transfers.is_empty() {
             let names = segment
@@ -646,28 +630,18 @@ pub fn join(
             .placements
             .extend(home);
     }
-    let order = |m: BTreeMap<String, HostTensor>| -> Vec<HostTensor> {
-        let mut v: Vec<HostTensor> = m.into_values().collect();
-        v.sort_by_key(|t| graph.lookup(&t.name).map(|id| id.0));
-        v
-    };
-    Ok(Lowered {
+    Ok(Lowered::two_calls(
+        graph,
         tile_count,
         buffers,
-        calls: vec![
-            CallProgram {
-                name: "initialize".into(),
-                steps: init_steps,
-            },
-            CallProgram {
-                name: "run".into(),
-                steps: run_steps,
-            },
-        ],
-        io: vec![(order(params), vec![]), (order(inputs), order(outputs))],
-        resident: order(resident),
-        group_results: BTreeMap::new(),
-    })
+        (init_steps, run_steps),
+        HostTensors {
+            params,
+            inputs,
+            outputs,
+            resident,
+        },
+    ))
 }
 
 /// Code and vertex-state bytes assumed per tile when checking whether a
