@@ -1,11 +1,13 @@
-//! Row-wise segments ([`crate::segment`]): layer norms, residual adds of
-//! two `[M, N]` tensors, bias adds of a host `[N]` vector and GELUs that no
-//! GEMM epilogue absorbs, all f16.
+//! Row-wise segments ([`crate::segment`]): layer norms, softmaxes over
+//! rows, residual adds of two `[M, N]` tensors, bias adds of a host `[N]`
+//! vector and GELUs that no GEMM epilogue absorbs, all f16, and casts
+//! between f16 and fp8.
 //!
 //! Plan: the M rows are spread over as many tiles as there are rows (up to
 //! the tile count), equal contiguous row ranges; on a tile the rows split
 //! over up to six workers. Each operation is one compute step on every
-//! tile: `layernorm_f16`, or `reduce_f32` with f16 partials (IN=16), which
+//! tile: `layernorm_f16`, `softmax_rows`, `cast`, or `reduce_f32` with f16
+//! partials (IN=16), which
 //! sums P = 2 partials for a residual add, and with P = 1 applies the bias
 //! (EPI 1) or GELU (EPI 3) epilogue.
 //!
@@ -64,6 +66,8 @@ enum Work {
         p: u32,
         epi: i64,
     },
+    /// `softmax_rows` over each row.
+    Softmax,
     /// `cast` between f16 and fp8 (FROM and TO in bits) with the fp8 scale.
     Cast {
         from: i64,
@@ -119,6 +123,20 @@ pub fn layernorm_request() -> KernelRequest {
         source: "layernorm_f16.S".into(),
         params: BTreeMap::new(),
     }
+}
+
+/// The row softmax kernel.
+pub fn softmax_request() -> KernelRequest {
+    KernelRequest {
+        entry: "softmax_rows".into(),
+        source: "softmax_rows.S".into(),
+        params: BTreeMap::new(),
+    }
+}
+
+/// Whether the operation's kernel takes a per-worker scratch row.
+fn needs_scratch(work: Work) -> bool {
+    matches!(work, Work::LayerNorm { .. } | Work::Softmax)
 }
 
 /// The cast kernel.
@@ -258,6 +276,16 @@ pub fn lower(
                     n,
                 }
             }
+            Op::Softmax => {
+                row_tensor(node.args[0])?;
+                Operation {
+                    result: r,
+                    work: Work::Softmax,
+                    rows: vec![node.args[0]],
+                    vectors: vec![],
+                    n,
+                }
+            }
             Op::Gelu => {
                 row_tensor(node.args[0])?;
                 Operation {
@@ -351,10 +379,11 @@ pub fn lower(
             }
         }
     }
-    // Layer norms over-read 8 bytes after a row's last group of four.
+    // Layer norms over-read 8 bytes after a row's last group of four (the
+    // softmax gets the same slack).
     let over_read: Vec<ValueId> = ops
         .iter()
-        .filter(|o| matches!(o.work, Work::LayerNorm { .. }))
+        .filter(|o| needs_scratch(o.work))
         .map(|o| o.rows[0])
         .collect();
     for op in &ops {
@@ -410,23 +439,25 @@ pub fn lower(
             }
         });
     }
-    // The layer norms' per-worker scratch (4 N + 8 bytes each).
-    let ln_width = ops
+    // The layer norms' and softmaxes' per-worker scratch: 4 N + 8 and
+    // 4 N + 16 bytes, each worker's share 8-aligned.
+    let scratch_width = ops
         .iter()
-        .filter(|o| matches!(o.work, Work::LayerNorm { .. }))
+        .filter(|o| needs_scratch(o.work))
         .map(|o| o.n)
         .max();
-    let scratch = ln_width.map(|n| {
+    let scratch = scratch_width.map(|n| {
+        let per_worker = (4 * n + 16).div_ceil(8) * 8;
         plan.push(PlanBuffer {
-            name: format!("{}.layernorm_scratch", graph.name()),
-            n: n + 2,
-            eb: 4,
+            name: format!("{}.row_scratch", graph.name()),
+            n: 0,
+            eb: 1,
             sections: ipu_arch::WORKER_CONTEXTS,
             vector: true,
-            slack: 0,
+            slack: per_worker * ipu_arch::WORKER_CONTEXTS,
             category: "rowwise_scratch",
         });
-        (plan.len() - 1, (4 * n + 8).div_ceil(8) * 8)
+        (plan.len() - 1, per_worker)
     });
 
     // Rows per tile: as many tiles as rows, up to the tile count.
@@ -446,8 +477,7 @@ pub fn lower(
         for b in &plan {
             let bytes = if b.vector {
                 if b.category == "rowwise_scratch" {
-                    // Each worker's share starts 8-aligned.
-                    b.sections * (4 * (b.n - 2) + 8).div_ceil(8) * 8
+                    b.slack
                 } else {
                     row_stride(b.n, b.eb) + b.slack
                 }
@@ -486,11 +516,12 @@ pub fn lower(
     for op in &ops {
         let request = match op.work {
             Work::LayerNorm { .. } => layernorm_request(),
+            Work::Softmax => softmax_request(),
             Work::Reduce { epi, .. } => reduce_request(epi),
             Work::Cast { from, to, scale } => cast_request(from, to, scale),
         };
         let vars: &[&str] = match op.work {
-            Work::LayerNorm { .. } => &["ROWS", "COLS"],
+            Work::LayerNorm { .. } | Work::Softmax => &["ROWS", "COLS"],
             Work::Reduce { .. } => &["ROWS", "QUADS", "P"],
             Work::Cast { .. } => &["N"],
         };
@@ -575,6 +606,22 @@ pub fn lower(
                             },
                         ]
                     }
+                    Work::Softmax => {
+                        let (sb, sbytes) = scratch.expect("softmaxes have scratch");
+                        vec![
+                            at(homes[&op.rows[0]], w0),
+                            StateWord::Const(stride),
+                            at(out, w0),
+                            StateWord::Const(stride),
+                            StateWord::Const(w1 - w0),
+                            StateWord::Const(op.n),
+                            StateWord::Const(1f32.to_bits()),
+                            StateWord::Addr {
+                                buffer: sb,
+                                offset: w * sbytes,
+                            },
+                        ]
+                    }
                     Work::Reduce { p, epi } => vec![
                         match pairs.get(&op.result) {
                             Some(&buffer) => at(Home { buffer, section: 0 }, w0),
@@ -605,7 +652,7 @@ pub fn lower(
                     ],
                 };
                 let cycles = match op.work {
-                    Work::LayerNorm { .. } => {
+                    Work::LayerNorm { .. } | Work::Softmax => {
                         formula.eval(&[("ROWS", (w1 - w0) as i64), ("COLS", op.n as i64)])
                     }
                     Work::Reduce { p, .. } => formula.eval(&[

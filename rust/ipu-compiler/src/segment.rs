@@ -6,7 +6,8 @@
 //! epilogues, GEMM chains and attention blocks: what [`crate::fuse`] and
 //! [`crate::attention`] recognise, planned and lowered as a model of its
 //! own) or a *row-wise* segment (layer norms, residual adds, bias adds and
-//! GELUs that no GEMM epilogue absorbs, f16/fp8 casts: [`crate::rowwise`]). [`split`] cuts
+//! GELUs that no GEMM epilogue absorbs, softmaxes, f16/fp8 casts:
+//! [`crate::rowwise`]). [`split`] cuts
 //! the graph in node order wherever the kind changes and before a GEMM
 //! whose A operand is computed in its segment by something other than a
 //! GEMM group (an attention block's `merge_heads`), so each segment is a
@@ -104,7 +105,7 @@ fn epilogue_nodes(graph: &Graph) -> BTreeSet<NodeId> {
 /// The kind of segment node `n` belongs to.
 fn kind_of(graph: &Graph, epilogues: &BTreeSet<NodeId>, n: NodeId) -> Kind {
     match graph.node(n).op {
-        Op::LayerNorm { .. } | Op::Cast { .. } => Kind::Rowwise,
+        Op::LayerNorm { .. } | Op::Cast { .. } | Op::Softmax => Kind::Rowwise,
         Op::Add | Op::Gelu if !epilogues.contains(&n) => Kind::Rowwise,
         _ => Kind::Blocks,
     }

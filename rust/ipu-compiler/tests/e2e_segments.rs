@@ -70,6 +70,16 @@ fn row_wise_operations_on_the_simulator() {
             64,
         ),
         (
+            "softmax_of_gemm",
+            "model softmax_of_gemm\ninput a: f16[13, 40]\nparam b: f16[40, 26]\nc = gemm(a, b)\ns = softmax(c)\noutput s\n",
+            6,
+        ),
+        (
+            "softmax_odd",
+            "model softmax_odd\ninput x: f16[11, 13]\ns = softmax(x)\noutput s\n",
+            4,
+        ),
+        (
             "residual_gemm",
             "model residual_gemm\ninput x: f16[19, 32]\nparam w: f16[32, 32]\nparam g: f16[32]\nparam b: f16[32]\nn = layernorm(x, g, b, epsilon=1e-6)\np = gemm(n, w)\nh = add(x, p)\noutput h\n",
             5,
@@ -135,9 +145,6 @@ fn row_wise_errors_name_the_value() {
         e.contains("value `n` (layernorm)") && e.contains("epsilon 1"),
         "{e}"
     );
-    let e = err("model m\ninput a: f16[4, 8]\ns = softmax(a)\noutput s\n");
-    assert!(
-        e.contains("value `s` (softmax)") && e.contains("no lowering"),
-        "{e}"
-    );
+    let e = err("model m\ninput a: f16[4, 8]\ns = cast(a, to=f32)\noutput s\n");
+    assert!(e.contains("value `s` (cast)"), "{e}");
 }
