@@ -559,28 +559,71 @@ pub fn lower(
         for t in 0..used {
             let (r0, r1) = rows_of(t);
             let rows = r1 - r0;
-            let units = rows.div_ceil(unit);
-            let workers = units.min(ipu_arch::WORKER_CONTEXTS);
-            let section = rows * stride;
-            let at = |h: Home, row: u32| StateWord::Addr {
-                buffer: h.buffer,
-                offset: h.section * section + row * stride,
+            let quads = op.n.div_ceil(4);
+            // Work items (rows w0..w1, groups of four q0..q1): contiguous
+            // row ranges, or, for an element-wise kernel on a tile with
+            // fewer rows than workers, each row's groups split over the
+            // workers (a cast's in 8-byte pieces).
+            let elementwise = match op.work {
+                Work::Reduce { .. } => true,
+                Work::Cast { .. } => unit == 1,
+                _ => false,
             };
-            let out_at = |row: u32| StateWord::Addr {
+            let items: Vec<(u32, u32, u32, u32)> =
+                if elementwise && rows < ipu_arch::WORKER_CONTEXTS {
+                    let per_row = ipu_arch::WORKER_CONTEXTS / rows;
+                    let mut chunk = quads.div_ceil(per_row);
+                    if matches!(op.work, Work::Cast { .. }) {
+                        chunk = chunk.div_ceil(2) * 2;
+                    }
+                    (0..rows)
+                        .flat_map(|r| {
+                            (0..quads.div_ceil(chunk))
+                                .map(move |j| (r, r + 1, j * chunk, ((j + 1) * chunk).min(quads)))
+                        })
+                        .collect()
+                } else {
+                    let units = rows.div_ceil(unit);
+                    let workers = units.min(ipu_arch::WORKER_CONTEXTS);
+                    (0..workers)
+                        .map(|w| {
+                            (
+                                (w * units / workers * unit).min(rows),
+                                ((w + 1) * units / workers * unit).min(rows),
+                                0,
+                                quads,
+                            )
+                        })
+                        .filter(|i| i.0 < i.1)
+                        .collect()
+                };
+            let section = rows * stride;
+            let in_eb = element_bytes(graph.ty(op.rows[0]).dtype);
+            let out_eb = element_bytes(graph.ty(op.result).dtype);
+            let at_q = |h: Home, row: u32, q: u32| StateWord::Addr {
+                buffer: h.buffer,
+                offset: h.section * section + row * stride + q * 4 * in_eb,
+            };
+            let at = |h: Home, row: u32| at_q(h, row, 0);
+            let out_at = |row: u32, q: u32| StateWord::Addr {
                 buffer: homes[&op.result].buffer,
-                offset: homes[&op.result].section * rows * out_stride + row * out_stride,
+                offset: homes[&op.result].section * rows * out_stride
+                    + row * out_stride
+                    + q * 4 * out_eb,
             };
             let out = homes[&op.result];
             let mut vertices = Vec::new();
             let mut slowest = 0;
-            for w in 0..workers {
-                let (w0, w1) = (
-                    (w * units / workers * unit).min(rows),
-                    ((w + 1) * units / workers * unit).min(rows),
-                );
-                if w0 == w1 {
-                    continue;
-                }
+            for (w, &(w0, w1, q0, q1)) in items.iter().enumerate() {
+                let w = w as u32;
+                // Elements of a cast: whole rows are contiguous (padding
+                // lanes included: the operand's and the result's groups of
+                // four line up), part of a row is one run.
+                let cast_elements = if (q0, q1) == (0, quads) {
+                    (w1 - w0) * quads * 4
+                } else {
+                    (q1 - q0) * 4
+                };
                 let state = match op.work {
                     Work::LayerNorm { epsilon } => {
                         let (sb, sbytes) = scratch.expect("layer norms have scratch");
@@ -624,31 +667,29 @@ pub fn lower(
                     }
                     Work::Reduce { p, epi } => vec![
                         match pairs.get(&op.result) {
-                            Some(&buffer) => at(Home { buffer, section: 0 }, w0),
-                            None => at(homes[&op.rows[0]], w0),
+                            Some(&buffer) => at_q(Home { buffer, section: 0 }, w0, q0),
+                            None => at_q(homes[&op.rows[0]], w0, q0),
                         },
                         StateWord::Const(section),
                         StateWord::Const(p),
                         StateWord::Const(stride),
-                        at(out, w0),
+                        out_at(w0, q0),
                         StateWord::Const(stride),
                         StateWord::Const(w1 - w0),
-                        StateWord::Const(op.n.div_ceil(4)),
+                        StateWord::Const(q1 - q0),
                         if epi == 1 {
                             StateWord::Addr {
                                 buffer: vectors[&op.vectors[0]],
-                                offset: 0,
+                                offset: q0 * 8,
                             }
                         } else {
                             StateWord::Const(0)
                         },
                     ],
-                    // The rows are contiguous (padding lanes included: the
-                    // operand's and the result's groups of four line up).
                     Work::Cast { .. } => vec![
-                        at(homes[&op.rows[0]], w0),
-                        out_at(w0),
-                        StateWord::Const((w1 - w0) * op.n.div_ceil(4) * 4),
+                        at_q(homes[&op.rows[0]], w0, q0),
+                        out_at(w0, q0),
+                        StateWord::Const(cast_elements),
                     ],
                 };
                 let cycles = match op.work {
@@ -657,12 +698,10 @@ pub fn lower(
                     }
                     Work::Reduce { p, .. } => formula.eval(&[
                         ("ROWS", (w1 - w0) as i64),
-                        ("QUADS", op.n.div_ceil(4) as i64),
+                        ("QUADS", (q1 - q0) as i64),
                         ("P", p as i64),
                     ]),
-                    Work::Cast { .. } => {
-                        formula.eval(&[("N", ((w1 - w0) * op.n.div_ceil(4) * 4) as i64)])
-                    }
+                    Work::Cast { .. } => formula.eval(&[("N", cast_elements as i64)]),
                 };
                 slowest = slowest.max(cycles);
                 vertices.push(Vertex {
