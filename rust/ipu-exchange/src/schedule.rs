@@ -28,7 +28,7 @@
 
 use crate::coalesce::{Job, Piece};
 use std::cmp::Reverse;
-use std::collections::{BTreeSet, BinaryHeap};
+use std::collections::{BTreeSet, BinaryHeap, HashMap};
 
 /// A piece with its start cycle (after the exchange phase start `T0`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
@@ -59,29 +59,55 @@ fn recv_port(tile: u32) -> usize {
 
 /// One construction of the list scheduler.
 ///
-/// Data structures (all indexed by port = 2 * tile + side):
-/// - `adj[p]`: `(other port, piece)` sorted, for every pending piece of `p`:
-///   a send port lists each destination's receive port, a receive port lists
-///   the source's send port. Entries of started pieces are dropped lazily.
+/// Data structures (ports are indexed by 2 * tile + side):
+/// - Classes: the pieces whose jobs have the same destination tile set form
+///   a class, named by its receive ports. A piece's ports are its send port
+///   and its class's receive ports. `class_busy[c]` counts the ports of class
+///   `c` that are not idle, so whether all receive ports of a piece are free
+///   is one lookup instead of a walk over its destinations. Multicast phases
+///   have few classes (on SigLIP attention: one per head and key split for
+///   K^T and V rows, and one per head and query block for Q rows), so a port
+///   only ever examines the pieces of classes whose receivers are all idle.
+/// - `class_pieces[c]`: the pending pieces of class `c`; `send_pieces[p]`:
+///   the pending pieces of send port `p`, sorted by (class, piece). Entries
+///   of started pieces are dropped lazily.
+/// - `adj[p]`, only for ports all of whose pieces are unicast: `(other port,
+///   piece)` sorted, for every pending piece of `p`.
 /// - `idle[side]`: the ports of that side that are free, ready (issue
 ///   constraint) and have work left at the current cycle, ordered by
 ///   priority (highest first). A piece can start at `t` only if all its
-///   ports are idle. A port looks for work either by scanning its own `adj`
-///   list, or, when all its pieces are unicast and its list is not short,
-///   by walking that set in priority order and looking each idle
-///   port up in its sorted `adj` list, stopping as soon as no better piece
-///   can follow. Both ways choose the same piece (one total order:
-///   counterpart priority, then words, then lower piece index), so results
-///   do not depend on the way taken.
+///   ports are idle. A unicast port whose list is not short looks for work by
+///   walking the other side's idle set in priority order and looking each
+///   idle port up in its sorted `adj` list, stopping as soon as no better
+///   piece can follow; every other port scans the pending pieces of its
+///   classes whose receivers are all idle. Both ways choose the same piece
+///   (one total order: counterpart priority, then words, then lower piece
+///   index), so results do not depend on the way taken.
 struct Construction<'a> {
     pieces: &'a [Piece],
     piece_words: Vec<u32>,
     /// Pieces whose source tile is also a destination: they add two
     /// descriptors to one tile at the same cycle.
     self_loop: Vec<bool>,
-    /// Ports of piece q: `port_list[port_start[q]..port_start[q + 1]]`, send port first.
-    port_start: Vec<u32>,
-    port_list: Vec<u32>,
+    /// Send port of each piece.
+    piece_send: Vec<u32>,
+    /// Class of each piece.
+    piece_class: Vec<u32>,
+    /// Receive ports of class c: `class_list[class_start[c]..class_start[c + 1]]`.
+    class_start: Vec<u32>,
+    class_list: Vec<u32>,
+    /// Ports of each class that are not idle.
+    class_busy: Vec<u32>,
+    /// Pending pieces of each class, ascending.
+    class_pieces: Vec<Vec<u32>>,
+    /// Entries of started pieces still in `class_pieces[c]`.
+    class_dead: Vec<u32>,
+    /// Classes of each receive port, ascending (empty for send ports).
+    port_classes: Vec<Vec<u32>>,
+    /// Pending pieces of each send port, sorted by (class, piece).
+    send_pieces: Vec<Vec<u32>>,
+    /// Entries of started pieces still in `send_pieces[p]`.
+    send_dead: Vec<u32>,
     issue_offset: u64,
     bonus: &'a [u64],
     /// Cycle from which each port is free.
@@ -90,6 +116,7 @@ struct Construction<'a> {
     remaining: Vec<u64>,
     /// Descriptors already started on each tile.
     started: Vec<u64>,
+    /// Only filled for ports in `all_unicast`.
     adj: Vec<Vec<(u32, u32)>>,
     /// Entries of started pieces still in `adj[p]`.
     dead: Vec<u32>,
@@ -109,40 +136,94 @@ const NOT_IDLE: u64 = u64::MAX;
 /// Choice key: (counterpart priority, words, lower piece index first).
 type Key = (u64, u32, Reverse<u32>);
 
+/// Drops the entries of started pieces from `list` once they are the
+/// majority, so that scans stay proportional to the pending work.
+fn compact(list: &mut Vec<u32>, dead: &mut u32, start: &[u64]) {
+    *dead += 1;
+    if 2 * *dead as usize > list.len() {
+        list.retain(|&q| start[q as usize] == UNSCHEDULED);
+        *dead = 0;
+    }
+}
+
 impl<'a> Construction<'a> {
     fn new(jobs: &'a [Job], pieces: &'a [Piece], tiles: u32, c: u64, bonus: &'a [u64]) -> Self {
         let ports = 2 * tiles as usize;
+        // Classes are numbered in the order of their first job, which is
+        // canonical (see `coalesce`); the map is only looked up, never iterated.
+        let mut class_ids: HashMap<Vec<u32>, u32> = HashMap::new();
+        let mut class_start = vec![0u32];
+        let mut class_list = Vec::new();
+        let job_class: Vec<u32> = jobs
+            .iter()
+            .map(|job| {
+                let tiles: Vec<u32> = job.destinations.iter().map(|d| d.tile).collect();
+                let next = class_ids.len() as u32;
+                *class_ids.entry(tiles).or_insert_with(|| {
+                    class_list.extend(job.destinations.iter().map(|d| recv_port(d.tile) as u32));
+                    class_start.push(class_list.len() as u32);
+                    next
+                })
+            })
+            .collect();
+        let classes = class_start.len() - 1;
+        let class_ports =
+            |k: usize| &class_list[class_start[k] as usize..class_start[k + 1] as usize];
         let mut remaining = vec![0u64; ports];
-        let mut adj: Vec<Vec<(u32, u32)>> = vec![Vec::new(); ports];
         let mut all_unicast = vec![true; ports];
-        let mut port_start = Vec::with_capacity(pieces.len() + 1);
-        let mut port_list = Vec::with_capacity(2 * pieces.len());
         let mut piece_words = Vec::with_capacity(pieces.len());
         let mut self_loop = Vec::with_capacity(pieces.len());
+        let mut piece_send = Vec::with_capacity(pieces.len());
+        let mut piece_class = Vec::with_capacity(pieces.len());
+        let mut class_pieces: Vec<Vec<u32>> = vec![Vec::new(); classes];
+        let mut send_pieces: Vec<Vec<u32>> = vec![Vec::new(); ports];
         for (i, p) in pieces.iter().enumerate() {
             let job = &jobs[p.job as usize];
             let w = p.words as u64;
             let s = send_port(job.source);
-            port_start.push(port_list.len() as u32);
-            port_list.push(s as u32);
+            let k = job_class[p.job as usize];
             piece_words.push(p.words);
             self_loop.push(job.destinations.iter().any(|d| d.tile == job.source));
+            piece_send.push(s as u32);
+            piece_class.push(k);
+            class_pieces[k as usize].push(i as u32);
+            send_pieces[s].push(i as u32);
             remaining[s] += w;
             let unicast = job.destinations.len() == 1;
             all_unicast[s] &= unicast;
-            for d in &job.destinations {
-                let r = recv_port(d.tile);
-                port_list.push(r as u32);
-                remaining[r] += w;
-                all_unicast[r] &= unicast;
-                adj[s].push((r as u32, i as u32));
-                adj[r].push((s as u32, i as u32));
+            for &r in class_ports(k as usize) {
+                remaining[r as usize] += w;
+                all_unicast[r as usize] &= unicast;
             }
         }
-        port_start.push(port_list.len() as u32);
+        for list in &mut send_pieces {
+            list.sort_unstable_by_key(|&q| (piece_class[q as usize], q));
+        }
+        let mut port_classes: Vec<Vec<u32>> = vec![Vec::new(); ports];
+        for k in 0..classes {
+            for &r in class_ports(k) {
+                port_classes[r as usize].push(k as u32);
+            }
+        }
+        // The walk over the other side's idle ports needs, per port, its
+        // pieces by counterpart; only unicast ports take that way.
+        let mut adj: Vec<Vec<(u32, u32)>> = vec![Vec::new(); ports];
+        for (i, p) in pieces.iter().enumerate() {
+            let job = &jobs[p.job as usize];
+            if let [d] = job.destinations.as_slice() {
+                let (s, r) = (send_port(job.source), recv_port(d.tile));
+                if all_unicast[s] {
+                    adj[s].push((r as u32, i as u32));
+                }
+                if all_unicast[r] {
+                    adj[r].push((s as u32, i as u32));
+                }
+            }
+        }
         for list in &mut adj {
             list.sort_unstable();
         }
+        let class_busy = (0..classes).map(|k| class_ports(k).len() as u32).collect();
         let mut events = BinaryHeap::new();
         for (p, &r) in remaining.iter().enumerate() {
             if r > 0 {
@@ -153,8 +234,16 @@ impl<'a> Construction<'a> {
             pieces,
             piece_words,
             self_loop,
-            port_start,
-            port_list,
+            piece_send,
+            piece_class,
+            class_busy,
+            class_dead: vec![0; classes],
+            class_pieces,
+            class_start,
+            class_list,
+            port_classes,
+            send_pieces,
+            send_dead: vec![0; ports],
             issue_offset: c,
             bonus,
             free: vec![c; ports],
@@ -183,6 +272,9 @@ impl<'a> Construction<'a> {
             let k = self.priority(p);
             self.idle_key[p] = k;
             self.idle[p & 1].insert((Reverse(k), p as u32));
+            for &k in &self.port_classes[p] {
+                self.class_busy[k as usize] -= 1;
+            }
         }
     }
 
@@ -190,12 +282,25 @@ impl<'a> Construction<'a> {
         let k = std::mem::replace(&mut self.idle_key[p], NOT_IDLE);
         if k != NOT_IDLE {
             self.idle[p & 1].remove(&(Reverse(k), p as u32));
+            for &k in &self.port_classes[p] {
+                self.class_busy[k as usize] += 1;
+            }
         }
     }
 
-    fn ports_of(&self, q: u32) -> &[u32] {
-        &self.port_list
-            [self.port_start[q as usize] as usize..self.port_start[q as usize + 1] as usize]
+    fn class_ports(&self, k: u32) -> &[u32] {
+        &self.class_list
+            [self.class_start[k as usize] as usize..self.class_start[k as usize + 1] as usize]
+    }
+
+    /// Highest priority among the receive ports of class `k`, except `except`.
+    fn class_priority(&self, k: u32, except: usize) -> u64 {
+        self.class_ports(k)
+            .iter()
+            .filter(|&&x| x as usize != except)
+            .map(|&x| self.priority(x as usize))
+            .max()
+            .unwrap_or(0)
     }
 
     fn run(mut self) -> Schedule {
@@ -254,31 +359,12 @@ impl<'a> Construction<'a> {
         Schedule { placed, horizon }
     }
 
-    /// Considers piece `q`, listed in `adj[p]` under counterpart `o`.
-    fn consider(&self, p: usize, o: u32, q: u32, t: u64, best: &mut Option<Key>, retry: &mut u64) {
-        // `o` is one of q's ports, so it must be idle; testing it first avoids
-        // touching the piece arrays for most entries.
-        if !self.is_idle(o as usize) || self.start[q as usize] != UNSCHEDULED {
-            return;
-        }
-        let ports = self.ports_of(q);
-        let score = if ports.len() == 2 {
-            self.priority(o as usize)
-        } else {
-            let mut score = 0;
-            for &x in ports {
-                if x as usize != p {
-                    if !self.is_idle(x as usize) {
-                        return;
-                    }
-                    score = score.max(self.priority(x as usize));
-                }
-            }
-            score
-        };
+    /// Offers piece `q`, whose ports other than the chooser are all idle, with
+    /// the highest priority among them `score`.
+    fn offer(&self, q: u32, score: u64, t: u64, best: &mut Option<Key>, retry: &mut u64) {
         if self.self_loop[q as usize] {
             // The tile's second descriptor issues one cycle after its first.
-            let source = ports[0] as usize / 2;
+            let source = self.piece_send[q as usize] as usize / 2;
             let ready_at = self.issue_offset + self.started[source] + 1;
             if ready_at > t {
                 *retry = (*retry).min(ready_at);
@@ -310,12 +396,46 @@ impl<'a> Construction<'a> {
                     if other != o {
                         break;
                     }
-                    self.consider(p, o, q, t, &mut best, &mut retry);
+                    // `o` is idle (it is in the idle set) and is q's only other port.
+                    if self.start[q as usize] == UNSCHEDULED {
+                        self.offer(q, pr, t, &mut best, &mut retry);
+                    }
+                }
+            }
+        } else if p & 1 == 1 {
+            // A receive port: the pieces of its classes whose receivers are
+            // all idle (itself included), whose send port is idle too.
+            for &k in &self.port_classes[p] {
+                if self.class_busy[k as usize] != 0 {
+                    continue;
+                }
+                let receivers = self.class_priority(k, p);
+                for &q in &self.class_pieces[k as usize] {
+                    let s = self.piece_send[q as usize] as usize;
+                    if self.start[q as usize] != UNSCHEDULED || !self.is_idle(s) {
+                        continue;
+                    }
+                    let score = receivers.max(self.priority(s));
+                    self.offer(q, score, t, &mut best, &mut retry);
                 }
             }
         } else {
-            for &(o, q) in list {
-                self.consider(p, o, q, t, &mut best, &mut retry);
+            // A send port: its pieces whose class's receivers are all idle.
+            let mut cached: Option<(u32, u64)> = None;
+            for &q in &self.send_pieces[p] {
+                let k = self.piece_class[q as usize];
+                if self.start[q as usize] != UNSCHEDULED || self.class_busy[k as usize] != 0 {
+                    continue;
+                }
+                let score = match cached {
+                    Some((ck, score)) if ck == k => score,
+                    _ => {
+                        let score = self.class_priority(k, p);
+                        cached = Some((k, score));
+                        score
+                    }
+                };
+                self.offer(q, score, t, &mut best, &mut retry);
             }
         }
         if let Some((_, _, Reverse(q))) = best {
@@ -327,12 +447,28 @@ impl<'a> Construction<'a> {
         }
     }
 
+    /// Number of ports of piece `q` (its send port first, then its class).
+    fn port_count(&self, q: usize) -> usize {
+        1 + self.class_ports(self.piece_class[q]).len()
+    }
+
+    /// Port `i` of piece `q` (0: the send port).
+    fn port(&self, q: usize, i: usize) -> usize {
+        if i == 0 {
+            self.piece_send[q] as usize
+        } else {
+            self.class_list[self.class_start[self.piece_class[q] as usize] as usize + i - 1]
+                as usize
+        }
+    }
+
     fn begin(&mut self, q: u32, t: u64) {
-        self.start[q as usize] = t;
-        let w = self.piece_words[q as usize] as u64;
-        let ports: Vec<usize> = self.ports_of(q).iter().map(|&x| x as usize).collect();
-        let fanout = ports.len() as u32 - 1;
-        for &x in &ports {
+        let qi = q as usize;
+        self.start[qi] = t;
+        let w = self.piece_words[qi] as u64;
+        let n = self.port_count(qi);
+        for i in 0..n {
+            let x = self.port(qi, i);
             self.make_busy(x);
             self.free[x] = t + w;
             self.remaining[x] -= w;
@@ -340,17 +476,32 @@ impl<'a> Construction<'a> {
             if self.remaining[x] > 0 {
                 self.events.push(Reverse((t + w, x as u32)));
             }
-            // A send port lists the piece once per destination, a receive port once.
-            self.dead[x] += if x & 1 == 0 { fanout } else { 1 };
-            if 2 * self.dead[x] as usize > self.adj[x].len() {
-                let start = &self.start;
-                self.adj[x].retain(|&(_, q)| start[q as usize] == UNSCHEDULED);
-                self.dead[x] = 0;
+            if self.all_unicast[x] {
+                // The piece is unicast: one entry in `adj[x]`.
+                self.dead[x] += 1;
+                if 2 * self.dead[x] as usize > self.adj[x].len() {
+                    let start = &self.start;
+                    self.adj[x].retain(|&(_, q)| start[q as usize] == UNSCHEDULED);
+                    self.dead[x] = 0;
+                }
             }
         }
+        let k = self.piece_class[qi] as usize;
+        compact(
+            &mut self.class_pieces[k],
+            &mut self.class_dead[k],
+            &self.start,
+        );
+        let s = self.piece_send[qi] as usize;
+        compact(
+            &mut self.send_pieces[s],
+            &mut self.send_dead[s],
+            &self.start,
+        );
         // The other port of each tile involved may be idle; a descriptor more
         // on its tile delays the cycle from which it may start anything.
-        for &x in &ports {
+        for i in 0..n {
+            let x = self.port(qi, i);
             let other = x ^ 1;
             let ready_at = self.issue_offset + self.started[x / 2];
             if self.is_idle(other) && ready_at > t {
