@@ -28,7 +28,7 @@
 
 use crate::coalesce::{Job, Piece};
 use std::cmp::Reverse;
-use std::collections::{BTreeSet, BinaryHeap, HashMap};
+use std::collections::{BTreeSet, HashMap};
 
 /// A piece with its start cycle (after the exchange phase start `T0`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
@@ -127,7 +127,77 @@ struct Construction<'a> {
     /// The key under which an idle port sits in `idle`, or [`NOT_IDLE`].
     idle_key: Vec<u64>,
     start: Vec<u64>,
-    events: BinaryHeap<Reverse<(u64, u32)>>,
+    /// Whether `idle[side]` is kept: only a unicast port of the other side
+    /// ever walks it, and keeping it costs a tree update per idle change.
+    track_idle: [bool; 2],
+    events: Calendar,
+}
+
+/// The pending events (a port to examine at a cycle), as a calendar queue:
+/// every event lies in `base..base + buckets.len()` and sits in bucket
+/// `time % buckets.len()`. Events are never scheduled before the cycle being
+/// processed, so popping advances `base` monotonically; the window doubles
+/// when an event lies beyond it.
+struct Calendar {
+    base: u64,
+    buckets: Vec<Vec<u32>>,
+    pending: usize,
+}
+
+impl Calendar {
+    fn new() -> Self {
+        Calendar {
+            base: 0,
+            buckets: vec![Vec::new(); 64],
+            pending: 0,
+        }
+    }
+
+    fn push(&mut self, time: u64, port: u32) {
+        debug_assert!(
+            time >= self.base,
+            "event at {time} before cycle {}",
+            self.base
+        );
+        if time - self.base >= self.buckets.len() as u64 {
+            self.grow(time);
+        }
+        let n = self.buckets.len() as u64;
+        self.buckets[(time % n) as usize].push(port);
+        self.pending += 1;
+    }
+
+    fn grow(&mut self, time: u64) {
+        let old_len = self.buckets.len() as u64;
+        let mut n = old_len;
+        while time - self.base >= n {
+            n *= 2;
+        }
+        let old = std::mem::replace(&mut self.buckets, vec![Vec::new(); n as usize]);
+        for (i, bucket) in old.into_iter().enumerate() {
+            // Bucket i held the one time in the old window congruent to i.
+            let offset = (i as u64 + old_len - self.base % old_len) % old_len;
+            self.buckets[((self.base + offset) % n) as usize] = bucket;
+        }
+    }
+
+    /// Moves the ports of the earliest pending cycle into `batch` (in no
+    /// particular order) and returns that cycle.
+    fn pop(&mut self, batch: &mut Vec<u32>) -> Option<u64> {
+        if self.pending == 0 {
+            return None;
+        }
+        let n = self.buckets.len() as u64;
+        loop {
+            let bucket = &mut self.buckets[(self.base % n) as usize];
+            if !bucket.is_empty() {
+                self.pending -= bucket.len();
+                batch.append(bucket);
+                return Some(self.base);
+            }
+            self.base += 1;
+        }
+    }
 }
 
 const UNSCHEDULED: u64 = u64::MAX;
@@ -224,12 +294,18 @@ impl<'a> Construction<'a> {
             list.sort_unstable();
         }
         let class_busy = (0..classes).map(|k| class_ports(k).len() as u32).collect();
-        let mut events = BinaryHeap::new();
+        let mut events = Calendar::new();
         for (p, &r) in remaining.iter().enumerate() {
             if r > 0 {
-                events.push(Reverse((c, p as u32)));
+                events.push(c, p as u32);
             }
         }
+        let unicast_side = |side: usize| {
+            (side..ports)
+                .step_by(2)
+                .any(|p| all_unicast[p] && remaining[p] > 0)
+        };
+        let track_idle = [unicast_side(1), unicast_side(0)];
         Construction {
             pieces,
             piece_words,
@@ -255,6 +331,7 @@ impl<'a> Construction<'a> {
             idle: [BTreeSet::new(), BTreeSet::new()],
             idle_key: vec![NOT_IDLE; ports],
             start: vec![UNSCHEDULED; pieces.len()],
+            track_idle,
             events,
         }
     }
@@ -271,7 +348,9 @@ impl<'a> Construction<'a> {
         if self.idle_key[p] == NOT_IDLE {
             let k = self.priority(p);
             self.idle_key[p] = k;
-            self.idle[p & 1].insert((Reverse(k), p as u32));
+            if self.track_idle[p & 1] {
+                self.idle[p & 1].insert((Reverse(k), p as u32));
+            }
             for &k in &self.port_classes[p] {
                 self.class_busy[k as usize] -= 1;
             }
@@ -281,7 +360,9 @@ impl<'a> Construction<'a> {
     fn make_busy(&mut self, p: usize) {
         let k = std::mem::replace(&mut self.idle_key[p], NOT_IDLE);
         if k != NOT_IDLE {
-            self.idle[p & 1].remove(&(Reverse(k), p as u32));
+            if self.track_idle[p & 1] {
+                self.idle[p & 1].remove(&(Reverse(k), p as u32));
+            }
             for &k in &self.port_classes[p] {
                 self.class_busy[k as usize] += 1;
             }
@@ -305,16 +386,11 @@ impl<'a> Construction<'a> {
 
     fn run(mut self) -> Schedule {
         let mut batch: Vec<u32> = Vec::new();
-        while let Some(Reverse((t, p))) = self.events.pop() {
+        loop {
             batch.clear();
-            batch.push(p);
-            while let Some(&Reverse((t2, p2))) = self.events.peek() {
-                if t2 != t {
-                    break;
-                }
-                batch.push(p2);
-                self.events.pop();
-            }
+            let Some(t) = self.events.pop(&mut batch) else {
+                break;
+            };
             batch.sort_unstable();
             batch.dedup();
             // Every port of the batch that is free, ready and has work becomes
@@ -327,7 +403,7 @@ impl<'a> Construction<'a> {
                 }
                 let ready_at = self.issue_offset + self.started[p / 2];
                 if ready_at > t {
-                    self.events.push(Reverse((ready_at, p as u32)));
+                    self.events.push(ready_at, p as u32);
                     return false;
                 }
                 true
@@ -443,7 +519,7 @@ impl<'a> Construction<'a> {
         } else if retry != u64::MAX {
             // Only a self-loop piece waits for its second issue cycle; nothing
             // else would wake this port then.
-            self.events.push(Reverse((retry, p as u32)));
+            self.events.push(retry, p as u32);
         }
     }
 
@@ -474,7 +550,7 @@ impl<'a> Construction<'a> {
             self.remaining[x] -= w;
             self.started[x / 2] += 1;
             if self.remaining[x] > 0 {
-                self.events.push(Reverse((t + w, x as u32)));
+                self.events.push(t + w, x as u32);
             }
             if self.all_unicast[x] {
                 // The piece is unicast: one entry in `adj[x]`.
@@ -506,7 +582,7 @@ impl<'a> Construction<'a> {
             let ready_at = self.issue_offset + self.started[x / 2];
             if self.is_idle(other) && ready_at > t {
                 self.make_busy(other);
-                self.events.push(Reverse((ready_at, other as u32)));
+                self.events.push(ready_at, other as u32);
             }
         }
     }
@@ -591,5 +667,60 @@ pub fn improve(
         initial,
         best,
         improvements,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Calendar;
+    use std::cmp::Reverse;
+    use std::collections::BinaryHeap;
+
+    /// The calendar queue yields the same batches as a binary heap, including
+    /// across window growth and long jumps in time.
+    #[test]
+    fn calendar_matches_a_heap() {
+        let mut rng = crate::rng::SplitMix64(7);
+        for round in 0..50 {
+            let mut calendar = Calendar::new();
+            let mut heap = BinaryHeap::new();
+            let mut now = 0u64;
+            for p in 0..20u32 {
+                let t = rng.below(8);
+                calendar.push(t, p);
+                heap.push(Reverse((t, p)));
+            }
+            let mut batch = Vec::new();
+            let mut steps = 0;
+            while let Some(t) = calendar.pop(&mut batch) {
+                assert!(t >= now, "round {round}: time went back");
+                now = t;
+                let mut expected = Vec::new();
+                while let Some(&Reverse((t2, p))) = heap.peek() {
+                    if t2 != t {
+                        break;
+                    }
+                    expected.push(p);
+                    heap.pop();
+                }
+                batch.sort_unstable();
+                expected.sort_unstable();
+                assert_eq!(batch, expected, "round {round}, cycle {t}");
+                // Reschedule some ports, sometimes far ahead (window growth).
+                for &p in &batch {
+                    if steps < 400 && rng.below(3) != 0 {
+                        let delta = match rng.below(10) {
+                            0 => 1 + rng.below(5000),
+                            _ => 1 + rng.below(40),
+                        };
+                        calendar.push(t + delta, p);
+                        heap.push(Reverse((t + delta, p)));
+                        steps += 1;
+                    }
+                }
+                batch.clear();
+            }
+            assert!(heap.is_empty(), "round {round}: the calendar lost events");
+        }
     }
 }
