@@ -72,7 +72,11 @@ fn recv_port(tile: u32) -> usize {
 ///   the pending pieces of send port `p`, sorted by (class, piece). Entries
 ///   of started pieces are dropped lazily.
 /// - `adj[p]`, only for ports all of whose pieces are unicast: `(other port,
-///   piece)` sorted, for every pending piece of `p`.
+///   piece)` sorted, for every piece of `p`; a started piece's entries get
+///   the piece [`DEAD`] in place and are dropped lazily. For lists long
+///   enough to be walked, `adj_index[p]` gives by counterpart tile the
+///   position of its first entry, so a lookup costs one load instead of a
+///   binary search (the walk does millions of them on all-to-all phases).
 /// - `idle[side]`: the ports of that side that are free, ready (issue
 ///   constraint) and have work left at the current cycle, ordered by
 ///   priority (highest first). A piece can start at `t` only if all its
@@ -117,9 +121,12 @@ struct Construction<'a> {
     /// Descriptors already started on each tile.
     started: Vec<u64>,
     /// Only filled for ports in `all_unicast`.
-    adj: Vec<Vec<(u32, u32)>>,
+    adj: Vec<Vec<AdjEntry>>,
     /// Entries of started pieces still in `adj[p]`.
     dead: Vec<u32>,
+    /// Position in `adj[p]` of the first entry of each counterpart tile, or
+    /// [`NO_ENTRY`]; empty for lists that are never walked.
+    adj_index: Vec<Vec<u32>>,
     /// True when every piece of the port has one destination.
     all_unicast: Vec<bool>,
     /// Idle ports by side (0 = send, 1 = receive), highest priority first.
@@ -201,6 +208,24 @@ impl Calendar {
 }
 
 const UNSCHEDULED: u64 = u64::MAX;
+/// The piece of an `adj` entry whose piece has started.
+const DEAD: u32 = u32::MAX;
+/// An `adj_index` entry for a tile with no entry in the list.
+const NO_ENTRY: u32 = u32::MAX;
+/// Lists up to this long are scanned, never walked, and get no index.
+const SHORT_LIST: usize = 16;
+
+/// An `adj` entry: (other port, piece or [`DEAD`]).
+type AdjEntry = (u32, u32);
+
+/// Records in `index` the first position of each counterpart in `list`.
+fn index_adj(list: &[AdjEntry], index: &mut [u32]) {
+    for (i, &(o, _)) in list.iter().enumerate() {
+        if i == 0 || list[i - 1].0 != o {
+            index[o as usize / 2] = i as u32;
+        }
+    }
+}
 const NOT_IDLE: u64 = u64::MAX;
 
 /// Choice key: (counterpart priority, words, lower piece index first).
@@ -277,7 +302,7 @@ impl<'a> Construction<'a> {
         }
         // The walk over the other side's idle ports needs, per port, its
         // pieces by counterpart; only unicast ports take that way.
-        let mut adj: Vec<Vec<(u32, u32)>> = vec![Vec::new(); ports];
+        let mut adj: Vec<Vec<AdjEntry>> = vec![Vec::new(); ports];
         for (i, p) in pieces.iter().enumerate() {
             let job = &jobs[p.job as usize];
             if let [d] = job.destinations.as_slice() {
@@ -293,6 +318,18 @@ impl<'a> Construction<'a> {
         for list in &mut adj {
             list.sort_unstable();
         }
+        let adj_index: Vec<Vec<u32>> = adj
+            .iter()
+            .map(|list| {
+                if list.len() > SHORT_LIST {
+                    let mut index = vec![NO_ENTRY; tiles as usize];
+                    index_adj(list, &mut index);
+                    index
+                } else {
+                    Vec::new()
+                }
+            })
+            .collect();
         let class_busy = (0..classes).map(|k| class_ports(k).len() as u32).collect();
         let mut events = Calendar::new();
         for (p, &r) in remaining.iter().enumerate() {
@@ -326,6 +363,7 @@ impl<'a> Construction<'a> {
             remaining,
             started: vec![0; tiles as usize],
             adj,
+            adj_index,
             dead: vec![0; ports],
             all_unicast,
             idle: [BTreeSet::new(), BTreeSet::new()],
@@ -462,18 +500,23 @@ impl<'a> Construction<'a> {
         // Walking the idle set in priority order usually stops after about
         // (ports of the other side / live entries) lookups; scanning costs
         // `live`. Short lists are scanned.
-        if self.all_unicast[p] && live > 16 && opposite.len() < live * 64 {
+        if self.all_unicast[p] && live > SHORT_LIST && opposite.len() < live * 64 {
+            // A list longer than SHORT_LIST now was so from the start: indexed.
+            let index = &self.adj_index[p];
             for &(Reverse(pr), o) in opposite {
                 if best.is_some_and(|b| pr < b.0) {
                     break;
                 }
-                let from = list.partition_point(|e| e.0 < o);
-                for &(other, q) in &list[from..] {
+                let from = index[o as usize / 2];
+                if from == NO_ENTRY {
+                    continue;
+                }
+                for &(other, q) in &list[from as usize..] {
                     if other != o {
                         break;
                     }
                     // `o` is idle (it is in the idle set) and is q's only other port.
-                    if self.start[q as usize] == UNSCHEDULED {
+                    if q != DEAD {
                         self.offer(q, pr, t, &mut best, &mut retry);
                     }
                 }
@@ -553,11 +596,30 @@ impl<'a> Construction<'a> {
                 self.events.push(t + w, x as u32);
             }
             if self.all_unicast[x] {
-                // The piece is unicast: one entry in `adj[x]`.
+                // The piece is unicast: one entry in `adj[x]`, under the
+                // piece's other port.
+                let other = if i == 0 {
+                    self.port(qi, 1)
+                } else {
+                    self.piece_send[qi] as usize
+                };
+                let from = self.adj_index[x].get(other / 2).map_or(0, |&f| f as usize);
+                let list = &mut self.adj[x];
+                if let Some(e) = list[from..].iter_mut().find(|e| e.1 == q) {
+                    e.1 = DEAD;
+                }
                 self.dead[x] += 1;
-                if 2 * self.dead[x] as usize > self.adj[x].len() {
-                    let start = &self.start;
-                    self.adj[x].retain(|&(_, q)| start[q as usize] == UNSCHEDULED);
+                if 2 * self.dead[x] as usize > list.len() {
+                    let index = &mut self.adj_index[x];
+                    if !index.is_empty() {
+                        for &(o, _) in list.iter() {
+                            index[o as usize / 2] = NO_ENTRY;
+                        }
+                    }
+                    list.retain(|e| e.1 != DEAD);
+                    if !index.is_empty() {
+                        index_adj(list, index);
+                    }
                     self.dead[x] = 0;
                 }
             }
