@@ -138,6 +138,10 @@ struct Construction<'a> {
     /// ever walks it, and keeping it costs a tree update per idle change.
     track_idle: [bool; 2],
     events: Calendar,
+    /// Tests only: choose by the plain rule (every pending piece of the
+    /// port, every other port of it tested for idleness) instead of the
+    /// class counters, the walk and its index, to check they agree.
+    reference_search: bool,
 }
 
 /// The pending events (a port to examine at a cycle), as a calendar queue:
@@ -371,6 +375,7 @@ impl<'a> Construction<'a> {
             start: vec![UNSCHEDULED; pieces.len()],
             track_idle,
             events,
+            reference_search: false,
         }
     }
 
@@ -497,11 +502,13 @@ impl<'a> Construction<'a> {
         let list = &self.adj[p];
         let live = list.len() - self.dead[p] as usize;
         let opposite = &self.idle[(p & 1) ^ 1];
-        // Walking the idle set in priority order usually stops after about
-        // (ports of the other side / live entries) lookups; scanning costs
-        // `live`. Short lists are scanned.
-        if self.all_unicast[p] && live > SHORT_LIST && opposite.len() < live * 64 {
-            // A list longer than SHORT_LIST now was so from the start: indexed.
+        if self.reference_search {
+            self.reference_choice(p, t, &mut best, &mut retry);
+        } else if self.all_unicast[p] && live > SHORT_LIST && opposite.len() < live * 64 {
+            // Walking the idle set in priority order usually stops after about
+            // (ports of the other side / live entries) lookups; scanning costs
+            // `live`. Short lists are scanned. A list longer than SHORT_LIST
+            // now was so from the start, so it has an index.
             let index = &self.adj_index[p];
             for &(Reverse(pr), o) in opposite {
                 if best.is_some_and(|b| pr < b.0) {
@@ -563,6 +570,37 @@ impl<'a> Construction<'a> {
             // Only a self-loop piece waits for its second issue cycle; nothing
             // else would wake this port then.
             self.events.push(retry, p as u32);
+        }
+    }
+
+    /// The plain rule that the class counters, the walk and the index
+    /// implement: among the pending pieces of `p` whose other ports are all
+    /// idle, the best by [`Key`].
+    fn reference_choice(&self, p: usize, t: u64, best: &mut Option<Key>, retry: &mut u64) {
+        let pieces: Vec<u32> = if p & 1 == 0 {
+            self.send_pieces[p].clone()
+        } else {
+            self.port_classes[p]
+                .iter()
+                .flat_map(|&k| self.class_pieces[k as usize].iter().copied())
+                .collect()
+        };
+        'pieces: for q in pieces {
+            let qi = q as usize;
+            if self.start[qi] != UNSCHEDULED {
+                continue;
+            }
+            let mut score = 0;
+            for i in 0..self.port_count(qi) {
+                let x = self.port(qi, i);
+                if x != p {
+                    if !self.is_idle(x) {
+                        continue 'pieces;
+                    }
+                    score = score.max(self.priority(x));
+                }
+            }
+            self.offer(q, score, t, best, retry);
         }
     }
 
@@ -734,9 +772,66 @@ pub fn improve(
 
 #[cfg(test)]
 mod tests {
-    use super::Calendar;
+    use super::{construct, Calendar, Construction};
+    use crate::coalesce::{coalesce, split};
+    use crate::phase::Phase;
+    use crate::rng::SplitMix64;
+    use crate::synth::{self, PhaseBuilder};
     use std::cmp::Reverse;
     use std::collections::BinaryHeap;
+
+    /// A phase shaped like attention's exchange: tiles in groups; some rows
+    /// multicast to a whole group (K^T and V), some to pairs of tiles (Q),
+    /// some unicast, a few sent to the sender's own group (self-loops).
+    fn grouped(rng: &mut SplitMix64, tiles: u32, group: u32, rows: u32) -> Phase {
+        let mut b = PhaseBuilder::new(tiles);
+        for _ in 0..rows {
+            let source = rng.below(tiles as u64) as u32;
+            let words = 1 + rng.below(8) as u32;
+            let dests: Vec<u32> = match rng.below(3) {
+                0 => {
+                    let g = rng.below((tiles / group) as u64) as u32;
+                    (g * group..(g + 1) * group).collect()
+                }
+                1 => {
+                    let a = rng.below(tiles as u64 / 2) as u32 * 2;
+                    vec![a, a + 1]
+                }
+                _ => vec![rng.below(tiles as u64) as u32],
+            };
+            b.add(source, &dests, words);
+        }
+        b.finish()
+    }
+
+    /// The class counters, the unicast walk with its index, and the lazy
+    /// list maintenance choose exactly what the plain rule chooses, with and
+    /// without priority bonuses, on multicast, unicast and mixed phases.
+    #[test]
+    fn fast_search_equals_the_plain_rule() {
+        let mut rng = SplitMix64(23);
+        for case in 0..60 {
+            let phase = match case % 4 {
+                0 => grouped(&mut rng, 48, 8, 300),
+                1 => synth::all_to_all(40, 24, 1, 6, case),
+                2 => synth::random(&mut rng, 16, 200, 6, 5),
+                _ => synth::broadcast(64, 40, 400, 6, case),
+            };
+            phase.validate().expect("synthetic phases are valid");
+            let jobs = coalesce(&phase);
+            let pieces = split(&jobs, if case % 3 == 0 { Some(3) } else { None });
+            let ports = 2 * phase.tiles as usize;
+            let bonus: Vec<u64> = if case % 2 == 0 {
+                vec![0; ports]
+            } else {
+                (0..ports).map(|_| rng.below(20)).collect()
+            };
+            let fast = construct(&jobs, &pieces, phase.tiles, 12, &bonus);
+            let mut reference = Construction::new(&jobs, &pieces, phase.tiles, 12, &bonus);
+            reference.reference_search = true;
+            assert_eq!(fast, reference.run(), "case {case}");
+        }
+    }
 
     /// The calendar queue yields the same batches as a binary heap, including
     /// across window growth and long jumps in time.
