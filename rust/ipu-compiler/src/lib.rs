@@ -504,11 +504,11 @@ fn plan_and_lower(
                 ) => Some(sa as i32 + sb as i32),
                 _ => None,
             };
-            if fp8_scale.is_some() && (f32_result || (group.needs_reduce_step() && !blocks.is_empty())) {
+            if fp8_scale.is_some() && f32_result {
                 return Err(CompileError::Unsupported {
                     value: result.name.clone(),
                     operation: "gemm".into(),
-                    reason: "an fp8 GEMM accumulates in f16 on the AMP; an f32 result or attention over fp8 projections (whose lowering reads f32 partials) is not lowered yet".into(),
+                    reason: "an fp8 GEMM accumulates in f16 on the AMP; an f32 result of it is not lowered yet".into(),
                 });
             }
             let f16_accumulation = match options.accumulation {
@@ -517,13 +517,13 @@ fn plan_and_lower(
                 Accumulation::Auto => k <= F16_ACCUMULATION_MAX_K,
             };
             // An f16-accumulated GEMM (an fp8 one always is) with an
-            // epilogue or a GEMM consumer sums its f16 partials in the
-            // reduce step (IN=16); the attention projections keep f32
-            // accumulation (their lowering reads f32 C buffers).
+            // epilogue, a GEMM consumer or an attention block reading it
+            // sums its f16 partials in the reduce step (IN=16); f16
+            // projections of an attention block keep f32 accumulation (the
+            // attention plan's proxy assumes it).
             let reduce_f16 = !f32_result
-                && (f16_accumulation || fp8_scale.is_some())
                 && group.needs_reduce_step()
-                && blocks.is_empty();
+                && (fp8_scale.is_some() || (f16_accumulation && blocks.is_empty()));
             let acc32 = fp8_scale.is_none()
                 && !reduce_f16
                 && (f32_result || group.needs_reduce_step() || !f16_accumulation);

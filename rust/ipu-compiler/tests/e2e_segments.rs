@@ -124,6 +124,26 @@ fn fp8_mlp_with_casts_on_the_simulator() {
     );
 }
 
+/// fp8 attention: the input quantised by a cast segment, fp8 projections
+/// summed by the reduce step (f16 partials) into the attention's f16 rows.
+#[test]
+fn fp8_attention_on_the_simulator() {
+    let model = root().join("models/attention_small_fp8.ipug");
+    let ran = compile_and_run(&model, 64, 8);
+    let kernels: Vec<&str> = ran.compile.report["operations"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|o| o["kernel"].as_str().unwrap())
+        .collect();
+    assert!(
+        kernels.iter().all(|k| k.contains("gemm_fp8") && k.contains("IN=16")),
+        "{kernels:?}"
+    );
+    let cache = tempfile::tempdir().unwrap();
+    run_with(&options(&model, 64, cache.path()), random::constant_feeds, true);
+}
+
 #[test]
 fn row_wise_errors_name_the_value() {
     let dir = tempfile::tempdir().unwrap();
