@@ -705,6 +705,23 @@ mod tests {
     }
 
     #[test]
+    fn cuts_before_a_residual_add_of_a_value_read_elsewhere_and_after_casts() {
+        // `n` is read by the add and is an output: the add starts a segment
+        // of its own, reading `n` as a device input.
+        let s = kinds("model m\ninput x: f16[4, 8]\nparam g: f16[8]\nparam b: f16[8]\nn = layernorm(x, g, b)\nh = add(n, x)\noutput n, h\n");
+        let summary: Vec<String> = s
+            .iter()
+            .map(|(k, names, dev)| format!("{k:?} {} <- [{}]", names.join(" "), dev.join(" ")))
+            .collect();
+        assert_eq!(summary, ["Rowwise n <- []", "Rowwise h <- [n]"]);
+        // A cast is row-wise; the fp8 GEMM after it reads its result.
+        let s = kinds("model m\ninput x: f16[4, 64]\nparam w: fp8[64, 32]\nx8 = cast(x, to=fp8)\nh = gemm(x8, w)\noutput h\n");
+        let kinds: Vec<Kind> = s.iter().map(|k| k.0).collect();
+        assert_eq!(kinds, [Kind::Rowwise, Kind::Blocks]);
+        assert_eq!(s[1].2, ["x8"]);
+    }
+
+    #[test]
     fn a_model_of_one_pattern_is_one_segment() {
         let s = kinds("model m\ninput x: f16[4, 8]\nparam w: f16[8, 8]\nparam b: f16[8]\nh = gemm(x, w)\nz = add(h, b)\noutput z\n");
         assert_eq!(s.len(), 1);

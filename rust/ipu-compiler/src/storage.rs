@@ -426,6 +426,48 @@ mod tests {
     }
 
     #[test]
+    fn segments_share_memory_and_their_phases_stack_above_their_own_buffers() {
+        // Segment 0: an element-exclusive buffer and a scratch phase;
+        // segment 1: a large buffer; a persistent one under both.
+        let mut bufs = vec![
+            buf("kept", 1000, RegionReq::Interleaved, false),
+            buf("s0.a", 200_000, RegionReq::Interleaved, true),
+            buf("s0.p", 100_000, RegionReq::Interleaved, true),
+            buf("s1.a", 300_000, RegionReq::Interleaved, false),
+        ];
+        bufs[1].lifetime = Some(0);
+        bufs[2].lifetime = Some(0);
+        bufs[2].scratch = Some(1);
+        bufs[3].lifetime = Some(1);
+        let s = place(0, &bufs, 1000).unwrap();
+        validate(&s, &bufs).unwrap();
+        // Both segments start at the element after the persistent buffer;
+        // segment 0's phase above its own buffer.
+        let base = REGION1_BASE + INTERLEAVED_ELEMENT_BYTES;
+        assert_eq!((s.addresses[1], s.addresses[3]), (base, base));
+        assert!(s.addresses[2] >= s.addresses[1] + 200_000);
+        // In one segment they would not fit.
+        let mut one = bufs.clone();
+        one[3].lifetime = Some(0);
+        assert!(place(0, &one, 1000).is_err());
+        // The validator refuses overlap within a segment (a buffer and its
+        // own phase) and with persistent buffers.
+        let mut bad = s.clone();
+        bad.addresses[2] = bad.addresses[1];
+        assert!(validate(&bad, &bufs).unwrap_err().contains("overlaps"));
+        let mut bad = s.clone();
+        bad.addresses[3] = REGION1_BASE;
+        assert!(validate(&bad, &bufs).unwrap_err().contains("overlaps"));
+        // A buffer that lives in one segment may not ask for zeros at load.
+        let mut zeroed = bufs.clone();
+        zeroed[3].zero = vec![(0, 16)];
+        let s = place(0, &zeroed, 1000).unwrap();
+        assert!(validate(&s, &zeroed)
+            .unwrap_err()
+            .contains("lives in one segment"));
+    }
+
+    #[test]
     fn places_and_validates() {
         let bufs = vec![
             buf("a", 40_000, RegionReq::Interleaved, true),

@@ -137,11 +137,17 @@ fn fp8_attention_on_the_simulator() {
         .map(|o| o["kernel"].as_str().unwrap())
         .collect();
     assert!(
-        kernels.iter().all(|k| k.contains("gemm_fp8") && k.contains("IN=16")),
+        kernels
+            .iter()
+            .all(|k| k.contains("gemm_fp8") && k.contains("IN=16")),
         "{kernels:?}"
     );
     let cache = tempfile::tempdir().unwrap();
-    run_with(&options(&model, 64, cache.path()), random::constant_feeds, true);
+    run_with(
+        &options(&model, 64, cache.path()),
+        random::constant_feeds,
+        true,
+    );
 }
 
 #[test]
