@@ -46,6 +46,21 @@ fn vit_block_small_on_the_simulator() {
     );
 }
 
+/// Two ViT blocks in sequence: twelve segments, each layer's weights in
+/// its own segments, the second layer reading the first one's output.
+#[test]
+fn two_layer_vit_on_the_simulator() {
+    let ran = compile_and_run(&root().join("models/vit_2layer_small.ipug"), 64, 23);
+    let (est, sim) = (
+        ran.compile.estimated_compute_cycles as f64,
+        ran.run_device_cycles as f64,
+    );
+    assert!(
+        (est / sim - 1.0).abs() < 0.10,
+        "estimate {est} vs simulated {sim}"
+    );
+}
+
 /// Row-wise shapes and chains: widths that are no multiple of four, a
 /// GELU of a GEMM result that is itself an output, a bias add of a host
 /// input, a residual add whose operand is computed in its segment, and a
