@@ -178,8 +178,9 @@ fn reduce_kernel(f16_result: bool, epilogue: i64) -> KernelRequest {
 
 /// The vertex that sums f16 partials (split-K over tiles of an
 /// f16-accumulated GEMM, or the one partial of a GEMM with an epilogue)
-/// into an f16 result with the epilogue.
-fn reduce_kernel_f16_partials(epilogue: i64) -> KernelRequest {
+/// into an f16 result with the epilogue; also the row-wise add, bias and
+/// GELU kernel ([`rowwise`]).
+pub(crate) fn reduce_kernel_f16_partials(epilogue: i64) -> KernelRequest {
     KernelRequest {
         entry: "reduce_f32".into(),
         source: "reduce_f32.S".into(),

@@ -101,21 +101,6 @@ struct PlanBuffer {
     category: &'static str,
 }
 
-/// The reduce kernel with f16 partials.
-pub fn reduce_request(epi: i64) -> KernelRequest {
-    KernelRequest {
-        entry: "reduce_f32".into(),
-        source: "reduce_f32.S".into(),
-        params: [
-            ("EPI".to_string(), epi),
-            ("IN".to_string(), 16),
-            ("OUT".to_string(), 16),
-        ]
-        .into_iter()
-        .collect(),
-    }
-}
-
 /// The layer-norm kernel.
 pub fn layernorm_request() -> KernelRequest {
     KernelRequest {
@@ -517,7 +502,7 @@ pub fn lower(
         let request = match op.work {
             Work::LayerNorm { .. } => layernorm_request(),
             Work::Softmax => softmax_request(),
-            Work::Reduce { epi, .. } => reduce_request(epi),
+            Work::Reduce { epi, .. } => crate::reduce_kernel_f16_partials(epi),
             Work::Cast { from, to, scale } => cast_request(from, to, scale),
         };
         let vars: &[&str] = match op.work {
@@ -624,47 +609,38 @@ pub fn lower(
                 } else {
                     (q1 - q0) * 4
                 };
+                // layernorm_f16 and softmax_rows start alike: IN, RS_IN,
+                // OUT, RS_OUT, ROWS, COLS; the worker's scratch row ends both.
+                let row_kernel = |middle: Vec<StateWord>| {
+                    let (sb, sbytes) = scratch.expect("layer norms and softmaxes have scratch");
+                    let mut state = vec![
+                        at(homes[&op.rows[0]], w0),
+                        StateWord::Const(stride),
+                        at(out, w0),
+                        StateWord::Const(stride),
+                        StateWord::Const(w1 - w0),
+                        StateWord::Const(op.n),
+                    ];
+                    state.extend(middle);
+                    state.push(StateWord::Addr {
+                        buffer: sb,
+                        offset: w * sbytes,
+                    });
+                    state
+                };
                 let state = match op.work {
-                    Work::LayerNorm { epsilon } => {
-                        let (sb, sbytes) = scratch.expect("layer norms have scratch");
-                        vec![
-                            at(homes[&op.rows[0]], w0),
-                            StateWord::Const(stride),
-                            at(out, w0),
-                            StateWord::Const(stride),
-                            StateWord::Const(w1 - w0),
-                            StateWord::Const(op.n),
-                            StateWord::Addr {
-                                buffer: vectors[&op.vectors[0]],
-                                offset: 0,
-                            },
-                            StateWord::Addr {
-                                buffer: vectors[&op.vectors[1]],
-                                offset: 0,
-                            },
-                            StateWord::Const((epsilon as f32).to_bits()),
-                            StateWord::Addr {
-                                buffer: sb,
-                                offset: w * sbytes,
-                            },
-                        ]
-                    }
-                    Work::Softmax => {
-                        let (sb, sbytes) = scratch.expect("softmaxes have scratch");
-                        vec![
-                            at(homes[&op.rows[0]], w0),
-                            StateWord::Const(stride),
-                            at(out, w0),
-                            StateWord::Const(stride),
-                            StateWord::Const(w1 - w0),
-                            StateWord::Const(op.n),
-                            StateWord::Const(1f32.to_bits()),
-                            StateWord::Addr {
-                                buffer: sb,
-                                offset: w * sbytes,
-                            },
-                        ]
-                    }
+                    Work::LayerNorm { epsilon } => row_kernel(vec![
+                        StateWord::Addr {
+                            buffer: vectors[&op.vectors[0]],
+                            offset: 0,
+                        },
+                        StateWord::Addr {
+                            buffer: vectors[&op.vectors[1]],
+                            offset: 0,
+                        },
+                        StateWord::Const((epsilon as f32).to_bits()),
+                    ]),
+                    Work::Softmax => row_kernel(vec![StateWord::Const(1f32.to_bits())]),
                     Work::Reduce { p, epi } => vec![
                         match pairs.get(&op.result) {
                             Some(&buffer) => at_q(Home { buffer, section: 0 }, w0, q0),
