@@ -53,14 +53,14 @@ pub struct Segment {
     pub device_inputs: Vec<String>,
 }
 
-/// Whether the `add` or `gelu` node `n` is the epilogue of a GEMM group
+/// The `add` and `gelu` nodes that are epilogues of GEMM groups
 /// (the rule of [`crate::fuse::fuse`]: single-use f16 values after a GEMM,
 /// at most one bias add with a host `[N]` operand, then at most one gelu).
 fn epilogue_nodes(graph: &Graph) -> BTreeSet<NodeId> {
     let users = graph.all_users();
     let is_output = |v: ValueId| graph.outputs().contains(&v);
     let mut out = BTreeSet::new();
-    for (i, node) in graph.nodes().iter().enumerate() {
+    for node in graph.nodes() {
         if !matches!(node.op, Op::Gemm { .. }) || node.args.len() != 2 {
             continue;
         }
@@ -68,7 +68,6 @@ fn epilogue_nodes(graph: &Graph) -> BTreeSet<NodeId> {
         let Some(&n) = b.shape.dims().last() else {
             continue;
         };
-        let _ = i;
         let (mut last, mut bias, mut gelu) = (node.result, false, false);
         loop {
             let u = &users[last.0 as usize];
