@@ -232,3 +232,68 @@ fn fill64_fills_each_range_with_its_pair() {
             && (declared as f64) < 1.1 * cycles as f64
     );
 }
+
+/// device/fill_rows.S: the same items of equally spaced rows, split over
+/// vertices by rows as the compiler does, nothing else written (poison
+/// between the rows' items); the cycles against `.cycles`.
+#[test]
+fn fill_rows_fills_the_items_of_every_row() {
+    let base = 0x80000u32;
+    let (stride, rows, items) = (160u32, 61u32, 2u32);
+    let (lo, hi) = (0x3C00_3C00u32, 0x0000_3C00u32);
+    let first = 144u32;
+    let end = rows * stride;
+    let parts = ranges_aligned(rows as usize, 6, 1);
+    let launches: Vec<Launch> = parts
+        .iter()
+        .map(|&(r0, r1)| Launch {
+            entry: "fill_rows".into(),
+            state: vec![
+                base + first + r0 as u32 * stride,
+                stride,
+                (r1 - r0) as u32,
+                items,
+                lo,
+                hi,
+            ],
+        })
+        .collect();
+    let (chip, cycles) = simulate(
+        &[Kernel {
+            file: "fill_rows.S",
+            defines: &[],
+        }],
+        &[launches],
+        &[(base - GUARD, vec![POISON; (end + 2 * GUARD) as usize])],
+    );
+    let words = read_u32(&chip, base - GUARD, ((end + 2 * GUARD) / 4) as usize);
+    let poison = u32::from_le_bytes([POISON; 4]);
+    for (i, &w) in words.iter().enumerate() {
+        let at = i as i64 * 4 - GUARD as i64;
+        let in_row = at.rem_euclid(stride as i64) - first as i64;
+        let row = at.div_euclid(stride as i64);
+        let want = if at >= 0 && row < rows as i64 && (0..8 * items as i64).contains(&in_row) {
+            if in_row % 8 == 0 {
+                lo
+            } else {
+                hi
+            }
+        } else {
+            poison
+        };
+        assert_eq!(w, want, "word at base{at:+}");
+    }
+    // The supervisor's six launches are part of `cycles`: compare the
+    // slowest vertex's formula plus the launch spacing of docs/runtime.md.
+    let per_vertex = parts.iter().map(|r| r.1 - r.0).max().unwrap() as u64;
+    let declared = declared_cycles(
+        "fill_rows.S",
+        &[],
+        &[("ROWS", per_vertex), ("ITEMS", items as u64)],
+    ) + 12 * 5 + 6;
+    println!("fill_rows {rows} rows x {items} items on six vertices: simulated {cycles} cycles, .cycles + launches {declared}");
+    assert!(
+        (declared as f64) > 0.85 * cycles as f64 && (declared as f64) < 1.15 * cycles as f64,
+        "declared {declared} vs simulated {cycles}"
+    );
+}
