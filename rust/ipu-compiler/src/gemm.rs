@@ -37,9 +37,20 @@ pub struct GemmGeometry {
     /// (`reduce_f32` IN=16, one partial) for a fused epilogue or a GEMM
     /// consumer's compact rows.
     pub reduce_f16: bool,
+    /// The longest f16 accumulation chain, in K blocks, that one partial
+    /// may take (`u32::MAX`: unbounded). Shorter chains keep the f16
+    /// rounding error of a long K well inside the verification tolerance:
+    /// the worker split cuts K into at least `nkb / max_chain_blocks`
+    /// groups whose f16 partials the reduce step sums in f32.
+    pub max_chain_blocks: u32,
 }
 
 impl GemmGeometry {
+    /// The fewest worker K groups that keep every f16 chain within
+    /// `max_chain_blocks`.
+    pub fn min_k_groups(&self) -> u32 {
+        self.nkb().div_ceil(self.max_chain_blocks.max(1)).max(1)
+    }
     /// K padded to the AMP's weight block (16 rows of f16, 32 of fp8).
     pub fn kp(&self) -> u32 {
         self.nkb() * self.k_block()
@@ -378,7 +389,7 @@ pub fn best_split_with(
             } else {
                 1
             };
-            for kg in 1..=max_kg {
+            for kg in g.min_k_groups()..=max_kg {
                 let split = WorkerSplit {
                     row_groups: ranges(rows, rg),
                     col_groups: ranges(col_blocks, cg),
@@ -433,6 +444,7 @@ mod tests {
             row_align: 1,
             fp8_scale: None,
             reduce_f16: false,
+            max_chain_blocks: u32::MAX,
         }
     }
 
@@ -468,5 +480,24 @@ mod tests {
         let (s, gemm, reduce) = best_split(&g, 36, 1, &mut costs(true)).unwrap();
         assert_eq!((s.row_groups.len(), s.k_groups.len()), (1, 6), "{s:?}");
         assert!(reduce > 0 && gemm > reduce);
+    }
+
+    #[test]
+    fn bounded_f16_chains_force_k_groups() {
+        // f16 accumulation of K = 1152 in chains of at most 16 blocks: at
+        // least five K groups, whatever would be fastest otherwise.
+        let mut g = geometry(60, 1152, 32, false);
+        g.reduce_f16 = true;
+        g.max_chain_blocks = 16;
+        let mut c = costs(false);
+        c.reduce = Some(FormulaCost::new(
+            "6 * (8 + ROWS * (3 + QUADS * (2 * P + 7)))".into(),
+        ));
+        let (s, _, _) = best_split(&g, 60, 2, &mut c).unwrap();
+        assert!(s.k_groups.len() >= 5, "{s:?}");
+        assert!(s.k_groups.iter().all(|k| k.1 - k.0 <= 16), "{s:?}");
+        // A chain bound no split can meet (more groups than workers).
+        g.max_chain_blocks = 8;
+        assert!(best_split(&g, 60, 2, &mut c).is_none());
     }
 }

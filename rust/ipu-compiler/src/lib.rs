@@ -95,14 +95,19 @@ impl CompileOptions {
 /// How f16 GEMMs with an f16 result accumulate.
 ///
 /// The AMP's f16 mode rounds its accumulators to f16 four times per 16
-/// products (docs/isa.md), so the error of a long f16 accumulation grows
+/// products (docs/isa.md), so the error of one long f16 accumulation grows
 /// past the verification tolerance of docs/graph-format.md (for the SigLIP
 /// constant check it drifts like the seed log's 1.0430). f32 accumulation
 /// runs at half the MAC rate and adds a reduce step (which also sums the
-/// partials when K is split over workers), but rounds to f16 once.
+/// partials when K is split over workers), but rounds to f16 once. The
+/// middle way runs at the f16 rate: K cut into chains of at most
+/// [`F16_CHAIN_MAX_BLOCKS`] blocks, one per worker K group, whose f16
+/// partials the reduce step sums in f32 (docs/compiler.md, "Accumulation").
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Accumulation {
-    /// f16 when K <= [`F16_ACCUMULATION_MAX_K`], else f32.
+    /// f16 when K <= [`F16_ACCUMULATION_MAX_K`]; else f16 chains of at most
+    /// [`F16_CHAIN_MAX_BLOCKS`] blocks summed in f32 when a whole-K plan
+    /// can split K over enough workers; else f32.
     Auto,
     /// Always f16 (fastest; large K may fail verification).
     F16,
@@ -110,8 +115,24 @@ pub enum Accumulation {
     F32,
 }
 
-/// The longest reduction that [`Accumulation::Auto`] accumulates in f16.
+/// The longest reduction that [`Accumulation::Auto`] accumulates in one f16 chain.
 pub const F16_ACCUMULATION_MAX_K: u32 = 64;
+
+/// The longest f16 chain (in 16-row K blocks: 256 products) of
+/// [`Accumulation::Auto`] for longer K. The rounding error of a chain of
+/// `k` products grows like `u k`; cut into `K / k` chains summed in f32 it
+/// is about `u sqrt(k K)`, against the tolerance's `u K` (docs/compiler.md).
+pub const F16_CHAIN_MAX_BLOCKS: u32 = 16;
+
+/// The accumulation one GEMM gets (from [`Accumulation`] and its K).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum AccumulationMode {
+    /// One f16 chain per output (no K groups needed).
+    F16,
+    /// f16 chains of at most [`F16_CHAIN_MAX_BLOCKS`], summed in f32.
+    F16Chains,
+    F32,
+}
 
 /// One operation's planning outcome, as reported.
 #[derive(Clone, Debug, serde::Serialize)]
@@ -350,6 +371,39 @@ pub(crate) struct SegmentLowered {
     pub attention: Option<serde_json::Value>,
 }
 
+/// One GEMM's setup for planning: geometry, kernel requests (product,
+/// reduce), cost formulas, value name, and the f32-accumulation setup to
+/// fall back to when its bounded f16 chains find no plan.
+type PlannedGemm = (
+    GemmGeometry,
+    (KernelRequest, Option<KernelRequest>),
+    gemm::GemmCosts,
+    String,
+    Option<GemmSetup>,
+);
+type GemmSetup = (
+    GemmGeometry,
+    (KernelRequest, Option<KernelRequest>),
+    gemm::GemmCosts,
+);
+
+/// Replaces a GEMM's bounded-f16-chain setup by its f32 fallback, keeping
+/// the memory budgets and ownership the planning paths have set; false
+/// when there is none.
+fn use_f32_fallback(p: &mut PlannedGemm) -> bool {
+    let Some((geometry, requests, mut costs)) = p.4.take() else {
+        return false;
+    };
+    costs.memory_budget = p.2.memory_budget;
+    costs.owns_a = p.2.owns_a;
+    costs.persistent_budget = p.2.persistent_budget;
+    tracing::info!(value = %p.3, "no plan splits K into short f16 chains; f32 accumulation");
+    p.0 = geometry;
+    p.1 = requests;
+    p.2 = costs;
+    true
+}
+
 /// Phases `fuse` to `lower` of a graph of GEMM groups and attention blocks
 /// (the whole model, or one segment of it: [`segment`]). With
 /// `tile_count_override`, the program spans that many tiles whatever the
@@ -406,13 +460,17 @@ fn plan_and_lower(
                 .max()
                 .unwrap_or(0);
             // A proxy for the projections, side by side on equal shares of
-            // the tiles: the f32-accumulating AMP rate at the 72% efficiency
-            // measured for SigLIP-size projections (docs/compiler.md); the
-            // projections themselves are planned exactly once the attention
-            // candidate is chosen.
+            // the tiles: the AMP rate of their accumulation (f16 chains
+            // unless f32 is asked for) at the 72% efficiency measured for
+            // SigLIP-size projections (docs/compiler.md); the projections
+            // themselves are planned exactly once the attention candidate
+            // is chosen. It ranks nothing (every candidate gets the same).
             let per_group = groups.len().max(1) as u64;
-            let proxy = (macs * per_group * 100)
-                .div_ceil(options.tiles as u64 * ipu_arch::AMP_MACS_F16_F32 as u64 * 72);
+            let rate = match options.accumulation {
+                Accumulation::F32 => ipu_arch::AMP_MACS_F16_F32,
+                _ => ipu_arch::AMP_MACS_F16_F16,
+            };
+            let proxy = (macs * per_group * 100).div_ceil(options.tiles as u64 * rate as u64 * 72);
             attention_candidates = attention::plan(b, options.tiles, k, proxy);
             let Some(_) = attention_candidates.first() else {
                 let reason = if b.heads > options.tiles {
@@ -480,7 +538,7 @@ fn plan_and_lower(
     } else {
         options.tiles
     };
-    let mut planned = Vec::new();
+    let mut planned: Vec<PlannedGemm> = Vec::new();
     // Per group: whether its A operand arrives by an exchange step.
     let mut a_by_exchange = vec![false; groups.len()];
     let mut chain_choice: Option<serde_json::Value> = None;
@@ -512,59 +570,90 @@ fn plan_and_lower(
                     reason: "an fp8 GEMM accumulates in f16 on the AMP; an f32 result of it is not lowered yet".into(),
                 });
             }
-            let f16_accumulation = match options.accumulation {
-                Accumulation::F16 => true,
-                Accumulation::F32 => false,
-                Accumulation::Auto => k <= F16_ACCUMULATION_MAX_K,
+            // How this GEMM accumulates (see [`Accumulation`]).
+            let chains_possible = fp8_scale.is_none()
+                && !f32_result
+                && k.div_ceil(16) <= ipu_arch::WORKER_CONTEXTS * F16_CHAIN_MAX_BLOCKS;
+            let mode = match options.accumulation {
+                Accumulation::F16 => AccumulationMode::F16,
+                Accumulation::F32 => AccumulationMode::F32,
+                Accumulation::Auto if k <= F16_ACCUMULATION_MAX_K => AccumulationMode::F16,
+                Accumulation::Auto if chains_possible => AccumulationMode::F16Chains,
+                Accumulation::Auto => AccumulationMode::F32,
             };
-            // An f16-accumulated GEMM (an fp8 one always is) with an
-            // epilogue, a GEMM consumer or an attention block reading it
-            // sums its f16 partials in the reduce step (IN=16); f16
-            // projections of an attention block keep f32 accumulation (the
-            // attention plan's proxy assumes it).
-            let reduce_f16 = !f32_result
-                && group.needs_reduce_step()
-                && (fp8_scale.is_some() || (f16_accumulation && blocks.is_empty()));
-            let acc32 = fp8_scale.is_none()
-                && !reduce_f16
-                && (f32_result || group.needs_reduce_step() || !f16_accumulation);
-            let geometry = GemmGeometry {
-                m: a.shape.dims()[0] as u32,
-                k,
-                n: b.shape.dims()[1] as u32,
-                acc32,
-                f16_result: !f32_result,
-                // K^T moves as runs of keys in 4-byte words.
-                row_align: if blocks.iter().any(|b| groups[b.k].gemm == group.gemm) { 2 } else { 1 },
-                fp8_scale,
-                reduce_f16,
+            let a_param = graph.value(node.args[0]).def == ipu_graph::ValueDef::Param;
+            // K^T moves as runs of keys in 4-byte words.
+            let row_align = if blocks.iter().any(|b| groups[b.k].gemm == group.gemm) { 2 } else { 1 };
+            let mut setup = |mode: AccumulationMode| -> Result<_, CompileError> {
+                let f16_accumulation = mode != AccumulationMode::F32;
+                let chains = mode == AccumulationMode::F16Chains;
+                // An f16-accumulated GEMM (an fp8 one always is) with an
+                // epilogue, a GEMM consumer or an attention block reading
+                // it sums its f16 partials in the reduce step (IN=16), and
+                // so does one whose K is cut into bounded f16 chains.
+                // Unbounded f16 projections of an attention block keep
+                // their single chain without a reduce step.
+                let reduce_f16 = !f32_result
+                    && (chains
+                        || (group.needs_reduce_step()
+                            && (fp8_scale.is_some() || (f16_accumulation && blocks.is_empty()))));
+                let acc32 = fp8_scale.is_none()
+                    && !reduce_f16
+                    && (f32_result || group.needs_reduce_step() || !f16_accumulation);
+                let geometry = GemmGeometry {
+                    m: a.shape.dims()[0] as u32,
+                    k,
+                    n: b.shape.dims()[1] as u32,
+                    acc32,
+                    f16_result: !f32_result,
+                    row_align,
+                    fp8_scale,
+                    reduce_f16,
+                    max_chain_blocks: if chains { F16_CHAIN_MAX_BLOCKS } else { u32::MAX },
+                };
+                let request = if fp8_scale.is_some() {
+                    gemm_fp8_kernel()
+                } else {
+                    gemm_kernel(geometry.acc32)
+                };
+                let reduce_request = if geometry.reduce_f16 {
+                    Some(reduce_kernel_f16_partials(group.epilogue()))
+                } else {
+                    geometry
+                        .acc32
+                        .then(|| reduce_kernel(geometry.f16_result, group.epilogue()))
+                };
+                let cost = gemm::GemmCosts {
+                    gemm: kernel_formula(library, &request, &["M", "NCB", "NKB"])?,
+                    reduce: match &reduce_request {
+                        Some(r) => Some(kernel_formula(library, r, &["ROWS", "QUADS", "P"])?),
+                        None => None,
+                    },
+                    memory_budget: share,
+                    owns_a: matches!(group.a, fuse::Source::Host(_)),
+                    feeds_gemm: group.feeds_gemm,
+                    persistent_budget: None,
+                    a_persistent: geometry.kp() != geometry.k || a_param,
+                };
+                Ok((geometry, (request, reduce_request), cost))
             };
-            let request = if fp8_scale.is_some() {
-                gemm_fp8_kernel()
-            } else {
-                gemm_kernel(geometry.acc32)
-            };
-            let reduce_request = if geometry.reduce_f16 {
-                Some(reduce_kernel_f16_partials(group.epilogue()))
-            } else {
-                geometry
-                    .acc32
-                    .then(|| reduce_kernel(geometry.f16_result, group.epilogue()))
-            };
-            let cost = gemm::GemmCosts {
-                gemm: kernel_formula(library, &request, &["M", "NCB", "NKB"])?,
-                reduce: match &reduce_request {
-                    Some(r) => Some(kernel_formula(library, r, &["ROWS", "QUADS", "P"])?),
-                    None => None,
+            // Bounded f16 chains need the library's f16-partials reduce; a
+            // library without it (or a plan search that finds no split
+            // with enough K groups, below) falls back to f32 accumulation.
+            let (geometry, (request, reduce_request), cost, fallback) = match mode {
+                AccumulationMode::F16Chains => match setup(mode) {
+                    Ok((g, r, c)) => (g, r, c, Some(setup(AccumulationMode::F32)?)),
+                    Err(_) => {
+                        let (g, r, c) = setup(AccumulationMode::F32)?;
+                        (g, r, c, None)
+                    }
                 },
-                memory_budget: share,
-                owns_a: matches!(group.a, fuse::Source::Host(_)),
-                feeds_gemm: group.feeds_gemm,
-                persistent_budget: None,
-                a_persistent: geometry.kp() != geometry.k
-                    || graph.value(node.args[0]).def == ipu_graph::ValueDef::Param,
+                _ => {
+                    let (g, r, c) = setup(mode)?;
+                    (g, r, c, None)
+                }
             };
-            planned.push((geometry, (request, reduce_request), cost, result.name.clone()));
+            planned.push((geometry, (request, reduce_request), cost, result.name.clone(), fallback));
         }
         let fronts: Vec<(Vec<plan::GemmPlan>, usize)> = if chained {
             let m = planned[0].0.m;
@@ -599,7 +688,13 @@ fn plan_and_lower(
             let geometries: Vec<GemmGeometry> = planned.iter().map(|p| p.0).collect();
             let mut own: Vec<(Vec<plan::GemmPlan>, usize)> = planned
                 .iter_mut()
-                .map(|p| plan::search(&p.0, options.tiles, &mut p.2, &options.search))
+                .map(|p| {
+                    let front = plan::search(&p.0, options.tiles, &mut p.2, &options.search);
+                    if front.0.is_empty() && use_f32_fallback(p) {
+                        return plan::search(&p.0, options.tiles, &mut p.2, &options.search);
+                    }
+                    front
+                })
                 .collect();
             // A consumer owns its A buffer (memory) but the host never writes it.
             for (front, &c) in own.iter_mut().zip(&consumers) {
@@ -717,17 +812,27 @@ fn plan_and_lower(
             // projections' persistent buffers get what the attention leaves.
             let mut chosen = None;
             let element = ipu_arch::INTERLEAVED_ELEMENT_BYTES as u64;
-            for c in &attention_candidates {
-                let left = region1.saturating_sub(c.region1_bytes) / element * element;
-                for p in planned.iter_mut() {
-                    p.2.persistent_budget = Some(left);
+            // With bounded f16 chains first; if no candidate leaves the
+            // projections a plan, again with their f32 fallbacks.
+            for attempt in 0..2 {
+                if attempt == 1 && !planned.iter_mut().fold(false, |any, p| use_f32_fallback(p) || any) {
+                    break;
                 }
-                let fronts: Vec<(Vec<plan::GemmPlan>, usize)> = planned
-                    .iter_mut()
-                    .map(|p| plan::search(&p.0, group_tiles, &mut p.2, &options.search))
-                    .collect();
-                if fronts.iter().all(|f| !f.0.is_empty()) {
-                    chosen = Some((c.clone(), fronts));
+                for c in &attention_candidates {
+                    let left = region1.saturating_sub(c.region1_bytes) / element * element;
+                    for p in planned.iter_mut() {
+                        p.2.persistent_budget = Some(left);
+                    }
+                    let fronts: Vec<(Vec<plan::GemmPlan>, usize)> = planned
+                        .iter_mut()
+                        .map(|p| plan::search(&p.0, group_tiles, &mut p.2, &options.search))
+                        .collect();
+                    if fronts.iter().all(|f| !f.0.is_empty()) {
+                        chosen = Some((c.clone(), fronts));
+                        break;
+                    }
+                }
+                if chosen.is_some() {
                     break;
                 }
             }
@@ -775,7 +880,10 @@ fn plan_and_lower(
             planned
                 .iter_mut()
                 .map(|p| {
-                    let front = plan::search(&p.0, group_tiles, &mut p.2, &options.search);
+                    let mut front = plan::search(&p.0, group_tiles, &mut p.2, &options.search);
+                    if front.0.is_empty() && use_f32_fallback(p) {
+                        front = plan::search(&p.0, group_tiles, &mut p.2, &options.search);
+                    }
                     if front.0.is_empty() && single {
                         if let Some(request) = &missing_f16_partials {
                             tracing::info!(
@@ -822,7 +930,7 @@ fn plan_and_lower(
                 .collect()
         };
         let mut reports = Vec::new();
-        for ((geometry, (request, reduce), _, value), (front, candidates)) in planned.iter().zip(fronts) {
+        for ((geometry, (request, reduce), _, value, _), (front, candidates)) in planned.iter().zip(fronts) {
             let Some(chosen) = front.first().cloned() else {
                 return Err(CompileError::NoFeasiblePlan {
                     value: value.clone(),
@@ -936,7 +1044,7 @@ fn plan_and_lower(
             .zip(&operation_reports)
             .zip(&groups)
             .map(
-                |((((geometry, (request, reduce), costs, _), map), report), group)| {
+                |((((geometry, (request, reduce), costs, _, _), map), report), group)| {
                     lower::PlannedGemm {
                         group,
                         geometry: *geometry,

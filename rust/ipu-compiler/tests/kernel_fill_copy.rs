@@ -290,7 +290,8 @@ fn fill_rows_fills_the_items_of_every_row() {
         "fill_rows.S",
         &[],
         &[("ROWS", per_vertex), ("ITEMS", items as u64)],
-    ) + 12 * 5 + 6;
+    ) + 12 * 5
+        + 6;
     println!("fill_rows {rows} rows x {items} items on six vertices: simulated {cycles} cycles, .cycles + launches {declared}");
     assert!(
         (declared as f64) > 0.85 * cycles as f64 && (declared as f64) < 1.15 * cycles as f64,

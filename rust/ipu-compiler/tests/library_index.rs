@@ -50,6 +50,13 @@ fn compiles_from_a_bazel_kernel_library_index() {
             "reduce_f32.S",
             &[("OUT", 32)],
         ),
+        // The f16-partials reduce that sums bounded f16 chains.
+        assemble(
+            dir.path(),
+            "reduce_f32_in16",
+            "reduce_f32.S",
+            &[("EPI", 0), ("IN", 16), ("OUT", 16)],
+        ),
         // The supervisor runtime, which every tile links.
         assemble(dir.path(), "supervisor", "supervisor.S", &[]),
     ];
