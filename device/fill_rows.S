@@ -15,11 +15,15 @@
 #
 # The compiler gives every worker its own vertex on a range of rows.
 
+# The loop runs over items outside and rows inside: one `rpt` bundle per
+# row and item, the row stride as a register post-increment.
+
         .kernel fill_rows
         .workers 6
-        .cycles "6 * (8 + ROWS * (5 + ITEMS))"
+        .cycles "6 * (10 + ITEMS * (6 + ROWS))"
 
-# $m2 row start, $m3 items, $m4 stride, $m5 rows left - 1, $m6 item walk.
+# $m2 item 0 of row 0 plus 8 per item done, $m3 items left - 1, $m4
+# stride, $m5 rows, $m6 row walk.
         .text
         .globl fill_rows
         .entry fill_rows
@@ -27,14 +31,14 @@ fill_rows:
         ld32 $m2, [$m0 + 0]
         ld32 $m4, [$m0 + 4]
         ld32 $m5, [$m0 + 8]
-        add $m5, $m5, -1
         ld32 $m3, [$m0 + 12]
+        add $m3, $m3, -1
         ld32 $a0, [$m0 + 16]
         ld32 $a1, [$m0 + 20]
-row:
+item:
         mov $m6, $m2
-        rpt $m3, 1
-        st64 $a0:1, [$m6]+=8
-        add $m2, $m2, $m4
-        brnzdec $m5, row
+        rpt $m5, 1
+        st64 $a0:1, [$m6]+=$m4
+        add $m2, $m2, 8
+        brnzdec $m3, item
         exit

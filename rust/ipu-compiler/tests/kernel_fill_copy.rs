@@ -239,7 +239,7 @@ fn fill64_fills_each_range_with_its_pair() {
 #[test]
 fn fill_rows_fills_the_items_of_every_row() {
     let base = 0x80000u32;
-    let (stride, rows, items) = (160u32, 61u32, 2u32);
+    let (stride, rows, items) = (160u32, 368u32, 2u32);
     let (lo, hi) = (0x3C00_3C00u32, 0x0000_3C00u32);
     let first = 144u32;
     let end = rows * stride;
