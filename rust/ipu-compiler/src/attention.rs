@@ -261,6 +261,9 @@ pub struct AttentionKernels {
     pub fill: (KernelRequest, FormulaCost),
     pub transpose: (KernelRequest, FormulaCost),
     pub combine: (KernelRequest, FormulaCost),
+    /// The column layout's kernels, when the library has them all and the
+    /// block can take that layout.
+    pub columns: Option<crate::attention_cols::ColumnKernels>,
 }
 
 /// Requests for the kernels of `block`.
@@ -296,9 +299,22 @@ pub const FORMULA_VARS: [&[&str]; 7] = [
     &["ROWS", "DQ"],
 ];
 
+/// How a tile lays out its queries and keys (docs/compiler.md, "Attention").
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum AttentionLayout {
+    /// Queries as the GEMMs' streamed rows, flash updates per key block
+    /// (this module).
+    Rows,
+    /// Keys as the streamed rows: S^T = K Q^T, a softmax down columns,
+    /// O^T = [V^T; 1] P^T (crate::attention_cols).
+    Columns,
+}
+
 /// The chosen partition of an attention block.
 #[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
 pub struct AttentionPlan {
+    pub layout: AttentionLayout,
     /// Query blocks per head (one tile each).
     pub query_blocks: u32,
     /// Most query rows on a tile.
@@ -324,7 +340,12 @@ pub struct AttentionPlan {
 impl AttentionPlan {
     /// The query ranges of the query blocks.
     pub fn query_ranges(&self, block: &AttentionBlock) -> Vec<(u32, u32)> {
-        ranges(block.sq, self.query_blocks)
+        match self.layout {
+            AttentionLayout::Rows => ranges(block.sq, self.query_blocks),
+            AttentionLayout::Columns => {
+                crate::attention_cols::query_ranges(block, self.query_blocks)
+            }
+        }
     }
     /// Tile `(h * query_blocks + b) * splits + s` holds head `h`, query
     /// block `b`, key split `s`.
@@ -551,6 +572,7 @@ pub fn plan(
                             + launch_cycles(rows.min(6) as u64));
                 }
                 out.push(AttentionPlan {
+                    layout: AttentionLayout::Rows,
                     query_blocks: qb,
                     rows,
                     key_splits: key_splits.clone(),
@@ -571,6 +593,16 @@ pub fn plan(
                 });
             }
         }
+    }
+    let AttentionKernels { fill, columns, .. } = kernels;
+    if let Some(ck) = columns.as_mut() {
+        out.extend(crate::attention_cols::plan(
+            block,
+            tiles,
+            &mut fill.1,
+            ck,
+            projection_cycles,
+        ));
     }
     out.sort_by_key(|p| (p.total_cycles(), p.tiles, p.key_blocks.len()));
     out
@@ -611,6 +643,61 @@ fn row_vertices(
         .collect()
 }
 
+/// One range to fill: (buffer, offset, bytes, lo, hi).
+pub type FillJob = (usize, u32, u32, u32, u32);
+
+/// `fill64` vertex states for `jobs`: the items cut into six equal shares,
+/// one vertex (a list of ranges) per share. Returns the states and the
+/// slowest vertex's formula cycles.
+pub fn fill_vertices(jobs: &[FillJob], fill: &mut FormulaCost) -> (Vec<Vec<StateWord>>, u64) {
+    let ranges_to_fill = jobs;
+    let total: u32 = ranges_to_fill.iter().map(|r| r.2 / 8).sum();
+    let share = total.div_ceil(ipu_arch::WORKER_CONTEXTS).max(1);
+    let mut vertices: Vec<Vec<StateWord>> = Vec::new();
+    let mut current: Vec<StateWord> = Vec::new();
+    let (mut in_current, mut ranges_in_current) = (0u32, 0u32);
+    let mut slowest = 0u64;
+    for &(buffer, offset, bytes, lo, hi) in ranges_to_fill {
+        let mut done = 0;
+        while done < bytes / 8 {
+            let take = (bytes / 8 - done).min(share - in_current);
+            current.extend([
+                StateWord::Addr {
+                    buffer,
+                    offset: offset + 8 * done,
+                },
+                StateWord::Const(take),
+                StateWord::Const(lo),
+                StateWord::Const(hi),
+            ]);
+            ranges_in_current += 1;
+            in_current += take;
+            done += take;
+            if in_current == share {
+                slowest = slowest.max(fill.eval(&[
+                    ("N", ranges_in_current as i64),
+                    ("COUNT", in_current as i64),
+                ]));
+                let mut state = vec![StateWord::Const(ranges_in_current)];
+                state.append(&mut current);
+                vertices.push(state);
+                in_current = 0;
+                ranges_in_current = 0;
+            }
+        }
+    }
+    if ranges_in_current > 0 {
+        slowest = slowest.max(fill.eval(&[
+            ("N", ranges_in_current as i64),
+            ("COUNT", in_current as i64),
+        ]));
+        let mut state = vec![StateWord::Const(ranges_in_current)];
+        state.append(&mut current);
+        vertices.push(state);
+    }
+    (vertices, slowest)
+}
+
 /// Supervisor cycles around a compute step of `n` vertices inside a call,
 /// under the supervisor runtime (device/supervisor.S, docs/runtime.md): the
 /// step's record loads its entry and states in the shadow of the previous
@@ -638,6 +725,24 @@ pub fn lower(
     l: &mut Lowered,
     exchange_label: u32,
 ) -> Result<(), CompileError> {
+    if plan.layout == AttentionLayout::Columns {
+        let transpose = kernels.transpose.clone();
+        let AttentionKernels { fill, columns, .. } = kernels;
+        let ck = columns.as_mut().ok_or_else(|| CompileError::Verifier {
+            phase: "lower",
+            message: "a column-layout attention plan without the column kernels".into(),
+        })?;
+        return crate::attention_cols::lower(
+            graph,
+            block,
+            plan,
+            &transpose,
+            fill,
+            ck,
+            l,
+            exchange_label,
+        );
+    }
     let b = block;
     let name = graph.value(b.attention).name.clone();
     let y_name = graph.value(b.result).name.clone();
@@ -953,50 +1058,7 @@ pub fn lower(
                 0,
             ));
         }
-        let total: u32 = ranges_to_fill.iter().map(|r| r.2 / 8).sum();
-        let share = total.div_ceil(ipu_arch::WORKER_CONTEXTS).max(1);
-        let mut vertices: Vec<Vec<StateWord>> = Vec::new();
-        let mut current: Vec<StateWord> = Vec::new();
-        let (mut in_current, mut ranges_in_current) = (0u32, 0u32);
-        let mut slowest = 0u64;
-        for &(buffer, offset, bytes, lo, hi) in &ranges_to_fill {
-            let mut done = 0;
-            while done < bytes / 8 {
-                let take = (bytes / 8 - done).min(share - in_current);
-                current.extend([
-                    StateWord::Addr {
-                        buffer,
-                        offset: offset + 8 * done,
-                    },
-                    StateWord::Const(take),
-                    StateWord::Const(lo),
-                    StateWord::Const(hi),
-                ]);
-                ranges_in_current += 1;
-                in_current += take;
-                done += take;
-                if in_current == share {
-                    slowest = slowest.max(kernels.fill.1.eval(&[
-                        ("N", ranges_in_current as i64),
-                        ("COUNT", in_current as i64),
-                    ]));
-                    let mut state = vec![StateWord::Const(ranges_in_current)];
-                    state.append(&mut current);
-                    vertices.push(state);
-                    in_current = 0;
-                    ranges_in_current = 0;
-                }
-            }
-        }
-        if ranges_in_current > 0 {
-            slowest = slowest.max(kernels.fill.1.eval(&[
-                ("N", ranges_in_current as i64),
-                ("COUNT", in_current as i64),
-            ]));
-            let mut state = vec![StateWord::Const(ranges_in_current)];
-            state.append(&mut current);
-            vertices.push(state);
-        }
+        let (vertices, slowest) = fill_vertices(&ranges_to_fill, &mut kernels.fill.1);
         fill_step.estimated_cycles = fill_step
             .estimated_cycles
             .max(slowest + launch_cycles(vertices.len() as u64));

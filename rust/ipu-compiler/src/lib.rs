@@ -29,6 +29,7 @@
 //! assembled on demand from `device/` ([`library::KernelSource`]).
 
 pub mod attention;
+pub mod attention_cols;
 pub mod emit;
 pub mod error;
 pub mod exchange;
@@ -433,6 +434,37 @@ fn plan_and_lower(
             }
             let mut it = f.into_iter();
             let mut next = || it.next().expect("seven kernels");
+            // The column layout's kernels, when the block can take that
+            // layout and the library has every one of them.
+            let columns = if attention_cols::applies(b) {
+                let mut c = Vec::new();
+                for (r, vars) in attention_cols::kernel_requests()
+                    .iter()
+                    .zip(attention_cols::FORMULA_VARS)
+                {
+                    match kernel_formula(library, r, vars) {
+                        Ok(formula) => c.push((r.clone(), formula)),
+                        Err(e) => {
+                            tracing::info!(kernel = %r, error = %e, "the column attention layout is not available");
+                            break;
+                        }
+                    }
+                }
+                (c.len() == attention_cols::FORMULA_VARS.len()).then(|| {
+                    let mut it = c.into_iter();
+                    let mut next = || it.next().expect("six kernels");
+                    attention_cols::ColumnKernels {
+                        gemm: next(),
+                        reduce: next(),
+                        colmax: next(),
+                        softmax: next(),
+                        final_: next(),
+                        fill_rows: next(),
+                    }
+                })
+            } else {
+                None
+            };
             Some(attention::AttentionKernels {
                 gemm: next(),
                 online: next(),
@@ -441,6 +473,7 @@ fn plan_and_lower(
                 fill: next(),
                 transpose: next(),
                 combine: next(),
+                columns,
             })
         }
         None => None,
@@ -582,8 +615,16 @@ fn plan_and_lower(
                 Accumulation::Auto => AccumulationMode::F32,
             };
             let a_param = graph.value(node.args[0]).def == ipu_graph::ValueDef::Param;
-            // K^T moves as runs of keys in 4-byte words.
-            let row_align = if blocks.iter().any(|b| groups[b.k].gemm == group.gemm) { 2 } else { 1 };
+            // K^T (row layout), Q^T and V^T (column layout) move as runs of
+            // keys or queries in 4-byte words.
+            let row_align = if blocks
+                .iter()
+                .any(|b| [b.q, b.k, b.v].iter().any(|&g| groups[g].gemm == group.gemm))
+            {
+                2
+            } else {
+                1
+            };
             let mut setup = |mode: AccumulationMode| -> Result<_, CompileError> {
                 let f16_accumulation = mode != AccumulationMode::F32;
                 let chains = mode == AccumulationMode::F16Chains;
@@ -815,8 +856,12 @@ fn plan_and_lower(
             // With bounded f16 chains first; if no candidate leaves the
             // projections a plan, again with their f32 fallbacks.
             for attempt in 0..2 {
-                if attempt == 1 && !planned.iter_mut().fold(false, |any, p| use_f32_fallback(p) || any) {
-                    break;
+                if attempt == 1 {
+                    // Every projection falls back (no short circuit).
+                    let fell_back = planned.iter_mut().filter_map(|p| use_f32_fallback(p).then_some(())).count();
+                    if fell_back == 0 {
+                        break;
+                    }
                 }
                 for c in &attention_candidates {
                     let left = region1.saturating_sub(c.region1_bytes) / element * element;

@@ -1,0 +1,1252 @@
+//! Transposed ("columns") attention: the layout that keeps the AMP busy
+//! when a tile holds few queries and many keys.
+//!
+//! The row layout (crate::attention) computes S = Q K^T with a tile's 16
+//! or so queries as the GEMM's streamed rows: every weight block (of K^T,
+//! then of V) serves only those few rows, so the AMP spends as long
+//! loading weights as multiplying. Here the tile's keys are the streamed
+//! rows instead:
+//!
+//! 1. `transpose q, v`: every tile of the Q and of the V projection
+//!    transposes its result shard (`transpose_f16`), so that the exchange
+//!    moves Q^T and V^T as runs of queries and keys (row parts of both
+//!    projections and the query blocks start on even rows).
+//! 2. a fill step (`fill64`): Q^T (its head and query padding), the C
+//!    headers, the ones row of V^T, V^T's and P^T's key padding; and a pad
+//!    step (`fill_rows`): the head padding of every K row.
+//! 3. one exchange step: Q^T runs to every key split of the (head, query
+//!    block), K rows (unchanged from the projection) and V^T runs to every
+//!    query block of the head, in the split that holds the key.
+//! 4. S^T = K Q^T (`gemm_f16` ACC=16: keys as rows, the tile's queries as
+//!    one or two column blocks, K = the head padded to 16).
+//! 5. `colmax_f16` per row group of S^T, then `softmax_cols`: the column
+//!    maximum m (scaled), P^T = exp(S^T * scale - m) in f16, written as the
+//!    next GEMM's weights.
+//! 6. O^T = [V^T; 1] P^T (`gemm_f16` ACC=16 in f16 chains of at most
+//!    `F16_CHAIN_MAX_BLOCKS` key blocks, summed in f32 by `reduce_f32`
+//!    IN=16 OUT=32): the extra row of ones in the A operand gives the
+//!    column sums l = sum_k p in the same pass.
+//! 7. with key splits: an exchange of every other split's (O^T, m) into
+//!    consecutive slots on split 0.
+//! 8. `attention_cols_final` on split 0: out = f16(sum_i a_i O^T_i / sum_i
+//!    a_i l_i) with a_i = exp(m_i - max m), written as the rows the host
+//!    reads as `y`.
+//!
+//! Only for non-causal blocks whose head size is a multiple of four (K
+//! rows and runs of queries move as 4-byte words; the head padding of a K
+//! row is then whole 8-byte items). Invariants: whatever a GEMM multiplies
+//! as padding is a finite value times an exact zero, or zero times zero:
+//! Q^T's padding rows and columns, V^T's and P^T's key padding are zeroed
+//! each run, and the head padding of each K row by the pad step.
+
+use crate::attention::{
+    launch_cycles, AttentionBlock, AttentionLayout, AttentionPlan, FillJob, ATTENTION_PHASE,
+};
+use crate::exchange::{self, BufferRef, BufferTransfer};
+use crate::gemm::{
+    aligned_ranges, best_split_with, ranges, FormulaCost, GemmCosts, GemmGeometry, ShardLayout,
+    WorkerSplit,
+};
+use crate::library::KernelRequest;
+use crate::lower::{
+    BufferSpec, HostPlacement, HostTensor, Lowered, RegionReq, StateWord, Step, Vertex,
+};
+use crate::plan::STANDARD_BUDGET;
+use crate::CompileError;
+use ipu_graph::Graph;
+use std::collections::BTreeMap;
+
+/// The kernels of the column layout with their cost formulas.
+#[derive(Clone)]
+pub struct ColumnKernels {
+    /// `gemm_f16` ACC=16: S^T and O^T.
+    pub gemm: (KernelRequest, FormulaCost),
+    /// `reduce_f32` IN=16 OUT=32: O^T's K-group partials summed in f32.
+    pub reduce: (KernelRequest, FormulaCost),
+    pub colmax: (KernelRequest, FormulaCost),
+    pub softmax: (KernelRequest, FormulaCost),
+    pub final_: (KernelRequest, FormulaCost),
+    pub fill_rows: (KernelRequest, FormulaCost),
+}
+
+/// Requests for the column layout's own kernels (in [`ColumnKernels`]
+/// order); `fill64` and `transpose_f16` come from the row layout's set.
+pub fn kernel_requests() -> [KernelRequest; 6] {
+    let req = |entry: &str, source: &str, params: &[(&str, i64)]| KernelRequest {
+        entry: entry.into(),
+        source: source.into(),
+        params: params.iter().map(|(k, v)| (k.to_string(), *v)).collect(),
+    };
+    [
+        req("gemm_f16", "gemm_f16.S", &[("ACC", 16)]),
+        req(
+            "reduce_f32",
+            "reduce_f32.S",
+            &[("EPI", 0), ("IN", 16), ("OUT", 32)],
+        ),
+        req("colmax_f16", "colmax_f16.S", &[]),
+        req("softmax_cols", "softmax_cols.S", &[]),
+        req("attention_cols_final", "attention_cols_final.S", &[]),
+        req("fill_rows", "fill_rows.S", &[]),
+    ]
+}
+
+/// The variables each formula reads, in [`kernel_requests`] order.
+pub const FORMULA_VARS: [&[&str]; 6] = [
+    &["M", "NCB", "NKB"],
+    &["ROWS", "QUADS", "P"],
+    &["ROWS", "QUADS"],
+    &["ROWS", "QUADS", "W"],
+    &["N", "CQ", "QN", "DN"],
+    &["ROWS", "ITEMS"],
+];
+
+/// Whether `block` can take the column layout.
+pub fn applies(block: &AttentionBlock) -> bool {
+    !block.causal && block.d.is_multiple_of(4)
+}
+
+/// The query ranges of `qb` query blocks (even boundaries: Q^T moves runs
+/// of queries as 4-byte words).
+pub fn query_ranges(block: &AttentionBlock, qb: u32) -> Vec<(u32, u32)> {
+    aligned_ranges(block.sq, qb, 2)
+}
+
+/// One tile's shapes: `rows` queries (the layout is sized for the most
+/// rows of any tile), `n` keys of its split, `kp` keys of the widest split
+/// (padded to 16).
+#[derive(Clone, Debug)]
+struct Shapes {
+    d: u32,
+    dp: u32,
+    nqc: u32,
+    kp: u32,
+    /// S^T = K Q^T.
+    st: (GemmGeometry, WorkerSplit, ShardLayout),
+    /// O^T = [V^T; 1] P^T.
+    pv: (GemmGeometry, WorkerSplit, ShardLayout),
+}
+
+impl Shapes {
+    fn new(b: &AttentionBlock, ck: &ColumnKernels, rows: u32, n: u32, kp: u32) -> Option<Shapes> {
+        let (d, dp) = (b.d, b.dp());
+        let nqc = rows.div_ceil(16);
+        let st_g = GemmGeometry {
+            m: n,
+            k: dp,
+            n: 16 * nqc,
+            acc32: false,
+            f16_result: true,
+            row_align: 1,
+            fp8_scale: None,
+            reduce_f16: false,
+            max_chain_blocks: u32::MAX,
+        };
+        let st_split = WorkerSplit {
+            row_groups: ranges(n, n.min(ipu_arch::WORKER_CONTEXTS)),
+            col_groups: vec![(0, nqc)],
+            k_groups: vec![(0, dp / 16)],
+        };
+        let st_layout = ShardLayout::new(&st_g, n, nqc, &st_split);
+        let pv_g = GemmGeometry {
+            m: d + 1,
+            k: kp,
+            n: 16 * nqc,
+            acc32: false,
+            f16_result: false,
+            row_align: 1,
+            fp8_scale: None,
+            reduce_f16: true,
+            max_chain_blocks: crate::F16_CHAIN_MAX_BLOCKS,
+        };
+        let mut costs = GemmCosts {
+            gemm: ck.gemm.1.clone(),
+            reduce: Some(ck.reduce.1.clone()),
+            memory_budget: u64::MAX / 4,
+            owns_a: false,
+            feeds_gemm: false,
+            persistent_budget: None,
+            a_persistent: false,
+        };
+        let (pv_split, _, _) = best_split_with(&pv_g, d + 1, nqc, &mut costs, u32::MAX)?;
+        let pv_layout = ShardLayout::new(&pv_g, d + 1, nqc, &pv_split);
+        Some(Shapes {
+            d,
+            dp,
+            nqc,
+            kp,
+            st: (st_g, st_split, st_layout),
+            pv: (pv_g, pv_split, pv_layout),
+        })
+    }
+    fn quads(&self) -> u32 {
+        4 * self.nqc
+    }
+    /// K rows (the S^T GEMM's A): `kp + 2` rows of the padded head.
+    fn kr_bytes(&self) -> u32 {
+        (self.kp + 2) * self.st.2.rs_a
+    }
+    /// Q^T (the S^T GEMM's B): padded head rows of `16 * nqc` queries.
+    fn qt_bytes(&self) -> u32 {
+        self.dp * self.st.2.rs_b
+    }
+    /// V^T with the ones row and the two drain rows (the O^T GEMM's A).
+    fn vt_bytes(&self) -> u32 {
+        (self.d + 3) * self.pv.2.rs_a
+    }
+    /// P^T (the O^T GEMM's B): `kp` key rows.
+    fn pt_bytes(&self) -> u32 {
+        self.kp * self.pv.2.rs_b
+    }
+    /// The C buffers serve both GEMMs (S^T is dead once P^T is written).
+    fn c_bytes(&self) -> u32 {
+        self.st.2.c_bytes().max(self.pv.2.c_bytes())
+    }
+    /// One split's O^T (f32, with the l row).
+    fn ot_slot(&self) -> u32 {
+        (self.d + 1) * self.pv.2.rs_d()
+    }
+    fn m_slot(&self) -> u32 {
+        16 * self.nqc
+    }
+    fn rs_out(&self) -> u32 {
+        (2 * self.d).div_ceil(8) * 8
+    }
+    fn softmax_scratch(&self) -> u32 {
+        8 * self.quads() + 16
+    }
+    fn final_scratch(&self) -> u32 {
+        32 * self.nqc + 16
+    }
+    fn region1(&self) -> Option<u64> {
+        crate::storage::region1_footprint(&[
+            (self.kr_bytes(), true),
+            (self.vt_bytes(), true),
+            (self.c_bytes(), true),
+            (self.c_bytes(), true),
+            (self.qt_bytes(), false),
+            (self.pt_bytes(), false),
+        ])
+    }
+    fn region0(&self, rows: u32, splits: u32) -> u64 {
+        let w = ipu_arch::WORKER_CONTEXTS;
+        (splits * (self.ot_slot() + self.m_slot())
+            + rows * self.rs_out()
+            + w * (8 * self.quads() + self.softmax_scratch() + self.final_scratch())) as u64
+    }
+    /// The d range of each final vertex: even, near-equal.
+    fn final_parts(&self) -> Vec<(u32, u32)> {
+        ranges(self.d / 2, (self.d / 2).min(ipu_arch::WORKER_CONTEXTS))
+            .into_iter()
+            .map(|(a, z)| (2 * a, 2 * z))
+            .collect()
+    }
+}
+
+/// The fill-step jobs of one tile (buffer indices in `t`), `n` its keys.
+fn fill_jobs(s: &Shapes, t: &TileBuffers, n: u32) -> (Vec<FillJob>, Vec<RowJob>) {
+    let ones = 0x3C00_3C00u32;
+    let mut jobs = vec![
+        (t.qt, 0, s.qt_bytes(), 0, 0),
+        (t.c1, 0, crate::gemm::C_HEADER, 0, 0),
+        (t.c2, 0, crate::gemm::C_HEADER, 0, 0),
+        // The ones row of V^T (padding keys meet P^T's zero rows).
+        (t.vt, s.d * s.pv.2.rs_a, s.pv.2.rs_a, ones, ones),
+        // The word after the last K row's head (the pad step covers the
+        // rows' own padding; the GEMM's drain rows never matter).
+        (t.kr, n * s.st.2.rs_a, s.st.2.rs_a, 0, 0),
+    ];
+    if n < s.kp {
+        jobs.push((t.pt, n * s.pv.2.rs_b, (s.kp - n) * s.pv.2.rs_b, 0, 0));
+    }
+    let mut rows = Vec::new();
+    let head_pad = (s.dp - s.d) * 2;
+    if head_pad > 0 {
+        rows.push(RowJob {
+            buffer: t.kr,
+            offset: s.d * 2,
+            stride: s.st.2.rs_a,
+            rows: n,
+            items: head_pad / 8,
+        });
+    }
+    // V^T's key padding in each head row: whole 8-byte items from the one
+    // that holds key n (the exchange rewrites its real keys afterwards).
+    let first = (2 * n) / 8 * 8;
+    if first < s.pv.2.rs_a {
+        rows.push(RowJob {
+            buffer: t.vt,
+            offset: first,
+            stride: s.pv.2.rs_a,
+            rows: s.d,
+            items: (s.pv.2.rs_a - first) / 8,
+        });
+    }
+    (jobs, rows)
+}
+
+/// Zero items of equally spaced rows (`fill_rows`).
+#[derive(Clone, Copy, Debug)]
+struct RowJob {
+    buffer: usize,
+    offset: u32,
+    stride: u32,
+    rows: u32,
+    items: u32,
+}
+
+/// `fill_rows` vertices for `jobs`: the six workers shared in proportion
+/// to each job's bundles, a job's rows cut into that many ranges. Returns
+/// the vertices' states and the slowest vertex's formula cycles.
+fn row_job_vertices(jobs: &[RowJob], ck: &mut ColumnKernels) -> (Vec<Vec<StateWord>>, u64) {
+    let w = ipu_arch::WORKER_CONTEXTS;
+    let cost = |j: &RowJob| (j.items * (6 + j.rows)) as u64;
+    let total: u64 = jobs.iter().map(cost).sum();
+    let mut left = w;
+    let mut out = Vec::new();
+    let mut slowest = 0;
+    for (i, j) in jobs.iter().enumerate() {
+        let share = if i + 1 == jobs.len() {
+            left
+        } else {
+            ((cost(j) * w as u64).div_ceil(total.max(1)) as u32)
+                .clamp(1, left.saturating_sub((jobs.len() - i - 1) as u32).max(1))
+        };
+        left = left.saturating_sub(share);
+        for (r0, r1) in ranges(j.rows, share.min(j.rows)) {
+            slowest = slowest.max(
+                ck.fill_rows
+                    .1
+                    .eval(&[("ROWS", (r1 - r0) as i64), ("ITEMS", j.items as i64)]),
+            );
+            out.push(vec![
+                StateWord::Addr {
+                    buffer: j.buffer,
+                    offset: j.offset + r0 * j.stride,
+                },
+                StateWord::Const(j.stride),
+                StateWord::Const(r1 - r0),
+                StateWord::Const(j.items),
+                StateWord::Const(0),
+                StateWord::Const(0),
+            ]);
+        }
+    }
+    (out, slowest)
+}
+
+/// Estimated cycles of every compute step of one tile with `rows`
+/// queries, `n` keys and `splits` key splits, in lowering order: fill,
+/// pad, S^T, colmax, softmax, O^T, reduce, final (the last only on split 0).
+fn step_cycles(
+    b: &AttentionBlock,
+    fill: &mut FormulaCost,
+    ck: &mut ColumnKernels,
+    s: &Shapes,
+    rows: u32,
+    n: u32,
+    splits: u32,
+) -> Vec<u64> {
+    let w = ipu_arch::WORKER_CONTEXTS as u64;
+    let dummy = TileBuffers::default();
+    let (jobs, row_jobs) = fill_jobs(s, &dummy, n);
+    let items: u32 = jobs.iter().map(|j| j.2 / 8).sum();
+    let per = items.div_ceil(w as u32) as i64;
+    let fill_c = fill.eval(&[
+        ("N", (jobs.len() as u64).div_ceil(w) as i64 + 1),
+        ("COUNT", per),
+    ]) + launch_cycles(w);
+    let (pads, pad_slowest) = row_job_vertices(&row_jobs, ck);
+    let pad_c = if pads.is_empty() {
+        0
+    } else {
+        pad_slowest + launch_cycles(pads.len() as u64)
+    };
+    let st_rows =
+        s.st.1
+            .row_groups
+            .iter()
+            .map(|r| r.1 - r.0)
+            .max()
+            .unwrap_or(0) as i64;
+    let groups = s.st.1.row_groups.len() as u64;
+    let st_c = ck.gemm.1.eval(&[
+        ("M", st_rows),
+        ("NCB", s.nqc as i64),
+        ("NKB", (s.dp / 16) as i64),
+    ]) + launch_cycles(groups);
+    let quads = s.quads() as i64;
+    let colmax_c = ck.colmax.1.eval(&[("ROWS", st_rows), ("QUADS", quads)]) + launch_cycles(groups);
+    let softmax_c = ck
+        .softmax
+        .1
+        .eval(&[("ROWS", st_rows), ("QUADS", quads), ("W", groups as i64)])
+        + launch_cycles(groups);
+    let mut costs = GemmCosts {
+        gemm: ck.gemm.1.clone(),
+        reduce: Some(ck.reduce.1.clone()),
+        memory_budget: u64::MAX / 4,
+        owns_a: false,
+        feeds_gemm: false,
+        persistent_budget: None,
+        a_persistent: false,
+    };
+    let (pv_gemm, pv_reduce) = costs.split_cycles(&s.pv.0, &s.pv.1);
+    let pv_c = pv_gemm + launch_cycles(s.pv.1.vertices() as u64);
+    let reduce_c = pv_reduce + launch_cycles(s.pv.1.reduce_vertices() as u64);
+    let dn = s.final_parts().iter().map(|p| p.1 - p.0).max().unwrap_or(2) as i64;
+    let final_c = ck.final_.1.eval(&[
+        ("N", splits as i64),
+        ("CQ", s.nqc as i64),
+        ("QN", rows as i64),
+        ("DN", dn),
+    ]) + launch_cycles(s.final_parts().len() as u64);
+    let _ = b;
+    vec![
+        fill_c, pad_c, st_c, colmax_c, softmax_c, pv_c, reduce_c, final_c,
+    ]
+}
+
+/// Column-layout candidates for `block` over at most `tiles` tiles (see
+/// crate::attention::plan, which merges them with the row layout's).
+pub fn plan(
+    block: &AttentionBlock,
+    tiles: u32,
+    fill: &mut FormulaCost,
+    ck: &mut ColumnKernels,
+    projection_cycles: u64,
+) -> Vec<AttentionPlan> {
+    let mut out = Vec::new();
+    if !applies(block) {
+        return out;
+    }
+    let ncb = block.key_blocks();
+    for splits in [1u32, 2, 4, 8].into_iter().filter(|&s| s <= ncb) {
+        let key_splits = ranges(ncb, splits);
+        let split_cb = key_splits.iter().map(|c| c.1 - c.0).max().unwrap_or(1);
+        let kp = split_cb * 16;
+        let n = kp.min(block.sk);
+        let mut seen = std::collections::BTreeSet::new();
+        for qb in 1..=block.sq {
+            let qr = query_ranges(block, qb);
+            let rows = qr.iter().map(|r| r.1 - r.0).max().unwrap_or(0);
+            let attention_tiles = block.heads * qr.len() as u32 * splits;
+            if attention_tiles > tiles || !seen.insert(rows) || rows > 64 {
+                continue;
+            }
+            let Some(s) = Shapes::new(block, ck, rows, n, kp) else {
+                continue;
+            };
+            let Some(r1) = s.region1() else {
+                continue;
+            };
+            let r0 = s.region0(rows, splits);
+            if r0 > STANDARD_BUDGET / 2 {
+                continue;
+            }
+            let steps = step_cycles(block, fill, ck, &s, rows, n, splits);
+            let compute: u64 = steps.iter().sum();
+            // Every tile receives its queries' Q^T, its split's K rows and
+            // V^T; with splits, split 0 receives the others' (O^T, m).
+            let received = (rows as u64 + 2 * n as u64) * block.d as u64 * 2;
+            let mut exchange = ipu_arch::SYNC_CYCLES
+                + received.div_ceil(ipu_arch::EXCHANGE_RECV_BYTES_PER_CYCLE as u64);
+            if splits > 1 {
+                let state = (splits as u64 - 1) * (s.ot_slot() + s.m_slot()) as u64;
+                exchange += ipu_arch::SYNC_CYCLES
+                    + state.div_ceil(ipu_arch::EXCHANGE_RECV_BYTES_PER_CYCLE as u64);
+            }
+            out.push(AttentionPlan {
+                layout: AttentionLayout::Columns,
+                query_blocks: qr.len() as u32,
+                rows,
+                key_splits: key_splits.clone(),
+                key_blocks: vec![key_splits[0]],
+                tiles: attention_tiles,
+                compute_cycles: compute,
+                exchange_bound_cycles: exchange,
+                projection_cycles,
+                region1_bytes: r1,
+                region0_bytes: r0,
+            });
+        }
+    }
+    out
+}
+
+/// Buffers of one attention tile (indices into its buffer list).
+#[derive(Clone, Copy, Debug, Default)]
+struct TileBuffers {
+    kr: usize,
+    qt: usize,
+    vt: usize,
+    pt: usize,
+    c1: usize,
+    c2: usize,
+    maxes: usize,
+    sm_scratch: usize,
+    ot: usize,
+    m: usize,
+    out: usize,
+    fin_scratch: usize,
+}
+
+/// One tile of the attention: head, query block, key split, its buffers.
+struct AttTile {
+    h: u32,
+    qi: u32,
+    ks: u32,
+    n: u32,
+    bufs: TileBuffers,
+}
+
+/// Appends the attention block to `l` in the column layout (see the module
+/// documentation).
+#[allow(clippy::too_many_arguments)]
+pub fn lower(
+    graph: &Graph,
+    block: &AttentionBlock,
+    plan: &AttentionPlan,
+    transpose: &(KernelRequest, FormulaCost),
+    fill: &mut (KernelRequest, FormulaCost),
+    ck: &mut ColumnKernels,
+    l: &mut Lowered,
+    exchange_label: u32,
+) -> Result<(), CompileError> {
+    let b = block;
+    let name = graph.value(b.attention).name.clone();
+    let y_name = graph.value(b.result).name.clone();
+    let compute_step = |phase: String| Step {
+        operation: name.clone(),
+        phase,
+        tiles: BTreeMap::new(),
+        estimated_cycles: 0,
+        exchange: None,
+    };
+    let d = b.d;
+    let qranges = plan.query_ranges(b);
+    let splits = plan.key_splits.len() as u32;
+    let split_cb = plan.key_splits.iter().map(|c| c.1 - c.0).max().unwrap_or(1);
+    let kp = split_cb * 16;
+    let split_keys = |ks: u32| -> (u32, u32) {
+        let (c0, c1) = plan.key_splits[ks as usize];
+        (c0 * 16, (c1 * 16).min(b.sk) - c0 * 16)
+    };
+    let bad = |message: String| CompileError::Verifier {
+        phase: "lower",
+        message,
+    };
+    // One layout for every tile (sized for the most rows and keys); the
+    // steps use each tile's own rows and keys.
+    let shapes = Shapes::new(b, ck, plan.rows, kp.min(b.sk), kp)
+        .ok_or_else(|| bad(format!("attention {name}: no worker split of O^T")))?;
+    let spec =
+        |role: &str, bytes: u32, region: RegionReq, exclusive: bool, category: &str| BufferSpec {
+            name: format!("{name}.{role}"),
+            bytes,
+            align: if region == RegionReq::Interleaved {
+                16
+            } else {
+                8
+            },
+            region,
+            exclusive_element: exclusive,
+            zero: vec![],
+            category: category.into(),
+            scratch: None,
+            lifetime: None,
+        };
+    let scratch = |mut s: BufferSpec| {
+        s.scratch = Some(ATTENTION_PHASE);
+        s
+    };
+    let mut tiles: BTreeMap<u32, AttTile> = BTreeMap::new();
+    for h in 0..b.heads {
+        for qi in 0..qranges.len() as u32 {
+            for ks in 0..splits {
+                let tile = plan.tile(h, qi, ks);
+                let (_, n) = split_keys(ks);
+                let s = &shapes;
+                let bufs = l
+                    .buffers
+                    .get_mut(&tile)
+                    .expect("attention tiles are below tile_count");
+                let mut push = |spec: BufferSpec| {
+                    bufs.push(spec);
+                    bufs.len() - 1
+                };
+                let slots = if ks == 0 { splits } else { 1 };
+                let t = TileBuffers {
+                    kr: push(scratch(spec(
+                        "k_rows",
+                        s.kr_bytes(),
+                        RegionReq::Interleaved,
+                        true,
+                        "attention_operand",
+                    ))),
+                    vt: push(scratch(spec(
+                        "v_t",
+                        s.vt_bytes(),
+                        RegionReq::Interleaved,
+                        true,
+                        "attention_operand",
+                    ))),
+                    c1: push(scratch(spec(
+                        "c",
+                        s.c_bytes(),
+                        RegionReq::Interleaved,
+                        true,
+                        "attention_scores",
+                    ))),
+                    c2: push(scratch(spec(
+                        "c_partial",
+                        s.c_bytes(),
+                        RegionReq::Interleaved,
+                        true,
+                        "attention_scores",
+                    ))),
+                    qt: push(scratch(spec(
+                        "q_t",
+                        s.qt_bytes(),
+                        RegionReq::Interleaved,
+                        false,
+                        "attention_operand",
+                    ))),
+                    pt: push(scratch(spec(
+                        "p_t",
+                        s.pt_bytes(),
+                        RegionReq::Interleaved,
+                        false,
+                        "attention_scores",
+                    ))),
+                    maxes: push(spec(
+                        "colmax",
+                        ipu_arch::WORKER_CONTEXTS * 8 * s.quads(),
+                        RegionReq::Standard,
+                        false,
+                        "attention_state",
+                    )),
+                    sm_scratch: push(spec(
+                        "softmax_scratch",
+                        ipu_arch::WORKER_CONTEXTS * s.softmax_scratch(),
+                        RegionReq::Standard,
+                        false,
+                        "attention_state",
+                    )),
+                    ot: push(spec(
+                        "o_t",
+                        slots * s.ot_slot(),
+                        RegionReq::Standard,
+                        false,
+                        "attention_state",
+                    )),
+                    m: push(spec(
+                        "m",
+                        slots * s.m_slot(),
+                        RegionReq::Standard,
+                        false,
+                        "attention_state",
+                    )),
+                    out: push(spec(
+                        "out",
+                        plan.rows * s.rs_out(),
+                        RegionReq::Standard,
+                        false,
+                        "attention_result",
+                    )),
+                    fin_scratch: push(spec(
+                        "final_scratch",
+                        ipu_arch::WORKER_CONTEXTS * s.final_scratch(),
+                        RegionReq::Standard,
+                        false,
+                        "attention_state",
+                    )),
+                };
+                tiles.insert(
+                    tile,
+                    AttTile {
+                        h,
+                        qi,
+                        ks,
+                        n,
+                        bufs: t,
+                    },
+                );
+            }
+        }
+    }
+
+    // Step 1: Q^T and V^T on the Q and V projections' tiles.
+    let mut prep = compute_step(format!("transpose {name} q and v (Q^T, V^T)"));
+    // (group, tile) -> (transposed buffer, row stride)
+    let mut transposed: BTreeMap<(usize, u32), (usize, u32)> = BTreeMap::new();
+    let mut prep_cycles = 0u64;
+    let sources: Vec<(usize, u32, crate::lower::GroupResult)> = l
+        .group_results
+        .iter()
+        .filter(|((g, _), _)| *g == b.q || *g == b.v)
+        .map(|(&(g, t), &r)| (g, t, r))
+        .collect();
+    for (g, tile, r) in sources {
+        let (r0, r1) = r.rows;
+        let mt = r1 - r0;
+        if r0 % 2 != 0 {
+            return Err(bad(format!(
+                "{} projection rows on tile {tile} start at odd row {r0}",
+                if g == b.q { "Q" } else { "V" }
+            )));
+        }
+        let rs = (mt * 2).div_ceil(8) * 8;
+        let bufs = l.buffers.get_mut(&tile).expect("projection tiles exist");
+        let zero: Vec<(u32, u32)> = (0..r.width)
+            .map(|c| (c * rs + mt * 2, (c + 1) * rs))
+            .filter(|z| z.0 < z.1)
+            .collect();
+        bufs.push(BufferSpec {
+            name: format!("{name}.{}_transposed", if g == b.q { "q" } else { "v" }),
+            bytes: r.width * rs,
+            align: 8,
+            region: RegionReq::Any,
+            exclusive_element: false,
+            zero,
+            category: "attention_operand".into(),
+            scratch: None,
+            lifetime: None,
+        });
+        let tb = bufs.len() - 1;
+        transposed.insert((g, tile), (tb, rs));
+        let parts = ranges(r.width, r.width.min(ipu_arch::WORKER_CONTEXTS));
+        let mut slowest = 0;
+        let vertices: Vec<Vertex> = parts
+            .iter()
+            .map(|&(c0, c1)| {
+                slowest = slowest.max(
+                    transpose
+                        .1
+                        .clone()
+                        .eval(&[("ROWS", mt as i64), ("COLS", (c1 - c0) as i64)]),
+                );
+                Vertex {
+                    kernel: transpose.0.clone(),
+                    state: vec![
+                        StateWord::Addr {
+                            buffer: r.buffer,
+                            offset: c0 * 2,
+                        },
+                        StateWord::Const(r.row_stride),
+                        StateWord::Addr {
+                            buffer: tb,
+                            offset: c0 * rs,
+                        },
+                        StateWord::Const(rs),
+                        StateWord::Const(mt),
+                        StateWord::Const(c1 - c0),
+                    ],
+                }
+            })
+            .collect();
+        prep_cycles = prep_cycles.max(slowest + launch_cycles(parts.len() as u64));
+        prep.tiles.insert(tile, vertices);
+    }
+    prep.estimated_cycles = prep_cycles;
+
+    // Step 2: the fills and the K rows' head padding.
+    let mut fill_step = compute_step(format!("reset {name} padding"));
+    let mut pad_step = compute_step(format!("pad {name} K rows"));
+    for (&tile, at) in &tiles {
+        let (jobs, row_jobs) = fill_jobs(&shapes, &at.bufs, at.n);
+        let (vertices, slowest) = crate::attention::fill_vertices(&jobs, &mut fill.1);
+        fill_step.estimated_cycles = fill_step
+            .estimated_cycles
+            .max(slowest + launch_cycles(vertices.len() as u64));
+        fill_step.tiles.insert(
+            tile,
+            vertices
+                .into_iter()
+                .map(|state| Vertex {
+                    kernel: fill.0.clone(),
+                    state,
+                })
+                .collect(),
+        );
+        let (pads, slowest) = row_job_vertices(&row_jobs, ck);
+        if !pads.is_empty() {
+            pad_step.estimated_cycles = pad_step
+                .estimated_cycles
+                .max(slowest + launch_cycles(pads.len() as u64));
+            pad_step.tiles.insert(
+                tile,
+                pads.into_iter()
+                    .map(|state| Vertex {
+                        kernel: ck.fill_rows.0.clone(),
+                        state,
+                    })
+                    .collect(),
+            );
+        }
+    }
+
+    // Step 3: the exchange of Q^T, K rows and V^T.
+    let qblock_of = |r: u32| -> usize {
+        qranges
+            .iter()
+            .position(|&(a, z)| (a..z).contains(&r))
+            .expect("query ranges cover the queries")
+    };
+    let split_of = |key: u32| -> u32 {
+        (0..splits)
+            .find(|&ks| {
+                let (k0, n) = split_keys(ks);
+                (k0..k0 + n).contains(&key)
+            })
+            .expect("the splits cover the keys")
+    };
+    let rs_k = shapes.st.2.rs_a;
+    let rs_qt = shapes.st.2.rs_b;
+    let rs_vt = shapes.pv.2.rs_a;
+    let mut transfers = Vec::new();
+    for (&(g, tile), r) in &l.group_results {
+        if g == b.k {
+            // K rows cut at head boundaries: a key's head segment goes to
+            // every query block of the head, in the key's split.
+            for row in r.rows.0..r.rows.1 {
+                let ks = split_of(row);
+                let k0 = split_keys(ks).0;
+                let mut c = r.col0;
+                while c < r.col0 + r.width {
+                    let h = c / d;
+                    let e = ((h + 1) * d).min(r.col0 + r.width);
+                    let destinations = (0..qranges.len() as u32)
+                        .map(|qi| {
+                            let dst = plan.tile(h, qi, ks);
+                            BufferRef {
+                                tile: dst,
+                                buffer: tiles[&dst].bufs.kr,
+                                offset: (row - k0) * rs_k + (c - h * d) * 2,
+                            }
+                        })
+                        .collect();
+                    transfers.push(BufferTransfer {
+                        source: BufferRef {
+                            tile,
+                            buffer: r.buffer,
+                            offset: (row - r.rows.0) * r.row_stride + (c - r.col0) * 2,
+                        },
+                        destinations,
+                        bytes: (e - c) * 2,
+                    });
+                    c = e;
+                }
+            }
+        } else if g == b.q || g == b.v {
+            let (tb, rs) = transposed[&(g, tile)];
+            let (r0, r1) = r.rows;
+            for c in 0..r.width {
+                let gc = r.col0 + c;
+                let (h, j) = (gc / d, gc % d);
+                if g == b.q {
+                    // Runs of the column's queries, cut at query blocks, to
+                    // every key split of the block.
+                    let mut a = r0;
+                    while a < r1 {
+                        let qi = qblock_of(a);
+                        let (q0, q1) = qranges[qi];
+                        let z = r1.min(q1);
+                        let destinations = (0..splits)
+                            .map(|ks| {
+                                let dst = plan.tile(h, qi as u32, ks);
+                                BufferRef {
+                                    tile: dst,
+                                    buffer: tiles[&dst].bufs.qt,
+                                    offset: j * rs_qt + (a - q0) * 2,
+                                }
+                            })
+                            .collect();
+                        transfers.push(BufferTransfer {
+                            source: BufferRef {
+                                tile,
+                                buffer: tb,
+                                offset: c * rs + (a - r0) * 2,
+                            },
+                            destinations,
+                            bytes: ((z - a) * 2).div_ceil(4) * 4,
+                        });
+                        a = z;
+                    }
+                } else {
+                    // Runs of the column's keys, cut at the splits, to every
+                    // query block of the head.
+                    for ks in 0..splits {
+                        let (k0, n) = split_keys(ks);
+                        let (a, z) = (r0.max(k0), r1.min(k0 + n));
+                        if a >= z {
+                            continue;
+                        }
+                        let destinations = (0..qranges.len() as u32)
+                            .map(|qi| {
+                                let dst = plan.tile(h, qi, ks);
+                                BufferRef {
+                                    tile: dst,
+                                    buffer: tiles[&dst].bufs.vt,
+                                    offset: j * rs_vt + (a - k0) * 2,
+                                }
+                            })
+                            .collect();
+                        transfers.push(BufferTransfer {
+                            source: BufferRef {
+                                tile,
+                                buffer: tb,
+                                offset: c * rs + (a - r0) * 2,
+                            },
+                            destinations,
+                            bytes: ((z - a) * 2).div_ceil(4) * 4,
+                        });
+                    }
+                }
+            }
+        }
+    }
+    for t in &transfers {
+        let aligned = t.bytes % 4 == 0
+            && t.source.offset % 4 == 0
+            && t.destinations.iter().all(|x| x.offset % 4 == 0);
+        if !aligned {
+            return Err(bad(format!(
+                "attention transfer from tile {} offset {} ({} bytes) is not word aligned",
+                t.source.tile, t.source.offset, t.bytes
+            )));
+        }
+    }
+    let xstep = exchange::program_step(
+        l.tile_count,
+        transfers,
+        exchange_label,
+        &mut l.buffers,
+        name.clone(),
+        format!("exchange q^T, k, v^T -> {name}"),
+    )?;
+
+    // Steps 4 to 7: S^T, the column softmax, O^T and its reduce.
+    let mut st = compute_step(format!("{name} scores S^T = K Q^T"));
+    let mut cm = compute_step(format!("{name} column maxima"));
+    let mut sm = compute_step(format!("{name} softmax down columns"));
+    let mut pv = compute_step(format!("{name} O^T = [V^T; 1] P^T"));
+    let mut rd = compute_step(format!("{name} sum of O^T partials"));
+    let scale = b.scale.to_bits();
+    for (&tile, at) in &tiles {
+        let t = at.bufs;
+        let s = Shapes::new(b, ck, plan.rows, at.n, kp).ok_or_else(|| {
+            bad(format!(
+                "attention {name}: no worker split of O^T on tile {tile}"
+            ))
+        })?;
+        // Its steps' estimates (the slowest tile sets each step's).
+        let est = step_cycles(
+            b,
+            &mut fill.1,
+            ck,
+            &s,
+            qranges[at.qi as usize].1 - qranges[at.qi as usize].0,
+            at.n,
+            splits,
+        );
+        for (step, e) in [
+            (&mut st, est[2]),
+            (&mut cm, est[3]),
+            (&mut sm, est[4]),
+            (&mut pv, est[5]),
+            (&mut rd, est[6]),
+        ] {
+            step.estimated_cycles = step.estimated_cycles.max(e);
+        }
+        let gemm_vertex = |g: &GemmGeometry,
+                           lay: &ShardLayout,
+                           (j, gi): (u32, u32),
+                           (lr0, lr1): (u32, u32),
+                           (cg0, cg1): (u32, u32),
+                           (kb0, kb1): (u32, u32),
+                           (a, bb): (usize, usize)| {
+            // K block 0 writes the buffer that holds the result after the
+            // group's blocks: always c1 (as in crate::lower).
+            let (first, second) = if (kb1 - kb0) % 2 == 1 {
+                (t.c1, t.c2)
+            } else {
+                (t.c2, t.c1)
+            };
+            let c_off = lay.c_row(j, gi, lr0) + cg0 * 16 * g.out_bytes();
+            Vertex {
+                kernel: ck.gemm.0.clone(),
+                state: vec![
+                    StateWord::Addr {
+                        buffer: a,
+                        offset: lr0 * lay.rs_a + kb0 * 32,
+                    },
+                    StateWord::Const(lay.rs_a),
+                    StateWord::Addr {
+                        buffer: bb,
+                        offset: kb0 * 16 * lay.rs_b + cg0 * 32,
+                    },
+                    StateWord::Const(lay.rs_b),
+                    StateWord::Addr {
+                        buffer: first,
+                        offset: c_off,
+                    },
+                    StateWord::Addr {
+                        buffer: second,
+                        offset: c_off,
+                    },
+                    StateWord::Const(lay.rs_c),
+                    StateWord::Addr {
+                        buffer: second,
+                        offset: 0,
+                    },
+                    StateWord::Const(lr1 - lr0),
+                    StateWord::Const(kb1 - kb0),
+                    StateWord::Const(cg1 - cg0),
+                ],
+            }
+        };
+        let (stg, sts, stl) = &s.st;
+        let nkb = s.dp / 16;
+        st.tiles.insert(
+            tile,
+            sts.row_groups
+                .iter()
+                .enumerate()
+                .map(|(gi, &rg)| {
+                    gemm_vertex(
+                        stg,
+                        stl,
+                        (0, gi as u32),
+                        rg,
+                        (0, s.nqc),
+                        (0, nkb),
+                        (t.kr, t.qt),
+                    )
+                })
+                .collect(),
+        );
+        let quads = s.quads();
+        let groups = sts.row_groups.len() as u32;
+        cm.tiles.insert(
+            tile,
+            sts.row_groups
+                .iter()
+                .enumerate()
+                .map(|(gi, &(r0, r1))| Vertex {
+                    kernel: ck.colmax.0.clone(),
+                    state: vec![
+                        StateWord::Addr {
+                            buffer: t.c1,
+                            offset: stl.c_row(0, gi as u32, r0),
+                        },
+                        StateWord::Const(stl.rs_c),
+                        StateWord::Const(r1 - r0),
+                        StateWord::Const(quads),
+                        StateWord::Addr {
+                            buffer: t.maxes,
+                            offset: gi as u32 * 8 * quads,
+                        },
+                    ],
+                })
+                .collect(),
+        );
+        sm.tiles.insert(
+            tile,
+            sts.row_groups
+                .iter()
+                .enumerate()
+                .map(|(gi, &(r0, r1))| Vertex {
+                    kernel: ck.softmax.0.clone(),
+                    state: vec![
+                        StateWord::Addr {
+                            buffer: t.c1,
+                            offset: stl.c_row(0, gi as u32, r0),
+                        },
+                        StateWord::Const(stl.rs_c),
+                        StateWord::Addr {
+                            buffer: t.pt,
+                            offset: r0 * s.pv.2.rs_b,
+                        },
+                        StateWord::Const(s.pv.2.rs_b),
+                        StateWord::Const(r1 - r0),
+                        StateWord::Const(quads),
+                        StateWord::Addr {
+                            buffer: t.maxes,
+                            offset: 0,
+                        },
+                        StateWord::Const(groups),
+                        StateWord::Const(scale),
+                        if gi == 0 {
+                            StateWord::Addr {
+                                buffer: t.m,
+                                offset: 0,
+                            }
+                        } else {
+                            StateWord::Const(0)
+                        },
+                        StateWord::Addr {
+                            buffer: t.sm_scratch,
+                            offset: gi as u32 * s.softmax_scratch(),
+                        },
+                    ],
+                })
+                .collect(),
+        );
+        let (pvg, pvs, pvl) = &s.pv;
+        let mut pv_vertices = Vec::new();
+        for (gi, &rg) in pvs.row_groups.iter().enumerate() {
+            for &cg in &pvs.col_groups {
+                for (j, &kg) in pvs.k_groups.iter().enumerate() {
+                    pv_vertices.push(gemm_vertex(
+                        pvg,
+                        pvl,
+                        (j as u32, gi as u32),
+                        rg,
+                        cg,
+                        kg,
+                        (t.vt, t.pt),
+                    ));
+                }
+            }
+        }
+        pv.tiles.insert(tile, pv_vertices);
+        rd.tiles.insert(
+            tile,
+            crate::lower::reduce_vertices(&ck.reduce.0, pvg, (pvl, pvs), (t.c1, t.ot), None),
+        );
+    }
+    let mut steps = vec![prep, fill_step];
+    if !pad_step.tiles.is_empty() {
+        steps.push(pad_step);
+    }
+    steps.extend([xstep, st, cm, sm, pv, rd]);
+
+    // Step 8: the other splits' (O^T, m) into split 0's slots.
+    if splits > 1 {
+        let mut moves = Vec::new();
+        for (&tile, at) in &tiles {
+            if at.ks == 0 {
+                continue;
+            }
+            let dst = plan.tile(at.h, at.qi, 0);
+            let d_bufs = tiles[&dst].bufs;
+            moves.push(BufferTransfer {
+                source: BufferRef {
+                    tile,
+                    buffer: at.bufs.ot,
+                    offset: 0,
+                },
+                destinations: vec![BufferRef {
+                    tile: dst,
+                    buffer: d_bufs.ot,
+                    offset: at.ks * shapes.ot_slot(),
+                }],
+                bytes: shapes.ot_slot(),
+            });
+            moves.push(BufferTransfer {
+                source: BufferRef {
+                    tile,
+                    buffer: at.bufs.m,
+                    offset: 0,
+                },
+                destinations: vec![BufferRef {
+                    tile: dst,
+                    buffer: d_bufs.m,
+                    offset: at.ks * shapes.m_slot(),
+                }],
+                bytes: shapes.m_slot(),
+            });
+        }
+        steps.push(exchange::program_step(
+            l.tile_count,
+            moves,
+            exchange_label + 1,
+            &mut l.buffers,
+            name.clone(),
+            format!("exchange {name} key-split states"),
+        )?);
+    }
+
+    // Step 9: the combine and normalisation on split 0, and the output rows.
+    let mut fin = compute_step(format!("{name} combine and normalise"));
+    let mut y = HostTensor {
+        name: y_name,
+        ty: graph.value(b.result).ty.clone(),
+        placements: Vec::new(),
+    };
+    let hd = (b.heads * d) as u64;
+    let s = &shapes;
+    for (&tile, at) in &tiles {
+        if at.ks != 0 {
+            continue;
+        }
+        let t = at.bufs;
+        let (q0, q1) = qranges[at.qi as usize];
+        let rows = q1 - q0;
+        let parts = s.final_parts();
+        let dn = parts.iter().map(|p| p.1 - p.0).max().unwrap_or(2) as i64;
+        fin.estimated_cycles = fin.estimated_cycles.max(
+            ck.final_.1.eval(&[
+                ("N", splits as i64),
+                ("CQ", s.nqc as i64),
+                ("QN", rows as i64),
+                ("DN", dn),
+            ]) + launch_cycles(parts.len() as u64),
+        );
+        fin.tiles.insert(
+            tile,
+            parts
+                .iter()
+                .enumerate()
+                .map(|(w, &(d0, d1))| Vertex {
+                    kernel: ck.final_.0.clone(),
+                    state: vec![
+                        StateWord::Addr {
+                            buffer: t.ot,
+                            offset: 0,
+                        },
+                        StateWord::Const(s.pv.2.rs_d()),
+                        StateWord::Const(s.ot_slot()),
+                        StateWord::Const(splits),
+                        StateWord::Addr {
+                            buffer: t.m,
+                            offset: 0,
+                        },
+                        StateWord::Const(d),
+                        StateWord::Const(s.nqc),
+                        StateWord::Const(rows),
+                        StateWord::Const(d0),
+                        StateWord::Const(d1 - d0),
+                        StateWord::Addr {
+                            buffer: t.out,
+                            offset: 0,
+                        },
+                        StateWord::Const(s.rs_out()),
+                        StateWord::Addr {
+                            buffer: t.fin_scratch,
+                            offset: w as u32 * s.final_scratch(),
+                        },
+                    ],
+                })
+                .collect(),
+        );
+        for r in 0..rows {
+            y.placements.push(HostPlacement {
+                tile,
+                buffer: t.out,
+                buffer_offset: r * s.rs_out(),
+                host_offset: ((q0 + r) as u64 * hd + (at.h * d) as u64) * 2,
+                bytes: d * 2,
+            });
+        }
+    }
+    steps.push(fin);
+    y.placements.sort();
+    l.calls[1].steps.extend(steps);
+    l.io[1].1.push(y);
+    l.io[1]
+        .1
+        .sort_by_key(|t| graph.lookup(&t.name).map(|id| id.0));
+    Ok(())
+}
