@@ -24,7 +24,7 @@ pub struct CompileArgs {
     #[arg(long)]
     report: Option<PathBuf>,
     /// Planner options as KEY=VALUE: beam_width, finalists, max_candidates,
-    /// accumulation (auto, f16, f32).
+    /// accumulation (auto, f16, f32), attention_layout (auto, rows, columns).
     #[arg(long = "option", value_name = "KEY=VALUE")]
     options: Vec<String>,
 }
@@ -42,6 +42,7 @@ pub fn run(args: CompileArgs) -> Result<(), String> {
     apply_options(
         &mut options.search,
         &mut options.accumulation,
+        &mut options.attention_layout,
         &args.options,
     )?;
     let output = ipu_compiler::compile(&options).map_err(|e| e.to_string())?;
@@ -62,6 +63,7 @@ pub fn run(args: CompileArgs) -> Result<(), String> {
 fn apply_options(
     search: &mut SearchBudget,
     accumulation: &mut Accumulation,
+    attention_layout: &mut Option<ipu_compiler::attention::AttentionLayout>,
     options: &[String],
 ) -> Result<(), String> {
     for option in options {
@@ -85,9 +87,18 @@ fn apply_options(
                     _ => return Err(format!("--option accumulation={value}: expected auto, f16 or f32")),
                 }
             }
+            "attention_layout" => {
+                use ipu_compiler::attention::AttentionLayout;
+                *attention_layout = match value {
+                    "auto" => None,
+                    "rows" => Some(AttentionLayout::Rows),
+                    "columns" => Some(AttentionLayout::Columns),
+                    _ => return Err(format!("--option attention_layout={value}: expected auto, rows or columns")),
+                }
+            }
             _ => {
                 return Err(format!(
-                    "unknown --option {key:?}: known options are beam_width, finalists, max_candidates, accumulation"
+                    "unknown --option {key:?}: known options are beam_width, finalists, max_candidates, accumulation, attention_layout"
                 ))
             }
         }

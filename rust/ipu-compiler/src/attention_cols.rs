@@ -206,8 +206,9 @@ impl Shapes {
     fn ot_slot(&self) -> u32 {
         (self.d + 1) * self.pv.2.rs_d()
     }
+    /// One split's m: an f32 per query column.
     fn m_slot(&self) -> u32 {
-        16 * self.nqc
+        4 * 16 * self.nqc
     }
     fn rs_out(&self) -> u32 {
         (2 * self.d).div_ceil(8) * 8
@@ -216,7 +217,7 @@ impl Shapes {
         8 * self.quads() + 16
     }
     fn final_scratch(&self) -> u32 {
-        32 * self.nqc + 16
+        8 * self.quads() + 16
     }
     fn region1(&self) -> Option<u64> {
         crate::storage::region1_footprint(&[
@@ -397,7 +398,7 @@ fn step_cycles(
     let dn = s.final_parts().iter().map(|p| p.1 - p.0).max().unwrap_or(2) as i64;
     let final_c = ck.final_.1.eval(&[
         ("N", splits as i64),
-        ("CQ", s.nqc as i64),
+        ("CQ", s.quads() as i64),
         ("QN", rows as i64),
         ("DN", dn),
     ]) + launch_cycles(s.final_parts().len() as u64);
@@ -1189,7 +1190,7 @@ pub fn lower(
         fin.estimated_cycles = fin.estimated_cycles.max(
             ck.final_.1.eval(&[
                 ("N", splits as i64),
-                ("CQ", s.nqc as i64),
+                ("CQ", s.quads() as i64),
                 ("QN", rows as i64),
                 ("DN", dn),
             ]) + launch_cycles(parts.len() as u64),
@@ -1214,7 +1215,7 @@ pub fn lower(
                             offset: 0,
                         },
                         StateWord::Const(d),
-                        StateWord::Const(s.nqc),
+                        StateWord::Const(s.quads()),
                         StateWord::Const(rows),
                         StateWord::Const(d0),
                         StateWord::Const(d1 - d0),
