@@ -59,7 +59,10 @@ use std::collections::BTreeMap;
 /// The kernels of the column layout with their cost formulas.
 #[derive(Clone)]
 pub struct ColumnKernels {
-    /// `gemm_f16` ACC=16: S^T and O^T.
+    /// `gemm_f16` ACC=32: S^T in f32 (an f16 score would round by 2^-11
+    /// of |s * scale|, an absolute error of the exponent near the maximum).
+    pub scores: (KernelRequest, FormulaCost),
+    /// `gemm_f16` ACC=16: O^T in bounded f16 chains.
     pub gemm: (KernelRequest, FormulaCost),
     /// `reduce_f32` IN=16 OUT=32: O^T's K-group partials summed in f32.
     pub reduce: (KernelRequest, FormulaCost),
@@ -71,28 +74,30 @@ pub struct ColumnKernels {
 
 /// Requests for the column layout's own kernels (in [`ColumnKernels`]
 /// order); `fill64` and `transpose_f16` come from the row layout's set.
-pub fn kernel_requests() -> [KernelRequest; 6] {
+pub fn kernel_requests() -> [KernelRequest; 7] {
     let req = |entry: &str, source: &str, params: &[(&str, i64)]| KernelRequest {
         entry: entry.into(),
         source: source.into(),
         params: params.iter().map(|(k, v)| (k.to_string(), *v)).collect(),
     };
     [
+        req("gemm_f16", "gemm_f16.S", &[("ACC", 32)]),
         req("gemm_f16", "gemm_f16.S", &[("ACC", 16)]),
         req(
             "reduce_f32",
             "reduce_f32.S",
             &[("EPI", 0), ("IN", 16), ("OUT", 32)],
         ),
-        req("colmax_f16", "colmax_f16.S", &[]),
-        req("softmax_cols", "softmax_cols.S", &[]),
+        req("colmax_f16", "colmax_f16.S", &[("IN", 32)]),
+        req("softmax_cols", "softmax_cols.S", &[("IN", 32)]),
         req("attention_cols_final", "attention_cols_final.S", &[]),
         req("fill_rows", "fill_rows.S", &[]),
     ]
 }
 
 /// The variables each formula reads, in [`kernel_requests`] order.
-pub const FORMULA_VARS: [&[&str]; 6] = [
+pub const FORMULA_VARS: [&[&str]; 7] = [
+    &["M", "NCB", "NKB"],
     &["M", "NCB", "NKB"],
     &["ROWS", "QUADS", "P"],
     &["ROWS", "QUADS"],
@@ -100,6 +105,13 @@ pub const FORMULA_VARS: [&[&str]; 6] = [
     &["N", "CQ", "QN", "DN"],
     &["ROWS", "ITEMS"],
 ];
+
+/// The longest f16 chain of O^T, in key blocks: shorter than the GEMMs'
+/// `F16_CHAIN_MAX_BLOCKS` because l (the ones row) and O^T sum
+/// probabilities whose partial sums grow with every key, and a third of
+/// the chain length costs no more cycles here (three K groups of two row
+/// groups fill the six workers as well as two of three).
+pub const PV_CHAIN_MAX_BLOCKS: u32 = 8;
 
 /// Whether `block` can take the column layout.
 pub fn applies(block: &AttentionBlock) -> bool {
@@ -135,8 +147,8 @@ impl Shapes {
             m: n,
             k: dp,
             n: 16 * nqc,
-            acc32: false,
-            f16_result: true,
+            acc32: true,
+            f16_result: false,
             row_align: 1,
             fp8_scale: None,
             reduce_f16: false,
@@ -157,7 +169,7 @@ impl Shapes {
             row_align: 1,
             fp8_scale: None,
             reduce_f16: true,
-            max_chain_blocks: crate::F16_CHAIN_MAX_BLOCKS,
+            max_chain_blocks: PV_CHAIN_MAX_BLOCKS,
         };
         let mut costs = GemmCosts {
             gemm: ck.gemm.1.clone(),
@@ -214,7 +226,11 @@ impl Shapes {
         (2 * self.d).div_ceil(8) * 8
     }
     fn softmax_scratch(&self) -> u32 {
-        8 * self.quads() + 16
+        16 * self.quads() + 16
+    }
+    /// One colmax vertex's f32 maxima.
+    fn maxes_row(&self) -> u32 {
+        16 * self.quads()
     }
     fn final_scratch(&self) -> u32 {
         8 * self.quads() + 16
@@ -233,7 +249,7 @@ impl Shapes {
         let w = ipu_arch::WORKER_CONTEXTS;
         (splits * (self.ot_slot() + self.m_slot())
             + rows * self.rs_out()
-            + w * (8 * self.quads() + self.softmax_scratch() + self.final_scratch())) as u64
+            + w * (self.maxes_row() + self.softmax_scratch() + self.final_scratch())) as u64
     }
     /// The d range of each final vertex: even, near-equal.
     fn final_parts(&self) -> Vec<(u32, u32)> {
@@ -976,7 +992,11 @@ pub fn lower(
             };
             let c_off = lay.c_row(j, gi, lr0) + cg0 * 16 * g.out_bytes();
             Vertex {
-                kernel: ck.gemm.0.clone(),
+                kernel: if g.acc32 {
+                    ck.scores.0.clone()
+                } else {
+                    ck.gemm.0.clone()
+                },
                 state: vec![
                     StateWord::Addr {
                         buffer: a,
@@ -1046,7 +1066,7 @@ pub fn lower(
                         StateWord::Const(quads),
                         StateWord::Addr {
                             buffer: t.maxes,
-                            offset: gi as u32 * 8 * quads,
+                            offset: gi as u32 * s.maxes_row(),
                         },
                     ],
                 })

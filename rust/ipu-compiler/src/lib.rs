@@ -456,8 +456,9 @@ fn plan_and_lower(
                 }
                 (c.len() == attention_cols::FORMULA_VARS.len()).then(|| {
                     let mut it = c.into_iter();
-                    let mut next = || it.next().expect("six kernels");
+                    let mut next = || it.next().expect("seven kernels");
                     attention_cols::ColumnKernels {
+                        scores: next(),
                         gemm: next(),
                         reduce: next(),
                         colmax: next(),
@@ -512,8 +513,20 @@ fn plan_and_lower(
             // The column layout with f16 scores misses the tolerance on
             // SigLIP (8 of 839,808); until its f32-score kernels land it
             // is used only when asked for.
-            let layout = options.attention_layout.unwrap_or(attention::AttentionLayout::Rows);
+            let layout = options
+                .attention_layout
+                .unwrap_or(attention::AttentionLayout::Rows);
             attention_candidates.retain(|c| c.layout == layout);
+            if layout == attention::AttentionLayout::Columns && k.columns.is_none() {
+                return Err(CompileError::NoFeasiblePlan {
+                    value: graph.value(b.attention).name.clone(),
+                    reason: if attention_cols::applies(b) {
+                        "the column attention layout needs the kernels colmax_f16 IN=32, softmax_cols IN=32, attention_cols_final and fill_rows, which the kernel library lacks".into()
+                    } else {
+                        "the column attention layout takes non-causal attention with a head size that is a multiple of 4".into()
+                    },
+                });
+            }
             let Some(_) = attention_candidates.first() else {
                 let reason = if b.heads > options.tiles {
                     format!(
