@@ -643,6 +643,83 @@ fn row_vertices(
         .collect()
 }
 
+/// Transposes a projection's result shard on its tile (`transpose_f16`,
+/// one vertex per range of columns) into a new buffer `buffer_name` whose
+/// rows (the shard's columns) are padded with zeros to 8 bytes, so that the
+/// exchange moves runs of the shard's rows in 4-byte words. `what` names
+/// the projection in the error for a shard starting on an odd row. Returns
+/// the buffer, its row stride, the vertices and their estimated cycles.
+pub(crate) fn transpose_shard(
+    l: &mut Lowered,
+    tile: u32,
+    r: &crate::lower::GroupResult,
+    buffer_name: &str,
+    what: &str,
+    transpose: &mut (KernelRequest, FormulaCost),
+) -> Result<(usize, u32, Vec<Vertex>, u64), CompileError> {
+    let (r0, r1) = r.rows;
+    let mt = r1 - r0;
+    if r0 % 2 != 0 {
+        return Err(CompileError::Verifier {
+            phase: "lower",
+            message: format!("{what} projection rows on tile {tile} start at odd row {r0}"),
+        });
+    }
+    let rs = round_up(mt * 2, 8);
+    let bufs = l.buffers.get_mut(&tile).expect("projection tiles exist");
+    let zero: Vec<(u32, u32)> = (0..r.width)
+        .map(|c| (c * rs + mt * 2, (c + 1) * rs))
+        .filter(|z| z.0 < z.1)
+        .collect();
+    bufs.push(BufferSpec {
+        name: buffer_name.to_string(),
+        bytes: r.width * rs,
+        align: 8,
+        region: RegionReq::Any,
+        exclusive_element: false,
+        zero,
+        category: "attention_operand".into(),
+        scratch: None,
+        lifetime: None,
+    });
+    let tb = bufs.len() - 1;
+    let parts = ranges(r.width, r.width.min(ipu_arch::WORKER_CONTEXTS));
+    let mut slowest = 0;
+    let vertices = parts
+        .iter()
+        .map(|&(c0, c1)| {
+            slowest = slowest.max(
+                transpose
+                    .1
+                    .eval(&[("ROWS", mt as i64), ("COLS", (c1 - c0) as i64)]),
+            );
+            Vertex {
+                kernel: transpose.0.clone(),
+                state: vec![
+                    StateWord::Addr {
+                        buffer: r.buffer,
+                        offset: c0 * 2,
+                    },
+                    StateWord::Const(r.row_stride),
+                    StateWord::Addr {
+                        buffer: tb,
+                        offset: c0 * rs,
+                    },
+                    StateWord::Const(rs),
+                    StateWord::Const(mt),
+                    StateWord::Const(c1 - c0),
+                ],
+            }
+        })
+        .collect();
+    Ok((
+        tb,
+        rs,
+        vertices,
+        slowest + launch_cycles(parts.len() as u64),
+    ))
+}
+
 /// One range to fill: (buffer, offset, bytes, lo, hi).
 pub type FillJob = (usize, u32, u32, u32, u32);
 
@@ -726,8 +803,12 @@ pub fn lower(
     exchange_label: u32,
 ) -> Result<(), CompileError> {
     if plan.layout == AttentionLayout::Columns {
-        let transpose = kernels.transpose.clone();
-        let AttentionKernels { fill, columns, .. } = kernels;
+        let AttentionKernels {
+            fill,
+            columns,
+            transpose,
+            ..
+        } = kernels;
         let ck = columns.as_mut().ok_or_else(|| CompileError::Verifier {
             phase: "lower",
             message: "a column-layout attention plan without the column kernels".into(),
@@ -736,7 +817,7 @@ pub fn lower(
             graph,
             block,
             plan,
-            &transpose,
+            transpose,
             fill,
             ck,
             l,
@@ -968,64 +1049,16 @@ pub fn lower(
     let mut kt_src: BTreeMap<u32, (usize, u32)> = BTreeMap::new();
     let mut prep_cycles = 0u64;
     for &(tile, r) in &k_results {
-        let (r0, r1) = r.rows;
-        let mt = r1 - r0;
-        if r0 % 2 != 0 {
-            return Err(CompileError::Verifier {
-                phase: "lower",
-                message: format!("K projection rows on tile {tile} start at odd row {r0}"),
-            });
-        }
-        let rs = round_up(mt * 2, 8);
-        let bufs = l.buffers.get_mut(&tile).expect("projection tiles exist");
-        let zero: Vec<(u32, u32)> = (0..r.width)
-            .map(|c| (c * rs + mt * 2, (c + 1) * rs))
-            .filter(|z| z.0 < z.1)
-            .collect();
-        bufs.push(BufferSpec {
-            name: format!("{name}.k_transposed"),
-            bytes: r.width * rs,
-            align: 8,
-            region: RegionReq::Any,
-            exclusive_element: false,
-            zero,
-            category: "attention_operand".into(),
-            scratch: None,
-            lifetime: None,
-        });
-        let ktb = bufs.len() - 1;
+        let (ktb, rs, vertices, cycles) = transpose_shard(
+            l,
+            tile,
+            &r,
+            &format!("{name}.k_transposed"),
+            "K",
+            &mut kernels.transpose,
+        )?;
         kt_src.insert(tile, (ktb, rs));
-        let parts = ranges(r.width, r.width.min(6));
-        let mut slowest = 0;
-        let vertices = parts
-            .iter()
-            .map(|&(c0, c1)| {
-                slowest = slowest.max(
-                    kernels
-                        .transpose
-                        .1
-                        .eval(&[("ROWS", mt as i64), ("COLS", (c1 - c0) as i64)]),
-                );
-                Vertex {
-                    kernel: kernels.transpose.0.clone(),
-                    state: vec![
-                        StateWord::Addr {
-                            buffer: r.buffer,
-                            offset: c0 * 2,
-                        },
-                        StateWord::Const(r.row_stride),
-                        StateWord::Addr {
-                            buffer: ktb,
-                            offset: c0 * rs,
-                        },
-                        StateWord::Const(rs),
-                        StateWord::Const(mt),
-                        StateWord::Const(c1 - c0),
-                    ],
-                }
-            })
-            .collect();
-        prep_cycles = prep_cycles.max(slowest + launch_cycles(parts.len() as u64));
+        prep_cycles = prep_cycles.max(cycles);
         prep.tiles.insert(tile, vertices);
     }
     prep.estimated_cycles = prep_cycles;

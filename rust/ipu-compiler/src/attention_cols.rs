@@ -524,7 +524,7 @@ pub fn lower(
     graph: &Graph,
     block: &AttentionBlock,
     plan: &AttentionPlan,
-    transpose: &(KernelRequest, FormulaCost),
+    transpose: &mut (KernelRequest, FormulaCost),
     fill: &mut (KernelRequest, FormulaCost),
     ck: &mut ColumnKernels,
     l: &mut Lowered,
@@ -705,64 +705,17 @@ pub fn lower(
         .map(|(&(g, t), &r)| (g, t, r))
         .collect();
     for (g, tile, r) in sources {
-        let (r0, r1) = r.rows;
-        let mt = r1 - r0;
-        if r0 % 2 != 0 {
-            return Err(bad(format!(
-                "{} projection rows on tile {tile} start at odd row {r0}",
-                if g == b.q { "Q" } else { "V" }
-            )));
-        }
-        let rs = (mt * 2).div_ceil(8) * 8;
-        let bufs = l.buffers.get_mut(&tile).expect("projection tiles exist");
-        let zero: Vec<(u32, u32)> = (0..r.width)
-            .map(|c| (c * rs + mt * 2, (c + 1) * rs))
-            .filter(|z| z.0 < z.1)
-            .collect();
-        bufs.push(BufferSpec {
-            name: format!("{name}.{}_transposed", if g == b.q { "q" } else { "v" }),
-            bytes: r.width * rs,
-            align: 8,
-            region: RegionReq::Any,
-            exclusive_element: false,
-            zero,
-            category: "attention_operand".into(),
-            scratch: None,
-            lifetime: None,
-        });
-        let tb = bufs.len() - 1;
+        let what = if g == b.q { "q" } else { "v" };
+        let (tb, rs, vertices, cycles) = crate::attention::transpose_shard(
+            l,
+            tile,
+            &r,
+            &format!("{name}.{what}_transposed"),
+            if g == b.q { "Q" } else { "V" },
+            transpose,
+        )?;
         transposed.insert((g, tile), (tb, rs));
-        let parts = ranges(r.width, r.width.min(ipu_arch::WORKER_CONTEXTS));
-        let mut slowest = 0;
-        let vertices: Vec<Vertex> = parts
-            .iter()
-            .map(|&(c0, c1)| {
-                slowest = slowest.max(
-                    transpose
-                        .1
-                        .clone()
-                        .eval(&[("ROWS", mt as i64), ("COLS", (c1 - c0) as i64)]),
-                );
-                Vertex {
-                    kernel: transpose.0.clone(),
-                    state: vec![
-                        StateWord::Addr {
-                            buffer: r.buffer,
-                            offset: c0 * 2,
-                        },
-                        StateWord::Const(r.row_stride),
-                        StateWord::Addr {
-                            buffer: tb,
-                            offset: c0 * rs,
-                        },
-                        StateWord::Const(rs),
-                        StateWord::Const(mt),
-                        StateWord::Const(c1 - c0),
-                    ],
-                }
-            })
-            .collect();
-        prep_cycles = prep_cycles.max(slowest + launch_cycles(parts.len() as u64));
+        prep_cycles = prep_cycles.max(cycles);
         prep.tiles.insert(tile, vertices);
     }
     prep.estimated_cycles = prep_cycles;
