@@ -625,9 +625,14 @@ fn plan_and_lower(
                     reason: "an fp8 GEMM accumulates in f16 on the AMP; an f32 result of it is not lowered yet".into(),
                 });
             }
-            // How this GEMM accumulates (see [`Accumulation`]).
+            // How this GEMM accumulates (see [`Accumulation`]). A segment
+            // of a segmented model keeps f32 under Auto: the chains' faster
+            // plans fill region 1, and the join then finds no room for the
+            // values and exchange tables that outlive the segment
+            // (docs/compiler.md, "Precision").
             let chains_possible = fp8_scale.is_none()
                 && !f32_result
+                && tile_count_override.is_none()
                 && k.div_ceil(16) <= ipu_arch::WORKER_CONTEXTS * F16_CHAIN_MAX_BLOCKS;
             let mode = match options.accumulation {
                 Accumulation::F16 => AccumulationMode::F16,
