@@ -63,6 +63,8 @@ struct Measured {
     /// (all outputs within the documented tolerance, mismatches, checks,
     /// largest error, smallest cosine)
     verification: (bool, u64, u64, f64, f64),
+    /// The chosen attention plan, when the model has attention.
+    attention: Option<String>,
 }
 
 /// Compiles with `opts` (twice: the first fills the kernel cache, the
@@ -133,6 +135,17 @@ fn measure(opts: &CompileOptions) -> Result<Measured, String> {
         instructions,
         bundles,
         verification,
+        attention: out.report.get("attention").map(|a| {
+            let a = &a["chosen"];
+            format!(
+                "{} layout, {} query blocks of up to {} rows, {} key splits, {} tiles",
+                a["layout"].as_str().unwrap_or("?"),
+                a["query_blocks"],
+                a["rows"],
+                a["key_splits"].as_array().map_or(0, |s| s.len()),
+                a["tiles"]
+            )
+        }),
     })
 }
 
@@ -162,6 +175,9 @@ fn siglip(tiles: u32) -> Result<(), String> {
     let cache = tempfile::tempdir().map_err(|e| e.to_string())?;
     let m = measure(&options("siglip_attention.ipug", tiles, cache.path()))?;
     println!("SigLIP attention (729 x 1152, Q/K/V 1152 x 1152, 16 heads of 72), {} tiles used of {tiles}", m.tile_count);
+    if let Some(a) = &m.attention {
+        println!("  attention plan:      {a}");
+    }
     println!("  compile time:        {:.2} s on this machine (goal < 5 s; existing stack {ANCHOR_BUILD_SECONDS} s on 16 threads)", m.compile_s);
     println!(
         "  simulated cycles:    {} (compute bound {} on {} tiles, ratio {:.2}; goal < 2.0; existing stack {ANCHOR_SIGLIP_CYCLES}, ratio 4.5 of 43,800)",
