@@ -27,13 +27,39 @@
 # (`ld64` with the row stride as a register increment) and keeps the running
 # maximum of the quad in registers: one bundle per quad per row, the load of
 # row r+1 paired with the maximum of row r.
+#
+# IN=32 (`-D IN=32`; the default IN=16 is everything above): IN is f32
+# [ROWS, 4*QUADS] (8-aligned, any region, RS_IN a multiple of 8) and OUT is
+# f32 [4*QUADS] (8-aligned, not overlapping IN): the scores of the S^T GEMM
+# accumulated in f32 (gemm_f16 ACC=32), whose f16 rounding would move the
+# exponent argument near the column maximum by 2^-11 |s * scale|. The same
+# state words; per column, with `f32v2max` (a NaN operand gives the
+# canonical NaN 0x7FC00000; of two equal values, +0 and -0 included, the
+# FIRST operand is kept):
+#     acc = -inf;  for r in 0..ROWS: acc = max(acc, IN[r][c]);  OUT[c] = acc.
+# A quad is 16 bytes, two `ld64` per row (lanes 0-1 and 2-3, two walkers
+# down the column): two bundles per quad per row, the 8 B per issue slot
+# of `ld64`. Row 0 is loaded before the loop, so nothing outside IN's rows
+# is read.
 
         .kernel colmax_f16
+        .param IN, 16
         .workers 6
+        .if IN != 16 && IN != 32
+        .error "IN must be 16 (f16 input and maxima) or 32 (f32 input and maxima)"
+        .endif
+        .if IN == 32
+        # Exact bundle count (launch not included): 11 bundles of entry and
+        # one `exit`; per quad 8 around the hardware loop (pointer, the two
+        # loads of row 0, rpt, the last two maxima, two st64, brnzdec) and
+        # 2 per further row.
+        .cycles "6 * (12 + QUADS * (6 + 2 * ROWS))"
+        .else
         # Exact bundle count (launch not included): 7 bundles of entry and
         # one `exit`; per quad 6 around the hardware loop (mov, add, rpt,
         # the last maximum, st64, brnzdec) and one per row.
         .cycles "6 * (8 + QUADS * (6 + ROWS))"
+        .endif
 
         .equ ST_IN, 0
         .equ ST_RS_IN, 4
@@ -49,6 +75,37 @@
         .globl colmax_f16
         .entry colmax_f16
 colmax_f16:
+        .if IN == 32
+# IN=32 registers: $m7 the walk down lanes 0-1 of the quad's columns, $m8
+# lanes 2-3 (= $m7 + 8), $m3 RS_IN, $m4 ROWS - 1, $m5 quads left - 1, $m6
+# output walk, $m9 16 - ROWS * RS_IN (from the end of one quad's walk to
+# the start of the next). $a0:1 and $a2:3 the loaded row, $a4:5 and $a6:7
+# the running maxima, $a14:15 the pair (-inf) x 2.
+        sethi $a14, 0xFF800
+        ld32 $m7, [$m0 + ST_IN]
+        ld32 $m3, [$m0 + ST_RS_IN]
+        ld32 $m4, [$m0 + ST_ROWS]
+        ld32 $m5, [$m0 + ST_QUADS]
+        { ld32 $m6, [$m0 + ST_OUT] ; f32v2bcast $a14:15, $a14 }
+        mul $m9, $m4, $m3
+        setzi $m2, 16
+        sub $m9, $m2, $m9
+        add $m4, $m4, -1
+        add $m5, $m5, -1
+quad32:
+        # Row 0 is loaded here; the loop loads row r+1 while folding row r.
+        { add $m8, $m7, 8 ; mov64 $a4:5, $a14:15 }
+        { ld64 $a0:1, [$m7]+=$m3 ; mov64 $a6:7, $a14:15 }
+        ld64 $a2:3, [$m8]+=$m3
+        rpt $m4, 2
+        { ld64 $a0:1, [$m7]+=$m3 ; f32v2max $a4:5, $a4:5, $a0:1 }
+        { ld64 $a2:3, [$m8]+=$m3 ; f32v2max $a6:7, $a6:7, $a2:3 }
+        { add $m7, $m7, $m9 ; f32v2max $a4:5, $a4:5, $a0:1 }
+        { st64 $a4:5, [$m6]+=8 ; f32v2max $a6:7, $a6:7, $a2:3 }
+        st64 $a6:7, [$m6]+=8
+        brnzdec $m5, quad32
+        exit
+        .else
         setzi $a14, 0xFC00
         ld32 $m2, [$m0 + ST_IN]
         ld32 $m3, [$m0 + ST_RS_IN]
@@ -67,3 +124,4 @@ quad:
         st64 $a2:3, [$m6]+=8
         brnzdec $m5, quad
         exit
+        .endif

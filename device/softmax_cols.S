@@ -63,9 +63,64 @@
 #     instruction's load and store must hit different elements.
 #   Slow path (otherwise): { ld64 x ; mac }, { ld64 (-m) ; exp }, { st64 p }:
 #     4 issue slots per row.
+#
+# IN=32 (`-D IN=32`; the default IN=16 is everything above): f32 scores,
+# from the S^T GEMM accumulated in f32 (gemm_f16 ACC=32). An f16 score s
+# rounds by up to 2^-11 |s * scale|, an absolute error of the exponent's
+# argument near the column maximum, where p is about 1: up to ~0.5% in p.
+# Here the scores stay f32 until the argument is formed; only t, already
+# small near the maximum, is rounded to f16 (its error u |t| moves p by at
+# most u/e in absolute terms). State words as above, except:
+#    0 IN      f32 [ROWS, 4*QUADS] (8-aligned, any region), RS_IN a
+#              multiple of 8
+#    8 OUT     f16 [ROWS, 4*QUADS] as above (the next GEMM's B operand);
+#              may equal IN with RS_OUT = RS_IN (a quad's f16 output lands
+#              on input bytes of the same or an earlier quad, already read)
+#   24 MAXES   W rows of 4*QUADS f32, 16*QUADS bytes apart (8-aligned): the
+#              OUT rows of W colmax_f16 IN=32 vertices
+#   40 SCRATCH this vertex's own 8*QUADS+16 bytes (8-aligned); the first 24
+#              are used: the quad (-m) as f32 (16 bytes), then a sink for
+#              the m stores when MOUT = 0
+# Semantics, bit for bit (f32 results IEEE, nearest even; f16 results
+# rounded once, nearest even, from the exact value):
+#     mx[c] = left fold of max over MAXES[0..W][c]     f32v2max, from -inf
+#             (a NaN gives 0x7FC00000; of equal values, +0 and -0
+#             included, the running maximum, i.e. the earlier one, is kept)
+#     m[c]  = f32(mx[c] * SCALE)  (SCALE as given)    f32v2mul
+#     n[c]  = -m[c]  (sign bit flipped)               f32v2neg
+#     a     = f32(n[c] + IN[r][c] * SCALE)  (fused, one rounding)
+#                                                     f32v2mac onto n
+#     t     = f16(a)                                  f32v2tof16
+#     OUT[r][c] = f16(exp(t))  (exp in f64, one rounding)  f16v4exp
+#     MOUT[c]   = m[c]  (f32)
+# with the preconditions of IN=16: SCALE > 0 and m finite.
+#   Cost: per row and quad the arithmetic is 2 f32v2mac, 2 f32v2tof16 and
+#   the 2-slot f16v4exp, 6 issue slots; the main slot's 5 operations (x as
+#   two ld64, the (-m) reload as two ld64 since f32v2mac overwrites its
+#   accumulator, the st64 of p) fit in the same 5 bundles, so there is no
+#   fast path to choose and no placement check: `ld64st64` would save main
+#   slots that are not the bound. The row loop is software-pipelined (the
+#   exp and store of row r-1 beside the loads and macs of row r), with row
+#   0 before it and row ROWS-1's exp and store after it: nothing outside
+#   IN's and OUT's rows is accessed. m is stored unconditionally (to MOUT,
+#   or with a zero increment to SCRATCH + 16 when MOUT = 0), cheaper than
+#   a branch per quad. ROWS = 0 with MOUT = 0 writes nothing.
 
         .kernel softmax_cols
+        .param IN, 16
         .workers 6
+        .if IN != 16 && IN != 32
+        .error "IN must be 16 (f16 scores and maxima) or 32 (f32 scores and maxima)"
+        .endif
+        .if IN == 32
+        # Exact bundle count (launch not included) with MOUT = 0 and ROWS
+        # >= 1: 24 bundles of entry and one `exit` (MOUT != 0: 21 and
+        # `exit`); per quad 12 + 2 W around the rows (the head: the fold
+        # of the W maxima in 2 bundles each, m, (-m), the stores of m and
+        # (-m), row 0 and the pipeline's drain) and 6 issue slots per row.
+        # 0 rows: 6 * (21 + QUADS * (9 + 2 * W)) with MOUT, 6 * 21 without.
+        .cycles "6 * (25 + QUADS * (12 + 2 * W + 6 * ROWS))"
+        .else
         # The fast path's bundle count with MOUT = 0 (launch not included):
         # 45 bundles of entry, placement checks and `exit` (43 when SCRATCH
         # lies below OUT); per quad 12 + W around the rows (the head: fold
@@ -74,6 +129,7 @@
         # slow path takes at most 6 * (45 + QUADS * (10 + W + 4 * ROWS)),
         # 0 rows 6 * (16 + QUADS * (9 + W)).
         .cycles "6 * (45 + QUADS * (12 + W + 3 * ROWS))"
+        .endif
 
         .equ ST_IN, 0
         .equ ST_RS_IN, 4
@@ -141,6 +197,94 @@ head_done\@:
         .endm
 
 softmax_cols:
+        .if IN == 32
+# IN=32 registers after the entry: $m0 walk over the W maxima of a quad, $m1
+# ROWS - 1, $m2 the MOUT increment (8, or 0 for the sink), $m3 output quad
+# (OUT + 8 q), $m4 RS_IN, $m5 RS_OUT, $m6 quads left - 1, $m7 MAXES + 16 q,
+# $m8 16 * QUADS, $m9 W, $m10 MOUT walk (or SCRATCH + 16), $m11 input walk
+# (across quads), $m12 SCRATCH, $m13 output walk, $m14 16 - ROWS * RS_IN
+# (from the end of one quad's walk to the next quad). $a0:1 and $a2:3 x
+# (lanes 0-1, 2-3) and the maxima being folded, $a4:5 and $a6:7 (-m) and
+# then the f32 argument, $a8:9 the running maxima and m (lanes 0-1), then
+# t (f16 x 4), $a10:11 the maxima and m (lanes 2-3), then p, $a12:13 the
+# pair SCALE x 2, $a14:15 the pair (-inf) x 2.
+        sethi $a14, 0xFF800
+        ld32 $m11, [$m0 + ST_IN]
+        ld32 $m4, [$m0 + ST_RS_IN]
+        ld32 $m3, [$m0 + ST_OUT]
+        ld32 $m5, [$m0 + ST_RS_OUT]
+        ld32 $m1, [$m0 + ST_ROWS]
+        ld32 $m6, [$m0 + ST_QUADS]
+        ld32 $m7, [$m0 + ST_MAXES]
+        ld32 $m9, [$m0 + ST_W]
+        { ld32 $a12, [$m0 + ST_SCALE] ; f32v2bcast $a14:15, $a14 }
+        ld32 $m10, [$m0 + ST_MOUT]
+        { ld32 $m12, [$m0 + ST_SCRATCH] ; f32v2bcast $a12:13, $a12 }
+        shl $m8, $m6, 4
+        add $m6, $m6, -1
+        mul $m14, $m1, $m4
+        setzi $m2, 16
+        sub $m14, $m2, $m14
+        setzi $m2, 8
+        brnz $m10, mout_given32
+        # MOUT = 0: nothing at all to do without rows; else m goes to the
+        # sink at SCRATCH + 16, without increment.
+        brz $m1, done32
+        add $m10, $m12, 16
+        setzi $m2, 0
+mout_given32:
+        brz $m1, quad32_rows0
+        add $m1, $m1, -1
+quad32:
+        # The head: fold the W maxima (lanes 0-1 lag one row behind lanes
+        # 2-3 in the pipeline, so $a0:1 starts at -inf), m, -m.
+        { mov $m0, $m7 ; mov64 $a8:9, $a14:15 }
+        { add $m7, $m7, 16 ; mov64 $a10:11, $a14:15 }
+        { mov $m13, $m3 ; mov64 $a0:1, $a14:15 }
+        rpt $m9, 2
+        { ld64 $a2:3, [$m0+8] ; f32v2max $a8:9, $a8:9, $a0:1 }
+        { ld64 $a0:1, [$m0]+=$m8 ; f32v2max $a10:11, $a10:11, $a2:3 }
+        # Row 0 interleaved with m and (-m): x loads, m to MOUT, (-m) to
+        # SCRATCH (each stored before its mac overwrites it), the macs and
+        # conversions, and the (-m) reloads for row 1.
+        { ld64 $a2:3, [$m11+8] ; f32v2max $a8:9, $a8:9, $a0:1 }
+        { ld64 $a0:1, [$m11]+=$m4 ; f32v2mul $a8:9, $a8:9, $a12:13 }
+        { add $m3, $m3, 8 ; f32v2mul $a10:11, $a10:11, $a12:13 }
+        { st64 $a8:9, [$m10]+=$m2 ; f32v2neg $a4:5, $a8:9 }
+        { st64 $a4:5, [$m12+0] ; f32v2neg $a6:7, $a10:11 }
+        { st64 $a6:7, [$m12+8] ; f32v2mac $a4:5, $a0:1, $a12:13 }
+        { st64 $a10:11, [$m10]+=$m2 ; f32v2mac $a6:7, $a2:3, $a12:13 }
+        { ld64 $a4:5, [$m12+0] ; f32v2tof16 $a8, $a4:5 }
+        { ld64 $a6:7, [$m12+8] ; f32v2tof16 $a9, $a6:7 }
+        # Rows 1..ROWS-1, 6 issue slots each: row r's loads, macs and
+        # conversions beside row r-1's exp and store.
+        rpt $m1, 5
+        { ld64 $a2:3, [$m11+8] ; f16v4exp $a10:11, $a8:9 }
+        { ld64 $a0:1, [$m11]+=$m4 ; f32v2mac $a6:7, $a2:3, $a12:13 }
+        { st64 $a10:11, [$m13]+=$m5 ; f32v2mac $a4:5, $a0:1, $a12:13 }
+        { ld64 $a4:5, [$m12+0] ; f32v2tof16 $a8, $a4:5 }
+        { ld64 $a6:7, [$m12+8] ; f32v2tof16 $a9, $a6:7 }
+        { add $m11, $m11, $m14 ; f16v4exp $a10:11, $a8:9 }
+        st64 $a10:11, [$m13]+=$m5
+        brnzdec $m6, quad32
+done32:
+        exit
+
+quad32_rows0:
+        # No rows: only m, to MOUT (nonzero here).
+        { mov $m0, $m7 ; mov64 $a8:9, $a14:15 }
+        { add $m7, $m7, 16 ; mov64 $a10:11, $a14:15 }
+        mov64 $a0:1, $a14:15
+        rpt $m9, 2
+        { ld64 $a2:3, [$m0+8] ; f32v2max $a8:9, $a8:9, $a0:1 }
+        { ld64 $a0:1, [$m0]+=$m8 ; f32v2max $a10:11, $a10:11, $a2:3 }
+        f32v2max $a8:9, $a8:9, $a0:1
+        f32v2mul $a8:9, $a8:9, $a12:13
+        { st64 $a8:9, [$m10]+=$m2 ; f32v2mul $a10:11, $a10:11, $a12:13 }
+        st64 $a10:11, [$m10]+=$m2
+        brnzdec $m6, quad32_rows0
+        exit
+        .else
         setzi $a14, 0xFC00
         ld32 $m2, [$m0 + ST_IN]
         ld32 $m4, [$m0 + ST_RS_IN]
@@ -218,3 +362,4 @@ quad_rows0:
         HEAD 0
         brnzdec $m6, quad_rows0
         exit
+        .endif

@@ -13,6 +13,13 @@
 //! f64 value, through `ipu_isa::numerics::f64_to_f16_bits`). The
 //! simulator executes the kernels' machine code; the host only prepares
 //! memory and reads it back.
+//!
+//! Both kernels also run as `-D IN=32` (f32 scores from gemm_f16 ACC=32):
+//! f32 maxima folded with `f32v2max`'s tie rule, `m = f32(mx * SCALE)`,
+//! `t = f16(f32(-m + x * SCALE))` (one fused f32 rounding, then one f16
+//! rounding), `p = f16(exp(t))`, checked bit for bit the same way, plus the
+//! accuracy that motivates them: p within 5e-4 of the exact softmax
+//! numerator where f16 scores are off by about 1%.
 
 mod kernel_common;
 
@@ -29,6 +36,8 @@ const SCRATCH_FAR: u32 = 0xD0000;
 const POISON: u8 = 0xA5;
 const NEG_INF: u16 = 0xFC00;
 const F16_NAN: u16 = 0x7E00;
+const F32_NEG_INF: u32 = 0xFF80_0000;
+const F32_NAN: u32 = 0x7FC0_0000;
 
 fn f16v(bits: u16) -> f64 {
     f16_bits_to_f32(bits) as f64
@@ -78,6 +87,78 @@ fn emulate_p(x: u16, m: u16, s16: u16) -> u16 {
     f64_to_f16_bits(f16v(t).exp())
 }
 
+/// `f32v2max` on one lane: NaN (canonical) if either is NaN, else the
+/// second operand only when it is strictly larger.
+fn max32(a: u32, b: u32) -> u32 {
+    let (x, y) = (f32::from_bits(a), f32::from_bits(b));
+    if x.is_nan() || y.is_nan() {
+        F32_NAN
+    } else if y > x {
+        b
+    } else {
+        a
+    }
+}
+
+/// colmax_f16 IN=32 on rows `rows` of `x`: per column the left fold of
+/// `max32` from -inf.
+fn emulate_colmax32(x: &[u32], cols: usize, rows: std::ops::Range<usize>) -> Vec<u32> {
+    (0..cols)
+        .map(|c| {
+            rows.clone()
+                .fold(F32_NEG_INF, |acc, r| max32(acc, x[r * cols + c]))
+        })
+        .collect()
+}
+
+/// softmax_cols IN=32's m (f32 bits) per column: the fold of the W partial
+/// maxima from -inf, times SCALE with one f32 rounding.
+fn emulate_m32(maxes: &[Vec<u32>], cols: usize, scale: f32) -> Vec<u32> {
+    (0..cols)
+        .map(|c| {
+            let mx = maxes.iter().fold(F32_NEG_INF, |acc, m| max32(acc, m[c]));
+            let m = f32::from_bits(mx) * scale;
+            if m.is_nan() {
+                F32_NAN
+            } else {
+                m.to_bits()
+            }
+        })
+        .collect()
+}
+
+/// softmax_cols IN=32's p for one element: the f32 argument from one fused
+/// multiply-add onto -m, rounded to f16, then exp in f64 rounded once.
+fn emulate_p32(x: u32, m: u32, scale: f32) -> u16 {
+    let a = f32::from_bits(x).mul_add(scale, -f32::from_bits(m));
+    let t = f64_to_f16_bits(a as f64);
+    f64_to_f16_bits(f16v(t).exp())
+}
+
+/// The scores' precision: which specialisation of both kernels runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Input {
+    /// The default objects (IN=16): f16 scores and maxima.
+    F16,
+    /// `-D IN=32`: f32 scores and maxima.
+    F32,
+}
+
+impl Input {
+    fn bytes(self) -> usize {
+        match self {
+            Input::F16 => 2,
+            Input::F32 => 4,
+        }
+    }
+    fn defines(self) -> &'static [(&'static str, i64)] {
+        match self {
+            Input::F16 => &[],
+            Input::F32 => &[("IN", 32)],
+        }
+    }
+}
+
 /// How the inputs are drawn.
 #[derive(Clone, Copy, Debug)]
 enum Values {
@@ -85,8 +166,15 @@ enum Values {
     Uniform(f64),
     /// Magnitudes over many binades, signs mixed, with specials: the
     /// largest finite f16 (both signs), +0, -0, repeated values, and whole
-    /// columns of one value or of mixed zeros.
+    /// columns of one value or of mixed zeros. With f32 scores the
+    /// magnitudes span 2^-40..2^40 and the specials include +-1e30 and
+    /// +-3e38 (a scaled maximum far beyond f16, differences that overflow
+    /// f32 to -inf).
     Wild,
+    /// f32 only: every value within a few f16 ulps below its column's
+    /// base value (itself uniform in (-spread, spread)), so t is small and
+    /// its f32 rounding is what decides the last bits of p.
+    Near(f64),
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -99,6 +187,7 @@ struct Case {
     /// be empty: such a vertex only writes MOUT, if given one).
     workers: usize,
     scale: f32,
+    input: Input,
     values: Values,
     in_place: bool,
     /// SCRATCH in OUT's memory element: the kernel must take its slow path.
@@ -112,6 +201,7 @@ fn draw(rng: &mut Rng, values: Values, cols: usize, rows: usize) -> Vec<u16> {
     let mut x: Vec<u16> = (0..rows * cols)
         .map(|_| match values {
             Values::Uniform(spread) => f64_to_f16_bits(rng.uniform(-spread, spread)),
+            Values::Near(_) => unreachable!("Near is drawn as f32 only"),
             Values::Wild => {
                 let k = rng.next() % 20;
                 match k {
@@ -142,25 +232,126 @@ fn draw(rng: &mut Rng, values: Values, cols: usize, rows: usize) -> Vec<u16> {
     x
 }
 
+/// f32 scores (bits) for `Input::F32`.
+fn draw32(rng: &mut Rng, values: Values, cols: usize, rows: usize) -> Vec<u32> {
+    let bases: Vec<f64> = (0..cols)
+        .map(|_| match values {
+            Values::Near(spread) => rng.uniform(-spread, spread),
+            _ => 0.0,
+        })
+        .collect();
+    let mut x: Vec<u32> = (0..rows * cols)
+        .map(|i| match values {
+            Values::Uniform(spread) => (rng.uniform(-spread, spread) as f32).to_bits(),
+            Values::Near(_) => {
+                // 0..7 f16 ulps of the base below it, in f32 steps of 1/64
+                // ulp: many exact ties with the base, many distinct t.
+                let base = bases[i % cols];
+                let ulp = (base.abs().max(1e-3)).log2().floor().exp2() * 2f64.powi(-10);
+                let steps = (rng.next() % 449) as f64 / 64.0;
+                ((base - steps * ulp) as f32).to_bits()
+            }
+            Values::Wild => {
+                let k = rng.next() % 24;
+                match k {
+                    0 => 1e30f32.to_bits(),
+                    1 => (-1e30f32).to_bits(),
+                    2 => 0x8000_0000, // -0
+                    3 => 0,           // +0
+                    4 => 1.5f32.to_bits(),
+                    5 => 3e38f32.to_bits(),
+                    6 => (-3e38f32).to_bits(),
+                    _ => {
+                        let mag = rng.uniform(-40.0, 40.0).exp2();
+                        let sign = if rng.next() & 1 == 0 { 1.0 } else { -1.0 };
+                        ((sign * mag) as f32).to_bits()
+                    }
+                }
+            }
+        })
+        .collect();
+    if let Values::Wild = values {
+        // As in `draw`: a constant column and a column of mixed zeros.
+        for r in 0..rows {
+            x[r * cols] = (-2.25f32).to_bits();
+            if cols > 1 {
+                x[r * cols + 1] = if rng.next() & 1 == 0 { 0x8000_0000 } else { 0 };
+            }
+        }
+    }
+    x
+}
+
+/// The scores of a case as raw bits widened to u32 (f16 in the low half
+/// for `Input::F16`) and as the bytes of one row each.
+fn draw_scores(case: &Case, cols: usize) -> (Vec<u32>, Vec<Vec<u8>>) {
+    let mut rng = Rng(case.seed);
+    match case.input {
+        Input::F16 => {
+            let x = draw(&mut rng, case.values, cols, case.rows);
+            let rows = x.chunks(cols).map(f16_bytes).collect();
+            (x.into_iter().map(u32::from).collect(), rows)
+        }
+        Input::F32 => {
+            let x = draw32(&mut rng, case.values, cols, case.rows);
+            let rows = x
+                .chunks(cols)
+                .map(|row| row.iter().flat_map(|w| w.to_le_bytes()).collect())
+                .collect();
+            (x, rows)
+        }
+    }
+}
+
+/// The partial column maxima of rows `rows`, as the case's colmax computes
+/// them (bits widened to u32).
+fn emulate_maxes(case: &Case, x: &[u32], cols: usize, rows: std::ops::Range<usize>) -> Vec<u32> {
+    match case.input {
+        Input::F16 => {
+            let x16: Vec<u16> = x.iter().map(|&v| v as u16).collect();
+            emulate_colmax(&x16, cols, rows)
+                .into_iter()
+                .map(u32::from)
+                .collect()
+        }
+        Input::F32 => emulate_colmax32(x, cols, rows),
+    }
+}
+
+/// The emulated p of element (row, column).
+type ElementP = Box<dyn Fn(usize, usize) -> u16>;
+
 /// Runs colmax_f16 then softmax_cols on one case, checks every written
 /// value bit for bit and the untouched bytes, and returns the compute
 /// cycles of the whole run (both groups).
 fn run_case(case: &Case) -> u64 {
+    run_case_chip(case).1
+}
+
+/// [`run_case`], also returning the chip to read results from.
+fn run_case_chip(case: &Case) -> (ipu_sim::Chip, u64) {
     let (rows, quads) = (case.rows, case.quads);
     let cols = 4 * quads;
+    let elem = case.input.bytes();
     let label = format!("{case:?}");
-    let mut rng = Rng(case.seed);
-    let x = draw(&mut rng, case.values, cols, rows);
-    let rs_in = 8 * quads + 8;
+    let (x, x_rows) = draw_scores(case, cols);
+    let rs_in = elem * cols + 8;
     let rs_out = if case.in_place { rs_in } else { rs_in + 16 };
     let out_base = if case.in_place { IN } else { OUT };
+    let maxes_row = elem * cols;
     // Input rows with poisoned stride padding and one poisoned row after.
     let mut input = vec![POISON; (rows + 1) * rs_in];
-    for r in 0..rows {
-        let row = f16_bytes(&x[r * cols..(r + 1) * cols]);
-        input[r * rs_in..r * rs_in + row.len()].copy_from_slice(&row);
+    for (r, row) in x_rows.iter().enumerate() {
+        input[r * rs_in..r * rs_in + row.len()].copy_from_slice(row);
     }
     let out_bytes = (rows + 1) * rs_out;
+    // What OUT's region held before the run: every byte the kernel must
+    // leave alone keeps it.
+    let out_before = if case.in_place {
+        input.clone()
+    } else {
+        vec![POISON; out_bytes]
+    };
     let scratch_base = if case.scratch_near_out {
         // After OUT's poisoned extra row, inside OUT's 32 KiB element.
         let s = out_base + out_bytes as u32 + 0x40;
@@ -191,7 +382,7 @@ fn run_case(case: &Case) -> u64 {
                 rs_in as u32,
                 (r1 - r0) as u32,
                 quads as u32,
-                MAXES + (i * 8 * quads) as u32,
+                MAXES + (i * maxes_row) as u32,
             ],
         })
         .collect();
@@ -225,15 +416,16 @@ fn run_case(case: &Case) -> u64 {
             ],
         })
         .collect();
+    let defines = case.input.defines();
     let (chip, cycles) = simulate(
         &[
             Kernel {
                 file: "colmax_f16.S",
-                defines: &[],
+                defines,
             },
             Kernel {
                 file: "softmax_cols.S",
-                defines: &[],
+                defines,
             },
         ],
         &[colmax, softmax],
@@ -241,53 +433,83 @@ fn run_case(case: &Case) -> u64 {
     );
 
     // The partial maxima, then m, p and MOUT.
-    let maxes: Vec<Vec<u16>> = col_ranges
+    let maxes: Vec<Vec<u32>> = col_ranges
         .iter()
-        .map(|&(r0, r1)| emulate_colmax(&x, cols, r0..r1))
+        .map(|&(r0, r1)| emulate_maxes(case, &x, cols, r0..r1))
         .collect();
     for (i, want) in maxes.iter().enumerate() {
-        let got = read_f16(&chip, MAXES + (i * 8 * quads) as u32, cols);
+        let addr = MAXES + (i * maxes_row) as u32;
+        let got: Vec<u32> = match case.input {
+            Input::F16 => read_f16(&chip, addr, cols)
+                .into_iter()
+                .map(u32::from)
+                .collect(),
+            Input::F32 => read_u32(&chip, addr, cols),
+        };
         assert_eq!(&got, want, "{label}: colmax vertex {i}");
     }
-    let after_maxes = chip.peek(0, MAXES + (w * 8 * quads) as u32, 64).unwrap();
+    let after_maxes = chip.peek(0, MAXES + (w * maxes_row) as u32, 64).unwrap();
     assert!(
         after_maxes.iter().all(|&b| b == POISON),
         "{label}: colmax wrote past its W x {cols} maxima"
     );
+    // m as f32 bits (MOUT) and each element's p.
     let s16 = f64_to_f16_bits(case.scale as f64);
-    let m = emulate_m(&maxes, cols, s16);
+    let (m_f32, p_of): (Vec<u32>, ElementP) = match case.input {
+        Input::F16 => {
+            let maxes16: Vec<Vec<u16>> = maxes
+                .iter()
+                .map(|v| v.iter().map(|&b| b as u16).collect())
+                .collect();
+            let m = emulate_m(&maxes16, cols, s16);
+            let m_f32 = m.iter().map(|&h| f16_bits_to_f32(h).to_bits()).collect();
+            let x = x.clone();
+            (
+                m_f32,
+                Box::new(move |r, c| emulate_p(x[r * cols + c] as u16, m[c], s16)),
+            )
+        }
+        Input::F32 => {
+            let m = emulate_m32(&maxes, cols, case.scale);
+            let (x, mm, scale) = (x.clone(), m.clone(), case.scale);
+            (
+                m,
+                Box::new(move |r, c| emulate_p32(x[r * cols + c], mm[c], scale)),
+            )
+        }
+    };
     for r in 0..rows {
         let got = read_f16(&chip, out_base + (r * rs_out) as u32, cols);
         for c in 0..cols {
-            let want = emulate_p(x[r * cols + c], m[c], s16);
+            let want = p_of(r, c);
             assert_eq!(
                 got[c],
                 want,
-                "{label}: p[{r}, {c}] = {:#06x} ({}), emulation {want:#06x} ({}); x {:#06x}, m {:#06x}",
+                "{label}: p[{r}, {c}] = {:#06x} ({}), emulation {want:#06x} ({}); x {:#010x}, m \
+                 (f32) {:#010x}",
                 got[c],
                 f16v(got[c]),
                 f16v(want),
                 x[r * cols + c],
-                m[c]
+                m_f32[c]
             );
         }
-        let pad = chip
-            .peek(
-                0,
-                out_base + (r * rs_out + 2 * cols) as u32,
-                (rs_out - 2 * cols) as u32,
-            )
+        // The rest of the row (stride padding; in place with f32 scores
+        // also the input bytes past the row's f16 output) is untouched.
+        let start = r * rs_out + 2 * cols;
+        let rest = chip
+            .peek(0, out_base + start as u32, (rs_out - 2 * cols) as u32)
             .unwrap();
         assert!(
-            pad.iter().all(|&b| b == POISON),
-            "{label}: row {r} wrote into its stride padding: {pad:02x?}"
+            rest == out_before[start..(r + 1) * rs_out],
+            "{label}: row {r} wrote past its {cols} outputs: {rest:02x?}"
         );
     }
     let past = chip
         .peek(0, out_base + (rows * rs_out) as u32, rs_out as u32)
         .unwrap();
     assert!(
-        past.iter().all(|&b| b == POISON),
+        past == out_before[rows * rs_out..],
         "{label}: wrote the row after the last"
     );
     if !case.in_place {
@@ -297,7 +519,6 @@ fn run_case(case: &Case) -> u64 {
             "{label}: IN changed"
         );
     }
-    let m_f32: Vec<u32> = m.iter().map(|&h| f16_bits_to_f32(h).to_bits()).collect();
     for i in 0..case.workers {
         let buf = MOUT + 0x100 * i as u32;
         let got = chip.peek(0, buf, 0x100).unwrap();
@@ -317,35 +538,48 @@ fn run_case(case: &Case) -> u64 {
                 "{label}: MOUT buffer {i} written though its vertex had MOUT = 0"
             );
         }
+        // SCRATCH: the vertex owns 8 * QUADS + 16 bytes, no more.
+        let own = 8 * quads + 16;
+        let scratch = chip
+            .peek(
+                0,
+                scratch_base + 0x100 * i as u32 + own as u32,
+                0x100 - own as u32,
+            )
+            .unwrap();
+        assert!(
+            scratch.iter().all(|&b| b == POISON),
+            "{label}: vertex {i} wrote past its {own} SCRATCH bytes"
+        );
     }
-    cycles
+    (chip, cycles)
 }
 
 /// The scales: 1/sqrt(72) (SigLIP's head), 1, and 0.1 (not an f16 value:
 /// s16 rounds).
+/// The scales: 1/sqrt(72) (SigLIP's head), 1, and 0.1 (not an f16 value:
+/// s16 rounds).
 const SCALES: [f32; 3] = [0.117_851_13, 1.0, 0.1];
 
-#[test]
-fn matches_emulation_on_all_shapes() {
-    let mut seed = 100;
+/// The shape matrix of both precisions: ROWS x QUADS x W colmax vertices x
+/// {1, 6} softmax vertices, with the values, scale, in-place and MOUT
+/// choices cycling with the seed.
+fn all_shapes(input: Input, first_seed: u64, values_of: impl Fn(u64) -> Values) {
+    let mut seed = first_seed;
     for rows in [1, 2, 7, 61, 368] {
         for quads in [1, 4, 8] {
             for (wi, w) in [1, 3, 6].into_iter().enumerate() {
                 for workers in [1, 6] {
                     seed += 1;
-                    let values = match seed % 3 {
-                        0 => Values::Uniform(6.0),
-                        1 => Values::Uniform(3000.0),
-                        _ => Values::Wild,
-                    };
                     run_case(&Case {
                         rows,
                         quads,
                         w,
                         workers,
                         scale: SCALES[(seed as usize + wi) % 3],
-                        values,
-                        in_place: seed % 2 == 0,
+                        input,
+                        values: values_of(seed),
+                        in_place: seed.is_multiple_of(2),
                         scratch_near_out: false,
                         mout_all: seed % 4 == 1,
                         seed,
@@ -357,26 +591,49 @@ fn matches_emulation_on_all_shapes() {
 }
 
 #[test]
+fn matches_emulation_on_all_shapes() {
+    all_shapes(Input::F16, 100, |seed| match seed % 3 {
+        0 => Values::Uniform(6.0),
+        1 => Values::Uniform(3000.0),
+        _ => Values::Wild,
+    });
+}
+
+#[test]
+fn f32_matches_emulation_on_all_shapes() {
+    all_shapes(Input::F32, 1100, |seed| match seed % 4 {
+        0 => Values::Uniform(6.0),
+        1 => Values::Uniform(3000.0),
+        2 => Values::Near(300.0),
+        _ => Values::Wild,
+    });
+}
+
+#[test]
 fn slow_path_when_scratch_shares_out_element() {
     // The same results through the 4-slot loop: SCRATCH inside OUT's
-    // element rules out `ld64st64`.
-    let mut seed = 500;
-    for rows in [1, 2, 7, 61] {
-        for quads in [1, 4, 8] {
-            for in_place in [false, true] {
-                seed += 1;
-                run_case(&Case {
-                    rows,
-                    quads,
-                    w: 6,
-                    workers: 6,
-                    scale: SCALES[seed as usize % 3],
-                    values: Values::Wild,
-                    in_place,
-                    scratch_near_out: true,
-                    mout_all: true,
-                    seed,
-                });
+    // element rules out `ld64st64`. IN=32 has a single loop without
+    // `ld64st64`: it must not care where SCRATCH is.
+    for input in [Input::F16, Input::F32] {
+        let mut seed = 500;
+        for rows in [1, 2, 7, 61] {
+            for quads in [1, 4, 8] {
+                for in_place in [false, true] {
+                    seed += 1;
+                    run_case(&Case {
+                        rows,
+                        quads,
+                        w: 6,
+                        workers: 6,
+                        scale: SCALES[seed as usize % 3],
+                        input,
+                        values: Values::Wild,
+                        in_place,
+                        scratch_near_out: true,
+                        mout_all: true,
+                        seed,
+                    });
+                }
             }
         }
     }
@@ -392,6 +649,7 @@ fn wide_spread_underflows_to_zero() {
         w: 6,
         workers: 6,
         scale: 1.0,
+        input: Input::F16,
         values: Values::Uniform(60000.0),
         in_place: false,
         scratch_near_out: false,
@@ -413,18 +671,175 @@ fn wide_spread_underflows_to_zero() {
     assert_eq!(p.iter().filter(|&&v| v == 0x3C00).count(), 16);
 }
 
-/// The cycles of one colmax group alone (to split the two kernels' cycles).
-fn colmax_only_cycles(case: &Case) -> u64 {
-    let cols = 4 * case.quads;
-    let rs_in = 8 * case.quads + 8;
-    let mut rng = Rng(case.seed);
-    let x = draw(&mut rng, case.values, cols, case.rows);
-    let mut input = vec![POISON; case.rows * rs_in];
-    for r in 0..case.rows {
-        let row = f16_bytes(&x[r * cols..(r + 1) * cols]);
-        input[r * rs_in..r * rs_in + row.len()].copy_from_slice(&row);
+#[test]
+fn f32_huge_scores_stay_finite() {
+    // f32 scores far beyond f16 (spread 1e6 at scale 1, and 1e30 / 3e38
+    // among the wild values): m stays an f32, the arguments go to -inf in
+    // f16 (or f32) and p to 0, the maxima give exactly 1, no NaN anywhere.
+    for (values, seed) in [(Values::Uniform(1e6), 19), (Values::Wild, 20)] {
+        let case = Case {
+            rows: 61,
+            quads: 4,
+            w: 6,
+            workers: 6,
+            scale: 1.0,
+            input: Input::F32,
+            values,
+            in_place: false,
+            scratch_near_out: false,
+            mout_all: true,
+            seed,
+        };
+        run_case(&case);
+        let mut rng = Rng(case.seed);
+        let x = draw32(&mut rng, case.values, 16, 61);
+        let m = emulate_m32(&[emulate_colmax32(&x, 16, 0..61)], 16, 1.0);
+        assert!(m.iter().all(|&b| f32::from_bits(b).is_finite()));
+        let p: Vec<u16> = (0..61 * 16)
+            .map(|i| emulate_p32(x[i], m[i % 16], 1.0))
+            .collect();
+        assert!(p.iter().all(|&v| !f16v(v).is_nan()));
+        assert!(p.iter().filter(|&&v| v == 0).count() > 61 * 16 / 2);
+        assert!(p.iter().filter(|&&v| v == 0x3C00).count() >= 16);
     }
-    let launches: Vec<Launch> = ranges_aligned(case.rows, case.w, 1)
+    // 3e38 - (-3e38) overflows f32: t = -inf, p = +0 exactly.
+    let big = 3e38f32.to_bits();
+    assert_eq!(emulate_p32((-3e38f32).to_bits(), big, 1.0), 0);
+}
+
+#[test]
+fn f32_colmax_nan_infinity_and_ties() {
+    // colmax_f16 IN=32 alone on columns with NaN, +-inf, equal values of
+    // both zero signs and -inf only: f32v2max's rules, bit for bit.
+    let quads = 2;
+    let cols = 4 * quads;
+    let rows = 9;
+    let nan_payload = 0x7FC0_1234u32;
+    let mut x = vec![0u32; rows * cols];
+    let mut rng = Rng(5);
+    for r in 0..rows {
+        for c in 0..cols {
+            x[r * cols + c] = match c {
+                // NaN in the middle: the result is the canonical NaN.
+                0 if r == 4 => nan_payload,
+                // +inf in the middle wins.
+                1 if r == 6 => 0x7F80_0000,
+                // -inf only: -inf.
+                2 => F32_NEG_INF,
+                // +0 first, then -0s: the first (+0) is kept; column 4 the
+                // reverse.
+                3 => {
+                    if r == 0 {
+                        0
+                    } else {
+                        0x8000_0000
+                    }
+                }
+                4 => {
+                    if r == 0 {
+                        0x8000_0000
+                    } else {
+                        0
+                    }
+                }
+                _ => ((rng.uniform(-5.0, 5.0)) as f32).to_bits(),
+            };
+        }
+    }
+    let (chip, _) = colmax_only(&x, rows, quads, 3, Input::F32);
+    for (i, (r0, r1)) in ranges_aligned(rows, 3, 1).into_iter().enumerate() {
+        let got = read_u32(&chip, MAXES + (i * 16 * quads) as u32, cols);
+        assert_eq!(got, emulate_colmax32(&x, cols, r0..r1), "vertex {i}");
+    }
+    let all = emulate_colmax32(&x, cols, 0..rows);
+    assert_eq!(all[0], F32_NAN);
+    assert_eq!(all[1], 0x7F80_0000);
+    assert_eq!(all[2], F32_NEG_INF);
+    assert_eq!(all[3], 0);
+    assert_eq!(all[4], 0x8000_0000);
+}
+
+#[test]
+fn f32_scores_keep_p_accurate_near_the_maximum() {
+    // Why IN=32 exists: scores around +-250 at scale 1/sqrt(72) (scaled
+    // scores near 30). The simulated p must be within 5e-4 of the exact
+    // exp(x * scale - max_c x * scale) (f16 rounding of t and of p: at most
+    // 2^-11/e + 2^-12 + the f32 roundings), while the same scores rounded
+    // to f16 first move the argument by up to 30 * 2^-11 and p by about 1%.
+    let (rows, quads) = (61, 4);
+    let cols = 4 * quads;
+    let case = Case {
+        rows,
+        quads,
+        w: 6,
+        workers: 6,
+        scale: SCALES[0],
+        input: Input::F32,
+        values: Values::Near(250.0),
+        in_place: false,
+        scratch_near_out: false,
+        mout_all: false,
+        seed: 31,
+    };
+    let (chip, _) = run_case_chip(&case);
+    let (x, _) = draw_scores(&case, cols);
+    // OUT's rows as run_case lays them out (not in place).
+    let rs_out = 4 * cols + 8 + 16;
+    let scale = case.scale as f64;
+    let exact_max: Vec<f64> = (0..cols)
+        .map(|c| {
+            (0..rows)
+                .map(|r| f32::from_bits(x[r * cols + c]) as f64)
+                .fold(f64::NEG_INFINITY, f64::max)
+        })
+        .collect();
+    let m32 = emulate_m32(&[emulate_colmax32(&x, cols, 0..rows)], cols, case.scale);
+    let (mut err32, mut err16) = (0f64, 0f64);
+    let s16 = f64_to_f16_bits(scale);
+    let x16: Vec<u16> = x
+        .iter()
+        .map(|&b| f64_to_f16_bits(f32::from_bits(b) as f64))
+        .collect();
+    let m16 = emulate_m(&[emulate_colmax(&x16, cols, 0..rows)], cols, s16);
+    for r in 0..rows {
+        for c in 0..cols {
+            let i = r * cols + c;
+            let exact = ((f32::from_bits(x[i]) as f64 - exact_max[c]) * scale).exp();
+            let device = read_f16(&chip, OUT + (r * rs_out + 2 * c) as u32, 1)[0];
+            assert_eq!(device, emulate_p32(x[i], m32[c], case.scale));
+            err32 = err32.max((f16v(device) - exact).abs());
+            err16 = err16.max((f16v(emulate_p(x16[i], m16[c], s16)) - exact).abs());
+        }
+    }
+    println!("max |p - exact|: f32 scores {err32:.2e}, f16 scores {err16:.2e}");
+    assert!(err32 < 5e-4, "f32 scores: max error {err32}");
+    assert!(err16 > 4e-3, "f16 scores unexpectedly accurate: {err16}");
+}
+
+/// colmax_f16 alone over `x` ([rows, 4 * quads], bits widened to u32) on
+/// `w` row ranges, maxima rows at MAXES: the chip and the compute cycles.
+fn colmax_only(
+    x: &[u32],
+    rows: usize,
+    quads: usize,
+    w: usize,
+    input: Input,
+) -> (ipu_sim::Chip, u64) {
+    let cols = 4 * quads;
+    let elem = input.bytes();
+    let rs_in = elem * cols + 8;
+    let mut data = vec![POISON; rows * rs_in];
+    for r in 0..rows {
+        let row: Vec<u8> = x[r * cols..(r + 1) * cols]
+            .iter()
+            .flat_map(|&v| match input {
+                Input::F16 => (v as u16).to_le_bytes().to_vec(),
+                Input::F32 => v.to_le_bytes().to_vec(),
+            })
+            .collect();
+        data[r * rs_in..r * rs_in + row.len()].copy_from_slice(&row);
+    }
+    let launches: Vec<Launch> = ranges_aligned(rows, w, 1)
         .iter()
         .enumerate()
         .map(|(i, &(r0, r1))| Launch {
@@ -433,34 +848,43 @@ fn colmax_only_cycles(case: &Case) -> u64 {
                 IN + (r0 * rs_in) as u32,
                 rs_in as u32,
                 (r1 - r0) as u32,
-                case.quads as u32,
-                MAXES + (i * 8 * case.quads) as u32,
+                quads as u32,
+                MAXES + (i * elem * cols) as u32,
             ],
         })
         .collect();
     simulate(
         &[Kernel {
             file: "colmax_f16.S",
-            defines: &[],
+            defines: input.defines(),
         }],
         &[launches],
-        &[(IN, input)],
+        &[(IN, data), (MAXES, vec![POISON; 0x800])],
     )
-    .1
+}
+
+/// The cycles of one colmax group alone (to split the two kernels' cycles).
+fn colmax_only_cycles(case: &Case) -> u64 {
+    let (x, _) = draw_scores(case, 4 * case.quads);
+    colmax_only(&x, case.rows, case.quads, case.w, case.input).1
 }
 
 #[test]
 fn cycles_against_formulas() {
-    // (rows, quads, W = colmax vertices = softmax vertices, scratch near
-    // OUT). The formulas are per vertex; six vertices run in parallel, so
-    // the tile's time is the vertex with the most rows (plus the
-    // supervisor's launches, which the 5% allow for on these shapes).
-    for &(rows, quads, w, near) in &[
-        (368, 4, 6, false),
-        (368, 8, 6, false),
-        (368, 1, 6, false),
-        (61, 4, 1, false),
-        (368, 4, 6, true),
+    // (input, rows, quads, W = colmax vertices = softmax vertices, scratch
+    // near OUT). The formulas are per vertex; six vertices run in
+    // parallel, so the tile's time is the vertex with the most rows (plus
+    // the supervisor's launches, which the 5% allow for on these shapes).
+    for &(input, rows, quads, w, near) in &[
+        (Input::F16, 368, 4, 6, false),
+        (Input::F16, 368, 8, 6, false),
+        (Input::F16, 368, 1, 6, false),
+        (Input::F16, 61, 4, 1, false),
+        (Input::F16, 368, 4, 6, true),
+        (Input::F32, 368, 4, 6, false),
+        (Input::F32, 368, 8, 6, false),
+        (Input::F32, 368, 1, 6, false),
+        (Input::F32, 61, 4, 1, false),
     ] {
         let case = Case {
             rows,
@@ -468,6 +892,7 @@ fn cycles_against_formulas() {
             w,
             workers: w,
             scale: SCALES[0],
+            input,
             values: Values::Uniform(6.0),
             in_place: true,
             scratch_near_out: near,
@@ -486,9 +911,10 @@ fn cycles_against_formulas() {
             .map(|i| (i + 1) * rows / w - i * rows / w)
             .max()
             .unwrap() as u64;
+        let defines = input.defines();
         let colmax_formula = declared_cycles(
             "colmax_f16.S",
-            &[],
+            defines,
             &[("ROWS", max_rows), ("QUADS", quads as u64)],
         );
         let softmax_formula = if near {
@@ -497,7 +923,7 @@ fn cycles_against_formulas() {
         } else {
             declared_cycles(
                 "softmax_cols.S",
-                &[],
+                defines,
                 &[
                     ("ROWS", soft_rows),
                     ("QUADS", quads as u64),
@@ -508,20 +934,29 @@ fn cycles_against_formulas() {
         // What the formulas leave out: the harness's supervisor starts the
         // vertices 24 cycles apart (two `setzi` and a two-slot `run` each),
         // and the last vertex, the one with MOUT, spends 2 more bundles per
-        // quad writing it.
+        // quad writing it (IN=16; IN=32 stores m either way, and its MOUT
+        // vertex's entry is 3 bundles shorter).
         let stagger = 24 * (w as u64 - 1);
         let colmax_expect = colmax_formula + stagger;
-        let softmax_expect = softmax_formula + stagger + 12 * quads as u64;
-        // Lower bounds: every input byte read (colmax) and read + written
-        // (softmax) at 8 B per cycle; exp at 4 lanes per 2 slots.
-        let bytes = (rows * 8 * quads) as u64;
+        let softmax_expect = match input {
+            Input::F16 => softmax_formula + stagger + 12 * quads as u64,
+            Input::F32 => softmax_formula + stagger,
+        };
+        // Lower bounds: every input byte read (colmax: f16 8 B, f32 16 B
+        // per quad and row at 8 B per cycle); softmax: IN=16 exp at 4
+        // lanes per 2 slots, IN=32 the 6 arithmetic slots per quad and row
+        // over six workers.
+        let bytes = (rows * 4 * input.bytes() * quads) as u64;
+        let soft_bound = match input {
+            Input::F16 => (rows * quads * 2) as u64,
+            Input::F32 => (rows * quads * 6) as u64,
+        };
         println!(
-            "{rows} x {quads} quads, W {w}, scratch near OUT {near}: colmax simulated {colmax} \
-             vs .cycles {colmax_formula} (+ launches {colmax_expect}); softmax_cols simulated \
-             {softmax} vs .cycles {softmax_formula} (+ launches and MOUT {softmax_expect}); \
-             bounds: exp {}, bytes {}",
-            (rows * quads * 2) as u64,
-            2 * bytes / 8
+            "{input:?} {rows} x {quads} quads, W {w}, scratch near OUT {near}: colmax simulated \
+             {colmax} vs .cycles {colmax_formula} (+ launches {colmax_expect}), bound {}; \
+             softmax_cols simulated {softmax} vs .cycles {softmax_formula} (+ launches and \
+             MOUT {softmax_expect}), bound {soft_bound}",
+            bytes / 8
         );
         for (what, sim, formula) in [
             ("colmax_f16", colmax, colmax_expect),
@@ -530,7 +965,7 @@ fn cycles_against_formulas() {
             let ratio = formula as f64 / sim as f64;
             assert!(
                 (0.95..=1.05).contains(&ratio),
-                "{what} {rows} x {quads} W {w}: .cycles {formula} vs simulated {sim}"
+                "{what} {input:?} {rows} x {quads} W {w}: .cycles {formula} vs simulated {sim}"
             );
         }
     }
