@@ -67,7 +67,8 @@
 # IN=32 (`-D IN=32`; the default IN=16 is everything above): f32 scores,
 # from the S^T GEMM accumulated in f32 (gemm_f16 ACC=32). An f16 score s
 # rounds by up to 2^-11 |s * scale|, an absolute error of the exponent's
-# argument near the column maximum, where p is about 1: up to ~0.5% in p.
+# argument near the column maximum, where p is about 1: about the same
+# relative error in p (0.5% at |s * scale| = 10).
 # Here the scores stay f32 until the argument is formed; only t, already
 # small near the maximum, is rounded to f16 (its error u |t| moves p by at
 # most u/e in absolute terms). State words as above, except:
