@@ -638,7 +638,7 @@ pub fn lower(
                     ))),
                     maxes: push(spec(
                         "colmax",
-                        ipu_arch::WORKER_CONTEXTS * 8 * s.quads(),
+                        ipu_arch::WORKER_CONTEXTS * s.maxes_row(),
                         RegionReq::Standard,
                         false,
                         "attention_state",
