@@ -387,7 +387,7 @@ fn step_cycles(
             .max()
             .unwrap_or(0) as i64;
     let groups = s.st.1.row_groups.len() as u64;
-    let st_c = ck.gemm.1.eval(&[
+    let st_c = ck.scores.1.eval(&[
         ("M", st_rows),
         ("NCB", s.nqc as i64),
         ("NKB", (s.dp / 16) as i64),
