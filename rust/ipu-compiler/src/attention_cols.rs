@@ -1224,3 +1224,153 @@ pub fn lower(
         .sort_by_key(|t| graph.lookup(&t.name).map(|id| id.0));
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use ipu_graph::ValueId;
+
+    fn kernels() -> ColumnKernels {
+        let k = |entry: &str, formula: &str| {
+            (
+                KernelRequest {
+                    entry: entry.into(),
+                    source: format!("{entry}.S"),
+                    params: Default::default(),
+                },
+                FormulaCost::new(formula.into()),
+            )
+        };
+        // The kernels' declared formulas (device/*.S) for the shapes used.
+        ColumnKernels {
+            scores: k("gemm_f16", "6 * (14 + NCB * (11 + NKB * (8 * M + 55)))"),
+            gemm: k("gemm_f16", "6 * (14 + NCB * (11 + NKB * (4 * M + 51)))"),
+            reduce: k("reduce_f32", "6 * (16 + ROWS * (6 + QUADS * (4 * P + 4)))"),
+            colmax: k("colmax_f16", "6 * (12 + QUADS * (6 + 2 * ROWS))"),
+            softmax: k("softmax_cols", "6 * (25 + QUADS * (12 + 2 * W + 6 * ROWS))"),
+            final_: k(
+                "attention_cols_final",
+                "6 * (29 + ((QN + 1) / 2) * (16 + 10 * (DN / 2)))",
+            ),
+            fill_rows: k("fill_rows", "6 * (10 + ITEMS * (6 + ROWS))"),
+        }
+    }
+
+    fn siglip() -> AttentionBlock {
+        AttentionBlock {
+            q: 0,
+            k: 1,
+            v: 2,
+            heads: 16,
+            d: 72,
+            sq: 729,
+            sk: 729,
+            causal: false,
+            scale: 1.0 / 72f32.sqrt(),
+            attention: ValueId(0),
+            result: ValueId(1),
+            k_value: ValueId(2),
+        }
+    }
+
+    #[test]
+    fn applies_to_non_causal_heads_of_whole_quads() {
+        let mut b = siglip();
+        assert!(applies(&b));
+        b.d = 18;
+        assert!(!applies(&b), "head 18: K rows would not move as words");
+        b.d = 72;
+        b.causal = true;
+        assert!(!applies(&b), "no causal masking in softmax_cols");
+    }
+
+    #[test]
+    fn query_blocks_start_on_even_queries_and_cover_them() {
+        let b = siglip();
+        for qb in [1, 7, 46, 365] {
+            let r = query_ranges(&b, qb);
+            assert_eq!(r.first().unwrap().0, 0);
+            assert_eq!(r.last().unwrap().1, 729);
+            assert!(
+                r.windows(2).all(|w| w[0].1 == w[1].0 && w[1].0 % 2 == 0),
+                "{r:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn siglip_shapes_fit_and_chain_o_t_in_short_f16_chains() {
+        let b = siglip();
+        let ck = kernels();
+        let s = Shapes::new(&b, &ck, 16, 368, 368).unwrap();
+        assert!(s.region1().is_some());
+        assert!(s.region0(16, 2) <= STANDARD_BUDGET / 2);
+        // O^T: the head, then the ones row; K groups of at most 8 blocks.
+        assert_eq!(s.pv.0.m, 73);
+        assert!(s
+            .pv
+            .1
+            .k_groups
+            .iter()
+            .all(|k| k.1 - k.0 <= PV_CHAIN_MAX_BLOCKS));
+        assert!(s.pv.1.vertices() <= ipu_arch::WORKER_CONTEXTS as usize);
+        // S^T: keys as rows over six row groups, the head padded to 80.
+        assert_eq!(s.st.1.row_groups.len(), 6);
+        assert_eq!(s.st.2.rs_a, 160);
+        assert_eq!(s.final_parts().iter().map(|p| p.1 - p.0).sum::<u32>(), 72);
+        assert!(s
+            .final_parts()
+            .iter()
+            .all(|p| p.0 % 2 == 0 && (p.1 - p.0) % 2 == 0));
+    }
+
+    #[test]
+    fn row_jobs_share_six_workers_and_cover_every_row_once() {
+        let mut ck = kernels();
+        for (k_rows, v_rows) in [(368, 72), (368, 0), (5, 72), (1, 1)] {
+            let mut jobs = vec![RowJob {
+                buffer: 0,
+                offset: 144,
+                stride: 160,
+                rows: k_rows,
+                items: 2,
+            }];
+            if v_rows > 0 {
+                jobs.push(RowJob {
+                    buffer: 1,
+                    offset: 720,
+                    stride: 736,
+                    rows: v_rows,
+                    items: 2,
+                });
+            }
+            let (vertices, slowest) = row_job_vertices(&jobs, &mut ck);
+            assert!(vertices.len() <= 6 && slowest > 0, "{k_rows} {v_rows}");
+            for (i, j) in jobs.iter().enumerate() {
+                let rows: u32 = vertices
+                    .iter()
+                    .filter(|v| matches!(v[0], StateWord::Addr { buffer, .. } if buffer == i))
+                    .map(|v| match v[2] {
+                        StateWord::Const(r) => r,
+                        _ => unreachable!(),
+                    })
+                    .sum();
+                assert_eq!(rows, j.rows, "job {i} of ({k_rows}, {v_rows})");
+            }
+        }
+    }
+
+    #[test]
+    fn siglip_candidates_include_two_key_splits_of_sixteen_rows() {
+        let b = siglip();
+        let mut ck = kernels();
+        let mut fill = FormulaCost::new("6 * (3 + 8 * N + COUNT)".into());
+        let plans = plan(&b, 1472, &mut fill, &mut ck, 0);
+        assert!(plans
+            .iter()
+            .all(|p| p.layout == AttentionLayout::Columns && p.tiles <= 1472));
+        assert!(plans
+            .iter()
+            .any(|p| p.rows == 16 && p.key_splits.len() == 2 && p.tiles == 1472));
+    }
+}
