@@ -109,11 +109,25 @@
 
         .kernel softmax_cols
         .param IN, 16
+        .param EXP, 16
         .workers 6
         .if IN != 16 && IN != 32
         .error "IN must be 16 (f16 scores and maxima) or 32 (f32 scores and maxima)"
         .endif
-        .if IN == 32
+        .if EXP != 16 && EXP != 32
+        .error "EXP must be 16 (f16 exponent argument) or 32 (f32 argument and exponential)"
+        .endif
+        .if EXP == 32 && IN != 32
+        .error "EXP=32 needs IN=32 (the f32 argument comes from f32 scores and maxima)"
+        .endif
+        .if IN == 32 && EXP == 32
+        # As IN=32 below, with 8 issue slots per row instead of 6 (the two
+        # f32v2exp take 2 slots each where the one f16v4exp took 2, and
+        # the conversions stay); the pipeline's drain is 8 slots where
+        # IN=32's was 4 and the head 2 bundles shorter, so the per-quad
+        # overhead is the same 12 + 2 W.
+        .cycles "6 * (25 + QUADS * (12 + 2 * W + 8 * ROWS))"
+        .elseif IN == 32
         # Exact bundle count (launch not included) with MOUT = 0 and ROWS
         # >= 1: 24 bundles of entry and one `exit` (MOUT != 0: 21 and
         # `exit`); per quad 12 + 2 W around the rows (the head: the fold
@@ -255,6 +269,27 @@ quad32:
         { st64 $a4:5, [$m12+0] ; f32v2neg $a6:7, $a10:11 }
         { st64 $a6:7, [$m12+8] ; f32v2mac $a4:5, $a0:1, $a12:13 }
         { st64 $a10:11, [$m10]+=$m2 ; f32v2mac $a6:7, $a2:3, $a12:13 }
+        .if EXP == 32
+        # Rows 0..ROWS-2, 8 issue slots each: row r's exponentials (in
+        # place: e overwrites a) and conversions beside row r+1's x loads
+        # and (-m) reloads (each reload in the bundle whose conversion last
+        # reads the pair, as reads precede writes), then row r's store
+        # beside row r+1's macs. $a10:11 is free in the loop.
+        rpt $m1, 6
+        { ld64 $a2:3, [$m11+8] ; f32v2exp $a4:5, $a4:5 }
+        { ld64 $a0:1, [$m11]+=$m4 ; f32v2exp $a6:7, $a6:7 }
+        { ld64 $a4:5, [$m12+0] ; f32v2tof16 $a8, $a4:5 }
+        { ld64 $a6:7, [$m12+8] ; f32v2tof16 $a9, $a6:7 }
+        { st64 $a8:9, [$m13]+=$m5 ; f32v2mac $a4:5, $a0:1, $a12:13 }
+        f32v2mac $a6:7, $a2:3, $a12:13
+        # Row ROWS-1: its exponentials, conversions and store.
+        { add $m11, $m11, $m14 ; f32v2exp $a4:5, $a4:5 }
+        f32v2exp $a6:7, $a6:7
+        f32v2tof16 $a8, $a4:5
+        f32v2tof16 $a9, $a6:7
+        st64 $a8:9, [$m13]+=$m5
+        brnzdec $m6, quad32
+        .else
         { ld64 $a4:5, [$m12+0] ; f32v2tof16 $a8, $a4:5 }
         { ld64 $a6:7, [$m12+8] ; f32v2tof16 $a9, $a6:7 }
         # Rows 1..ROWS-1, 6 issue slots each: row r's loads, macs and
@@ -268,6 +303,7 @@ quad32:
         { add $m11, $m11, $m14 ; f16v4exp $a10:11, $a8:9 }
         st64 $a10:11, [$m13]+=$m5
         brnzdec $m6, quad32
+        .endif
 done32:
         exit
 

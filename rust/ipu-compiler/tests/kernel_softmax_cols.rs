@@ -20,6 +20,13 @@
 //! rounding), `p = f16(exp(t))`, checked bit for bit the same way, plus the
 //! accuracy that motivates them: p within 5e-4 of the exact softmax
 //! numerator where f16 scores are off by about 1%.
+//!
+//! softmax_cols also runs as `-D IN=32 -D EXP=32` (the argument and the
+//! exponential in f32): `a = f32(-m + x * SCALE)` as with IN=32, `e =
+//! f32(exp(a))` (exp in f64, one rounding), `p = f16(e)` (nearest even),
+//! checked bit for bit over the same shapes, plus its accuracy: p within
+//! about half an f16 ulp of the exact numerator for arguments down to -10,
+//! where the f16 argument of EXP=16 is off by several ulps.
 
 mod kernel_common;
 
@@ -135,26 +142,48 @@ fn emulate_p32(x: u32, m: u32, scale: f32) -> u16 {
     f64_to_f16_bits(f16v(t).exp())
 }
 
-/// The scores' precision: which specialisation of both kernels runs.
+/// softmax_cols IN=32 EXP=32's p for one element: the same f32 argument,
+/// its exponential in f32 (computed in f64, rounded once to f32), then that
+/// f32 rounded to f16 (nearest even).
+fn emulate_p32_exp32(x: u32, m: u32, scale: f32) -> u16 {
+    let a = f32::from_bits(x).mul_add(scale, -f32::from_bits(m));
+    let e = (a as f64).exp() as f32;
+    f64_to_f16_bits(e as f64)
+}
+
+/// The scores' precision and the exponential's: which specialisation of
+/// both kernels runs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Input {
     /// The default objects (IN=16): f16 scores and maxima.
     F16,
-    /// `-D IN=32`: f32 scores and maxima.
+    /// `-D IN=32`: f32 scores and maxima, the exponent argument rounded to
+    /// f16 (softmax_cols EXP=16, its default).
     F32,
+    /// colmax_f16 `-D IN=32`, softmax_cols `-D IN=32 -D EXP=32`: the
+    /// argument and the exponential in f32.
+    F32Exp32,
 }
 
 impl Input {
     fn bytes(self) -> usize {
         match self {
             Input::F16 => 2,
-            Input::F32 => 4,
+            Input::F32 | Input::F32Exp32 => 4,
         }
     }
+    /// colmax_f16's definitions.
     fn defines(self) -> &'static [(&'static str, i64)] {
         match self {
             Input::F16 => &[],
-            Input::F32 => &[("IN", 32)],
+            Input::F32 | Input::F32Exp32 => &[("IN", 32)],
+        }
+    }
+    /// softmax_cols's definitions.
+    fn softmax_defines(self) -> &'static [(&'static str, i64)] {
+        match self {
+            Input::F32Exp32 => &[("IN", 32), ("EXP", 32)],
+            _ => self.defines(),
         }
     }
 }
@@ -175,6 +204,10 @@ enum Values {
     /// base value (itself uniform in (-spread, spread)), so t is small and
     /// its f32 rounding is what decides the last bits of p.
     Near(f64),
+    /// f32 only: each column's values uniform in (base - width, base], the
+    /// base uniform in (-spread, spread): scaled arguments from 0 down to
+    /// about -width * scale.
+    Band { spread: f64, width: f64 },
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -201,7 +234,9 @@ fn draw(rng: &mut Rng, values: Values, cols: usize, rows: usize) -> Vec<u16> {
     let mut x: Vec<u16> = (0..rows * cols)
         .map(|_| match values {
             Values::Uniform(spread) => f64_to_f16_bits(rng.uniform(-spread, spread)),
-            Values::Near(_) => unreachable!("Near is drawn as f32 only"),
+            Values::Near(_) | Values::Band { .. } => {
+                unreachable!("Near and Band are drawn as f32 only")
+            }
             Values::Wild => {
                 let k = rng.next() % 20;
                 match k {
@@ -236,13 +271,16 @@ fn draw(rng: &mut Rng, values: Values, cols: usize, rows: usize) -> Vec<u16> {
 fn draw32(rng: &mut Rng, values: Values, cols: usize, rows: usize) -> Vec<u32> {
     let bases: Vec<f64> = (0..cols)
         .map(|_| match values {
-            Values::Near(spread) => rng.uniform(-spread, spread),
+            Values::Near(spread) | Values::Band { spread, .. } => rng.uniform(-spread, spread),
             _ => 0.0,
         })
         .collect();
     let mut x: Vec<u32> = (0..rows * cols)
         .map(|i| match values {
             Values::Uniform(spread) => (rng.uniform(-spread, spread) as f32).to_bits(),
+            Values::Band { width, .. } => {
+                ((bases[i % cols] - rng.uniform(0.0, width)) as f32).to_bits()
+            }
             Values::Near(_) => {
                 // 0..7 f16 ulps of the base below it, in f32 steps of 1/64
                 // ulp: many exact ties with the base, many distinct t.
@@ -292,7 +330,7 @@ fn draw_scores(case: &Case, cols: usize) -> (Vec<u32>, Vec<Vec<u8>>) {
             let rows = x.chunks(cols).map(f16_bytes).collect();
             (x.into_iter().map(u32::from).collect(), rows)
         }
-        Input::F32 => {
+        Input::F32 | Input::F32Exp32 => {
             let x = draw32(&mut rng, case.values, cols, case.rows);
             let rows = x
                 .chunks(cols)
@@ -314,7 +352,7 @@ fn emulate_maxes(case: &Case, x: &[u32], cols: usize, rows: std::ops::Range<usiz
                 .map(u32::from)
                 .collect()
         }
-        Input::F32 => emulate_colmax32(x, cols, rows),
+        Input::F32 | Input::F32Exp32 => emulate_colmax32(x, cols, rows),
     }
 }
 
@@ -416,16 +454,15 @@ fn run_case_chip(case: &Case) -> (ipu_sim::Chip, u64) {
             ],
         })
         .collect();
-    let defines = case.input.defines();
     let (chip, cycles) = simulate(
         &[
             Kernel {
                 file: "colmax_f16.S",
-                defines,
+                defines: case.input.defines(),
             },
             Kernel {
                 file: "softmax_cols.S",
-                defines,
+                defines: case.input.softmax_defines(),
             },
         ],
         &[colmax, softmax],
@@ -444,7 +481,7 @@ fn run_case_chip(case: &Case) -> (ipu_sim::Chip, u64) {
                 .into_iter()
                 .map(u32::from)
                 .collect(),
-            Input::F32 => read_u32(&chip, addr, cols),
+            Input::F32 | Input::F32Exp32 => read_u32(&chip, addr, cols),
         };
         assert_eq!(&got, want, "{label}: colmax vertex {i}");
     }
@@ -475,6 +512,14 @@ fn run_case_chip(case: &Case) -> (ipu_sim::Chip, u64) {
             (
                 m,
                 Box::new(move |r, c| emulate_p32(x[r * cols + c], mm[c], scale)),
+            )
+        }
+        Input::F32Exp32 => {
+            let m = emulate_m32(&maxes, cols, case.scale);
+            let (x, mm, scale) = (x.clone(), m.clone(), case.scale);
+            (
+                m,
+                Box::new(move |r, c| emulate_p32_exp32(x[r * cols + c], mm[c], scale)),
             )
         }
     };
@@ -557,8 +602,6 @@ fn run_case_chip(case: &Case) -> (ipu_sim::Chip, u64) {
 
 /// The scales: 1/sqrt(72) (SigLIP's head), 1, and 0.1 (not an f16 value:
 /// s16 rounds).
-/// The scales: 1/sqrt(72) (SigLIP's head), 1, and 0.1 (not an f16 value:
-/// s16 rounds).
 const SCALES: [f32; 3] = [0.117_851_13, 1.0, 0.1];
 
 /// The shape matrix of both precisions: ROWS x QUADS x W colmax vertices x
@@ -610,11 +653,25 @@ fn f32_matches_emulation_on_all_shapes() {
 }
 
 #[test]
+fn f32_exp32_matches_emulation_on_all_shapes() {
+    all_shapes(Input::F32Exp32, 2100, |seed| match seed % 5 {
+        0 => Values::Uniform(6.0),
+        1 => Values::Uniform(3000.0),
+        2 => Values::Near(300.0),
+        3 => Values::Band {
+            spread: 250.0,
+            width: 85.0,
+        },
+        _ => Values::Wild,
+    });
+}
+
+#[test]
 fn slow_path_when_scratch_shares_out_element() {
     // The same results through the 4-slot loop: SCRATCH inside OUT's
     // element rules out `ld64st64`. IN=32 has a single loop without
     // `ld64st64`: it must not care where SCRATCH is.
-    for input in [Input::F16, Input::F32] {
+    for input in [Input::F16, Input::F32, Input::F32Exp32] {
         let mut seed = 500;
         for rows in [1, 2, 7, 61] {
             for quads in [1, 4, 8] {
@@ -675,15 +732,25 @@ fn wide_spread_underflows_to_zero() {
 fn f32_huge_scores_stay_finite() {
     // f32 scores far beyond f16 (spread 1e6 at scale 1, and 1e30 / 3e38
     // among the wild values): m stays an f32, the arguments go to -inf in
-    // f16 (or f32) and p to 0, the maxima give exactly 1, no NaN anywhere.
-    for (values, seed) in [(Values::Uniform(1e6), 19), (Values::Wild, 20)] {
+    // f16 (or f32) and p to 0, the maxima give exactly 1, no NaN anywhere;
+    // with the exponent argument in f16 (EXP=16) and in f32 (EXP=32).
+    for (input, values, seed) in [
+        (Input::F32, Values::Uniform(1e6), 19),
+        (Input::F32, Values::Wild, 20),
+        (Input::F32Exp32, Values::Uniform(1e6), 21),
+        (Input::F32Exp32, Values::Wild, 22),
+    ] {
+        let p_of = match input {
+            Input::F32Exp32 => emulate_p32_exp32,
+            _ => emulate_p32,
+        };
         let case = Case {
             rows: 61,
             quads: 4,
             w: 6,
             workers: 6,
             scale: 1.0,
-            input: Input::F32,
+            input,
             values,
             in_place: false,
             scratch_near_out: false,
@@ -695,9 +762,7 @@ fn f32_huge_scores_stay_finite() {
         let x = draw32(&mut rng, case.values, 16, 61);
         let m = emulate_m32(&[emulate_colmax32(&x, 16, 0..61)], 16, 1.0);
         assert!(m.iter().all(|&b| f32::from_bits(b).is_finite()));
-        let p: Vec<u16> = (0..61 * 16)
-            .map(|i| emulate_p32(x[i], m[i % 16], 1.0))
-            .collect();
+        let p: Vec<u16> = (0..61 * 16).map(|i| p_of(x[i], m[i % 16], 1.0)).collect();
         assert!(p.iter().all(|&v| !f16v(v).is_nan()));
         assert!(p.iter().filter(|&&v| v == 0).count() > 61 * 16 / 2);
         assert!(p.iter().filter(|&&v| v == 0x3C00).count() >= 16);
@@ -705,6 +770,7 @@ fn f32_huge_scores_stay_finite() {
     // 3e38 - (-3e38) overflows f32: t = -inf, p = +0 exactly.
     let big = 3e38f32.to_bits();
     assert_eq!(emulate_p32((-3e38f32).to_bits(), big, 1.0), 0);
+    assert_eq!(emulate_p32_exp32((-3e38f32).to_bits(), big, 1.0), 0);
 }
 
 #[test]
@@ -816,6 +882,160 @@ fn f32_scores_keep_p_accurate_near_the_maximum() {
     assert!(err16 > 4e-3, "f16 scores unexpectedly accurate: {err16}");
 }
 
+/// The spacing of f16 values at magnitude |v| (2^-24 below the smallest
+/// normal, 2^-14).
+fn f16_ulp(v: f64) -> f64 {
+    v.abs().max(2f64.powi(-14)).log2().floor().exp2() * 2f64.powi(-10)
+}
+
+#[test]
+fn exp32_keeps_p_within_half_an_ulp_down_to_minus_10() {
+    // Why EXP=32 exists: scores around +-250 at scale 1/sqrt(72) (scaled
+    // maxima near 30), each column spread over 85 below its base, so the
+    // arguments run from 0 down to about -10. With EXP=32 the only error
+    // beyond p's own f16 rounding (half an ulp) is the f32 argument's (m
+    // rounded by 2^-24 |m|, the fused mac by 2^-24 |a|: a few 1e-6 relative
+    // in p) and e's f32 rounding (2^-24 relative), thousandths of an f16
+    // ulp; with EXP=16 the argument's f16 rounding (up to 2^-11 |t|, 5e-3
+    // relative at t = -10) moves p by several ulps.
+    let (rows, quads) = (61, 4);
+    let cols = 4 * quads;
+    let mut worst = Vec::new();
+    for input in [Input::F32Exp32, Input::F32] {
+        let case = Case {
+            rows,
+            quads,
+            w: 6,
+            workers: 6,
+            scale: SCALES[0],
+            input,
+            values: Values::Band {
+                spread: 250.0,
+                width: 85.0,
+            },
+            in_place: false,
+            scratch_near_out: false,
+            mout_all: false,
+            seed: 41,
+        };
+        // run_case_chip checks every p against the emulation bit for bit;
+        // here the device's p are compared with the exact numerator.
+        let (chip, _) = run_case_chip(&case);
+        let (x, _) = draw_scores(&case, cols);
+        // OUT's rows as run_case lays them out (not in place).
+        let rs_out = 4 * cols + 8 + 16;
+        let scale = case.scale as f64;
+        let (mut ulps, mut abs, mut lowest) = (0f64, 0f64, 0f64);
+        for c in 0..cols {
+            let xs: Vec<f64> = (0..rows)
+                .map(|r| f32::from_bits(x[r * cols + c]) as f64)
+                .collect();
+            let max = xs.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+            for (r, &xv) in xs.iter().enumerate() {
+                let arg = (xv - max) * scale;
+                let exact = arg.exp();
+                let device = f16v(read_f16(&chip, OUT + (r * rs_out + 2 * c) as u32, 1)[0]);
+                lowest = lowest.min(arg);
+                abs = abs.max((device - exact).abs());
+                ulps = ulps.max((device - exact).abs() / f16_ulp(exact));
+            }
+        }
+        println!(
+            "{input:?}: arguments down to {lowest:.2}, max |p - exact| {abs:.2e} = {ulps:.3} f16 ulp"
+        );
+        assert!(lowest < -9.8, "{input:?}: the band reaches only {lowest}");
+        worst.push(ulps);
+    }
+    assert!(worst[0] <= 0.51, "EXP=32: {} f16 ulp from exact", worst[0]);
+    assert!(
+        worst[1] > 2.0,
+        "EXP=16 unexpectedly accurate: {} ulp",
+        worst[1]
+    );
+}
+
+#[test]
+fn exp_parameter_checks_and_default() {
+    // EXP=32 only with IN=32, EXP only 16 or 32: assembly errors naming
+    // the source line.
+    for (defines, wants) in [
+        (&[("EXP", 32)][..], "EXP=32 needs IN=32"),
+        (&[("IN", 32), ("EXP", 8)][..], "EXP must be 16"),
+    ] {
+        let e = match assemble("softmax_cols.S", defines) {
+            Ok(_) => panic!("{defines:?} assembled"),
+            Err(e) => e.to_string(),
+        };
+        assert!(e.contains(wants) && e.contains("softmax_cols.S:"), "{e}");
+    }
+    // Objects built without EXP record its default 16, and are the objects
+    // built with EXP=16 named.
+    for base in [&[][..], &[("IN", 32)][..]] {
+        let default = assemble("softmax_cols.S", base).unwrap();
+        let named: Vec<(&str, i64)> = base.iter().copied().chain([("EXP", 16)]).collect();
+        let explicit = assemble("softmax_cols.S", &named).unwrap();
+        assert_eq!(default.metadata.parameters.get("EXP"), Some(&16));
+        assert_eq!(
+            default.object.to_bytes().unwrap(),
+            explicit.object.to_bytes().unwrap()
+        );
+    }
+}
+
+#[test]
+fn library_requests_resolve_to_one_softmax_cols_object_each() {
+    // The three softmax_cols objects in the Bazel `kernels` order (default,
+    // IN=32, IN=32 EXP=32) behind a library index: the requests the
+    // compiler makes ({} is none today; {IN: 32} from attention_cols)
+    // and the new {IN: 32, EXP: 32} each load the object meant for them.
+    // An index match is the first object recording every requested
+    // parameter: {} and {IN: 32} also fit later objects, the order decides.
+    use ipu_compiler::library::{KernelLibrary, KernelRequest};
+    let dir = std::env::temp_dir().join(format!("softmax_cols_library_{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let objects: [(&str, &[(&str, i64)]); 3] = [
+        ("softmax_cols", &[]),
+        ("softmax_cols_in32", &[("IN", 32)]),
+        ("softmax_cols_in32_exp32", &[("IN", 32), ("EXP", 32)]),
+    ];
+    let mut entries = Vec::new();
+    for (name, defines) in objects {
+        let a = assemble("softmax_cols.S", defines).unwrap_or_else(|e| panic!("{e}"));
+        std::fs::write(dir.join(format!("{name}.o")), a.object.to_bytes().unwrap()).unwrap();
+        std::fs::write(dir.join(format!("{name}.json")), a.metadata.to_json()).unwrap();
+        entries.push(format!(
+            r#"{{"name": "{name}", "arch": "ipu21", "object": "{name}.o", "metadata": "{name}.json"}}"#
+        ));
+    }
+    let index = dir.join("kernels.library.json");
+    std::fs::write(
+        &index,
+        format!(r#"{{"kernels": [{}]}}"#, entries.join(", ")),
+    )
+    .unwrap();
+    let mut library = KernelLibrary::open(&ipu_compiler::KernelSource::Index(index))
+        .unwrap_or_else(|e| panic!("{e}"));
+    for (params, want) in [
+        (&[][..], "softmax_cols.o"),
+        (&[("IN", 32)][..], "softmax_cols_in32.o"),
+        (&[("IN", 32), ("EXP", 16)][..], "softmax_cols_in32.o"),
+        (&[("IN", 32), ("EXP", 32)][..], "softmax_cols_in32_exp32.o"),
+    ] {
+        let request = KernelRequest {
+            entry: "softmax_cols".into(),
+            source: "softmax_cols.S".into(),
+            params: params.iter().map(|&(k, v)| (k.to_string(), v)).collect(),
+        };
+        let loaded = library.get(&request).unwrap_or_else(|e| panic!("{e}"));
+        assert!(
+            loaded.origin.ends_with(want),
+            "{request}: loaded {}, want {want}",
+            loaded.origin
+        );
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
 /// colmax_f16 alone over `x` ([rows, 4 * quads], bits widened to u32) on
 /// `w` row ranges, maxima rows at MAXES: the chip and the compute cycles.
 fn colmax_only(
@@ -834,7 +1054,7 @@ fn colmax_only(
             .iter()
             .flat_map(|&v| match input {
                 Input::F16 => (v as u16).to_le_bytes().to_vec(),
-                Input::F32 => v.to_le_bytes().to_vec(),
+                Input::F32 | Input::F32Exp32 => v.to_le_bytes().to_vec(),
             })
             .collect();
         data[r * rs_in..r * rs_in + row.len()].copy_from_slice(&row);
@@ -885,6 +1105,10 @@ fn cycles_against_formulas() {
         (Input::F32, 368, 8, 6, false),
         (Input::F32, 368, 1, 6, false),
         (Input::F32, 61, 4, 1, false),
+        (Input::F32Exp32, 368, 4, 6, false),
+        (Input::F32Exp32, 368, 8, 6, false),
+        (Input::F32Exp32, 368, 1, 6, false),
+        (Input::F32Exp32, 61, 4, 1, false),
     ] {
         let case = Case {
             rows,
@@ -911,10 +1135,9 @@ fn cycles_against_formulas() {
             .map(|i| (i + 1) * rows / w - i * rows / w)
             .max()
             .unwrap() as u64;
-        let defines = input.defines();
         let colmax_formula = declared_cycles(
             "colmax_f16.S",
-            defines,
+            input.defines(),
             &[("ROWS", max_rows), ("QUADS", quads as u64)],
         );
         let softmax_formula = if near {
@@ -923,7 +1146,7 @@ fn cycles_against_formulas() {
         } else {
             declared_cycles(
                 "softmax_cols.S",
-                defines,
+                input.softmax_defines(),
                 &[
                     ("ROWS", soft_rows),
                     ("QUADS", quads as u64),
@@ -940,16 +1163,17 @@ fn cycles_against_formulas() {
         let colmax_expect = colmax_formula + stagger;
         let softmax_expect = match input {
             Input::F16 => softmax_formula + stagger + 12 * quads as u64,
-            Input::F32 => softmax_formula + stagger,
+            Input::F32 | Input::F32Exp32 => softmax_formula + stagger,
         };
         // Lower bounds: every input byte read (colmax: f16 8 B, f32 16 B
         // per quad and row at 8 B per cycle); softmax: IN=16 exp at 4
         // lanes per 2 slots, IN=32 the 6 arithmetic slots per quad and row
-        // over six workers.
+        // (EXP=32: 8) over six workers.
         let bytes = (rows * 4 * input.bytes() * quads) as u64;
         let soft_bound = match input {
             Input::F16 => (rows * quads * 2) as u64,
             Input::F32 => (rows * quads * 6) as u64,
+            Input::F32Exp32 => (rows * quads * 8) as u64,
         };
         println!(
             "{input:?} {rows} x {quads} quads, W {w}, scratch near OUT {near}: colmax simulated \
