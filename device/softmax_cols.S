@@ -106,6 +106,26 @@
 #   IN's and OUT's rows is accessed. m is stored unconditionally (to MOUT,
 #   or with a zero increment to SCRATCH + 16 when MOUT = 0), cheaper than
 #   a branch per quad. ROWS = 0 with MOUT = 0 writes nothing.
+#
+# EXP=32 (`-D IN=32 -D EXP=32`; EXP=16, the default, is everything above;
+# EXP=32 without IN=32 is an error): the argument stays f32 and the
+# exponential is taken in f32. Rounding t to f16 moves p by up to u |t|
+# relatively (u = 2^-11): several f16 ulps of p for arguments near -10,
+# where p is small but still counts in the column sums. Here the only
+# errors besides p's own f16 rounding are the f32 roundings of m, a and e,
+# thousandths of an f16 ulp. State words, preconditions, MOUT and SCRATCH
+# as IN=32. Semantics, bit for bit:
+#     mx, m, n as IN=32
+#     a     = f32(n[c] + IN[r][c] * SCALE)  (fused, one rounding)
+#                                                     f32v2mac onto n
+#     e     = f32(exp(a))  (exp in f64, one rounding)  f32v2exp
+#     OUT[r][c] = f16(e)  (nearest even)             f32v2tof16
+#     MOUT[c]   = m[c]  (f32)
+#   Cost: per row and quad 2 f32v2mac, 2 f32v2exp (2 issue slots each)
+#   and 2 f32v2tof16, 8 issue slots; the main slot's 5 operations fit in
+#   the 6 bundles. The exponentials work in place (e overwrites a), so
+#   the (-m) reloads wait for the conversions that last read the pairs
+#   and the loop needs no registers beyond IN=32's.
 
         .kernel softmax_cols
         .param IN, 16
@@ -123,9 +143,11 @@
         .if IN == 32 && EXP == 32
         # As IN=32 below, with 8 issue slots per row instead of 6 (the two
         # f32v2exp take 2 slots each where the one f16v4exp took 2, and
-        # the conversions stay); the pipeline's drain is 8 slots where
-        # IN=32's was 4 and the head 2 bundles shorter, so the per-quad
-        # overhead is the same 12 + 2 W.
+        # the conversions stay); the pipeline's drain (the last row's
+        # exponentials, conversions, store and the loop branch) is 8
+        # slots where IN=32's was 4 and the head 2 bundles shorter, so the
+        # per-quad overhead is the same 12 + 2 W. Entry, MOUT and 0 rows
+        # as IN=32.
         .cycles "6 * (25 + QUADS * (12 + 2 * W + 8 * ROWS))"
         .elseif IN == 32
         # Exact bundle count (launch not included) with MOUT = 0 and ROWS
