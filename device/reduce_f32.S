@@ -25,8 +25,10 @@
 #    4 SECTION  bytes from one partial to the next (multiple of 16; IN=16: 8)
 #    8 P        partials (>= 1)
 #   12 RS_SRC   partial row stride in bytes (multiple of 16; IN=16: 8)
-#   16 DST      address of row 0 of the result (8-aligned)
-#   20 RS_DST   result row stride in bytes (multiple of 8)
+#   16 DST      address of row 0 of the result (8-aligned; TR=1: of
+#               element (0, 0), 2-aligned)
+#   20 RS_DST   result row stride in bytes (multiple of 8; TR=1: the
+#               column stride, even)
 #   24 ROWS     rows (>= 1)
 #   28 QUADS    groups of 4 elements per row (>= 1)
 #   32 BIAS     address of the f16 bias of column 0 (8-aligned; EPI 1 and 2)
@@ -34,11 +36,26 @@
 # Sums run in f32 in partial order (p = 0, 1, ...), one rounding per add,
 # then one conversion: each group of four costs about 2P + 7 bundles (IN=16:
 # 4P + 5, the widening doubles the arithmetic per partial).
+#
+# TR=1 (IN=16 and OUT=16 only): the result is stored transposed, so that the
+# compiler needs no transpose_f16 pass after the reduce. Element (row r,
+# column c) goes to DST + c * RS_DST + 2 * r: RS_DST is then the stride
+# between result COLUMNS (the transposed rows; a multiple of 8 is not
+# needed, only an even value), and a column's ROWS elements are consecutive
+# f16. DST need only be 2-aligned. Values, sums and rounding are those of
+# TR=0; only the addresses change. Each element is one st16 (2 bytes), so
+# vertices that split the rows may share a 4-byte word of a column and
+# nothing outside the ROWS x 4*QUADS elements is written. EPI=0: the four
+# st16, the two pack16hi that bring lanes 1 and 3 into a low half, and a
+# read-ahead of the next group's partial 0 fill the main and arithmetic
+# slots of the tail: 4P + 6 bundles per group (one more than TR=0). EPI
+# 1..3: three bundles per group more than TR=0.
 
         .kernel reduce_f32
         .param OUT, 16
         .param EPI, 0
         .param IN, 32
+        .param TR, 0
         .workers 6
         .if OUT != 16 && OUT != 32
         .error "OUT must be 16 (f16 result) or 32 (f32 result)"
@@ -49,7 +66,18 @@
         .if EPI < 0 || EPI > 3 || (EPI != 0 && OUT != 16)
         .error "EPI must be 0..3, and epilogues need OUT=16"
         .endif
-        .if IN == 16 && OUT == 32
+        .if (TR != 0 && TR != 1) || (TR == 1 && (IN != 16 || OUT != 16))
+        .error "TR must be 0 or 1, and TR=1 (transposed result) needs IN=16 and OUT=16"
+        .endif
+        .if TR == 1 && EPI == 0
+        .cycles "6 * (26 + ROWS * (6 + QUADS * (4 * P + 6)))"
+        .elseif TR == 1 && EPI == 1
+        .cycles "6 * (17 + ROWS * (7 + QUADS * (4 * P + 16)))"
+        .elseif TR == 1 && EPI == 2
+        .cycles "6 * (18 + ROWS * (7 + QUADS * (4 * P + 40)))"
+        .elseif TR == 1
+        .cycles "6 * (17 + ROWS * (6 + QUADS * (4 * P + 32)))"
+        .elseif IN == 16 && OUT == 32
         .cycles "6 * (16 + ROWS * (6 + QUADS * (4 * P + 4)))"
         .elseif IN == 16 && EPI == 0
         .cycles "6 * (16 + ROWS * (6 + QUADS * (4 * P + 5)))"
@@ -129,19 +157,48 @@ reduce_f32:
         # The state is read; $m0 now points at the GELU constants.
         setzi $m0, gelu_constants
         .endif
+        .if TR == 1 && EPI == 0
+        # The state is read. The walks $m13 (source) and $m3 (result) run on
+        # from one row to the next, one add each per row: $m0 = 8 * (QUADS
+        # - 1), from a row's start to its last group; $m11 = RS_SRC - 8 *
+        # QUADS, from a row's end to the next row; $m7 = 2 - 4 * QUADS *
+        # RS_DST, from the column after a row's last to the next row's
+        # first.
+        shl $m0, $m10, 3
+        sub $m11, $m11, $m0
+        add $m11, $m11, -8
+        add $m2, $m10, 1
+        mul $m2, $m2, $m12
+        shl $m2, $m2, 2
+        mov $m3, $m7
+        sub $m7, $mzero, $m2
+        add $m7, $m7, 2
+        mov $m13, $m6
+        .endif
 row:
+        .if TR == 1 && EPI == 0
+        mov $m5, $m10
+        # $m1 = the row's last group: the read-ahead of a group's partial 0
+        # (in the tail of the group before) never goes past it, so that the
+        # kernel reads nothing outside the partials.
+        add $m1, $m13, $m0
+        ld64 $a0:1, [$m13]
+        .else
         mov $m13, $m6
         mov $m3, $m7
         mov $m5, $m10
         .if EPI == 1 || EPI == 2
         mov $m14, $m1
         .endif
+        .endif
 quad:
         .if IN == 16
         # Partial 0 widened: lanes 0-1 into the sum $a4:5, lanes 2-3 into
         # $a10:11 (added to the -0 in $a6:7 by the loop's first bundle or
-        # after it).
+        # after it). TR=1 EPI=0: it is already in $a0:1 (read ahead).
+        .if TR == 0 || EPI != 0
         ld64 $a0:1, [$m13]
+        .endif
         { add $m2, $m13, $m8 ; f16v2tof32 $a4:5, $a0 }
         { add $m13, $m13, 8 ; f16v2tof32 $a10:11, $a1 }
         # Partials 1..P-1: load the next while adding the previous one's
@@ -152,7 +209,9 @@ quad:
         f16v2tof32 $a2:3, $a0
         f16v2tof32 $a10:11, $a1
         f32v2add $a4:5, $a4:5, $a2:3
+        .if TR == 0 || EPI != 0
         f32v2add $a6:7, $a6:7, $a10:11
+        .endif
         .else
         mov $m2, $m13
         ld128 $a4:7, [$m2]+=$m8
@@ -162,7 +221,20 @@ quad:
         f32v2add $a4:5, $a4:5, $a0:1
         f32v2add $a6:7, $a6:7, $a2:3
         .endif
-        .if OUT == 16
+        .if TR == 1 && EPI == 0
+        # Transposed, no epilogue: the lanes 2-3 sum $a6:7 is drained
+        # while lanes 0-1 are stored; pack16hi moves lanes 1 and 3 into the
+        # low halves st16 stores. $m14 = the next group (the row's last
+        # group for the last one, re-read harmlessly), read into $a0:1 once
+        # the loop has consumed it. Column c, c+1, c+2, c+3 of this row are
+        # RS_DST apart, so $m3 ends on column c+4.
+        { min $m14, $m13, $m1 ; f32v2tof16 $a8, $a4:5 }
+        { st16 $a8, [$m3]+=$m12 ; pack16hi $a12, $a8, $a8 }
+        { st16 $a12, [$m3]+=$m12 ; f32v2add $a6:7, $a6:7, $a10:11 }
+        { ld64 $a0:1, [$m14] ; f32v2tof16 $a9, $a6:7 }
+        { st16 $a9, [$m3]+=$m12 ; pack16hi $a13, $a9, $a9 }
+        { st16 $a13, [$m3]+=$m12 ; mov64 $a6:7, $a14:15 }
+        .elseif OUT == 16
         .if IN == 16
         f32v2tof16 $a8, $a4:5
         .else
@@ -188,7 +260,13 @@ quad:
         f32v2tof16 $a8, $a4:5
         f32v2tof16 $a9, $a6:7
         .endif
-        .if IN == 16
+        .if TR == 1
+        # Transposed after an epilogue: columns c..c+3 one st16 each.
+        { st16 $a8, [$m3]+=$m12 ; pack16hi $a12, $a8, $a8 }
+        { st16 $a12, [$m3]+=$m12 ; pack16hi $a13, $a9, $a9 }
+        { st16 $a9, [$m3]+=$m12 ; mov64 $a6:7, $a14:15 }
+        st16 $a13, [$m3]+=$m12
+        .elseif IN == 16
         { st64 $a8:9, [$m3]+=8 ; mov64 $a6:7, $a14:15 }
         .else
         { st64 $a8:9, [$m3]+=8 ; mov64 $a2:3, $a14:15 }
@@ -203,8 +281,18 @@ quad:
         add $m13, $m13, 16
         .endif
         brnzdec $m5, quad
+        .if TR == 1 && EPI == 0
+        add $m13, $m13, $m11
+        add $m3, $m3, $m7
+        .else
         add $m6, $m6, $m11
+        .if TR == 1
+        # The next row is the next f16 of every column.
+        add $m7, $m7, 2
+        .else
         add $m7, $m7, $m12
+        .endif
+        .endif
         brnzdec $m4, row
         exit
 

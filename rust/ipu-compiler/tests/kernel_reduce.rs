@@ -10,6 +10,13 @@
 //! runs through the shared one-tile harness: every P from 1 to 8, edge row
 //! and group counts, each output and epilogue, signed zeros, infinities and
 //! subnormals, the bytes around the results, and the declared `.cycles`.
+//!
+//! `TR=1` (IN=16, OUT=16: the result stored transposed, column c's rows
+//! consecutive f16 RS_DST apart) is checked against the host emulation and
+//! against the simulated `TR=0` result of the same partials, read through
+//! the column layout, with every byte between and around the columns
+//! guarded; one or six vertices split the rows (odd counts, so vertices
+//! share 4-byte words), padded or back-to-back columns.
 
 mod kernel_common;
 
@@ -272,6 +279,22 @@ fn random_f16(rng: &mut Rng, values: Values) -> u16 {
     }
 }
 
+/// Where the result goes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Layout {
+    /// TR=0: result rows of QUADS x 4 elements, RS_DST apart (each padded
+    /// by 8 bytes), from DST.
+    Rows,
+    /// TR=1: result columns of ROWS f16, RS_DST apart, padded to a multiple
+    /// of 8 bytes plus 8 more, from an 8-aligned DST (the compiler's layout
+    /// of a transposed shard).
+    Columns,
+    /// TR=1: columns back to back (RS_DST = 2 ROWS, odd row counts make it
+    /// 2 mod 4) from a DST that is 2 mod 8: every byte between two columns
+    /// belongs to another element, and vertices share 4-byte words.
+    ColumnsTight,
+}
+
 /// One IN=16 run: the shape, the kernel parameters, the worker split.
 #[derive(Clone, Copy, Debug)]
 struct Case16 {
@@ -282,6 +305,7 @@ struct Case16 {
     epi: u32,
     workers: u32,
     values: Values,
+    layout: Layout,
     seed: u64,
 }
 
@@ -297,6 +321,12 @@ fn sum_f16_partials(partials: impl Iterator<Item = u16>) -> f32 {
 /// Runs `case` on one simulated tile, checks every result bit for bit and
 /// every guard byte, and returns the tile's compute cycles.
 fn run_in16(case: Case16) -> u64 {
+    run_in16_result(case).0
+}
+
+/// [`run_in16`], also returning the result matrix as the kernel stored it,
+/// read back through the case's layout: `[row][column]` bits (f16 or f32).
+fn run_in16_result(case: Case16) -> (u64, Vec<Vec<u32>>) {
     let Case16 {
         rows,
         quads,
@@ -305,6 +335,7 @@ fn run_in16(case: Case16) -> u64 {
         epi,
         workers,
         values,
+        layout,
         seed,
     } = case;
     let mut rng = Rng(seed);
@@ -313,7 +344,23 @@ fn run_in16(case: Case16) -> u64 {
     let rs_src = quads * 8 + 24;
     let section = rows * rs_src + 40;
     let ob = if out32 { 4 } else { 2 };
-    let rs_dst = quads * 4 * ob + 8;
+    assert!(layout == Layout::Rows || !out32, "TR=1 stores f16");
+    // The guarded area starts GUARD_LEAD bytes before the result; `dst0` is
+    // where element (0, 0) goes, `element(r, c)` its byte offset from DST.
+    const GUARD_LEAD: u32 = 16;
+    let (rs_dst, dst0) = match layout {
+        Layout::Rows => (quads * 4 * ob + 8, DST),
+        Layout::Columns => ((2 * rows).next_multiple_of(8) + 8, DST),
+        Layout::ColumnsTight => (2 * rows, DST + 2),
+    };
+    let element = |r: u32, c: u32| match layout {
+        Layout::Rows => dst0 - DST + r * rs_dst + c * ob,
+        Layout::Columns | Layout::ColumnsTight => dst0 - DST + c * rs_dst + 2 * r,
+    };
+    let dst_extent = match layout {
+        Layout::Rows => rows * rs_dst,
+        Layout::Columns | Layout::ColumnsTight => dst0 - DST + quads * 4 * rs_dst,
+    };
     let elements = (quads * 4) as usize;
     let at = |p: u32, r: u32, e: usize| ((p * rows + r) as usize) * elements + e;
     let partial_values: Vec<u16> = (0..partials as usize * rows as usize * elements)
@@ -331,7 +378,7 @@ fn run_in16(case: Case16) -> u64 {
             }
         }
     }
-    let dst_bytes = rows * rs_dst + 64;
+    let dst_bytes = dst_extent + 64;
     let launches: Vec<Launch> = ranges_aligned(rows as usize, workers as usize, 1)
         .into_iter()
         .map(|(r0, r1)| Launch {
@@ -341,7 +388,7 @@ fn run_in16(case: Case16) -> u64 {
                 section,
                 partials,
                 rs_src,
-                DST + r0 as u32 * rs_dst,
+                DST + element(r0 as u32, 0),
                 rs_dst,
                 (r1 - r0) as u32,
                 quads,
@@ -353,6 +400,7 @@ fn run_in16(case: Case16) -> u64 {
         ("IN", 16),
         ("OUT", if out32 { 32 } else { 16 }),
         ("EPI", epi as i64),
+        ("TR", if layout == Layout::Rows { 0 } else { 1 }),
     ];
     let (chip, cycles) = simulate(
         &[Kernel {
@@ -363,22 +411,33 @@ fn run_in16(case: Case16) -> u64 {
         &[
             (SRC16, src),
             (BIAS, kernel_common::f16_bytes(&bias)),
-            (DST, vec![GUARD; dst_bytes as usize]),
+            (
+                DST - GUARD_LEAD,
+                vec![GUARD; (GUARD_LEAD + dst_bytes) as usize],
+            ),
         ],
     );
-    let out = chip.peek(0, DST, dst_bytes).unwrap();
+    let area = chip
+        .peek(0, DST - GUARD_LEAD, GUARD_LEAD + dst_bytes)
+        .unwrap();
+    let out = &area[GUARD_LEAD as usize..];
+    // Which bytes of the area hold a result element: all others must keep
+    // the guard (row and column padding, the bytes before and after).
+    let mut is_result = vec![false; area.len()];
+    let mut result = vec![vec![0u32; elements]; rows as usize];
     for r in 0..rows {
-        let row = &out[(r * rs_dst) as usize..][..rs_dst as usize];
         for e in 0..elements {
+            let byte = element(r, e as u32) as usize;
+            is_result[GUARD_LEAD as usize + byte..][..ob as usize].fill(true);
             let sum = sum_f16_partials((0..partials).map(|p| partial_values[at(p, r, e)]));
             let (got, want) = if out32 {
                 (
-                    u32::from_le_bytes(row[4 * e..][..4].try_into().unwrap()),
+                    u32::from_le_bytes(out[byte..][..4].try_into().unwrap()),
                     sum.to_bits(),
                 )
             } else {
                 (
-                    u16::from_le_bytes(row[2 * e..][..2].try_into().unwrap()) as u32,
+                    u16::from_le_bytes(out[byte..][..2].try_into().unwrap()) as u32,
                     epilogue(epi, sum, bias[e]) as u32,
                 )
             };
@@ -390,18 +449,18 @@ fn run_in16(case: Case16) -> u64 {
                     .map(|p| partial_values[at(p, r, e)])
                     .collect::<Vec<_>>()
             );
+            result[r as usize][e] = got;
         }
-        let written = elements * ob as usize;
-        assert!(
-            row[written..].iter().all(|&b| b == GUARD),
-            "{case:?}: row {r}: the stride padding after byte {written} was written"
-        );
     }
+    let stray: Vec<i64> = (0..area.len())
+        .filter(|&i| !is_result[i] && area[i] != GUARD)
+        .map(|i| i as i64 - GUARD_LEAD as i64)
+        .collect();
     assert!(
-        out[(rows * rs_dst) as usize..].iter().all(|&b| b == GUARD),
-        "{case:?}: bytes after the last result row were written"
+        stray.is_empty(),
+        "{case:?}: bytes outside the result written (offsets from DST): {stray:?}"
     );
-    cycles
+    (cycles, result)
 }
 
 /// Edge shapes: one row or group, more rows than workers, uneven splits.
@@ -421,6 +480,7 @@ fn in16_sums_f16_partials_bit_exactly() {
                         epi: 0,
                         workers,
                         values: Values::Mixed,
+                        layout: Layout::Rows,
                         seed: (partials * 100 + i as u32 * 10 + workers) as u64,
                     });
                 }
@@ -441,6 +501,7 @@ fn in16_signed_zeros_infinities_and_subnormals() {
                 epi: 0,
                 workers: 3,
                 values: Values::Specials,
+                layout: Layout::Rows,
                 seed: 7000 + partials as u64,
             });
         }
@@ -461,6 +522,7 @@ fn in16_fused_bias_and_gelu_epilogues() {
                         epi,
                         workers,
                         values,
+                        layout: Layout::Rows,
                         seed: (epi * 1000 + partials * 100 + rows * 10 + quads) as u64,
                     });
                 }
@@ -485,6 +547,7 @@ fn in16_cycles_match_the_declared_formula() {
                 epi,
                 workers: 1,
                 values: Values::Mixed,
+                layout: Layout::Rows,
                 seed: 1,
             });
             let defines = [
@@ -530,4 +593,210 @@ fn unsupported_input_width_is_a_clear_error() {
             && message.contains("reduce_f32.S"),
         "{message}"
     );
+}
+
+/// TR=1 against TR=0 on the simulator: the same partials reduced by both
+/// specialisations, the TR=1 result read through its column layout must be
+/// the TR=0 result bit for bit (each run is also checked against the host
+/// emulation and its guard bytes inside [`run_in16_result`]).
+fn assert_transposed_matches_rows(case: Case16) {
+    let (_, rows) = run_in16_result(Case16 {
+        layout: Layout::Rows,
+        ..case
+    });
+    let (_, columns) = run_in16_result(case);
+    assert_eq!(columns, rows, "{case:?}: TR=1 differs from the TR=0 result");
+}
+
+/// Every P from 1 to 8, the edge shapes (odd row counts, one row, one
+/// group), one vertex or six splitting the rows (so that two vertices write
+/// the two halves of one 4-byte word), padded and back-to-back columns.
+#[test]
+fn tr_stores_the_in16_result_transposed_bit_exactly() {
+    for partials in 1..=8 {
+        for (i, &(rows, quads)) in SHAPES.iter().enumerate() {
+            for layout in [Layout::Columns, Layout::ColumnsTight] {
+                for workers in [1, 6] {
+                    assert_transposed_matches_rows(Case16 {
+                        rows,
+                        quads,
+                        partials,
+                        out32: false,
+                        epi: 0,
+                        workers,
+                        values: Values::Mixed,
+                        layout,
+                        seed: (9000 + partials * 100 + i as u32 * 10 + workers) as u64,
+                    });
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn tr_signed_zeros_infinities_and_subnormals() {
+    for partials in 1..=8 {
+        for layout in [Layout::Columns, Layout::ColumnsTight] {
+            assert_transposed_matches_rows(Case16 {
+                rows: 9,
+                quads: 4,
+                partials,
+                out32: false,
+                epi: 0,
+                workers: 3,
+                values: Values::Specials,
+                layout,
+                seed: 17000 + partials as u64,
+            });
+        }
+    }
+}
+
+#[test]
+fn tr_with_fused_bias_and_gelu_epilogues() {
+    for epi in 1..=3 {
+        for partials in [1, 2, 5, 8] {
+            for &(rows, quads) in &[(1, 1), (5, 3), (7, 4)] {
+                for (workers, values, layout) in [
+                    (1, Values::Mixed, Layout::Columns),
+                    (6, Values::Specials, Layout::ColumnsTight),
+                ] {
+                    assert_transposed_matches_rows(Case16 {
+                        rows,
+                        quads,
+                        partials,
+                        out32: false,
+                        epi,
+                        workers,
+                        values,
+                        layout,
+                        seed: (20000 + epi * 1000 + partials * 100 + rows * 10 + quads) as u64,
+                    });
+                }
+            }
+        }
+    }
+}
+
+/// One vertex, the declared TR=1 formula evaluated by the compiler's
+/// evaluator, within 3% of the simulator for every EPI.
+#[test]
+fn tr_cycles_match_the_declared_formula() {
+    let mut outside = Vec::new();
+    for epi in 0..=3 {
+        for &(rows, quads, partials) in &[(6, 4, 1), (6, 4, 6), (21, 4, 6), (10, 8, 2), (4, 16, 8)]
+        {
+            let simulated = run_in16(Case16 {
+                rows,
+                quads,
+                partials,
+                out32: false,
+                epi,
+                workers: 1,
+                values: Values::Mixed,
+                layout: Layout::Columns,
+                seed: 1,
+            });
+            let declared = declared_cycles(
+                "reduce_f32.S",
+                &[("IN", 16), ("EPI", epi as i64), ("TR", 1)],
+                &[
+                    ("ROWS", rows as u64),
+                    ("QUADS", quads as u64),
+                    ("P", partials as u64),
+                ],
+            );
+            println!(
+                "TR=1 EPI={epi} rows={rows} quads={quads} P={partials}: simulated {simulated}, .cycles {declared}"
+            );
+            let ratio = declared as f64 / simulated as f64;
+            if !(0.97..1.03).contains(&ratio) {
+                outside.push(format!(
+                    "TR=1 EPI={epi} rows={rows} quads={quads} P={partials}: .cycles {declared} vs simulated {simulated}"
+                ));
+            }
+        }
+    }
+    assert!(
+        outside.is_empty(),
+        "declared cycles off by 3% or more:\n{}",
+        outside.join("\n")
+    );
+}
+
+/// The shape of issue 5: ROWS 122 split over six vertices, QUADS 4, P 6.
+/// The tile's cycles (six vertices at once, plus the supervisor's launches)
+/// for TR=0 and TR=1, and the declared per-vertex figure for the largest
+/// share (21 rows): TR=1 must cost little more than TR=0 and stay within 5%
+/// of its formula.
+#[test]
+fn tr_cost_on_the_attention_shape() {
+    let case = |layout| Case16 {
+        rows: 122,
+        quads: 4,
+        partials: 6,
+        out32: false,
+        epi: 0,
+        workers: 6,
+        values: Values::Mixed,
+        layout,
+        seed: 122,
+    };
+    let rows_cycles = run_in16(case(Layout::Rows));
+    let columns_cycles = run_in16(case(Layout::Columns));
+    let share = ranges_aligned(122, 6, 1)
+        .iter()
+        .map(|(a, b)| (b - a) as u64)
+        .max()
+        .unwrap();
+    let vars = [("ROWS", share), ("QUADS", 4), ("P", 6)];
+    let declared_rows = declared_cycles("reduce_f32.S", &[("IN", 16)], &vars);
+    let declared_columns = declared_cycles("reduce_f32.S", &[("IN", 16), ("TR", 1)], &vars);
+    println!(
+        "ROWS 122 / 6 vertices, QUADS 4, P 6: TR=0 simulated {rows_cycles} (.cycles {declared_rows} for {share} rows), TR=1 simulated {columns_cycles} (.cycles {declared_columns})"
+    );
+    let ratio = declared_columns as f64 / columns_cycles as f64;
+    assert!(
+        (0.95..1.05).contains(&ratio),
+        "TR=1 .cycles {declared_columns} vs simulated {columns_cycles}"
+    );
+    assert!(
+        columns_cycles < rows_cycles + rows_cycles / 20,
+        "TR=1 {columns_cycles} costs 5% or more over TR=0 {rows_cycles}"
+    );
+}
+
+#[test]
+fn tr_needs_f16_partials_and_f16_results() {
+    for (defines, what) in [
+        (&[("TR", 1)][..], "IN=32"),
+        (&[("TR", 1), ("IN", 16), ("OUT", 32)][..], "OUT=32"),
+        (&[("TR", 2), ("IN", 16)][..], "TR=2"),
+    ] {
+        let Err(err) = kernel_common::assemble("reduce_f32.S", defines) else {
+            panic!("{what} with TR must not assemble");
+        };
+        let message = err.to_string();
+        assert!(
+            message
+                .contains("TR must be 0 or 1, and TR=1 (transposed result) needs IN=16 and OUT=16")
+                && message.contains("reduce_f32.S"),
+            "{what}: {message}"
+        );
+    }
+}
+
+/// Objects record TR=0 when it is not given, so a request naming TR=0
+/// matches the untransposed objects only.
+#[test]
+fn objects_record_the_default_tr() {
+    for (defines, tr) in [(&[("IN", 16)][..], 0), (&[("IN", 16), ("TR", 1)][..], 1)] {
+        let assembly = kernel_common::assemble("reduce_f32.S", defines).unwrap();
+        assert_eq!(
+            assembly.metadata.parameters.get("TR"),
+            Some(&tr),
+            "{defines:?}"
+        );
+    }
 }
