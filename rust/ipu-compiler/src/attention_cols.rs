@@ -17,15 +17,15 @@
 //! 3. one exchange step: Q^T runs to every key split of the (head, query
 //!    block), K rows (unchanged from the projection) and V^T runs to every
 //!    query block of the head, in the split that holds the key.
-//! 4. S^T = K Q^T (`gemm_f16` ACC=16: keys as rows, the tile's queries as
+//! 4. S^T = K Q^T (`gemm_f16` ACC=32: keys as rows, the tile's queries as
 //!    one or two column blocks, K = the head padded to 16).
-//! 5. `colmax_f16` per row group of S^T, then `softmax_cols`: the column
-//!    maximum m (scaled), P^T = exp(S^T * scale - m) in f16, written as the
+//! 5. `colmax_f16` IN=32 per row group of S^T, then `softmax_cols` IN=32
+//!    EXP=32: the column maximum m (scaled), P^T = f16(exp(S^T * scale -
+//!    m)) with the argument and the exponential in f32, written as the
 //!    next GEMM's weights.
-//! 6. O^T = [V^T; 1] P^T (`gemm_f16` ACC=16 in f16 chains of at most
-//!    `F16_CHAIN_MAX_BLOCKS` key blocks, summed in f32 by `reduce_f32`
-//!    IN=16 OUT=32): the extra row of ones in the A operand gives the
-//!    column sums l = sum_k p in the same pass.
+//! 6. O^T = [V^T; 1] P^T (`gemm_f16` ACC=32, worker K groups summed by
+//!    `reduce_f32` IN=32 OUT=32): the extra row of ones in the A operand
+//!    gives the column sums l = sum_k p in the same pass.
 //! 7. with key splits: an exchange of every other split's (O^T, m) into
 //!    consecutive slots on split 0.
 //! 8. `attention_cols_final` on split 0: out = f16(sum_i a_i O^T_i / sum_i
@@ -59,12 +59,12 @@ use std::collections::BTreeMap;
 /// The kernels of the column layout with their cost formulas.
 #[derive(Clone)]
 pub struct ColumnKernels {
-    /// `gemm_f16` ACC=32: S^T in f32 (an f16 score would round by 2^-11
-    /// of |s * scale|, an absolute error of the exponent near the maximum).
-    pub scores: (KernelRequest, FormulaCost),
-    /// `gemm_f16` ACC=16: O^T in bounded f16 chains.
+    /// `gemm_f16` ACC=32, for both GEMMs: S^T in f32 (an f16 score would
+    /// round by 2^-11 of |s * scale|, an absolute error of the exponent
+    /// near the maximum) and O^T with l in f32 (sums of probabilities grow
+    /// with every key; f16 chains of them tripled the SigLIP error).
     pub gemm: (KernelRequest, FormulaCost),
-    /// `reduce_f32` IN=16 OUT=32: O^T's K-group partials summed in f32.
+    /// `reduce_f32` IN=32 OUT=32: O^T's K-group partials summed in f32.
     pub reduce: (KernelRequest, FormulaCost),
     pub colmax: (KernelRequest, FormulaCost),
     pub softmax: (KernelRequest, FormulaCost),
@@ -74,7 +74,7 @@ pub struct ColumnKernels {
 
 /// Requests for the column layout's own kernels (in [`ColumnKernels`]
 /// order); `fill64` and `transpose_f16` come from the row layout's set.
-pub fn kernel_requests() -> [KernelRequest; 7] {
+pub fn kernel_requests() -> [KernelRequest; 6] {
     let req = |entry: &str, source: &str, params: &[(&str, i64)]| KernelRequest {
         entry: entry.into(),
         source: source.into(),
@@ -82,22 +82,20 @@ pub fn kernel_requests() -> [KernelRequest; 7] {
     };
     [
         req("gemm_f16", "gemm_f16.S", &[("ACC", 32)]),
-        req("gemm_f16", "gemm_f16.S", &[("ACC", 16)]),
         req(
             "reduce_f32",
             "reduce_f32.S",
-            &[("EPI", 0), ("IN", 16), ("OUT", 32)],
+            &[("EPI", 0), ("IN", 32), ("OUT", 32)],
         ),
         req("colmax_f16", "colmax_f16.S", &[("IN", 32)]),
-        req("softmax_cols", "softmax_cols.S", &[("IN", 32)]),
+        req("softmax_cols", "softmax_cols.S", &[("EXP", 32), ("IN", 32)]),
         req("attention_cols_final", "attention_cols_final.S", &[]),
         req("fill_rows", "fill_rows.S", &[]),
     ]
 }
 
 /// The variables each formula reads, in [`kernel_requests`] order.
-pub const FORMULA_VARS: [&[&str]; 7] = [
-    &["M", "NCB", "NKB"],
+pub const FORMULA_VARS: [&[&str]; 6] = [
     &["M", "NCB", "NKB"],
     &["ROWS", "QUADS", "P"],
     &["ROWS", "QUADS"],
@@ -105,13 +103,6 @@ pub const FORMULA_VARS: [&[&str]; 7] = [
     &["N", "CQ", "QN", "DN"],
     &["ROWS", "ITEMS"],
 ];
-
-/// The longest f16 chain of O^T, in key blocks: shorter than the GEMMs'
-/// `F16_CHAIN_MAX_BLOCKS` because l (the ones row) and O^T sum
-/// probabilities whose partial sums grow with every key, and a third of
-/// the chain length costs no more cycles here (three K groups of two row
-/// groups fill the six workers as well as two of three).
-pub const PV_CHAIN_MAX_BLOCKS: u32 = 8;
 
 /// Whether `block` can take the column layout.
 pub fn applies(block: &AttentionBlock) -> bool {
@@ -164,12 +155,12 @@ impl Shapes {
             m: d + 1,
             k: kp,
             n: 16 * nqc,
-            acc32: false,
+            acc32: true,
             f16_result: false,
             row_align: 1,
             fp8_scale: None,
-            reduce_f16: true,
-            max_chain_blocks: PV_CHAIN_MAX_BLOCKS,
+            reduce_f16: false,
+            max_chain_blocks: u32::MAX,
         };
         let mut costs = GemmCosts {
             gemm: ck.gemm.1.clone(),
@@ -387,7 +378,7 @@ fn step_cycles(
             .max()
             .unwrap_or(0) as i64;
     let groups = s.st.1.row_groups.len() as u64;
-    let st_c = ck.scores.1.eval(&[
+    let st_c = ck.gemm.1.eval(&[
         ("M", st_rows),
         ("NCB", s.nqc as i64),
         ("NKB", (s.dp / 16) as i64),
@@ -705,6 +696,11 @@ pub fn lower(
         .map(|(&(g, t), &r)| (g, t, r))
         .collect();
     for (g, tile, r) in sources {
+        if r.transposed {
+            // Already transposed by the projection's reduce step (TR=1).
+            transposed.insert((g, tile), (r.buffer, r.row_stride));
+            continue;
+        }
         let what = if g == b.q { "q" } else { "v" };
         let (tb, rs, vertices, cycles) = crate::attention::transpose_shard(
             l,
@@ -945,11 +941,7 @@ pub fn lower(
             };
             let c_off = lay.c_row(j, gi, lr0) + cg0 * 16 * g.out_bytes();
             Vertex {
-                kernel: if g.acc32 {
-                    ck.scores.0.clone()
-                } else {
-                    ck.gemm.0.clone()
-                },
+                kernel: ck.gemm.0.clone(),
                 state: vec![
                     StateWord::Addr {
                         buffer: a,
@@ -1087,10 +1079,21 @@ pub fn lower(
         pv.tiles.insert(tile, pv_vertices);
         rd.tiles.insert(
             tile,
-            crate::lower::reduce_vertices(&ck.reduce.0, pvg, (pvl, pvs), (t.c1, t.ot), None),
+            crate::lower::reduce_vertices(
+                &ck.reduce.0,
+                pvg,
+                (pvl, pvs),
+                (t.c1, t.ot),
+                crate::lower::ReduceDst::Rows,
+                None,
+            ),
         );
     }
-    let mut steps = vec![prep, fill_step];
+    let mut steps = Vec::new();
+    if !prep.tiles.is_empty() {
+        steps.push(prep);
+    }
+    steps.push(fill_step);
     if !pad_step.tiles.is_empty() {
         steps.push(pad_step);
     }
@@ -1243,11 +1246,10 @@ mod tests {
         };
         // The kernels' declared formulas (device/*.S) for the shapes used.
         ColumnKernels {
-            scores: k("gemm_f16", "6 * (14 + NCB * (11 + NKB * (8 * M + 55)))"),
-            gemm: k("gemm_f16", "6 * (14 + NCB * (11 + NKB * (4 * M + 51)))"),
-            reduce: k("reduce_f32", "6 * (16 + ROWS * (6 + QUADS * (4 * P + 4)))"),
+            gemm: k("gemm_f16", "6 * (14 + NCB * (11 + NKB * (8 * M + 55)))"),
+            reduce: k("reduce_f32", "6 * (8 + ROWS * (3 + QUADS * (2 * P + 7)))"),
             colmax: k("colmax_f16", "6 * (12 + QUADS * (6 + 2 * ROWS))"),
-            softmax: k("softmax_cols", "6 * (25 + QUADS * (12 + 2 * W + 6 * ROWS))"),
+            softmax: k("softmax_cols", "6 * (25 + QUADS * (12 + 2 * W + 8 * ROWS))"),
             final_: k(
                 "attention_cols_final",
                 "6 * (29 + ((QN + 1) / 2) * (16 + 10 * (DN / 2)))",
@@ -1299,20 +1301,15 @@ mod tests {
     }
 
     #[test]
-    fn siglip_shapes_fit_and_chain_o_t_in_short_f16_chains() {
+    fn siglip_shapes_fit_with_the_ones_row() {
         let b = siglip();
         let ck = kernels();
         let s = Shapes::new(&b, &ck, 16, 368, 368).unwrap();
         assert!(s.region1().is_some());
         assert!(s.region0(16, 2) <= STANDARD_BUDGET / 2);
-        // O^T: the head, then the ones row; K groups of at most 8 blocks.
+        // O^T: the head, then the ones row, accumulated in f32.
         assert_eq!(s.pv.0.m, 73);
-        assert!(s
-            .pv
-            .1
-            .k_groups
-            .iter()
-            .all(|k| k.1 - k.0 <= PV_CHAIN_MAX_BLOCKS));
+        assert!(s.pv.0.acc32 && !s.pv.0.reduce_f16);
         assert!(s.pv.1.vertices() <= ipu_arch::WORKER_CONTEXTS as usize);
         // S^T: keys as rows over six row groups, the head padded to 80.
         assert_eq!(s.st.1.row_groups.len(), 6);

@@ -126,8 +126,20 @@ pub const F16_ACCUMULATION_MAX_K: u32 = 64;
 /// The longest f16 chain (in 16-row K blocks: 256 products) of
 /// [`Accumulation::Auto`] for longer K. The rounding error of a chain of
 /// `k` products grows like `u k`; cut into `K / k` chains summed in f32 it
-/// is about `u sqrt(k K)`, against the tolerance's `u K` (docs/compiler.md).
+/// is about `u sqrt(k K) / 5`, against the tolerance's `u K` (docs/compiler.md).
 pub const F16_CHAIN_MAX_BLOCKS: u32 = 16;
+
+/// The shortest chain worth its reduce step: below it (K < 256) Auto
+/// accumulates in f32.
+pub const F16_CHAIN_MIN_BLOCKS: u32 = 4;
+
+/// The chain length, in blocks, that [`Accumulation::Auto`] allows for a
+/// reduction of `k`: at most a quarter of K (so at least four chains, a
+/// margin of `5 sqrt(K / k)` >= 10 against the tolerance) and at most
+/// [`F16_CHAIN_MAX_BLOCKS`].
+pub fn f16_chain_blocks(k: u32) -> u32 {
+    (k.div_ceil(16) / 4).min(F16_CHAIN_MAX_BLOCKS)
+}
 
 /// The accumulation one GEMM gets (from [`Accumulation`] and its K).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -214,6 +226,9 @@ pub(crate) fn reduce_kernel_f16_partials(epilogue: i64) -> KernelRequest {
             ("EPI".to_string(), epilogue),
             ("IN".to_string(), 16),
             ("OUT".to_string(), 16),
+            // Named because the library also holds the transposed-result
+            // object (TR=1), which would otherwise match this request too.
+            ("TR".to_string(), 0),
         ]
         .into_iter()
         .collect(),
@@ -456,9 +471,8 @@ fn plan_and_lower(
                 }
                 (c.len() == attention_cols::FORMULA_VARS.len()).then(|| {
                     let mut it = c.into_iter();
-                    let mut next = || it.next().expect("seven kernels");
+                    let mut next = || it.next().expect("six kernels");
                     attention_cols::ColumnKernels {
-                        scores: next(),
                         gemm: next(),
                         reduce: next(),
                         colmax: next(),
@@ -510,18 +524,17 @@ fn plan_and_lower(
             };
             let proxy = (macs * per_group * 100).div_ceil(options.tiles as u64 * rate as u64 * 72);
             attention_candidates = attention::plan(b, options.tiles, k, proxy);
-            // The column layout with f16 scores misses the tolerance on
-            // SigLIP (8 of 839,808); until its f32-score kernels land it
-            // is used only when asked for.
-            let layout = options
-                .attention_layout
-                .unwrap_or(attention::AttentionLayout::Rows);
-            attention_candidates.retain(|c| c.layout == layout);
-            if layout == attention::AttentionLayout::Columns && k.columns.is_none() {
+            // Both layouts compete on their estimates unless one is asked for.
+            if let Some(layout) = options.attention_layout {
+                attention_candidates.retain(|c| c.layout == layout);
+            }
+            if options.attention_layout == Some(attention::AttentionLayout::Columns)
+                && k.columns.is_none()
+            {
                 return Err(CompileError::NoFeasiblePlan {
                     value: graph.value(b.attention).name.clone(),
                     reason: if attention_cols::applies(b) {
-                        "the column attention layout needs the kernels colmax_f16 IN=32, softmax_cols IN=32, attention_cols_final and fill_rows, which the kernel library lacks".into()
+                        "the column attention layout needs the kernels colmax_f16 IN=32, softmax_cols IN=32 EXP=32, attention_cols_final and fill_rows, which the kernel library lacks".into()
                     } else {
                         "the column attention layout takes non-causal attention with a head size that is a multiple of 4".into()
                     },
@@ -630,10 +643,12 @@ fn plan_and_lower(
             // plans fill region 1, and the join then finds no room for the
             // values and exchange tables that outlive the segment
             // (docs/compiler.md, "Precision").
+            let chain_blocks = f16_chain_blocks(k);
             let chains_possible = fp8_scale.is_none()
                 && !f32_result
                 && tile_count_override.is_none()
-                && k.div_ceil(16) <= ipu_arch::WORKER_CONTEXTS * F16_CHAIN_MAX_BLOCKS;
+                && chain_blocks >= F16_CHAIN_MIN_BLOCKS
+                && k.div_ceil(16) <= ipu_arch::WORKER_CONTEXTS * chain_blocks;
             let mode = match options.accumulation {
                 Accumulation::F16 => AccumulationMode::F16,
                 Accumulation::F32 => AccumulationMode::F32,
@@ -677,7 +692,7 @@ fn plan_and_lower(
                     row_align,
                     fp8_scale,
                     reduce_f16,
-                    max_chain_blocks: if chains { F16_CHAIN_MAX_BLOCKS } else { u32::MAX },
+                    max_chain_blocks: if chains { chain_blocks } else { u32::MAX },
                 };
                 let request = if fp8_scale.is_some() {
                     gemm_fp8_kernel()
@@ -1109,6 +1124,30 @@ fn plan_and_lower(
                     + attention::launch_cycles(1),
             )
         });
+    // The column attention layout takes the Q and V projections' results
+    // transposed straight from their reduce steps (`reduce_f32` TR=1) when
+    // they sum f16 partials and the library has that specialisation; else
+    // it transposes them on their tiles (`transpose_f16`).
+    let mut transposed = vec![false; groups.len()];
+    if let (Some(b), Some(p)) = (blocks.first(), &attention_plan) {
+        if p.layout == attention::AttentionLayout::Columns {
+            for g in [b.q, b.v] {
+                let Some(r) = planned[g].1 .1.as_mut() else {
+                    continue;
+                };
+                if r.params.get("IN") != Some(&16) || r.params.get("EPI") != Some(&0) {
+                    continue;
+                }
+                let mut tr = r.clone();
+                tr.params.insert("TR".into(), 1);
+                if kernel_formula(library, &tr, &["ROWS", "QUADS", "P"]).is_ok() {
+                    operation_reports[g].kernel = format!("{} + {tr}", planned[g].1 .0);
+                    planned[g].1 .1 = Some(tr);
+                    transposed[g] = true;
+                }
+            }
+        }
+    }
     let lowered = phase("lower", || {
         let mut gemms: Vec<lower::PlannedGemm> = planned
             .iter_mut()
@@ -1127,12 +1166,14 @@ fn plan_and_lower(
                         costs,
                         a_by_exchange: false,
                         scratch_fill: scratch_fill.clone(),
+                        transposed_result: false,
                     }
                 },
             )
             .collect();
-        for (g, &x) in gemms.iter_mut().zip(&a_by_exchange) {
+        for ((g, &x), &t) in gemms.iter_mut().zip(&a_by_exchange).zip(&transposed) {
             g.a_by_exchange = x;
+            g.transposed_result = t;
         }
         let mut l = lower::lower(graph, tile_count, &mut gemms)?;
         if let (Some(b), Some(p), Some(k)) =

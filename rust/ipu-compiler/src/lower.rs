@@ -141,7 +141,9 @@ pub struct Lowered {
 }
 
 /// A group's compact result on one tile: rows `rows` and columns
-/// `col0..col0 + width` of the result, `row_stride` bytes apart in `buffer`.
+/// `col0..col0 + width` of the result, `row_stride` bytes apart in `buffer`
+/// (or, when `transposed`, columns `row_stride` bytes apart, each holding
+/// the rows' elements in order and zeros up to the stride).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct GroupResult {
     pub buffer: usize,
@@ -149,6 +151,7 @@ pub struct GroupResult {
     pub rows: (u32, u32),
     pub col0: u32,
     pub width: u32,
+    pub transposed: bool,
 }
 
 /// Where a group's compact result lives on a tile: (buffer, row stride,
@@ -174,6 +177,10 @@ pub struct PlannedGemm<'a> {
     /// later phase; the C headers are zeroed by this fill kernel (with its
     /// estimated cycles for one vertex filling both) before the GEMM.
     pub scratch_fill: Option<(KernelRequest, u64)>,
+    /// The reduce step stores the result transposed (`reduce_f32` TR=1):
+    /// the Q and V projections of a column-layout attention, whose
+    /// exchange moves runs of queries and keys.
+    pub transposed_result: bool,
 }
 
 /// Scratch phase of the projections in a model with attention.
@@ -499,45 +506,88 @@ pub fn lower(
                     .clone()
                     .expect("f32 accumulation comes with a reduce kernel");
                 let id = tile_bufs.len();
-                // A result that a later GEMM streams as its A operand lives
-                // in interleaved elements of its own, with the two rows the
-                // consumer's drain reads.
-                let feeds = pg.group.feeds_gemm;
-                tile_bufs.push(BufferSpec {
-                    name: format!("{value}.d"),
-                    bytes: layout.d_bytes() + if feeds { 2 * layout.rs_d() } else { 0 },
-                    align: 16,
-                    region: if feeds {
-                        RegionReq::Interleaved
-                    } else {
-                        RegionReq::Standard
-                    },
-                    exclusive_element: feeds,
-                    zero: vec![],
-                    category: "gemm_result".into(),
-                    scratch: None,
-                    lifetime: None,
-                });
-                results.insert((gi_group, shard.tile), (id, layout.rs_d(), (r0, r1)));
-                group_results.insert(
-                    (gi_group, shard.tile),
-                    GroupResult {
-                        buffer: id,
-                        row_stride: layout.rs_d(),
-                        rows: (r0, r1),
-                        col0: c0 * 16,
-                        width,
-                    },
-                );
-                let reduces = reduce_vertices(
-                    &reduce,
-                    &g,
-                    (&layout, &split),
-                    (ic, id),
-                    bias_buffer.map(|(_, b)| b),
-                );
-                reduce_step.tiles.insert(shard.tile, reduces);
-                result_buffer = (id, Some(layout.rs_d()));
+                if pg.transposed_result {
+                    // Columns of the result, each padded with zeros to 8
+                    // bytes (the layout `transpose_f16` would make).
+                    let rs_t = (mt * 2).div_ceil(8) * 8;
+                    let zero: Vec<(u32, u32)> = (0..nct * 16)
+                        .map(|c| (c * rs_t + mt * 2, (c + 1) * rs_t))
+                        .filter(|z| z.0 < z.1)
+                        .collect();
+                    tile_bufs.push(BufferSpec {
+                        name: format!("{value}.d_transposed"),
+                        bytes: nct * 16 * rs_t,
+                        align: 8,
+                        region: RegionReq::Any,
+                        exclusive_element: false,
+                        zero,
+                        category: "gemm_result".into(),
+                        scratch: None,
+                        lifetime: None,
+                    });
+                    group_results.insert(
+                        (gi_group, shard.tile),
+                        GroupResult {
+                            buffer: id,
+                            row_stride: rs_t,
+                            rows: (r0, r1),
+                            col0: c0 * 16,
+                            width,
+                            transposed: true,
+                        },
+                    );
+                    let reduces = reduce_vertices(
+                        &reduce,
+                        &g,
+                        (&layout, &split),
+                        (ic, id),
+                        ReduceDst::Transposed(rs_t),
+                        None,
+                    );
+                    reduce_step.tiles.insert(shard.tile, reduces);
+                } else {
+                    // A result that a later GEMM streams as its A operand lives
+                    // in interleaved elements of its own, with the two rows the
+                    // consumer's drain reads.
+                    let feeds = pg.group.feeds_gemm;
+                    tile_bufs.push(BufferSpec {
+                        name: format!("{value}.d"),
+                        bytes: layout.d_bytes() + if feeds { 2 * layout.rs_d() } else { 0 },
+                        align: 16,
+                        region: if feeds {
+                            RegionReq::Interleaved
+                        } else {
+                            RegionReq::Standard
+                        },
+                        exclusive_element: feeds,
+                        zero: vec![],
+                        category: "gemm_result".into(),
+                        scratch: None,
+                        lifetime: None,
+                    });
+                    results.insert((gi_group, shard.tile), (id, layout.rs_d(), (r0, r1)));
+                    group_results.insert(
+                        (gi_group, shard.tile),
+                        GroupResult {
+                            buffer: id,
+                            row_stride: layout.rs_d(),
+                            rows: (r0, r1),
+                            col0: c0 * 16,
+                            width,
+                            transposed: false,
+                        },
+                    );
+                    let reduces = reduce_vertices(
+                        &reduce,
+                        &g,
+                        (&layout, &split),
+                        (ic, id),
+                        ReduceDst::Rows,
+                        bias_buffer.map(|(_, b)| b),
+                    );
+                    reduce_step.tiles.insert(shard.tile, reduces);
+                    result_buffer = (id, Some(layout.rs_d()));
+                }
             }
 
             // Host placements: A rows (host operands), B rows of the tile's
@@ -597,6 +647,11 @@ pub fn lower(
                         bytes: width * eb,
                     },
                 );
+            }
+            // Transposed results feed attention only: no host placements
+            // (never an output; not checkpointed).
+            if pg.transposed_result {
+                continue;
             }
             // Results that are not outputs stay resident on the device; the
             // package lists where (checkpoints.json) for diagnosis.
@@ -746,11 +801,21 @@ impl Lowered {
 /// each sums its rows' K-group partials of buffer `c` (sections
 /// `layout.section()` apart) into the compact rows of buffer `d`, with the
 /// bias of its columns when the group has one.
+/// Where a reduce step stores its result.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum ReduceDst {
+    /// Compact rows (`ShardLayout::rs_d` apart).
+    Rows,
+    /// Columns this many bytes apart (`reduce_f32` TR=1).
+    Transposed(u32),
+}
+
 pub(crate) fn reduce_vertices(
     kernel: &KernelRequest,
     g: &GemmGeometry,
     (layout, split): (&ShardLayout, &crate::gemm::WorkerSplit),
     (c, d): (usize, usize),
+    dst: ReduceDst,
     bias: Option<usize>,
 ) -> Vec<Vertex> {
     split
@@ -766,11 +831,20 @@ pub(crate) fn reduce_vertices(
                 StateWord::Const(layout.section()),
                 StateWord::Const(split.k_groups.len() as u32),
                 StateWord::Const(layout.rs_c),
-                StateWord::Addr {
-                    buffer: d,
-                    offset: lr0 * layout.rs_d() + cg0 * 16 * g.result_bytes(),
+                match dst {
+                    ReduceDst::Rows => StateWord::Addr {
+                        buffer: d,
+                        offset: lr0 * layout.rs_d() + cg0 * 16 * g.result_bytes(),
+                    },
+                    ReduceDst::Transposed(rs_t) => StateWord::Addr {
+                        buffer: d,
+                        offset: cg0 * 16 * rs_t + lr0 * g.result_bytes(),
+                    },
                 },
-                StateWord::Const(layout.rs_d()),
+                StateWord::Const(match dst {
+                    ReduceDst::Rows => layout.rs_d(),
+                    ReduceDst::Transposed(rs_t) => rs_t,
+                }),
                 StateWord::Const(lr1 - lr0),
                 StateWord::Const(4 * (cg1 - cg0)),
                 match bias {

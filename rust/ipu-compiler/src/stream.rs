@@ -1000,8 +1000,14 @@ pub fn lower(
                 lifetime: None,
             });
             let d = bufs.len() - 1;
-            let reduces =
-                crate::lower::reduce_vertices(&reduce, &g, (lay, &t.split), (t.c, d), t.bias);
+            let reduces = crate::lower::reduce_vertices(
+                &reduce,
+                &g,
+                (lay, &t.split),
+                (t.c, d),
+                crate::lower::ReduceDst::Rows,
+                t.bias,
+            );
             let (_, reduce_cycles) = pg.costs.split_cycles(&gc, &t.split);
             reduce_step.estimated_cycles = reduce_step
                 .estimated_cycles
