@@ -810,6 +810,17 @@ pub fn lower(
             for c in 0..r.width {
                 let gc = r.col0 + c;
                 let (h, j) = (gc / d, gc % d);
+                // Rows a..z of transposed row c (a run of queries or keys;
+                // one that ends on the odd last row takes the zero after it).
+                let run = |a: u32, z: u32, destinations| BufferTransfer {
+                    source: BufferRef {
+                        tile,
+                        buffer: tb,
+                        offset: c * rs + (a - r0) * 2,
+                    },
+                    destinations,
+                    bytes: ((z - a) * 2).div_ceil(4) * 4,
+                };
                 if g == b.q {
                     // Runs of the column's queries, cut at query blocks, to
                     // every key split of the block.
@@ -828,15 +839,7 @@ pub fn lower(
                                 }
                             })
                             .collect();
-                        transfers.push(BufferTransfer {
-                            source: BufferRef {
-                                tile,
-                                buffer: tb,
-                                offset: c * rs + (a - r0) * 2,
-                            },
-                            destinations,
-                            bytes: ((z - a) * 2).div_ceil(4) * 4,
-                        });
+                        transfers.push(run(a, z, destinations));
                         a = z;
                     }
                 } else {
@@ -858,15 +861,7 @@ pub fn lower(
                                 }
                             })
                             .collect();
-                        transfers.push(BufferTransfer {
-                            source: BufferRef {
-                                tile,
-                                buffer: tb,
-                                offset: c * rs + (a - r0) * 2,
-                            },
-                            destinations,
-                            bytes: ((z - a) * 2).div_ceil(4) * 4,
-                        });
+                        transfers.push(run(a, z, destinations));
                     }
                 }
             }
