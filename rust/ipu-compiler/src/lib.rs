@@ -565,8 +565,10 @@ fn plan_and_lower(
                 tracing::info!(
                     finalist = i,
                     value = %graph.value(b.attention).name,
+                    layout = ?c.layout,
                     query_blocks = c.query_blocks,
                     rows = c.rows,
+                    key_splits = c.key_splits.len(),
                     key_blocks = c.key_blocks.len(),
                     attention_tiles = c.tiles,
                     estimated_cycles = c.total_cycles(),
@@ -934,6 +936,7 @@ fn plan_and_lower(
                 });
             };
             tracing::info!(
+                layout = ?c.layout,
                 query_blocks = c.query_blocks,
                 attention_tiles = c.tiles,
                 projection_tiles_each = group_tiles,
