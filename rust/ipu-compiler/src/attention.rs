@@ -727,14 +727,13 @@ pub type FillJob = (usize, u32, u32, u32, u32);
 /// one vertex (a list of ranges) per share. Returns the states and the
 /// slowest vertex's formula cycles.
 pub fn fill_vertices(jobs: &[FillJob], fill: &mut FormulaCost) -> (Vec<Vec<StateWord>>, u64) {
-    let ranges_to_fill = jobs;
-    let total: u32 = ranges_to_fill.iter().map(|r| r.2 / 8).sum();
+    let total: u32 = jobs.iter().map(|r| r.2 / 8).sum();
     let share = total.div_ceil(ipu_arch::WORKER_CONTEXTS).max(1);
     let mut vertices: Vec<Vec<StateWord>> = Vec::new();
     let mut current: Vec<StateWord> = Vec::new();
     let (mut in_current, mut ranges_in_current) = (0u32, 0u32);
     let mut slowest = 0u64;
-    for &(buffer, offset, bytes, lo, hi) in ranges_to_fill {
+    for &(buffer, offset, bytes, lo, hi) in jobs {
         let mut done = 0;
         while done < bytes / 8 {
             let take = (bytes / 8 - done).min(share - in_current);
@@ -1068,7 +1067,7 @@ pub fn lower(
     for (&tile, &(_, _, ks, ref t, lay)) in &tiles {
         let rows = lay.rows;
         // (buffer, offset, bytes, lo, hi)
-        let mut ranges_to_fill: Vec<(usize, u32, u32, u32, u32)> = vec![
+        let mut ranges_to_fill: Vec<FillJob> = vec![
             (t.o, 0, rows * lay.rs_o, 0, 0),
             (t.ml, 0, rows * 8, f32::NEG_INFINITY.to_bits(), 0),
             (t.q, 0, lay.q_bytes(), 0, 0),

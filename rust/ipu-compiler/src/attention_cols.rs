@@ -347,7 +347,6 @@ fn row_job_vertices(jobs: &[RowJob], ck: &mut ColumnKernels) -> (Vec<Vec<StateWo
 /// queries, `n` keys and `splits` key splits, in lowering order: fill,
 /// pad, S^T, colmax, softmax, O^T, reduce, final (the last only on split 0).
 fn step_cycles(
-    b: &AttentionBlock,
     fill: &mut FormulaCost,
     ck: &mut ColumnKernels,
     s: &Shapes,
@@ -409,7 +408,6 @@ fn step_cycles(
         ("QN", rows as i64),
         ("DN", dn),
     ]) + launch_cycles(s.final_parts().len() as u64);
-    let _ = b;
     vec![
         fill_c, pad_c, st_c, colmax_c, softmax_c, pv_c, reduce_c, final_c,
     ]
@@ -452,7 +450,7 @@ pub fn plan(
             if r0 > STANDARD_BUDGET / 2 {
                 continue;
             }
-            let steps = step_cycles(block, fill, ck, &s, rows, n, splits);
+            let steps = step_cycles(fill, ck, &s, rows, n, splits);
             let compute: u64 = steps.iter().sum();
             // Every tile receives its queries' Q^T, its split's K rows and
             // V^T; with splits, split 0 receives the others' (O^T, m).
@@ -894,23 +892,25 @@ pub fn lower(
     let mut pv = compute_step(format!("{name} O^T = [V^T; 1] P^T"));
     let mut rd = compute_step(format!("{name} sum of O^T partials"));
     let scale = b.scale.to_bits();
+    // A tile's shapes and step estimates depend only on its queries and
+    // keys: a few distinct pairs for all the tiles.
+    let mut by_shape: BTreeMap<(u32, u32), (Shapes, Vec<u64>)> = BTreeMap::new();
     for (&tile, at) in &tiles {
         let t = at.bufs;
-        let s = Shapes::new(b, ck, plan.rows, at.n, kp).ok_or_else(|| {
-            bad(format!(
-                "attention {name}: no worker split of O^T on tile {tile}"
-            ))
-        })?;
+        let rows = qranges[at.qi as usize].1 - qranges[at.qi as usize].0;
+        let (s, est) = match by_shape.entry((rows, at.n)) {
+            std::collections::btree_map::Entry::Occupied(e) => e.into_mut(),
+            std::collections::btree_map::Entry::Vacant(e) => {
+                let s = Shapes::new(b, ck, plan.rows, at.n, kp).ok_or_else(|| {
+                    bad(format!(
+                        "attention {name}: no worker split of O^T on tile {tile}"
+                    ))
+                })?;
+                let est = step_cycles(&mut fill.1, ck, &s, rows, at.n, splits);
+                e.insert((s, est))
+            }
+        };
         // Its steps' estimates (the slowest tile sets each step's).
-        let est = step_cycles(
-            b,
-            &mut fill.1,
-            ck,
-            &s,
-            qranges[at.qi as usize].1 - qranges[at.qi as usize].0,
-            at.n,
-            splits,
-        );
         for (step, e) in [
             (&mut st, est[2]),
             (&mut cm, est[3]),
