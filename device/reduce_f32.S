@@ -56,6 +56,7 @@
         .param EPI, 0
         .param IN, 32
         .param TR, 0
+        .param ACC, 32
         .workers 6
         .if OUT != 16 && OUT != 32
         .error "OUT must be 16 (f16 result) or 32 (f32 result)"

@@ -130,6 +130,8 @@ pub(crate) struct Assembler<'o> {
     a_mask: u16,
     kernel: Option<String>,
     params: BTreeMap<String, i64>,
+    /// Names declared by `.param` (with a default or given by -D).
+    declared_params: BTreeSet<String>,
     workers: Option<u32>,
     cycles: Option<String>,
     statements: u64,
@@ -183,6 +185,7 @@ impl<'o> Assembler<'o> {
             a_mask: 0,
             kernel: None,
             params: opts.defines.clone(),
+            declared_params: BTreeSet::new(),
             workers: None,
             cycles: None,
             statements: 0,
@@ -1117,6 +1120,7 @@ impl<'o> Assembler<'o> {
                     return Err(line.err(op.col, "`.param` expects a name and an optional default"));
                 }
                 let n = name_arg(&args[0])?;
+                self.declared_params.insert(n.clone());
                 if self.opts.defines.contains_key(&n) {
                     return Ok(());
                 }
@@ -1420,7 +1424,15 @@ impl<'o> Assembler<'o> {
                 .unwrap_or(stem),
             target: self.opts.target.clone(),
             entries,
-            parameters: self.params.clone(),
+            // Only declared parameters: a -D the source never declares is
+            // a plain constant, and listing it would let a request for a
+            // specialisation the source lacks match its default code.
+            parameters: self
+                .params
+                .iter()
+                .filter(|(k, _)| self.declared_params.contains(*k))
+                .map(|(k, v)| (k.clone(), *v))
+                .collect(),
             code_bytes: total(SectionKind::Code),
             data_bytes: total(SectionKind::Data),
             bss_bytes: total(SectionKind::Bss),

@@ -23,14 +23,20 @@
 //!    EXP=32: the column maximum m (scaled), P^T = f16(exp(S^T * scale -
 //!    m)) with the argument and the exponential in f32, written as the
 //!    next GEMM's weights.
-//! 6. O^T = [V^T; 1] P^T (`gemm_f16` ACC=32, worker K groups summed by
-//!    `reduce_f32` IN=32 OUT=32): the extra row of ones in the A operand
-//!    gives the column sums l = sum_k p in the same pass.
-//! 7. with key splits: an exchange of every other split's (O^T, m) into
-//!    consecutive slots on split 0.
-//! 8. `attention_cols_final` on split 0: out = f16(sum_i a_i O^T_i / sum_i
-//!    a_i l_i) with a_i = exp(m_i - max m), written as the rows the host
-//!    reads as `y`.
+//! 6. O^T = [V^T; 1] P^T (`gemm_f16` ACC=32): the extra row of ones in the
+//!    A operand gives the column sums l = sum_k p in the same pass. Worker
+//!    K groups are summed into state slot 0 by `reduce_f32` IN=32 OUT=32;
+//!    with one K group `copy64` moves the rows there instead.
+//! 7. with key splits: every split's tile combines a range of head columns
+//!    (`combine_ranges`): it receives those O^T rows, the l row and m of
+//!    every other split of its (head, query block) into slots 1.. (its own
+//!    stay in slot 0): d / splits + 1 rows per split where one tile used
+//!    to receive every split's whole state.
+//! 8. `attention_cols_final` on every split's tile, for its head columns:
+//!    out = f16(sum_i a_i O^T_i / sum_i a_i l_i) with a_i = exp(m_i - max
+//!    m), written as the part of the rows the host reads as `y`. Its
+//!    vertices split queries or head columns, whichever is cheaper (the
+//!    kernel recomputes a query pair's factors in every vertex).
 //!
 //! Only for non-causal blocks whose head size is a multiple of four (K
 //! rows and runs of queries move as 4-byte words; the head padding of a K
@@ -70,11 +76,15 @@ pub struct ColumnKernels {
     pub softmax: (KernelRequest, FormulaCost),
     pub final_: (KernelRequest, FormulaCost),
     pub fill_rows: (KernelRequest, FormulaCost),
+    /// `copy64`: O^T from the C buffer into state slot 0 when the O^T
+    /// GEMM has one K group (nothing to sum; 8 bytes per issue slot where
+    /// `reduce_f32` P = 1 takes 9 slots per 16 bytes).
+    pub copy: (KernelRequest, FormulaCost),
 }
 
 /// Requests for the column layout's own kernels (in [`ColumnKernels`]
 /// order); `fill64` and `transpose_f16` come from the row layout's set.
-pub fn kernel_requests() -> [KernelRequest; 6] {
+pub fn kernel_requests() -> [KernelRequest; 7] {
     let req = |entry: &str, source: &str, params: &[(&str, i64)]| KernelRequest {
         entry: entry.into(),
         source: source.into(),
@@ -91,17 +101,19 @@ pub fn kernel_requests() -> [KernelRequest; 6] {
         req("softmax_cols", "softmax_cols.S", &[("EXP", 32), ("IN", 32)]),
         req("attention_cols_final", "attention_cols_final.S", &[]),
         req("fill_rows", "fill_rows.S", &[]),
+        req("copy64", "copy64.S", &[]),
     ]
 }
 
 /// The variables each formula reads, in [`kernel_requests`] order.
-pub const FORMULA_VARS: [&[&str]; 6] = [
+pub const FORMULA_VARS: [&[&str]; 7] = [
     &["M", "NCB", "NKB"],
     &["ROWS", "QUADS", "P"],
     &["ROWS", "QUADS"],
     &["ROWS", "QUADS", "W"],
     &["N", "CQ", "QN", "DN"],
     &["ROWS", "ITEMS"],
+    &["BYTES"],
 ];
 
 /// Whether `block` can take the column layout.
@@ -242,13 +254,104 @@ impl Shapes {
             + rows * self.rs_out()
             + w * (self.maxes_row() + self.softmax_scratch() + self.final_scratch())) as u64
     }
-    /// The d range of each final vertex: even, near-equal.
-    fn final_parts(&self) -> Vec<(u32, u32)> {
-        ranges(self.d / 2, (self.d / 2).min(ipu_arch::WORKER_CONTEXTS))
-            .into_iter()
-            .map(|(a, z)| (2 * a, 2 * z))
-            .collect()
+    /// With one K group, O^T moves from the C buffer (rows `rs_c` apart,
+    /// two drain rows between row groups) to state slot 0 as `copy64`
+    /// runs: (C offset, slot offset, bytes), at most six, each whole rows
+    /// of one row group. `None` when the rows are not the slot's rows
+    /// (K groups to sum, or another row stride): then `reduce_f32` runs.
+    fn ot_copies(&self) -> Option<Vec<(u32, u32, u32)>> {
+        let (_, split, lay) = &self.pv;
+        if split.k_groups.len() != 1 || lay.rs_c != lay.rs_d() {
+            return None;
+        }
+        let groups = split.row_groups.len() as u32;
+        let per = (ipu_arch::WORKER_CONTEXTS / groups).max(1);
+        let mut out = Vec::new();
+        for (gi, &(r0, r1)) in split.row_groups.iter().enumerate() {
+            for (a, z) in ranges(r1 - r0, per) {
+                if z > a {
+                    out.push((
+                        lay.c_row(0, gi as u32, r0 + a),
+                        (r0 + a) * lay.rs_d(),
+                        (z - a) * lay.rs_c,
+                    ));
+                }
+            }
+        }
+        Some(out)
     }
+    /// The head columns each key split's tile combines and writes: even,
+    /// near-equal ranges (empty for splits beyond d / 2).
+    fn combine_ranges(&self, splits: u32) -> Vec<(u32, u32)> {
+        pair_ranges(0, self.d, splits)
+    }
+    /// Bytes a tile with head columns `(d0, d1)` receives in the state
+    /// exchange: of every other split, those O^T rows, the l row and m.
+    fn state_bytes(&self, splits: u32, (d0, d1): (u32, u32)) -> u64 {
+        if d1 == d0 {
+            return 0;
+        }
+        (splits as u64 - 1) * (((d1 - d0 + 1) * self.pv.2.rs_d() + self.m_slot()) as u64)
+    }
+    /// The final vertices of a tile that combines head columns `(d0, d1)`
+    /// of `rows` queries over `splits` splits, as (first query, queries,
+    /// first head column, head columns), and the slowest one's cycles: the
+    /// worker grid of head-column groups x query groups with the fewest
+    /// cycles (the kernel recomputes a query pair's factors in every
+    /// vertex, so with many splits query groups are cheaper).
+    fn final_vertices(
+        &self,
+        final_: &mut FormulaCost,
+        rows: u32,
+        splits: u32,
+        (d0, d1): (u32, u32),
+    ) -> (Vec<FinalVertex>, u64) {
+        let w = ipu_arch::WORKER_CONTEXTS;
+        let mut best: Option<(Vec<FinalVertex>, u64)> = None;
+        if d1 == d0 || rows == 0 {
+            return (Vec::new(), 0);
+        }
+        let pairs = (d1 - d0) / 2;
+        for dg in 1..=w.min(pairs) {
+            let qg = (w / dg).min(rows.div_ceil(2));
+            let dparts = pair_ranges(d0, d1, dg);
+            let qparts = aligned_ranges(rows, qg, 2);
+            let mut vertices = Vec::new();
+            let mut slowest = 0;
+            for &(q0, q1) in &qparts {
+                for &(a, z) in &dparts {
+                    if q1 == q0 || z == a {
+                        continue;
+                    }
+                    slowest = slowest.max(final_.eval(&[
+                        ("N", splits as i64),
+                        ("CQ", self.quads() as i64),
+                        ("QN", (q1 - q0) as i64),
+                        ("DN", (z - a) as i64),
+                    ]));
+                    vertices.push((q0, q1 - q0, a, z - a));
+                }
+            }
+            let cycles = slowest + launch_cycles(vertices.len() as u64);
+            if best.as_ref().is_none_or(|b| cycles < b.1) {
+                best = Some((vertices, cycles));
+            }
+        }
+        best.expect("a non-empty range has a grid")
+    }
+}
+
+/// One final vertex: (first query, queries, first head column, head
+/// columns).
+type FinalVertex = (u32, u32, u32, u32);
+
+/// `[a, z)` (even `a` and `z`) cut into `parts` near-equal ranges of whole
+/// pairs (empty ones when there are fewer pairs than parts).
+fn pair_ranges(a: u32, z: u32, parts: u32) -> Vec<(u32, u32)> {
+    ranges((z - a) / 2, parts)
+        .into_iter()
+        .map(|(p, q)| (a + 2 * p, a + 2 * q))
+        .collect()
 }
 
 /// The fill-step jobs of one tile (buffer indices in `t`), `n` its keys.
@@ -398,16 +501,33 @@ fn step_cycles(
         persistent_budget: None,
         a_persistent: false,
     };
-    let (pv_gemm, pv_reduce) = costs.split_cycles(&s.pv.0, &s.pv.1);
+    let (pv_gemm, mut pv_reduce) = costs.split_cycles(&s.pv.0, &s.pv.1);
+    // With one K group the reduce step only moves O^T from the C buffer
+    // into state slot 0: copies, or a reduce with P = 1.
+    if let Some(copies) = s.ot_copies() {
+        pv_reduce = copies
+            .iter()
+            .map(|c| ck.copy.1.eval(&[("BYTES", c.2 as i64)]))
+            .max()
+            .unwrap_or(0);
+    } else if s.pv.1.k_groups.len() == 1 {
+        for (_, r, c) in s.pv.1.reduce_parts() {
+            pv_reduce = pv_reduce.max(ck.reduce.1.eval(&[
+                ("ROWS", (r.1 - r.0) as i64),
+                ("QUADS", 4 * (c.1 - c.0) as i64),
+                ("P", 1),
+            ]));
+        }
+    }
     let pv_c = pv_gemm + launch_cycles(s.pv.1.vertices() as u64);
-    let reduce_c = pv_reduce + launch_cycles(s.pv.1.reduce_vertices() as u64);
-    let dn = s.final_parts().iter().map(|p| p.1 - p.0).max().unwrap_or(2) as i64;
-    let final_c = ck.final_.1.eval(&[
-        ("N", splits as i64),
-        ("CQ", s.quads() as i64),
-        ("QN", rows as i64),
-        ("DN", dn),
-    ]) + launch_cycles(s.final_parts().len() as u64);
+    let reduce_c = pv_reduce
+        + launch_cycles(s.ot_copies().map_or(s.pv.1.reduce_vertices(), |c| c.len()) as u64);
+    let final_c = s
+        .combine_ranges(splits)
+        .into_iter()
+        .map(|r| s.final_vertices(&mut ck.final_.1, rows, splits, r).1)
+        .max()
+        .unwrap_or(0);
     vec![
         fill_c, pad_c, st_c, colmax_c, softmax_c, pv_c, reduce_c, final_c,
     ]
@@ -427,7 +547,7 @@ pub fn plan(
         return out;
     }
     let ncb = block.key_blocks();
-    for splits in [1u32, 2, 4, 8].into_iter().filter(|&s| s <= ncb) {
+    for splits in [1u32, 2, 3, 4, 6, 8].into_iter().filter(|&s| s <= ncb) {
         let key_splits = ranges(ncb, splits);
         let split_cb = key_splits.iter().map(|c| c.1 - c.0).max().unwrap_or(1);
         let kp = split_cb * 16;
@@ -458,7 +578,12 @@ pub fn plan(
             let mut exchange = ipu_arch::SYNC_CYCLES
                 + received.div_ceil(ipu_arch::EXCHANGE_RECV_BYTES_PER_CYCLE as u64);
             if splits > 1 {
-                let state = (splits as u64 - 1) * (s.ot_slot() + s.m_slot()) as u64;
+                let state = s
+                    .combine_ranges(splits)
+                    .into_iter()
+                    .map(|r| s.state_bytes(splits, r))
+                    .max()
+                    .unwrap_or(0);
                 exchange += ipu_arch::SYNC_CYCLES
                     + state.div_ceil(ipu_arch::EXCHANGE_RECV_BYTES_PER_CYCLE as u64);
             }
@@ -581,7 +706,9 @@ pub fn lower(
                     bufs.push(spec);
                     bufs.len() - 1
                 };
-                let slots = if ks == 0 { splits } else { 1 };
+                // Every tile combines a range of head columns: its own
+                // state in slot 0, the other splits' after it.
+                let slots = splits;
                 let t = TileBuffers {
                     kr: push(scratch(spec(
                         "k_rows",
@@ -1072,9 +1199,25 @@ pub fn lower(
             }
         }
         pv.tiles.insert(tile, pv_vertices);
-        rd.tiles.insert(
-            tile,
-            crate::lower::reduce_vertices(
+        let moves = match s.ot_copies() {
+            Some(copies) => copies
+                .into_iter()
+                .map(|(from, to, bytes)| Vertex {
+                    kernel: ck.copy.0.clone(),
+                    state: vec![
+                        StateWord::Addr {
+                            buffer: t.c1,
+                            offset: from,
+                        },
+                        StateWord::Addr {
+                            buffer: t.ot,
+                            offset: to,
+                        },
+                        StateWord::Const(bytes),
+                    ],
+                })
+                .collect(),
+            None => crate::lower::reduce_vertices(
                 &ck.reduce.0,
                 pvg,
                 (pvl, pvs),
@@ -1082,7 +1225,8 @@ pub fn lower(
                 crate::lower::ReduceDst::Rows,
                 None,
             ),
-        );
+        };
+        rd.tiles.insert(tile, moves);
     }
     let mut steps = Vec::new();
     if !prep.tiles.is_empty() {
@@ -1094,41 +1238,60 @@ pub fn lower(
     }
     steps.extend([xstep, st, cm, sm, pv, rd]);
 
-    // Step 8: the other splits' (O^T, m) into split 0's slots.
+    // Step 8: every split's tile combines a range of head columns: it
+    // receives those O^T rows, the l row and m of every other split of
+    // its (head, query block), split j into slot j + 1 below its own
+    // split, slot j above it (its own state stays in slot 0).
+    let combine = shapes.combine_ranges(splits);
     if splits > 1 {
+        let (rs_d, lrow) = (shapes.pv.2.rs_d(), d);
         let mut moves = Vec::new();
         for (&tile, at) in &tiles {
-            if at.ks == 0 {
+            let (d0, d1) = combine[at.ks as usize];
+            if d1 == d0 {
                 continue;
             }
-            let dst = plan.tile(at.h, at.qi, 0);
-            let d_bufs = tiles[&dst].bufs;
-            moves.push(BufferTransfer {
-                source: BufferRef {
-                    tile,
-                    buffer: at.bufs.ot,
-                    offset: 0,
-                },
-                destinations: vec![BufferRef {
-                    tile: dst,
-                    buffer: d_bufs.ot,
-                    offset: at.ks * shapes.ot_slot(),
-                }],
-                bytes: shapes.ot_slot(),
-            });
-            moves.push(BufferTransfer {
-                source: BufferRef {
-                    tile,
-                    buffer: at.bufs.m,
-                    offset: 0,
-                },
-                destinations: vec![BufferRef {
-                    tile: dst,
-                    buffer: d_bufs.m,
-                    offset: at.ks * shapes.m_slot(),
-                }],
-                bytes: shapes.m_slot(),
-            });
+            for j in (0..splits).filter(|&j| j != at.ks) {
+                let slot = if j < at.ks { j + 1 } else { j };
+                let src = plan.tile(at.h, at.qi, j);
+                let s_bufs = tiles[&src].bufs;
+                let mut mv =
+                    |buffer: usize, dst_buffer: usize, offset: u32, slot_bytes: u32, bytes: u32| {
+                        moves.push(BufferTransfer {
+                            source: BufferRef {
+                                tile: src,
+                                buffer,
+                                offset,
+                            },
+                            destinations: vec![BufferRef {
+                                tile,
+                                buffer: dst_buffer,
+                                offset: slot * slot_bytes + offset,
+                            }],
+                            bytes,
+                        });
+                    };
+                // The l row follows the last head column: one run then.
+                if d1 == lrow {
+                    mv(
+                        s_bufs.ot,
+                        at.bufs.ot,
+                        d0 * rs_d,
+                        shapes.ot_slot(),
+                        (d1 - d0 + 1) * rs_d,
+                    );
+                } else {
+                    mv(
+                        s_bufs.ot,
+                        at.bufs.ot,
+                        d0 * rs_d,
+                        shapes.ot_slot(),
+                        (d1 - d0) * rs_d,
+                    );
+                    mv(s_bufs.ot, at.bufs.ot, lrow * rs_d, shapes.ot_slot(), rs_d);
+                }
+                mv(s_bufs.m, at.bufs.m, 0, shapes.m_slot(), shapes.m_slot());
+            }
         }
         steps.push(exchange::program_step(
             l.tile_count,
@@ -1140,7 +1303,7 @@ pub fn lower(
         )?);
     }
 
-    // Step 9: the combine and normalisation on split 0, and the output rows.
+    // Step 9: the combine and normalisation, and the output rows.
     let mut fin = compute_step(format!("{name} combine and normalise"));
     let mut y = HostTensor {
         name: y_name,
@@ -1150,49 +1313,42 @@ pub fn lower(
     let hd = (b.heads * d) as u64;
     let s = &shapes;
     for (&tile, at) in &tiles {
-        if at.ks != 0 {
+        let (d0, d1) = combine[at.ks as usize];
+        if d1 == d0 {
             continue;
         }
         let t = at.bufs;
         let (q0, q1) = qranges[at.qi as usize];
         let rows = q1 - q0;
-        let parts = s.final_parts();
-        let dn = parts.iter().map(|p| p.1 - p.0).max().unwrap_or(2) as i64;
-        fin.estimated_cycles = fin.estimated_cycles.max(
-            ck.final_.1.eval(&[
-                ("N", splits as i64),
-                ("CQ", s.quads() as i64),
-                ("QN", rows as i64),
-                ("DN", dn),
-            ]) + launch_cycles(parts.len() as u64),
-        );
+        let (vertices, cycles) = s.final_vertices(&mut ck.final_.1, rows, splits, (d0, d1));
+        fin.estimated_cycles = fin.estimated_cycles.max(cycles);
         fin.tiles.insert(
             tile,
-            parts
+            vertices
                 .iter()
                 .enumerate()
-                .map(|(w, &(d0, d1))| Vertex {
+                .map(|(w, &(qa, qn, da, dn))| Vertex {
                     kernel: ck.final_.0.clone(),
                     state: vec![
                         StateWord::Addr {
                             buffer: t.ot,
-                            offset: 0,
+                            offset: 4 * qa,
                         },
                         StateWord::Const(s.pv.2.rs_d()),
                         StateWord::Const(s.ot_slot()),
                         StateWord::Const(splits),
                         StateWord::Addr {
                             buffer: t.m,
-                            offset: 0,
+                            offset: 4 * qa,
                         },
                         StateWord::Const(d),
                         StateWord::Const(s.quads()),
-                        StateWord::Const(rows),
-                        StateWord::Const(d0),
-                        StateWord::Const(d1 - d0),
+                        StateWord::Const(qn),
+                        StateWord::Const(da),
+                        StateWord::Const(dn),
                         StateWord::Addr {
                             buffer: t.out,
-                            offset: 0,
+                            offset: qa * s.rs_out(),
                         },
                         StateWord::Const(s.rs_out()),
                         StateWord::Addr {
@@ -1207,9 +1363,9 @@ pub fn lower(
             y.placements.push(HostPlacement {
                 tile,
                 buffer: t.out,
-                buffer_offset: r * s.rs_out(),
-                host_offset: ((q0 + r) as u64 * hd + (at.h * d) as u64) * 2,
-                bytes: d * 2,
+                buffer_offset: r * s.rs_out() + 2 * d0,
+                host_offset: ((q0 + r) as u64 * hd + (at.h * d + d0) as u64) * 2,
+                bytes: (d1 - d0) * 2,
             });
         }
     }
@@ -1250,6 +1406,7 @@ mod tests {
                 "6 * (29 + ((QN + 1) / 2) * (16 + 10 * (DN / 2)))",
             ),
             fill_rows: k("fill_rows", "6 * (10 + ITEMS * (6 + ROWS))"),
+            copy: k("copy64", "6 * (28 + BYTES / 8)"),
         }
     }
 
@@ -1309,11 +1466,39 @@ mod tests {
         // S^T: keys as rows over six row groups, the head padded to 80.
         assert_eq!(s.st.1.row_groups.len(), 6);
         assert_eq!(s.st.2.rs_a, 160);
-        assert_eq!(s.final_parts().iter().map(|p| p.1 - p.0).sum::<u32>(), 72);
-        assert!(s
-            .final_parts()
-            .iter()
-            .all(|p| p.0 % 2 == 0 && (p.1 - p.0) % 2 == 0));
+    }
+
+    #[test]
+    fn combine_vertices_cover_every_output_once() {
+        let mut ck = kernels();
+        let b = siglip();
+        for (rows, splits) in [(16u32, 1u32), (16, 2), (32, 4), (50, 6), (17, 3), (64, 8)] {
+            let s = Shapes::new(&b, &ck, rows, 96, 96).unwrap();
+            let ranges = s.combine_ranges(splits);
+            assert_eq!(ranges.len() as u32, splits);
+            assert_eq!(ranges.first().unwrap().0, 0);
+            assert_eq!(ranges.last().unwrap().1, 72);
+            let mut seen = vec![0u32; (rows * 72) as usize];
+            for (i, &r) in ranges.iter().enumerate() {
+                assert!(r.0 % 2 == 0 && r.1 % 2 == 0 && r.0 <= r.1);
+                if i > 0 {
+                    assert_eq!(ranges[i - 1].1, r.0);
+                }
+                let (vertices, cycles) = s.final_vertices(&mut ck.final_.1, rows, splits, r);
+                assert!(vertices.len() <= 6 && cycles > 0, "{rows} {splits} {r:?}");
+                for (qa, qn, da, dn) in vertices {
+                    // OT and M move by 4 bytes per query: 8-aligned needs
+                    // even first queries; head columns come in pairs.
+                    assert!(qa % 2 == 0 && da % 2 == 0 && dn % 2 == 0 && dn > 0 && qn > 0);
+                    for q in qa..qa + qn {
+                        for dd in da..da + dn {
+                            seen[(q * 72 + dd) as usize] += 1;
+                        }
+                    }
+                }
+            }
+            assert!(seen.iter().all(|&c| c == 1), "rows {rows} splits {splits}");
+        }
     }
 
     #[test]

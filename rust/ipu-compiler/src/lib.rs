@@ -223,15 +223,40 @@ pub(crate) fn reduce_kernel_f16_partials(epilogue: i64) -> KernelRequest {
         entry: "reduce_f32".into(),
         source: "reduce_f32.S".into(),
         params: [
+            // ACC and TR are named because the library also holds the
+            // f16-sum (ACC=16) and transposed-result (TR=1) objects, which
+            // would otherwise match this request too.
+            ("ACC".to_string(), 32),
             ("EPI".to_string(), epilogue),
             ("IN".to_string(), 16),
             ("OUT".to_string(), 16),
-            // Named because the library also holds the transposed-result
-            // object (TR=1), which would otherwise match this request too.
             ("TR".to_string(), 0),
         ]
         .into_iter()
         .collect(),
+    }
+}
+
+/// The vertex that sums f16 partials in f16 (`reduce_f32` ACC=16, no
+/// epilogue): for partials that are themselves f16 accumulations (bounded
+/// chains, K parts of an f16-accumulated GEMM, fp8 GEMMs' worker groups),
+/// whose P - 1 extra roundings at the sum's scale are few beside the
+/// hundreds each chain made, at a quarter of the f32 sum's arithmetic
+/// (docs/compiler.md, "Accumulation").
+pub(crate) fn reduce_kernel_f16_sum() -> KernelRequest {
+    let mut request = reduce_kernel_f16_partials(0);
+    request.params.insert("ACC".into(), 16);
+    request
+}
+
+/// The reduce request for f16 partials with `epilogue`: the f16 sum when
+/// there is no epilogue and the library has it, else the f32 sum.
+fn reduce_request_f16_partials(library: &mut KernelLibrary, epilogue: i64) -> KernelRequest {
+    let sum = reduce_kernel_f16_sum();
+    if epilogue == 0 && kernel_formula(library, &sum, &["ROWS", "QUADS", "P"]).is_ok() {
+        sum
+    } else {
+        reduce_kernel_f16_partials(epilogue)
     }
 }
 
@@ -471,7 +496,7 @@ fn plan_and_lower(
                 }
                 (c.len() == attention_cols::FORMULA_VARS.len()).then(|| {
                     let mut it = c.into_iter();
-                    let mut next = || it.next().expect("six kernels");
+                    let mut next = || it.next().expect("seven kernels");
                     attention_cols::ColumnKernels {
                         gemm: next(),
                         reduce: next(),
@@ -479,6 +504,7 @@ fn plan_and_lower(
                         softmax: next(),
                         final_: next(),
                         fill_rows: next(),
+                        copy: next(),
                     }
                 })
             } else {
@@ -702,7 +728,7 @@ fn plan_and_lower(
                     gemm_kernel(geometry.acc32)
                 };
                 let reduce_request = if geometry.reduce_f16 {
-                    Some(reduce_kernel_f16_partials(group.epilogue()))
+                    Some(reduce_request_f16_partials(library, group.epilogue()))
                 } else {
                     geometry
                         .acc32
@@ -956,7 +982,7 @@ fn plan_and_lower(
             let mut missing_f16_partials = None;
             let f16_partials = match planned.first() {
                 Some(p) if single && !p.0.acc32 && p.1 .1.is_none() => {
-                    let request = reduce_kernel_f16_partials(0);
+                    let request = reduce_request_f16_partials(library, 0);
                     match kernel_formula(library, &request, &["ROWS", "QUADS", "P"]) {
                         Ok(f) => Some((request, f)),
                         Err(_) => {

@@ -275,7 +275,16 @@ impl KernelLibrary {
                             path: device_dir.join(&request.source),
                             message: e.to_string(),
                         })?;
-                if !artifact.metadata.entries.contains(&request.entry) {
+                // The assembler takes any -D as a constant, so a request
+                // naming a parameter the source does not declare (.param)
+                // would silently get the default code: it is missing, as
+                // it would be from an index.
+                if !artifact.metadata.entries.contains(&request.entry)
+                    || request
+                        .params
+                        .iter()
+                        .any(|(k, v)| artifact.metadata.parameters.get(k) != Some(v))
+                {
                     return Err(CompileError::MissingKernel {
                         kernel: request.to_string(),
                         searched: device_dir.join(&request.source).display().to_string(),

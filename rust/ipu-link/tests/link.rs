@@ -102,7 +102,7 @@ fn end_to_end_two_objects() {
     "#]]
     .assert_eq(&disassemble(&linked.image));
     expect![[r#"
-        # ipu-ld map (ipu-toolchain 0.1.0)
+        # ipu-ld map (ipu-toolchain 0.1.1)
         entry main 0x4c000
 
         sections:

@@ -43,7 +43,7 @@ use std::fmt;
 /// The version string of the toolchain (assembler, linker and formats). It is
 /// part of every kernel-cache key, so bump it whenever generated code or a
 /// format changes.
-pub const TOOLCHAIN_VERSION: &str = "ipu-toolchain 0.1.0";
+pub const TOOLCHAIN_VERSION: &str = "ipu-toolchain 0.1.1";
 
 /// Why an object or image is malformed. `offset` is the byte offset in the
 /// input where the problem was found (for readers), or `None` for a value
