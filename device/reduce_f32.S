@@ -70,7 +70,18 @@
         .if (TR != 0 && TR != 1) || (TR == 1 && (IN != 16 || OUT != 16))
         .error "TR must be 0 or 1, and TR=1 (transposed result) needs IN=16 and OUT=16"
         .endif
-        .if TR == 1 && EPI == 0
+        .if (ACC != 16 && ACC != 32) || (ACC == 16 && (IN != 16 || OUT != 16 || EPI != 0))
+        .error "ACC must be 32 (f32 sums) or 16 (f16 sums), and ACC=16 needs IN=16, OUT=16 and EPI=0"
+        .endif
+        # ACC=16: the step (2 * P) / (P + 9) is 0 for P <= 8 (unrolled
+        # groups, P + 1 or P + 4 bundles) and 1 for every larger P (the
+        # generic loop: two more per group, three more per row, six more
+        # per vertex).
+        .if ACC == 16 && TR == 1
+        .cycles "6 * (33 + 6 * ((2 * P) / (P + 9)) + ROWS * (2 + 3 * ((2 * P) / (P + 9)) + QUADS * (P + 4 + 2 * ((2 * P) / (P + 9)))))"
+        .elseif ACC == 16
+        .cycles "6 * (29 + 6 * ((2 * P) / (P + 9)) + ROWS * (2 + 3 * ((2 * P) / (P + 9)) + QUADS * (P + 1 + 2 * ((2 * P) / (P + 9)))))"
+        .elseif TR == 1 && EPI == 0
         .cycles "6 * (26 + ROWS * (6 + QUADS * (4 * P + 6)))"
         .elseif TR == 1 && EPI == 1
         .cycles "6 * (17 + ROWS * (7 + QUADS * (4 * P + 16)))"
@@ -121,6 +132,237 @@
         { ld64 $a12:13, [$m0 + 24] ; f32v2mul $a2:3, $a2:3, \x }
         f32v2mul \x, $a2:3, $a12:13
         .endm
+
+        .if ACC == 16
+# ACC=16: the sums run in f16. Per element s = p0, then s = f16(s + p) for
+# p = p1, ..., p(P-1) in partial order (f16v4add: the exact sum rounded
+# once to nearest even), and s is stored as it is: no widening, no
+# conversion. The main slot is the bound (P loads and the store(s) of a
+# group; the arithmetic slot has P - 1 adds), so the groups of one row are
+# software-pipelined in a hardware loop whose body is unrolled for each P
+# up to ACC16_UNROLLED (P + 1 bundles, TR=1: P + 4), picked once per vertex
+# through a table of branches; larger P take a generic loop (P + 3 bundles,
+# TR=1: P + 6).
+#
+# Unrolled, a group's body loads partials 1..P-1 (each add one bundle
+# behind its load), then reads ahead the next group's partial 0 beside the
+# last add, then stores. A row's last group is peeled out of the hardware
+# loop: its last load steps the walk to the next row, and its final add and
+# store(s) run at the top of the next row beside that row's partial 0 load
+# (or after the last row, which reads nothing past itself). So every row
+# costs QUADS * (P + 1) + 2 bundles (rpt and brnzdec).
+#
+# $a0:1 the partial just loaded, $a2:3 partial 0 (read ahead), $a4:5 the
+# sum; TR=1: $a6, $a7 lanes 1 and 3 moved into low halves for st16.
+# $m0 = 8 - (P-1) SECTION: from a group's last partial to the next group's
+# partial 0; $m1 = RS_SRC - 8 (QUADS-1) - (P-1) SECTION: from a row's last
+# partial load to the next row's partial 0; $m2 the partial walk; $m3 the
+# result walk; $m4 rows left; $m6 the walk of P = 1 (no read-ahead); $m7
+# from a row's last store to the next row's first (TR=0: RS_DST - 8
+# (QUADS-1); TR=1: 2 - (4 QUADS - 1) RS_DST, from column 4 QUADS - 1 back
+# to column 0 of the next row); $m8 SECTION; $m9 P; $m10 QUADS - 1 (the
+# hardware loop's count); $m11 RS_SRC; $m12 RS_DST.
+        .equ ACC16_UNROLLED, 8
+
+# The final add of a group: partial P-1 into the sum (P = 2: onto partial 0).
+        .macro ACC16_FINAL_ADD P
+        .if \P == 2
+        f16v4add $a4:5, $a2:3, $a0:1
+        .else
+        f16v4add $a4:5, $a4:5, $a0:1
+        .endif
+        .endm
+
+# The final add beside the read-ahead of the next partial 0 (the add reads
+# $a2:3 before the load writes it).
+        .macro ACC16_FINAL_ADD_LOAD P
+        .if \P == 2
+        { ld64 $a2:3, [$m2]+=$m8 ; f16v4add $a4:5, $a2:3, $a0:1 }
+        .else
+        { ld64 $a2:3, [$m2]+=$m8 ; f16v4add $a4:5, $a4:5, $a0:1 }
+        .endif
+        .endm
+
+# Loads of partials 1..P-1 of a group with the adds of partials 1..P-2,
+# one bundle behind; the last load steps the walk by \last.
+        .macro ACC16_LOADS P, last
+        .if \P == 2
+        ld64 $a0:1, [$m2]+=\last
+        .elseif \P == 3
+        ld64 $a0:1, [$m2]+=$m8
+        { ld64 $a0:1, [$m2]+=\last ; f16v4add $a4:5, $a2:3, $a0:1 }
+        .else
+        ld64 $a0:1, [$m2]+=$m8
+        { ld64 $a0:1, [$m2]+=$m8 ; f16v4add $a4:5, $a2:3, $a0:1 }
+        .rept \P - 4
+        { ld64 $a0:1, [$m2]+=$m8 ; f16v4add $a4:5, $a4:5, $a0:1 }
+        .endr
+        { ld64 $a0:1, [$m2]+=\last ; f16v4add $a4:5, $a4:5, $a0:1 }
+        .endif
+        .endm
+
+# The store of a group's four results from the pair \pair (\lo, \hi), the
+# result walk stepped by \last after it. TR=1: one st16 per column (RS_DST apart), lanes 1 and
+# 3 brought into low halves by pack16hi beside the stores.
+        .macro ACC16_STORE pair, lo, hi, last
+        .if TR == 1
+        { st16 \lo, [$m3]+=$m12 ; pack16hi $a6, \lo, \lo }
+        { st16 $a6, [$m3]+=$m12 ; pack16hi $a7, \hi, \hi }
+        st16 \hi, [$m3]+=$m12
+        st16 $a7, [$m3]+=\last
+        .else
+        st64 \pair, [$m3]+=\last
+        .endif
+        .endm
+
+        .if TR == 1
+        .equ ACC16_STORE_BUNDLES, 4
+        .else
+        .equ ACC16_STORE_BUNDLES, 1
+        .endif
+
+# The rows of one unrolled P, entered at acc16_first_P with the first row's
+# partial 0 in $a2:3 (P = 1: nothing read yet).
+        .macro ACC16_UNROLLED_ROWS P
+        .if \P == 1
+        # A copy: no sum, no read-ahead.
+acc16_first_\P:
+        rpt $m10, 1 + ACC16_STORE_BUNDLES
+        ld64 $a2:3, [$m6]+=8
+        .if TR == 1
+        ACC16_STORE $a2:3, $a2, $a3, $m12
+        .else
+        ACC16_STORE $a2:3, $a2, $a3, 8
+        .endif
+        ld64 $a2:3, [$m6]+=$m1
+        ACC16_STORE $a2:3, $a2, $a3, $m7
+        brnzdec $m4, acc16_first_\P
+        exit
+        .else
+acc16_row_\P:
+        # The previous row's last group: final add beside this row's
+        # partial 0, then its store(s).
+        ACC16_FINAL_ADD_LOAD \P
+        ACC16_STORE $a4:5, $a4, $a5, $m7
+acc16_first_\P:
+        rpt $m10, \P + ACC16_STORE_BUNDLES
+        ACC16_LOADS \P, $m0
+        ACC16_FINAL_ADD_LOAD \P
+        .if TR == 1
+        ACC16_STORE $a4:5, $a4, $a5, $m12
+        .else
+        ACC16_STORE $a4:5, $a4, $a5, 8
+        .endif
+        ACC16_LOADS \P, $m1
+        brnzdec $m4, acc16_row_\P
+        ACC16_FINAL_ADD \P
+        ACC16_STORE $a4:5, $a4, $a5, $m7
+        exit
+        .endif
+        .endm
+
+        .text
+        .globl reduce_f32
+        .entry reduce_f32
+reduce_f32:
+        ld32 $m2, [$m0 + ST_SRC]
+        ld32 $m8, [$m0 + ST_SECTION]
+        ld32 $m9, [$m0 + ST_P]
+        ld32 $m11, [$m0 + ST_RS_SRC]
+        ld32 $m3, [$m0 + ST_DST]
+        ld32 $m12, [$m0 + ST_RS_DST]
+        ld32 $m4, [$m0 + ST_ROWS]
+        ld32 $m10, [$m0 + ST_QUADS]
+        add $m4, $m4, -1
+        add $m10, $m10, -1
+        # $m13 = (P-1) SECTION, $m5 = 8 (QUADS-1).
+        add $m13, $m9, -1
+        mul $m13, $m13, $m8
+        shl $m5, $m10, 3
+        sub $m0, $mzero, $m13
+        add $m0, $m0, 8
+        sub $m1, $m11, $m5
+        sub $m1, $m1, $m13
+        .if TR == 1
+        # $m7 = 2 - (4 QUADS - 1) RS_DST.
+        shl $m7, $m10, 2
+        add $m7, $m7, 3
+        mul $m7, $m7, $m12
+        sub $m7, $mzero, $m7
+        add $m7, $m7, 2
+        .else
+        sub $m7, $m12, $m5
+        .endif
+        mov $m6, $m2
+        # The first row's partial 0 (P = 1 walks $m6 instead), then the
+        # branch to the rows of this P.
+        ld64 $a2:3, [$m2]+=$m8
+        min $m13, $m9, ACC16_UNROLLED + 1
+        shl $m13, $m13, 2
+        setzi $m5, acc16_table - 4
+        add $m13, $m13, $m5
+        br $m13
+acc16_table:
+        br acc16_first_1
+        br acc16_first_2
+        br acc16_first_3
+        br acc16_first_4
+        br acc16_first_5
+        br acc16_first_6
+        br acc16_first_7
+        br acc16_first_8
+        br acc16_generic
+
+        ACC16_UNROLLED_ROWS 1
+        ACC16_UNROLLED_ROWS 2
+        ACC16_UNROLLED_ROWS 3
+        ACC16_UNROLLED_ROWS 4
+        ACC16_UNROLLED_ROWS 5
+        ACC16_UNROLLED_ROWS 6
+        ACC16_UNROLLED_ROWS 7
+        ACC16_UNROLLED_ROWS 8
+
+# P > ACC16_UNROLLED: one group per iteration of a brnzdec loop, partials
+# 3..P-2 in a one-bundle hardware loop; the read-ahead of the next group's
+# partial 0 runs on past a row's last group (into that row's stride or
+# the next partial, never past the partials), and the row's end steps the
+# walks: $m13 = P - 4, $m14 = RS_SRC - 8 QUADS - SECTION, $m7 = from the
+# column (TR=1) or group after a row's last to the next row's first.
+acc16_generic:
+        add $m13, $m9, -4
+        shl $m14, $m10, 3
+        add $m14, $m14, 8
+        sub $m14, $m11, $m14
+        sub $m14, $m14, $m8
+        .if TR == 1
+        sub $m7, $m7, $m12
+        .else
+        add $m7, $m7, -8
+        .endif
+        br acc16_generic_first
+acc16_generic_row:
+        ld64 $a2:3, [$m2]+=$m8
+acc16_generic_first:
+        mov $m5, $m10
+acc16_generic_quad:
+        ld64 $a0:1, [$m2]+=$m8
+        { ld64 $a0:1, [$m2]+=$m8 ; f16v4add $a4:5, $a2:3, $a0:1 }
+        rpt $m13, 1
+        { ld64 $a0:1, [$m2]+=$m8 ; f16v4add $a4:5, $a4:5, $a0:1 }
+        { ld64 $a0:1, [$m2]+=$m0 ; f16v4add $a4:5, $a4:5, $a0:1 }
+        { ld64 $a2:3, [$m2]+=$m8 ; f16v4add $a4:5, $a4:5, $a0:1 }
+        .if TR == 1
+        ACC16_STORE $a4:5, $a4, $a5, $m12
+        .else
+        ACC16_STORE $a4:5, $a4, $a5, 8
+        .endif
+        brnzdec $m5, acc16_generic_quad
+        add $m2, $m2, $m14
+        add $m3, $m3, $m7
+        brnzdec $m4, acc16_generic_row
+        exit
+
+        .else
 
 # $m2 partial walk, $m3 result walk, $m4 rows left, $m5 quads left in the
 # row, $m6 source row start, $m7 result row start, $m8 SECTION, $m9 P - 1,
@@ -296,6 +538,7 @@ quad:
         .endif
         brnzdec $m4, row
         exit
+        .endif
 
         .if EPI >= 2
         .data

@@ -306,6 +306,8 @@ struct Case16 {
     workers: u32,
     values: Values,
     layout: Layout,
+    /// ACC=16: the partials summed in f16 (needs OUT=16 and EPI=0).
+    acc16: bool,
     seed: u64,
 }
 
@@ -316,6 +318,26 @@ fn sum_f16_partials(partials: impl Iterator<Item = u16>) -> f32 {
         .map(f16_bits_to_f32)
         .reduce(|sum, x| f32::from_bits(canonical_f32_bits(sum + x)))
         .expect("P >= 1")
+}
+
+/// The ACC=16 sum as the kernel computes it: s = p0, then s = f16(s + p)
+/// for each further partial in partial order, NaN results canonical
+/// (0x7E00). `half`'s f16 add rounds the f32 sum of the two operands to f16,
+/// which is the correctly rounded f16 sum like the simulator's `f16v4add`
+/// ([`half_f16_add_is_the_simulators_f16v4add`] checks it).
+fn sum_f16_partials_in_f16(partials: impl Iterator<Item = u16>) -> u16 {
+    partials
+        .map(half::f16::from_bits)
+        .reduce(|sum, x| {
+            let s = sum + x;
+            if s.is_nan() {
+                half::f16::from_bits(0x7E00)
+            } else {
+                s
+            }
+        })
+        .expect("P >= 1")
+        .to_bits()
 }
 
 /// Runs `case` on one simulated tile, checks every result bit for bit and
@@ -336,6 +358,7 @@ fn run_in16_result(case: Case16) -> (u64, Vec<Vec<u32>>) {
         workers,
         values,
         layout,
+        acc16,
         seed,
     } = case;
     let mut rng = Rng(seed);
@@ -396,11 +419,13 @@ fn run_in16_result(case: Case16) -> (u64, Vec<Vec<u32>>) {
             ],
         })
         .collect();
+    assert!(!acc16 || (!out32 && epi == 0), "ACC=16 stores the f16 sum");
     let defines = [
         ("IN", 16),
         ("OUT", if out32 { 32 } else { 16 }),
         ("EPI", epi as i64),
         ("TR", if layout == Layout::Rows { 0 } else { 1 }),
+        ("ACC", if acc16 { 16 } else { 32 }),
     ];
     let (chip, cycles) = simulate(
         &[Kernel {
@@ -430,7 +455,13 @@ fn run_in16_result(case: Case16) -> (u64, Vec<Vec<u32>>) {
             let byte = element(r, e as u32) as usize;
             is_result[GUARD_LEAD as usize + byte..][..ob as usize].fill(true);
             let sum = sum_f16_partials((0..partials).map(|p| partial_values[at(p, r, e)]));
-            let (got, want) = if out32 {
+            let (got, want) = if acc16 {
+                (
+                    u16::from_le_bytes(out[byte..][..2].try_into().unwrap()) as u32,
+                    sum_f16_partials_in_f16((0..partials).map(|p| partial_values[at(p, r, e)]))
+                        as u32,
+                )
+            } else if out32 {
                 (
                     u32::from_le_bytes(out[byte..][..4].try_into().unwrap()),
                     sum.to_bits(),
@@ -481,6 +512,7 @@ fn in16_sums_f16_partials_bit_exactly() {
                         workers,
                         values: Values::Mixed,
                         layout: Layout::Rows,
+                        acc16: false,
                         seed: (partials * 100 + i as u32 * 10 + workers) as u64,
                     });
                 }
@@ -502,6 +534,7 @@ fn in16_signed_zeros_infinities_and_subnormals() {
                 workers: 3,
                 values: Values::Specials,
                 layout: Layout::Rows,
+                acc16: false,
                 seed: 7000 + partials as u64,
             });
         }
@@ -523,6 +556,7 @@ fn in16_fused_bias_and_gelu_epilogues() {
                         workers,
                         values,
                         layout: Layout::Rows,
+                        acc16: false,
                         seed: (epi * 1000 + partials * 100 + rows * 10 + quads) as u64,
                     });
                 }
@@ -548,6 +582,7 @@ fn in16_cycles_match_the_declared_formula() {
                 workers: 1,
                 values: Values::Mixed,
                 layout: Layout::Rows,
+                acc16: false,
                 seed: 1,
             });
             let defines = [
@@ -626,6 +661,7 @@ fn tr_stores_the_in16_result_transposed_bit_exactly() {
                         workers,
                         values: Values::Mixed,
                         layout,
+                        acc16: false,
                         seed: (9000 + partials * 100 + i as u32 * 10 + workers) as u64,
                     });
                 }
@@ -647,6 +683,7 @@ fn tr_signed_zeros_infinities_and_subnormals() {
                 workers: 3,
                 values: Values::Specials,
                 layout,
+                acc16: false,
                 seed: 17000 + partials as u64,
             });
         }
@@ -671,6 +708,7 @@ fn tr_with_fused_bias_and_gelu_epilogues() {
                         workers,
                         values,
                         layout,
+                        acc16: false,
                         seed: (20000 + epi * 1000 + partials * 100 + rows * 10 + quads) as u64,
                     });
                 }
@@ -696,6 +734,7 @@ fn tr_cycles_match_the_declared_formula() {
                 workers: 1,
                 values: Values::Mixed,
                 layout: Layout::Columns,
+                acc16: false,
                 seed: 1,
             });
             let declared = declared_cycles(
@@ -741,6 +780,7 @@ fn tr_cost_on_the_attention_shape() {
         workers: 6,
         values: Values::Mixed,
         layout,
+        acc16: false,
         seed: 122,
     };
     let rows_cycles = run_in16(case(Layout::Rows));
@@ -796,6 +836,254 @@ fn objects_record_the_default_tr() {
         assert_eq!(
             assembly.metadata.parameters.get("TR"),
             Some(&tr),
+            "{defines:?}"
+        );
+    }
+}
+
+/// `half`'s f16 add (the host emulation of ACC=16) against the simulator's
+/// `f16v4add`, which rounds the exact (f64) sum once to nearest even with
+/// `ipu_isa::numerics::f64_to_f16_bits` (rust/ipu-sim/src/fpu.rs, `f16_op`):
+/// `half` rounds the f32 sum to f16, and since f32 has 24 >= 2 * 11 + 2
+/// significand bits that double rounding is innocuous for addition. Every
+/// f16 (NaNs aside) against a stride through all of them, the specials and
+/// every subnormal; NaN results compare as NaN (the device's is canonical).
+#[test]
+fn half_f16_add_is_the_simulators_f16v4add() {
+    let is_nan = |h: u16| h & 0x7C00 == 0x7C00 && h & 0x3FF != 0;
+    let seconds: Vec<u16> = (0..=u16::MAX)
+        .step_by(251)
+        .chain(0..0x400)
+        .chain(0x8000..0x8400)
+        .chain([
+            0x7C00, 0xFC00, 0x7BFF, 0xFBFF, 0x3C00, 0xBC00, 0x0400, 0x8400,
+        ])
+        .filter(|&h| !is_nan(h))
+        .collect();
+    let mut mismatches = Vec::new();
+    for a in (0..=u16::MAX).filter(|&h| !is_nan(h)) {
+        for &b in &seconds {
+            let exact = f16_bits_to_f32(a) as f64 + f16_bits_to_f32(b) as f64;
+            let device = ipu_isa::numerics::f64_to_f16_bits(exact);
+            let host = (half::f16::from_bits(a) + half::f16::from_bits(b)).to_bits();
+            if host != device && !(is_nan(host) && device == 0x7E00) {
+                mismatches.push((a, b, host, device));
+            }
+        }
+    }
+    assert!(
+        mismatches.is_empty(),
+        "{} mismatches (a, b, half, f16v4add), first: {:04x?}",
+        mismatches.len(),
+        &mismatches[..mismatches.len().min(8)]
+    );
+}
+
+/// ACC=16 on the edge shapes, every P from 1 to 8 (unrolled) and some past
+/// it (the generic loop), one vertex or six splitting the rows (odd row
+/// counts), TR=0 and both TR=1 layouts: bit for bit against the f16 host
+/// emulation, every byte around the result guarded.
+#[test]
+fn acc16_sums_f16_partials_in_f16_bit_exactly() {
+    for partials in (1..=10).chain([13, 17]) {
+        for (i, &(rows, quads)) in SHAPES.iter().enumerate() {
+            for layout in [Layout::Rows, Layout::Columns, Layout::ColumnsTight] {
+                for workers in [1, 6] {
+                    run_in16(Case16 {
+                        rows,
+                        quads,
+                        partials,
+                        out32: false,
+                        epi: 0,
+                        workers,
+                        values: Values::Mixed,
+                        layout,
+                        acc16: true,
+                        seed: (30000 + partials * 100 + i as u32 * 10 + workers) as u64,
+                    });
+                }
+            }
+        }
+    }
+}
+
+/// Signed zeros (-0 + -0 stays -0, +0 + -0 is +0), infinities (inf - inf
+/// is the canonical NaN), overflow of the largest finite f16, subnormals;
+/// TR=1 against the simulated TR=0 result of the same partials.
+#[test]
+fn acc16_signed_zeros_infinities_and_subnormals() {
+    for partials in (1..=9).chain([12]) {
+        run_in16(Case16 {
+            rows: 9,
+            quads: 4,
+            partials,
+            out32: false,
+            epi: 0,
+            workers: 3,
+            values: Values::Specials,
+            layout: Layout::Rows,
+            acc16: true,
+            seed: 37000 + partials as u64,
+        });
+        for layout in [Layout::Columns, Layout::ColumnsTight] {
+            assert_transposed_matches_rows(Case16 {
+                rows: 9,
+                quads: 4,
+                partials,
+                out32: false,
+                epi: 0,
+                workers: 3,
+                values: Values::Specials,
+                layout,
+                acc16: true,
+                seed: 38000 + partials as u64,
+            });
+        }
+    }
+}
+
+/// The ACC=16 formulas (TR=0 and TR=1, one vertex) against the simulator:
+/// unrolled and generic P, one and many groups per row, within 3%.
+#[test]
+fn acc16_cycles_match_the_declared_formula() {
+    let mut outside = Vec::new();
+    for layout in [Layout::Rows, Layout::Columns] {
+        let tr = if layout == Layout::Rows { 0 } else { 1 };
+        for &(rows, quads, partials) in &[
+            (6, 4, 1),
+            (6, 4, 2),
+            (6, 4, 6),
+            (21, 4, 6),
+            (10, 8, 4),
+            (4, 16, 8),
+            (6, 4, 9),
+            (5, 6, 17),
+        ] {
+            let simulated = run_in16(Case16 {
+                rows,
+                quads,
+                partials,
+                out32: false,
+                epi: 0,
+                workers: 1,
+                values: Values::Mixed,
+                layout,
+                acc16: true,
+                seed: 1,
+            });
+            let declared = declared_cycles(
+                "reduce_f32.S",
+                &[("IN", 16), ("ACC", 16), ("TR", tr)],
+                &[
+                    ("ROWS", rows as u64),
+                    ("QUADS", quads as u64),
+                    ("P", partials as u64),
+                ],
+            );
+            println!(
+                "ACC=16 TR={tr} rows={rows} quads={quads} P={partials}: simulated {simulated}, .cycles {declared}"
+            );
+            let ratio = declared as f64 / simulated as f64;
+            if !(0.97..1.03).contains(&ratio) {
+                outside.push(format!(
+                    "ACC=16 TR={tr} rows={rows} quads={quads} P={partials}: .cycles {declared} vs simulated {simulated}"
+                ));
+            }
+        }
+    }
+    assert!(
+        outside.is_empty(),
+        "declared cycles off by 3% or more:\n{}",
+        outside.join("\n")
+    );
+}
+
+/// The shape of issue 5 (ROWS 122 over six vertices, QUADS 4, P 6) with f16
+/// and f32 sums, TR=0 and TR=1: the tile's cycles, and the ACC=16 formula
+/// for the largest share (21 rows) within 5% of the simulated tile.
+#[test]
+fn acc16_cost_on_the_attention_shape() {
+    let case = |layout, acc16| Case16 {
+        rows: 122,
+        quads: 4,
+        partials: 6,
+        out32: false,
+        epi: 0,
+        workers: 6,
+        values: Values::Mixed,
+        layout,
+        acc16,
+        seed: 122,
+    };
+    let share = ranges_aligned(122, 6, 1)
+        .iter()
+        .map(|(a, b)| (b - a) as u64)
+        .max()
+        .unwrap();
+    let vars = [("ROWS", share), ("QUADS", 4), ("P", 6)];
+    for (layout, tr) in [(Layout::Rows, 0), (Layout::Columns, 1)] {
+        let f32_sums = run_in16(case(layout, false));
+        let f16_sums = run_in16(case(layout, true));
+        let declared = declared_cycles(
+            "reduce_f32.S",
+            &[("IN", 16), ("ACC", 16), ("TR", tr)],
+            &vars,
+        );
+        println!(
+            "ROWS 122 / 6 vertices, QUADS 4, P 6, TR={tr}: ACC=32 simulated {f32_sums}, ACC=16 simulated {f16_sums} (.cycles {declared} for {share} rows)"
+        );
+        let ratio = declared as f64 / f16_sums as f64;
+        assert!(
+            (0.95..1.05).contains(&ratio),
+            "TR={tr}: ACC=16 .cycles {declared} vs simulated {f16_sums}"
+        );
+        // The main slot bounds ACC=16 (P + 1 bundles per group, TR=1 P + 4)
+        // where ACC=32 is bound by its arithmetic (4P + 5, TR=1 4P + 6).
+        assert!(
+            5 * f16_sums < 2 * f32_sums,
+            "TR={tr}: ACC=16 {f16_sums} is not under 40% of ACC=32 {f32_sums}"
+        );
+    }
+}
+
+#[test]
+fn acc16_needs_f16_partials_f16_results_and_no_epilogue() {
+    for (defines, what) in [
+        (&[("ACC", 16)][..], "IN=32"),
+        (&[("ACC", 16), ("IN", 16), ("OUT", 32)][..], "OUT=32"),
+        (&[("ACC", 16), ("IN", 16), ("EPI", 1)][..], "EPI=1"),
+        (&[("ACC", 8), ("IN", 16)][..], "ACC=8"),
+    ] {
+        let Err(err) = kernel_common::assemble("reduce_f32.S", defines) else {
+            panic!("{what} with ACC must not assemble");
+        };
+        let message = err.to_string();
+        assert!(
+            message.contains(
+                "ACC must be 32 (f32 sums) or 16 (f16 sums), and ACC=16 needs IN=16, OUT=16 and EPI=0"
+            ) && message.contains("reduce_f32.S"),
+            "{what}: {message}"
+        );
+    }
+}
+
+/// Objects record ACC=32 when it is not given (so existing requests, which
+/// do not name ACC, would also match an ACC=16 object unless they name
+/// ACC=32: docs/kernels.md), and ACC=16 with its TR.
+#[test]
+fn objects_record_the_default_acc() {
+    for (defines, acc, tr) in [
+        (&[][..], 32, 0),
+        (&[("IN", 16)][..], 32, 0),
+        (&[("IN", 16), ("TR", 1)][..], 32, 1),
+        (&[("IN", 16), ("ACC", 16)][..], 16, 0),
+        (&[("IN", 16), ("ACC", 16), ("TR", 1)][..], 16, 1),
+    ] {
+        let assembly = kernel_common::assemble("reduce_f32.S", defines).unwrap();
+        let params = &assembly.metadata.parameters;
+        assert_eq!(
+            (params.get("ACC"), params.get("TR")),
+            (Some(&acc), Some(&tr)),
             "{defines:?}"
         );
     }
