@@ -335,6 +335,9 @@ pub struct AttentionPlan {
     pub projection_cycles: u64,
     pub region1_bytes: u64,
     pub region0_bytes: u64,
+    /// Column layout with key splits: every split's tile combines a range
+    /// of head columns (else split 0 combines them all).
+    pub distributed_combine: bool,
 }
 
 impl AttentionPlan {
@@ -533,6 +536,7 @@ pub fn plan(
     tiles: u32,
     kernels: &mut AttentionKernels,
     projection_cycles: u64,
+    distributed_combine: bool,
 ) -> Vec<AttentionPlan> {
     let mut out = Vec::new();
     let ncb = block.key_blocks();
@@ -590,6 +594,7 @@ pub fn plan(
                     projection_cycles,
                     region1_bytes: r1,
                     region0_bytes: layout.region0(splits),
+                    distributed_combine: false,
                 });
             }
         }
@@ -602,6 +607,7 @@ pub fn plan(
             &mut fill.1,
             ck,
             projection_cycles,
+            distributed_combine,
         ));
     }
     out.sort_by_key(|p| (p.total_cycles(), p.tiles, p.key_blocks.len()));

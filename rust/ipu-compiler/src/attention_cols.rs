@@ -29,9 +29,12 @@
 //!    with one K group `copy64` moves the rows there instead.
 //! 7. with key splits: every split's tile combines a range of head columns
 //!    (`combine_ranges`): it receives those O^T rows, the l row and m of
-//!    every other split of its (head, query block) into slots 1.. (its own
-//!    stay in slot 0): d / splits + 1 rows per split where one tile used
-//!    to receive every split's whole state.
+//!    every other split of its (head, query block) into slots after its
+//!    own O^T, d / splits + 1 rows per split where one tile used to
+//!    receive every split's whole state. A segment of a segmented model
+//!    keeps that older way (split 0 combines whole rows): its output moves
+//!    on through a join, whose region-0 exchange tables grow with every
+//!    piece of a row.
 //! 8. `attention_cols_final` on every split's tile, for its head columns:
 //!    out = f16(sum_i a_i O^T_i / sum_i a_i l_i) with a_i = exp(m_i - max
 //!    m), written as the part of the rows the host reads as `y`. Its
@@ -225,8 +228,10 @@ impl Shapes {
     fn m_slot(&self) -> u32 {
         4 * 16 * self.nqc
     }
-    fn rs_out(&self) -> u32 {
-        (2 * self.d).div_ceil(8) * 8
+    /// The output row stride of a tile that writes head columns `(d0,
+    /// d1)`: only its own columns, in 8-byte rows (at least one item).
+    fn rs_out(&self, (d0, d1): (u32, u32)) -> u32 {
+        (2 * (d1 - d0)).div_ceil(8).max(1) * 8
     }
     fn softmax_scratch(&self) -> u32 {
         16 * self.quads() + 16
@@ -235,8 +240,14 @@ impl Shapes {
     fn maxes_row(&self) -> u32 {
         16 * self.quads()
     }
-    fn final_scratch(&self) -> u32 {
-        8 * self.quads() + 16
+    /// One final vertex's scratch: `attention_cols_final` uses it only
+    /// with three or more splits (a single item stands in otherwise).
+    fn final_scratch(&self, splits: u32) -> u32 {
+        if splits >= 3 {
+            8 * self.quads() + 16
+        } else {
+            8
+        }
     }
     fn region1(&self) -> Option<u64> {
         crate::storage::region1_footprint(&[
@@ -248,11 +259,18 @@ impl Shapes {
             (self.pt_bytes(), false),
         ])
     }
-    fn region0(&self, rows: u32, splits: u32) -> u64 {
+    fn region0(&self, rows: u32, splits: u32, distributed: bool) -> u64 {
         let w = ipu_arch::WORKER_CONTEXTS;
-        (splits * (self.ot_slot() + self.m_slot())
-            + rows * self.rs_out()
-            + w * (self.maxes_row() + self.softmax_scratch() + self.final_scratch())) as u64
+        let ranges = self.combine_ranges(splits, distributed);
+        let ot = ranges
+            .iter()
+            .map(|&r| self.ot_bytes(splits, r))
+            .max()
+            .unwrap_or(0);
+        (ot + splits * self.m_slot()
+            + rows * self.rs_out(ranges[0])
+            + w * (self.maxes_row() + self.softmax_scratch() + self.final_scratch(splits)))
+            as u64
     }
     /// With one K group, O^T moves from the C buffer (rows `rs_c` apart,
     /// two drain rows between row groups) to state slot 0 as `copy64`
@@ -282,16 +300,39 @@ impl Shapes {
     }
     /// The head columns each key split's tile combines and writes: even,
     /// near-equal ranges (empty for splits beyond d / 2).
-    fn combine_ranges(&self, splits: u32) -> Vec<(u32, u32)> {
-        pair_ranges(0, self.d, splits)
+    fn combine_ranges(&self, splits: u32, distributed: bool) -> Vec<(u32, u32)> {
+        if distributed {
+            pair_ranges(0, self.d, splits)
+        } else {
+            let mut r = vec![(self.d, self.d); splits as usize];
+            r[0] = (0, self.d);
+            r
+        }
+    }
+    /// The distance between the state slots of a tile that combines head
+    /// columns `(d0, d1)`: slot i holds O^T rows d0..=d (only `[d0, d1)`
+    /// and the l row d are written), so that every slot, the tile's own
+    /// O^T (slot 0, all rows) included, has the same layout from row d0
+    /// on, as `attention_cols_final` reads them.
+    fn state_slot(&self, (d0, _): (u32, u32)) -> u32 {
+        (self.d - d0 + 1) * self.pv.2.rs_d()
+    }
+    /// The tile's O^T buffer: its own O^T, then with key splits the other
+    /// splits' slots.
+    fn ot_bytes(&self, splits: u32, r: (u32, u32)) -> u32 {
+        if splits == 1 || r.1 == r.0 {
+            self.ot_slot()
+        } else {
+            r.0 * self.pv.2.rs_d() + splits * self.state_slot(r)
+        }
     }
     /// Bytes a tile with head columns `(d0, d1)` receives in the state
     /// exchange: of every other split, those O^T rows, the l row and m.
-    fn state_bytes(&self, splits: u32, (d0, d1): (u32, u32)) -> u64 {
-        if d1 == d0 {
+    fn state_bytes(&self, splits: u32, r: (u32, u32)) -> u64 {
+        if r.1 == r.0 {
             return 0;
         }
-        (splits as u64 - 1) * (((d1 - d0 + 1) * self.pv.2.rs_d() + self.m_slot()) as u64)
+        (splits as u64 - 1) * (((r.1 - r.0 + 1) * self.pv.2.rs_d() + self.m_slot()) as u64)
     }
     /// The final vertices of a tile that combines head columns `(d0, d1)`
     /// of `rows` queries over `splits` splits, as (first query, queries,
@@ -456,6 +497,7 @@ fn step_cycles(
     rows: u32,
     n: u32,
     splits: u32,
+    distributed: bool,
 ) -> Vec<u64> {
     let w = ipu_arch::WORKER_CONTEXTS as u64;
     let dummy = TileBuffers::default();
@@ -523,7 +565,7 @@ fn step_cycles(
     let reduce_c = pv_reduce
         + launch_cycles(s.ot_copies().map_or(s.pv.1.reduce_vertices(), |c| c.len()) as u64);
     let final_c = s
-        .combine_ranges(splits)
+        .combine_ranges(splits, distributed)
         .into_iter()
         .map(|r| s.final_vertices(&mut ck.final_.1, rows, splits, r).1)
         .max()
@@ -541,6 +583,7 @@ pub fn plan(
     fill: &mut FormulaCost,
     ck: &mut ColumnKernels,
     projection_cycles: u64,
+    distributed: bool,
 ) -> Vec<AttentionPlan> {
     let mut out = Vec::new();
     if !applies(block) {
@@ -566,20 +609,21 @@ pub fn plan(
             let Some(r1) = s.region1() else {
                 continue;
             };
-            let r0 = s.region0(rows, splits);
+            let r0 = s.region0(rows, splits, distributed);
             if r0 > STANDARD_BUDGET / 2 {
                 continue;
             }
-            let steps = step_cycles(fill, ck, &s, rows, n, splits);
+            let steps = step_cycles(fill, ck, &s, rows, n, splits, distributed);
             let compute: u64 = steps.iter().sum();
             // Every tile receives its queries' Q^T, its split's K rows and
-            // V^T; with splits, split 0 receives the others' (O^T, m).
+            // V^T; with splits, every tile that combines head columns
+            // receives the other splits' O^T rows of them, l and m.
             let received = (rows as u64 + 2 * n as u64) * block.d as u64 * 2;
             let mut exchange = ipu_arch::SYNC_CYCLES
                 + received.div_ceil(ipu_arch::EXCHANGE_RECV_BYTES_PER_CYCLE as u64);
             if splits > 1 {
                 let state = s
-                    .combine_ranges(splits)
+                    .combine_ranges(splits, distributed)
                     .into_iter()
                     .map(|r| s.state_bytes(splits, r))
                     .max()
@@ -599,6 +643,7 @@ pub fn plan(
                 projection_cycles,
                 region1_bytes: r1,
                 region0_bytes: r0,
+                distributed_combine: distributed,
             });
         }
     }
@@ -706,9 +751,10 @@ pub fn lower(
                     bufs.push(spec);
                     bufs.len() - 1
                 };
-                // Every tile combines a range of head columns: its own
-                // state in slot 0, the other splits' after it.
+                // Every tile combines a range of head columns: m slots for
+                // every split (its own in slot 0), and compact O^T slots.
                 let slots = splits;
+                let range = s.combine_ranges(splits, plan.distributed_combine)[ks as usize];
                 let t = TileBuffers {
                     kr: push(scratch(spec(
                         "k_rows",
@@ -766,30 +812,34 @@ pub fn lower(
                         false,
                         "attention_state",
                     )),
+                    // The state slots go to region 0 when it has room;
+                    // a segment's exchange tables may leave it none, and
+                    // every reader (copy64, reduce_f32's DST, the
+                    // exchange, attention_cols_final) takes any region.
                     ot: push(spec(
                         "o_t",
-                        slots * s.ot_slot(),
-                        RegionReq::Standard,
+                        s.ot_bytes(splits, range),
+                        RegionReq::Any,
                         false,
                         "attention_state",
                     )),
                     m: push(spec(
                         "m",
                         slots * s.m_slot(),
-                        RegionReq::Standard,
+                        RegionReq::Any,
                         false,
                         "attention_state",
                     )),
                     out: push(spec(
                         "out",
-                        plan.rows * s.rs_out(),
+                        plan.rows * s.rs_out(range),
                         RegionReq::Standard,
                         false,
                         "attention_result",
                     )),
                     fin_scratch: push(spec(
                         "final_scratch",
-                        ipu_arch::WORKER_CONTEXTS * s.final_scratch(),
+                        ipu_arch::WORKER_CONTEXTS * s.final_scratch(splits),
                         RegionReq::Standard,
                         false,
                         "attention_state",
@@ -1033,7 +1083,15 @@ pub fn lower(
                         "attention {name}: no worker split of O^T on tile {tile}"
                     ))
                 })?;
-                let est = step_cycles(&mut fill.1, ck, &s, rows, at.n, splits);
+                let est = step_cycles(
+                    &mut fill.1,
+                    ck,
+                    &s,
+                    rows,
+                    at.n,
+                    splits,
+                    plan.distributed_combine,
+                );
                 e.insert((s, est))
             }
         };
@@ -1238,25 +1296,27 @@ pub fn lower(
     }
     steps.extend([xstep, st, cm, sm, pv, rd]);
 
-    // Step 8: every split's tile combines a range of head columns: it
-    // receives those O^T rows, the l row and m of every other split of
-    // its (head, query block), split j into slot j + 1 below its own
-    // split, slot j above it (its own state stays in slot 0).
-    let combine = shapes.combine_ranges(splits);
+    // Step 8: every split's tile that combines head columns [d0, d1)
+    // receives, of every other split of its (head, query block), those O^T
+    // rows, the l row and m, into slot j + 1 for a split j below its own,
+    // slot j above it (its own state is slot 0: the O^T buffer's first
+    // rows and m slot 0). Slots are `state_slot` apart from row d0 on.
+    let combine = shapes.combine_ranges(splits, plan.distributed_combine);
     if splits > 1 {
         let (rs_d, lrow) = (shapes.pv.2.rs_d(), d);
         let mut moves = Vec::new();
         for (&tile, at) in &tiles {
-            let (d0, d1) = combine[at.ks as usize];
+            let r @ (d0, d1) = combine[at.ks as usize];
             if d1 == d0 {
                 continue;
             }
+            let state_slot = shapes.state_slot(r);
             for j in (0..splits).filter(|&j| j != at.ks) {
                 let slot = if j < at.ks { j + 1 } else { j };
                 let src = plan.tile(at.h, at.qi, j);
                 let s_bufs = tiles[&src].bufs;
                 let mut mv =
-                    |buffer: usize, dst_buffer: usize, offset: u32, slot_bytes: u32, bytes: u32| {
+                    |buffer: usize, offset: u32, dst_buffer: usize, dst: u32, bytes: u32| {
                         moves.push(BufferTransfer {
                             source: BufferRef {
                                 tile: src,
@@ -1266,31 +1326,38 @@ pub fn lower(
                             destinations: vec![BufferRef {
                                 tile,
                                 buffer: dst_buffer,
-                                offset: slot * slot_bytes + offset,
+                                offset: dst,
                             }],
                             bytes,
                         });
                     };
+                let base = slot * state_slot;
                 // The l row follows the last head column: one run then.
                 if d1 == lrow {
                     mv(
                         s_bufs.ot,
-                        at.bufs.ot,
                         d0 * rs_d,
-                        shapes.ot_slot(),
+                        at.bufs.ot,
+                        base + d0 * rs_d,
                         (d1 - d0 + 1) * rs_d,
                     );
                 } else {
                     mv(
                         s_bufs.ot,
-                        at.bufs.ot,
                         d0 * rs_d,
-                        shapes.ot_slot(),
+                        at.bufs.ot,
+                        base + d0 * rs_d,
                         (d1 - d0) * rs_d,
                     );
-                    mv(s_bufs.ot, at.bufs.ot, lrow * rs_d, shapes.ot_slot(), rs_d);
+                    mv(s_bufs.ot, lrow * rs_d, at.bufs.ot, base + lrow * rs_d, rs_d);
                 }
-                mv(s_bufs.m, at.bufs.m, 0, shapes.m_slot(), shapes.m_slot());
+                mv(
+                    s_bufs.m,
+                    0,
+                    at.bufs.m,
+                    slot * shapes.m_slot(),
+                    shapes.m_slot(),
+                );
             }
         }
         steps.push(exchange::program_step(
@@ -1321,6 +1388,10 @@ pub fn lower(
         let (q0, q1) = qranges[at.qi as usize];
         let rows = q1 - q0;
         let (vertices, cycles) = s.final_vertices(&mut ck.final_.1, rows, splits, (d0, d1));
+        // The slots from row d0 on: head columns relative to d0, and so
+        // are the output rows, which hold only this tile's columns.
+        let split_bytes = s.state_slot((d0, d1));
+        let rs_out = s.rs_out((d0, d1));
         fin.estimated_cycles = fin.estimated_cycles.max(cycles);
         fin.tiles.insert(
             tile,
@@ -1332,28 +1403,28 @@ pub fn lower(
                     state: vec![
                         StateWord::Addr {
                             buffer: t.ot,
-                            offset: 4 * qa,
+                            offset: d0 * s.pv.2.rs_d() + 4 * qa,
                         },
                         StateWord::Const(s.pv.2.rs_d()),
-                        StateWord::Const(s.ot_slot()),
+                        StateWord::Const(split_bytes),
                         StateWord::Const(splits),
                         StateWord::Addr {
                             buffer: t.m,
                             offset: 4 * qa,
                         },
-                        StateWord::Const(d),
+                        StateWord::Const(d - d0),
                         StateWord::Const(s.quads()),
                         StateWord::Const(qn),
-                        StateWord::Const(da),
+                        StateWord::Const(da - d0),
                         StateWord::Const(dn),
                         StateWord::Addr {
                             buffer: t.out,
-                            offset: qa * s.rs_out(),
+                            offset: qa * rs_out,
                         },
-                        StateWord::Const(s.rs_out()),
+                        StateWord::Const(rs_out),
                         StateWord::Addr {
                             buffer: t.fin_scratch,
-                            offset: w as u32 * s.final_scratch(),
+                            offset: w as u32 * s.final_scratch(splits),
                         },
                     ],
                 })
@@ -1363,7 +1434,7 @@ pub fn lower(
             y.placements.push(HostPlacement {
                 tile,
                 buffer: t.out,
-                buffer_offset: r * s.rs_out() + 2 * d0,
+                buffer_offset: r * rs_out,
                 host_offset: ((q0 + r) as u64 * hd + (at.h * d + d0) as u64) * 2,
                 bytes: (d1 - d0) * 2,
             });
@@ -1458,7 +1529,7 @@ mod tests {
         let ck = kernels();
         let s = Shapes::new(&b, &ck, 16, 368, 368).unwrap();
         assert!(s.region1().is_some());
-        assert!(s.region0(16, 2) <= STANDARD_BUDGET / 2);
+        assert!(s.region0(16, 2, true) <= STANDARD_BUDGET / 2);
         // O^T: the head, then the ones row, accumulated in f32.
         assert_eq!(s.pv.0.m, 73);
         assert!(s.pv.0.acc32 && !s.pv.0.reduce_f16);
@@ -1474,7 +1545,7 @@ mod tests {
         let b = siglip();
         for (rows, splits) in [(16u32, 1u32), (16, 2), (32, 4), (50, 6), (17, 3), (64, 8)] {
             let s = Shapes::new(&b, &ck, rows, 96, 96).unwrap();
-            let ranges = s.combine_ranges(splits);
+            let ranges = s.combine_ranges(splits, true);
             assert_eq!(ranges.len() as u32, splits);
             assert_eq!(ranges.first().unwrap().0, 0);
             assert_eq!(ranges.last().unwrap().1, 72);
@@ -1538,16 +1609,31 @@ mod tests {
     }
 
     #[test]
-    fn siglip_candidates_include_two_key_splits_of_sixteen_rows() {
+    fn siglip_candidates_include_two_and_four_key_splits() {
         let b = siglip();
         let mut ck = kernels();
         let mut fill = FormulaCost::new("6 * (3 + 8 * N + COUNT)".into());
-        let plans = plan(&b, 1472, &mut fill, &mut ck, 0);
-        assert!(plans
-            .iter()
-            .all(|p| p.layout == AttentionLayout::Columns && p.tiles <= 1472));
-        assert!(plans
-            .iter()
-            .any(|p| p.rows == 16 && p.key_splits.len() == 2 && p.tiles == 1472));
+        for distributed in [false, true] {
+            let plans = plan(&b, 1472, &mut fill, &mut ck, 0, distributed);
+            assert!(plans.iter().all(|p| p.layout == AttentionLayout::Columns
+                && p.tiles <= 1472
+                && p.distributed_combine == distributed));
+            for (rows, splits) in [(16, 2), (32, 4)] {
+                assert!(plans
+                    .iter()
+                    .any(|p| p.rows == rows && p.key_splits.len() == splits && p.tiles == 1472));
+            }
+            // Combining on split 0 receives whole states there: the
+            // distributed combine's exchange is smaller with four splits.
+            let four = plans
+                .iter()
+                .find(|p| p.rows == 32 && p.key_splits.len() == 4)
+                .unwrap();
+            if distributed {
+                assert!(four.exchange_bound_cycles < 19_000, "{four:?}");
+            } else {
+                assert!(four.exchange_bound_cycles > 21_000, "{four:?}");
+            }
+        }
     }
 }

@@ -90,7 +90,7 @@ pub fn attach_tables(
             name: name.to_string(),
             bytes: (16 * descriptors).max(16),
             align: 8,
-            region: crate::lower::RegionReq::Standard,
+            region: crate::lower::RegionReq::Any,
             exclusive_element: false,
             zero: vec![],
             category: "exchange_tables".into(),

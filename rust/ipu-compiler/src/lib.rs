@@ -549,7 +549,14 @@ fn plan_and_lower(
                 _ => ipu_arch::AMP_MACS_F16_F16,
             };
             let proxy = (macs * per_group * 100).div_ceil(options.tiles as u64 * rate as u64 * 72);
-            attention_candidates = attention::plan(b, options.tiles, k, proxy);
+            // The column layout's key splits each combine a range of head
+            // columns, so every split's tile writes part of each output
+            // row. A segment's output goes on to the next segment through
+            // a join, whose exchange tables (in region 0, which segments
+            // do not share) grow with every piece: there split 0 combines
+            // whole rows.
+            let distributed_combine = tile_count_override.is_none();
+            attention_candidates = attention::plan(b, options.tiles, k, proxy, distributed_combine);
             // Both layouts compete on their estimates unless one is asked for.
             if let Some(layout) = options.attention_layout {
                 attention_candidates.retain(|c| c.layout == layout);

@@ -211,13 +211,26 @@ impl KernelLibrary {
     fn load_object(&self, request: &KernelRequest) -> Result<LoadedKernel, CompileError> {
         match &self.source {
             KernelSource::Index(path) => {
-                let found = self.index.iter().find(|(_, _, m)| {
+                let mut matches = self.index.iter().filter(|(_, _, m)| {
                     m.entries.contains(&request.entry)
                         && request
                             .params
                             .iter()
                             .all(|(k, v)| m.parameters.get(k) == Some(v))
                 });
+                let found = matches.next();
+                // Two objects that both record every requested parameter
+                // differ in one the request leaves to chance: an error, not
+                // whichever the index lists first.
+                if let (Some(first), Some(second)) = (found, matches.next()) {
+                    return Err(CompileError::KernelLibrary {
+                        path: path.clone(),
+                        message: format!(
+                            "kernel request {request} matches several objects ({} {:?} and {} {:?}); the request must name the parameter that tells them apart",
+                            first.0, first.2.parameters, second.0, second.2.parameters
+                        ),
+                    });
+                }
                 let Some((name, object_path, meta)) = found else {
                     return Err(CompileError::MissingKernel {
                         kernel: request.to_string(),

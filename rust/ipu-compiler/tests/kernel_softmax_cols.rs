@@ -989,11 +989,10 @@ fn exp_parameter_checks_and_default() {
 #[test]
 fn library_requests_resolve_to_one_softmax_cols_object_each() {
     // The three softmax_cols objects in the Bazel `kernels` order (default,
-    // IN=32, IN=32 EXP=32) behind a library index: the requests the
-    // compiler makes ({} is none today; {IN: 32} from attention_cols)
-    // and the new {IN: 32, EXP: 32} each load the object meant for them.
-    // An index match is the first object recording every requested
-    // parameter: {} and {IN: 32} also fit later objects, the order decides.
+    // IN=32, IN=32 EXP=32) behind a library index: each request that names
+    // the parameters telling the objects apart loads the object meant for
+    // it; a request that fits two objects ({} and {IN: 32}) is an error
+    // naming both, whatever the index order.
     use ipu_compiler::library::{KernelLibrary, KernelRequest};
     let dir = std::env::temp_dir().join(format!("softmax_cols_library_{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
@@ -1019,9 +1018,27 @@ fn library_requests_resolve_to_one_softmax_cols_object_each() {
     .unwrap();
     let mut library = KernelLibrary::open(&ipu_compiler::KernelSource::Index(index))
         .unwrap_or_else(|e| panic!("{e}"));
+    for (params, ambiguous) in [
+        (&[][..], "softmax_cols {"),
+        (&[("IN", 32)][..], "softmax_cols_in32 {"),
+    ] {
+        let request = KernelRequest {
+            entry: "softmax_cols".into(),
+            source: "softmax_cols.S".into(),
+            params: params.iter().map(|&(k, v)| (k.to_string(), v)).collect(),
+        };
+        let err = library
+            .get(&request)
+            .err()
+            .expect("an ambiguous request")
+            .to_string();
+        assert!(
+            err.contains("matches several objects") && err.contains(ambiguous),
+            "{err}"
+        );
+    }
     for (params, want) in [
-        (&[][..], "softmax_cols.o"),
-        (&[("IN", 32)][..], "softmax_cols_in32.o"),
+        (&[("IN", 16)][..], "softmax_cols.o"),
         (&[("IN", 32), ("EXP", 16)][..], "softmax_cols_in32.o"),
         (&[("IN", 32), ("EXP", 32)][..], "softmax_cols_in32_exp32.o"),
     ] {

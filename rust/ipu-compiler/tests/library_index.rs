@@ -57,6 +57,15 @@ fn compiles_from_a_bazel_kernel_library_index() {
             "reduce_f32.S",
             &[("EPI", 0), ("IN", 16), ("OUT", 16)],
         ),
+        // Its f16 sum (ACC=16), which the compiler prefers without an
+        // epilogue; the ACC=32 object above must still match only its own
+        // requests (they name ACC).
+        assemble(
+            dir.path(),
+            "reduce_f32_acc16",
+            "reduce_f32.S",
+            &[("ACC", 16), ("EPI", 0), ("IN", 16), ("OUT", 16)],
+        ),
         // The supervisor runtime, which every tile links.
         assemble(dir.path(), "supervisor", "supervisor.S", &[]),
     ];
