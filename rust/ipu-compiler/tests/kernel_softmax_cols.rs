@@ -1027,11 +1027,10 @@ fn library_requests_resolve_to_one_softmax_cols_object_each() {
             source: "softmax_cols.S".into(),
             params: params.iter().map(|&(k, v)| (k.to_string(), v)).collect(),
         };
-        let err = library
-            .get(&request)
-            .err()
-            .expect("an ambiguous request")
-            .to_string();
+        let err = match library.get(&request) {
+            Ok(k) => panic!("{request}: loaded {}, want an error", k.origin),
+            Err(e) => e.to_string(),
+        };
         assert!(
             err.contains("matches several objects") && err.contains(ambiguous),
             "{err}"
