@@ -19,10 +19,13 @@
 //!    query block of the head, in the split that holds the key.
 //! 4. S^T = K Q^T (`gemm_f16` ACC=32: keys as rows, the tile's queries as
 //!    one or two column blocks, K = the head padded to 16).
-//! 5. `colmax_f16` IN=32 per row group of S^T, then `softmax_cols` IN=32
-//!    EXP=32: the column maximum m (scaled), P^T = f16(exp(S^T * scale -
-//!    m)) with the argument and the exponential in f32, written as the
-//!    next GEMM's weights.
+//! 5. `colmax_f16` IN=32 per row group of S^T, then `softmax_cols` IN=32:
+//!    the column maximum m (scaled), P^T = f16(exp(t)) with the argument
+//!    t = S^T * scale - m formed in f32 and rounded to f16 for the
+//!    exponential, written as the next GEMM's weights. (Rounding t moves p
+//!    by at most u/e in absolute terms; EXP=32, the exponential in f32,
+//!    cost 3,100 more cycles on SigLIP for the same output error: max
+//!    1.709e-3 at seed 0 either way, 1.099e-3 against 1.221e-3 at seed 1.)
 //! 6. O^T = [V^T; 1] P^T (`gemm_f16` ACC=32): the extra row of ones in the
 //!    A operand gives the column sums l = sum_k p in the same pass. Worker
 //!    K groups are summed into state slot 0 by `reduce_f32` IN=32 OUT=32;
@@ -101,7 +104,7 @@ pub fn kernel_requests() -> [KernelRequest; 7] {
             &[("EPI", 0), ("IN", 32), ("OUT", 32)],
         ),
         req("colmax_f16", "colmax_f16.S", &[("IN", 32)]),
-        req("softmax_cols", "softmax_cols.S", &[("EXP", 32), ("IN", 32)]),
+        req("softmax_cols", "softmax_cols.S", &[("EXP", 16), ("IN", 32)]),
         req("attention_cols_final", "attention_cols_final.S", &[]),
         req("fill_rows", "fill_rows.S", &[]),
         req("copy64", "copy64.S", &[]),

@@ -567,7 +567,7 @@ fn plan_and_lower(
                 return Err(CompileError::NoFeasiblePlan {
                     value: graph.value(b.attention).name.clone(),
                     reason: if attention_cols::applies(b) {
-                        "the column attention layout needs the kernels colmax_f16 IN=32, softmax_cols IN=32 EXP=32, attention_cols_final and fill_rows, which the kernel library lacks".into()
+                        "the column attention layout needs the kernels colmax_f16 IN=32, softmax_cols IN=32, attention_cols_final, fill_rows and copy64, which the kernel library lacks".into()
                     } else {
                         "the column attention layout takes non-causal attention with a head size that is a multiple of 4".into()
                     },
