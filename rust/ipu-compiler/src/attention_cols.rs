@@ -163,11 +163,38 @@ impl Shapes {
             reduce_f16: false,
             max_chain_blocks: u32::MAX,
         };
-        let st_split = WorkerSplit {
-            row_groups: ranges(n, n.min(ipu_arch::WORKER_CONTEXTS)),
-            col_groups: vec![(0, nqc)],
-            k_groups: vec![(0, dp / 16)],
-        };
+        // S^T's worker grid: row groups x column groups of the six
+        // workers, whichever the formula makes fastest (more rows per
+        // vertex load each weight block for more products; the column
+        // maxima and the softmax split rows into six jobs either way).
+        let mut gemm = ck.gemm.1.clone();
+        let w = ipu_arch::WORKER_CONTEXTS;
+        let st_split = (1..=nqc.min(w))
+            .map(|cg| WorkerSplit {
+                row_groups: ranges(n, n.min(w / cg)),
+                col_groups: ranges(nqc, cg),
+                k_groups: vec![(0, dp / 16)],
+            })
+            .min_by_key(|split| {
+                let m = split
+                    .row_groups
+                    .iter()
+                    .map(|r| r.1 - r.0)
+                    .max()
+                    .unwrap_or(0);
+                let ncb = split
+                    .col_groups
+                    .iter()
+                    .map(|c| c.1 - c.0)
+                    .max()
+                    .unwrap_or(0);
+                gemm.eval(&[
+                    ("M", m as i64),
+                    ("NCB", ncb as i64),
+                    ("NKB", (dp / 16) as i64),
+                ]) + launch_cycles(split.vertices() as u64)
+            })
+            .expect("at least one column group");
         let st_layout = ShardLayout::new(&st_g, n, nqc, &st_split);
         let pv_g = GemmGeometry {
             m: d + 1,
@@ -202,6 +229,21 @@ impl Shapes {
     }
     fn quads(&self) -> u32 {
         4 * self.nqc
+    }
+    /// The column-maxima and softmax jobs over S^T: (row group, first
+    /// row, end row), each row group cut so that six workers share them.
+    fn st_jobs(&self) -> Vec<(u32, u32, u32)> {
+        let groups = &self.st.1.row_groups;
+        let per = (ipu_arch::WORKER_CONTEXTS / groups.len() as u32).max(1);
+        let mut jobs = Vec::new();
+        for (g, &(r0, r1)) in groups.iter().enumerate() {
+            for (a, z) in ranges(r1 - r0, per) {
+                if z > a {
+                    jobs.push((g as u32, r0 + a, r0 + z));
+                }
+            }
+        }
+        jobs
     }
     /// K rows (the S^T GEMM's A): `kp + 2` rows of the padded head.
     fn kr_bytes(&self) -> u32 {
@@ -517,26 +559,24 @@ fn step_cycles(
     } else {
         pad_slowest + launch_cycles(pads.len() as u64)
     };
-    let st_rows =
-        s.st.1
-            .row_groups
-            .iter()
-            .map(|r| r.1 - r.0)
-            .max()
-            .unwrap_or(0) as i64;
-    let groups = s.st.1.row_groups.len() as u64;
-    let st_c = ck.gemm.1.eval(&[
-        ("M", st_rows),
-        ("NCB", s.nqc as i64),
-        ("NKB", (s.dp / 16) as i64),
-    ]) + launch_cycles(groups);
-    let quads = s.quads() as i64;
-    let colmax_c = ck.colmax.1.eval(&[("ROWS", st_rows), ("QUADS", quads)]) + launch_cycles(groups);
-    let softmax_c = ck
-        .softmax
+    let sts = &s.st.1;
+    let st_m = sts.row_groups.iter().map(|r| r.1 - r.0).max().unwrap_or(0) as i64;
+    let st_ncb = sts.col_groups.iter().map(|c| c.1 - c.0).max().unwrap_or(0) as i64;
+    let st_c = ck
+        .gemm
         .1
-        .eval(&[("ROWS", st_rows), ("QUADS", quads), ("W", groups as i64)])
-        + launch_cycles(groups);
+        .eval(&[("M", st_m), ("NCB", st_ncb), ("NKB", (s.dp / 16) as i64)])
+        + launch_cycles(sts.vertices() as u64);
+    let jobs = s.st_jobs();
+    let job_rows = jobs.iter().map(|j| j.2 - j.1).max().unwrap_or(0) as i64;
+    let quads = s.quads() as i64;
+    let colmax_c = ck.colmax.1.eval(&[("ROWS", job_rows), ("QUADS", quads)])
+        + launch_cycles(jobs.len() as u64);
+    let softmax_c = ck.softmax.1.eval(&[
+        ("ROWS", job_rows),
+        ("QUADS", quads),
+        ("W", jobs.len() as i64),
+    ]) + launch_cycles(jobs.len() as u64);
     let mut costs = GemmCosts {
         gemm: ck.gemm.1.clone(),
         reduce: Some(ck.reduce.1.clone()),
@@ -1162,39 +1202,33 @@ pub fn lower(
             sts.row_groups
                 .iter()
                 .enumerate()
-                .map(|(gi, &rg)| {
-                    gemm_vertex(
-                        stg,
-                        stl,
-                        (0, gi as u32),
-                        rg,
-                        (0, s.nqc),
-                        (0, nkb),
-                        (t.kr, t.qt),
-                    )
+                .flat_map(|(gi, &rg)| {
+                    sts.col_groups.iter().map(move |&cg| {
+                        gemm_vertex(stg, stl, (0, gi as u32), rg, cg, (0, nkb), (t.kr, t.qt))
+                    })
                 })
                 .collect(),
         );
         let quads = s.quads();
-        let groups = sts.row_groups.len() as u32;
+        let jobs = s.st_jobs();
+        let groups = jobs.len() as u32;
         cm.tiles.insert(
             tile,
-            sts.row_groups
-                .iter()
+            jobs.iter()
                 .enumerate()
-                .map(|(gi, &(r0, r1))| Vertex {
+                .map(|(ji, &(gi, r0, r1))| Vertex {
                     kernel: ck.colmax.0.clone(),
                     state: vec![
                         StateWord::Addr {
                             buffer: t.c1,
-                            offset: stl.c_row(0, gi as u32, r0),
+                            offset: stl.c_row(0, gi, r0),
                         },
                         StateWord::Const(stl.rs_c),
                         StateWord::Const(r1 - r0),
                         StateWord::Const(quads),
                         StateWord::Addr {
                             buffer: t.maxes,
-                            offset: gi as u32 * s.maxes_row(),
+                            offset: ji as u32 * s.maxes_row(),
                         },
                     ],
                 })
@@ -1202,15 +1236,14 @@ pub fn lower(
         );
         sm.tiles.insert(
             tile,
-            sts.row_groups
-                .iter()
+            jobs.iter()
                 .enumerate()
-                .map(|(gi, &(r0, r1))| Vertex {
+                .map(|(ji, &(gi, r0, r1))| Vertex {
                     kernel: ck.softmax.0.clone(),
                     state: vec![
                         StateWord::Addr {
                             buffer: t.c1,
-                            offset: stl.c_row(0, gi as u32, r0),
+                            offset: stl.c_row(0, gi, r0),
                         },
                         StateWord::Const(stl.rs_c),
                         StateWord::Addr {
@@ -1226,7 +1259,7 @@ pub fn lower(
                         },
                         StateWord::Const(groups),
                         StateWord::Const(scale),
-                        if gi == 0 {
+                        if ji == 0 {
                             StateWord::Addr {
                                 buffer: t.m,
                                 offset: 0,
@@ -1236,7 +1269,7 @@ pub fn lower(
                         },
                         StateWord::Addr {
                             buffer: t.sm_scratch,
-                            offset: gi as u32 * s.softmax_scratch(),
+                            offset: ji as u32 * s.softmax_scratch(),
                         },
                     ],
                 })
