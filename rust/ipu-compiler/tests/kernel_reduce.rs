@@ -590,24 +590,13 @@ fn in16_cycles_match_the_declared_formula() {
                 ("OUT", if out32 { 32 } else { 16 }),
                 ("EPI", epi as i64),
             ];
-            let declared = declared_cycles(
-                "reduce_f32.S",
+            check_formula(
+                &mut outside,
+                format!("IN=16 out32={out32} EPI={epi} rows={rows} quads={quads} P={partials}"),
                 &defines,
-                &[
-                    ("ROWS", rows as u64),
-                    ("QUADS", quads as u64),
-                    ("P", partials as u64),
-                ],
+                (rows, quads, partials),
+                simulated,
             );
-            println!(
-                "IN=16 out32={out32} EPI={epi} rows={rows} quads={quads} P={partials}: simulated {simulated}, .cycles {declared}"
-            );
-            let ratio = declared as f64 / simulated as f64;
-            if !(0.97..1.03).contains(&ratio) {
-                outside.push(format!(
-                    "IN=16 out32={out32} EPI={epi} rows={rows} quads={quads} P={partials}: .cycles {declared} vs simulated {simulated}"
-                ));
-            }
         }
     }
     assert!(
@@ -737,24 +726,13 @@ fn tr_cycles_match_the_declared_formula() {
                 acc16: false,
                 seed: 1,
             });
-            let declared = declared_cycles(
-                "reduce_f32.S",
+            check_formula(
+                &mut outside,
+                format!("TR=1 EPI={epi} rows={rows} quads={quads} P={partials}"),
                 &[("IN", 16), ("EPI", epi as i64), ("TR", 1)],
-                &[
-                    ("ROWS", rows as u64),
-                    ("QUADS", quads as u64),
-                    ("P", partials as u64),
-                ],
+                (rows, quads, partials),
+                simulated,
             );
-            println!(
-                "TR=1 EPI={epi} rows={rows} quads={quads} P={partials}: simulated {simulated}, .cycles {declared}"
-            );
-            let ratio = declared as f64 / simulated as f64;
-            if !(0.97..1.03).contains(&ratio) {
-                outside.push(format!(
-                    "TR=1 EPI={epi} rows={rows} quads={quads} P={partials}: .cycles {declared} vs simulated {simulated}"
-                ));
-            }
         }
     }
     assert!(
@@ -971,24 +949,13 @@ fn acc16_cycles_match_the_declared_formula() {
                 acc16: true,
                 seed: 1,
             });
-            let declared = declared_cycles(
-                "reduce_f32.S",
+            check_formula(
+                &mut outside,
+                format!("ACC=16 TR={tr} rows={rows} quads={quads} P={partials}"),
                 &[("IN", 16), ("ACC", 16), ("TR", tr)],
-                &[
-                    ("ROWS", rows as u64),
-                    ("QUADS", quads as u64),
-                    ("P", partials as u64),
-                ],
+                (rows, quads, partials),
+                simulated,
             );
-            println!(
-                "ACC=16 TR={tr} rows={rows} quads={quads} P={partials}: simulated {simulated}, .cycles {declared}"
-            );
-            let ratio = declared as f64 / simulated as f64;
-            if !(0.97..1.03).contains(&ratio) {
-                outside.push(format!(
-                    "ACC=16 TR={tr} rows={rows} quads={quads} P={partials}: .cycles {declared} vs simulated {simulated}"
-                ));
-            }
         }
     }
     assert!(
@@ -1086,5 +1053,32 @@ fn objects_record_the_default_acc() {
             (Some(&acc), Some(&tr)),
             "{defines:?}"
         );
+    }
+}
+
+/// Records in `outside` a `reduce_f32.S` specialisation (`defines`) whose
+/// declared `.cycles` for (ROWS, QUADS, P) is 3% or more off `simulated`.
+fn check_formula(
+    outside: &mut Vec<String>,
+    label: String,
+    defines: &[(&str, i64)],
+    (rows, quads, partials): (u32, u32, u32),
+    simulated: u64,
+) {
+    let declared = declared_cycles(
+        "reduce_f32.S",
+        defines,
+        &[
+            ("ROWS", rows as u64),
+            ("QUADS", quads as u64),
+            ("P", partials as u64),
+        ],
+    );
+    println!("{label}: simulated {simulated}, .cycles {declared}");
+    let ratio = declared as f64 / simulated as f64;
+    if !(0.97..1.03).contains(&ratio) {
+        outside.push(format!(
+            "{label}: .cycles {declared} vs simulated {simulated}"
+        ));
     }
 }
