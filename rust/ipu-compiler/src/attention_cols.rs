@@ -633,7 +633,7 @@ pub fn plan(
         return out;
     }
     let ncb = block.key_blocks();
-    for splits in [1u32, 2, 3, 4, 6, 8].into_iter().filter(|&s| s <= ncb) {
+    for splits in (1u32..=8).filter(|&s| s <= ncb) {
         let key_splits = ranges(ncb, splits);
         let split_cb = key_splits.iter().map(|c| c.1 - c.0).max().unwrap_or(1);
         let kp = split_cb * 16;
