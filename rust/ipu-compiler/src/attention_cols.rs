@@ -18,8 +18,10 @@
 //!    block), K rows (unchanged from the projection) and V^T runs to every
 //!    query block of the head, in the split that holds the key.
 //! 4. S^T = K Q^T (`gemm_f16` ACC=32: keys as rows, the tile's queries as
-//!    one or two column blocks, K = the head padded to 16).
-//! 5. `colmax_f16` IN=32 per row group of S^T, then `softmax_cols` IN=32:
+//!    one or two column blocks, K = the head padded to 16; the worker grid
+//!    of row and column groups chosen by the kernel's formula).
+//! 5. `colmax_f16` IN=32 per row job of S^T (six jobs, whatever the GEMM's
+//!    grid), then `softmax_cols` IN=32:
 //!    the column maximum m (scaled), P^T = f16(exp(t)) with the argument
 //!    t = S^T * scale - m formed in f32 and rounded to f16 for the
 //!    exponential, written as the next GEMM's weights. (Rounding t moves p
