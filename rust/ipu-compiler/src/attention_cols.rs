@@ -1578,6 +1578,27 @@ mod tests {
     }
 
     #[test]
+    fn st_jobs_cover_every_key_row_once_on_six_workers() {
+        let ck = kernels();
+        let b = siglip();
+        for (rows, n) in [(16u32, 368u32), (32, 192), (64, 96), (50, 5), (2, 1)] {
+            let s = Shapes::new(&b, &ck, rows, n, n.div_ceil(16) * 16).unwrap();
+            assert!(s.st.1.vertices() <= 6);
+            let jobs = s.st_jobs();
+            assert!(!jobs.is_empty() && jobs.len() <= 6, "{rows} {n}: {jobs:?}");
+            let mut seen = vec![0u32; n as usize];
+            for &(g, r0, r1) in &jobs {
+                let (g0, g1) = s.st.1.row_groups[g as usize];
+                assert!(g0 <= r0 && r0 < r1 && r1 <= g1, "{rows} {n}: {jobs:?}");
+                for r in r0..r1 {
+                    seen[r as usize] += 1;
+                }
+            }
+            assert!(seen.iter().all(|&c| c == 1), "{rows} {n}: {jobs:?}");
+        }
+    }
+
+    #[test]
     fn combine_vertices_cover_every_output_once() {
         let mut ck = kernels();
         let b = siglip();

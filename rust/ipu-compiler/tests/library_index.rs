@@ -175,3 +175,28 @@ fn the_report_names_specialisations_that_would_help() {
             > 1
     );
 }
+
+/// Assembled from sources, a request naming a parameter its source does
+/// not declare is missing (the assembler takes any -D as a constant and
+/// would otherwise build the default code under the request's name).
+#[test]
+fn sources_refuse_a_parameter_the_source_does_not_declare() {
+    use ipu_compiler::library::{KernelLibrary, KernelRequest};
+    let cache = tempfile::tempdir().unwrap();
+    let mut library = KernelLibrary::open(&KernelSource::Sources {
+        device_dir: root().join("device"),
+        cache_dir: Some(cache.path().to_path_buf()),
+    })
+    .unwrap();
+    let request = |params: &[(&str, i64)]| KernelRequest {
+        entry: "copy64".into(),
+        source: "copy64.S".into(),
+        params: params.iter().map(|&(k, v)| (k.to_string(), v)).collect(),
+    };
+    library.get(&request(&[])).unwrap_or_else(|e| panic!("{e}"));
+    let e = match library.get(&request(&[("ACC", 16)])) {
+        Ok(k) => panic!("copy64 ACC=16 loaded {}", k.origin),
+        Err(e) => e.to_string(),
+    };
+    assert!(e.contains("copy64") && e.contains("ACC=16"), "{e}");
+}
