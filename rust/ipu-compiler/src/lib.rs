@@ -260,6 +260,33 @@ fn reduce_request_f16_partials(library: &mut KernelLibrary, epilogue: i64) -> Ke
     }
 }
 
+/// Names the f16-sum object in the report (and the log) when `request`
+/// sums f16 partials without an epilogue in f32 for want of it.
+fn note_missing_f16_sum(
+    library: &mut KernelLibrary,
+    request: &KernelRequest,
+    value: &str,
+    would_help: &mut Vec<serde_json::Value>,
+) {
+    let sum = reduce_kernel_f16_sum();
+    if request.params.get("IN") == Some(&16)
+        && request.params.get("EPI") == Some(&0)
+        && request.params.get("ACC") == Some(&32)
+        && kernel_formula(library, &sum, &["ROWS", "QUADS", "P"]).is_err()
+    {
+        tracing::info!(
+            value,
+            kernel = %sum,
+            "the kernel library lacks a specialisation that would help"
+        );
+        would_help.push(json!({
+            "kernel": sum.to_string(),
+            "value": value,
+            "why": "sums the f16 partials in f16 (P + 1 issue slots per four outputs); without it they are summed in f32 (4P + 5)",
+        }));
+    }
+}
+
 /// A kernel's declared cycle formula, checked to evaluate with `vars`.
 pub(crate) fn kernel_formula(
     library: &mut KernelLibrary,
@@ -1054,6 +1081,9 @@ fn plan_and_lower(
         };
         let mut reports = Vec::new();
         for ((geometry, (request, reduce), _, value, _), (front, candidates)) in planned.iter().zip(fronts) {
+            if let Some(r) = reduce {
+                note_missing_f16_sum(library, r, value, &mut would_help);
+            }
             let Some(chosen) = front.first().cloned() else {
                 return Err(CompileError::NoFeasiblePlan {
                     value: value.clone(),

@@ -126,7 +126,8 @@ fn compiles_from_a_bazel_kernel_library_index() {
 
 /// The compiler uses a specialisation when the library has one and plans
 /// without it otherwise, naming it in the report: a streamed f16 GEMM
-/// splits K over tiles only with reduce_f32 IN=16.
+/// splits K over tiles only with reduce_f32 IN=16, and sums the K parts in
+/// f16 with ACC=16.
 #[test]
 fn the_report_names_specialisations_that_would_help() {
     let dir = tempfile::tempdir().unwrap();
@@ -144,9 +145,19 @@ fn the_report_names_specialisations_that_would_help() {
         ));
         v
     };
+    let with_sum = {
+        let mut v = with.clone();
+        v.push(assemble(
+            dir.path(),
+            "reduce_f32_acc16",
+            "reduce_f32.S",
+            &[("ACC", 16), ("IN", 16)],
+        ));
+        v
+    };
     let model = root().join("models/gemm_stream_small.ipug");
     let mut reports = Vec::new();
-    for (name, entries) in [("without", base), ("with", with)] {
+    for (name, entries) in [("without", base), ("with", with), ("with_sum", with_sum)] {
         let index = dir.path().join(format!("{name}.library.json"));
         std::fs::write(&index, serde_json::json!({"kernels": entries}).to_string()).unwrap();
         let mut opts = CompileOptions::new(&model, 64, KernelSource::Index(index));
@@ -164,16 +175,31 @@ fn the_report_names_specialisations_that_would_help() {
         reports[0]["operations"][0]["chosen"]["stream"]["k_parts"],
         1
     );
+    // With the f32 sum of f16 partials the plan splits K, and the report
+    // names the f16 sum (ACC=16) that would sum them faster; with both,
+    // nothing is missing.
+    let helps = &reports[1]["specialisations_that_would_help"];
+    assert_eq!(helps.as_array().map(Vec::len), Some(1), "{helps}");
+    assert!(
+        helps[0]["kernel"].as_str().unwrap().contains("ACC=16"),
+        "{helps}"
+    );
     assert_eq!(
-        reports[1]["specialisations_that_would_help"],
+        reports[2]["specialisations_that_would_help"],
         serde_json::json!([])
     );
-    assert!(
-        reports[1]["operations"][0]["chosen"]["stream"]["k_parts"]
-            .as_u64()
-            .unwrap()
-            > 1
-    );
+    for report in &reports[1..] {
+        assert!(
+            report["operations"][0]["chosen"]["stream"]["k_parts"]
+                .as_u64()
+                .unwrap()
+                > 1
+        );
+    }
+    assert!(reports[2]["operations"][0]["kernel"]
+        .as_str()
+        .unwrap()
+        .contains("ACC=16"));
 }
 
 /// Assembled from sources, a request naming a parameter its source does
