@@ -506,7 +506,8 @@ pub fn lower(
                     .clone()
                     .expect("f32 accumulation comes with a reduce kernel");
                 let id = tile_bufs.len();
-                if pg.transposed_result {
+                // The result buffer, and how the reduce step writes it.
+                let (row_stride, dst, bias) = if pg.transposed_result {
                     // Columns of the result, each padded with zeros to 8
                     // bytes (the layout `transpose_f16` would make).
                     let rs_t = (mt * 2).div_ceil(8) * 8;
@@ -525,26 +526,7 @@ pub fn lower(
                         scratch: None,
                         lifetime: None,
                     });
-                    group_results.insert(
-                        (gi_group, shard.tile),
-                        GroupResult {
-                            buffer: id,
-                            row_stride: rs_t,
-                            rows: (r0, r1),
-                            col0: c0 * 16,
-                            width,
-                            transposed: true,
-                        },
-                    );
-                    let reduces = reduce_vertices(
-                        &reduce,
-                        &g,
-                        (&layout, &split),
-                        (ic, id),
-                        ReduceDst::Transposed(rs_t),
-                        None,
-                    );
-                    reduce_step.tiles.insert(shard.tile, reduces);
+                    (rs_t, ReduceDst::Transposed(rs_t), None)
                 } else {
                     // A result that a later GEMM streams as its A operand lives
                     // in interleaved elements of its own, with the two rows the
@@ -566,28 +548,22 @@ pub fn lower(
                         lifetime: None,
                     });
                     results.insert((gi_group, shard.tile), (id, layout.rs_d(), (r0, r1)));
-                    group_results.insert(
-                        (gi_group, shard.tile),
-                        GroupResult {
-                            buffer: id,
-                            row_stride: layout.rs_d(),
-                            rows: (r0, r1),
-                            col0: c0 * 16,
-                            width,
-                            transposed: false,
-                        },
-                    );
-                    let reduces = reduce_vertices(
-                        &reduce,
-                        &g,
-                        (&layout, &split),
-                        (ic, id),
-                        ReduceDst::Rows,
-                        bias_buffer.map(|(_, b)| b),
-                    );
-                    reduce_step.tiles.insert(shard.tile, reduces);
                     result_buffer = (id, Some(layout.rs_d()));
-                }
+                    (layout.rs_d(), ReduceDst::Rows, bias_buffer.map(|(_, b)| b))
+                };
+                group_results.insert(
+                    (gi_group, shard.tile),
+                    GroupResult {
+                        buffer: id,
+                        row_stride,
+                        rows: (r0, r1),
+                        col0: c0 * 16,
+                        width,
+                        transposed: pg.transposed_result,
+                    },
+                );
+                let reduces = reduce_vertices(&reduce, &g, (&layout, &split), (ic, id), dst, bias);
+                reduce_step.tiles.insert(shard.tile, reduces);
             }
 
             // Host placements: A rows (host operands), B rows of the tile's
