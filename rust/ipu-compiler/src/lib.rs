@@ -951,8 +951,8 @@ fn plan_and_lower(
         } else if let Some(b) = blocks.first() {
             // The best attention candidate whose remaining tiles fit every
             // projection (the proxy that ranked them knows no memory).
-            // The projections run first, side by side on equal shares of all
-            // tiles; the attention then uses the same tiles, its buffers
+            // The projections run first, side by side on shares of the
+            // tiles that make the slowest fastest; the attention then uses the same tiles, its buffers
             // sharing memory with the projections' scratch (phases), so the
             // projections' persistent buffers get what the attention leaves.
             let mut chosen = None;
@@ -967,17 +967,43 @@ fn plan_and_lower(
                         break;
                     }
                 }
+                // The column layout takes the Q and V results transposed
+                // from their reduce steps (TR=1, below), slower than TR=0:
+                // those projections are planned with its formula.
+                let own_reduce: Vec<Option<gemm::FormulaCost>> =
+                    planned.iter().map(|p| p.2.reduce.clone()).collect();
+                let mut transposed_reduce: Vec<Option<gemm::FormulaCost>> = vec![None; planned.len()];
+                for g in [b.q, b.v] {
+                    if let Some(r) = planned[g].1 .1.as_ref() {
+                        if r.params.get("IN") == Some(&16) && r.params.get("EPI") == Some(&0) {
+                            let mut tr = r.clone();
+                            tr.params.insert("TR".into(), 1);
+                            transposed_reduce[g] = kernel_formula(library, &tr, &["ROWS", "QUADS", "P"]).ok();
+                        }
+                    }
+                }
                 for c in &attention_candidates {
                     let left = region1.saturating_sub(c.region1_bytes) / element * element;
-                    for p in planned.iter_mut() {
+                    for (g, p) in planned.iter_mut().enumerate() {
                         p.2.persistent_budget = Some(left);
+                        p.2.reduce = match (&c.layout, &transposed_reduce[g]) {
+                            (attention::AttentionLayout::Columns, Some(f)) => Some(f.clone()),
+                            _ => own_reduce[g].clone(),
+                        };
                     }
+                    // Tile shares that make the slowest projection fastest.
+                    let mut items: Vec<(&gemm::GemmGeometry, &mut gemm::GemmCosts)> =
+                        planned.iter_mut().map(|p| (&p.0, &mut p.2)).collect();
+                    let Some(shares) = plan::side_by_side_shares(&mut items, options.tiles, &options.search) else {
+                        continue;
+                    };
                     let fronts: Vec<(Vec<plan::GemmPlan>, usize)> = planned
                         .iter_mut()
-                        .map(|p| plan::search(&p.0, group_tiles, &mut p.2, &options.search))
+                        .zip(&shares)
+                        .map(|(p, &t)| plan::search(&p.0, t, &mut p.2, &options.search))
                         .collect();
                     if fronts.iter().all(|f| !f.0.is_empty()) {
-                        chosen = Some((c.clone(), fronts));
+                        chosen = Some((c.clone(), fronts, shares));
                         break;
                     }
                 }
@@ -985,7 +1011,7 @@ fn plan_and_lower(
                     break;
                 }
             }
-            let Some((c, fronts)) = chosen else {
+            let Some((c, fronts, shares)) = chosen else {
                 return Err(CompileError::NoFeasiblePlan {
                     value: graph.value(b.attention).name.clone(),
                     reason: format!(
@@ -999,7 +1025,7 @@ fn plan_and_lower(
                 layout = ?c.layout,
                 query_blocks = c.query_blocks,
                 attention_tiles = c.tiles,
-                projection_tiles_each = group_tiles,
+                projection_tiles = ?shares,
                 "attention plan chosen"
             );
             attention_plan = Some(c);
@@ -1141,7 +1167,13 @@ fn plan_and_lower(
         for r in &operation_reports {
             let mut m = map_tiles::map_gemm(&r.chosen);
             if disjoint_groups {
-                let first = maps.len() as u32 * group_tiles;
+                // Side by side: each group starts after the tiles of those
+                // before it (their shares differ, plan::side_by_side_shares).
+                let first = maps
+                    .iter()
+                    .flat_map(|m: &Vec<map_tiles::ShardOnTile>| m.iter().map(|s| s.tile + 1))
+                    .max()
+                    .unwrap_or(0);
                 for s in m.iter_mut() {
                     s.tile += first;
                 }

@@ -227,6 +227,79 @@ pub fn search(
     (pareto_front(candidates, budget.beam_width), generated)
 }
 
+/// Tile budgets for GEMMs that run side by side on disjoint tiles (an
+/// attention block's projections): the budgets under which the slowest
+/// GEMM's best plan is as fast as any split of `tiles` allows.
+///
+/// Why not equal shares: a GEMM's plans come in steps of whole row and
+/// column parts, so an equal share often leaves tiles idle that another
+/// GEMM could turn into a finer partition (SigLIP's three projections of
+/// 216 column blocks took 6 x 72 tiles each out of 490, their slowest
+/// tiles doing 122 rows where 7 row parts would do 105), and GEMMs that
+/// differ in their reduce step (a transposed result) are not equally fast
+/// on equal tiles.
+///
+/// Every candidate (row parts x column parts within `tiles`) of every GEMM
+/// is evaluated once; for each GEMM, the fewest tiles that reach a device
+/// time `t` form a staircase, and the smallest `t` whose staircases sum to
+/// at most `tiles` wins. The returned budgets are those fewest tiles, so
+/// `search` with them finds plans of at most `t`; `None` when some GEMM
+/// has no feasible plan.
+pub fn side_by_side_shares(
+    items: &mut [(&GemmGeometry, &mut GemmCosts)],
+    tiles: u32,
+    budget: &SearchBudget,
+) -> Option<Vec<u32>> {
+    // Per GEMM: (active tiles, device cycles) of every feasible candidate,
+    // reduced to the staircase of strictly faster plans on more tiles.
+    let mut stairs: Vec<Vec<(u32, u64)>> = Vec::new();
+    let others = items.len().saturating_sub(1) as u32;
+    for (g, costs) in items.iter_mut() {
+        let most = tiles.saturating_sub(others).max(1);
+        let mut points = Vec::new();
+        let mut generated = 0usize;
+        'outer: for rp in 1..=g.m.min(most) {
+            for cp in 1..=g.ncb().min(most / rp) {
+                if generated >= budget.max_candidates {
+                    break 'outer;
+                }
+                generated += 1;
+                if let Some(p) = evaluate(g, rp, cp, costs) {
+                    points.push((p.estimate.active_tiles, p.estimate.compute_cycles));
+                }
+            }
+        }
+        points.sort_unstable();
+        let mut stair: Vec<(u32, u64)> = Vec::new();
+        for (t, c) in points {
+            if stair.last().is_none_or(|&(_, best)| c < best) {
+                stair.push((t, c));
+            }
+        }
+        if stair.is_empty() {
+            return None;
+        }
+        stairs.push(stair);
+    }
+    // The fewest tiles with which a GEMM reaches `t` cycles (the staircase
+    // is sorted by tiles with falling cycles).
+    let tiles_for = |stair: &[(u32, u64)], t: u64| -> Option<u32> {
+        let i = stair.partition_point(|&(_, c)| c > t);
+        stair.get(i).map(|&(n, _)| n)
+    };
+    let mut times: Vec<u64> = stairs.iter().flatten().map(|&(_, c)| c).collect();
+    times.sort_unstable();
+    times.dedup();
+    // The total tiles needed only falls as `t` grows: bisect for the
+    // smallest `t` that fits.
+    let fits = |t: u64| -> Option<Vec<u32>> {
+        let shares: Option<Vec<u32>> = stairs.iter().map(|s| tiles_for(s, t)).collect();
+        shares.filter(|s| s.iter().sum::<u32>() <= tiles)
+    };
+    let i = times.partition_point(|&t| fits(t).is_none());
+    times.get(i).and_then(|&t| fits(t))
+}
+
 /// The Pareto filter over plans sorted best first: a plan is kept only if
 /// no earlier (faster) plan uses less memory; at most `beam_width`.
 pub fn pareto_front(sorted: Vec<GemmPlan>, beam_width: usize) -> Vec<GemmPlan> {
@@ -282,4 +355,110 @@ pub fn search_chain(
     (0..items.len())
         .map(|i| (joint.iter().map(|j| j.2[i].clone()).collect(), generated))
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::gemm::FormulaCost;
+
+    /// A projection of SigLIP's shape in bounded f16 chains, its f16
+    /// partials summed by `reduce_f32` ACC=16 with the row-major (TR=0) or
+    /// the transposed (TR=1) result: the kernels' declared formulas.
+    fn projection(m: u32, k: u32, n: u32, transposed: bool) -> (GemmGeometry, GemmCosts) {
+        let g = GemmGeometry {
+            m,
+            k,
+            n,
+            acc32: false,
+            f16_result: true,
+            row_align: if transposed { 2 } else { 1 },
+            fp8_scale: None,
+            reduce_f16: true,
+            max_chain_blocks: 16,
+        };
+        let reduce = if transposed {
+            "6 * (33 + 6 * ((2 * P) / (P + 9)) + ROWS * (2 + 3 * ((2 * P) / (P + 9)) + QUADS * (P + 4 + 2 * ((2 * P) / (P + 9)))))"
+        } else {
+            "6 * (29 + 6 * ((2 * P) / (P + 9)) + ROWS * (2 + 3 * ((2 * P) / (P + 9)) + QUADS * (P + 1 + 2 * ((2 * P) / (P + 9)))))"
+        };
+        let costs = GemmCosts {
+            gemm: FormulaCost::new("6 * (14 + NCB * (11 + NKB * (4 * M + 51)))".into()),
+            reduce: Some(FormulaCost::new(reduce.into())),
+            memory_budget: 416 * 1024,
+            owns_a: true,
+            feeds_gemm: false,
+            persistent_budget: None,
+            a_persistent: false,
+        };
+        (g, costs)
+    }
+
+    /// The slowest GEMM's best plan when each gets its budget.
+    fn slowest(items: &mut [(GemmGeometry, GemmCosts)], budgets: &[u32]) -> u64 {
+        let budget = SearchBudget::default();
+        items
+            .iter_mut()
+            .zip(budgets)
+            .map(|((g, c), &t)| search(g, t, c, &budget).0[0].estimate.compute_cycles)
+            .max()
+            .unwrap()
+    }
+
+    fn shares(items: &mut [(GemmGeometry, GemmCosts)], tiles: u32) -> Option<Vec<u32>> {
+        let mut refs: Vec<(&GemmGeometry, &mut GemmCosts)> =
+            items.iter_mut().map(|(g, c)| (&*g, c)).collect();
+        side_by_side_shares(&mut refs, tiles, &SearchBudget::default())
+    }
+
+    #[test]
+    fn siglip_projections_take_unequal_shares() {
+        // Q and V (transposed results, the slower reduce) take 7 row parts
+        // of 105 rows on 504 tiles each; K keeps 6 x 72 on 432. Equal
+        // shares of 490 gave every projection 6 x 72 and left 176 tiles
+        // idle.
+        let mut items = vec![
+            projection(729, 1152, 1152, true),
+            projection(729, 1152, 1152, false),
+            projection(729, 1152, 1152, true),
+        ];
+        let s = shares(&mut items, 1472).unwrap();
+        assert_eq!(s, vec![504, 432, 504]);
+        let unequal = slowest(&mut items, &s);
+        let equal = slowest(&mut items, &[490, 490, 490]);
+        assert!(unequal < equal, "{unequal} against {equal}");
+    }
+
+    #[test]
+    fn shares_match_an_exhaustive_search() {
+        // The checker: every split of the tiles between two GEMMs, each
+        // planned by `search` within its part; no split may beat the
+        // shares' slowest GEMM, and the shares must fit.
+        for (tiles, a, b) in [
+            (24, (40, 64, 96, false), (40, 64, 96, true)),
+            (30, (90, 128, 64, false), (50, 64, 160, false)),
+            (17, (33, 48, 48, true), (20, 96, 32, false)),
+        ] {
+            let mut items = vec![
+                projection(a.0, a.1, a.2, a.3),
+                projection(b.0, b.1, b.2, b.3),
+            ];
+            let s = shares(&mut items, tiles).unwrap();
+            assert!(s.iter().sum::<u32>() <= tiles, "{s:?} over {tiles}");
+            let got = slowest(&mut items, &s);
+            let best = (1..tiles)
+                .map(|t| slowest(&mut items, &[t, tiles - t]))
+                .min()
+                .unwrap();
+            assert_eq!(got, best, "tiles {tiles}: shares {s:?}");
+        }
+    }
+
+    #[test]
+    fn shares_refuse_a_gemm_without_plans() {
+        // Two GEMMs on one tile: no split gives each a tile.
+        let mut items = vec![projection(16, 64, 16, false), projection(16, 64, 16, false)];
+        assert!(shares(&mut items, 1).is_none());
+        assert_eq!(shares(&mut items, 2), Some(vec![1, 1]));
+    }
 }
