@@ -31,7 +31,9 @@
 //! 6. O^T = [V^T; 1] P^T (`gemm_f16` ACC=32): the extra row of ones in the
 //!    A operand gives the column sums l = sum_k p in the same pass. Worker
 //!    K groups are summed into state slot 0 by `reduce_f32` IN=32 OUT=32;
-//!    with one K group `copy64` moves the rows there instead.
+//!    with one K group O^T stays in the GEMM's C buffer, the state
+//!    exchange sends the other splits' rows from there, and `copy64`
+//!    moves only the tile's own head columns and l into slot 0.
 //! 7. with key splits: every split's tile combines a range of head columns
 //!    (`combine_ranges`): it receives those O^T rows, the l row and m of
 //!    every other split of its (head, query block) into slots after its
@@ -319,28 +321,73 @@ impl Shapes {
             + w * (self.maxes_row() + self.softmax_scratch() + self.final_scratch(splits)))
             as u64
     }
-    /// With one K group, O^T moves from the C buffer (rows `rs_c` apart,
-    /// two drain rows between row groups) to state slot 0 as `copy64`
-    /// runs: (C offset, slot offset, bytes), at most six, each whole rows
-    /// of one row group. `None` when the rows are not the slot's rows
-    /// (K groups to sum, or another row stride): then `reduce_f32` runs.
-    fn ot_copies(&self) -> Option<Vec<(u32, u32, u32)>> {
+    /// Whether O^T stays in the C buffer after its GEMM: one K group (no
+    /// partials to sum) and C rows as wide as the slots' rows. Then the
+    /// state exchange sends the other splits' rows straight from C and
+    /// `copy64` moves into state slot 0 only the rows this tile's final
+    /// step reads ([`Shapes::ot_copies`]); otherwise `reduce_f32` sums the
+    /// K groups into slot 0 (every row).
+    fn ot_stays_in_c(&self) -> bool {
         let (_, split, lay) = &self.pv;
-        if split.k_groups.len() != 1 || lay.rs_c != lay.rs_d() {
+        split.k_groups.len() == 1 && lay.rs_c == lay.rs_d()
+    }
+    /// The O^T rows `[a, z)` in the C buffer of the O^T GEMM (rows `rs_c`
+    /// apart, two drain rows before each row group): (C offset, first row,
+    /// rows), one run per row group the range meets.
+    fn ot_rows_in_c(&self, (a, z): (u32, u32)) -> Vec<(u32, u32, u32)> {
+        let (_, split, lay) = &self.pv;
+        split
+            .row_groups
+            .iter()
+            .enumerate()
+            .filter_map(|(gi, &(r0, r1))| {
+                let (lo, hi) = (a.max(r0), z.min(r1));
+                (hi > lo).then(|| (lay.c_row(0, gi as u32, lo), lo, hi - lo))
+            })
+            .collect()
+    }
+    /// The O^T rows a tile that combines head columns `r` reads from its
+    /// own state: those columns and the l row (row d), as row ranges.
+    fn own_state_rows(&self, (d0, d1): (u32, u32)) -> Vec<(u32, u32)> {
+        if d1 == d0 {
+            Vec::new()
+        } else if d1 == self.d {
+            vec![(d0, self.d + 1)]
+        } else {
+            vec![(d0, d1), (self.d, self.d + 1)]
+        }
+    }
+    /// With O^T kept in C ([`Shapes::ot_stays_in_c`]), the `copy64` runs
+    /// that move a tile's own rows for head columns `r` (and the l row)
+    /// into state slot 0: (C offset, slot offset, bytes), whole rows of
+    /// one row group, at most six. The other rows
+    /// leave the tile from C in the state exchange, so a tile with 4
+    /// splits copies 19 of SigLIP's 73 rows where it used to copy all of
+    /// them (the copy took 1,482 cycles). `None` when O^T does not stay
+    /// in C.
+    fn ot_copies(&self, r: (u32, u32)) -> Option<Vec<(u32, u32, u32)>> {
+        if !self.ot_stays_in_c() {
             return None;
         }
-        let groups = split.row_groups.len() as u32;
-        let per = (ipu_arch::WORKER_CONTEXTS / groups).max(1);
+        let lay = &self.pv.2;
+        let runs: Vec<(u32, u32, u32)> = self
+            .own_state_rows(r)
+            .into_iter()
+            .flat_map(|rows| self.ot_rows_in_c(rows))
+            .collect();
+        // The fewest rows per copy that cut the runs into at most six.
+        let total: u32 = runs.iter().map(|x| x.2).sum();
+        let mut per = total.div_ceil(ipu_arch::WORKER_CONTEXTS).max(1);
+        while runs.iter().map(|x| x.2.div_ceil(per)).sum::<u32>() > ipu_arch::WORKER_CONTEXTS {
+            per += 1;
+        }
         let mut out = Vec::new();
-        for (gi, &(r0, r1)) in split.row_groups.iter().enumerate() {
-            for (a, z) in ranges(r1 - r0, per) {
-                if z > a {
-                    out.push((
-                        lay.c_row(0, gi as u32, r0 + a),
-                        (r0 + a) * lay.rs_d(),
-                        (z - a) * lay.rs_c,
-                    ));
-                }
+        for (c, row, n) in runs {
+            let mut k = 0;
+            while k < n {
+                let m = per.min(n - k);
+                out.push((c + k * lay.rs_c, (row + k) * lay.rs_d(), m * lay.rs_c));
+                k += m;
             }
         }
         Some(out)
@@ -589,14 +636,25 @@ fn step_cycles(
         a_persistent: false,
     };
     let (pv_gemm, mut pv_reduce) = costs.split_cycles(&s.pv.0, &s.pv.1);
+    let mut moves = s.pv.1.reduce_vertices();
     // With one K group the reduce step only moves O^T from the C buffer
-    // into state slot 0: copies, or a reduce with P = 1.
-    if let Some(copies) = s.ot_copies() {
-        pv_reduce = copies
-            .iter()
-            .map(|c| ck.copy.1.eval(&[("BYTES", c.2 as i64)]))
-            .max()
-            .unwrap_or(0);
+    // into state slot 0: copies of the rows the tile reads itself (the
+    // slowest tile's), or a reduce with P = 1.
+    if s.ot_stays_in_c() {
+        let mut slowest = (0, 0);
+        for r in s.combine_ranges(splits, distributed) {
+            let copies = s.ot_copies(r).unwrap_or_default();
+            let c = copies
+                .iter()
+                .map(|c| ck.copy.1.eval(&[("BYTES", c.2 as i64)]))
+                .max()
+                .unwrap_or(0);
+            let with_launch = c + launch_cycles(copies.len() as u64);
+            if with_launch > slowest.0 + launch_cycles(slowest.1 as u64) {
+                slowest = (c, copies.len());
+            }
+        }
+        (pv_reduce, moves) = slowest;
     } else if s.pv.1.k_groups.len() == 1 {
         for (_, r, c) in s.pv.1.reduce_parts() {
             pv_reduce = pv_reduce.max(ck.reduce.1.eval(&[
@@ -608,7 +666,11 @@ fn step_cycles(
     }
     let pv_c = pv_gemm + launch_cycles(s.pv.1.vertices() as u64);
     let reduce_c = pv_reduce
-        + launch_cycles(s.ot_copies().map_or(s.pv.1.reduce_vertices(), |c| c.len()) as u64);
+        + if moves > 0 {
+            launch_cycles(moves as u64)
+        } else {
+            0
+        };
     let final_c = s
         .combine_ranges(splits, distributed)
         .into_iter()
@@ -1295,7 +1357,8 @@ pub fn lower(
             }
         }
         pv.tiles.insert(tile, pv_vertices);
-        let moves = match s.ot_copies() {
+        let own = s.combine_ranges(splits, plan.distributed_combine)[at.ks as usize];
+        let moves = match s.ot_copies(own) {
             Some(copies) => copies
                 .into_iter()
                 .map(|(from, to, bytes)| Vertex {
@@ -1370,8 +1433,15 @@ pub fn lower(
                         });
                     };
                 let base = slot * state_slot;
-                // The l row follows the last head column: one run then.
-                if d1 == lrow {
+                if shapes.ot_stays_in_c() {
+                    // From the source's C buffer, a run per row group.
+                    for rows in shapes.own_state_rows(r) {
+                        for (c, row, n) in shapes.ot_rows_in_c(rows) {
+                            mv(s_bufs.c1, c, at.bufs.ot, base + row * rs_d, n * rs_d);
+                        }
+                    }
+                } else if d1 == lrow {
+                    // The l row follows the last head column: one run.
                     mv(
                         s_bufs.ot,
                         d0 * rs_d,
@@ -1595,6 +1665,67 @@ mod tests {
                 }
             }
             assert!(seen.iter().all(|&c| c == 1), "{rows} {n}: {jobs:?}");
+        }
+    }
+
+    #[test]
+    fn own_rows_are_copied_once_and_sent_rows_come_from_c() {
+        // O^T in one K group stays in C: each tile copies only the rows
+        // its final step reads (its head columns and l), in at most six
+        // copies, each within one row group at that group's C offsets,
+        // and every other split's rows for it leave the source's C from
+        // the same places.
+        let ck = kernels();
+        let b = siglip();
+        for (rows, n, splits) in [(32u32, 192u32, 4u32), (16, 96, 2), (50, 96, 6), (64, 96, 1)] {
+            let s = Shapes::new(&b, &ck, rows, n, n).unwrap();
+            assert!(s.ot_stays_in_c(), "{rows} {n}");
+            let (_, split, lay) = &s.pv;
+            // The C offset of O^T row r, from the layout's definition: two
+            // drain rows before each row group.
+            let c_of = |r: u32| {
+                let g = split
+                    .row_groups
+                    .iter()
+                    .position(|g| g.0 <= r && r < g.1)
+                    .unwrap() as u32;
+                crate::gemm::C_HEADER + (r + 2 * (g + 1)) * lay.rs_c
+            };
+            let group_of = |r: u32| split.row_groups.iter().position(|g| g.0 <= r && r < g.1);
+            for distributed in [true, false] {
+                for r in s.combine_ranges(splits, distributed) {
+                    let copies = s.ot_copies(r).unwrap();
+                    assert!(copies.len() <= 6, "{copies:?}");
+                    let mut copied = Vec::new();
+                    for (c, slot, bytes) in copies {
+                        assert_eq!(slot % lay.rs_d(), 0);
+                        let first = slot / lay.rs_d();
+                        let count = bytes / lay.rs_c;
+                        assert!(count > 0 && bytes % lay.rs_c == 0);
+                        assert_eq!(c, c_of(first));
+                        assert!((first..first + count).all(|x| group_of(x) == group_of(first)));
+                        copied.extend(first..first + count);
+                    }
+                    copied.sort_unstable();
+                    let mut wanted: Vec<u32> = if r.0 == r.1 {
+                        Vec::new()
+                    } else {
+                        (r.0..r.1).chain([72]).collect()
+                    };
+                    wanted.dedup();
+                    assert_eq!(copied, wanted, "{rows} {splits} {r:?}");
+                    // The exchange's sources: the same rows, by runs.
+                    let mut sent = Vec::new();
+                    for rr in s.own_state_rows(r) {
+                        for (c, first, count) in s.ot_rows_in_c(rr) {
+                            assert_eq!(c, c_of(first));
+                            assert!((first..first + count).all(|x| group_of(x) == group_of(first)));
+                            sent.extend(first..first + count);
+                        }
+                    }
+                    assert_eq!(sent, wanted);
+                }
+            }
         }
     }
 
