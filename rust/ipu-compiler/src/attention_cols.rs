@@ -11,7 +11,7 @@
 //!    transposes its result shard (`transpose_f16`), so that the exchange
 //!    moves Q^T and V^T as runs of queries and keys (row parts of both
 //!    projections and the query blocks start on even rows).
-//! 2. a fill step (`fill64`): Q^T (its head and query padding), the C
+//! 2. a fill step (`fill64`): Q^T's head padding rows, the C
 //!    headers, the ones row of V^T, V^T's and P^T's key padding; and a pad
 //!    step (`fill_rows`): the head padding of every K row.
 //! 3. one exchange step: Q^T runs to every key split of the (head, query
@@ -52,8 +52,10 @@
 //! rows and runs of queries move as 4-byte words; the head padding of a K
 //! row is then whole 8-byte items). Invariants: whatever a GEMM multiplies
 //! as padding is a finite value times an exact zero, or zero times zero:
-//! Q^T's padding rows and columns, V^T's and P^T's key padding are zeroed
-//! each run, and the head padding of each K row by the pad step.
+//! Q^T's head padding rows, V^T's and P^T's key padding are zeroed each
+//! run, and the head padding of each K row by the pad step. Q^T's query
+//! padding columns are not: a column of S^T, P^T and O^T depends only on
+//! the same column of Q^T, and no step stores a padding query's column.
 
 use crate::attention::{
     launch_cycles, AttentionBlock, AttentionLayout, AttentionPlan, FillJob, ATTENTION_PHASE,
@@ -493,7 +495,11 @@ fn pair_ranges(a: u32, z: u32, parts: u32) -> Vec<(u32, u32)> {
 fn fill_jobs(s: &Shapes, t: &TileBuffers, n: u32) -> (Vec<FillJob>, Vec<RowJob>) {
     let ones = 0x3C00_3C00u32;
     let mut jobs = vec![
-        (t.qt, 0, s.qt_bytes(), 0, 0),
+        // Q^T's head padding rows meet K's zeroed head padding: they only
+        // need to be finite, and phase 1 may have left any bits there.
+        // Its query padding columns need nothing: they only reach S^T's,
+        // P^T's and O^T's padding columns, which no step stores.
+        (t.qt, s.d * s.st.2.rs_b, (s.dp - s.d) * s.st.2.rs_b, 0, 0),
         (t.c1, 0, crate::gemm::C_HEADER, 0, 0),
         (t.c2, 0, crate::gemm::C_HEADER, 0, 0),
         // The ones row of V^T (padding keys meet P^T's zero rows).
@@ -505,6 +511,7 @@ fn fill_jobs(s: &Shapes, t: &TileBuffers, n: u32) -> (Vec<FillJob>, Vec<RowJob>)
     if n < s.kp {
         jobs.push((t.pt, n * s.pv.2.rs_b, (s.kp - n) * s.pv.2.rs_b, 0, 0));
     }
+    jobs.retain(|j| j.2 > 0);
     let mut rows = Vec::new();
     let head_pad = (s.dp - s.d) * 2;
     if head_pad > 0 {
