@@ -56,7 +56,7 @@
 # terms pick the path: 2/(N+1) is 1 for N = 1, (N+5)/8 is 1 for N >= 3):
         .kernel attention_cols_final
         .workers 6
-        .cycles "6 * (29 - 2 * (2 / (N + 1)) + (N + 5) / 8 + ((QN + 1) / 2) * ((2 / (N + 1)) * (10 + 6 * (DN / 2)) + (1 - 2 / (N + 1) - (N + 5) / 8) * (16 + 10 * (DN / 2)) + ((N + 5) / 8) * (30 + 7 * N + (13 + 3 * N) * (DN / 2))))"
+        .cycles "6 * (29 - 2 * (2 / (N + 1)) + ((N + 5) / 8 - (N + 3) / 8) * (3 * N + 1) + 5 * ((N + 3) / 8) + ((QN + 1) / 2) * ((2 / (N + 1)) * (10 + 6 * (DN / 2)) + (1 - 2 / (N + 1) - (N + 5) / 8) * (16 + 10 * (DN / 2)) + ((N + 5) / 8 - (N + 3) / 8) * (5 * N + 6 + (N + 3) * DN) + ((N + 3) / 8) * (30 + 7 * N + (13 + 3 * N) * (DN / 2))))"
 
         .equ ST_OT, 0
         .equ ST_RS_OT, 4
@@ -113,6 +113,10 @@ attention_cols_final:
         brz $m10, n1_pair
         add $m10, $m10, -1
         brz $m10, n2_pair
+        add $m10, $m10, -1
+        brz $m10, n3_start
+        add $m10, $m10, -1
+        brz $m10, n4_start
         br ng_pair
 
 # ---- N = 1: r = recip(l_0), out = f16(O^T_0 * r) ----
@@ -177,7 +181,109 @@ n2_pair:
         brnzdec $m14, n2_pair
         exit
 
-# ---- N >= 3: general loops ----
+# ---- N = 3 and N = 4: one head-column row at a time, N + 3 bundles ----
+# Registers: $m0 STEP = RS_OT - (N-1)*SPLIT (the state is read up front),
+# $m1 DN - 1 (the rpt count: the first row of a query pair is peeled),
+# $m4 O^T walk (split i of row d), $m10 / $m11 out walks of queries q /
+# q+1 (they start at SCRATCH, where the first pair's leading stores go),
+# the rest as in the N = 1, 2 paths. $a0:1 o of the row in flight, $a2:3
+# the O^T row just loaded, $a4:5, $a6:7, $a8:9 (, $a10:11) the pairs a_0
+# .. a_{N-1}, $a12:13 the pair r, $a14 the f16 pair (q, q+1) of the last
+# finished row and $a15 its q+1 half moved to the low 16 bits.
+n3_start:
+        ld32 $m1, [$m0 + ST_DN]
+        add $m1, $m1, -1
+        ld32 $m10, [$m0 + ST_SCRATCH]
+        mov $m11, $m10
+        sub $m0, $m2, $m3
+        sub $m0, $m0, $m3
+n3_pair:
+        mov $m4, $m7
+        ld64 $a4:5, [$m4]+=$m8
+        ld64 $a6:7, [$m4]+=$m8
+        { ld64 $a8:9, [$m4]+=$m8 ; f32v2max $a0:1, $a4:5, $a6:7 }
+        { add $m4, $m5, $m6 ; f32v2max $a0:1, $a0:1, $a8:9 }
+        { ld64 $a2:3, [$m4]+=$m3 ; f32v2sub $a4:5, $a4:5, $a0:1 }
+        # The previous pair's last row (the first pair's go to SCRATCH).
+        { st16 $a15, [$m11] ; f32v2sub $a6:7, $a6:7, $a0:1 }
+        { st16 $a14, [$m10] ; f32v2sub $a8:9, $a8:9, $a0:1 }
+        { mov $m10, $m9 ; f32v2exp $a4:5, $a4:5 }
+        # out walk of query q+1: the same as q's for the odd last query.
+        { add $m11, $m9, $m12 ; f32v2exp $a6:7, $a6:7 }
+        { min $m11, $m11, $m13 ; f32v2exp $a8:9, $a8:9 }
+        { ld64 $a2:3, [$m4]+=$m3 ; f32v2mul $a0:1, $a2:3, $a4:5 }
+        { ld64 $a2:3, [$m4]+=$m3 ; f32v2mac $a0:1, $a2:3, $a6:7 }
+        { mov $m4, $m5 ; f32v2mac $a0:1, $a2:3, $a8:9 }
+        { ld64 $a2:3, [$m4]+=$m3 ; f32v2recip $a12:13, $a0:1 }
+        # Row D0, not stored yet (the loop stores each row one row later).
+        { ld64 $a2:3, [$m4]+=$m3 ; f32v2mul $a0:1, $a2:3, $a4:5 }
+        { ld64 $a2:3, [$m4]+=$m0 ; f32v2mac $a0:1, $a2:3, $a6:7 }
+        { ld64 $a2:3, [$m4]+=$m3 ; f32v2mac $a0:1, $a2:3, $a8:9 }
+        { add $m5, $m5, 8 ; f32v2mul $a0:1, $a0:1, $a12:13 }
+        # (m11 is past the last row only where no pair follows.)
+        { add $m9, $m11, $m12 ; f32v2tof16 $a14, $a0:1 }
+        { add $m7, $m7, 8 ; pack16hi $a15, $a14, $a14 }
+        rpt $m1, 6
+        { ld64 $a2:3, [$m4]+=$m3 ; f32v2mul $a0:1, $a2:3, $a4:5 }
+        { ld64 $a2:3, [$m4]+=$m0 ; f32v2mac $a0:1, $a2:3, $a6:7 }
+        { ld64 $a2:3, [$m4]+=$m3 ; f32v2mac $a0:1, $a2:3, $a8:9 }
+        { st16 $a15, [$m11]+=2 ; f32v2mul $a0:1, $a0:1, $a12:13 }
+        { st16 $a14, [$m10]+=2 ; f32v2tof16 $a14, $a0:1 }
+        pack16hi $a15, $a14, $a14
+        brnzdec $m14, n3_pair
+        st16 $a15, [$m11]
+        st16 $a14, [$m10]
+        exit
+
+n4_start:
+        ld32 $m1, [$m0 + ST_DN]
+        add $m1, $m1, -1
+        ld32 $m10, [$m0 + ST_SCRATCH]
+        mov $m11, $m10
+        sub $m0, $m2, $m3
+        sub $m0, $m0, $m3
+        sub $m0, $m0, $m3
+n4_pair:
+        mov $m4, $m7
+        ld64 $a4:5, [$m4]+=$m8
+        ld64 $a6:7, [$m4]+=$m8
+        { ld64 $a8:9, [$m4]+=$m8 ; f32v2max $a0:1, $a4:5, $a6:7 }
+        { ld64 $a10:11, [$m4]+=$m8 ; f32v2max $a0:1, $a0:1, $a8:9 }
+        { add $m4, $m5, $m6 ; f32v2max $a0:1, $a0:1, $a10:11 }
+        { ld64 $a2:3, [$m4]+=$m3 ; f32v2sub $a4:5, $a4:5, $a0:1 }
+        { st16 $a15, [$m11] ; f32v2sub $a6:7, $a6:7, $a0:1 }
+        { st16 $a14, [$m10] ; f32v2sub $a8:9, $a8:9, $a0:1 }
+        { mov $m10, $m9 ; f32v2sub $a10:11, $a10:11, $a0:1 }
+        { add $m11, $m9, $m12 ; f32v2exp $a4:5, $a4:5 }
+        { min $m11, $m11, $m13 ; f32v2exp $a6:7, $a6:7 }
+        f32v2exp $a8:9, $a8:9
+        f32v2exp $a10:11, $a10:11
+        { ld64 $a2:3, [$m4]+=$m3 ; f32v2mul $a0:1, $a2:3, $a4:5 }
+        { ld64 $a2:3, [$m4]+=$m3 ; f32v2mac $a0:1, $a2:3, $a6:7 }
+        { ld64 $a2:3, [$m4]+=$m3 ; f32v2mac $a0:1, $a2:3, $a8:9 }
+        { mov $m4, $m5 ; f32v2mac $a0:1, $a2:3, $a10:11 }
+        { ld64 $a2:3, [$m4]+=$m3 ; f32v2recip $a12:13, $a0:1 }
+        { ld64 $a2:3, [$m4]+=$m3 ; f32v2mul $a0:1, $a2:3, $a4:5 }
+        { ld64 $a2:3, [$m4]+=$m3 ; f32v2mac $a0:1, $a2:3, $a6:7 }
+        { ld64 $a2:3, [$m4]+=$m0 ; f32v2mac $a0:1, $a2:3, $a8:9 }
+        { ld64 $a2:3, [$m4]+=$m3 ; f32v2mac $a0:1, $a2:3, $a10:11 }
+        { add $m5, $m5, 8 ; f32v2mul $a0:1, $a0:1, $a12:13 }
+        { add $m9, $m11, $m12 ; f32v2tof16 $a14, $a0:1 }
+        { add $m7, $m7, 8 ; pack16hi $a15, $a14, $a14 }
+        rpt $m1, 7
+        { ld64 $a2:3, [$m4]+=$m3 ; f32v2mul $a0:1, $a2:3, $a4:5 }
+        { ld64 $a2:3, [$m4]+=$m3 ; f32v2mac $a0:1, $a2:3, $a6:7 }
+        { ld64 $a2:3, [$m4]+=$m0 ; f32v2mac $a0:1, $a2:3, $a8:9 }
+        { ld64 $a2:3, [$m4]+=$m3 ; f32v2mac $a0:1, $a2:3, $a10:11 }
+        { st16 $a15, [$m11]+=2 ; f32v2mul $a0:1, $a0:1, $a12:13 }
+        { st16 $a14, [$m10]+=2 ; f32v2tof16 $a14, $a0:1 }
+        pack16hi $a15, $a14, $a14
+        brnzdec $m14, n4_pair
+        st16 $a15, [$m11]
+        st16 $a14, [$m10]
+        exit
+
+# ---- N >= 5: general loops ----
 # Registers: $m0 state (constants are reloaded from it), $m1 N - 2, $m2
 # RS_OT, $m3 SPLIT, $m4 O^T walk (row d of split 0), $m5 O^T at row D0 and
 # column q, $m6 / $m8 split walks of rows d / d+1, $m7 m_0 at column q, $m9
