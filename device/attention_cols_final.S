@@ -28,14 +28,17 @@
 #   40 OUT      address of out[0][0] (f16 row-major [QN, ...], 4-aligned);
 #               out[q][d] at OUT + q*RS_OUT + 2*d
 #   44 RS_OUT   output row stride in bytes (multiple of 4)
-#   48 SCRATCH  this vertex's own 8*4*CQ + 16 bytes (8-aligned); only N >= 3
-#               uses it, for a_2 .. a_{N-1} of the current query pair
-#               (8*(N-2) <= 48 bytes)
+#   48 SCRATCH  this vertex's own scratch (8-aligned): N = 3 and 4 store
+#               the first query pair's two dummy halves there (2 bytes, the
+#               rotated loop's stores of "the row before the first");
+#               N >= 5 keeps a_2 .. a_{N-1} of the current query pair there
+#               (8*(N-2) <= 48 bytes); N = 1, 2 do not touch it
 #
 # Only out[q][D0 .. D0+DN) for q < QN is written. Padding queries (columns
 # QN .. 4*CQ) are read and computed in the idle lane of the last query pair,
-# never stored. Each worker runs its own vertex over its own head columns;
-# every vertex recomputes the per-query factors it needs.
+# never stored. Each worker runs its own vertex over its own range of head
+# columns or of queries (OT, M and OUT then point at its first query, an
+# even one); every vertex recomputes the per-query factors it needs.
 #
 # Method: f32v2 lanes are a query pair (q, q+1); a row of O^T is one ld64.
 # Per query pair the factors (a_i pairs, the r pair) are computed into
@@ -47,13 +50,36 @@
 # mul by r per row, then convert and pack), the arithmetic slot full; the
 # four ld64 and two st32 ride in the main slot. The loop body is rotated:
 # an iteration finishes the previous column pair (scale, convert, pack,
-# store) while it loads and sums the current one. N >= 3 runs a general
-# loop (3 issue slots per split per 4 outputs, a_i from SCRATCH).
-# The odd last query (QN odd) stores its idle lane's word first and the real
-# word second to the same address, so no byte outside the QN rows changes.
+# store) while it loads and sums the current one.
+#
+# N = 3 and N = 4 take one head-column row at a time: the a_i pairs, the r
+# pair, the o pair, the loaded row, the f16 pair and its high half fill
+# the 16 $a registers exactly at N = 4 (2N + 2 + 2 + 2 + 2). Per row:
+# mul + (N - 1) mac + mul by r + f32v2tof16 + pack16hi (high half to the
+# low 16 bits) = N + 3 arithmetic slots; N ld64 + two st16 ride in the
+# main slot. That is 2N + 6 per four outputs, the same as the bound of the
+# paired (pack16lo + pack16hi + st32) form, with half the registers
+# (the paired form needs two o pairs plus two more in flight). There is
+# no latency to hide (a result is ready for the next bundle), so the only
+# rotation is the single load register: every bundle loads the row that
+# the next bundle's mac reads, and the stores of row d - 1 ride with row
+# d's scale and convert (the first row of a query pair is peeled, its
+# last row is stored at the start of the next pair or after the loop).
+# Per query pair the factors take 5N + 6 bundles (max chain, sub, exp at
+# 2 slots, the l sums, recip at 2 slots, loop setup) plus (N + 3) per row.
+# N >= 5 runs a general loop (3 issue slots per split per 4 outputs, a_i
+# from SCRATCH): its a_i pairs do not fit in registers next to the rest.
+# The odd last query (QN odd) stores its idle lane's result first and the
+# real one second to the same address (a word, or with N = 3, 4 a half), so
+# no byte outside the QN rows changes.
 #
 # Cycles per vertex (QP = query pairs, RP = head-column pairs; indicator
-# terms pick the path: 2/(N+1) is 1 for N = 1, (N+5)/8 is 1 for N >= 3):
+# terms pick the path: 2/(N+1) is 1 for N = 1, (N+5)/8 - (N+3)/8 is 1 for
+# N = 3, 4 and (N+3)/8 is 1 for N >= 5), exact to the bundle:
+#   N = 1:     27 + QP * (10 + 6 RP)
+#   N = 2:     29 + QP * (16 + 10 RP)
+#   N = 3, 4:  3N + 30 + QP * (5N + 6 + (N + 3) DN)
+#   N >= 5:    34 + QP * (30 + 7N + (13 + 3N) RP)
         .kernel attention_cols_final
         .workers 6
         .cycles "6 * (29 - 2 * (2 / (N + 1)) + ((N + 5) / 8 - (N + 3) / 8) * (3 * N + 1) + 5 * ((N + 3) / 8) + ((QN + 1) / 2) * ((2 / (N + 1)) * (10 + 6 * (DN / 2)) + (1 - 2 / (N + 1) - (N + 5) / 8) * (16 + 10 * (DN / 2)) + ((N + 5) / 8 - (N + 3) / 8) * (5 * N + 6 + (N + 3) * DN) + ((N + 3) / 8) * (30 + 7 * N + (13 + 3 * N) * (DN / 2))))"
