@@ -269,6 +269,7 @@ impl FormulaCost {
 
 /// The kernels' cost formulas of one GEMM: the product and, for f32
 /// accumulation, the reduce step.
+#[derive(Clone)]
 pub struct GemmCosts {
     pub gemm: FormulaCost,
     pub reduce: Option<FormulaCost>,
