@@ -452,6 +452,9 @@ type PlannedGemm = (
     gemm::GemmCosts,
     String,
     Option<GemmSetup>,
+    // Under Auto, an f32 GEMM's f16 setup for streamed plans with at
+    // least four K parts (each K part one f16 chain).
+    Option<GemmSetup>,
 );
 type GemmSetup = (
     GemmGeometry,
@@ -798,7 +801,18 @@ fn plan_and_lower(
                     (g, r, c, None)
                 }
             };
-            planned.push((geometry, (request, reduce_request), cost, result.name.clone(), fallback));
+            // A streamed plan cuts K into K parts, each one f16 chain
+            // whose partials the reduce-scatter sums in f32: with four or
+            // more, the margin against the tolerance is that of bounded
+            // chains (5 sqrt(K / k) >= 10), so Auto may stream in f16.
+            let streamed_f16 = (options.accumulation == Accumulation::Auto
+                && mode == AccumulationMode::F32
+                && fp8_scale.is_none()
+                && !f32_result
+                && tile_count_override.is_none())
+            .then(|| setup(AccumulationMode::F16).ok())
+            .flatten();
+            planned.push((geometry, (request, reduce_request), cost, result.name.clone(), fallback, streamed_f16));
         }
         let fronts: Vec<(Vec<plan::GemmPlan>, usize)> = if chained {
             let m = planned[0].0.m;
@@ -867,9 +881,20 @@ fn plan_and_lower(
                     &g1,
                     options.tiles,
                     (false, bias),
+                    1,
                     &mut planned[1].2,
                     &options.search,
                 );
+                // Under Auto an f32 consumer may also stream in f16 with at
+                // least four K parts (`streamed_f16` above).
+                let streamed_f16 = planned[1].5.as_mut().map(|setup| {
+                    setup.2.memory_budget = region1;
+                    let g = setup.0;
+                    stream::search(&g, options.tiles, (false, bias), 4, &mut setup.2, &options.search)
+                });
+                let fronts: Vec<(bool, &(Vec<plan::GemmPlan>, usize))> =
+                    std::iter::once((false, &streamed)).chain(streamed_f16.iter().map(|f| (true, f))).collect();
+                let generated: usize = fronts.iter().map(|f| f.1 .1).sum();
                 // Every streamed plan (the Pareto front trades cycles for
                 // memory in order) is paired with the producer's best plan
                 // in the region 1 it leaves; the pair with the fewest
@@ -880,10 +905,14 @@ fn plan_and_lower(
                 // producer: 116,778 cycles in f32, 77,196 in chains).
                 let element = ipu_arch::INTERLEAVED_ELEMENT_BYTES as u64;
                 let producer_chains = chain_setups[0].clone().filter(|_| planned[0].4.is_none());
-                // (cycles, streamed index, producer front, chains, budget)
-                type Pairing = (u64, usize, (Vec<plan::GemmPlan>, usize), bool, u64);
+                // (cycles, (f16 consumer, streamed index), producer front,
+                // chains, budget)
+                type Pairing = (u64, (bool, usize), (Vec<plan::GemmPlan>, usize), bool, u64);
                 let mut best: Option<Pairing> = None;
-                for (index, candidate) in streamed.0.iter().enumerate() {
+                let candidates = fronts.iter().flat_map(|(f16, front)| {
+                    front.0.iter().enumerate().map(move |(i, c)| ((*f16, i), c))
+                });
+                for (index, candidate) in candidates {
                     let left = region1.saturating_sub(candidate.estimate.peak_interleaved_bytes)
                         / element
                         * element;
@@ -912,7 +941,19 @@ fn plan_and_lower(
                         best = Some((total, index, producer, chains, left));
                     }
                 }
-                if let Some((_, index, producer, chains, left)) = best {
+                if let Some((_, (f16, index), producer, chains, left)) = best {
+                    let mut front = fronts[usize::from(f16)].1 .0.clone();
+                    if f16 {
+                        let (geometry, requests, costs) =
+                            planned[1].5.take().expect("an f16 front comes from its setup");
+                        planned[1].0 = geometry;
+                        planned[1].1 = requests;
+                        planned[1].2 = costs;
+                        tracing::info!(
+                            value = %planned[1].3,
+                            "the streamed consumer accumulates in f16, one chain per K part"
+                        );
+                    }
                     if let (true, Some((geometry, requests, mut costs))) = (chains, producer_chains) {
                         costs.memory_budget = left;
                         let f32_costs = std::mem::replace(&mut planned[0].2, costs);
@@ -929,16 +970,15 @@ fn plan_and_lower(
                     }
                     tracing::info!(
                         consumer = %planned[1].3,
-                        streamed_candidates = streamed.1,
+                        streamed_candidates = generated,
                         streamed_front_index = index,
                         producer_budget_bytes = left,
                         producer_plans = producer.0.len(),
                         "chain: the consumer streams K; the producer plans in what is left"
                     );
-                    let mut front = streamed.0.clone();
                     let chosen = front.remove(index);
                     front.insert(0, chosen);
-                    own = vec![producer, (front, streamed.1)];
+                    own = vec![producer, (front, generated)];
                     streamed_chain = true;
                 }
                 if !streamed_chain {
@@ -1130,6 +1170,7 @@ fn plan_and_lower(
                             &p.0,
                             group_tiles,
                             (true, bias),
+                            1,
                             &mut p.2,
                             &options.search,
                         );
@@ -1154,7 +1195,7 @@ fn plan_and_lower(
                 .collect()
         };
         let mut reports = Vec::new();
-        for ((geometry, (request, reduce), _, value, _), (front, candidates)) in planned.iter().zip(fronts) {
+        for ((geometry, (request, reduce), _, value, _, _), (front, candidates)) in planned.iter().zip(fronts) {
             if let Some(r) = reduce {
                 note_missing_f16_sum(library, r, value, &mut would_help);
             }
@@ -1301,7 +1342,7 @@ fn plan_and_lower(
             .zip(&operation_reports)
             .zip(&groups)
             .map(
-                |((((geometry, (request, reduce), costs, _, _), map), report), group)| {
+                |((((geometry, (request, reduce), costs, _, _, _), map), report), group)| {
                     lower::PlannedGemm {
                         group,
                         geometry: *geometry,

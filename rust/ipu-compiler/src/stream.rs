@@ -375,10 +375,15 @@ pub fn evaluate(
 /// K-part counts of [`K_PARTS`] and the chunk sizes of [`CHUNK_BLOCKS`],
 /// Pareto-filtered over (device cycles, peak bytes), best first, at most
 /// `beam_width`.
+/// `min_k_parts`: the fewest K parts a plan may have (an f16-accumulated
+/// plan under `Accumulation::Auto` needs four: each K part is one f16
+/// chain, and four chains summed in f32 keep the rounding error a tenth
+/// of the tolerance, docs/compiler.md).
 pub fn search(
     g: &GemmGeometry,
     tiles: u32,
     (host_a, bias): (bool, bool),
+    min_k_parts: u32,
     costs: &mut GemmCosts,
     budget: &SearchBudget,
 ) -> (Vec<GemmPlan>, usize) {
@@ -389,7 +394,11 @@ pub fn search(
     if g.fp8_scale.is_some() {
         return (candidates, generated);
     }
-    'outer: for kp in K_PARTS.iter().copied().filter(|&k| k <= g.nkb()) {
+    'outer: for kp in K_PARTS
+        .iter()
+        .copied()
+        .filter(|&k| k <= g.nkb() && k >= min_k_parts)
+    {
         let grid = tiles / kp;
         let least = (grid / 2).max(1);
         for rp in 1..=g.m.min(grid) {
