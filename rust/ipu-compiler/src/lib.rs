@@ -912,27 +912,36 @@ fn plan_and_lower(
                 let candidates = fronts.iter().flat_map(|(f16, front)| {
                     front.0.iter().enumerate().map(move |(i, c)| ((*f16, i), c))
                 });
+                // The producer's best plan for each budget (budgets are
+                // whole interleaved elements, so few and often repeated).
+                let mut producer_by_budget: BTreeMap<u64, ((Vec<plan::GemmPlan>, usize), bool)> = BTreeMap::new();
+                let mut chain_costs = producer_chains.as_ref().map(|c| c.2.clone());
                 for (index, candidate) in candidates {
                     let left = region1.saturating_sub(candidate.estimate.peak_interleaved_bytes)
                         / element
                         * element;
-                    planned[0].2.memory_budget = left;
-                    let g0 = planned[0].0;
-                    let mut producer =
-                        plan::search(&g0, options.tiles, &mut planned[0].2, &options.search);
-                    let mut chains = false;
-                    if let Some((geometry, _, costs)) = &producer_chains {
-                        let mut costs = costs.clone();
-                        costs.memory_budget = left;
-                        let front = plan::search(geometry, options.tiles, &mut costs, &options.search);
-                        let faster = |p: &plan::GemmPlan| {
-                            producer.0.first().is_none_or(|q| p.estimate.compute_cycles < q.estimate.compute_cycles)
-                        };
-                        if front.0.first().is_some_and(faster) {
-                            producer = front;
-                            chains = true;
-                        }
-                    }
+                    let (producer, chains) = producer_by_budget
+                        .entry(left)
+                        .or_insert_with(|| {
+                            planned[0].2.memory_budget = left;
+                            let g0 = planned[0].0;
+                            let mut producer =
+                                plan::search(&g0, options.tiles, &mut planned[0].2, &options.search);
+                            let mut chains = false;
+                            if let (Some((geometry, _, _)), Some(costs)) = (&producer_chains, chain_costs.as_mut()) {
+                                costs.memory_budget = left;
+                                let front = plan::search(geometry, options.tiles, costs, &options.search);
+                                let faster = |p: &plan::GemmPlan| {
+                                    producer.0.first().is_none_or(|q| p.estimate.compute_cycles < q.estimate.compute_cycles)
+                                };
+                                if front.0.first().is_some_and(faster) {
+                                    producer = front;
+                                    chains = true;
+                                }
+                            }
+                            (producer, chains)
+                        })
+                        .clone();
                     let Some(p) = producer.0.first() else {
                         continue;
                     };

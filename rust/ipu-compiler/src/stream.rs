@@ -55,7 +55,7 @@ const REGION1_BYTES: u64 = (ipu_arch::REGION1_END - ipu_arch::REGION1_BASE) as u
 const CHUNK_BLOCKS: [u32; 12] = [1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64];
 
 /// K-part counts the search tries.
-const K_PARTS: [u32; 6] = [1, 2, 3, 4, 6, 8];
+const K_PARTS: [u32; 8] = [1, 2, 3, 4, 6, 8, 12, 16];
 
 /// Scratch phases of a plan with several K parts: the chunk buffers, then
 /// the gather buffer of the partials.
