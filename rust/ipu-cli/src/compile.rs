@@ -24,7 +24,8 @@ pub struct CompileArgs {
     #[arg(long)]
     report: Option<PathBuf>,
     /// Planner options as KEY=VALUE: beam_width, finalists, max_candidates,
-    /// accumulation (auto, f16, f32), attention_layout (auto, rows, columns).
+    /// accumulation (auto, f16, f32), attention_layout (auto, rows, columns),
+    /// stream_b (auto, homes, resident: where a streamed GEMM's B lives).
     #[arg(long = "option", value_name = "KEY=VALUE")]
     options: Vec<String>,
 }
@@ -87,6 +88,14 @@ fn apply_options(
                     _ => return Err(format!("--option accumulation={value}: expected auto, f16 or f32")),
                 }
             }
+            "stream_b" => {
+                search.stream_b_resident = match value {
+                    "auto" => None,
+                    "homes" => Some(false),
+                    "resident" => Some(true),
+                    _ => return Err(format!("--option stream_b={value}: expected auto, homes or resident")),
+                }
+            }
             "attention_layout" => {
                 use ipu_compiler::attention::AttentionLayout;
                 *attention_layout = match value {
@@ -98,7 +107,7 @@ fn apply_options(
             }
             _ => {
                 return Err(format!(
-                    "unknown --option {key:?}: known options are beam_width, finalists, max_candidates, accumulation, attention_layout"
+                    "unknown --option {key:?}: known options are beam_width, finalists, max_candidates, accumulation, attention_layout, stream_b"
                 ))
             }
         }

@@ -24,6 +24,9 @@ pub struct SearchBudget {
     pub finalists: usize,
     /// Most candidates generated per operation.
     pub max_candidates: usize,
+    /// Streamed plans' B: `None` tries chunks moved from homes and B
+    /// resident on every tile; `Some(resident)` only that kind.
+    pub stream_b_resident: Option<bool>,
 }
 
 impl Default for SearchBudget {
@@ -32,6 +35,7 @@ impl Default for SearchBudget {
             beam_width: 64,
             finalists: 16,
             max_candidates: 200_000,
+            stream_b_resident: None,
         }
     }
 }
@@ -84,6 +88,10 @@ pub struct StreamShape {
     pub k_parts: u32,
     /// Estimated cycles of all the exchange steps (syncs included).
     pub exchange_cycles: u64,
+    /// Every tile keeps all of its B chunks (its K part's rows of its
+    /// columns) resident from load time, so the chunk steps move only A.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub b_resident: bool,
 }
 
 impl GemmPlan {

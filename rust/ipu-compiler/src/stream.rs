@@ -174,8 +174,8 @@ struct ShardCost {
 }
 
 /// Per-search memo of [`shard_cost`], keyed by (rows, column blocks,
-/// chunk blocks, K parts).
-pub struct Memo(BTreeMap<(u32, u32, u32, u32), Option<ShardCost>>);
+/// chunk blocks, K parts, B resident).
+pub struct Memo(BTreeMap<(u32, u32, u32, u32, bool), Option<ShardCost>>);
 
 impl Memo {
     pub fn new() -> Memo {
@@ -193,7 +193,7 @@ fn shard_cost(
     g: &GemmGeometry,
     (mt, nct): (u32, u32),
     ch: u32,
-    kp: u32,
+    (kp, b_resident): (u32, bool),
     bias: bool,
     costs: &mut GemmCosts,
 ) -> Option<ShardCost> {
@@ -237,8 +237,22 @@ fn shard_cost(
         fixed_r0 += (piece * layout.rs_d()) as u64 + 128;
         gather = (kp * piece * layout.rs_c) as u64;
         let element = ipu_arch::INTERLEAVED_ELEMENT_BYTES as u64;
-        let persistent = region1_footprint(&[(layout.c_bytes(), true), (layout.c_bytes(), true)])?;
-        let chunks = region1_footprint(&[(layout.a_bytes(), true), (layout.b_bytes(), false)])?;
+        // Resident B: every chunk of the tile's K part, from load time on.
+        let (persistent, chunks) = if b_resident {
+            (
+                region1_footprint(&[
+                    (layout.c_bytes(), true),
+                    (layout.c_bytes(), true),
+                    (steps * layout.b_bytes(), false),
+                ])?,
+                region1_footprint(&[(layout.a_bytes(), true)])?,
+            )
+        } else {
+            (
+                region1_footprint(&[(layout.c_bytes(), true), (layout.c_bytes(), true)])?,
+                region1_footprint(&[(layout.a_bytes(), true), (layout.b_bytes(), false)])?,
+            )
+        };
         let gathered = region1_footprint(&[(kp * piece * layout.rs_c, false)])?;
         r1 = persistent.div_ceil(element) * element + chunks.max(gathered);
     } else {
@@ -263,7 +277,7 @@ fn shard_cost(
         r1,
         a_chunk: (mt * layout.rs_a) as u64,
         b_chunk: layout.b_bytes() as u64,
-        exchange: (mt * layout.rs_a + layout.b_bytes()) as u64,
+        exchange: (mt * layout.rs_a + if b_resident { 0 } else { layout.b_bytes() }) as u64,
         gather,
     })
 }
@@ -274,7 +288,7 @@ fn shard_cost(
 pub fn evaluate(
     g: &GemmGeometry,
     (row_parts, col_parts, kp): (u32, u32, u32),
-    ch: u32,
+    (ch, b_resident): (u32, bool),
     (host_a, bias): (bool, bool),
     costs: &mut GemmCosts,
     memo: &mut Memo,
@@ -287,6 +301,11 @@ pub fn evaluate(
     // Several K parts need the reduce kernel (f32 partials, or f16 ones
     // when the library has reduce_f32 IN=16).
     if kp > 1 && costs.reduce.is_none() {
+        return None;
+    }
+    // Resident B is a plan with K parts (each tile's part of B is then a
+    // fraction of K; with one part it would be all of K).
+    if b_resident && kp == 1 {
         return None;
     }
     let ch = chunk_geometry(g, ch).nkb();
@@ -305,12 +324,16 @@ pub fn evaluate(
     } else {
         0
     };
-    let b_chunks = steps.div_ceil(row_parts) as u64;
+    let b_chunks = if b_resident {
+        0
+    } else {
+        steps.div_ceil(row_parts) as u64
+    };
     for (mt, nct) in sizes {
         let c = *memo
             .0
-            .entry((mt, nct, ch, kp))
-            .or_insert_with(|| shard_cost(g, (mt, nct), ch, kp, bias, costs));
+            .entry((mt, nct, ch, kp, b_resident))
+            .or_insert_with(|| shard_cost(g, (mt, nct), ch, (kp, b_resident), bias, costs));
         let c = c?;
         // The homes go to region 0 while it has room, else after the
         // interleaved buffers (storage::place does the same, in this order).
@@ -356,13 +379,18 @@ pub fn evaluate(
             steps,
             k_parts: kp,
             exchange_cycles: exchange,
+            b_resident,
         }),
         estimate: Estimate {
             compute_cycles: device,
             reduce_cycles: reduce_part,
             host_in_cycles: host_in,
             host_out_cycles: host_out,
-            params_cycles: host_transfer_cycles(g.k as u64 * g.n as u64 * 2, CLOCK_HZ_C600),
+            // Resident B is written to every row part's tiles.
+            params_cycles: host_transfer_cycles(
+                g.k as u64 * g.n as u64 * 2 * if b_resident { row_parts as u64 } else { 1 },
+                CLOCK_HZ_C600,
+            ),
             total_cycles: SYNC_CYCLES + host_in + device + host_out,
             peak_standard_bytes: peak_r0,
             peak_interleaved_bytes: peak_r1,
@@ -405,13 +433,24 @@ pub fn search(
             let first_cp = least.div_ceil(rp).max(1);
             for cp in first_cp..=g.ncb().min(grid / rp) {
                 for ch in CHUNK_BLOCKS.iter().copied().filter(|&c| c <= g.nkb()) {
-                    if generated >= budget.max_candidates {
-                        break 'outer;
-                    }
-                    generated += 1;
-                    if let Some(p) = evaluate(g, (rp, cp, kp), ch, (host_a, bias), costs, &mut memo)
+                    for b_resident in [false, true]
+                        .into_iter()
+                        .filter(|&r| budget.stream_b_resident.is_none_or(|only| only == r))
                     {
-                        candidates.push(p);
+                        if generated >= budget.max_candidates {
+                            break 'outer;
+                        }
+                        generated += 1;
+                        if let Some(p) = evaluate(
+                            g,
+                            (rp, cp, kp),
+                            (ch, b_resident),
+                            (host_a, bias),
+                            costs,
+                            &mut memo,
+                        ) {
+                            candidates.push(p);
+                        }
                     }
                 }
             }
@@ -423,7 +462,7 @@ pub fn search(
             p.estimate.active_tiles,
             p.estimate.peak_interleaved_bytes + p.estimate.peak_standard_bytes,
             p.row_parts,
-            p.stream.map(|s| (s.k_parts, s.chunk_blocks)),
+            p.stream.map(|s| (s.k_parts, s.chunk_blocks, s.b_resident)),
         )
     });
     (pareto_front(candidates, budget.beam_width), generated)
@@ -480,7 +519,8 @@ struct TileWork {
     c_partial: usize,
     /// `None` when A comes from an earlier GEMM's tiles.
     a_home: Option<usize>,
-    b_home: usize,
+    /// `None` when B is resident (`b` holds every chunk).
+    b_home: Option<usize>,
     bias: Option<usize>,
 }
 
@@ -572,14 +612,32 @@ pub fn lower(
             "gemm_operand",
             scratch(CHUNK_PHASE),
         );
+        let part_steps = (part.1 - part.0).div_ceil(ch);
+        let short = !(part.1 - part.0).is_multiple_of(ch);
+        let pad_k = g.kp() != k && part.1 == g.nkb();
+        // Resident B holds all of the part's chunks for the whole program
+        // (the host writes them at initialize; padding stays zero).
+        let b_bytes = if shape.b_resident {
+            (part_steps * layout.b_bytes()).max(16)
+        } else {
+            layout.b_bytes()
+        };
         let b = push(
             "b",
-            layout.b_bytes(),
+            b_bytes,
             RegionReq::Interleaved,
             false,
-            vec![],
+            if shape.b_resident && (pad_k || short || width != nct * 16) {
+                vec![(0, b_bytes)]
+            } else {
+                vec![]
+            },
             "gemm_weight",
-            scratch(CHUNK_PHASE),
+            if shape.b_resident {
+                None
+            } else {
+                scratch(CHUNK_PHASE)
+            },
         );
         let header = vec![(0, crate::gemm::C_HEADER)];
         let c = push(
@@ -601,13 +659,10 @@ pub fn lower(
             None,
         );
         // Homes: zero wherever the host never writes and a kernel reads.
-        let part_steps = (part.1 - part.0).div_ceil(ch);
         let a_count = (j..part_steps).step_by(cp as usize).count() as u32;
         let b_count = (i..part_steps).step_by(rp as usize).count() as u32;
         let a_home_bytes = (a_count * mt * layout.rs_a).max(16);
         let b_home_bytes = (b_count * layout.b_bytes()).max(16);
-        let short = !(part.1 - part.0).is_multiple_of(ch);
-        let pad_k = g.kp() != k && part.1 == g.nkb();
         let a_home = a_host.map(|_| {
             push(
                 "a_home",
@@ -623,19 +678,21 @@ pub fn lower(
                 None,
             )
         });
-        let b_home = push(
-            "b_home",
-            b_home_bytes,
-            RegionReq::Any,
-            false,
-            if pad_k || short || width != nct * 16 {
-                vec![(0, b_home_bytes)]
-            } else {
-                vec![]
-            },
-            "gemm_weight_home",
-            None,
-        );
+        let b_home = (!shape.b_resident).then(|| {
+            push(
+                "b_home",
+                b_home_bytes,
+                RegionReq::Any,
+                false,
+                if pad_k || short || width != nct * 16 {
+                    vec![(0, b_home_bytes)]
+                } else {
+                    vec![]
+                },
+                "gemm_weight_home",
+                None,
+            )
+        });
         let bias = pg.group.bias.map(|_| {
             push(
                 "bias",
@@ -724,12 +781,12 @@ pub fn lower(
                     bytes,
                 });
             }
-            for j in 0..cp {
+            for j in (0..cp).filter(|_| !shape.b_resident) {
                 let home = &work[&(s % rp, j, l)];
                 transfers.push(BufferTransfer {
                     source: BufferRef {
                         tile: home.tile,
-                        buffer: home.b_home,
+                        buffer: home.b_home.expect("B chunks move from their homes"),
                         offset: (s / rp) * home.layout.b_bytes(),
                     },
                     destinations: (0..rp)
@@ -800,7 +857,12 @@ pub fn lower(
                                 StateWord::Const(lay.rs_a),
                                 StateWord::Addr {
                                     buffer: t.b,
-                                    offset: q0 * 16 * lay.rs_b + cg0 * 32,
+                                    offset: if shape.b_resident {
+                                        s * lay.b_bytes()
+                                    } else {
+                                        0
+                                    } + q0 * 16 * lay.rs_b
+                                        + cg0 * 32,
                                 },
                                 StateWord::Const(lay.rs_b),
                                 StateWord::Addr {
@@ -1064,14 +1126,20 @@ pub fn lower(
         })
         .entry(graph.value(b_id).name.clone())
         .or_insert_with(|| host_tensor(b_id));
-        for (idx, s) in (i..part_steps).step_by(rp as usize).enumerate() {
+        // Resident B: every chunk of the part, at its index; else the
+        // chunks this tile is home to.
+        let (b_buffer, b_chunks): (usize, Vec<u32>) = match t.b_home {
+            Some(home) => (home, (i..part_steps).step_by(rp as usize).collect()),
+            None => (t.b, (0..part_steps).collect()),
+        };
+        for (idx, s) in b_chunks.into_iter().enumerate() {
             let (b0, b1) = chunk(t.part, ch, s);
             for kk in b0 * 16..(b1 * 16).min(k) {
                 push_coalesced(
                     &mut b_t.placements,
                     HostPlacement {
                         tile: t.tile,
-                        buffer: t.b_home,
+                        buffer: b_buffer,
                         buffer_offset: idx as u32 * lay.b_bytes() + (kk - b0 * 16) * lay.rs_b,
                         host_offset: (kk as u64 * n as u64 + c0 as u64 * 16) * 2,
                         bytes: width * 2,
