@@ -70,14 +70,20 @@
         .if (TR != 0 && TR != 1) || (TR == 1 && (IN != 16 || OUT != 16))
         .error "TR must be 0 or 1, and TR=1 (transposed result) needs IN=16 and OUT=16"
         .endif
-        .if (ACC != 16 && ACC != 32) || (ACC == 16 && (IN != 16 || OUT != 16 || EPI != 0))
-        .error "ACC must be 32 (f32 sums) or 16 (f16 sums), and ACC=16 needs IN=16, OUT=16 and EPI=0"
+        .if (ACC != 16 && ACC != 32) || (ACC == 16 && (IN != 16 || OUT != 16 || EPI > 2 || (EPI != 0 && TR != 0)))
+        .error "ACC must be 32 (f32 sums) or 16 (f16 sums), and ACC=16 needs IN=16, OUT=16 and EPI 0, 1 or 2 (EPI 1 and 2 with TR=0)"
         .endif
         # ACC=16: the step (2 * P) / (P + 9) is 0 for P <= 8 (unrolled
         # groups, P + 1 or P + 4 bundles) and 1 for every larger P (the
         # generic loop: two more per group, three more per row, six more
         # per vertex).
-        .if ACC == 16 && TR == 1
+        # ACC=16 EPI 1 and 2: the same step S; P = 1 EPI=1 costs one
+        # bundle more per row (1 / P).
+        .if ACC == 16 && EPI == 1
+        .cycles "6 * (33 + 4 * ((2 * P) / (P + 9)) + ROWS * (2 + 1 / P + 3 * ((2 * P) / (P + 9)) + QUADS * (P + 2 + 3 * ((2 * P) / (P + 9)))))"
+        .elseif ACC == 16 && EPI == 2
+        .cycles "6 * (35 + 4 * ((2 * P) / (P + 9)) + ROWS * (2 + 3 * ((2 * P) / (P + 9)) + QUADS * (P + 9 + 5 * ((2 * P) / (P + 9)))))"
+        .elseif ACC == 16 && TR == 1
         .cycles "6 * (33 + 6 * ((2 * P) / (P + 9)) + ROWS * (2 + 3 * ((2 * P) / (P + 9)) + QUADS * (P + 4 + 2 * ((2 * P) / (P + 9)))))"
         .elseif ACC == 16
         .cycles "6 * (29 + 6 * ((2 * P) / (P + 9)) + ROWS * (2 + 3 * ((2 * P) / (P + 9)) + QUADS * (P + 1 + 2 * ((2 * P) / (P + 9)))))"
@@ -261,6 +267,7 @@ acc16_first_\P:
         .endif
         .endm
 
+        .if EPI == 0
         .text
         .globl reduce_f32
         .entry reduce_f32
@@ -361,6 +368,336 @@ acc16_generic_quad:
         add $m3, $m3, $m7
         brnzdec $m4, acc16_generic_row
         exit
+        .elseif EPI == 1
+# ACC=16 EPI=1: y = f16(s + bias[col]) (f16v4add) on the f16 sum s above.
+# The main slot is the bound (P loads, the bias load and the store of a
+# group; the arithmetic slot has P - 1 adds and the bias add): P + 2
+# bundles per group. The layout is that of EPI=0: partial 0 read ahead
+# beside the bias add, a row's last group peeled so that its last partial
+# load steps the walk to the next row's partial 0 and its bias load steps
+# the bias walk back to column 0, its bias add and store run at the top of
+# the next row beside that row's partial 0 load (or after the last row,
+# which reads nothing past itself). P = 1 has no partial load to carry the
+# row step: one add bundle more per row.
+#
+# $a2:3 partial 0 (read ahead), $a0:1 the partial just loaded, $a4:5 the
+# sum then the result, $a6:7 the bias. $m0 = 8 - (P-1) SECTION; $m1 =
+# RS_SRC - 8 (QUADS-1) - (P-1) SECTION; $m2 the partial walk ($m6 for P =
+# 1); $m3 the result walk; $m4 rows left; $m5 = -8 (QUADS-1), from a
+# row's last bias back to column 0; $m7 = RS_DST - 8 (QUADS-1); $m8
+# SECTION; $m9 P; $m10 QUADS - 1; $m13 = RS_SRC - 8 QUADS (P = 1: from
+# a row's end to the next row); $m14 the bias walk.
+
+# The last add of a group beside its bias load (the bias walk stepped by
+# \step).
+        .macro ACC16_BIAS_LOAD_ADD P, step
+        .if \P == 2
+        { ld64 $a6:7, [$m14]+=\step ; f16v4add $a4:5, $a2:3, $a0:1 }
+        .else
+        { ld64 $a6:7, [$m14]+=\step ; f16v4add $a4:5, $a4:5, $a0:1 }
+        .endif
+        .endm
+
+        .macro ACC16_BIAS_ROWS P
+        .if \P == 1
+acc16b_row_1:
+        { ld64 $a2:3, [$m6]+=$m0 ; f16v4add $a4:5, $a2:3, $a6:7 }
+        st64 $a4:5, [$m3]+=$m7
+acc16b_first_1:
+        rpt $m10, 3
+        ld64 $a6:7, [$m14]+=8
+        { ld64 $a2:3, [$m6]+=$m0 ; f16v4add $a4:5, $a2:3, $a6:7 }
+        st64 $a4:5, [$m3]+=8
+        ld64 $a6:7, [$m14]+=$m5
+        add $m6, $m6, $m13
+        brnzdec $m4, acc16b_row_1
+        f16v4add $a4:5, $a2:3, $a6:7
+        st64 $a4:5, [$m3]
+        exit
+        .else
+acc16b_row_\P:
+        # The previous row's last group: bias add beside this row's
+        # partial 0 load, then its store.
+        { ld64 $a2:3, [$m2]+=$m8 ; f16v4add $a4:5, $a4:5, $a6:7 }
+        st64 $a4:5, [$m3]+=$m7
+acc16b_first_\P:
+        rpt $m10, \P + 2
+        ACC16_LOADS \P, $m0
+        ACC16_BIAS_LOAD_ADD \P, 8
+        { ld64 $a2:3, [$m2]+=$m8 ; f16v4add $a4:5, $a4:5, $a6:7 }
+        st64 $a4:5, [$m3]+=8
+        ACC16_LOADS \P, $m1
+        ACC16_BIAS_LOAD_ADD \P, $m5
+        brnzdec $m4, acc16b_row_\P
+        f16v4add $a4:5, $a4:5, $a6:7
+        st64 $a4:5, [$m3]
+        exit
+        .endif
+        .endm
+
+        .text
+        .globl reduce_f32
+        .entry reduce_f32
+reduce_f32:
+        ld32 $m2, [$m0 + ST_SRC]
+        ld32 $m8, [$m0 + ST_SECTION]
+        ld32 $m9, [$m0 + ST_P]
+        ld32 $m11, [$m0 + ST_RS_SRC]
+        ld32 $m3, [$m0 + ST_DST]
+        ld32 $m12, [$m0 + ST_RS_DST]
+        ld32 $m4, [$m0 + ST_ROWS]
+        ld32 $m10, [$m0 + ST_QUADS]
+        ld32 $m14, [$m0 + ST_BIAS]
+        add $m4, $m4, -1
+        add $m10, $m10, -1
+        # $m13 = (P-1) SECTION, $m5 = 8 (QUADS-1) until negated.
+        add $m13, $m9, -1
+        mul $m13, $m13, $m8
+        shl $m5, $m10, 3
+        sub $m0, $mzero, $m13
+        add $m0, $m0, 8
+        sub $m1, $m11, $m5
+        sub $m1, $m1, $m13
+        sub $m7, $m12, $m5
+        sub $m13, $m11, $m5
+        add $m13, $m13, -8
+        sub $m5, $mzero, $m5
+        add $m6, $m2, 8
+        # The first row's partial 0 (P = 1 walks $m6 from column 4).
+        ld64 $a2:3, [$m2]+=$m8
+        min $m11, $m9, ACC16_UNROLLED + 1
+        shl $m11, $m11, 2
+        setzi $m12, acc16b_table - 4
+        add $m11, $m11, $m12
+        br $m11
+acc16b_table:
+        br acc16b_first_1
+        br acc16b_first_2
+        br acc16b_first_3
+        br acc16b_first_4
+        br acc16b_first_5
+        br acc16b_first_6
+        br acc16b_first_7
+        br acc16b_first_8
+        br acc16e_generic
+
+        ACC16_BIAS_ROWS 1
+        ACC16_BIAS_ROWS 2
+        ACC16_BIAS_ROWS 3
+        ACC16_BIAS_ROWS 4
+        ACC16_BIAS_ROWS 5
+        ACC16_BIAS_ROWS 6
+        ACC16_BIAS_ROWS 7
+        ACC16_BIAS_ROWS 8
+
+        .else
+# ACC=16 EPI=2: b = f16(s + bias[col]), then GELU in f16 in the sigmoid
+# form gelu(b) = b / (1 + exp(-2 z)), z = sqrt(2/pi) (b + 0.044715 b^3),
+# which has no 1 + tanh cancellation for negative b. Every step is one
+# f16v4 op, so one rounding to nearest even of the exact result (exp and
+# recip computed in f64, rounded once), with the f16 constants
+# c2 = f16(-2 sqrt(2/pi)) = -1.5957 (0xBE62) and
+# c3 = f16(-2 sqrt(2/pi) * 0.044715) = -0.071350 (0xAC91), the real
+# product rounded once:
+#   t = f16(b * b)
+#   u = f16(c2 + c3 * t)      (f16v4mac onto a quad of c2)
+#   w = f16(b * u)            (= -2 z up to the roundings)
+#   e = f16(exp(w))
+#   d = f16(e + 1)
+#   r = f16(recip(d))
+#   y = f16(b * r)
+# Large positive b: w -> -inf or a large negative value, e = 0, d = 1,
+# r = 1, y = b exactly (also for t = inf, |b| >= 256). Negative b with
+# w > 11.09 (b < -4.05 about): e overflows to inf, r = 0 and y = -0,
+# where the f64 value of this formula is between -6e-5 (at b = -4.05)
+# and 0; that flush is of the size of the tanh form's own error against
+# the erf GELU there (-1.0e-4 at -4.05). b = -0 gives -0; b = +inf gives
+# +inf; b = -inf and NaN give the canonical NaN.
+#
+# The arithmetic slot is the bound: P - 1 adds, the bias add, seven GELU
+# ops of which exp and recip take two issue slots each: P + 9 slots per
+# group, in P + 7 bundles, with no idle arithmetic slot. The main slot
+# (P loads, the bias load, the c2 quad load and the store) has four free
+# slots per group. A group's loads run in its own bundles (nothing is read
+# ahead, so nothing outside the partials is read), while its last two ops
+# (recip, the final product) and its store run in the next group's first
+# bundles. The rows run one after another without draining: each row's
+# first group is peeled out of its hardware loop; its free main slots
+# step the walks for the next row and set the loop's walks for this one,
+# and its store (of the previous row's last group) steps to this row.
+# The first row's peeled group stores an unfinished value at DST (step
+# 0): the real result of that group overwrites it one group later, after
+# every load of the group that reads DST's bytes if the result aliases a
+# partial. After the last row the final group's recip, product and store.
+#
+# $a0:1 and $a2:3 partials (then the bias in $a2:3), $a4:5 the sum then b,
+# $a6:7 t, w, e, d, r in turn, $a8:9 u (the c2 quad, loaded per group by
+# the main slot), $a10:11 the result, $a12:13 four f16 ones, $a14:15 four
+# c3. $m0 = 8 - (P-1) SECTION (a group's last partial load to the next
+# group's partial 0); $m1 the bias of column 0; $m2 the loop's partial
+# walk; $m3 the result walk; $m4 rows left; $m5 = RS_SRC - 8; $m6 the
+# peeled group's partial walk (row starts); $m7 = RS_DST - 8 (QUADS-1);
+# $m8 SECTION; $m9 P; $m10 QUADS - 1; $m12 the constants; $m13 the
+# peeled group's store step (0 on the first row, then $m7); $m14 the
+# loop's bias walk.
+
+# One group: \walk the partial walk, \bias the bias operand, \step the
+# store step of the previous group's result, \first the peeled group
+# (whose free main slots set up the walks).
+        .macro ACC16_GELU_GROUP P, walk, bias, step, first
+        .if \P == 1
+        { ld64 $a0:1, [\walk]+=$m0 ; f16v4recip $a6:7, $a6:7 }
+        { ld64 $a2:3, \bias ; f16v4mul $a10:11, $a4:5, $a6:7 }
+        { st64 $a10:11, [$m3]+=\step ; f16v4add $a4:5, $a0:1, $a2:3 }
+        .else
+        { ld64 $a0:1, [\walk]+=$m8 ; f16v4recip $a6:7, $a6:7 }
+        .if \P == 2
+        { ld64 $a2:3, [\walk]+=$m0 ; f16v4mul $a10:11, $a4:5, $a6:7 }
+        { ld64 $a2:3, \bias ; f16v4add $a4:5, $a0:1, $a2:3 }
+        .else
+        { ld64 $a2:3, [\walk]+=$m8 ; f16v4mul $a10:11, $a4:5, $a6:7 }
+        .if \P == 3
+        { ld64 $a0:1, [\walk]+=$m0 ; f16v4add $a4:5, $a0:1, $a2:3 }
+        .else
+        { ld64 $a0:1, [\walk]+=$m8 ; f16v4add $a4:5, $a0:1, $a2:3 }
+        .rept \P - 4
+        { ld64 $a0:1, [\walk]+=$m8 ; f16v4add $a4:5, $a4:5, $a0:1 }
+        .endr
+        { ld64 $a0:1, [\walk]+=$m0 ; f16v4add $a4:5, $a4:5, $a0:1 }
+        .endif
+        { ld64 $a2:3, \bias ; f16v4add $a4:5, $a4:5, $a0:1 }
+        .endif
+        { st64 $a10:11, [$m3]+=\step ; f16v4add $a4:5, $a4:5, $a2:3 }
+        .endif
+        { ld64 $a8:9, [$m12] ; f16v4mul $a6:7, $a4:5, $a4:5 }
+        .if \first
+        { mov $m2, $m6 ; f16v4mac $a8:9, $a14:15, $a6:7 }
+        { add $m6, $m6, $m5 ; f16v4mul $a6:7, $a4:5, $a8:9 }
+        { add $m14, $m1, 8 ; f16v4exp $a6:7, $a6:7 }
+        { mov $m13, $m7 ; f16v4add $a6:7, $a6:7, $a12:13 }
+        .else
+        f16v4mac $a8:9, $a14:15, $a6:7
+        f16v4mul $a6:7, $a4:5, $a8:9
+        f16v4exp $a6:7, $a6:7
+        f16v4add $a6:7, $a6:7, $a12:13
+        .endif
+        .endm
+
+        .macro ACC16_GELU_ROWS P
+acc16g_first_\P:
+        ACC16_GELU_GROUP \P, $m6, [$m1], $m13, 1
+        rpt $m10, \P + 7
+        ACC16_GELU_GROUP \P, $m2, [$m14]+=8, 8, 0
+        brnzdec $m4, acc16g_first_\P
+        f16v4recip $a6:7, $a6:7
+        f16v4mul $a10:11, $a4:5, $a6:7
+        st64 $a10:11, [$m3]
+        exit
+        .endm
+
+        .text
+        .globl reduce_f32
+        .entry reduce_f32
+reduce_f32:
+        ld32 $m6, [$m0 + ST_SRC]
+        ld32 $m8, [$m0 + ST_SECTION]
+        ld32 $m9, [$m0 + ST_P]
+        ld32 $m11, [$m0 + ST_RS_SRC]
+        ld32 $m3, [$m0 + ST_DST]
+        ld32 $m12, [$m0 + ST_RS_DST]
+        ld32 $m4, [$m0 + ST_ROWS]
+        ld32 $m10, [$m0 + ST_QUADS]
+        ld32 $m1, [$m0 + ST_BIAS]
+        add $m4, $m4, -1
+        add $m10, $m10, -1
+        # $m13 = (P-1) SECTION, $m5 = 8 (QUADS-1) until reused.
+        add $m13, $m9, -1
+        mul $m13, $m13, $m8
+        sub $m0, $mzero, $m13
+        add $m0, $m0, 8
+        shl $m5, $m10, 3
+        sub $m7, $m12, $m5
+        add $m5, $m11, -8
+        setzi $m12, acc16_gelu_constants
+        ld64 $a12:13, [$m12 + 8]
+        ld64 $a14:15, [$m12 + 16]
+        setzi $m13, 0
+        min $m11, $m9, ACC16_UNROLLED + 1
+        shl $m11, $m11, 2
+        setzi $m2, acc16g_table - 4
+        add $m11, $m11, $m2
+        br $m11
+acc16g_table:
+        br acc16g_first_1
+        br acc16g_first_2
+        br acc16g_first_3
+        br acc16g_first_4
+        br acc16g_first_5
+        br acc16g_first_6
+        br acc16g_first_7
+        br acc16g_first_8
+        br acc16e_generic
+
+        ACC16_GELU_ROWS 1
+        ACC16_GELU_ROWS 2
+        ACC16_GELU_ROWS 3
+        ACC16_GELU_ROWS 4
+        ACC16_GELU_ROWS 5
+        ACC16_GELU_ROWS 6
+        ACC16_GELU_ROWS 7
+        ACC16_GELU_ROWS 8
+        .endif
+
+        .if EPI != 0
+# P > ACC16_UNROLLED, EPI 1 and 2: one group per iteration of a brnzdec
+# loop, partials 3..P-2 in a one-bundle hardware loop, the epilogue and the
+# store inside the group (nothing read ahead, nothing lagged); each row's
+# end steps the walks: $m13 = RS_SRC - 8 QUADS, $m7 = RS_DST - 8 QUADS,
+# $m5 = -8 QUADS (the bias walk back to column 0); $m9 = P - 4, $m11 the
+# groups left in the row.
+acc16e_generic:
+        .if EPI == 1
+        # Undo the read-ahead of the first partial 0.
+        sub $m2, $m2, $m8
+        add $m5, $m5, -8
+        .else
+        mov $m2, $m6
+        shl $m11, $m10, 3
+        sub $m13, $m5, $m11
+        sub $m5, $mzero, $m11
+        add $m5, $m5, -8
+        mov $m14, $m1
+        .endif
+        add $m7, $m7, -8
+        add $m9, $m9, -4
+acc16e_generic_row:
+        mov $m11, $m10
+acc16e_generic_quad:
+        ld64 $a2:3, [$m2]+=$m8
+        ld64 $a0:1, [$m2]+=$m8
+        { ld64 $a0:1, [$m2]+=$m8 ; f16v4add $a4:5, $a2:3, $a0:1 }
+        rpt $m9, 1
+        { ld64 $a0:1, [$m2]+=$m8 ; f16v4add $a4:5, $a4:5, $a0:1 }
+        { ld64 $a0:1, [$m2]+=$m0 ; f16v4add $a4:5, $a4:5, $a0:1 }
+        { ld64 $a2:3, [$m14]+=8 ; f16v4add $a4:5, $a4:5, $a0:1 }
+        f16v4add $a4:5, $a4:5, $a2:3
+        .if EPI == 2
+        { ld64 $a8:9, [$m12] ; f16v4mul $a6:7, $a4:5, $a4:5 }
+        f16v4mac $a8:9, $a14:15, $a6:7
+        f16v4mul $a6:7, $a4:5, $a8:9
+        f16v4exp $a6:7, $a6:7
+        f16v4add $a6:7, $a6:7, $a12:13
+        f16v4recip $a6:7, $a6:7
+        f16v4mul $a4:5, $a4:5, $a6:7
+        .endif
+        st64 $a4:5, [$m3]+=8
+        brnzdec $m11, acc16e_generic_quad
+        add $m2, $m2, $m13
+        add $m3, $m3, $m7
+        add $m14, $m14, $m5
+        brnzdec $m4, acc16e_generic_row
+        exit
+        .endif
 
         .else
 
@@ -540,7 +877,7 @@ quad:
         exit
         .endif
 
-        .if EPI >= 2
+        .if EPI >= 2 && ACC == 32
         .data
         .align 8
 gelu_constants:
@@ -548,4 +885,14 @@ gelu_constants:
         .float 0.7978845608028654, 0.7978845608028654
         .float 1.0, 1.0
         .float 0.5, 0.5
+        .endif
+
+# The f16 constant quads of ACC=16 EPI=2: c2, ones, c3 (see above).
+        .if EPI == 2 && ACC == 16
+        .data
+        .align 8
+acc16_gelu_constants:
+        .half 0xBE62, 0xBE62, 0xBE62, 0xBE62
+        .half 0x3C00, 0x3C00, 0x3C00, 0x3C00
+        .half 0xAC91, 0xAC91, 0xAC91, 0xAC91
         .endif

@@ -258,6 +258,10 @@ enum Values {
     /// subnormals and +-1: the cases where an exact widening and in-order
     /// f32 sums (not a + 0 identity, not a wider accumulator) show.
     Specials,
+    /// Uniform in [-12, 12), one value in eight a signed zero: sums over
+    /// GELU's whole interesting range (exp overflow below about -4, the
+    /// identity region above about 4) and past it.
+    Activations,
 }
 
 fn random_f16(rng: &mut Rng, values: Values) -> u16 {
@@ -276,6 +280,14 @@ fn random_f16(rng: &mut Rng, values: Values) -> u16 {
             SPECIALS[(rng.next() % SPECIALS.len() as u64) as usize]
         }
         Values::Specials => any_finite(rng),
+        Values::Activations if rng.next().is_multiple_of(8) => {
+            if rng.next() & 1 == 0 {
+                0x0000
+            } else {
+                0x8000
+            }
+        }
+        Values::Activations => f32_to_f16_bits(rng.uniform(-12.0, 12.0) as f32),
     }
 }
 
@@ -306,7 +318,8 @@ struct Case16 {
     workers: u32,
     values: Values,
     layout: Layout,
-    /// ACC=16: the partials summed in f16 (needs OUT=16 and EPI=0).
+    /// ACC=16: the partials summed in f16 (needs OUT=16; EPI 1 and 2 need
+    /// TR=0), the epilogue in f16 ([`epilogue_f16`]).
     acc16: bool,
     seed: u64,
 }
@@ -338,6 +351,51 @@ fn sum_f16_partials_in_f16(partials: impl Iterator<Item = u16>) -> u16 {
         })
         .expect("P >= 1")
         .to_bits()
+}
+
+/// One f16v4 op as the device rounds it: the exact (f64) result rounded
+/// once to nearest even, NaN canonical (docs/isa.md).
+fn f16_round(x: f64) -> u16 {
+    ipu_isa::numerics::f64_to_f16_bits(x)
+}
+
+fn f16_value(h: u16) -> f64 {
+    f16_bits_to_f32(h) as f64
+}
+
+/// The f16 constants of the ACC=16 GELU (device/reduce_f32.S): c2 =
+/// f16(-2 sqrt(2/pi)) and c3 = f16(-2 sqrt(2/pi) * 0.044715).
+const GELU16_C2: u16 = 0xBE62;
+const GELU16_C3: u16 = 0xAC91;
+
+/// The ACC=16 GELU of the f16 value `b`, in the documented op order, every
+/// op rounded once to f16 (exp and recip computed in f64, rounded once).
+fn gelu_f16(b: u16) -> u16 {
+    let b_ = f16_value(b);
+    let t = f16_round(b_ * b_);
+    let u = f16_round(f16_value(GELU16_C2) + f16_value(GELU16_C3) * f16_value(t));
+    let w = f16_round(b_ * f16_value(u));
+    let e = f16_round(f16_value(w).exp());
+    let d = f16_round(f16_value(e) + 1.0);
+    let r = f16_round(1.0 / f16_value(d));
+    f16_round(b_ * f16_value(r))
+}
+
+/// The ACC=16 epilogue of the f16 sum `s`: EPI=0 stores it, EPI=1
+/// f16(s + bias), EPI=2 the GELU of that.
+fn epilogue_f16(epi: u32, s: u16, bias: u16) -> u16 {
+    match epi {
+        0 => s,
+        1 => f16_round(f16_value(s) + f16_value(bias)),
+        2 => gelu_f16(f16_round(f16_value(s) + f16_value(bias))),
+        _ => unreachable!("ACC=16 has EPI 0..2"),
+    }
+}
+
+/// The tanh-form GELU in f64, in the sigmoid form the kernel evaluates.
+fn gelu_f64(x: f64) -> f64 {
+    let z = (2.0 / std::f64::consts::PI).sqrt() * (x + 0.044715 * x * x * x);
+    x / (1.0 + (-2.0 * z).exp())
 }
 
 /// Runs `case` on one simulated tile, checks every result bit for bit and
@@ -419,7 +477,10 @@ fn run_in16_result(case: Case16) -> (u64, Vec<Vec<u32>>) {
             ],
         })
         .collect();
-    assert!(!acc16 || (!out32 && epi == 0), "ACC=16 stores the f16 sum");
+    assert!(
+        !acc16 || (!out32 && (epi == 0 || (epi <= 2 && layout == Layout::Rows))),
+        "ACC=16 stores the f16 sum, EPI 1 and 2 untransposed"
+    );
     let defines = [
         ("IN", 16),
         ("OUT", if out32 { 32 } else { 16 }),
@@ -458,8 +519,11 @@ fn run_in16_result(case: Case16) -> (u64, Vec<Vec<u32>>) {
             let (got, want) = if acc16 {
                 (
                     u16::from_le_bytes(out[byte..][..2].try_into().unwrap()) as u32,
-                    sum_f16_partials_in_f16((0..partials).map(|p| partial_values[at(p, r, e)]))
-                        as u32,
+                    epilogue_f16(
+                        epi,
+                        sum_f16_partials_in_f16((0..partials).map(|p| partial_values[at(p, r, e)])),
+                        bias[e],
+                    ) as u32,
                 )
             } else if out32 {
                 (
@@ -1014,11 +1078,19 @@ fn acc16_cost_on_the_attention_shape() {
 }
 
 #[test]
-fn acc16_needs_f16_partials_f16_results_and_no_epilogue() {
+fn acc16_needs_f16_partials_f16_results_and_untransposed_epilogues() {
     for (defines, what) in [
         (&[("ACC", 16)][..], "IN=32"),
         (&[("ACC", 16), ("IN", 16), ("OUT", 32)][..], "OUT=32"),
-        (&[("ACC", 16), ("IN", 16), ("EPI", 1)][..], "EPI=1"),
+        (&[("ACC", 16), ("IN", 16), ("EPI", 3)][..], "EPI=3"),
+        (
+            &[("ACC", 16), ("IN", 16), ("EPI", 1), ("TR", 1)][..],
+            "EPI=1 TR=1",
+        ),
+        (
+            &[("ACC", 16), ("IN", 16), ("EPI", 2), ("TR", 1)][..],
+            "EPI=2 TR=1",
+        ),
         (&[("ACC", 8), ("IN", 16)][..], "ACC=8"),
     ] {
         let Err(err) = kernel_common::assemble("reduce_f32.S", defines) else {
@@ -1027,11 +1099,197 @@ fn acc16_needs_f16_partials_f16_results_and_no_epilogue() {
         let message = err.to_string();
         assert!(
             message.contains(
-                "ACC must be 32 (f32 sums) or 16 (f16 sums), and ACC=16 needs IN=16, OUT=16 and EPI=0"
+                "ACC must be 32 (f32 sums) or 16 (f16 sums), and ACC=16 needs IN=16, OUT=16 and EPI 0, 1 or 2 (EPI 1 and 2 with TR=0)"
             ) && message.contains("reduce_f32.S"),
             "{what}: {message}"
         );
     }
+}
+
+/// ACC=16 with the bias (EPI=1) and bias + GELU (EPI=2) epilogues on the
+/// edge shapes, every P from 1 to 8 (unrolled) and past it (the generic
+/// loop), one vertex or six splitting the rows: bit for bit against the
+/// host emulation of the documented f16 op order, pre-activations over
+/// GELU's whole range (exp overflow, identity region), every byte around
+/// the result guarded.
+#[test]
+fn acc16_bias_and_gelu_epilogues_bit_exactly() {
+    for epi in [1, 2] {
+        for partials in (1..=10).chain([13]) {
+            for (i, &(rows, quads)) in SHAPES.iter().enumerate() {
+                for workers in [1, 6] {
+                    for values in [Values::Mixed, Values::Activations] {
+                        run_in16(Case16 {
+                            rows,
+                            quads,
+                            partials,
+                            out32: false,
+                            epi,
+                            workers,
+                            values,
+                            layout: Layout::Rows,
+                            acc16: true,
+                            seed: (40000 + epi * 1000 + partials * 100 + i as u32 * 10 + workers)
+                                as u64,
+                        });
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Signed zeros, infinities (inf + bias, inf - inf, GELU of -inf: the
+/// canonical NaN), the largest finite f16 and subnormals through both
+/// epilogues.
+#[test]
+fn acc16_epilogues_on_signed_zeros_infinities_and_subnormals() {
+    for epi in [1, 2] {
+        for partials in (1..=9).chain([12]) {
+            run_in16(Case16 {
+                rows: 9,
+                quads: 4,
+                partials,
+                out32: false,
+                epi,
+                workers: 3,
+                values: Values::Specials,
+                layout: Layout::Rows,
+                acc16: true,
+                seed: 47000 + epi as u64 * 100 + partials as u64,
+            });
+        }
+    }
+}
+
+/// The host emulation of the f16 GELU on the values where its op order
+/// shows: -0 stays -0, large positive inputs are the identity, exp
+/// overflow flushes to -0, infinities.
+#[test]
+fn gelu_f16_emulation_on_its_edges() {
+    let cases = [
+        (0x0000, 0x0000),
+        (0x8000, 0x8000),
+        (f32_to_f16_bits(300.0), f32_to_f16_bits(300.0)),
+        (f32_to_f16_bits(20.0), f32_to_f16_bits(20.0)),
+        (f32_to_f16_bits(-20.0), 0x8000),
+        (f32_to_f16_bits(-5.0), 0x8000),
+        (0x7C00, 0x7C00),
+        (0xFC00, 0x7E00),
+        (0x7E00, 0x7E00),
+    ];
+    for (b, want) in cases {
+        assert_eq!(gelu_f16(b), want, "gelu_f16({b:#06x})");
+    }
+    // Between the flush and the identity the f16 GELU is a small negative
+    // value for negative inputs and just under b for positive ones.
+    let y = f16_value(gelu_f16(f32_to_f16_bits(-3.0)));
+    assert!(y < 0.0 && y > -0.01, "gelu(-3) = {y}");
+    let y = f16_value(gelu_f16(f32_to_f16_bits(1.0)));
+    assert!((y - 0.8412).abs() < 2e-3, "gelu(1) = {y}");
+}
+
+/// For information (docs/kernels.md): the f16 GELU's error against the f64
+/// value of the same (tanh-form) formula over every finite f16 input in
+/// [-10, 10], in units of the f16 spacing at the f64 value (2^-24 below
+/// 2^-14). The sanity bounds: outside the exp-overflow flush (w <= 11.09,
+/// b > -4.05 about) w carries three roundings of relative size 2^-11 at
+/// |w| <= 11.1, so exp amplifies them to a relative error of at most about
+/// 3 * 11.1 * 2^-11 = 1.6% of the result (about 17 f16 spacings of 2^-10
+/// relative), plus the roundings of e, d, r and y: 64 spacings is a safe
+/// bound; inside the flush the result is -0 and the error is the f64 value
+/// itself, under 1e-4 in absolute terms.
+#[test]
+fn gelu_f16_accuracy_over_all_f16_in_minus_10_to_10() {
+    let spacing = |x: f64| {
+        let a = x.abs();
+        if a < 2f64.powi(-14) {
+            2f64.powi(-24)
+        } else {
+            2f64.powi(a.log2().floor() as i32 - 10)
+        }
+    };
+    let (mut worst_ulps, mut worst_ulps_at) = (0f64, 0f64);
+    let (mut worst_abs, mut worst_abs_at) = (0f64, 0f64);
+    let (mut worst_flushed, mut flush_from) = (0f64, f64::NEG_INFINITY);
+    for h in 0..=u16::MAX {
+        let b = f16_value(h);
+        if !b.is_finite() || !(-10.0..=10.0).contains(&b) {
+            continue;
+        }
+        let y = f16_value(gelu_f16(h));
+        let exact = gelu_f64(b);
+        let err = (y - exact).abs();
+        if err > worst_abs {
+            (worst_abs, worst_abs_at) = (err, b);
+        }
+        if y == 0.0 && b < -1.0 {
+            // The exp overflow flush: only the absolute error means anything.
+            worst_flushed = worst_flushed.max(err);
+            flush_from = flush_from.max(b);
+            continue;
+        }
+        let ulps = err / spacing(exact);
+        if ulps > worst_ulps {
+            (worst_ulps, worst_ulps_at) = (ulps, b);
+        }
+    }
+    println!(
+        "f16 GELU vs f64 (same tanh form), all finite f16 in [-10, 10]: max {worst_ulps:.2} f16 ulps (at b = {worst_ulps_at}) outside the flush; flush (y = -0) for b <= {flush_from}, max abs error there {worst_flushed:.3e}; max abs error overall {worst_abs:.3e} (at b = {worst_abs_at})"
+    );
+    assert!(worst_ulps < 64.0, "{worst_ulps} ulps at {worst_ulps_at}");
+    assert!(
+        worst_flushed < 1e-4,
+        "flushed values up to {worst_flushed:e}"
+    );
+    assert!(flush_from < -3.9, "the flush starts at {flush_from}");
+}
+
+/// The EPI=1 and EPI=2 ACC=16 formulas against the simulator (one vertex):
+/// unrolled and generic P, one and many groups per row, within 3%; prints
+/// the shape P = 6, ROWS = 8, QUADS = 12.
+#[test]
+fn acc16_epilogue_cycles_match_the_declared_formula() {
+    let mut outside = Vec::new();
+    for epi in [1, 2] {
+        for &(rows, quads, partials) in &[
+            (8, 12, 6),
+            (6, 4, 1),
+            (6, 4, 2),
+            (6, 4, 6),
+            (21, 4, 6),
+            (10, 8, 4),
+            (4, 16, 8),
+            (3, 1, 5),
+            (6, 4, 9),
+            (5, 6, 17),
+        ] {
+            let simulated = run_in16(Case16 {
+                rows,
+                quads,
+                partials,
+                out32: false,
+                epi,
+                workers: 1,
+                values: Values::Activations,
+                layout: Layout::Rows,
+                acc16: true,
+                seed: 2,
+            });
+            check_formula(
+                &mut outside,
+                format!("ACC=16 EPI={epi} rows={rows} quads={quads} P={partials}"),
+                &[("IN", 16), ("ACC", 16), ("EPI", epi as i64)],
+                (rows, quads, partials),
+                simulated,
+            );
+        }
+    }
+    assert!(
+        outside.is_empty(),
+        "declared cycles off by 3% or more:\n{}",
+        outside.join("\n")
+    );
 }
 
 /// Objects record ACC=32 when it is not given (so existing requests, which
