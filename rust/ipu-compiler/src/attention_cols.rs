@@ -221,6 +221,7 @@ impl Shapes {
             feeds_gemm: false,
             persistent_budget: None,
             a_persistent: false,
+            joint: None,
         };
         let (pv_split, _, _) = best_split_with(&pv_g, d + 1, nqc, &mut costs, u32::MAX)?;
         let pv_layout = ShardLayout::new(&pv_g, d + 1, nqc, &pv_split);
@@ -641,6 +642,7 @@ fn step_cycles(
         feeds_gemm: false,
         persistent_budget: None,
         a_persistent: false,
+        joint: None,
     };
     let (pv_gemm, mut pv_reduce) = costs.split_cycles(&s.pv.0, &s.pv.1);
     let mut moves = s.pv.1.reduce_vertices();

@@ -286,12 +286,42 @@ pub struct GemmCosts {
     /// above them (docs/compiler.md, storage). `None`: everything persists.
     pub persistent_budget: Option<u64>,
     pub a_persistent: bool,
+    /// Region 1 shared with another GEMM's buffers, as `storage::place`
+    /// lays them out together (every element-exclusive buffer of both on
+    /// its own elements first, then the others, then scratch phases from
+    /// the next element boundary): (the other's exclusive bytes rounded
+    /// up to whole elements, its other persistent bytes, its largest
+    /// scratch phase). A chain's producer beside a streamed consumer.
+    pub joint: Option<(u64, u64, u64)>,
 }
 
 impl GemmCosts {
     /// Region-1 bytes of a shard's buffers as `place_storage` allocates them,
     /// or `None` when they cannot fit region 1 at all.
     pub fn region1_bytes(&self, layout: &ShardLayout) -> Option<u64> {
+        if let Some((other_exclusive, other_shared, other_phase)) = self.joint {
+            let element = ipu_arch::INTERLEAVED_ELEMENT_BYTES as u64;
+            let mut exclusive = vec![layout.c_bytes() as u64, layout.c_bytes() as u64];
+            if self.owns_a {
+                exclusive.push(layout.a_bytes() as u64);
+            }
+            if self.feeds_gemm {
+                exclusive.push((layout.d_bytes() + 2 * layout.rs_d()) as u64);
+            }
+            let exclusive: u64 = exclusive
+                .iter()
+                .map(|b| b.div_ceil(element) * element)
+                .sum::<u64>()
+                + other_exclusive;
+            let persistent = exclusive + layout.b_bytes() as u64 + other_shared;
+            let total = if other_phase > 0 {
+                persistent.div_ceil(element) * element + other_phase
+            } else {
+                persistent
+            };
+            return (total <= (ipu_arch::REGION1_END - ipu_arch::REGION1_BASE) as u64)
+                .then_some(total);
+        }
         if let Some(budget) = self.persistent_budget {
             let mut persistent = vec![(layout.b_bytes(), false)];
             let mut scratch = vec![(layout.c_bytes(), true), (layout.c_bytes(), true)];
@@ -432,6 +462,7 @@ mod tests {
             feeds_gemm: false,
             persistent_budget: None,
             a_persistent: false,
+            joint: None,
         }
     }
 

@@ -249,11 +249,28 @@ pub(crate) fn reduce_kernel_f16_sum() -> KernelRequest {
     request
 }
 
-/// The reduce request for f16 partials with `epilogue`: the f16 sum when
-/// there is no epilogue and the library has it, else the f32 sum.
-fn reduce_request_f16_partials(library: &mut KernelLibrary, epilogue: i64) -> KernelRequest {
-    let sum = reduce_kernel_f16_sum();
-    if epilogue == 0 && kernel_formula(library, &sum, &["ROWS", "QUADS", "P"]).is_ok() {
+/// The reduce request for f16 partials with `epilogue`: the f16 sum
+/// (ACC=16) when the library has it for that epilogue and the epilogue
+/// allows it, else the f32 sum. No epilogue and the bias add (EPI=1: one
+/// f16 add, the rounding the graph's f16 sum already has) always allow
+/// it; bias + GELU (EPI=2) computes the GELU in f16 arithmetic, up to ~15
+/// ulps off where its exponential amplifies roundings (absolute error at
+/// most 2.3e-3, docs/kernels.md), so only for a result that feeds a GEMM,
+/// whose long sums average such errors out (`feeds_gemm`); a result the
+/// host reads keeps the f32 GELU.
+fn reduce_request_f16_partials(
+    library: &mut KernelLibrary,
+    epilogue: i64,
+    feeds_gemm: bool,
+) -> KernelRequest {
+    let mut sum = reduce_kernel_f16_partials(epilogue);
+    sum.params.insert("ACC".into(), 16);
+    let allowed = match epilogue {
+        0 | 1 => true,
+        2 => feeds_gemm,
+        _ => false,
+    };
+    if allowed && kernel_formula(library, &sum, &["ROWS", "QUADS", "P"]).is_ok() {
         sum
     } else {
         reduce_kernel_f16_partials(epilogue)
@@ -765,7 +782,7 @@ fn plan_and_lower(
                     gemm_kernel(geometry.acc32)
                 };
                 let reduce_request = if geometry.reduce_f16 {
-                    Some(reduce_request_f16_partials(library, group.epilogue()))
+                    Some(reduce_request_f16_partials(library, group.epilogue(), group.feeds_gemm))
                 } else {
                     geometry
                         .acc32
@@ -782,6 +799,7 @@ fn plan_and_lower(
                     feeds_gemm: group.feeds_gemm,
                     persistent_budget: None,
                     a_persistent: geometry.kp() != geometry.k || a_param,
+                    joint: None,
                 };
                 Ok((geometry, (request, reduce_request), cost))
             };
@@ -903,33 +921,44 @@ fn plan_and_lower(
                 // fell back to f32, but in what a streamed consumer leaves
                 // they may fit, at twice the AMP rate (the SigLIP MLP's
                 // producer: 116,778 cycles in f32, 77,196 in chains).
-                let element = ipu_arch::INTERLEAVED_ELEMENT_BYTES as u64;
-                let producer_chains = chain_setups[0].clone().filter(|_| planned[0].4.is_none());
+                let producer_chains = chain_setups[0].clone().filter(|_| planned[0].4.is_none()).map(
+                    |(g, r, mut c)| {
+                        c.feeds_gemm = false;
+                        (g, r, c)
+                    },
+                );
+                // The consumer receives the producer's result by exchange:
+                // it stays in standard memory (lower::PlannedGemm::result_in_place).
+                planned[0].2.feeds_gemm = false;
                 // (cycles, (f16 consumer, streamed index), producer front,
-                // chains, budget)
-                type Pairing = (u64, (bool, usize), (Vec<plan::GemmPlan>, usize), bool, u64);
+                // chains, the consumer's region 1 as the producer sees it)
+                type Joint = (u64, u64, u64);
+                type Pairing = (u64, (bool, usize), (Vec<plan::GemmPlan>, usize), bool, Joint);
                 let mut best: Option<Pairing> = None;
                 let candidates = fronts.iter().flat_map(|(f16, front)| {
                     front.0.iter().enumerate().map(move |(i, c)| ((*f16, i), c))
                 });
-                // The producer's best plan for each budget (budgets are
-                // whole interleaved elements, so few and often repeated).
-                let mut producer_by_budget: BTreeMap<u64, ((Vec<plan::GemmPlan>, usize), bool)> = BTreeMap::new();
+                // The producer's best plan beside each consumer footprint
+                // (few distinct ones: often repeated).
+                let mut producer_by_budget: BTreeMap<Joint, ((Vec<plan::GemmPlan>, usize), bool)> = BTreeMap::new();
                 let mut chain_costs = producer_chains.as_ref().map(|c| c.2.clone());
                 for (index, candidate) in candidates {
-                    let left = region1.saturating_sub(candidate.estimate.peak_interleaved_bytes)
-                        / element
-                        * element;
+                    // The producer's buffers beside this plan's, laid out
+                    // together as storage::place does.
+                    let joint = candidate.stream.map_or((0, 0, 0), |s| s.joint_r1);
                     let (producer, chains) = producer_by_budget
-                        .entry(left)
+                        .entry(joint)
                         .or_insert_with(|| {
-                            planned[0].2.memory_budget = left;
+                            let joint = Some(joint);
+                            planned[0].2.memory_budget = region1;
+                            planned[0].2.joint = joint;
                             let g0 = planned[0].0;
                             let mut producer =
                                 plan::search(&g0, options.tiles, &mut planned[0].2, &options.search);
                             let mut chains = false;
                             if let (Some((geometry, _, _)), Some(costs)) = (&producer_chains, chain_costs.as_mut()) {
-                                costs.memory_budget = left;
+                                costs.memory_budget = region1;
+                                costs.joint = joint;
                                 let front = plan::search(geometry, options.tiles, costs, &options.search);
                                 let faster = |p: &plan::GemmPlan| {
                                     producer.0.first().is_none_or(|q| p.estimate.compute_cycles < q.estimate.compute_cycles)
@@ -947,10 +976,10 @@ fn plan_and_lower(
                     };
                     let total = p.estimate.compute_cycles + candidate.estimate.compute_cycles;
                     if best.as_ref().is_none_or(|b| total < b.0) {
-                        best = Some((total, index, producer, chains, left));
+                        best = Some((total, index, producer, chains, joint));
                     }
                 }
-                if let Some((_, (f16, index), producer, chains, left)) = best {
+                if let Some((_, (f16, index), producer, chains, joint)) = best {
                     let mut front = fronts[usize::from(f16)].1 .0.clone();
                     if f16 {
                         let (geometry, requests, costs) =
@@ -964,7 +993,8 @@ fn plan_and_lower(
                         );
                     }
                     if let (true, Some((geometry, requests, mut costs))) = (chains, producer_chains) {
-                        costs.memory_budget = left;
+                        costs.memory_budget = region1;
+                        costs.joint = Some(joint);
                         let f32_costs = std::mem::replace(&mut planned[0].2, costs);
                         let f32_setup = (planned[0].0, planned[0].1.clone(), f32_costs);
                         planned[0].0 = geometry;
@@ -975,13 +1005,16 @@ fn plan_and_lower(
                             "the producer takes bounded f16 chains in what the streamed consumer leaves"
                         );
                     } else {
-                        planned[0].2.memory_budget = left;
+                        planned[0].2.memory_budget = region1;
+                        planned[0].2.joint = Some(joint);
                     }
                     tracing::info!(
                         consumer = %planned[1].3,
                         streamed_candidates = generated,
                         streamed_front_index = index,
-                        producer_budget_bytes = left,
+                        consumer_exclusive_bytes = joint.0,
+                        consumer_persistent_bytes = joint.1,
+                        consumer_phase_bytes = joint.2,
                         producer_plans = producer.0.len(),
                         "chain: the consumer streams K; the producer plans in what is left"
                     );
@@ -1139,7 +1172,7 @@ fn plan_and_lower(
             let mut missing_f16_partials = None;
             let f16_partials = match planned.first() {
                 Some(p) if single && !p.0.acc32 && p.1 .1.is_none() => {
-                    let request = reduce_request_f16_partials(library, 0);
+                    let request = reduce_request_f16_partials(library, 0, false);
                     match kernel_formula(library, &request, &["ROWS", "QUADS", "P"]) {
                         Ok(f) => Some((request, f)),
                         Err(_) => {
@@ -1361,6 +1394,7 @@ fn plan_and_lower(
                         reduce_kernel: reduce.clone(),
                         costs,
                         a_by_exchange: false,
+                        result_in_place: true,
                         scratch_fill: scratch_fill.clone(),
                         transposed_result: false,
                     }
@@ -1370,6 +1404,13 @@ fn plan_and_lower(
         for ((g, &x), &t) in gemms.iter_mut().zip(&a_by_exchange).zip(&transposed) {
             g.a_by_exchange = x;
             g.transposed_result = t;
+        }
+        // A producer whose consumer receives its result by exchange keeps
+        // the result in standard memory.
+        for (c, group) in groups.iter().enumerate() {
+            if let (fuse::Source::Group(p), true) = (group.a, a_by_exchange[c]) {
+                gemms[p].result_in_place = false;
+            }
         }
         let mut l = lower::lower(graph, tile_count, &mut gemms)?;
         if let (Some(b), Some(p), Some(k)) =

@@ -172,6 +172,11 @@ pub struct PlannedGemm<'a> {
     /// producer's tiles (its own plan), rather than staying on the tiles of
     /// a shared row partition.
     pub a_by_exchange: bool,
+    /// The result is the A operand of a GEMM on the same tiles (a chain
+    /// with shared rows), so it lives in interleaved elements of its own;
+    /// otherwise its consumer receives it by exchange and it stays in
+    /// standard memory.
+    pub result_in_place: bool,
     /// The GEMM runs in scratch phase 1 of the run call: its host-input A
     /// rows (when K needs no padding) and its C buffers share memory with a
     /// later phase; the C headers are zeroed by this fill kernel (with its
@@ -528,10 +533,10 @@ pub fn lower(
                     });
                     (rs_t, ReduceDst::Transposed(rs_t), None)
                 } else {
-                    // A result that a later GEMM streams as its A operand lives
-                    // in interleaved elements of its own, with the two rows the
-                    // consumer's drain reads.
-                    let feeds = pg.group.feeds_gemm;
+                    // A result that a later GEMM on these tiles streams as its
+                    // A operand lives in interleaved elements of its own, with
+                    // the two rows the consumer's drain reads.
+                    let feeds = pg.group.feeds_gemm && pg.result_in_place;
                     tile_bufs.push(BufferSpec {
                         name: format!("{value}.d"),
                         bytes: layout.d_bytes() + if feeds { 2 * layout.rs_d() } else { 0 },

@@ -92,6 +92,12 @@ pub struct StreamShape {
     /// columns) resident from load time, so the chunk steps move only A.
     #[serde(skip_serializing_if = "std::ops::Not::not")]
     pub b_resident: bool,
+    /// Region 1 as another GEMM on the same tiles sees it
+    /// ([`crate::gemm::GemmCosts::joint`]): exclusive bytes in whole
+    /// elements, other persistent bytes, the largest scratch phase (homes
+    /// that spill into region 1 included).
+    #[serde(skip)]
+    pub joint_r1: (u64, u64, u64),
 }
 
 impl GemmPlan {
@@ -398,6 +404,7 @@ mod tests {
             feeds_gemm: false,
             persistent_budget: None,
             a_persistent: false,
+            joint: None,
         };
         (g, costs)
     }

@@ -171,6 +171,9 @@ struct ShardCost {
     /// Bytes a tile receives per chunk step, and in the reduce-scatter.
     exchange: u64,
     gather: u64,
+    /// Region 1 for a GEMM sharing the tiles: [`StreamShape::joint_r1`]
+    /// without the homes.
+    joint: (u64, u64, u64),
 }
 
 /// Per-search memo of [`shard_cost`], keyed by (rows, column blocks,
@@ -217,7 +220,9 @@ fn shard_cost(
         .max()
         .unwrap_or(0);
     let mut fixed_r0 = steps as u64 * (program_bytes(split.vertices() as u64) + 16);
-    let (r1, reduce, gather);
+    let (r1, reduce, gather, joint);
+    let element = ipu_arch::INTERLEAVED_ELEMENT_BYTES as u64;
+    let whole = |b: u32| (b as u64).div_ceil(element) * element;
     if kp > 1 {
         // Reduce-scatter: a piece of rows, P = kp partials.
         let piece = mt.div_ceil(kp);
@@ -255,6 +260,15 @@ fn shard_cost(
         };
         let gathered = region1_footprint(&[(kp * piece * layout.rs_c, false)])?;
         r1 = persistent.div_ceil(element) * element + chunks.max(gathered);
+        joint = (
+            2 * whole(layout.c_bytes()),
+            if b_resident {
+                (steps * layout.b_bytes()) as u64
+            } else {
+                0
+            },
+            chunks.max(gathered),
+        );
     } else {
         reduce = if g.needs_reduce(split.k_groups.len()) {
             let (_, r) = costs.split_cycles(&gc, &split);
@@ -265,6 +279,11 @@ fn shard_cost(
         };
         gather = 0;
         r1 = costs.region1_bytes(&layout)?;
+        joint = (
+            2 * whole(layout.c_bytes()) + whole(layout.a_bytes()),
+            layout.b_bytes() as u64,
+            0,
+        );
     }
     compute += reduce;
     if bias {
@@ -279,6 +298,7 @@ fn shard_cost(
         b_chunk: layout.b_bytes() as u64,
         exchange: (mt * layout.rs_a + if b_resident { 0 } else { layout.b_bytes() }) as u64,
         gather,
+        joint,
     })
 }
 
@@ -318,6 +338,7 @@ pub fn evaluate(
     sizes.dedup();
     let (mut compute, mut reduce_part, mut peak_r1, mut peak_r0) = (0u64, 0u64, 0u64, 0u64);
     let (mut exchange_bytes, mut gather_bytes) = (0u64, 0u64);
+    let mut joint = (0u64, 0u64, 0u64);
     // Homes per tile: A chunks s = j (mod col_parts), B chunks s = i (mod row_parts).
     let a_chunks = if host_a {
         steps.div_ceil(col_parts) as u64
@@ -338,13 +359,20 @@ pub fn evaluate(
         // The homes go to region 0 while it has room, else after the
         // interleaved buffers (storage::place does the same, in this order).
         let (mut r0, mut r1_end) = (0u64, c.r1);
+        let mut spilled = 0;
         for home in [a_chunks * c.a_chunk, b_chunks * c.b_chunk] {
             if r0 + home + c.fixed_r0 <= STANDARD_BUDGET {
                 r0 += home;
             } else {
                 r1_end += home;
+                spilled += home;
             }
         }
+        joint = (
+            joint.0.max(c.joint.0),
+            joint.1.max(c.joint.1),
+            joint.2.max(c.joint.2 + spilled),
+        );
         r0 += c.fixed_r0;
         if r0 > STANDARD_BUDGET || r1_end > REGION1_BYTES {
             return None;
@@ -380,6 +408,7 @@ pub fn evaluate(
             k_parts: kp,
             exchange_cycles: exchange,
             b_resident,
+            joint_r1: joint,
         }),
         estimate: Estimate {
             compute_cycles: device,
