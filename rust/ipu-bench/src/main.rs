@@ -65,6 +65,8 @@ struct Measured {
     verification: (bool, u64, u64, f64, f64),
     /// The chosen attention plan, when the model has attention.
     attention: Option<String>,
+    /// Each GEMM's chosen plan and kernels, one line each.
+    plans: Vec<String>,
 }
 
 /// Compiles with `opts` (twice: the first fills the kernel cache, the
@@ -135,6 +137,32 @@ fn measure(opts: &CompileOptions) -> Result<Measured, String> {
         instructions,
         bundles,
         verification,
+        plans: out.report["operations"]
+            .as_array()
+            .map(|ops| {
+                ops.iter()
+                    .map(|o| {
+                        let c = &o["chosen"];
+                        let mut line = format!(
+                            "{} = gemm: {} x {} tiles",
+                            o["value"].as_str().unwrap_or("?"),
+                            c["row_parts"],
+                            c["col_parts"]
+                        );
+                        if let Some(st) = c["stream"].as_object() {
+                            line += &format!(
+                                " x {} K parts, streamed in {} chunk steps of {} K blocks{}",
+                                st["k_parts"],
+                                st["steps"],
+                                st["chunk_blocks"],
+                                if st.get("b_resident").is_some() { ", B resident" } else { "" }
+                            );
+                        }
+                        line + &format!(", {}", o["kernel"].as_str().unwrap_or("?"))
+                    })
+                    .collect()
+            })
+            .unwrap_or_default(),
         attention: out.report.get("attention").map(|a| {
             let a = &a["chosen"];
             format!(
@@ -150,6 +178,9 @@ fn measure(opts: &CompileOptions) -> Result<Measured, String> {
 }
 
 impl Measured {
+    fn plan_summary(&self) -> String {
+        self.plans.join("\n                       ")
+    }
     fn print_common(&self) {
         println!(
             "  estimate:            {} cycles (error {:+.1}% against the simulator)",
@@ -197,7 +228,8 @@ fn siglip(tiles: u32) -> Result<(), String> {
 fn siglip_mlp(tiles: u32) -> Result<(), String> {
     let cache = tempfile::tempdir().map_err(|e| e.to_string())?;
     let m = measure(&options("siglip_mlp.ipug", tiles, cache.path()))?;
-    println!("SigLIP MLP (729 x 1152 -> 4304 -> GELU -> 1152, f32 accumulation), {} tiles used of {tiles}", m.tile_count);
+    println!("SigLIP MLP (729 x 1152 -> 4304 -> GELU -> 1152, accumulation auto), {} tiles used of {tiles}", m.tile_count);
+    println!("  plan:                {}", m.plan_summary());
     println!(
         "  compile time:        {:.2} s on this machine",
         m.compile_s

@@ -228,11 +228,12 @@ fn streamed_gemms_with_resident_b_on_the_simulator() {
         opts.accumulation = accumulation;
         opts.search.stream_b_resident = Some(true);
         let (ran, _) = run_with(&opts, |g| random::gaussian_feeds(g, 31), true);
-        let streamed: Vec<&serde_json::Value> = ran.compile.report["operations"]
+        let streamed: Vec<_> = ran.compile.report["operations"]
             .as_array()
             .unwrap()
             .iter()
-            .filter_map(|o| o["chosen"]["stream"].as_object().map(|_| &o["chosen"]))
+            .filter(|o| o["chosen"]["stream"].is_object())
+            .map(|o| &o["chosen"])
             .collect();
         assert_eq!(streamed.len(), 1, "{name}: one streamed GEMM");
         assert_eq!(
