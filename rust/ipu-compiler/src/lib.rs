@@ -505,6 +505,7 @@ fn plan_and_lower(
     options: &CompileOptions,
     library: &mut KernelLibrary,
     tile_count_override: Option<u32>,
+    segment_attention_region0: u64,
 ) -> Result<SegmentLowered, CompileError> {
     // Plan every GEMM; each gets an equal share of region 1 so that all fit.
     let mut operation_reports: Vec<OperationReport> = Vec::new();
@@ -604,6 +605,11 @@ fn plan_and_lower(
             // whole rows.
             let distributed_combine = tile_count_override.is_none();
             attention_candidates = attention::plan(b, options.tiles, k, proxy, distributed_combine);
+            // A segment leaves region 0 to the joins' exchange tables too
+            // (see `compile`, which halves this budget when they overflow).
+            if tile_count_override.is_some() {
+                attention_candidates.retain(|c| c.region0_bytes <= segment_attention_region0);
+            }
             // Both layouts compete on their estimates unless one is asked for.
             if let Some(layout) = options.attention_layout {
                 attention_candidates.retain(|c| c.layout == layout);
@@ -1464,11 +1470,12 @@ fn lower_segments(
     options: &CompileOptions,
     library: &mut KernelLibrary,
     rowwise_reports: &mut Vec<serde_json::Value>,
+    segment_attention_region0: u64,
 ) -> Result<SegmentLowered, CompileError> {
     let segments = phase("segment", || segment::split(graph))?;
     if let [only] = segments.as_slice() {
         if only.kind == segment::Kind::Blocks {
-            return plan_and_lower(graph, options, library, None);
+            return plan_and_lower(graph, options, library, None, segment_attention_region0);
         }
     }
     let tiles = options.tiles;
@@ -1493,7 +1500,13 @@ fn lower_segments(
         let _enter = span.enter();
         match s.kind {
             segment::Kind::Blocks => {
-                let r = plan_and_lower(&s.graph, options, library, Some(tiles))?;
+                let r = plan_and_lower(
+                    &s.graph,
+                    options,
+                    library,
+                    Some(tiles),
+                    segment_attention_region0,
+                )?;
                 parts.push(r.lowered);
                 operation_reports.extend(r.operation_reports);
                 would_help.extend(r.would_help);
@@ -1541,7 +1554,41 @@ fn lower_segments(
 }
 
 /// Compiles `options.model` into a package (and writes it when `output` is set).
+///
+/// A segmented model's attention plans with at most half of region 0 for
+/// its own buffers; the joins between segments put their exchange tables
+/// in region 0 too, sized only once they are scheduled. When a tile's
+/// region 0 then overflows, the model is compiled again with a quarter of
+/// the attention's share (twice at most): the ViT block's 4-split plan
+/// (45 KB of states on split 0) left too little room for its joins'
+/// ~100 KB of tables, its 2-split plan fits.
 pub fn compile(options: &CompileOptions) -> Result<CompileOutput, CompileError> {
+    let mut region0 = plan::STANDARD_BUDGET / 2;
+    loop {
+        match compile_with(options, region0) {
+            Err(CompileError::OutOfMemory {
+                tile,
+                region,
+                needed,
+                ..
+            }) if region.starts_with("region 0") && region0 > plan::STANDARD_BUDGET / 16 => {
+                region0 /= 4;
+                tracing::info!(
+                    tile,
+                    needed,
+                    attention_region0_bytes = region0,
+                    "region 0 overflowed; compiling again with a smaller share for a segment's attention"
+                );
+            }
+            result => return result,
+        }
+    }
+}
+
+fn compile_with(
+    options: &CompileOptions,
+    segment_attention_region0: u64,
+) -> Result<CompileOutput, CompileError> {
     if !(1..=ipu_arch::TILES_PER_CHIP).contains(&options.tiles) {
         return Err(CompileError::Options {
             message: format!(
@@ -1569,7 +1616,13 @@ pub fn compile(options: &CompileOptions) -> Result<CompileOutput, CompileError> 
         would_help,
         chain_choice,
         attention,
-    } = lower_segments(graph, options, &mut library, &mut rowwise_reports)?;
+    } = lower_segments(
+        graph,
+        options,
+        &mut library,
+        &mut rowwise_reports,
+        segment_attention_region0,
+    )?;
 
     // Kernels each tile links, in request order; the supervisor runtime
     // (emit::runtime_request) is the one every tile links.
