@@ -462,14 +462,15 @@ pub fn search(
             let first_cp = least.div_ceil(rp).max(1);
             for cp in first_cp..=g.ncb().min(grid / rp) {
                 for ch in CHUNK_BLOCKS.iter().copied().filter(|&c| c <= g.nkb()) {
-                    for b_resident in [false, true]
-                        .into_iter()
-                        .filter(|&r| budget.stream_b_resident.is_none_or(|only| only == r))
-                    {
-                        if generated >= budget.max_candidates {
-                            break 'outer;
-                        }
-                        generated += 1;
+                    // One candidate, B from homes or resident (only with
+                    // K parts: evaluate refuses resident B without).
+                    if generated >= budget.max_candidates {
+                        break 'outer;
+                    }
+                    generated += 1;
+                    for b_resident in [false, true].into_iter().filter(|&r| {
+                        budget.stream_b_resident.is_none_or(|only| only == r) && (!r || kp > 1)
+                    }) {
                         if let Some(p) = evaluate(
                             g,
                             (rp, cp, kp),
