@@ -205,15 +205,16 @@ pub fn evaluate(
     })
 }
 
-/// All feasible candidates within the budget, Pareto-filtered over (device
-/// cycles, peak bytes), best first, at most `beam_width`.
-pub fn search(
+/// Every feasible (row parts x column parts) candidate within `tiles`, at
+/// most `budget.max_candidates` of them generated; returns the feasible
+/// plans and the count generated.
+fn candidates(
     g: &GemmGeometry,
     tiles: u32,
     costs: &mut GemmCosts,
     budget: &SearchBudget,
 ) -> (Vec<GemmPlan>, usize) {
-    let mut candidates = Vec::new();
+    let mut out = Vec::new();
     let mut generated = 0usize;
     'outer: for rp in 1..=g.m.min(tiles) {
         for cp in 1..=g.ncb().min(tiles / rp) {
@@ -222,10 +223,22 @@ pub fn search(
             }
             generated += 1;
             if let Some(p) = evaluate(g, rp, cp, costs) {
-                candidates.push(p);
+                out.push(p);
             }
         }
     }
+    (out, generated)
+}
+
+/// All feasible candidates within the budget, Pareto-filtered over (device
+/// cycles, peak bytes), best first, at most `beam_width`.
+pub fn search(
+    g: &GemmGeometry,
+    tiles: u32,
+    costs: &mut GemmCosts,
+    budget: &SearchBudget,
+) -> (Vec<GemmPlan>, usize) {
+    let (mut candidates, generated) = self::candidates(g, tiles, costs, budget);
     // Best first: device cycles (what the machine model's bounds compare),
     // then host link cycles, fewer tiles, memory.
     let key = |p: &GemmPlan| {
@@ -270,19 +283,11 @@ pub fn side_by_side_shares(
     let others = items.len().saturating_sub(1) as u32;
     for (g, costs) in items.iter_mut() {
         let most = tiles.saturating_sub(others).max(1);
-        let mut points = Vec::new();
-        let mut generated = 0usize;
-        'outer: for rp in 1..=g.m.min(most) {
-            for cp in 1..=g.ncb().min(most / rp) {
-                if generated >= budget.max_candidates {
-                    break 'outer;
-                }
-                generated += 1;
-                if let Some(p) = evaluate(g, rp, cp, costs) {
-                    points.push((p.estimate.active_tiles, p.estimate.compute_cycles));
-                }
-            }
-        }
+        let mut points: Vec<(u32, u64)> = candidates(g, most, costs, budget)
+            .0
+            .iter()
+            .map(|p| (p.estimate.active_tiles, p.estimate.compute_cycles))
+            .collect();
         points.sort_unstable();
         let mut stair: Vec<(u32, u64)> = Vec::new();
         for (t, c) in points {
