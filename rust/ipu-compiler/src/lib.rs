@@ -277,6 +277,17 @@ fn reduce_request_f16_partials(
     }
 }
 
+/// The reduce request that stores `request`'s result transposed (TR=1),
+/// for f16 partials without an epilogue (the column attention layout's Q
+/// and V projections); `None` for other reduces.
+fn transposed_reduce_request(request: &KernelRequest) -> Option<KernelRequest> {
+    (request.params.get("IN") == Some(&16) && request.params.get("EPI") == Some(&0)).then(|| {
+        let mut tr = request.clone();
+        tr.params.insert("TR".into(), 1);
+        tr
+    })
+}
+
 /// Names the f16-sum object in the report (and the log) when `request`
 /// sums f16 partials without an epilogue in f32 for want of it.
 fn note_missing_f16_sum(
@@ -606,7 +617,7 @@ fn plan_and_lower(
             let distributed_combine = tile_count_override.is_none();
             attention_candidates = attention::plan(b, options.tiles, k, proxy, distributed_combine);
             // A segment leaves region 0 to the joins' exchange tables too
-            // (see `compile`, which halves this budget when they overflow).
+            // (see `compile`, which cuts this budget when they overflow).
             if tile_count_override.is_some() {
                 attention_candidates.retain(|c| c.region0_bytes <= segment_attention_region0);
             }
@@ -921,8 +932,8 @@ fn plan_and_lower(
                 let generated: usize = fronts.iter().map(|f| f.1 .1).sum();
                 // Every streamed plan (the Pareto front trades cycles for
                 // memory in order) is paired with the producer's best plan
-                // in the region 1 it leaves; the pair with the fewest
-                // cycles wins. The producer planned in half of region 1
+                // beside it (the joint region-1 layout, GemmCosts::joint);
+                // the pair with the fewest cycles wins. The producer planned in half of region 1
                 // above: if its bounded f16 chains did not fit there it
                 // fell back to f32, but in what a streamed consumer leaves
                 // they may fit, at twice the AMP rate (the SigLIP MLP's
@@ -946,13 +957,13 @@ fn plan_and_lower(
                 });
                 // The producer's best plan beside each consumer footprint
                 // (few distinct ones: often repeated).
-                let mut producer_by_budget: BTreeMap<Joint, ((Vec<plan::GemmPlan>, usize), bool)> = BTreeMap::new();
+                let mut producer_beside: BTreeMap<Joint, ((Vec<plan::GemmPlan>, usize), bool)> = BTreeMap::new();
                 let mut chain_costs = producer_chains.as_ref().map(|c| c.2.clone());
                 for (index, candidate) in candidates {
                     // The producer's buffers beside this plan's, laid out
                     // together as storage::place does.
                     let joint = candidate.stream.map_or((0, 0, 0), |s| s.joint_r1);
-                    let (producer, chains) = producer_by_budget
+                    let (producer, chains) = producer_beside
                         .entry(joint)
                         .or_insert_with(|| {
                             let joint = Some(joint);
@@ -1110,12 +1121,8 @@ fn plan_and_lower(
                     planned.iter().map(|p| p.2.reduce.clone()).collect();
                 let mut transposed_reduce: Vec<Option<gemm::FormulaCost>> = vec![None; planned.len()];
                 for g in [b.q, b.v] {
-                    if let Some(r) = planned[g].1 .1.as_ref() {
-                        if r.params.get("IN") == Some(&16) && r.params.get("EPI") == Some(&0) {
-                            let mut tr = r.clone();
-                            tr.params.insert("TR".into(), 1);
-                            transposed_reduce[g] = kernel_formula(library, &tr, &["ROWS", "QUADS", "P"]).ok();
-                        }
+                    if let Some(tr) = planned[g].1 .1.as_ref().and_then(transposed_reduce_request) {
+                        transposed_reduce[g] = kernel_formula(library, &tr, &["ROWS", "QUADS", "P"]).ok();
                     }
                 }
                 for c in &attention_candidates {
@@ -1377,14 +1384,9 @@ fn plan_and_lower(
     if let (Some(b), Some(p)) = (blocks.first(), &attention_plan) {
         if p.layout == attention::AttentionLayout::Columns {
             for g in [b.q, b.v] {
-                let Some(r) = planned[g].1 .1.as_mut() else {
+                let Some(tr) = planned[g].1 .1.as_ref().and_then(transposed_reduce_request) else {
                     continue;
                 };
-                if r.params.get("IN") != Some(&16) || r.params.get("EPI") != Some(&0) {
-                    continue;
-                }
-                let mut tr = r.clone();
-                tr.params.insert("TR".into(), 1);
                 if kernel_formula(library, &tr, &["ROWS", "QUADS", "P"]).is_ok() {
                     operation_reports[g].kernel = format!("{} + {tr}", planned[g].1 .0);
                     planned[g].1 .1 = Some(tr);
