@@ -32,6 +32,21 @@ pub struct Ran {
     pub run_device_cycles: u64,
 }
 
+/// Asserts that the compiler's estimate of the run's cycles is within
+/// `bound` (relative) of the simulated cycles, naming `what` otherwise;
+/// returns (estimate, simulated).
+pub fn assert_estimate_within(ran: &Ran, bound: f64, what: &str) -> (f64, f64) {
+    let (est, sim) = (
+        ran.compile.estimated_compute_cycles as f64,
+        ran.run_device_cycles as f64,
+    );
+    assert!(
+        (est / sim - 1.0).abs() < bound,
+        "{what}: estimate {est} vs simulated {sim}"
+    );
+    (est, sim)
+}
+
 /// Compiles `model` for `tiles`, runs it on the simulator with seeded
 /// Gaussian feeds and checks every output against the host reference.
 pub fn compile_and_run(model: &Path, tiles: u32, seed: u64) -> Ran {
