@@ -984,39 +984,50 @@ fn acc16_signed_zeros_infinities_and_subnormals() {
     }
 }
 
-/// The ACC=16 formulas (TR=0 and TR=1, one vertex) against the simulator:
-/// unrolled and generic P, one and many groups per row, within 3%.
+/// The ACC=16 formulas against the simulator (one vertex): the sum alone
+/// with TR=0 and TR=1, the bias (EPI=1) and bias + GELU (EPI=2)
+/// epilogues with TR=0; unrolled and generic P, one and many groups per
+/// row, within 3%.
 #[test]
 fn acc16_cycles_match_the_declared_formula() {
+    let shapes = [
+        (6, 4, 1),
+        (6, 4, 2),
+        (6, 4, 6),
+        (21, 4, 6),
+        (10, 8, 4),
+        (4, 16, 8),
+        (6, 4, 9),
+        (5, 6, 17),
+    ];
+    // The epilogues also at the SigLIP MLP's shape and a one-group row.
+    let epilogue_shapes = [(8, 12, 6), (3, 1, 5)];
     let mut outside = Vec::new();
-    for layout in [Layout::Rows, Layout::Columns] {
+    for (epi, layout, values, seed) in [
+        (0, Layout::Rows, Values::Mixed, 1),
+        (0, Layout::Columns, Values::Mixed, 1),
+        (1, Layout::Rows, Values::Activations, 2),
+        (2, Layout::Rows, Values::Activations, 2),
+    ] {
         let tr = if layout == Layout::Rows { 0 } else { 1 };
-        for &(rows, quads, partials) in &[
-            (6, 4, 1),
-            (6, 4, 2),
-            (6, 4, 6),
-            (21, 4, 6),
-            (10, 8, 4),
-            (4, 16, 8),
-            (6, 4, 9),
-            (5, 6, 17),
-        ] {
+        let extra: &[(u32, u32, u32)] = if epi > 0 { &epilogue_shapes } else { &[] };
+        for &(rows, quads, partials) in shapes.iter().chain(extra) {
             let simulated = run_in16(Case16 {
                 rows,
                 quads,
                 partials,
                 out32: false,
-                epi: 0,
+                epi,
                 workers: 1,
-                values: Values::Mixed,
+                values,
                 layout,
                 acc16: true,
-                seed: 1,
+                seed,
             });
             check_formula(
                 &mut outside,
-                format!("ACC=16 TR={tr} rows={rows} quads={quads} P={partials}"),
-                &[("IN", 16), ("ACC", 16), ("TR", tr)],
+                format!("ACC=16 EPI={epi} TR={tr} rows={rows} quads={quads} P={partials}"),
+                &[("IN", 16), ("ACC", 16), ("EPI", epi as i64), ("TR", tr)],
                 (rows, quads, partials),
                 simulated,
             );
@@ -1243,53 +1254,6 @@ fn gelu_f16_accuracy_over_all_f16_in_minus_10_to_10() {
         "flushed values up to {worst_flushed:e}"
     );
     assert!(flush_from < -3.9, "the flush starts at {flush_from}");
-}
-
-/// The EPI=1 and EPI=2 ACC=16 formulas against the simulator (one vertex):
-/// unrolled and generic P, one and many groups per row, within 3%; prints
-/// the shape P = 6, ROWS = 8, QUADS = 12.
-#[test]
-fn acc16_epilogue_cycles_match_the_declared_formula() {
-    let mut outside = Vec::new();
-    for epi in [1, 2] {
-        for &(rows, quads, partials) in &[
-            (8, 12, 6),
-            (6, 4, 1),
-            (6, 4, 2),
-            (6, 4, 6),
-            (21, 4, 6),
-            (10, 8, 4),
-            (4, 16, 8),
-            (3, 1, 5),
-            (6, 4, 9),
-            (5, 6, 17),
-        ] {
-            let simulated = run_in16(Case16 {
-                rows,
-                quads,
-                partials,
-                out32: false,
-                epi,
-                workers: 1,
-                values: Values::Activations,
-                layout: Layout::Rows,
-                acc16: true,
-                seed: 2,
-            });
-            check_formula(
-                &mut outside,
-                format!("ACC=16 EPI={epi} rows={rows} quads={quads} P={partials}"),
-                &[("IN", 16), ("ACC", 16), ("EPI", epi as i64)],
-                (rows, quads, partials),
-                simulated,
-            );
-        }
-    }
-    assert!(
-        outside.is_empty(),
-        "declared cycles off by 3% or more:\n{}",
-        outside.join("\n")
-    );
 }
 
 /// Objects record ACC=32 when it is not given (so existing requests, which
