@@ -36,8 +36,65 @@
 # beta): d * r rounded to f32, then one fused multiply-add onto beta.
 # The two-pass variance never subtracts large sums (no cancellation).
 
+#
+# Split rows (STAGE = 1, 2, 3; issue 5). With one row per tile, STAGE 0
+# keeps one worker busy and five idle. The split kernels spread ONE row
+# over NPARTS (1..6) vertices, each owning a slice: a contiguous range of
+# the row's groups of four, the row's COLS & 3 tail elements belonging to
+# its last slice only. They run as three successive compute steps on the
+# tile (every vertex of a step finishes before the next step starts), and
+# meet in the row's partials PARTS (2 * NPARTS f32 words):
+#   STAGE 1: s = the slice's sum, formed exactly as pass 1 forms a row's
+#            sum, stored at PARTS[SLOT];
+#   STAGE 2: S = +0 + PARTS[0] + ... + PARTS[NPARTS - 1] (f32, slot order),
+#            mean = S * f32recip(COLS) as pass 1; d = f32(x) - mean into
+#            SCRATCH and the slice's sum of d^2 as pass 2 forms it, stored
+#            at PARTS[NPARTS + SLOT];
+#   STAGE 3: V = +0 + PARTS[NPARTS] + ... + PARTS[2 NPARTS - 1] (f32, slot
+#            order), r = rsqrt(V * (1/COLS) + EPS) as pass 2; y as pass 3.
+# The first partial sum adds +0 (exact: a partial is never -0, its sum
+# starting from +0), so with NPARTS = 1 every value, and so every output
+# bit, equals STAGE 0's.
+#
+# Vertex state of STAGE 1..3 (u32 words, byte offsets; one layout for the
+# three stages, a stage ignores the words it does not use):
+#    0 IN      address of x[row, first column of the slice] (8-aligned)
+#    4 OUT     address of y[row, first column of the slice] (8-aligned; may
+#              equal IN: stage 3 reads only SCRATCH, GAMMA, BETA and PARTS)
+#    8 QUADS   groups of four in the slice (>= 0)
+#   12 TAIL    single elements after the groups (0..3; nonzero only in the
+#              row's last slice)
+#   16 COLS    the whole row's element count (>= 1)
+#   20 GAMMA   address of gamma at the slice's first column (8-aligned)
+#   24 BETA    address of beta at the slice's first column (8-aligned)
+#   28 EPS     f32 bits of epsilon
+#   32 SCRATCH address of the slice's part of the row's f32 scratch (4
+#              bytes per column, 8-aligned): stage 2 writes its 16 * QUADS
+#              + 4 * TAIL bytes, stage 3 reads them
+#   36 PARTS   address of the row's partials (2 * NPARTS f32 words,
+#              8-aligned); the slice writes only PARTS[SLOT] (stage 1) and
+#              PARTS[NPARTS + SLOT] (stage 2)
+#   40 NPARTS  slices of the row (1..6)
+#   44 SLOT    this slice's index (0..NPARTS - 1)
+# Stages read: 1 IN QUADS TAIL PARTS SLOT; 2 IN QUADS TAIL COLS SCRATCH
+# PARTS NPARTS SLOT; 3 OUT QUADS TAIL COLS GAMMA BETA EPS SCRATCH PARTS
+# NPARTS.
+#
+# Over-reads of the split stages: stage 2 always loads the 8 bytes at
+# IN + 8 * QUADS (the group after the slice's last group: the next slice's
+# first group, or for the row's last slice the 8 bytes after the row's
+# last group, which STAGE 0 reads too); stage 3, when QUADS >= 1, loads the
+# 8 bytes at GAMMA + 8 * QUADS (likewise within gamma or STAGE 0's gamma
+# over-read). Stage 1 reads only its slice. Their values are never used.
+
         .kernel layernorm_f16
+        .param STAGE, 0
+        .if STAGE < 0 || STAGE > 3
+        .error "STAGE must be 0 (whole rows) or 1, 2, 3 (the three steps of a row split over several vertices)"
+        .endif
         .workers 6
+
+        .if STAGE == 0
         # Per row: 47 issue slots plus 2 per group in pass 1, 6 in pass 2,
         # 10 in pass 3 (18 per group of four), and 4 + 4 + 7 per tail
         # element; without `%`: 18 * (COLS / 4) + 15 * (COLS % 4)
@@ -174,3 +231,171 @@ p3_tail:
         add $m3, $m3, $m9
         brnzdec $m4, row
         exit
+
+        .else
+
+# The split stages. A worker's registers start at zero (docs/isa.md,
+# calling convention), so the f32 accumulators need no clearing: each
+# starts at +0 as STAGE 0's `setzi` leaves them.
+
+        # The vertex's issue slots, plus 2 slots (12 cycles) for the
+        # supervisor's launch and exit around it as a one-vertex step
+        # measures (the tests: within 2 cycles of the simulator).
+        .if STAGE == 1
+        # 10 slots of set-up and exit, 2 per group of four, 3 per tail
+        # element (STAGE 0's pass 1).
+        .cycles "6 * (12 + 2 * QUADS + 3 * TAIL)"
+        .elseif STAGE == 2
+        # 17 slots of set-up and exit, 1 per partial, 6 per group, 4 per
+        # tail element (STAGE 0's pass 2).
+        .cycles "6 * (19 + NPARTS + 6 * QUADS + 4 * TAIL)"
+        .else
+        # 22 slots of set-up and exit, 1 per partial, 10 per group, 7 per
+        # tail element (STAGE 0's pass 3); a slice without groups skips the
+        # pipeline's 4 slots of fill and drain (1 / (QUADS + 1) is 1 only
+        # for QUADS = 0).
+        .cycles "6 * (24 + NPARTS + 10 * QUADS + 7 * TAIL - 4 * (1 / (QUADS + 1)))"
+        .endif
+
+        .equ SP_IN, 0
+        .equ SP_OUT, 4
+        .equ SP_QUADS, 8
+        .equ SP_TAIL, 12
+        .equ SP_COLS, 16
+        .equ SP_GAMMA, 20
+        .equ SP_BETA, 24
+        .equ SP_EPS, 28
+        .equ SP_SCRATCH, 32
+        .equ SP_PARTS, 36
+        .equ SP_NPARTS, 40
+        .equ SP_SLOT, 44
+
+        .text
+        .globl layernorm_f16
+        .entry layernorm_f16
+layernorm_f16:
+        .if STAGE == 1
+# Registers: $m7 input walk, $m5 groups, $m6 tail elements, $m2 PARTS,
+# $m9 4 * SLOT; $a2 the slice's sum, $a3 the last group's sum.
+        ld32 $m7, [$m0 + SP_IN]
+        ld32 $m5, [$m0 + SP_QUADS]
+        ld32 $m6, [$m0 + SP_TAIL]
+        ld32 $m2, [$m0 + SP_PARTS]
+        ld32 $m9, [$m0 + SP_SLOT]
+        # Pass 1 of STAGE 0 on the slice: each group's `f16v4hsum` is added
+        # by the next group's first bundle (and once after the loop).
+        rpt $m5, 2
+        { ld64 $a0:1, [$m7]+=8 ; f32add $a2, $a2, $a3 }
+        f16v4hsum $a3, $a0:1
+        { shl $m9, $m9, 2 ; f32add $a2, $a2, $a3 }
+        rpt $m6, 3
+        ld16 $a0, [$m7]+=2
+        f16v2tof32 $a0:1, $a0
+        f32add $a2, $a2, $a0
+        st32 $a2, [$m2 + $m9]
+        exit
+
+        .elseif STAGE == 2
+# Registers: $m2 partials walk (PARTS[NPARTS] after the sum), $m4 NPARTS,
+# $m7 input walk, $m8 SCRATCH walk, $m5 groups, $m6 tail elements, $m9
+# COLS then 4 * SLOT; $a2 the row's sum then the mean, $a3 the partial
+# being added, $a4:5 the (mean, mean) pair, $a6:7 the sum of d^2 in two
+# lanes, $a15 1/COLS.
+        ld32 $m2, [$m0 + SP_PARTS]
+        ld32 $m4, [$m0 + SP_NPARTS]
+        ld32 $m9, [$m0 + SP_COLS]
+        # S = +0 + PARTS[0] + ...: each bundle adds the partial that the
+        # previous one loaded, so the first adds $a3's initial +0 (exact)
+        # and the last add follows the loop.
+        rpt $m4, 1
+        { ld32 $a3, [$m2]+=4 ; f32add $a2, $a2, $a3 }
+        { mov $a15, $m9 ; f32add $a2, $a2, $a3 }
+        { ld32 $m7, [$m0 + SP_IN] ; i32tof32 $a15, $a15 }
+        { ld32 $m8, [$m0 + SP_SCRATCH] ; f32recip $a15, $a15 }
+        { ld32 $m5, [$m0 + SP_QUADS] ; f32mul $a2, $a2, $a15 }
+        { ld64 $a0:1, [$m7]+=8 ; f32v2bcast $a4:5, $a2 }
+        ld32 $m6, [$m0 + SP_TAIL]
+        ld32 $m9, [$m0 + SP_SLOT]
+        shl $m9, $m9, 2
+        # Pass 2 of STAGE 0 on the slice: the loop loads the next group in
+        # its last bundle (the first was loaded above); the tail starts 8
+        # bytes back.
+        rpt $m5, 6
+        f16v2tof32 $a8:9, $a0
+        f16v2tof32 $a10:11, $a1
+        f32v2sub $a8:9, $a8:9, $a4:5
+        { st64 $a8:9, [$m8]+=8 ; f32v2sub $a10:11, $a10:11, $a4:5 }
+        { st64 $a10:11, [$m8]+=8 ; f32v2mac $a6:7, $a8:9, $a8:9 }
+        { ld64 $a0:1, [$m7]+=8 ; f32v2mac $a6:7, $a10:11, $a10:11 }
+        { add $m7, $m7, -8 ; f32v2hsum $a6, $a6:7 }
+        rpt $m6, 4
+        ld16 $a0, [$m7]+=2
+        f16v2tof32 $a0:1, $a0
+        f32sub $a0, $a0, $a4
+        { st32 $a0, [$m8]+=4 ; f32mac $a6, $a0, $a0 }
+        st32 $a6, [$m2 + $m9]
+        exit
+
+        .else
+# Registers: $m2 partials walk, $m4 NPARTS, $m9 COLS, $m10 groups - 1
+# (first 4 * NPARTS), $m7 output walk, $m8 SCRATCH walk, $m1 GAMMA walk,
+# $m14 BETA walk, $m5 groups, $m6 tail elements; $a2 the variance sum, $a3
+# the partial being added, $a6:7 the (r, r) pair, $a14 EPS, $a15 1/COLS;
+# pass 3 as in STAGE 0.
+        ld32 $m2, [$m0 + SP_PARTS]
+        ld32 $m4, [$m0 + SP_NPARTS]
+        ld32 $m9, [$m0 + SP_COLS]
+        shl $m10, $m4, 2
+        add $m2, $m2, $m10
+        # V = +0 + PARTS[NPARTS] + ..., as the mean's sum in stage 2.
+        rpt $m4, 1
+        { ld32 $a3, [$m2]+=4 ; f32add $a2, $a2, $a3 }
+        { mov $a15, $m9 ; f32add $a2, $a2, $a3 }
+        { ld32 $a14, [$m0 + SP_EPS] ; i32tof32 $a15, $a15 }
+        { ld32 $m7, [$m0 + SP_OUT] ; f32recip $a15, $a15 }
+        { ld32 $m8, [$m0 + SP_SCRATCH] ; f32mul $a6, $a2, $a15 }
+        { ld32 $m1, [$m0 + SP_GAMMA] ; f32add $a6, $a6, $a14 }
+        { ld32 $m14, [$m0 + SP_BETA] ; f32rsqrt $a6, $a6 }
+        { ld32 $m5, [$m0 + SP_QUADS] ; f32v2bcast $a6:7, $a6 }
+        ld32 $m6, [$m0 + SP_TAIL]
+        add $m10, $m5, -1
+
+        # Pass 3 of STAGE 0 on the slice (see there).
+        brz $m5, sp3_tail
+        ld64 $a0:1, [$m1]+=8
+        { ld64 $a2:3, [$m14]+=8 ; f16v2tof32 $a8:9, $a0 }
+        { ld64 $a0:1, [$m8]+=8 ; f16v2tof32 $a10:11, $a1 }
+        f16v2tof32 $a12:13, $a2
+        { ld64 $a2:3, [$m8]+=8 ; f16v2tof32 $a4:5, $a3 }
+        f32v2mul $a0:1, $a0:1, $a6:7
+        f32v2mul $a2:3, $a2:3, $a6:7
+        f32v2mac $a12:13, $a0:1, $a8:9
+        { ld64 $a0:1, [$m1]+=8 ; f32v2mac $a4:5, $a2:3, $a10:11 }
+        f32v2tof16 $a14, $a12:13
+        f32v2tof16 $a15, $a4:5
+        rpt $m10, 10
+        { ld64 $a2:3, [$m14]+=8 ; f16v2tof32 $a8:9, $a0 }
+        { ld64 $a0:1, [$m8]+=8 ; f16v2tof32 $a10:11, $a1 }
+        { st64 $a14:15, [$m7]+=8 ; f16v2tof32 $a12:13, $a2 }
+        { ld64 $a2:3, [$m8]+=8 ; f16v2tof32 $a4:5, $a3 }
+        f32v2mul $a0:1, $a0:1, $a6:7
+        f32v2mul $a2:3, $a2:3, $a6:7
+        f32v2mac $a12:13, $a0:1, $a8:9
+        { ld64 $a0:1, [$m1]+=8 ; f32v2mac $a4:5, $a2:3, $a10:11 }
+        f32v2tof16 $a14, $a12:13
+        f32v2tof16 $a15, $a4:5
+        st64 $a14:15, [$m7]+=8
+        # The loop's gamma walk ran one group ahead.
+        add $m1, $m1, -8
+sp3_tail:
+        rpt $m6, 7
+        ld16 $a0, [$m1]+=2
+        { ld16 $a2, [$m14]+=2 ; f16v2tof32 $a8:9, $a0 }
+        { ld32 $a0, [$m8]+=4 ; f16v2tof32 $a12:13, $a2 }
+        f32mul $a0, $a0, $a6
+        f32mac $a12, $a0, $a8
+        f32v2tof16 $a14, $a12:13
+        st16 $a14, [$m7]+=2
+        exit
+        .endif
+        .endif

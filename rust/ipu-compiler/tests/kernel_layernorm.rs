@@ -1,7 +1,9 @@
 //! device/layernorm_f16.S on one simulated tile, checked against the f64
 //! layer normalisation of `ipu_reference::ops::layernorm` on random inputs
 //! at edge shapes (1x1, 3x5, 17x19, 6x1152 and more), with one and six
-//! vertices, in place and not, and its cycles against `.cycles` and a bound.
+//! vertices, in place and not, and its cycles against `.cycles` and a bound;
+//! and the split kernels (STAGE 1, 2, 3) on rows of COLS 1 to 1155 cut into
+//! 1 to 6 slices, likewise, with their `.cycles` within 3%.
 //!
 //! Tolerance. The kernel keeps its statistics in f32 and rounds the output
 //! once to f16, so `|y - ref|` may be the f16 half-ulp `2^-11 |ref|` (plus
@@ -17,6 +19,19 @@
 //!   `|t gamma| eps_r` with `t = (x - mean) r`;
 //! - d = x - mean, t = d r and the fused multiply-add onto beta round three
 //!   times: `2^-22 (|t gamma| + |beta|)`.
+//!
+//! Split rows (STAGE 1, 2, 3: one row over NPARTS slices, three successive
+//! compute steps). Each slice forms its partial sums in STAGE 0's order,
+//! so the same bound holds with the partials' extra roundings: the mean
+//! adds NPARTS f32 partial sums (each rounding at most `2^-24` of a
+//! running sum bounded by `sum |x|`: `adds` grows by NPARTS), and the
+//! variance adds NPARTS partial sums of squares after NPARTS - 1 more
+//! `f32v2hsum` joins (all terms non-negative, so each of those fewer than
+//! `2 NPARTS` roundings is at most `2^-24` of the final sum: `eps_r` grows
+//! by `2 NPARTS 2^-25`). With NPARTS = 1 the outputs must moreover equal
+//! STAGE 0's bit for bit, and STAGE 1's partials are checked bit for bit
+//! against the exact op order (group sums exact in f64, rounded to f32,
+//! added in f32).
 
 mod kernel_common;
 
@@ -113,33 +128,17 @@ fn layernorm_case(case: &Case) -> u64 {
     let xf: Vec<f64> = x.iter().map(|&h| f16v(h)).collect();
     let gf: Vec<f64> = gamma.iter().map(|&h| f16v(h)).collect();
     let bf: Vec<f64> = beta.iter().map(|&h| f16v(h)).collect();
-    let reference = ipu_reference::ops::layernorm(&xf, cols, &gf, &bf, case.eps as f64);
-    let n = cols as f64;
     for r in 0..rows {
-        let row = &xf[r * cols..(r + 1) * cols];
-        let mean = row.iter().sum::<f64>() / n;
-        let var = row.iter().map(|v| (v - mean) * (v - mean)).sum::<f64>() / n;
-        let rstd = 1.0 / (var + case.eps as f64).sqrt();
-        let abs_sum: f64 = row.iter().map(|v| v.abs()).sum();
-        let adds = (cols / 4 + cols % 4 + 1) as f64;
-        let dm = adds * 2f64.powi(-24) * abs_sum / n + 2f64.powi(-23) * mean.abs();
-        let eps_r = (n / 2.0 + 6.0) * 2f64.powi(-25) + 2f64.powi(-23);
         let got = read_f16(&chip, out_base + (r * rs_out) as u32, cols);
-        for c in 0..cols {
-            let want = reference[r * cols + c];
-            let tg = ((row[c] - mean) * rstd * gf[c]).abs();
-            let tol = want.abs() * 2f64.powi(-11)
-                + 2f64.powi(-24)
-                + gf[c].abs() * rstd * dm
-                + tg * eps_r
-                + 2f64.powi(-22) * (tg + bf[c].abs());
-            let g = f16v(got[c]);
-            assert!(
-                (g - want).abs() <= tol,
-                "{label}: y[{r}, {c}] = {g} ({:#06x}), f64 reference {want}, tolerance {tol:e}",
-                got[c]
-            );
-        }
+        check_row(
+            &label,
+            r,
+            &xf[r * cols..(r + 1) * cols],
+            (&gf, &bf),
+            case.eps,
+            0,
+            &got,
+        );
         // The bytes between COLS and the row stride are untouched.
         let tail = chip
             .peek(
@@ -154,6 +153,47 @@ fn layernorm_case(case: &Case) -> u64 {
         );
     }
     cycles
+}
+
+/// Checks one output row `got` (f16 bits) of input `row` against the f64
+/// reference with the tolerance of the module documentation. `partials`
+/// is 0 for STAGE 0 and NPARTS for a row split over NPARTS slices (the
+/// f32 additions of the partial sums, see there).
+fn check_row(
+    label: &str,
+    r: usize,
+    row: &[f64],
+    (gf, bf): (&[f64], &[f64]),
+    eps: f32,
+    partials: usize,
+    got: &[u16],
+) {
+    let cols = row.len();
+    let reference = ipu_reference::ops::layernorm(row, cols, gf, bf, eps as f64);
+    let n = cols as f64;
+    let p = partials as f64;
+    let mean = row.iter().sum::<f64>() / n;
+    let var = row.iter().map(|v| (v - mean) * (v - mean)).sum::<f64>() / n;
+    let rstd = 1.0 / (var + eps as f64).sqrt();
+    let abs_sum: f64 = row.iter().map(|v| v.abs()).sum();
+    let adds = (cols / 4 + cols % 4 + 1) as f64 + p;
+    let dm = adds * 2f64.powi(-24) * abs_sum / n + 2f64.powi(-23) * mean.abs();
+    let eps_r = (n / 2.0 + 6.0 + 2.0 * p) * 2f64.powi(-25) + 2f64.powi(-23);
+    for c in 0..cols {
+        let want = reference[c];
+        let tg = ((row[c] - mean) * rstd * gf[c]).abs();
+        let tol = want.abs() * 2f64.powi(-11)
+            + 2f64.powi(-24)
+            + gf[c].abs() * rstd * dm
+            + tg * eps_r
+            + 2f64.powi(-22) * (tg + bf[c].abs());
+        let g = f16v(got[c]);
+        assert!(
+            (g - want).abs() <= tol,
+            "{label}: y[{r}, {c}] = {g} ({:#06x}), f64 reference {want}, tolerance {tol:e}",
+            got[c]
+        );
+    }
 }
 
 #[test]
@@ -284,4 +324,456 @@ fn layernorm_cycles_against_bounds() {
             "estimate {estimate} vs simulated {cycles}"
         );
     }
+}
+
+// ---------------------------------------------------------------------
+// Split rows: STAGE 1, 2, 3 (issue 5), one row over NPARTS slices.
+// ---------------------------------------------------------------------
+
+/// The split tests lay out every buffer from here on (interleaved memory,
+/// clear of the supervisor's code and data in region 0), poison the whole
+/// window first and compare it afterwards.
+const SPLIT_BASE: u32 = 0x80000;
+/// Words of the split kernels' vertex state.
+const SPLIT_STATE_WORDS: usize = 12;
+
+/// Hands out 8-aligned buffers with an 8-byte poisoned gap after each, so
+/// that a write past a buffer's end lands on a checked byte.
+struct Bump(u32);
+impl Bump {
+    fn take(&mut self, bytes: usize) -> u32 {
+        let at = self.0;
+        self.0 += (bytes as u32).div_ceil(8) * 8 + 8;
+        at
+    }
+}
+
+/// How a row's groups of four are cut into slices.
+#[derive(Clone, Copy, Debug)]
+enum Cut {
+    /// Near-equal slices (`i * groups / nparts` boundaries).
+    Even,
+    /// Random boundaries: uneven slices, and empty ones whenever two cuts
+    /// coincide (always when the row has fewer groups than slices).
+    Random,
+}
+
+struct SplitCase {
+    cols: usize,
+    /// NPARTS of each row of the tile (one row per entry).
+    nparts: Vec<usize>,
+    cut: Cut,
+    offset: f64,
+    spread: f64,
+    eps: f32,
+    in_place: bool,
+    seed: u64,
+    /// Also run this (row 0) slot's vertex alone in each stage, on the
+    /// memory the previous stage left, for its own cycles.
+    time_slot: Option<usize>,
+}
+
+/// Cycles of one split case: the tile's cycles of each stage (all its
+/// vertices, at most six at a time) and of `time_slot`'s vertex alone.
+struct SplitCycles {
+    step: [u64; 3],
+    alone: [u64; 3],
+}
+
+/// The slices of a row of `groups` groups: (first group, groups) per slot.
+fn cut_row(groups: usize, nparts: usize, cut: Cut, rng: &mut Rng) -> Vec<(usize, usize)> {
+    let mut bounds: Vec<usize> = match cut {
+        Cut::Even => (1..nparts).map(|i| i * groups / nparts).collect(),
+        Cut::Random => (1..nparts)
+            .map(|_| (rng.next() % (groups as u64 + 1)) as usize)
+            .collect(),
+    };
+    bounds.sort_unstable();
+    bounds.insert(0, 0);
+    bounds.push(groups);
+    bounds.windows(2).map(|w| (w[0], w[1] - w[0])).collect()
+}
+
+/// A row's STAGE 1 partials as the kernel must form them: per slice, each
+/// group's four f16 summed exactly (in f64) and rounded to f32, added in
+/// f32 in group order from +0, then the tail elements.
+fn stage1_partials(x: &[u16], slices: &[(usize, usize)]) -> Vec<u32> {
+    slices
+        .iter()
+        .enumerate()
+        .map(|(k, &(q0, quads))| {
+            let mut s = 0f32;
+            for g in x[4 * q0..4 * (q0 + quads)].chunks(4) {
+                s += g.iter().map(|&h| f16v(h)).sum::<f64>() as f32;
+            }
+            if k + 1 == slices.len() {
+                for &t in &x[x.len() & !3..] {
+                    s += f16v(t) as f32;
+                }
+            }
+            s.to_bits()
+        })
+        .collect()
+}
+
+/// Runs one split case through the three stages (three successive runs
+/// of the one-tile harness on the same memory window: every vertex of a
+/// stage finishes before the next stage starts, as between the
+/// compiler's `wsync`-separated steps), and checks: STAGE 1's partials bit
+/// for bit, every output against the f64 reference, rows with NPARTS = 1
+/// bit for bit against STAGE 0 on the same input, and every byte of the
+/// window outside the outputs, the scratch and the partials untouched.
+fn layernorm_split_case(case: &SplitCase) -> SplitCycles {
+    let cols = case.cols;
+    let rows = case.nparts.len();
+    let groups = cols / 4;
+    let mut rng = Rng(case.seed);
+    let label = format!(
+        "split layernorm cols {cols} nparts {:?} {:?} offset {} eps {} in place {}",
+        case.nparts, case.cut, case.offset, case.eps, case.in_place
+    );
+    let x: Vec<u16> = (0..rows * cols)
+        .map(|_| f64_to_f16_bits(case.offset + rng.uniform(-case.spread, case.spread)))
+        .collect();
+    let gamma: Vec<u16> = (0..cols)
+        .map(|_| f64_to_f16_bits(rng.uniform(-2.0, 2.0)))
+        .collect();
+    let beta: Vec<u16> = (0..cols)
+        .map(|_| f64_to_f16_bits(rng.uniform(-1.0, 1.0)))
+        .collect();
+    let slices: Vec<Vec<(usize, usize)>> = case
+        .nparts
+        .iter()
+        .map(|&n| cut_row(groups, n, case.cut, &mut rng))
+        .collect();
+
+    // Layout. A row of x takes its groups plus the over-read group, as
+    // STAGE 0's test rows do; gamma likewise.
+    let row_bytes = cols.div_ceil(4) * 8 + 8;
+    let mut bump = Bump(SPLIT_BASE);
+    let gamma_at = bump.take(row_bytes);
+    let beta_at = bump.take(row_bytes);
+    let in_at: Vec<u32> = (0..rows).map(|_| bump.take(row_bytes)).collect();
+    let out_at: Vec<u32> = if case.in_place {
+        in_at.clone()
+    } else {
+        (0..rows).map(|_| bump.take(row_bytes)).collect()
+    };
+    let scratch_at: Vec<u32> = (0..rows).map(|_| bump.take(4 * cols)).collect();
+    let parts_at: Vec<u32> = case.nparts.iter().map(|&n| bump.take(8 * n)).collect();
+    // STAGE 0's own output and scratch, for the bit-identity check (the
+    // split stages must leave them untouched too).
+    let stage0_out = bump.take(rows * row_bytes);
+    let stage0_scratch = bump.take(4 * cols + 8);
+    let window_len = (bump.0 - SPLIT_BASE) as usize;
+    assert!(
+        bump.0 <= 0xE8000,
+        "{label}: the layout overflows tile memory"
+    );
+
+    let mut window = vec![0xA5u8; window_len];
+    let mut put = |at: u32, bytes: &[u8]| {
+        let o = (at - SPLIT_BASE) as usize;
+        window[o..o + bytes.len()].copy_from_slice(bytes);
+    };
+    put(gamma_at, &f16_bytes(&gamma));
+    put(beta_at, &f16_bytes(&beta));
+    for r in 0..rows {
+        put(in_at[r], &f16_bytes(&x[r * cols..(r + 1) * cols]));
+    }
+    let initial = window.clone();
+    // The bytes the split stages may write.
+    let mut writable = vec![false; window_len];
+    let mut allow = |at: u32, len: usize| {
+        let o = (at - SPLIT_BASE) as usize;
+        writable[o..o + len].iter_mut().for_each(|w| *w = true);
+    };
+    for r in 0..rows {
+        allow(out_at[r], 2 * cols);
+        allow(scratch_at[r], 4 * cols);
+        allow(parts_at[r], 8 * case.nparts[r]);
+    }
+
+    // One state block per (row, slot), the same for the three stages.
+    let states: Vec<[u32; SPLIT_STATE_WORDS]> = (0..rows)
+        .flat_map(|r| {
+            let nparts = case.nparts[r];
+            slices[r]
+                .iter()
+                .enumerate()
+                .map(|(slot, &(q0, quads))| {
+                    let tail = if slot + 1 == nparts { cols & 3 } else { 0 };
+                    [
+                        in_at[r] + 8 * q0 as u32,
+                        out_at[r] + 8 * q0 as u32,
+                        quads as u32,
+                        tail as u32,
+                        cols as u32,
+                        gamma_at + 8 * q0 as u32,
+                        beta_at + 8 * q0 as u32,
+                        case.eps.to_bits(),
+                        scratch_at[r] + 16 * q0 as u32,
+                        parts_at[r],
+                        nparts as u32,
+                        slot as u32,
+                    ]
+                })
+                .collect::<Vec<_>>()
+        })
+        .collect();
+    let launch = |state: &[u32; SPLIT_STATE_WORDS]| Launch {
+        entry: "layernorm_f16".into(),
+        state: state.to_vec(),
+    };
+    let run_stage = |stage: i64, groups: &[Vec<Launch>], window: &[u8]| {
+        let defines = [("STAGE", stage)];
+        let (chip, cycles) = simulate(
+            &[Kernel {
+                file: "layernorm_f16.S",
+                defines: &defines,
+            }],
+            groups,
+            &[(SPLIT_BASE, window.to_vec())],
+        );
+        (chip.peek(0, SPLIT_BASE, window_len as u32).unwrap(), cycles)
+    };
+
+    let mut cycles = SplitCycles {
+        step: [0; 3],
+        alone: [0; 3],
+    };
+    for stage in 1..=3 {
+        if let Some(slot) = case.time_slot {
+            cycles.alone[stage - 1] =
+                run_stage(stage as i64, &[vec![launch(&states[slot])]], &window).1;
+        }
+        // At most six vertices run at once: a stage's vertices go in
+        // successive groups, all before the next stage.
+        let groups: Vec<Vec<Launch>> = states
+            .chunks(6)
+            .map(|chunk| chunk.iter().map(launch).collect())
+            .collect();
+        let (after, c) = run_stage(stage as i64, &groups, &window);
+        window = after;
+        cycles.step[stage - 1] = c;
+        if stage == 1 {
+            for r in 0..rows {
+                let want = stage1_partials(&x[r * cols..(r + 1) * cols], &slices[r]);
+                let o = (parts_at[r] - SPLIT_BASE) as usize;
+                let got: Vec<u32> = window[o..o + 4 * want.len()]
+                    .chunks(4)
+                    .map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+                    .collect();
+                assert_eq!(got, want, "{label}: row {r} STAGE 1 partials (f32 bits)");
+            }
+        }
+    }
+
+    let xf: Vec<f64> = x.iter().map(|&h| f16v(h)).collect();
+    let gf: Vec<f64> = gamma.iter().map(|&h| f16v(h)).collect();
+    let bf: Vec<f64> = beta.iter().map(|&h| f16v(h)).collect();
+    let row_out = |r: usize| -> Vec<u16> {
+        let o = (out_at[r] - SPLIT_BASE) as usize;
+        window[o..o + 2 * cols]
+            .chunks(2)
+            .map(|b| u16::from_le_bytes([b[0], b[1]]))
+            .collect()
+    };
+    for r in 0..rows {
+        check_row(
+            &label,
+            r,
+            &xf[r * cols..(r + 1) * cols],
+            (&gf, &bf),
+            case.eps,
+            case.nparts[r],
+            &row_out(r),
+        );
+    }
+    for (i, (&now, &was)) in window.iter().zip(&initial).enumerate() {
+        assert!(
+            writable[i] || now == was,
+            "{label}: byte {:#x} outside the outputs, scratch and partials changed: {was:#04x} -> {now:#04x}",
+            SPLIT_BASE as usize + i
+        );
+    }
+
+    // STAGE 0 on the same input: one vertex over all rows.
+    let (chip, _) = simulate(
+        &[Kernel {
+            file: "layernorm_f16.S",
+            defines: &[],
+        }],
+        &[vec![Launch {
+            entry: "layernorm_f16".into(),
+            state: vec![
+                in_at[0],
+                in_at.get(1).map_or(row_bytes as u32, |&a| a - in_at[0]),
+                stage0_out,
+                row_bytes as u32,
+                rows as u32,
+                cols as u32,
+                gamma_at,
+                beta_at,
+                case.eps.to_bits(),
+                stage0_scratch,
+            ],
+        }]],
+        &[(SPLIT_BASE, initial.clone())],
+    );
+    for r in 0..rows {
+        if case.nparts[r] == 1 {
+            let whole = read_f16(&chip, stage0_out + (r * row_bytes) as u32, cols);
+            assert_eq!(
+                row_out(r),
+                whole,
+                "{label}: row {r} with NPARTS = 1 differs from STAGE 0"
+            );
+        }
+    }
+    cycles
+}
+
+#[test]
+fn layernorm_split_matches_f64_reference_and_stage0() {
+    let mut seed = 100;
+    for cols in [1, 3, 4, 5, 19, 64, 1152, 1155] {
+        for (cut, in_place) in [
+            (Cut::Even, false),
+            (Cut::Random, true),
+            (Cut::Random, false),
+        ] {
+            seed += 1;
+            layernorm_split_case(&SplitCase {
+                cols,
+                nparts: vec![1, 2, 3, 4, 5, 6],
+                cut,
+                offset: 0.0,
+                spread: 3.0,
+                eps: 1e-6,
+                in_place,
+                seed,
+                time_slot: None,
+            });
+        }
+    }
+}
+
+#[test]
+fn layernorm_split_offsets_large_eps_and_mixed_rows() {
+    // A mean far from zero, a large epsilon, and rows split differently
+    // on one tile (vertices of one stage in several groups of six).
+    layernorm_split_case(&SplitCase {
+        cols: 1155,
+        nparts: vec![6, 1, 6, 3],
+        cut: Cut::Random,
+        offset: 24.0,
+        spread: 0.5,
+        eps: 1e-5,
+        in_place: true,
+        seed: 201,
+        time_slot: None,
+    });
+    layernorm_split_case(&SplitCase {
+        cols: 77,
+        nparts: vec![5, 5, 2, 1, 6],
+        cut: Cut::Even,
+        offset: 0.0,
+        spread: 0.1,
+        eps: 0.5,
+        in_place: false,
+        seed: 202,
+        time_slot: None,
+    });
+    layernorm_split_case(&SplitCase {
+        cols: 19,
+        nparts: vec![6, 6, 6, 6],
+        cut: Cut::Random,
+        offset: -1.0,
+        spread: 4.0,
+        eps: 1e-5,
+        in_place: false,
+        seed: 203,
+        time_slot: None,
+    });
+}
+
+#[test]
+fn layernorm_split_cycles_match_the_declared_formulas() {
+    // (COLS, NPARTS, cut, timed slot): the ViT row (1152 over six), its
+    // tail variant, one slice of a whole row, and small slices where the
+    // constants dominate (an empty slice, a tail-only slice).
+    let cases = [
+        (1152, 6, Cut::Even, 5),
+        (1155, 6, Cut::Even, 5),
+        (1155, 1, Cut::Even, 0),
+        (64, 6, Cut::Even, 0),
+        (19, 4, Cut::Even, 3),
+        (3, 2, Cut::Even, 0),
+        (3, 2, Cut::Even, 1),
+    ];
+    let mut outside = Vec::new();
+    for (i, &(cols, nparts, cut, slot)) in cases.iter().enumerate() {
+        let measured = layernorm_split_case(&SplitCase {
+            cols,
+            nparts: vec![nparts],
+            cut,
+            offset: 0.0,
+            spread: 3.0,
+            eps: 1e-6,
+            in_place: false,
+            seed: 300 + i as u64,
+            time_slot: Some(slot),
+        });
+        let slices = cut_row(cols / 4, nparts, cut, &mut Rng(0));
+        let vars = |s: usize| {
+            let tail = if s + 1 == nparts { cols & 3 } else { 0 };
+            [
+                ("QUADS", slices[s].1 as u64),
+                ("TAIL", tail as u64),
+                ("NPARTS", nparts as u64),
+            ]
+        };
+        let mut declared_sum = 0;
+        for stage in 1..=3 {
+            let defines = [("STAGE", stage as i64)];
+            let declared = declared_cycles("layernorm_f16.S", &defines, &vars(slot));
+            let slowest = (0..nparts)
+                .map(|s| declared_cycles("layernorm_f16.S", &defines, &vars(s)))
+                .max()
+                .unwrap();
+            declared_sum += slowest;
+            let alone = measured.alone[stage - 1];
+            println!(
+                "layernorm_f16 STAGE={stage} COLS {cols} over {nparts}, slot {slot} alone: simulated {alone}, .cycles {declared}; all {nparts} vertices: simulated {}, slowest .cycles {slowest}",
+                measured.step[stage - 1]
+            );
+            let ratio = declared as f64 / alone as f64;
+            if !(0.97..1.03).contains(&ratio) {
+                outside.push(format!(
+                    "STAGE={stage} COLS {cols} NPARTS {nparts} slot {slot}: .cycles {declared} vs simulated {alone}"
+                ));
+            }
+        }
+        println!(
+            "layernorm_f16 split COLS {cols} over {nparts}: three stages simulated {} cycles, slowest .cycles summed {declared_sum}",
+            measured.step.iter().sum::<u64>()
+        );
+    }
+    assert!(
+        outside.is_empty(),
+        "declared cycles off by 3% or more:\n{}",
+        outside.join("\n")
+    );
+}
+
+#[test]
+fn layernorm_stage_out_of_range_is_a_clear_error() {
+    let Err(err) = assemble("layernorm_f16.S", &[("STAGE", 4)]) else {
+        panic!("STAGE=4 must not assemble");
+    };
+    assert!(
+        err.to_string().contains("STAGE must be 0"),
+        "unexpected error: {err}"
+    );
 }
