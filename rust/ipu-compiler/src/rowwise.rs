@@ -9,7 +9,13 @@
 //! tile: `layernorm_f16`, `softmax_rows`, `cast`, or `reduce_f32` with f16
 //! partials (IN=16), which
 //! sums P = 2 partials for a residual add, and with P = 1 applies the bias
-//! (EPI 1) or GELU (EPI 3) epilogue.
+//! (EPI 1) or GELU (EPI 3) epilogue. Element-wise kernels split a row's
+//! groups over the workers when a tile has fewer rows than workers; a layer
+//! norm on tiles of at most three rows splits each row into slices over the
+//! workers when that is cheaper by the kernels' formulas, as three compute
+//! steps (`layernorm_f16` STAGE 1: the slices' sums; 2: d = x - mean into
+//! the row's f32 scratch and the slices' sums of d^2; 3: the output), the
+//! slices' partial sums in a `row_parts` buffer of 48 bytes per row.
 //!
 //! Storage: every row takes `ceil(N / 4) * 8` bytes (the kernels work in
 //! groups of four elements; padding lanes start as zeros and only ever hold
@@ -101,13 +107,34 @@ struct PlanBuffer {
     category: &'static str,
 }
 
-/// The layer-norm kernel.
-pub fn layernorm_request() -> KernelRequest {
+/// The layer-norm kernel: STAGE 0 normalises whole rows, one worker per
+/// row; STAGE 1, 2 and 3 are the successive steps of rows split into
+/// slices over several workers (partial sums, then d = x - mean with the
+/// partial sums of d^2, then the output).
+pub fn layernorm_request(stage: i64) -> KernelRequest {
     KernelRequest {
         entry: "layernorm_f16".into(),
         source: "layernorm_f16.S".into(),
-        params: BTreeMap::new(),
+        params: [("STAGE".to_string(), stage)].into_iter().collect(),
     }
+}
+
+/// Bytes of one row's partial sums in a split layer norm: the sums of x,
+/// then the sums of d^2, one f32 per slice each.
+const LN_PARTS_BYTES: u32 = 2 * 4 * ipu_arch::WORKER_CONTEXTS;
+
+/// Slices of each row of a layer norm on a tile with `rows` rows of
+/// `quads` groups of four: the workers a row can have to itself, at most
+/// one slice per group.
+fn layernorm_slices(rows: u32, quads: u32) -> u32 {
+    (ipu_arch::WORKER_CONTEXTS / rows.max(1)).min(quads).max(1)
+}
+
+/// Group ranges of a row's slices: even contiguous shares.
+fn slice_groups(quads: u32, slices: u32) -> Vec<(u32, u32)> {
+    (0..slices)
+        .map(|j| (j * quads / slices, (j + 1) * quads / slices))
+        .collect()
 }
 
 /// The row softmax kernel.
@@ -453,6 +480,23 @@ pub fn lower(
         let r0 = (t * per_tile).min(m);
         (r0, ((t + 1) * per_tile).min(m))
     };
+    // A layer norm whose tiles hold at most three rows can give each row
+    // two or more workers (STAGE 1-3); their partial sums need a few bytes
+    // per row.
+    let ln_parts = (ops.iter().any(|o| matches!(o.work, Work::LayerNorm { .. }))
+        && 2 * per_tile <= ipu_arch::WORKER_CONTEXTS)
+        .then(|| {
+            plan.push(PlanBuffer {
+                name: format!("{}.row_parts", graph.name()),
+                n: 0,
+                eb: 1,
+                sections: 1,
+                vector: true,
+                slack: per_tile * LN_PARTS_BYTES,
+                category: "rowwise_scratch",
+            });
+            plan.len() - 1
+        });
     let mut buffers: BTreeMap<u32, Vec<BufferSpec>> =
         (0..tile_count).map(|t| (t, Vec::new())).collect();
     for t in 0..used {
@@ -499,8 +543,133 @@ pub fn lower(
     let mut steps = Vec::new();
     let mut reports = Vec::new();
     for op in &ops {
+        if let (Work::LayerNorm { epsilon }, Some(parts)) = (op.work, ln_parts) {
+            let quads = op.n / 4;
+            let slices = layernorm_slices(per_tile, quads);
+            let whole =
+                crate::kernel_formula(library, &layernorm_request(0), &["ROWS", "COLS"])?.eval(&[
+                    ("ROWS", per_tile.div_ceil(ipu_arch::WORKER_CONTEXTS) as i64),
+                    ("COLS", op.n as i64),
+                ]) + launch_cycles(per_tile.min(ipu_arch::WORKER_CONTEXTS) as u64);
+            let mut stages = Vec::new();
+            for stage in 1..=3 {
+                let request = layernorm_request(stage);
+                let formula =
+                    crate::kernel_formula(library, &request, &["QUADS", "TAIL", "NPARTS"])?;
+                stages.push((stage, request, formula));
+            }
+            // The slowest tile holds `per_tile` rows; its slowest slice
+            // has the most groups and, being the last, the tail.
+            let widest = slice_groups(quads, slices)
+                .iter()
+                .map(|g| g.1 - g.0)
+                .max()
+                .unwrap_or(0);
+            let split: u64 = stages
+                .iter_mut()
+                .map(|(_, _, f)| {
+                    f.eval(&[
+                        ("QUADS", widest as i64),
+                        ("TAIL", (op.n % 4) as i64),
+                        ("NPARTS", slices as i64),
+                    ]) + launch_cycles((per_tile * slices) as u64)
+                })
+                .sum();
+            if slices >= 2 && split < whole {
+                let (sb, sbytes) = scratch.expect("layer norms have scratch");
+                let x = homes[&op.rows[0]];
+                let out = homes[&op.result];
+                let stride = row_stride(op.n, 2);
+                let mut estimated = 0;
+                for (stage, request, formula) in &mut stages {
+                    let mut step = Step {
+                        operation: name(op.result),
+                        phase: format!("layernorm {} (stage {stage} of 3)", name(op.result)),
+                        tiles: BTreeMap::new(),
+                        estimated_cycles: 0,
+                        exchange: None,
+                    };
+                    for t in 0..used {
+                        let (r0, r1) = rows_of(t);
+                        let rows = r1 - r0;
+                        let slices = layernorm_slices(rows, quads);
+                        let groups = slice_groups(quads, slices);
+                        let mut vertices = Vec::new();
+                        let mut slowest = 0;
+                        for r in 0..rows {
+                            for (j, &(q0, q1)) in groups.iter().enumerate() {
+                                let tail = if j + 1 == groups.len() { op.n % 4 } else { 0 };
+                                let at = |h: Home, bytes: u32| StateWord::Addr {
+                                    buffer: h.buffer,
+                                    offset: h.section * rows * stride + r * stride + bytes,
+                                };
+                                let vector = |v: ValueId| StateWord::Addr {
+                                    buffer: vectors[&v],
+                                    offset: q0 * 8,
+                                };
+                                vertices.push(Vertex {
+                                    kernel: request.clone(),
+                                    state: vec![
+                                        at(x, q0 * 8),
+                                        at(out, q0 * 8),
+                                        StateWord::Const(q1 - q0),
+                                        StateWord::Const(tail),
+                                        StateWord::Const(op.n),
+                                        vector(op.vectors[0]),
+                                        vector(op.vectors[1]),
+                                        StateWord::Const((epsilon as f32).to_bits()),
+                                        StateWord::Addr {
+                                            buffer: sb,
+                                            offset: r * sbytes + q0 * 16,
+                                        },
+                                        StateWord::Addr {
+                                            buffer: parts,
+                                            offset: r * LN_PARTS_BYTES,
+                                        },
+                                        StateWord::Const(slices),
+                                        StateWord::Const(j as u32),
+                                    ],
+                                });
+                                slowest = slowest.max(formula.eval(&[
+                                    ("QUADS", (q1 - q0) as i64),
+                                    ("TAIL", tail as i64),
+                                    ("NPARTS", slices as i64),
+                                ]));
+                            }
+                        }
+                        step.estimated_cycles = step
+                            .estimated_cycles
+                            .max(slowest + launch_cycles(vertices.len() as u64));
+                        step.tiles.insert(t, vertices);
+                    }
+                    estimated += step.estimated_cycles;
+                    steps.push(step);
+                }
+                reports.push(json!({
+                    "value": name(op.result),
+                    "operation": "layernorm",
+                    "shape": [m, op.n],
+                    "kernel": "layernorm_f16 STAGE=1..3",
+                    "tiles": used,
+                    "rows_per_tile": per_tile,
+                    "slices_per_row": slices,
+                    "estimated_cycles": estimated,
+                }));
+                tracing::info!(
+                    value = %name(op.result),
+                    kernel = "layernorm_f16 STAGE=1..3",
+                    tiles = used,
+                    rows_per_tile = per_tile,
+                    slices_per_row = slices,
+                    estimated_cycles = estimated,
+                    whole_row_estimated_cycles = whole,
+                    "row-wise operation planned"
+                );
+                continue;
+            }
+        }
         let request = match op.work {
-            Work::LayerNorm { .. } => layernorm_request(),
+            Work::LayerNorm { .. } => layernorm_request(0),
             Work::Softmax => softmax_request(),
             Work::Reduce { epi, .. } => crate::reduce_kernel_f16_partials(epi),
             Work::Cast { from, to, scale } => cast_request(from, to, scale),
@@ -784,4 +953,34 @@ pub fn lower(
         Lowered::two_calls(graph, tile_count, buffers, (vec![], steps), tensors),
         reports,
     ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every group of a row lands in exactly one slice, slices are ordered
+    /// and nonempty, and a row never gets more slices than its tile's
+    /// workers can run side by side.
+    #[test]
+    fn layer_norm_slices_cover_each_row_once() {
+        for rows in 1..=6 {
+            for quads in 0..=300 {
+                let slices = layernorm_slices(rows, quads);
+                assert!(slices >= 1 && rows * slices <= ipu_arch::WORKER_CONTEXTS.max(rows));
+                let groups = slice_groups(quads, slices);
+                assert_eq!(groups.len() as u32, slices);
+                let mut next = 0;
+                for &(q0, q1) in &groups {
+                    assert_eq!(q0, next, "rows {rows} quads {quads}: {groups:?}");
+                    assert!(q1 > q0 || quads == 0, "empty slice: {groups:?}");
+                    next = q1;
+                }
+                assert_eq!(next, quads);
+            }
+        }
+        assert_eq!(layernorm_slices(1, 288), 6);
+        assert_eq!(layernorm_slices(2, 288), 3);
+        assert_eq!(layernorm_slices(1, 3), 3);
+    }
 }
