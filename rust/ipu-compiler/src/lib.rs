@@ -737,15 +737,19 @@ fn plan_and_lower(
                     reason: "an fp8 GEMM accumulates in f16 on the AMP; an f32 result of it is not lowered yet".into(),
                 });
             }
-            // How this GEMM accumulates (see [`Accumulation`]). A segment
-            // of a segmented model keeps f32 under Auto: the chains' faster
-            // plans fill region 1, and the join then finds no room for the
-            // values and exchange tables that outlive the segment
-            // (docs/compiler.md, "Precision").
+            // How this GEMM accumulates (see [`Accumulation`]). An
+            // attention projection in a segment of a segmented model keeps
+            // f32 under Auto: its chains' faster plans take much larger A
+            // shards, and the join then finds no room for the values and
+            // weights that outlive the segment (docs/compiler.md,
+            // "Precision"). The segments' other GEMMs take chains.
+            let projection = blocks
+                .iter()
+                .any(|b| [b.q, b.k, b.v].iter().any(|&g| groups[g].gemm == group.gemm));
             let chain_blocks = f16_chain_blocks(k);
             let chains_possible = fp8_scale.is_none()
                 && !f32_result
-                && tile_count_override.is_none()
+                && (tile_count_override.is_none() || !projection)
                 && chain_blocks >= F16_CHAIN_MIN_BLOCKS
                 && k.div_ceil(16) <= ipu_arch::WORKER_CONTEXTS * chain_blocks;
             let mode = match options.accumulation {
@@ -758,14 +762,7 @@ fn plan_and_lower(
             let a_param = graph.value(node.args[0]).def == ipu_graph::ValueDef::Param;
             // K^T (row layout), Q^T and V^T (column layout) move as runs of
             // keys or queries in 4-byte words.
-            let row_align = if blocks
-                .iter()
-                .any(|b| [b.q, b.k, b.v].iter().any(|&g| groups[g].gemm == group.gemm))
-            {
-                2
-            } else {
-                1
-            };
+            let row_align = if projection { 2 } else { 1 };
             let mut setup = |mode: AccumulationMode| -> Result<_, CompileError> {
                 let f16_accumulation = mode != AccumulationMode::F32;
                 let chains = mode == AccumulationMode::F16Chains;
