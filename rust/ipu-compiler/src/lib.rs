@@ -841,7 +841,7 @@ fn plan_and_lower(
                 && mode == AccumulationMode::F32
                 && fp8_scale.is_none()
                 && !f32_result
-                && tile_count_override.is_none())
+                && (tile_count_override.is_none() || !projection))
             .then(|| setup(AccumulationMode::F16).ok())
             .flatten();
             planned.push((geometry, (request, reduce_request), cost, result.name.clone(), fallback, streamed_f16));
@@ -1558,9 +1558,9 @@ fn lower_segments(
 /// its own buffers; the joins between segments put their exchange tables
 /// in region 0 too, sized only once they are scheduled. When a tile's
 /// region 0 then overflows, the model is compiled again with a quarter of
-/// the attention's share (twice at most): the ViT block's 4-split plan
-/// (45 KB of states on split 0) left too little room for its joins'
-/// ~100 KB of tables, its 2-split plan fits.
+/// the attention's share (twice at most). The ViT block needed it while
+/// its weight joins moved one transfer per weight row (~100 KB of tables
+/// beside its 4-split plan's 45 KB of states on split 0).
 pub fn compile(options: &CompileOptions) -> Result<CompileOutput, CompileError> {
     let mut region0 = plan::STANDARD_BUDGET / 2;
     loop {

@@ -338,7 +338,7 @@ fn transfers_between(
             });
         }
     }
-    let mut out = Vec::new();
+    let mut out: Vec<BufferTransfer> = Vec::new();
     for ((source, bytes), mut destinations) in pieces {
         destinations.sort();
         // One destination per tile and transfer.
@@ -346,28 +346,101 @@ fn transfers_between(
             let mut seen = BTreeSet::new();
             let (now, later): (Vec<BufferRef>, Vec<BufferRef>) =
                 destinations.into_iter().partition(|d| seen.insert(d.tile));
-            out.push(BufferTransfer {
+            let t = BufferTransfer {
                 source,
                 destinations: now,
                 bytes,
-            });
+            };
+            // Pieces are visited in source order: one that continues the
+            // previous transfer's source run and every one of its
+            // destination runs joins it, so a row-by-row layout on both
+            // sides moves as one transfer (one descriptor per tile) instead
+            // of one per row.
+            match out.last_mut() {
+                Some(last) if continues(last, &t) => last.bytes += t.bytes,
+                _ => out.push(t),
+            }
             destinations = later;
         }
     }
     Ok(out)
 }
 
-/// A parameter's home: its bytes in equal 4-byte-aligned runs over all
+/// Whether `next` starts where `last` ends, at its source and at each of
+/// its destinations (same tiles and buffers, in the same order).
+fn continues(last: &BufferTransfer, next: &BufferTransfer) -> bool {
+    let after = |r: &BufferRef, other: &BufferRef| {
+        r.tile == other.tile && r.buffer == other.buffer && r.offset + last.bytes == other.offset
+    };
+    after(&last.source, &next.source)
+        && last.destinations.len() == next.destinations.len()
+        && last
+            .destinations
+            .iter()
+            .zip(&next.destinations)
+            .all(|(l, n)| after(l, n))
+}
+
+/// A parameter's home: its bytes in equal 4-byte-aligned chunks over all
 /// tiles (one persistent buffer per tile that holds some), written once by
-/// the initialize call.
+/// the initialize call. The bytes are laid out in the order of the copies
+/// the segment reads (`to`: each destination buffer's pieces in buffer
+/// order, every host byte once), so that a destination buffer is a few
+/// contiguous runs of the homes and its exchange a few transfers, not one
+/// per weight row.
 fn param_home(
     t: &HostTensor,
+    to: &[HostPlacement],
     tile_count: u32,
     buffers: &mut BTreeMap<u32, Vec<crate::lower::BufferSpec>>,
 ) -> Vec<HostPlacement> {
     let total = t.ty.bytes();
+    // The home order: host runs (offset, bytes) as the destinations hold
+    // them, each host byte at its first appearance, then any byte no
+    // destination reads, in host order.
+    let mut order: Vec<&HostPlacement> = to.iter().collect();
+    order.sort_by_key(|p| (p.tile, p.buffer, p.buffer_offset));
+    let mut covered: BTreeMap<u64, u64> = BTreeMap::new();
+    let mut runs: Vec<(u64, u64)> = Vec::new();
+    let mut take = |start: u64, end: u64, runs: &mut Vec<(u64, u64)>| {
+        // The parts of start..end no earlier run took.
+        let mut at = start;
+        let overlapping: Vec<(u64, u64)> = covered
+            .range(..end)
+            .filter(|(_, &e)| e > start)
+            .map(|(&s, &e)| (s, e))
+            .collect();
+        for (s, e) in overlapping {
+            if s > at {
+                runs.push((at, s - at));
+            }
+            at = at.max(e);
+        }
+        if at < end {
+            runs.push((at, end - at));
+        }
+        // Merge start..end into the covered set.
+        let (mut s0, mut e0) = (start, end);
+        let merged: Vec<u64> = covered
+            .range(..=end)
+            .filter(|(_, &e)| e >= start)
+            .map(|(&s, _)| s)
+            .collect();
+        for s in merged {
+            let e = covered.remove(&s).expect("listed above");
+            s0 = s0.min(s);
+            e0 = e0.max(e);
+        }
+        covered.insert(s0, e0);
+    };
+    for p in order {
+        take(p.host_offset, p.host_offset + p.bytes as u64, &mut runs);
+    }
+    take(0, total, &mut runs);
     let chunk = total.div_ceil(tile_count as u64).div_ceil(4) * 4;
     let mut out = Vec::new();
+    let mut runs = runs.into_iter().peekable();
+    let mut pending: Option<(u64, u64)> = None;
     for tile in 0..tile_count {
         let start = tile as u64 * chunk;
         if start >= total {
@@ -386,13 +459,26 @@ fn param_home(
             scratch: None,
             lifetime: None,
         });
-        out.push(HostPlacement {
-            tile,
-            buffer: bufs.len() - 1,
-            buffer_offset: 0,
-            host_offset: start,
-            bytes,
-        });
+        let buffer = bufs.len() - 1;
+        // Fill this chunk with the next runs, splitting one at its end.
+        let mut filled = 0u32;
+        while filled < bytes {
+            let Some((h, n)) = pending.take().or_else(|| runs.next()) else {
+                break;
+            };
+            let part = n.min((bytes - filled) as u64);
+            out.push(HostPlacement {
+                tile,
+                buffer,
+                buffer_offset: filled,
+                host_offset: h,
+                bytes: part as u32,
+            });
+            filled += part as u32;
+            if part < n {
+                pending = Some((h + part, n - part));
+            }
+        }
     }
     out
 }
@@ -521,7 +607,7 @@ pub fn join(
                 if !moved.is_empty() {
                     let home = homes
                         .entry(t.name.clone())
-                        .or_insert_with(|| param_home(&t, tile_count, &mut buffers));
+                        .or_insert_with(|| param_home(&t, &moved, tile_count, &mut buffers));
                     transfers.extend(transfers_between(&t.name, home, &moved)?);
                     whole_segment.extend(
                         moved
@@ -660,6 +746,55 @@ pub fn first_overflow(l: &Lowered) -> Option<CompileError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A weight [8, 12] f16 read by two row parts (tiles 0-1 and 2-3) as
+    /// two column shards each (8 and 4 columns, one piece per weight row):
+    /// its home holds every byte once, the homes are balanced, and the
+    /// moves into the shards coalesce into a few transfers per shard
+    /// instead of one per row, each delivering to both row parts.
+    #[test]
+    fn a_weight_home_follows_its_readers_and_moves_in_few_transfers() {
+        let (rows, cols) = (8u32, 12u32);
+        let t = HostTensor {
+            name: "w".into(),
+            ty: ipu_graph::TensorType::new(ipu_graph::DType::F16, [rows as usize, cols as usize]),
+            placements: vec![],
+        };
+        let mut to = Vec::new();
+        for (tile, c0, width) in [(0, 0, 8), (1, 8, 4), (2, 0, 8), (3, 8, 4)] {
+            for r in 0..rows {
+                to.push(HostPlacement {
+                    tile,
+                    buffer: 0,
+                    buffer_offset: r * width * 2,
+                    host_offset: ((r * cols + c0) * 2) as u64,
+                    bytes: width * 2,
+                });
+            }
+        }
+        let tiles = 4;
+        let mut buffers: BTreeMap<u32, Vec<crate::lower::BufferSpec>> =
+            (0..tiles).map(|t| (t, Vec::new())).collect();
+        let home = param_home(&t, &to, tiles, &mut buffers);
+        let mut bytes = vec![0u32; (rows * cols * 2) as usize];
+        for p in &home {
+            for b in p.host_offset..p.host_offset + p.bytes as u64 {
+                bytes[b as usize] += 1;
+            }
+        }
+        assert!(bytes.iter().all(|&n| n == 1), "{home:?}");
+        let sizes: Vec<u32> = (0..tiles).map(|t| buffers[&t][0].bytes).collect();
+        assert_eq!(sizes, vec![48; 4]);
+        let transfers = transfers_between("w", &home, &to).unwrap();
+        // 192 bytes in 48-byte homes: the 128-byte shard comes from three
+        // homes, the 64-byte one from two (home 2 holds the end of the
+        // first and the start of the second): 5 transfers where rows
+        // would take 16.
+        assert_eq!(transfers.len(), 5, "{transfers:?}");
+        assert!(transfers.iter().all(|t| t.destinations.len() == 2));
+        let delivered: u32 = transfers.iter().map(|t| t.bytes).sum();
+        assert_eq!(delivered, rows * cols * 2);
+    }
 
     fn kinds(text: &str) -> Vec<(Kind, Vec<String>, Vec<String>)> {
         let g = ipu_graph::parse("t.ipug", text).unwrap();
