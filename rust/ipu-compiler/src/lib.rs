@@ -456,9 +456,15 @@ fn timeline_cycles(l: &lower::Lowered) -> u64 {
     clock.into_iter().max().unwrap_or(0)
 }
 
-/// Region-1 bytes each segment of a segmented model leaves to the buffers
-/// that outlive segments (one interleaved memory element).
-const SEGMENT_REGION1_RESERVE: u64 = 0;
+/// Region-1 bytes the projections of a segment with attention leave to the
+/// buffers that outlive the segment: the other segments' weights and the
+/// values segments pass on, which are placed only when the segments are
+/// joined. Without it the projections' f16 chains take the fastest plan of
+/// all of region 1 (124-row A shards, 286 KB a tile, on the ViT block) and
+/// the join overflows even with every weight streamed; with three
+/// interleaved elements left they keep 13 x 36 shards (ViT block 504,479
+/// -> 465,281 simulated cycles). The other segments plan with all of it.
+const SEGMENT_ATTENTION_REGION1_RESERVE: u64 = 96 * 1024;
 
 /// What planning and lowering one segment (or the whole graph) produced.
 pub(crate) struct SegmentLowered {
@@ -689,8 +695,8 @@ fn plan_and_lower(
     // A segment's plans leave room for what stays in region 1 across all
     // segments (the values they pass on, buffers zeroed at load) and the
     // element boundary above it.
-    let reserve = if tile_count_override.is_some() {
-        SEGMENT_REGION1_RESERVE
+    let reserve = if tile_count_override.is_some() && disjoint_groups {
+        SEGMENT_ATTENTION_REGION1_RESERVE
     } else {
         0
     };
@@ -737,19 +743,13 @@ fn plan_and_lower(
                     reason: "an fp8 GEMM accumulates in f16 on the AMP; an f32 result of it is not lowered yet".into(),
                 });
             }
-            // How this GEMM accumulates (see [`Accumulation`]). An
-            // attention projection in a segment of a segmented model keeps
-            // f32 under Auto: its chains' faster plans take much larger A
-            // shards, and the join then finds no room for the values and
-            // weights that outlive the segment (docs/compiler.md,
-            // "Precision"). The segments' other GEMMs take chains.
+            // How this GEMM accumulates (see [`Accumulation`]).
             let projection = blocks
                 .iter()
                 .any(|b| [b.q, b.k, b.v].iter().any(|&g| groups[g].gemm == group.gemm));
             let chain_blocks = f16_chain_blocks(k);
             let chains_possible = fp8_scale.is_none()
                 && !f32_result
-                && (tile_count_override.is_none() || !projection)
                 && chain_blocks >= F16_CHAIN_MIN_BLOCKS
                 && k.div_ceil(16) <= ipu_arch::WORKER_CONTEXTS * chain_blocks;
             let mode = match options.accumulation {
@@ -840,8 +840,7 @@ fn plan_and_lower(
             let streamed_f16 = (options.accumulation == Accumulation::Auto
                 && mode == AccumulationMode::F32
                 && fp8_scale.is_none()
-                && !f32_result
-                && (tile_count_override.is_none() || !projection))
+                && !f32_result)
             .then(|| setup(AccumulationMode::F16).ok())
             .flatten();
             planned.push((geometry, (request, reduce_request), cost, result.name.clone(), fallback, streamed_f16));
