@@ -39,9 +39,9 @@
 //!    every other split of its (head, query block) into slots after its
 //!    own O^T, d / splits + 1 rows per split where one tile used to
 //!    receive every split's whole state. A segment of a segmented model
-//!    keeps that older way (split 0 combines whole rows): its output moves
-//!    on through a join, whose region-0 exchange tables grow with every
-//!    piece of a row.
+//!    compiled again after a region-0 overflow keeps that older way (split
+//!    0 combines whole rows): its output moves on through a join, whose
+//!    region-0 exchange tables grow with every piece of a row.
 //! 8. `attention_cols_final` on every split's tile, for its head columns:
 //!    out = f16(sum_i a_i O^T_i / sum_i a_i l_i) with a_i = exp(m_i - max
 //!    m), written as the part of the rows the host reads as `y`. Its
