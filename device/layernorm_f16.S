@@ -94,6 +94,75 @@
         .endif
         .workers 6
 
+# The loops every stage shares, one definition each (the STAGE 0 passes
+# and the split stages run the same per-group code on a row or a slice).
+
+# Pass 2's loop: d = x - mean (the pair $a4:5) into the SCRATCH walk $m8
+# and the sum of d^2 into $a6 (two lanes joined after the groups), over
+# $m5 groups from the input walk $m7, whose first group is already in
+# $a0:1 (the loop loads the next group in its last bundle), then $m6 tail
+# elements starting 8 bytes back.
+        .macro PASS2_LOOP
+        rpt $m5, 6
+        f16v2tof32 $a8:9, $a0
+        f16v2tof32 $a10:11, $a1
+        f32v2sub $a8:9, $a8:9, $a4:5
+        { st64 $a8:9, [$m8]+=8 ; f32v2sub $a10:11, $a10:11, $a4:5 }
+        { st64 $a10:11, [$m8]+=8 ; f32v2mac $a6:7, $a8:9, $a8:9 }
+        { ld64 $a0:1, [$m7]+=8 ; f32v2mac $a6:7, $a10:11, $a10:11 }
+        { add $m7, $m7, -8 ; f32v2hsum $a6, $a6:7 }
+        rpt $m6, 4
+        ld16 $a0, [$m7]+=2
+        f16v2tof32 $a0:1, $a0
+        f32sub $a0, $a0, $a4
+        { st32 $a0, [$m8]+=4 ; f32mac $a6, $a0, $a0 }
+        .endm
+
+# Pass 3: y = f16(d * r * gamma + beta) with r in the pair $a6:7, over $m5
+# groups ($m10 = groups - 1) and $m6 tail elements: d from the SCRATCH walk
+# $m8, gamma from $m1, beta from $m14, y to the output walk $m7. gamma and
+# beta convert to f32 in registers ($a8:11 and $a12:13, $a4:5); beta is the
+# accumulator of the fused multiply-add. Each group's output is stored by
+# the next group's third bundle, so the first group runs without a store
+# before the loop and the last store follows it.
+        .macro PASS3
+        brz $m5, pass3_tail\@
+        ld64 $a0:1, [$m1]+=8
+        { ld64 $a2:3, [$m14]+=8 ; f16v2tof32 $a8:9, $a0 }
+        { ld64 $a0:1, [$m8]+=8 ; f16v2tof32 $a10:11, $a1 }
+        f16v2tof32 $a12:13, $a2
+        { ld64 $a2:3, [$m8]+=8 ; f16v2tof32 $a4:5, $a3 }
+        f32v2mul $a0:1, $a0:1, $a6:7
+        f32v2mul $a2:3, $a2:3, $a6:7
+        f32v2mac $a12:13, $a0:1, $a8:9
+        { ld64 $a0:1, [$m1]+=8 ; f32v2mac $a4:5, $a2:3, $a10:11 }
+        f32v2tof16 $a14, $a12:13
+        f32v2tof16 $a15, $a4:5
+        rpt $m10, 10
+        { ld64 $a2:3, [$m14]+=8 ; f16v2tof32 $a8:9, $a0 }
+        { ld64 $a0:1, [$m8]+=8 ; f16v2tof32 $a10:11, $a1 }
+        { st64 $a14:15, [$m7]+=8 ; f16v2tof32 $a12:13, $a2 }
+        { ld64 $a2:3, [$m8]+=8 ; f16v2tof32 $a4:5, $a3 }
+        f32v2mul $a0:1, $a0:1, $a6:7
+        f32v2mul $a2:3, $a2:3, $a6:7
+        f32v2mac $a12:13, $a0:1, $a8:9
+        { ld64 $a0:1, [$m1]+=8 ; f32v2mac $a4:5, $a2:3, $a10:11 }
+        f32v2tof16 $a14, $a12:13
+        f32v2tof16 $a15, $a4:5
+        st64 $a14:15, [$m7]+=8
+        # The loop's gamma walk ran one group ahead.
+        add $m1, $m1, -8
+pass3_tail\@:
+        rpt $m6, 7
+        ld16 $a0, [$m1]+=2
+        { ld16 $a2, [$m14]+=2 ; f16v2tof32 $a8:9, $a0 }
+        { ld32 $a0, [$m8]+=4 ; f16v2tof32 $a12:13, $a2 }
+        f32mul $a0, $a0, $a6
+        f32mac $a12, $a0, $a8
+        f32v2tof16 $a14, $a12:13
+        st16 $a14, [$m7]+=2
+        .endm
+
         .if STAGE == 0
         # Per row: 47 issue slots plus 2 per group in pass 1, 6 in pass 2,
         # 10 in pass 3 (18 per group of four), and 4 + 4 + 7 per tail
@@ -162,19 +231,7 @@ row:
         setzi $a6, 0
         setzi $a7, 0
         ld64 $a0:1, [$m7]+=8
-        rpt $m5, 6
-        f16v2tof32 $a8:9, $a0
-        f16v2tof32 $a10:11, $a1
-        f32v2sub $a8:9, $a8:9, $a4:5
-        { st64 $a8:9, [$m8]+=8 ; f32v2sub $a10:11, $a10:11, $a4:5 }
-        { st64 $a10:11, [$m8]+=8 ; f32v2mac $a6:7, $a8:9, $a8:9 }
-        { ld64 $a0:1, [$m7]+=8 ; f32v2mac $a6:7, $a10:11, $a10:11 }
-        { add $m7, $m7, -8 ; f32v2hsum $a6, $a6:7 }
-        rpt $m6, 4
-        ld16 $a0, [$m7]+=2
-        f16v2tof32 $a0:1, $a0
-        f32sub $a0, $a0, $a4
-        { st32 $a0, [$m8]+=4 ; f32mac $a6, $a0, $a0 }
+        PASS2_LOOP
         { ld32 $a14, [$m0 + ST_EPS] ; f32mul $a6, $a6, $a15 }
         f32add $a6, $a6, $a14
         f32rsqrt $a6, $a6
@@ -190,41 +247,7 @@ row:
         mov $m8, $m11
         mov $m1, $m12
         mov $m14, $m13
-        brz $m5, p3_tail
-        ld64 $a0:1, [$m1]+=8
-        { ld64 $a2:3, [$m14]+=8 ; f16v2tof32 $a8:9, $a0 }
-        { ld64 $a0:1, [$m8]+=8 ; f16v2tof32 $a10:11, $a1 }
-        f16v2tof32 $a12:13, $a2
-        { ld64 $a2:3, [$m8]+=8 ; f16v2tof32 $a4:5, $a3 }
-        f32v2mul $a0:1, $a0:1, $a6:7
-        f32v2mul $a2:3, $a2:3, $a6:7
-        f32v2mac $a12:13, $a0:1, $a8:9
-        { ld64 $a0:1, [$m1]+=8 ; f32v2mac $a4:5, $a2:3, $a10:11 }
-        f32v2tof16 $a14, $a12:13
-        f32v2tof16 $a15, $a4:5
-        rpt $m10, 10
-        { ld64 $a2:3, [$m14]+=8 ; f16v2tof32 $a8:9, $a0 }
-        { ld64 $a0:1, [$m8]+=8 ; f16v2tof32 $a10:11, $a1 }
-        { st64 $a14:15, [$m7]+=8 ; f16v2tof32 $a12:13, $a2 }
-        { ld64 $a2:3, [$m8]+=8 ; f16v2tof32 $a4:5, $a3 }
-        f32v2mul $a0:1, $a0:1, $a6:7
-        f32v2mul $a2:3, $a2:3, $a6:7
-        f32v2mac $a12:13, $a0:1, $a8:9
-        { ld64 $a0:1, [$m1]+=8 ; f32v2mac $a4:5, $a2:3, $a10:11 }
-        f32v2tof16 $a14, $a12:13
-        f32v2tof16 $a15, $a4:5
-        st64 $a14:15, [$m7]+=8
-        # The loop's gamma walk ran one group ahead.
-        add $m1, $m1, -8
-p3_tail:
-        rpt $m6, 7
-        ld16 $a0, [$m1]+=2
-        { ld16 $a2, [$m14]+=2 ; f16v2tof32 $a8:9, $a0 }
-        { ld32 $a0, [$m8]+=4 ; f16v2tof32 $a12:13, $a2 }
-        f32mul $a0, $a0, $a6
-        f32mac $a12, $a0, $a8
-        f32v2tof16 $a14, $a12:13
-        st16 $a14, [$m7]+=2
+        PASS3
         ld32 $m9, [$m0 + ST_RS_IN]
         add $m2, $m2, $m9
         ld32 $m9, [$m0 + ST_RS_OUT]
@@ -320,19 +343,7 @@ layernorm_f16:
         # Pass 2 of STAGE 0 on the slice: the loop loads the next group in
         # its last bundle (the first was loaded above); the tail starts 8
         # bytes back.
-        rpt $m5, 6
-        f16v2tof32 $a8:9, $a0
-        f16v2tof32 $a10:11, $a1
-        f32v2sub $a8:9, $a8:9, $a4:5
-        { st64 $a8:9, [$m8]+=8 ; f32v2sub $a10:11, $a10:11, $a4:5 }
-        { st64 $a10:11, [$m8]+=8 ; f32v2mac $a6:7, $a8:9, $a8:9 }
-        { ld64 $a0:1, [$m7]+=8 ; f32v2mac $a6:7, $a10:11, $a10:11 }
-        { add $m7, $m7, -8 ; f32v2hsum $a6, $a6:7 }
-        rpt $m6, 4
-        ld16 $a0, [$m7]+=2
-        f16v2tof32 $a0:1, $a0
-        f32sub $a0, $a0, $a4
-        { st32 $a0, [$m8]+=4 ; f32mac $a6, $a0, $a0 }
+        PASS2_LOOP
         st32 $a6, [$m2 + $m9]
         exit
 
@@ -361,41 +372,7 @@ layernorm_f16:
         add $m10, $m5, -1
 
         # Pass 3 of STAGE 0 on the slice (see there).
-        brz $m5, sp3_tail
-        ld64 $a0:1, [$m1]+=8
-        { ld64 $a2:3, [$m14]+=8 ; f16v2tof32 $a8:9, $a0 }
-        { ld64 $a0:1, [$m8]+=8 ; f16v2tof32 $a10:11, $a1 }
-        f16v2tof32 $a12:13, $a2
-        { ld64 $a2:3, [$m8]+=8 ; f16v2tof32 $a4:5, $a3 }
-        f32v2mul $a0:1, $a0:1, $a6:7
-        f32v2mul $a2:3, $a2:3, $a6:7
-        f32v2mac $a12:13, $a0:1, $a8:9
-        { ld64 $a0:1, [$m1]+=8 ; f32v2mac $a4:5, $a2:3, $a10:11 }
-        f32v2tof16 $a14, $a12:13
-        f32v2tof16 $a15, $a4:5
-        rpt $m10, 10
-        { ld64 $a2:3, [$m14]+=8 ; f16v2tof32 $a8:9, $a0 }
-        { ld64 $a0:1, [$m8]+=8 ; f16v2tof32 $a10:11, $a1 }
-        { st64 $a14:15, [$m7]+=8 ; f16v2tof32 $a12:13, $a2 }
-        { ld64 $a2:3, [$m8]+=8 ; f16v2tof32 $a4:5, $a3 }
-        f32v2mul $a0:1, $a0:1, $a6:7
-        f32v2mul $a2:3, $a2:3, $a6:7
-        f32v2mac $a12:13, $a0:1, $a8:9
-        { ld64 $a0:1, [$m1]+=8 ; f32v2mac $a4:5, $a2:3, $a10:11 }
-        f32v2tof16 $a14, $a12:13
-        f32v2tof16 $a15, $a4:5
-        st64 $a14:15, [$m7]+=8
-        # The loop's gamma walk ran one group ahead.
-        add $m1, $m1, -8
-sp3_tail:
-        rpt $m6, 7
-        ld16 $a0, [$m1]+=2
-        { ld16 $a2, [$m14]+=2 ; f16v2tof32 $a8:9, $a0 }
-        { ld32 $a0, [$m8]+=4 ; f16v2tof32 $a12:13, $a2 }
-        f32mul $a0, $a0, $a6
-        f32mac $a12, $a0, $a8
-        f32v2tof16 $a14, $a12:13
-        st16 $a14, [$m7]+=2
+        PASS3
         exit
         .endif
         .endif
