@@ -167,6 +167,17 @@ pub fn cast_request(from: i64, to: i64, scale: i64) -> KernelRequest {
     }
 }
 
+/// An empty compute step for `operation`, its tiles' vertices to come.
+fn compute_step(operation: String, phase: String) -> Step {
+    Step {
+        operation,
+        phase,
+        tiles: BTreeMap::new(),
+        estimated_cycles: 0,
+        exchange: None,
+    }
+}
+
 /// Lowers a row-wise segment graph onto `tile_count` tiles. Returns the
 /// program and one report entry per operation.
 pub fn lower(
@@ -582,13 +593,10 @@ pub fn lower(
                 let stride = row_stride(op.n, 2);
                 let mut estimated = 0;
                 for (stage, request, formula) in &mut stages {
-                    let mut step = Step {
-                        operation: name(op.result),
-                        phase: format!("layernorm {} (stage {stage} of 3)", name(op.result)),
-                        tiles: BTreeMap::new(),
-                        estimated_cycles: 0,
-                        exchange: None,
-                    };
+                    let mut step = compute_step(
+                        name(op.result),
+                        format!("layernorm {} (stage {stage} of 3)", name(op.result)),
+                    );
                     for t in 0..used {
                         let (r0, r1) = rows_of(t);
                         let rows = r1 - r0;
@@ -696,9 +704,9 @@ pub fn lower(
         } else {
             1
         };
-        let mut step = Step {
-            operation: name(op.result),
-            phase: format!(
+        let mut step = compute_step(
+            name(op.result),
+            format!(
                 "{} {}",
                 graph
                     .node(graph.def_node(op.result).expect("a node's result"))
@@ -706,10 +714,7 @@ pub fn lower(
                     .name(),
                 name(op.result)
             ),
-            tiles: BTreeMap::new(),
-            estimated_cycles: 0,
-            exchange: None,
-        };
+        );
         for t in 0..used {
             let (r0, r1) = rows_of(t);
             let rows = r1 - r0;

@@ -62,6 +62,27 @@ struct Case {
     seed: u64,
 }
 
+/// Random f16 operands in the order every case draws them: x as
+/// `offset + uniform(-spread, spread)`, gamma in (-2, 2), beta in (-1, 1).
+fn random_operands(
+    rng: &mut Rng,
+    rows: usize,
+    cols: usize,
+    offset: f64,
+    spread: f64,
+) -> (Vec<u16>, Vec<u16>, Vec<u16>) {
+    let x = (0..rows * cols)
+        .map(|_| f64_to_f16_bits(offset + rng.uniform(-spread, spread)))
+        .collect();
+    let gamma = (0..cols)
+        .map(|_| f64_to_f16_bits(rng.uniform(-2.0, 2.0)))
+        .collect();
+    let beta = (0..cols)
+        .map(|_| f64_to_f16_bits(rng.uniform(-1.0, 1.0)))
+        .collect();
+    (x, gamma, beta)
+}
+
 /// Runs layernorm_f16 on one random case, checks every output and the
 /// untouched bytes after each output row, and returns the compute cycles.
 fn layernorm_case(case: &Case) -> u64 {
@@ -71,15 +92,7 @@ fn layernorm_case(case: &Case) -> u64 {
     let rs_out = if case.in_place { rs_in } else { rs_in + 8 };
     let out_base = if case.in_place { LN_IN } else { LN_OUT };
     assert!(4 * cols + 8 <= LN_SCRATCH_BYTES as usize);
-    let x: Vec<u16> = (0..rows * cols)
-        .map(|_| f64_to_f16_bits(case.offset + rng.uniform(-case.spread, case.spread)))
-        .collect();
-    let gamma: Vec<u16> = (0..cols)
-        .map(|_| f64_to_f16_bits(rng.uniform(-2.0, 2.0)))
-        .collect();
-    let beta: Vec<u16> = (0..cols)
-        .map(|_| f64_to_f16_bits(rng.uniform(-1.0, 1.0)))
-        .collect();
+    let (x, gamma, beta) = random_operands(&mut rng, rows, cols, case.offset, case.spread);
     // Rows are padded with poison so that writes past COLS are caught.
     let mut input = vec![0xA5u8; rows * rs_in];
     for r in 0..rows {
@@ -432,15 +445,7 @@ fn layernorm_split_case(case: &SplitCase) -> SplitCycles {
         "split layernorm cols {cols} nparts {:?} {:?} offset {} eps {} in place {}",
         case.nparts, case.cut, case.offset, case.eps, case.in_place
     );
-    let x: Vec<u16> = (0..rows * cols)
-        .map(|_| f64_to_f16_bits(case.offset + rng.uniform(-case.spread, case.spread)))
-        .collect();
-    let gamma: Vec<u16> = (0..cols)
-        .map(|_| f64_to_f16_bits(rng.uniform(-2.0, 2.0)))
-        .collect();
-    let beta: Vec<u16> = (0..cols)
-        .map(|_| f64_to_f16_bits(rng.uniform(-1.0, 1.0)))
-        .collect();
+    let (x, gamma, beta) = random_operands(&mut rng, rows, cols, case.offset, case.spread);
     let slices: Vec<Vec<(usize, usize)>> = case
         .nparts
         .iter()
