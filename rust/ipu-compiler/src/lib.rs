@@ -696,9 +696,9 @@ fn plan_and_lower(
     // side on tiles of their own, each with all of region 1; otherwise every
     // group spans the same tiles and gets an equal share of region 1.
     let disjoint_groups = !blocks.is_empty();
-    // A segment's plans leave room for what stays in region 1 across all
-    // segments (the values they pass on, buffers zeroed at load) and the
-    // element boundary above it.
+    // The projections of a segment with attention leave room for what
+    // stays in region 1 across segments (see the constant); other
+    // segments, and whole models, plan with all of it.
     let reserve = if tile_count_override.is_some() && disjoint_groups {
         SEGMENT_ATTENTION_REGION1_RESERVE
     } else {
