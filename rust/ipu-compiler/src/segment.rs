@@ -439,7 +439,7 @@ fn param_home(
     take(0, total, &mut runs);
     let chunk = total.div_ceil(tile_count as u64).div_ceil(4) * 4;
     let mut out = Vec::new();
-    let mut runs = runs.into_iter().peekable();
+    let mut runs = runs.into_iter();
     let mut pending: Option<(u64, u64)> = None;
     for tile in 0..tile_count {
         let start = tile as u64 * chunk;
