@@ -155,7 +155,11 @@ fn measure(opts: &CompileOptions) -> Result<Measured, String> {
                                 st["k_parts"],
                                 st["steps"],
                                 st["chunk_blocks"],
-                                if st.get("b_resident").is_some() { ", B resident" } else { "" }
+                                if st.get("b_resident").is_some() {
+                                    ", B resident"
+                                } else {
+                                    ""
+                                }
                             );
                         }
                         line + &format!(", {}", o["kernel"].as_str().unwrap_or("?"))

@@ -107,6 +107,10 @@ pub struct VerifyArgs {
     /// Do not re-run with checkpoints to locate a failure.
     #[arg(long)]
     no_diagnose: bool,
+    /// Also re-run with checkpoints when the outputs pass, and check every
+    /// intermediate value the package lets the host read.
+    #[arg(long)]
+    checkpoints: bool,
 }
 
 #[derive(clap::Subcommand)]
@@ -156,6 +160,7 @@ pub fn verify(args: VerifyArgs) -> Result<(), String> {
     let options = VerifyOptions {
         run,
         diagnose: !args.no_diagnose,
+        check_checkpoints: args.checkpoints,
     };
     let report = ipu_runtime::verify::verify(&args.package, &options).map_err(|e| e.to_string())?;
     println!("{report}");

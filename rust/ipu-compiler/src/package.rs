@@ -156,6 +156,28 @@ fn placements_json(list: &[Placement]) -> Value {
 /// (e.g. the pre-bias GEMM result) never exist in memory and are absent.
 pub fn checkpoints(l: &Lowered, storage: &BTreeMap<u32, TileStorage>) -> Value {
     let params = &l.io[0].0;
+    let overwritten = overwritten_by_run(l, storage);
+    // A value is checkpointed at the end of its call (stop 1), so only
+    // from bytes that nothing written later in the call reuses; at the end
+    // of `initialize` nothing else has run yet. A value left without a
+    // whole intact copy is not checkpointed at all: the diagnosis would
+    // otherwise compare bytes that hold another buffer's data.
+    let intact = |t: &HostTensor, call: &str| -> Option<Vec<Placement>> {
+        let kept: Vec<Placement> = t
+            .placements
+            .iter()
+            .filter(|p| call != "run" || !overwritten.contains(&(p.tile, p.buffer)))
+            .map(|p| Placement {
+                tile: p.tile,
+                address: storage[&p.tile].addresses[p.buffer] + p.buffer_offset,
+                offset: p.host_offset,
+                bytes: p.bytes,
+            })
+            .collect();
+        let unique = unique_placements(&kept);
+        let covered: u64 = unique.iter().map(|p| p.bytes as u64).sum();
+        (covered == t.ty.bytes()).then_some(unique)
+    };
     let calls: Vec<Value> = l
         .calls
         .iter()
@@ -165,26 +187,84 @@ pub fn checkpoints(l: &Lowered, storage: &BTreeMap<u32, TileStorage>) -> Value {
             let mut seen = std::collections::BTreeSet::new();
             let resident = ins.iter().chain(if call.name == "run" { params.iter() } else { [].iter() });
             for t in resident {
-                if seen.insert(t.name.clone()) {
-                    values.push(json!({"value": t.name, "stop": 1, "placements": placements_json(&unique_placements(&placements(t, storage)))}));
+                if !seen.insert(t.name.clone()) {
+                    continue;
+                }
+                if let Some(p) = intact(t, &call.name) {
+                    values.push(json!({"value": t.name, "stop": 1, "placements": placements_json(&p)}));
                 }
             }
             let computed = outs
                 .iter()
                 .chain(if call.name == "run" { l.resident.iter() } else { [].iter() });
             for t in computed {
+                let Some(p) = intact(t, &call.name) else {
+                    continue;
+                };
                 let kernels: Vec<Value> = call
                     .steps
                     .iter()
                     .filter(|s| s.operation == t.name)
                     .flat_map(kernels_of)
                     .collect();
-                values.push(json!({"value": t.name, "stop": 1, "placements": placements_json(&unique_placements(&placements(t, storage))), "kernels": kernels}));
+                values.push(json!({"value": t.name, "stop": 1, "placements": placements_json(&p), "kernels": kernels}));
             }
             json!({"call": call.name, "stops": 0, "values": values})
         })
         .collect();
     json!({"format_version": 1, "calls": calls})
+}
+
+/// The (tile, buffer) pairs whose bytes a buffer that lives later in the
+/// `run` call may reuse, so that at the end of the call they need not hold
+/// what was written there. Buffers share memory only across scratch phases
+/// (which run in increasing order within a segment) and across segment
+/// lifetimes (in increasing order); a buffer live for the whole program
+/// shares with none. Of two overlapping buffers the later one survives; an
+/// overlap of two buffers with the same lifetime and phase (which the
+/// storage validator refuses) counts as overwriting both.
+fn overwritten_by_run(
+    l: &Lowered,
+    storage: &BTreeMap<u32, TileStorage>,
+) -> std::collections::BTreeSet<(u32, usize)> {
+    let mut out = std::collections::BTreeSet::new();
+    for (&tile, buffers) in &l.buffers {
+        let Some(st) = storage.get(&tile) else {
+            continue;
+        };
+        let span = |i: usize| {
+            let a = st.addresses[i] as u64;
+            (a, a + buffers[i].bytes as u64)
+        };
+        // Run order of a buffer's life: its segment, then its phase.
+        let order = |i: usize| (buffers[i].lifetime, buffers[i].scratch);
+        let mut by_start: Vec<usize> = (0..buffers.len())
+            .filter(|&i| buffers[i].bytes > 0)
+            .collect();
+        by_start.sort_by_key(|&i| span(i));
+        for (n, &i) in by_start.iter().enumerate() {
+            let (_, end) = span(i);
+            for &j in &by_start[n + 1..] {
+                let (start_j, _) = span(j);
+                if start_j >= end {
+                    break;
+                }
+                match order(i).cmp(&order(j)) {
+                    std::cmp::Ordering::Less => {
+                        out.insert((tile, i));
+                    }
+                    std::cmp::Ordering::Greater => {
+                        out.insert((tile, j));
+                    }
+                    std::cmp::Ordering::Equal => {
+                        out.insert((tile, i));
+                        out.insert((tile, j));
+                    }
+                }
+            }
+        }
+    }
+    out
 }
 
 /// `schedule.json`: one BSP step per call (compute sets need no sync between

@@ -21,6 +21,11 @@ pub struct VerifyOptions {
     pub run: RunOptions,
     /// Re-run with checkpoints when an output is wrong.
     pub diagnose: bool,
+    /// Re-run with checkpoints even when every output passes, and check
+    /// every checkpointed value against the whole-graph reference
+    /// ([`VerifyReport::checkpoints`]): a package whose `checkpoints.json`
+    /// names bytes that no longer hold the value fails here.
+    pub check_checkpoints: bool,
 }
 
 impl Default for VerifyOptions {
@@ -28,6 +33,7 @@ impl Default for VerifyOptions {
         VerifyOptions {
             run: RunOptions::default(),
             diagnose: true,
+            check_checkpoints: false,
         }
     }
 }
@@ -72,14 +78,22 @@ pub struct VerifyReport {
     pub diagnosis: Option<Diagnosis>,
     /// Why there is no diagnosis although an output failed.
     pub diagnosis_note: Option<String>,
+    /// With [`VerifyOptions::check_checkpoints`]: every checkpointed value
+    /// of the `run` call in graph order, checked against the whole-graph
+    /// reference.
+    pub checkpoints: Vec<TensorCheck>,
     /// Cycles of the verified calls.
     pub calls: Vec<crate::CallCycles>,
 }
 
 impl VerifyReport {
-    /// Whether every output is within tolerance.
+    /// Whether every output (and, when checked, every checkpointed
+    /// value) is within tolerance.
     pub fn passed(&self) -> bool {
-        self.outputs.iter().all(|o| o.comparison.passed())
+        self.outputs
+            .iter()
+            .chain(&self.checkpoints)
+            .all(|o| o.comparison.passed())
     }
 }
 
@@ -134,6 +148,17 @@ impl fmt::Display for VerifyReport {
             }
             if !o.bad_tiles.is_empty() {
                 writeln!(f, "  tiles holding mismatches: {:?}", o.bad_tiles)?;
+            }
+        }
+        for c in &self.checkpoints {
+            writeln!(
+                f,
+                "checkpoint {} {}",
+                if c.comparison.passed() { "ok " } else { "BAD" },
+                summary_line(&c.name, &c.comparison)
+            )?;
+            if !c.bad_tiles.is_empty() {
+                writeln!(f, "  tiles holding mismatches: {:?}", c.bad_tiles)?;
             }
         }
         if let Some(d) = &self.diagnosis {
@@ -329,15 +354,46 @@ pub fn verify_package(
         outputs,
         diagnosis: None,
         diagnosis_note: None,
+        checkpoints: Vec::new(),
         calls,
     };
+    let run_checkpoints = checkpoints
+        .as_ref()
+        .and_then(|c| c.calls.iter().find(|k| k.call == "run"));
+    if options.check_checkpoints {
+        let Some(cp) = run_checkpoints else {
+            return Err(RuntimeError::Verify(format!(
+                "the package has no {} entry for the `run` call, so there are no checkpoints to check",
+                members::CHECKPOINTS_MEMBER
+            )));
+        };
+        let (cp_out, _) = run_session(true)?;
+        // Graph definition order, as the diagnosis walks them.
+        for (i, v) in graph.values().iter().enumerate() {
+            let Some(entry) = cp.values.iter().find(|e| e.value == v.name) else {
+                continue;
+            };
+            let c = check(
+                &v.name,
+                &cp_out.checkpoints[&v.name],
+                &reference[i],
+                (reduction, &requantised),
+                &entry.placements,
+            )?;
+            tracing::info!(
+                value = %v.name,
+                checks = c.comparison.checks,
+                mismatches = c.comparison.mismatches,
+                max_error = c.comparison.max_abs_error,
+                "checked checkpoint"
+            );
+            report.checkpoints.push(c);
+        }
+    }
     if report.passed() || !options.diagnose {
         return Ok(report);
     }
-    let Some(cp) = checkpoints
-        .as_ref()
-        .and_then(|c| c.calls.iter().find(|k| k.call == "run"))
-    else {
+    let Some(cp) = run_checkpoints else {
         report.diagnosis_note = Some(format!(
             "the package has no {} entry for the `run` call, so intermediate values cannot be read",
             members::CHECKPOINTS_MEMBER

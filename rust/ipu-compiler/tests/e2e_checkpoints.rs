@@ -1,0 +1,72 @@
+//! `checkpoints.json` names, for every value the host may read during a
+//! checkpoint run, bytes that still hold that value at its stop. Buffers of
+//! later phases and segments reuse the memory of earlier ones, so a value
+//! whose bytes are reused must be left out: a diagnosis that read them would
+//! blame a correct operation (it once blamed the upload of SigLIP's `x`,
+//! whose tiles' memory the attention phase had reused).
+//!
+//! Each case compiles a model whose buffers share memory, verifies it on the
+//! simulator with every checkpoint checked against the whole-graph reference
+//! (`VerifyOptions::check_checkpoints`, `ipu verify --checkpoints`), and
+//! requires every checkpoint and output to pass.
+
+use ipu_compiler::compile;
+use ipu_runtime::verify::{verify_package, VerifyOptions};
+use ipu_runtime::{DeviceOptions, FeedSpec, Generate, RunOptions};
+
+mod common;
+use common::*;
+
+fn check_every_checkpoint(model: &std::path::Path, tiles: u32) -> Vec<String> {
+    let cache = tempfile::tempdir().unwrap();
+    let out = compile(&options(model, tiles, cache.path()))
+        .unwrap_or_else(|e| panic!("{}: {e}", model.display()));
+    let report = verify_package(
+        out.package,
+        &VerifyOptions {
+            run: RunOptions {
+                device: DeviceOptions::simulator(tiles),
+                feeds: FeedSpec {
+                    generate: Generate::Gaussian { seed: 3 },
+                    ..FeedSpec::default()
+                },
+                ..RunOptions::default()
+            },
+            diagnose: true,
+            check_checkpoints: true,
+        },
+    )
+    .unwrap_or_else(|e| panic!("{}: {e}", model.display()));
+    assert!(report.passed(), "{}:\n{report}", model.display());
+    report.checkpoints.iter().map(|c| c.name.clone()).collect()
+}
+
+/// Projections then attention in two buffer phases on the same tiles: the
+/// host input's rows (K = 64 needs no padding, so they are phase-1
+/// scratch) share memory with the attention's phase-2 buffers, so `x`
+/// cannot be read at the end of the run and is not checkpointed.
+#[test]
+fn attention_checkpoints_hold_their_values() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = write_model(
+        dir.path(),
+        "attention_phases",
+        "model attention_phases\ninput x: f16[24, 64]\nparam wq: f16[64, 64]\nparam wk: f16[64, 64]\nparam wv: f16[64, 64]\nq = gemm(x, wq)\nk = gemm(x, wk)\nv = gemm(x, wv)\nqh = split_heads(q, heads=4)\nkh = split_heads(k, heads=4)\nvh = split_heads(v, heads=4)\no = attention(qh, kh, vh, causal=false)\ny = merge_heads(o)\noutput y\n",
+    );
+    let names = check_every_checkpoint(&model, 16);
+    assert_eq!(names, ["wq", "wk", "wv", "q", "k", "v", "y"]);
+}
+
+/// K streamed in chunk steps, then the result gathered in another phase.
+#[test]
+fn streamed_gemm_checkpoints_hold_their_values() {
+    let names = check_every_checkpoint(&root().join("models/gemm_stream_small.ipug"), 64);
+    assert!(names.contains(&"c".to_string()), "{names:?}");
+}
+
+/// Segments whose buffers share region 1 by lifetime.
+#[test]
+fn segmented_model_checkpoints_hold_their_values() {
+    let names = check_every_checkpoint(&root().join("models/vit_block_small.ipug"), 64);
+    assert!(names.contains(&"y".to_string()), "{names:?}");
+}
