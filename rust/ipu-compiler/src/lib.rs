@@ -1664,6 +1664,7 @@ fn compile_with(
             .collect()
     };
     let storage = phase("place_storage", || {
+        let code_sizes = link::CodeSizes::default();
         let mut out = BTreeMap::new();
         let tiles: Vec<(&u32, &Vec<lower::BufferSpec>)> = lowered.buffers.iter().collect();
         let placed: Vec<Result<storage::TileStorage, CompileError>> = tiles
@@ -1682,8 +1683,7 @@ fn compile_with(
                         message,
                     }
                 })?;
-                let linked = link::link_program(tile, &text, &kernels_of(tile))?;
-                let code_bytes = link::linked_end(&linked) - ipu_arch::REGION0_BASE;
+                let code_bytes = code_sizes.get(tile, &text, &kernels_of(tile))?;
                 let s = storage::place(tile, bufs, code_bytes)?;
                 verifier("place_storage", storage::validate(&s, bufs))?;
                 Ok(s)
@@ -1720,9 +1720,9 @@ fn compile_with(
     })?;
 
     let programs = phase("emit_code", || {
-        lowered
-            .buffers
-            .keys()
+        let tiles: Vec<u32> = lowered.buffers.keys().copied().collect();
+        tiles
+            .par_iter()
             .map(|&t| {
                 let text = emit::tile_program(&lowered, t, &storage[&t]).map_err(|message| {
                     CompileError::Verifier {
@@ -1896,14 +1896,15 @@ fn compile_with(
             tiles: linked.iter().map(|(&t, l)| (t, l.image.clone())).collect(),
             members,
         };
-        pkg.validate().map_err(|e| CompileError::Package {
+        // Writing validates the package first; a compile without an output
+        // validates it alone.
+        let checked = match &options.output {
+            Some(out) => pkg.write(out),
+            None => pkg.validate(),
+        };
+        checked.map_err(|e| CompileError::Package {
             message: e.to_string(),
         })?;
-        if let Some(out) = &options.output {
-            pkg.write(out).map_err(|e| CompileError::Package {
-                message: e.to_string(),
-            })?;
-        }
         Ok(pkg)
     })?;
     tracing::info!(

@@ -48,6 +48,72 @@ pub fn link_program(
     })
 }
 
+/// The program text with its comment lines dropped and every numeric
+/// literal written as `0`: two programs with the same shape assemble and
+/// link to the same sizes, because the generated programs (docs/runtime.md,
+/// program tables) hold numbers only as `.word` values, whose size does not
+/// depend on them. (`.align`'s operand is a number too, but every program
+/// has the same one, so equal shapes still mean equal layouts.) A digit
+/// inside a symbol (`vs_1_4_0`) is part of the symbol, not a literal.
+pub fn program_shape(program: &str) -> String {
+    let mut out = String::with_capacity(program.len());
+    for line in program.lines() {
+        if line.trim_start().starts_with('#') {
+            continue;
+        }
+        let bytes = line.as_bytes();
+        let mut i = 0;
+        while i < bytes.len() {
+            let c = bytes[i];
+            let in_symbol = i > 0 && (bytes[i - 1].is_ascii_alphanumeric() || bytes[i - 1] == b'_');
+            if c.is_ascii_digit() && !in_symbol {
+                while i < bytes.len() && (bytes[i].is_ascii_hexdigit() || bytes[i] == b'x') {
+                    i += 1;
+                }
+                out.push('0');
+            } else {
+                out.push(c as char);
+                i += 1;
+            }
+        }
+        out.push('\n');
+    }
+    out
+}
+
+/// Code sizes of dry-run links (every buffer at address 0), by program
+/// shape and kernel set: `place_storage` needs each tile's code size before
+/// it can place buffers, and most of a chip's tiles run programs of a few
+/// shapes, so one link per shape serves them all. The final link checks
+/// that the code ends where this size said ([`tile_image`]).
+#[derive(Default)]
+pub struct CodeSizes {
+    sizes: std::sync::Mutex<std::collections::HashMap<(String, Vec<String>), u32>>,
+}
+
+impl CodeSizes {
+    /// Bytes of code and data from `REGION0_BASE` that `program` linked
+    /// with `kernels` occupies on `tile`.
+    pub fn get(
+        &self,
+        tile: u32,
+        program: &str,
+        kernels: &[&LoadedKernel],
+    ) -> Result<u32, CompileError> {
+        let key = (
+            program_shape(program),
+            kernels.iter().map(|k| k.origin.clone()).collect(),
+        );
+        if let Some(&bytes) = self.sizes.lock().expect("not poisoned").get(&key) {
+            return Ok(bytes);
+        }
+        let linked = link_program(tile, program, kernels)?;
+        let bytes = linked_end(&linked) - ipu_arch::REGION0_BASE;
+        self.sizes.lock().expect("not poisoned").insert(key, bytes);
+        Ok(bytes)
+    }
+}
+
 /// End address of everything a link placed.
 pub fn linked_end(linked: &ipu_link::Linked) -> u32 {
     linked
@@ -138,4 +204,25 @@ pub fn tile_image(
         code_end,
         symbols,
     })
+}
+
+#[cfg(test)]
+mod shape_tests {
+    use super::program_shape;
+
+    #[test]
+    fn program_shapes_ignore_values_and_comments_but_keep_symbols() {
+        let a = "# tile 3\nvs_1_4_0: .word 0x900, 12, gemm_f16__ACC16\n        .align 4\n";
+        let b = "# tile 700\nvs_1_4_0: .word 0x1f50, 7, gemm_f16__ACC16\n        .align 4\n";
+        assert_eq!(program_shape(a), program_shape(b));
+        assert_eq!(
+            program_shape(a),
+            "vs_1_4_0: .word 0, 0, gemm_f16__ACC16\n        .align 0\n"
+        );
+        // One word more, or another symbol, is another shape.
+        let c = "vs_1_4_0: .word 0x900, 12, 5, gemm_f16__ACC16\n        .align 4\n";
+        let d = "vs_1_4_1: .word 0x900, 12, gemm_f16__ACC16\n        .align 4\n";
+        assert_ne!(program_shape(a), program_shape(c));
+        assert_ne!(program_shape(a), program_shape(d));
+    }
 }

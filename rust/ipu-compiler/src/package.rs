@@ -32,7 +32,7 @@ pub fn placements(t: &HostTensor, storage: &BTreeMap<u32, TileStorage>) -> Vec<P
 /// checkpoints need (inputs may be placed on several tiles), in tile order.
 pub fn unique_placements(list: &[Placement]) -> Vec<Placement> {
     let mut sorted = list.to_vec();
-    sorted.sort_by_key(|p| (p.offset, p.tile, p.address));
+    sorted.sort_unstable_by_key(|p| (p.offset, p.tile, p.address, p.bytes));
     let mut out = Vec::new();
     let mut covered = 0u64;
     for p in sorted {
@@ -50,7 +50,7 @@ pub fn unique_placements(list: &[Placement]) -> Vec<Placement> {
         covered = end;
     }
     // Tile order: a tile's rows then form placement runs in the package.
-    out.sort_by_key(|p| (p.tile, p.address, p.offset));
+    out.sort_unstable_by_key(|p| (p.tile, p.address, p.offset, p.bytes));
     out
 }
 
@@ -155,59 +155,109 @@ fn placements_json(list: &[Placement]) -> Value {
 /// of fused groups that stay on the device. Values fused inside a group
 /// (e.g. the pre-bias GEMM result) never exist in memory and are absent.
 pub fn checkpoints(l: &Lowered, storage: &BTreeMap<u32, TileStorage>) -> Value {
+    use rayon::prelude::*;
     let params = &l.io[0].0;
     let overwritten = overwritten_by_run(l, storage);
-    // A value is checkpointed at the end of its call (stop 1), so only
-    // from bytes that nothing written later in the call reuses; at the end
-    // of `initialize` nothing else has run yet. A value left without a
-    // whole intact copy is not checkpointed at all: the diagnosis would
-    // otherwise compare bytes that hold another buffer's data.
-    let intact = |t: &HostTensor, call: &str| -> Option<Vec<Placement>> {
-        let kept: Vec<Placement> = t
-            .placements
-            .iter()
-            .filter(|p| call != "run" || !overwritten.contains(&(p.tile, p.buffer)))
-            .map(|p| Placement {
-                tile: p.tile,
-                address: storage[&p.tile].addresses[p.buffer] + p.buffer_offset,
-                offset: p.host_offset,
-                bytes: p.bytes,
-            })
-            .collect();
-        let unique = unique_placements(&kept);
-        let covered: u64 = unique.iter().map(|p| p.bytes as u64).sum();
-        (covered == t.ty.bytes()).then_some(unique)
-    };
-    let calls: Vec<Value> = l
+    // Each call's checkpointed tensors in order: (tensor, computed by the
+    // call). "run" can read the parameters too.
+    let listed: Vec<Vec<(&HostTensor, bool)>> = l
         .calls
         .iter()
         .zip(&l.io)
         .map(|(call, (ins, outs))| {
-            let mut values = Vec::new();
+            let run = call.name == "run";
             let mut seen = std::collections::BTreeSet::new();
-            let resident = ins.iter().chain(if call.name == "run" { params.iter() } else { [].iter() });
-            for t in resident {
-                if !seen.insert(t.name.clone()) {
-                    continue;
-                }
-                if let Some(p) = intact(t, &call.name) {
-                    values.push(json!({"value": t.name, "stop": 1, "placements": placements_json(&p)}));
-                }
-            }
+            let resident = ins
+                .iter()
+                .chain(if run { params.iter() } else { [].iter() })
+                .filter(|t| seen.insert(t.name.clone()))
+                .map(|t| (t, false));
             let computed = outs
                 .iter()
-                .chain(if call.name == "run" { l.resident.iter() } else { [].iter() });
-            for t in computed {
-                let Some(p) = intact(t, &call.name) else {
+                .chain(if run { l.resident.iter() } else { [].iter() })
+                .map(|t| (t, true));
+            resident.chain(computed).collect()
+        })
+        .collect();
+    // A value is checkpointed at the end of its call (stop 1), so only
+    // from bytes that nothing written later in the call reuses; at the end
+    // of `initialize` nothing else has run yet. A value left without a
+    // whole intact copy is not checkpointed at all: the diagnosis would
+    // otherwise compare bytes that hold another buffer's data. The key says
+    // whether the filter removes anything, so that a parameter whose bytes
+    // stay intact is reduced once for both calls (a SigLIP weight has
+    // 580,608 placements), and the distinct lists are reduced in parallel.
+    // Indexed by tile (placements number in the millions).
+    let mut lost = vec![Vec::new(); l.tile_count as usize];
+    for &(tile, buffer) in &overwritten {
+        let v = &mut lost[tile as usize];
+        if v.len() <= buffer {
+            v.resize(buffer + 1, false);
+        }
+        v[buffer] = true;
+    }
+    let is_lost = |p: &HostPlacement| lost[p.tile as usize].get(p.buffer) == Some(&true);
+    let addresses: Vec<&[u32]> = (0..l.tile_count)
+        .map(|t| storage.get(&t).map_or(&[][..], |s| &s.addresses[..]))
+        .collect();
+    let key = |t: &HostTensor, run: bool| (t.name.clone(), run && t.placements.iter().any(is_lost));
+    let keys: Vec<Vec<(String, bool)>> = l
+        .calls
+        .iter()
+        .zip(&listed)
+        .map(|(call, list)| {
+            list.iter()
+                .map(|&(t, _)| key(t, call.name == "run"))
+                .collect()
+        })
+        .collect();
+    let mut distinct: BTreeMap<(String, bool), &HostTensor> = BTreeMap::new();
+    for (list, ks) in listed.iter().zip(&keys) {
+        for (&(t, _), k) in list.iter().zip(ks) {
+            distinct.entry(k.clone()).or_insert(t);
+        }
+    }
+    let distinct: Vec<(&(String, bool), &&HostTensor)> = distinct.iter().collect();
+    let reduced: BTreeMap<(String, bool), Option<Vec<Placement>>> = distinct
+        .par_iter()
+        .map(|&(k, t)| {
+            let kept: Vec<Placement> = t
+                .placements
+                .iter()
+                .filter(|p| !k.1 || !is_lost(p))
+                .map(|p| Placement {
+                    tile: p.tile,
+                    address: addresses[p.tile as usize][p.buffer] + p.buffer_offset,
+                    offset: p.host_offset,
+                    bytes: p.bytes,
+                })
+                .collect();
+            let unique = unique_placements(&kept);
+            let covered: u64 = unique.iter().map(|p| p.bytes as u64).sum();
+            (k.clone(), (covered == t.ty.bytes()).then_some(unique))
+        })
+        .collect();
+    let calls: Vec<Value> = l
+        .calls
+        .iter()
+        .zip(listed.iter().zip(&keys))
+        .map(|(call, (list, ks))| {
+            let mut values = Vec::new();
+            for (&(t, computed), k) in list.iter().zip(ks) {
+                let Some(p) = &reduced[k] else {
                     continue;
                 };
-                let kernels: Vec<Value> = call
-                    .steps
-                    .iter()
-                    .filter(|s| s.operation == t.name)
-                    .flat_map(kernels_of)
-                    .collect();
-                values.push(json!({"value": t.name, "stop": 1, "placements": placements_json(&p), "kernels": kernels}));
+                let mut v = json!({"value": t.name, "stop": 1, "placements": placements_json(p)});
+                if computed {
+                    let kernels: Vec<Value> = call
+                        .steps
+                        .iter()
+                        .filter(|s| s.operation == t.name)
+                        .flat_map(kernels_of)
+                        .collect();
+                    v["kernels"] = Value::Array(kernels);
+                }
+                values.push(v);
             }
             json!({"call": call.name, "stops": 0, "values": values})
         })
