@@ -90,11 +90,23 @@ pub fn info(
                 supersteps: 0,
                 estimated_cycles: Some(host_cycles(ins) + ipu_arch::SYNC_CYCLES),
             }];
-            for step in &call.steps {
+            // Each BSP step's superstep is counted once, on the phase that
+            // ends it: an exchange, or for the last step (which ends with
+            // the call's final host sync) its last compute phase, else the
+            // transfer to the host, else the last phase of the call.
+            let last = call.steps.iter().rposition(|s| s.exchange.is_some());
+            let tail_compute = call.steps.len() > last.map_or(0, |i| i + 1);
+            for (i, step) in call.steps.iter().enumerate() {
+                let ends_step =
+                    step.exchange.is_some() || (tail_compute && i + 1 == call.steps.len());
                 phases.push(CallPhase {
                     name: step.phase.clone(),
-                    kind: PhaseKind::Compute,
-                    supersteps: 1,
+                    kind: if step.exchange.is_some() {
+                        PhaseKind::Exchange
+                    } else {
+                        PhaseKind::Compute
+                    },
+                    supersteps: ends_step as u32,
                     estimated_cycles: Some(step.estimated_cycles),
                 });
             }
@@ -102,9 +114,14 @@ pub fn info(
                 phases.push(CallPhase {
                     name: "device to host".into(),
                     kind: PhaseKind::DeviceToHost,
-                    supersteps: 0,
+                    supersteps: (!tail_compute) as u32,
                     estimated_cycles: Some(host_cycles(outs)),
                 });
+            } else if !tail_compute {
+                phases
+                    .last_mut()
+                    .expect("the host-to-device phase")
+                    .supersteps += 1;
             }
             StreamingCall {
                 name: call.name.clone(),
@@ -317,33 +334,73 @@ fn overwritten_by_run(
     out
 }
 
-/// `schedule.json`: one BSP step per call (compute sets need no sync between
-/// them until inter-tile exchanges exist); it names the first operation and
-/// every kernel of the call.
+/// The call's lowered steps grouped by BSP step: every exchange step ends
+/// one (its sync starts the exchange phase), and the steps after the last
+/// exchange form the last one, which ends with the call's final host sync
+/// (empty when the call ends with an exchange or has no steps). This is how
+/// the tile programs run them (docs/runtime.md), so a profile's steps match.
+pub fn bsp_steps(call: &crate::lower::CallProgram) -> Vec<&[crate::lower::Step]> {
+    let mut out = Vec::new();
+    let mut first = 0;
+    for (i, step) in call.steps.iter().enumerate() {
+        if step.exchange.is_some() {
+            out.push(&call.steps[first..=i]);
+            first = i + 1;
+        }
+    }
+    out.push(&call.steps[first..]);
+    out
+}
+
+/// `schedule.json`: per call, one entry per BSP step ([`bsp_steps`]) with
+/// the graph value its first step computes, its steps' phases and the
+/// kernels that ran on which tiles, so that a profile attributes each
+/// step's cycles (docs/profile-format.md).
 pub fn schedule(l: &Lowered) -> Value {
     let calls: Vec<Value> = l
         .calls
         .iter()
         .map(|call| {
-            let mut step = serde_json::Map::new();
-            if let Some(first) = call.steps.first() {
-                step.insert("operation".into(), json!(first.operation));
-            }
-            let phase = if call.steps.is_empty() {
-                "host transfer".to_string()
-            } else {
-                call.steps
-                    .iter()
-                    .map(|s| s.phase.clone())
-                    .collect::<Vec<_>>()
-                    .join("; ")
-            };
-            step.insert("phase".into(), json!(phase));
-            step.insert(
-                "kernels".into(),
-                Value::Array(call.steps.iter().flat_map(kernels_of).collect()),
-            );
-            json!({"call": call.name, "steps": [Value::Object(step)]})
+            let steps: Vec<Value> = bsp_steps(call)
+                .into_iter()
+                .map(|group| {
+                    let mut step = serde_json::Map::new();
+                    if let Some(first) = group.first() {
+                        step.insert("operation".into(), json!(first.operation));
+                    }
+                    let phase = if group.is_empty() {
+                        if call.steps.is_empty() {
+                            "host transfer".to_string()
+                        } else {
+                            "device to host".to_string()
+                        }
+                    } else {
+                        group
+                            .iter()
+                            .map(|s| s.phase.clone())
+                            .collect::<Vec<_>>()
+                            .join("; ")
+                    };
+                    step.insert("phase".into(), json!(phase));
+                    // One entry per kernel, its tiles merged over the steps.
+                    let mut by_kernel: BTreeMap<String, std::collections::BTreeSet<u32>> =
+                        BTreeMap::new();
+                    for s in group {
+                        for (tile, vertices) in &s.tiles {
+                            for v in vertices {
+                                by_kernel.entry(v.kernel.entry.clone()).or_default().insert(*tile);
+                            }
+                        }
+                    }
+                    let kernels: Vec<Value> = by_kernel
+                        .into_iter()
+                        .map(|(k, t)| json!({"kernel": k, "tiles": t.into_iter().collect::<Vec<u32>>()}))
+                        .collect();
+                    step.insert("kernels".into(), Value::Array(kernels));
+                    Value::Object(step)
+                })
+                .collect();
+            json!({"call": call.name, "steps": steps})
         })
         .collect();
     json!({"format_version": 1, "calls": calls})

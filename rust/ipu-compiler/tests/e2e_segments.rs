@@ -189,3 +189,52 @@ fn row_wise_errors_name_the_value() {
     let e = err("model m\ninput a: f16[4, 8]\ns = cast(a, to=f32)\noutput s\n");
     assert!(e.contains("value `s` (cast)"), "{e}");
 }
+
+/// A profile attributes every BSP step of the run call to the phases,
+/// operation and kernels the compiler lowered there: the manifest's phases
+/// count one superstep per exchange plus the last step, and schedule.json
+/// lists one entry per BSP step (it once listed one per call, so a
+/// segmented model's profile attributed nothing).
+#[test]
+fn profiles_attribute_every_step() {
+    let model = root().join("models/vit_block_small.ipug");
+    let cache = tempfile::tempdir().unwrap();
+    let out = ipu_compiler::compile(&options(&model, 64, cache.path())).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let (pkg, prof) = (dir.path().join("v.ipupkg"), dir.path().join("v.ipuprofile"));
+    out.package.write(&pkg).unwrap();
+    ipu_runtime::run(
+        &pkg,
+        &ipu_runtime::RunOptions {
+            device: ipu_runtime::DeviceOptions::simulator(64),
+            profile: Some(prof.clone()),
+            ..ipu_runtime::RunOptions::default()
+        },
+    )
+    .unwrap();
+    let profile = ipu_runtime::profile::Profile::read(&prof).unwrap();
+    assert!(profile.notes.is_empty(), "{:?}", profile.notes);
+    let run: Vec<_> = profile.steps.iter().filter(|s| s.call == "run").collect();
+    let exchanges = out
+        .package
+        .info
+        .calls
+        .iter()
+        .find(|c| c.name == "run")
+        .unwrap()
+        .phases
+        .iter()
+        .filter(|p| p.kind == ipu_package::PhaseKind::Exchange)
+        .count();
+    assert_eq!(run.len(), exchanges + 1);
+    for s in &run {
+        assert!(s.operation.is_some() && s.phase.is_some(), "{s:?}");
+        assert!(!s.kernels.is_empty(), "step {} has no kernels", s.call_step);
+    }
+    // The first step runs the first layer norm, then joins its rows.
+    assert!(
+        run[0].phase.as_ref().unwrap().starts_with("layernorm n1"),
+        "{:?}",
+        run[0].phase
+    );
+}

@@ -83,7 +83,7 @@ fn gemm_small_on_four_tiles() {
     }
     expect![[r#"
         call initialize
-          phase "host to device" HostToDevice supersteps=0 estimated=Some(960)
+          phase "host to device" HostToDevice supersteps=1 estimated=Some(960)
           in b f16[48, 20] placements=192 placed_bytes=7680 tiles={0, 1, 2, 3}
         call run
           phase "host to device" HostToDevice supersteps=0 estimated=Some(749)

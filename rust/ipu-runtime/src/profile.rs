@@ -616,18 +616,27 @@ pub struct QueryRow {
     pub tiles: u64,
 }
 
-/// A fixed-width table of query rows.
+/// A fixed-width table of query rows. The group column is as wide as its
+/// longest key (at least 32 characters): a BSP step's phase names every
+/// lowered step it runs, and a fixed width would push its figures out of
+/// their columns.
 pub fn render(rows: &[QueryRow]) -> String {
+    let w = rows
+        .iter()
+        .map(|r| r.key.chars().count())
+        .max()
+        .unwrap_or(0)
+        .max(32);
     let mut out = String::new();
     let _ = writeln!(
         out,
-        "{:<32} {:>12} {:>14} {:>14} {:>14} {:>14} {:>6} {:>6}",
+        "{:<w$} {:>12} {:>14} {:>14} {:>14} {:>14} {:>6} {:>6}",
         "group", "cycles", "compute", "sync", "exchange", "host", "steps", "tiles"
     );
     for r in rows {
         let _ = writeln!(
             out,
-            "{:<32} {:>12} {:>14} {:>14} {:>14} {:>14} {:>6} {:>6}",
+            "{:<w$} {:>12} {:>14} {:>14} {:>14} {:>14} {:>6} {:>6}",
             r.key, r.cycles, r.compute, r.sync, r.exchange, r.host, r.steps, r.tiles
         );
     }
