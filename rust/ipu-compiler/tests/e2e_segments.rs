@@ -231,6 +231,14 @@ fn profiles_attribute_every_step() {
         assert!(s.operation.is_some() && s.phase.is_some(), "{s:?}");
         assert!(!s.kernels.is_empty(), "step {} has no kernels", s.call_step);
     }
+    // Steps are contiguous and add up to the run's device cycles, although
+    // tiles leave the joins' exchange phases at very different cycles.
+    for w in profile.steps.windows(2) {
+        assert_eq!(w[1].start_cycle, w[0].end_cycle, "step {}", w[1].index);
+    }
+    let run_call = profile.calls.iter().find(|c| c.call == "run").unwrap();
+    let lengths: u64 = run.iter().map(|s| s.end_cycle - s.start_cycle).sum();
+    assert_eq!(lengths, run_call.device_cycles);
     // The first step runs the first layer norm, then joins its rows.
     assert!(
         run[0].phase.as_ref().unwrap().starts_with("layernorm n1"),

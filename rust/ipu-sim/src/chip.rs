@@ -73,7 +73,9 @@ pub struct TileStep {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct StepRecord {
     pub kind: StepKind,
-    /// Chip cycle at which the step began (tile counters are aligned at syncs).
+    /// Chip cycle at which the step began: the previous step's end, or
+    /// after a host sync the first resume (a tile that left the previous
+    /// exchange early counts its compute from its own resume, earlier).
     pub start_cycle: u64,
     /// Chip cycle at which the next step begins (the latest resume of any tile).
     pub end_cycle: u64,
@@ -322,7 +324,21 @@ impl Chip {
                 | PhaseEnd::Exit { at }
                 | PhaseEnd::Xend { at } => at,
             };
-            let start_cycle = self.phase_start.iter().copied().min().unwrap_or(0);
+            // Tiles leave an exchange phase at different cycles, and the
+            // first to leave starts computing before the phase has ended on
+            // the chip. The step begins when the previous one has ended for
+            // every tile (or, after a host sync, when the first tile
+            // resumes), so that steps are contiguous and their lengths add
+            // up to the run's cycles; each tile's counters still run from
+            // its own resume.
+            let previous_end = self.steps.last().map_or(0, |s| s.end_cycle);
+            let start_cycle = self
+                .phase_start
+                .iter()
+                .copied()
+                .min()
+                .unwrap_or(0)
+                .max(previous_end);
             let mut record: Vec<TileStep> = std::mem::take(&mut self.pending);
             record.resize(self.tiles.len(), TileStep::default());
             let latest = ends_ok
