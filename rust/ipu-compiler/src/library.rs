@@ -277,6 +277,22 @@ impl KernelLibrary {
                 })?;
                 let mut spec =
                     ipu_kcache::KernelSpec::new(device_dir.join(&request.source), &request.entry);
+                // A missing source most often means a relative --device-dir
+                // (default `device`) read from another working directory.
+                let source = device_dir.join(&request.source);
+                if !source.is_file() {
+                    return Err(CompileError::KernelLibrary {
+                        path: source,
+                        message: format!(
+                            "kernel source of {request} not found: kernels are assembled from the kernel source directory {} ({}); pass --device-dir with the repository's device/ directory, or --kernel-library with a Bazel kernel library index",
+                            device_dir.display(),
+                            match std::env::current_dir() {
+                                Ok(cwd) if device_dir.is_relative() => format!("relative to the working directory {}", cwd.display()),
+                                _ => "as given".to_string(),
+                            }
+                        ),
+                    });
+                }
                 spec.include_dirs.push(device_dir.clone());
                 for (k, v) in &request.params {
                     spec = spec.param(k, *v);

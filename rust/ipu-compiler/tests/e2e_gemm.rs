@@ -498,6 +498,24 @@ fn errors_name_what_is_wrong() {
         Err(e) => e.to_string(),
     };
     assert!(e.contains("missing.library.json"), "{e}");
+    // Kernel sources looked for in a directory without them (a relative
+    // --device-dir from another working directory): the error says where
+    // it looked and what to pass.
+    let empty = tempfile::tempdir().unwrap();
+    let e = match compile(&CompileOptions {
+        kernels: KernelSource::Sources {
+            device_dir: empty.path().to_path_buf(),
+            cache_dir: Some(cache.path().to_path_buf()),
+        },
+        ..options(&root().join("models/gemm_small.ipug"), 4, cache.path())
+    }) {
+        Ok(_) => panic!("compiled without kernel sources"),
+        Err(e) => e.to_string(),
+    };
+    assert!(
+        e.contains("gemm_f16.S") && e.contains("not found") && e.contains("--device-dir"),
+        "{e}"
+    );
 }
 
 /// SigLIP-sized projection (729 x 1152 x 1152) on the whole chip, f32 and f16
