@@ -214,19 +214,37 @@ fn candidates(
     costs: &mut GemmCosts,
     budget: &SearchBudget,
 ) -> (Vec<GemmPlan>, usize) {
-    let mut out = Vec::new();
-    let mut generated = 0usize;
+    use rayon::prelude::*;
+    // The shapes in search order, up to the budget; evaluated in parallel
+    // row-part ranges, each with its own copy of the formula memos (they
+    // only cache pure results), and gathered in that order, so the result
+    // does not depend on the thread count.
+    let mut shapes: Vec<(u32, u32)> = Vec::new();
     'outer: for rp in 1..=g.m.min(tiles) {
         for cp in 1..=g.ncb().min(tiles / rp) {
-            if generated >= budget.max_candidates {
+            if shapes.len() >= budget.max_candidates {
                 break 'outer;
             }
-            generated += 1;
-            if let Some(p) = evaluate(g, rp, cp, costs) {
-                out.push(p);
-            }
+            shapes.push((rp, cp));
         }
     }
+    let generated = shapes.len();
+    let chunk = shapes
+        .len()
+        .div_ceil(4 * rayon::current_num_threads())
+        .max(64);
+    let out: Vec<GemmPlan> = shapes
+        .par_chunks(chunk)
+        .map(|part| {
+            let mut costs = costs.clone();
+            part.iter()
+                .filter_map(|&(rp, cp)| evaluate(g, rp, cp, &mut costs))
+                .collect::<Vec<_>>()
+        })
+        .collect::<Vec<_>>()
+        .into_iter()
+        .flatten()
+        .collect();
     (out, generated)
 }
 

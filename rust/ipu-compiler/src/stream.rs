@@ -444,13 +444,13 @@ pub fn search(
     costs: &mut GemmCosts,
     budget: &SearchBudget,
 ) -> (Vec<GemmPlan>, usize) {
-    let mut candidates = Vec::new();
-    let mut generated = 0usize;
-    let mut memo = Memo::new();
+    use rayon::prelude::*;
     // The chunk layouts below are gemm_f16's; fp8 GEMMs are not streamed.
     if g.fp8_scale.is_some() {
-        return (candidates, generated);
+        return (Vec::new(), 0);
     }
+    // The shapes in search order, up to the budget.
+    let mut shapes: Vec<(u32, u32, u32, u32)> = Vec::new();
     'outer: for kp in K_PARTS
         .iter()
         .copied()
@@ -462,30 +462,52 @@ pub fn search(
             let first_cp = least.div_ceil(rp).max(1);
             for cp in first_cp..=g.ncb().min(grid / rp) {
                 for ch in CHUNK_BLOCKS.iter().copied().filter(|&c| c <= g.nkb()) {
-                    // One candidate, B from homes or resident (only with
-                    // K parts: evaluate refuses resident B without).
-                    if generated >= budget.max_candidates {
+                    if shapes.len() >= budget.max_candidates {
                         break 'outer;
                     }
-                    generated += 1;
-                    for b_resident in [false, true].into_iter().filter(|&r| {
-                        budget.stream_b_resident.is_none_or(|only| only == r) && (!r || kp > 1)
-                    }) {
-                        if let Some(p) = evaluate(
-                            g,
-                            (rp, cp, kp),
-                            (ch, b_resident),
-                            (host_a, bias),
-                            costs,
-                            &mut memo,
-                        ) {
-                            candidates.push(p);
-                        }
-                    }
+                    shapes.push((rp, cp, kp, ch));
                 }
             }
         }
     }
+    let generated = shapes.len();
+    // Evaluated in parallel runs of consecutive shapes, each with its own
+    // copies of the formula memos and the shard-cost memo (caches of pure
+    // results), gathered in search order: the same plans for any thread
+    // count. Each shape is one candidate with B from homes or resident
+    // (only with K parts: evaluate refuses resident B without).
+    let chunk = shapes
+        .len()
+        .div_ceil(4 * rayon::current_num_threads())
+        .max(16);
+    let mut candidates: Vec<GemmPlan> = shapes
+        .par_chunks(chunk)
+        .map(|part| {
+            let mut costs = costs.clone();
+            let mut memo = Memo::new();
+            let mut out = Vec::new();
+            for &(rp, cp, kp, ch) in part {
+                for b_resident in [false, true].into_iter().filter(|&r| {
+                    budget.stream_b_resident.is_none_or(|only| only == r) && (!r || kp > 1)
+                }) {
+                    if let Some(p) = evaluate(
+                        g,
+                        (rp, cp, kp),
+                        (ch, b_resident),
+                        (host_a, bias),
+                        &mut costs,
+                        &mut memo,
+                    ) {
+                        out.push(p);
+                    }
+                }
+            }
+            out
+        })
+        .collect::<Vec<_>>()
+        .into_iter()
+        .flatten()
+        .collect();
     candidates.sort_by_key(|p| {
         (
             p.estimate.compute_cycles,
