@@ -1531,6 +1531,17 @@ fn lower_segments(
         // fits beside the other segments; otherwise each weight has one
         // copy spread over all tiles and moves to its segment's tiles when
         // the segment starts.
+        if let Some((tile, needed, available)) = segment::resident_weights_exceed(&parts) {
+            tracing::info!(
+                tile,
+                needed,
+                available,
+                "the segments' weights cannot stay resident beside the largest segment's buffers (region 1 bytes, a lower bound); streaming them from their homes"
+            );
+            let l = segment::join(graph, &segments, parts, tiles, true)?;
+            verifier("join", lower::verify(&l))?;
+            return Ok(l);
+        }
         let l = segment::join(graph, &segments, parts.clone(), tiles, false)?;
         let l = match segment::first_overflow(&l) {
             None => l,

@@ -735,6 +735,55 @@ pub fn join(
 /// link about 20 KiB).
 const CODE_ALLOWANCE: u32 = 40 * 1024;
 
+/// A tile on which the segments' weights cannot all stay resident, found
+/// without joining: `(tile, needed, available)` interleaved bytes, where
+/// `needed` is a lower bound on what a join with resident weights would
+/// place in region 1 there: every segment's weights (they live for the
+/// whole program), plus the largest that any one segment holds at once
+/// besides its weights (its persistent interleaved buffers and its largest
+/// scratch phase; element rounding and values that outlive a segment are
+/// left out, so the bound never exceeds what the join would need). A join
+/// schedules every exchange step before `first_overflow` can tell, so a
+/// model whose weights cannot fit skips that join (the ViT block's took
+/// about half of its join phase).
+pub fn resident_weights_exceed(parts: &[Lowered]) -> Option<(u32, u64, u64)> {
+    use crate::lower::RegionReq;
+    let available = (ipu_arch::REGION1_END - ipu_arch::REGION1_BASE) as u64;
+    let mut weights: BTreeMap<u32, u64> = BTreeMap::new();
+    let mut working: BTreeMap<u32, u64> = BTreeMap::new();
+    for part in parts {
+        let params: BTreeSet<(u32, usize)> = part.io[0]
+            .0
+            .iter()
+            .flat_map(|t| t.placements.iter().map(|p| (p.tile, p.buffer)))
+            .collect();
+        for (&tile, bufs) in &part.buffers {
+            let mut persistent = 0u64;
+            let mut phases: BTreeMap<u32, u64> = BTreeMap::new();
+            for (i, b) in bufs.iter().enumerate() {
+                if b.region != RegionReq::Interleaved {
+                    continue;
+                }
+                if params.contains(&(tile, i)) {
+                    *weights.entry(tile).or_default() += b.bytes as u64;
+                } else if let Some(phase) = b.scratch {
+                    *phases.entry(phase).or_default() += b.bytes as u64;
+                } else {
+                    persistent += b.bytes as u64;
+                }
+            }
+            let held = persistent + phases.values().copied().max().unwrap_or(0);
+            let w = working.entry(tile).or_default();
+            *w = (*w).max(held);
+        }
+    }
+    weights
+        .iter()
+        .map(|(&tile, &w)| (tile, w + working.get(&tile).copied().unwrap_or(0)))
+        .find(|&(_, needed)| needed > available)
+        .map(|(tile, needed)| (tile, needed, available))
+}
+
 /// The first tile whose buffers do not fit (with [`CODE_ALLOWANCE`] of
 /// code), as the storage error.
 pub fn first_overflow(l: &Lowered) -> Option<CompileError> {
@@ -889,5 +938,71 @@ mod tests {
         assert!(e.to_string().contains("bytes 16..24"), "{e}");
         let e = transfers_between("x", &from, &[p(2, 0, 2, 0, 8)]).unwrap_err();
         assert!(e.to_string().contains("4-byte words"), "{e}");
+    }
+
+    /// Two segments on one tile, each with a weight and working buffers:
+    /// the bound adds both weights to the larger working set (a part's
+    /// persistent buffers plus its largest scratch phase, not the sum of its
+    /// phases), and says so only when that exceeds region 1.
+    #[test]
+    fn resident_weights_bound_adds_every_weight_to_the_largest_working_set() {
+        use crate::lower::{BufferSpec, RegionReq};
+        let buf = |name: &str, bytes: u32, scratch: Option<u32>| BufferSpec {
+            name: name.into(),
+            bytes,
+            align: 8,
+            region: RegionReq::Interleaved,
+            exclusive_element: false,
+            zero: vec![],
+            category: "test".into(),
+            scratch,
+            lifetime: None,
+        };
+        let part = |weight: u32, persistent: u32, phases: [u32; 2]| Lowered {
+            tile_count: 1,
+            buffers: [(
+                0u32,
+                vec![
+                    buf("w", weight, None),
+                    buf("a", persistent, None),
+                    buf("s1", phases[0], Some(1)),
+                    buf("s2", phases[1], Some(2)),
+                ],
+            )]
+            .into_iter()
+            .collect(),
+            calls: vec![],
+            io: vec![(
+                vec![HostTensor {
+                    name: "w".into(),
+                    ty: ipu_graph::TensorType::new(DType::F16, [1, 1]),
+                    placements: vec![HostPlacement {
+                        tile: 0,
+                        buffer: 0,
+                        buffer_offset: 0,
+                        host_offset: 0,
+                        bytes: 2,
+                    }],
+                }],
+                vec![],
+            )],
+            resident: vec![],
+            group_results: BTreeMap::new(),
+        };
+        let region1 = (ipu_arch::REGION1_END - ipu_arch::REGION1_BASE) as u64;
+        // Weights 100 + 50 KB; working sets 200 + max(80, 90) = 290 KB and
+        // 10 + 5 = 15 KB: 440 KB > 416 KiB.
+        let big = [
+            part(100 << 10, 200 << 10, [80 << 10, 90 << 10]),
+            part(50 << 10, 10 << 10, [5 << 10, 0]),
+        ];
+        assert_eq!(resident_weights_exceed(&big), Some((0, 440 << 10, region1)));
+        // Without the first weight: 50 + 290 = 340 KB fits (the sum of the
+        // first part's phases, 200 + 80 + 90, would be counted by no join).
+        let fits = [
+            part(0, 200 << 10, [80 << 10, 90 << 10]),
+            part(50 << 10, 10 << 10, [5 << 10, 0]),
+        ];
+        assert_eq!(resident_weights_exceed(&fits), None);
     }
 }
