@@ -258,7 +258,7 @@ pub(crate) fn reduce_kernel_f16_sum() -> KernelRequest {
 /// most 2.3e-3, docs/kernels.md), so only for a result that feeds a GEMM,
 /// whose long sums average such errors out (`feeds_gemm`); a result the
 /// host reads keeps the f32 GELU.
-fn reduce_request_f16_partials(
+pub(crate) fn reduce_request_f16_partials(
     library: &mut KernelLibrary,
     epilogue: i64,
     feeds_gemm: bool,

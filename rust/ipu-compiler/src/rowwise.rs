@@ -9,7 +9,8 @@
 //! tile: `layernorm_f16`, `softmax_rows`, `cast`, or `reduce_f32` with f16
 //! partials (IN=16), which
 //! sums P = 2 partials for a residual add, and with P = 1 applies the bias
-//! (EPI 1) or GELU (EPI 3) epilogue. Element-wise kernels split a row's
+//! (EPI 1) or GELU (EPI 3) epilogue; the adds sum in f16 (ACC=16, one
+//! rounding of the exact sum) when the library has that object. Element-wise kernels split a row's
 //! groups over the workers when a tile has fewer rows than workers; a layer
 //! norm on tiles of at most three rows splits each row into slices over the
 //! workers when that is cheaper by the kernels' formulas, as three compute
@@ -679,7 +680,11 @@ pub fn lower(
         let request = match op.work {
             Work::LayerNorm { .. } => layernorm_request(0),
             Work::Softmax => softmax_request(),
-            Work::Reduce { epi, .. } => crate::reduce_kernel_f16_partials(epi),
+            // A residual add (P = 2) and a bias add sum in f16 when the
+            // library has it: one rounding of the exact sum, as the f32 sum
+            // rounded to f16 gives (or a rarer double rounding it avoids),
+            // at P + 1 issue slots per four outputs instead of 4P + 5.
+            Work::Reduce { epi, .. } => crate::reduce_request_f16_partials(library, epi, false),
             Work::Cast { from, to, scale } => cast_request(from, to, scale),
         };
         let vars: &[&str] = match op.work {
