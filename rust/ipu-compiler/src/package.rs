@@ -204,16 +204,8 @@ pub fn checkpoints(l: &Lowered, storage: &BTreeMap<u32, TileStorage>) -> Value {
     // whether the filter removes anything, so that a parameter whose bytes
     // stay intact is reduced once for both calls (a SigLIP weight has
     // 580,608 placements), and the distinct lists are reduced in parallel.
-    // Indexed by tile (placements number in the millions).
-    let mut lost = vec![Vec::new(); l.tile_count as usize];
-    for &(tile, buffer) in &overwritten {
-        let v = &mut lost[tile as usize];
-        if v.len() <= buffer {
-            v.resize(buffer + 1, false);
-        }
-        v[buffer] = true;
-    }
-    let is_lost = |p: &HostPlacement| lost[p.tile as usize].get(p.buffer) == Some(&true);
+    // Indexed by tile and buffer (placements number in the millions).
+    let is_lost = |p: &HostPlacement| overwritten[p.tile as usize].get(p.buffer) == Some(&true);
     let addresses: Vec<&[u32]> = (0..l.tile_count)
         .map(|t| storage.get(&t).map_or(&[][..], |s| &s.addresses[..]))
         .collect();
@@ -282,23 +274,22 @@ pub fn checkpoints(l: &Lowered, storage: &BTreeMap<u32, TileStorage>) -> Value {
     json!({"format_version": 1, "calls": calls})
 }
 
-/// The (tile, buffer) pairs whose bytes a buffer that lives later in the
-/// `run` call may reuse, so that at the end of the call they need not hold
+/// By tile and buffer, whether a buffer that lives later in the `run` call
+/// may reuse the buffer's bytes, so that at the end of the call they need not hold
 /// what was written there. Buffers share memory only across scratch phases
 /// (which run in increasing order within a segment) and across segment
 /// lifetimes (in increasing order); a buffer live for the whole program
 /// shares with none. Of two overlapping buffers the later one survives; an
 /// overlap of two buffers with the same lifetime and phase (which the
 /// storage validator refuses) counts as overwriting both.
-fn overwritten_by_run(
-    l: &Lowered,
-    storage: &BTreeMap<u32, TileStorage>,
-) -> std::collections::BTreeSet<(u32, usize)> {
-    let mut out = std::collections::BTreeSet::new();
+fn overwritten_by_run(l: &Lowered, storage: &BTreeMap<u32, TileStorage>) -> Vec<Vec<bool>> {
+    let mut out: Vec<Vec<bool>> = vec![Vec::new(); l.tile_count as usize];
     for (&tile, buffers) in &l.buffers {
         let Some(st) = storage.get(&tile) else {
             continue;
         };
+        let lost = &mut out[tile as usize];
+        lost.resize(buffers.len(), false);
         let span = |i: usize| {
             let a = st.addresses[i] as u64;
             (a, a + buffers[i].bytes as u64)
@@ -318,14 +309,14 @@ fn overwritten_by_run(
                 }
                 match order(i).cmp(&order(j)) {
                     std::cmp::Ordering::Less => {
-                        out.insert((tile, i));
+                        lost[i] = true;
                     }
                     std::cmp::Ordering::Greater => {
-                        out.insert((tile, j));
+                        lost[j] = true;
                     }
                     std::cmp::Ordering::Equal => {
-                        out.insert((tile, i));
-                        out.insert((tile, j));
+                        lost[i] = true;
+                        lost[j] = true;
                     }
                 }
             }
