@@ -1531,26 +1531,28 @@ fn lower_segments(
         // fits beside the other segments; otherwise each weight has one
         // copy spread over all tiles and moves to its segment's tiles when
         // the segment starts.
-        if let Some((tile, needed, available)) = segment::resident_weights_exceed(&parts) {
+        // A lower bound on the resident weights' bytes settles most models
+        // without the resident join, which schedules every exchange step
+        // before its overflow shows.
+        let l = if let Some((tile, needed, available)) = segment::resident_weights_exceed(&parts) {
             tracing::info!(
                 tile,
                 needed,
                 available,
                 "the segments' weights cannot stay resident beside the largest segment's buffers (region 1 bytes, a lower bound); streaming them from their homes"
             );
-            let l = segment::join(graph, &segments, parts, tiles, true)?;
-            verifier("join", lower::verify(&l))?;
-            return Ok(l);
-        }
-        let l = segment::join(graph, &segments, parts.clone(), tiles, false)?;
-        let l = match segment::first_overflow(&l) {
-            None => l,
-            Some(e) => {
-                tracing::info!(
-                    overflow = %e,
-                    "the segments' weights do not fit side by side; streaming them from their homes"
-                );
-                segment::join(graph, &segments, parts, tiles, true)?
+            segment::join(graph, &segments, parts, tiles, true)?
+        } else {
+            let l = segment::join(graph, &segments, parts.clone(), tiles, false)?;
+            match segment::first_overflow(&l) {
+                None => l,
+                Some(e) => {
+                    tracing::info!(
+                        overflow = %e,
+                        "the segments' weights do not fit side by side; streaming them from their homes"
+                    );
+                    segment::join(graph, &segments, parts, tiles, true)?
+                }
             }
         };
         verifier("join", lower::verify(&l))?;
