@@ -144,19 +144,23 @@ pub fn info(
     }
 }
 
-fn kernels_of(step: &crate::lower::Step) -> Vec<Value> {
-    let mut by_kernel: BTreeMap<String, Vec<u32>> = BTreeMap::new();
-    for (tile, vertices) in &step.tiles {
-        for v in vertices {
-            let tiles = by_kernel.entry(v.kernel.entry.clone()).or_default();
-            if tiles.last() != Some(tile) {
-                tiles.push(*tile);
+/// The kernels that `steps` run, one entry per kernel with the tiles that
+/// run it in any of the steps (`[{kernel, tiles}]`, both in order).
+fn kernels_of<'s>(steps: impl IntoIterator<Item = &'s crate::lower::Step>) -> Vec<Value> {
+    let mut by_kernel: BTreeMap<String, std::collections::BTreeSet<u32>> = BTreeMap::new();
+    for step in steps {
+        for (tile, vertices) in &step.tiles {
+            for v in vertices {
+                by_kernel
+                    .entry(v.kernel.entry.clone())
+                    .or_default()
+                    .insert(*tile);
             }
         }
     }
     by_kernel
         .into_iter()
-        .map(|(k, t)| json!({"kernel": k, "tiles": t}))
+        .map(|(k, t)| json!({"kernel": k, "tiles": t.into_iter().collect::<Vec<u32>>()}))
         .collect()
 }
 
@@ -258,13 +262,8 @@ pub fn checkpoints(l: &Lowered, storage: &BTreeMap<u32, TileStorage>) -> Value {
                 };
                 let mut v = json!({"value": t.name, "stop": 1, "placements": placements_json(p)});
                 if computed {
-                    let kernels: Vec<Value> = call
-                        .steps
-                        .iter()
-                        .filter(|s| s.operation == t.name)
-                        .flat_map(kernels_of)
-                        .collect();
-                    v["kernels"] = Value::Array(kernels);
+                    let steps = call.steps.iter().filter(|s| s.operation == t.name);
+                    v["kernels"] = Value::Array(kernels_of(steps));
                 }
                 values.push(v);
             }
@@ -373,21 +372,7 @@ pub fn schedule(l: &Lowered) -> Value {
                             .join("; ")
                     };
                     step.insert("phase".into(), json!(phase));
-                    // One entry per kernel, its tiles merged over the steps.
-                    let mut by_kernel: BTreeMap<String, std::collections::BTreeSet<u32>> =
-                        BTreeMap::new();
-                    for s in group {
-                        for (tile, vertices) in &s.tiles {
-                            for v in vertices {
-                                by_kernel.entry(v.kernel.entry.clone()).or_default().insert(*tile);
-                            }
-                        }
-                    }
-                    let kernels: Vec<Value> = by_kernel
-                        .into_iter()
-                        .map(|(k, t)| json!({"kernel": k, "tiles": t.into_iter().collect::<Vec<u32>>()}))
-                        .collect();
-                    step.insert("kernels".into(), Value::Array(kernels));
+                    step.insert("kernels".into(), Value::Array(kernels_of(group)));
                     Value::Object(step)
                 })
                 .collect();
