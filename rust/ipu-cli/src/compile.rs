@@ -1,6 +1,6 @@
 //! `ipu compile MODEL -o PKG`: the graph compiler's front end.
 
-use ipu_compiler::{Accumulation, CompileOptions, KernelSource, SearchBudget};
+use ipu_compiler::{Accumulation, CompileOptions, HostInputs, KernelSource, SearchBudget};
 use std::path::PathBuf;
 
 #[derive(clap::Args)]
@@ -25,7 +25,10 @@ pub struct CompileArgs {
     report: Option<PathBuf>,
     /// Planner options as KEY=VALUE: beam_width, finalists, max_candidates,
     /// accumulation (auto, f16, f32), attention_layout (auto, rows, columns),
-    /// stream_b (auto, homes, resident: where a streamed GEMM's B lives).
+    /// stream_b (auto, homes, resident: where a streamed GEMM's B lives),
+    /// host_inputs (once: an input the program holds more than once is
+    /// written once and copied on the device; replicated: the host writes
+    /// every copy).
     #[arg(long = "option", value_name = "KEY=VALUE")]
     options: Vec<String>,
 }
@@ -40,12 +43,7 @@ pub fn run(args: CompileArgs) -> Result<(), String> {
     };
     let mut options = CompileOptions::new(&args.model, args.tiles, kernels);
     options.output = Some(args.output.clone());
-    apply_options(
-        &mut options.search,
-        &mut options.accumulation,
-        &mut options.attention_layout,
-        &args.options,
-    )?;
+    apply_options(&mut options, &args.options)?;
     let output = ipu_compiler::compile(&options).map_err(|e| e.to_string())?;
     if let Some(path) = &args.report {
         let text = serde_json::to_string_pretty(&output.report).map_err(|e| e.to_string())? + "\n";
@@ -61,12 +59,11 @@ pub fn run(args: CompileArgs) -> Result<(), String> {
     Ok(())
 }
 
-fn apply_options(
-    search: &mut SearchBudget,
-    accumulation: &mut Accumulation,
-    attention_layout: &mut Option<ipu_compiler::attention::AttentionLayout>,
-    options: &[String],
-) -> Result<(), String> {
+fn apply_options(compile: &mut CompileOptions, options: &[String]) -> Result<(), String> {
+    let search: &mut SearchBudget = &mut compile.search;
+    let accumulation: &mut Accumulation = &mut compile.accumulation;
+    let attention_layout = &mut compile.attention_layout;
+    let host_inputs = &mut compile.host_inputs;
     for option in options {
         let (key, value) = option
             .split_once('=')
@@ -105,9 +102,16 @@ fn apply_options(
                     _ => return Err(format!("--option attention_layout={value}: expected auto, rows or columns")),
                 }
             }
+            "host_inputs" => {
+                *host_inputs = match value {
+                    "once" => HostInputs::Once,
+                    "replicated" => HostInputs::Replicated,
+                    _ => return Err(format!("--option host_inputs={value}: expected once or replicated")),
+                }
+            }
             _ => {
                 return Err(format!(
-                    "unknown --option {key:?}: known options are beam_width, finalists, max_candidates, accumulation, attention_layout, stream_b"
+                    "unknown --option {key:?}: known options are beam_width, finalists, max_candidates, accumulation, attention_layout, stream_b, host_inputs"
                 ))
             }
         }

@@ -278,6 +278,12 @@ pub struct GemmCosts {
     /// Whether the A operand is a buffer of this GEMM (a host operand)
     /// rather than the result of an earlier GEMM on the same tile.
     pub owns_a: bool,
+    /// Whether A is a value the program holds once and copies to the
+    /// tiles that read it by an exchange step before the GEMM (a host
+    /// input under `HostInputs::Once`, or an earlier segment's result):
+    /// every tile of a column part then receives its rows of A, which the
+    /// plan's device cycles count.
+    pub a_copied: bool,
     /// Whether the result feeds a later GEMM (and lives in region 1).
     pub feeds_gemm: bool,
     /// Phased placement (a model with attention): the region-1 bytes that
@@ -459,6 +465,7 @@ mod tests {
                 .then(|| FormulaCost::new("6 * (8 + ROWS * (3 + QUADS * (2 * P + 7)))".into())),
             memory_budget: 416 * 1024,
             owns_a: true,
+            a_copied: false,
             feeds_gemm: false,
             persistent_budget: None,
             a_persistent: false,

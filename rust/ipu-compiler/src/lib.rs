@@ -80,6 +80,26 @@ pub struct CompileOptions {
     /// The attention layout to use; `None` lets the planner choose the
     /// faster estimate.
     pub attention_layout: Option<attention::AttentionLayout>,
+    /// How the host writes inputs that the program holds more than once.
+    pub host_inputs: HostInputs,
+}
+
+/// How the host writes a model input that the program holds more than
+/// once (a GEMM's A on every column part's tiles, the attention input on
+/// every projection tile).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum HostInputs {
+    /// Once, into a home spread over all tiles (or the one copy a segment
+    /// holds), copied to its readers by an exchange step at the start of
+    /// the run, as if a previous layer had left it on the device: every
+    /// input byte crosses the host link once and the copies count in the
+    /// run's device cycles.
+    #[default]
+    Once,
+    /// Once per copy, over the host link (32 GB/s for the whole chip): no
+    /// exchange step, but the SigLIP attention's x crosses the link 216
+    /// times, about 17 M host cycles for 0.12 M device cycles.
+    Replicated,
 }
 
 impl CompileOptions {
@@ -93,6 +113,7 @@ impl CompileOptions {
             output: None,
             accumulation: Accumulation::Auto,
             attention_layout: None,
+            host_inputs: HostInputs::Once,
         }
     }
 }
@@ -814,6 +835,15 @@ fn plan_and_lower(
                     },
                     memory_budget: share,
                     owns_a: matches!(group.a, fuse::Source::Host(_)),
+                    // Only a model of one segment weighs the copy of A: in a
+                    // segmented model the join also moves the weights that
+                    // stream from their homes, which the plans do not see,
+                    // and weighing A alone made the ViT block slower
+                    // (449,111 -> 472,353 simulated cycles).
+                    a_copied: matches!(group.a, fuse::Source::Host(_))
+                        && !a_param
+                        && options.host_inputs == HostInputs::Once
+                        && tile_count_override.is_none(),
                     feeds_gemm: group.feeds_gemm,
                     persistent_budget: None,
                     a_persistent: geometry.kp() != geometry.k || a_param,
@@ -1475,9 +1505,21 @@ fn lower_segments(
     segment_attention_region0: u64,
 ) -> Result<SegmentLowered, CompileError> {
     let segments = phase("segment", || segment::split(graph))?;
+    let input_homes = options.host_inputs == HostInputs::Once;
     if let [only] = segments.as_slice() {
         if only.kind == segment::Kind::Blocks {
-            return plan_and_lower(graph, options, library, None, segment_attention_region0);
+            let mut r = plan_and_lower(graph, options, library, None, segment_attention_region0)?;
+            // Inputs held more than once are written once and copied by
+            // an exchange step: the join of the one segment does that.
+            if input_homes && segment::holds_an_input_twice(&r.lowered) {
+                let tiles = r.lowered.tile_count;
+                r.lowered = phase("join", || {
+                    let l = segment::join(graph, &segments, vec![r.lowered], tiles, false, true)?;
+                    verifier("join", lower::verify(&l))?;
+                    Ok(l)
+                })?;
+            }
+            return Ok(r);
         }
     }
     let tiles = options.tiles;
@@ -1541,9 +1583,9 @@ fn lower_segments(
                 available,
                 "the segments' weights cannot stay resident beside the largest segment's buffers (region 1 bytes, a lower bound); streaming them from their homes"
             );
-            segment::join(graph, &segments, parts, tiles, true)?
+            segment::join(graph, &segments, parts, tiles, true, input_homes)?
         } else {
-            let l = segment::join(graph, &segments, parts.clone(), tiles, false)?;
+            let l = segment::join(graph, &segments, parts.clone(), tiles, false, input_homes)?;
             match segment::first_overflow(&l) {
                 None => l,
                 Some(e) => {
@@ -1551,7 +1593,7 @@ fn lower_segments(
                         overflow = %e,
                         "the segments' weights do not fit side by side; streaming them from their homes"
                     );
-                    segment::join(graph, &segments, parts, tiles, true)?
+                    segment::join(graph, &segments, parts, tiles, true, input_homes)?
                 }
             }
         };

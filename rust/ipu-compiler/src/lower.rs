@@ -286,7 +286,9 @@ pub fn lower(
                 format!("gemm {value} (epilogue {})", fused.join(", "))
             },
             tiles: BTreeMap::new(),
-            estimated_cycles: pg.plan.estimate.compute_cycles - pg.plan.estimate.reduce_cycles,
+            estimated_cycles: pg.plan.estimate.compute_cycles
+                - pg.plan.estimate.reduce_cycles
+                - pg.plan.estimate.copy_cycles,
             exchange: None,
         };
         // The A buffer of each consumer tile of an exchanged hand-off.

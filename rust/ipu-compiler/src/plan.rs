@@ -49,6 +49,11 @@ pub struct Estimate {
     /// The part of `compute_cycles` spent in the reduce step (sum of K-group
     /// partials and/or f32 -> f16 conversion).
     pub reduce_cycles: u64,
+    /// The part of `compute_cycles` that copies A from where the program
+    /// holds it once to the tiles that read it (`GemmCosts::a_copied`): an
+    /// exchange step of its own, which the join schedules and estimates,
+    /// counted here so that plans compare with it.
+    pub copy_cycles: u64,
     /// Host link cycles of the run call's inputs (every placed copy).
     pub host_in_cycles: u64,
     /// Host link cycles of the outputs.
@@ -173,11 +178,24 @@ pub fn evaluate(
         let r1 = costs.region1_bytes(&layout)?;
         peak_r1 = peak_r1.max(r1);
     }
+    // An A held once and copied by exchange (`a_copied`) reaches every
+    // column part's tiles in a step of its own: a sync, then each tile
+    // receives its rows (the largest row part bounds it, 4 bytes a cycle).
+    // With one column part the rows are held once, where they are read.
+    let copied = costs.a_copied && cols.len() > 1;
+    let copy = if copied {
+        let widest = rows.iter().map(|r| r.1 - r.0).max().unwrap_or(0) as u64;
+        SYNC_CYCLES + (widest * g.k as u64 * g.operand_bytes() as u64).div_ceil(4)
+    } else {
+        0
+    };
+    compute += copy;
     for &(r0, r1) in &rows {
-        // Host A rows go to every tile of the row part; B columns to every row part.
+        // Host A rows go to every tile of the row part (once, when they
+        // are copied by exchange); B columns to every row part.
         if costs.owns_a {
-            in_bytes +=
-                (r1 - r0) as u64 * g.k as u64 * g.operand_bytes() as u64 * cols.len() as u64;
+            let copies = if copied { 1 } else { cols.len() as u64 };
+            in_bytes += (r1 - r0) as u64 * g.k as u64 * g.operand_bytes() as u64 * copies;
         }
     }
     for &(c0, c1) in &cols {
@@ -194,6 +212,7 @@ pub fn evaluate(
         estimate: Estimate {
             compute_cycles: compute,
             reduce_cycles: cast_part,
+            copy_cycles: copy,
             host_in_cycles: host_in,
             host_out_cycles: host_out,
             params_cycles: host_transfer_cycles(param_bytes, CLOCK_HZ_C600),
@@ -424,6 +443,7 @@ mod tests {
             reduce: Some(FormulaCost::new(reduce.into())),
             memory_budget: 416 * 1024,
             owns_a: true,
+            a_copied: false,
             feeds_gemm: false,
             persistent_budget: None,
             a_persistent: false,

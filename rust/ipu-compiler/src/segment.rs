@@ -394,6 +394,48 @@ fn param_home(
     tile_count: u32,
     buffers: &mut BTreeMap<u32, Vec<crate::lower::BufferSpec>>,
 ) -> Vec<HostPlacement> {
+    home(t, to, tile_count, buffers, "param_home")
+}
+
+/// A host input's home: like [`param_home`], but written by the host at the
+/// start of every run call. An input that its readers hold more than once
+/// (a GEMM's A on every column part's tiles) then crosses the host link
+/// once and is copied on the device by exchange, which the run's device
+/// cycles count, instead of once per copy over the 32 GB/s host link,
+/// which they would not.
+fn input_home(
+    t: &HostTensor,
+    to: &[HostPlacement],
+    tile_count: u32,
+    buffers: &mut BTreeMap<u32, Vec<crate::lower::BufferSpec>>,
+) -> Vec<HostPlacement> {
+    home(t, to, tile_count, buffers, "input_home")
+}
+
+/// Whether `placements` hold every byte of a `total`-byte tensor exactly once.
+fn single_copy(placements: &[HostPlacement], total: u64) -> bool {
+    let mut runs: Vec<(u64, u64)> = placements
+        .iter()
+        .map(|p| (p.host_offset, p.host_offset + p.bytes as u64))
+        .collect();
+    runs.sort_unstable();
+    let mut at = 0;
+    for (start, end) in runs {
+        if start != at {
+            return false;
+        }
+        at = end;
+    }
+    at == total
+}
+
+fn home(
+    t: &HostTensor,
+    to: &[HostPlacement],
+    tile_count: u32,
+    buffers: &mut BTreeMap<u32, Vec<crate::lower::BufferSpec>>,
+    category: &str,
+) -> Vec<HostPlacement> {
     let total = t.ty.bytes();
     // The home order: host runs (offset, bytes) as the destinations hold
     // them, each host byte at its first appearance, then any byte no
@@ -455,7 +497,7 @@ fn param_home(
             region: crate::lower::RegionReq::Any,
             exclusive_element: false,
             zero: vec![],
-            category: "param_home".into(),
+            category: category.into(),
             scratch: None,
             lifetime: None,
         });
@@ -487,13 +529,17 @@ fn param_home(
 /// one, with an exchange step before each segment that moves its device
 /// inputs from where earlier segments left them (and, with
 /// `stream_params`, its GEMM weights from their one copy spread over all
-/// tiles, so that the segments' weight buffers share memory).
+/// tiles, so that the segments' weight buffers share memory; with
+/// `input_homes`, its host inputs from their one copy: the first segment
+/// that holds an input once is where the host writes it, and an input no
+/// segment holds once gets a home spread over all tiles).
 pub fn join(
     graph: &Graph,
     segments: &[Segment],
     parts: Vec<Lowered>,
     tile_count: u32,
     stream_params: bool,
+    input_homes: bool,
 ) -> Result<Lowered, CompileError> {
     let mut buffers: BTreeMap<u32, Vec<crate::lower::BufferSpec>> =
         (0..tile_count).map(|t| (t, Vec::new())).collect();
@@ -513,6 +559,22 @@ pub fn join(
     let mut segment_of: BTreeMap<(u32, usize), u32> = BTreeMap::new();
     // With `stream_params`, each parameter's one copy spread over all tiles.
     let mut homes: BTreeMap<String, Vec<HostPlacement>> = BTreeMap::new();
+    // With `input_homes`, where the host writes each input (its one copy).
+    let mut input_home_of: BTreeMap<String, Vec<HostPlacement>> = BTreeMap::new();
+    // The segments that read each host input.
+    let mut readers: BTreeMap<String, Vec<usize>> = BTreeMap::new();
+    for (si, part) in parts.iter().enumerate() {
+        for t in part
+            .io
+            .get(1)
+            .map(|(i, _)| i.as_slice())
+            .unwrap_or_default()
+        {
+            readers.entry(t.name.clone()).or_default().push(si);
+        }
+    }
+    let read_later =
+        |name: &str, si: usize| readers.get(name).is_some_and(|r| r.iter().any(|&j| j > si));
     let mut phase_base = 0u32;
     let mut label = 0u32;
     let is_output = |name: &str| {
@@ -560,6 +622,7 @@ pub fn join(
         };
         // The device inputs' exchange step, before the segment's steps.
         let mut transfers = Vec::new();
+        let mut homed = Vec::new();
         for t in seg_inputs {
             let placements: Vec<HostPlacement> =
                 t.placements.iter().map(|p| remap.placement(p)).collect();
@@ -581,6 +644,45 @@ pub fn join(
                         .filter(|p| !starts_segment(&buffers, p))
                         .map(|p| (p.tile, p.buffer)),
                 );
+                continue;
+            }
+            if input_homes {
+                // The input's first single copy is its home (the host
+                // writes it there, and later readers copy it by exchange);
+                // an input that no segment holds once gets a home of its
+                // own spread over all tiles.
+                if let Some(home) = input_home_of.get(&t.name) {
+                    transfers.extend(transfers_between(&t.name, home, &placements)?);
+                    whole_segment.extend(
+                        placements
+                            .iter()
+                            .filter(|p| !starts_segment(&buffers, p))
+                            .map(|p| (p.tile, p.buffer)),
+                    );
+                    homed.push(t.name.clone());
+                    continue;
+                }
+                if !single_copy(&placements, t.ty.bytes()) {
+                    let home = input_home(&t, &placements, tile_count, &mut buffers);
+                    transfers.extend(transfers_between(&t.name, &home, &placements)?);
+                    whole_segment.extend(
+                        placements
+                            .iter()
+                            .filter(|p| !starts_segment(&buffers, p))
+                            .map(|p| (p.tile, p.buffer)),
+                    );
+                    homed.push(t.name.clone());
+                    HostTensors::place(&mut inputs, &t, home.iter().cloned());
+                    input_home_of.insert(t.name.clone(), home);
+                    continue;
+                }
+                // Written at the start of the run: it outlives the earlier
+                // segments' phases, and the later segments that read it.
+                if si > 0 || read_later(&t.name, si) {
+                    persistent.extend(placements.iter().map(|p| (p.tile, p.buffer)));
+                }
+                input_home_of.insert(t.name.clone(), placements.clone());
+                HostTensors::place(&mut inputs, &t, placements);
                 continue;
             }
             // A host input a later segment reads is written at the start of
@@ -625,6 +727,7 @@ pub fn join(
             let names = segment
                 .device_inputs
                 .iter()
+                .chain(&homed)
                 .chain(&streamed)
                 .cloned()
                 .collect::<Vec<_>>()
@@ -730,6 +833,16 @@ pub fn join(
     ))
 }
 
+/// Whether the run call of `l` holds some host input more than once (or
+/// not whole), so that writing it once needs a join.
+pub fn holds_an_input_twice(l: &Lowered) -> bool {
+    l.io.get(1).is_some_and(|(inputs, _)| {
+        inputs
+            .iter()
+            .any(|t| !single_copy(&t.placements, t.ty.bytes()))
+    })
+}
+
 /// Code and vertex-state bytes assumed per tile when checking whether a
 /// joined program fits before it is linked (the SigLIP attention's tiles
 /// link about 20 KiB).
@@ -795,6 +908,25 @@ pub fn first_overflow(l: &Lowered) -> Option<CompileError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// `single_copy` decides which inputs get a home: only placements that
+    /// hold every byte exactly once are left where the host writes them.
+    #[test]
+    fn single_copy_means_every_byte_once() {
+        let at = |tile: u32, host_offset: u64, bytes: u32| HostPlacement {
+            tile,
+            buffer: 0,
+            buffer_offset: 0,
+            host_offset,
+            bytes,
+        };
+        assert!(single_copy(&[at(1, 8, 8), at(0, 0, 8)], 16));
+        // A row on two tiles, a gap, a tensor not covered to its end.
+        assert!(!single_copy(&[at(0, 0, 8), at(1, 0, 8), at(2, 8, 8)], 16));
+        assert!(!single_copy(&[at(0, 0, 8), at(1, 12, 4)], 16));
+        assert!(!single_copy(&[at(0, 0, 8)], 16));
+        assert!(!single_copy(&[at(0, 0, 12), at(1, 8, 8)], 16));
+    }
 
     /// A weight [8, 12] f16 read by two row parts (tiles 0-1 and 2-3) as
     /// two column shards each (8 and 4 columns, one piece per weight row):

@@ -10,17 +10,22 @@
 //! (`VerifyOptions::check_checkpoints`, `ipu verify --checkpoints`), and
 //! requires every checkpoint and output to pass.
 
-use ipu_compiler::compile;
+use ipu_compiler::{compile, HostInputs};
 use ipu_runtime::verify::{verify_package, VerifyOptions};
 use ipu_runtime::{DeviceOptions, FeedSpec, Generate, RunOptions};
 
 mod common;
 use common::*;
 
-fn check_every_checkpoint(model: &std::path::Path, tiles: u32) -> Vec<String> {
+fn check_every_checkpoint(
+    model: &std::path::Path,
+    tiles: u32,
+    host_inputs: HostInputs,
+) -> Vec<String> {
     let cache = tempfile::tempdir().unwrap();
-    let out = compile(&options(model, tiles, cache.path()))
-        .unwrap_or_else(|e| panic!("{}: {e}", model.display()));
+    let mut opts = options(model, tiles, cache.path());
+    opts.host_inputs = host_inputs;
+    let out = compile(&opts).unwrap_or_else(|e| panic!("{}: {e}", model.display()));
     let report = verify_package(
         out.package,
         &VerifyOptions {
@@ -43,8 +48,10 @@ fn check_every_checkpoint(model: &std::path::Path, tiles: u32) -> Vec<String> {
 
 /// Projections then attention in two buffer phases on the same tiles: the
 /// host input's rows (K = 64 needs no padding, so they are phase-1
-/// scratch) share memory with the attention's phase-2 buffers, so `x`
-/// cannot be read at the end of the run and is not checkpointed.
+/// scratch) share memory with the attention's phase-2 buffers. Written by
+/// the host into those rows (`HostInputs::Replicated`), `x` cannot be read
+/// at the end of the run and is not checkpointed; written once into its
+/// home (`HostInputs::Once`, the default), the home still holds it.
 #[test]
 fn attention_checkpoints_hold_their_values() {
     let dir = tempfile::tempdir().unwrap();
@@ -53,20 +60,30 @@ fn attention_checkpoints_hold_their_values() {
         "attention_phases",
         "model attention_phases\ninput x: f16[24, 64]\nparam wq: f16[64, 64]\nparam wk: f16[64, 64]\nparam wv: f16[64, 64]\nq = gemm(x, wq)\nk = gemm(x, wk)\nv = gemm(x, wv)\nqh = split_heads(q, heads=4)\nkh = split_heads(k, heads=4)\nvh = split_heads(v, heads=4)\no = attention(qh, kh, vh, causal=false)\ny = merge_heads(o)\noutput y\n",
     );
-    let names = check_every_checkpoint(&model, 16);
+    let names = check_every_checkpoint(&model, 16, HostInputs::Replicated);
     assert_eq!(names, ["wq", "wk", "wv", "q", "k", "v", "y"]);
+    let names = check_every_checkpoint(&model, 16, HostInputs::Once);
+    assert_eq!(names, ["x", "wq", "wk", "wv", "q", "k", "v", "y"]);
 }
 
 /// K streamed in chunk steps, then the result gathered in another phase.
 #[test]
 fn streamed_gemm_checkpoints_hold_their_values() {
-    let names = check_every_checkpoint(&root().join("models/gemm_stream_small.ipug"), 64);
+    let names = check_every_checkpoint(
+        &root().join("models/gemm_stream_small.ipug"),
+        64,
+        HostInputs::Once,
+    );
     assert!(names.contains(&"c".to_string()), "{names:?}");
 }
 
 /// Segments whose buffers share region 1 by lifetime.
 #[test]
 fn segmented_model_checkpoints_hold_their_values() {
-    let names = check_every_checkpoint(&root().join("models/vit_block_small.ipug"), 64);
+    let names = check_every_checkpoint(
+        &root().join("models/vit_block_small.ipug"),
+        64,
+        HostInputs::Once,
+    );
     assert!(names.contains(&"y".to_string()), "{names:?}");
 }

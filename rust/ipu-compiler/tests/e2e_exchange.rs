@@ -63,7 +63,15 @@ fn check_exchange_package(ran: &Ran, steps_expected: usize) {
 #[test]
 fn mlp_small_hands_off_by_exchange_on_64_tiles() {
     let ran = compile_and_run(&root().join("models/mlp_small.ipug"), 64, 13);
-    check_exchange_package(&ran, 1);
+    // The copy of `x` from where the host wrote it once (every column
+    // part's tiles read its rows), then the hand-off.
+    check_exchange_package(&ran, 2);
+    let (_, steps) = exchange_facts(&ran.compile);
+    assert_eq!(
+        steps[0]["step"], "exchange x -> segment 0",
+        "{:#}",
+        steps[0]
+    );
     // More tiles than the shared row partition's 17.
     assert!(ran.compile.package.info.tile_count > 17);
 }
@@ -83,7 +91,7 @@ fn mlp_small_figures_over_tile_budgets() {
 }
 
 #[test]
-fn three_gemm_chain_without_bias_runs_two_exchange_steps() {
+fn three_gemm_chain_without_bias_runs_two_hand_off_steps() {
     let dir = tempfile::tempdir().unwrap();
     let model = write_model(
         dir.path(),
@@ -91,7 +99,8 @@ fn three_gemm_chain_without_bias_runs_two_exchange_steps() {
         "model chain3\ninput x: f16[24, 40]\nparam w1: f16[40, 200]\nparam w2: f16[200, 72]\nparam w3: f16[72, 48]\nh = gemm(x, w1)\ng = gelu(h)\nz = gemm(g, w2)\ny = gemm(z, w3)\noutput y\n",
     );
     let ran = compile_and_run(&model, 96, 29);
-    check_exchange_package(&ran, 2);
+    // The copy of `x` from its home, then two hand-offs.
+    check_exchange_package(&ran, 3);
 }
 
 #[test]

@@ -4,7 +4,7 @@
 //! inputs and compare with ipu-reference within the documented tolerance.
 //! Estimated and simulated cycles are printed side by side.
 
-use ipu_compiler::{compile, Accumulation, CompileOptions, KernelSource};
+use ipu_compiler::{compile, Accumulation, CompileOptions, HostInputs, KernelSource};
 use ipu_package::Package;
 use ipu_reference::{compare, random, Tolerance};
 use ipu_runtime::{Session, SimDevice};
@@ -25,6 +25,68 @@ fn gemm_small_on_the_simulator() {
         assert!(
             sim > 0.0 && est / sim > 0.5 && est / sim < 1.5,
             "estimate {est} vs simulated {sim}"
+        );
+    }
+}
+
+/// Host bytes the run call writes per input, and each input's size.
+fn run_input_bytes(out: &ipu_compiler::CompileOutput) -> Vec<(String, u64, u64)> {
+    let run = out
+        .package
+        .info
+        .calls
+        .iter()
+        .find(|c| c.name == "run")
+        .unwrap();
+    run.inputs
+        .iter()
+        .map(|t| {
+            let placed = t.placements.iter().map(|p| p.bytes as u64).sum();
+            (t.name.clone(), placed, t.bytes())
+        })
+        .collect()
+}
+
+/// An input that the plan holds on several tiles (a GEMM's A on every
+/// column part's tiles, an attention input on every projection tile) is
+/// written once by the host under `HostInputs::Once` (the default) and
+/// copied by an exchange step that the device cycles count; under
+/// `HostInputs::Replicated` the host writes every copy. Both verify.
+#[test]
+fn inputs_cross_the_host_link_once() {
+    for (model, tiles) in [("mlp_small.ipug", 64), ("attention_small.ipug", 64)] {
+        let path = root().join("models").join(model);
+        let cache = tempfile::tempdir().unwrap();
+        let mut opts = options(&path, tiles, cache.path());
+        let seed = |g: &ipu_graph::Graph| random::gaussian_feeds(g, 5);
+        opts.host_inputs = HostInputs::Replicated;
+        let (replicated, _) = run_with(&opts, seed, true);
+        opts.host_inputs = HostInputs::Once;
+        let (once, _) = run_with(&opts, seed, true);
+        let copies = run_input_bytes(&replicated.compile);
+        assert!(
+            copies.iter().any(|(_, placed, size)| placed > size),
+            "{model}: no input is held twice, so this case shows nothing: {copies:?}"
+        );
+        for (name, placed, size) in run_input_bytes(&once.compile) {
+            assert_eq!(
+                placed, size,
+                "{model}: input `{name}` crosses the host link {placed} bytes for {size}"
+            );
+        }
+        // The copy is a step of the run: the first exchange step moves the
+        // replicated inputs from their homes.
+        let steps = once.compile.report["exchange_steps"].as_array().unwrap();
+        let first = steps[0]["step"].as_str().unwrap();
+        assert!(
+            first.starts_with("exchange ") && first.ends_with(" -> segment 0"),
+            "{model}: {first}"
+        );
+        assert!(
+            once.run_device_cycles > replicated.run_device_cycles,
+            "{model}: the copy costs device cycles ({} vs {})",
+            once.run_device_cycles,
+            replicated.run_device_cycles
         );
     }
 }
