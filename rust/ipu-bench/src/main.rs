@@ -60,6 +60,9 @@ struct Measured {
     sim_s: f64,
     instructions: u64,
     bundles: u64,
+    /// Host link cycles of the run call: (inputs written, outputs read,
+    /// inputs' bytes written once).
+    host: (u64, u64, u64),
     /// (all outputs within the documented tolerance, mismatches, checks,
     /// largest error, smallest cosine)
     verification: (bool, u64, u64, f64, f64),
@@ -127,7 +130,19 @@ fn measure(opts: &CompileOptions) -> Result<Measured, String> {
         verification.3 = verification.3.max(cmp.max_abs_error);
         verification.4 = verification.4.min(cmp.cosine);
     }
+    let run_call = pkg
+        .info
+        .calls
+        .iter()
+        .find(|c| c.name == "run")
+        .expect("package calls");
+    let input_bytes: u64 = run_call.inputs.iter().map(|t| t.bytes()).sum();
     Ok(Measured {
+        host: (
+            run.cycles.host_in_cycles,
+            run.cycles.host_out_cycles,
+            ipu_arch::host_transfer_cycles(input_bytes, ipu_arch::CLOCK_HZ_C600),
+        ),
         compile_s,
         tile_count: pkg.info.tile_count,
         cycles: run.cycles.device_cycles,
@@ -186,6 +201,13 @@ impl Measured {
         self.plans.join("\n                       ")
     }
     fn print_common(&self) {
+        // Host link time is not in the device cycles; printing it beside
+        // them keeps a plan that moves work onto the host link visible.
+        let (host_in, host_out, once) = self.host;
+        println!(
+            "  host link:           {host_in} cycles in ({:.2}x the inputs written once, {once}), {host_out} out; not in the simulated cycles",
+            host_in as f64 / once.max(1) as f64
+        );
         println!(
             "  estimate:            {} cycles (error {:+.1}% against the simulator)",
             self.estimate,
