@@ -238,8 +238,16 @@ impl Remap<'_> {
             ..*r
         }
     }
-    fn step(&self, s: &Step) -> Step {
-        let mut s = s.clone();
+    /// Whether every buffer index stays as it is (the first segment's).
+    fn is_identity(&self) -> bool {
+        self.offset.values().all(|&o| o == 0)
+    }
+    fn step(&self, mut s: Step) -> Step {
+        // The first segment's steps (a one-segment model's whole program,
+        // with its exchange tables) move unchanged.
+        if self.is_identity() {
+            return s;
+        }
         for (&tile, vertices) in s.tiles.iter_mut() {
             for v in vertices {
                 for w in v.state.iter_mut() {
@@ -749,7 +757,7 @@ pub fn join(
             label += 1;
         }
         for call in part.calls {
-            let steps = call.steps.iter().map(|s| remap.step(s));
+            let steps = call.steps.into_iter().map(|s| remap.step(s));
             if call.name == "initialize" {
                 init_steps.extend(steps);
             } else {
