@@ -389,37 +389,6 @@ fn continues(last: &BufferTransfer, next: &BufferTransfer) -> bool {
             .all(|(l, n)| after(l, n))
 }
 
-/// A parameter's home: its bytes in equal 4-byte-aligned chunks over all
-/// tiles (one persistent buffer per tile that holds some), written once by
-/// the initialize call. The bytes are laid out in the order of the copies
-/// the segment reads (`to`: each destination buffer's pieces in buffer
-/// order, every host byte once), so that a destination buffer is a few
-/// contiguous runs of the homes and its exchange a few transfers, not one
-/// per weight row.
-fn param_home(
-    t: &HostTensor,
-    to: &[HostPlacement],
-    tile_count: u32,
-    buffers: &mut BTreeMap<u32, Vec<crate::lower::BufferSpec>>,
-) -> Vec<HostPlacement> {
-    home(t, to, tile_count, buffers, "param_home")
-}
-
-/// A host input's home: like [`param_home`], but written by the host at the
-/// start of every run call. An input that its readers hold more than once
-/// (a GEMM's A on every column part's tiles) then crosses the host link
-/// once and is copied on the device by exchange, which the run's device
-/// cycles count, instead of once per copy over the 32 GB/s host link,
-/// which they would not.
-fn input_home(
-    t: &HostTensor,
-    to: &[HostPlacement],
-    tile_count: u32,
-    buffers: &mut BTreeMap<u32, Vec<crate::lower::BufferSpec>>,
-) -> Vec<HostPlacement> {
-    home(t, to, tile_count, buffers, "input_home")
-}
-
 /// Whether `placements` hold every byte of a `total`-byte tensor exactly once.
 fn single_copy(placements: &[HostPlacement], total: u64) -> bool {
     let mut runs: Vec<(u64, u64)> = placements
@@ -437,13 +406,35 @@ fn single_copy(placements: &[HostPlacement], total: u64) -> bool {
     at == total
 }
 
+/// What a home holds (its buffers' category): a parameter, written once by
+/// the initialize call, or a host input, written by every run call. An
+/// input that its readers hold more than once (a GEMM's A on every column
+/// part's tiles) then crosses the host link once and is copied on the
+/// device by exchange, which the run's device cycles count, instead of once
+/// per copy over the 32 GB/s host link, which they would not.
+#[derive(Clone, Copy)]
+enum HomeOf {
+    Param,
+    Input,
+}
+
+/// A tensor's home: its bytes in equal 4-byte-aligned chunks over all
+/// tiles (one persistent buffer per tile that holds some). The bytes are
+/// laid out in the order of the copies the segment reads (`to`: each
+/// destination buffer's pieces in buffer order, every host byte once), so
+/// that a destination buffer is a few contiguous runs of the homes and its
+/// exchange a few transfers, not one per weight row.
 fn home(
+    of: HomeOf,
     t: &HostTensor,
     to: &[HostPlacement],
     tile_count: u32,
     buffers: &mut BTreeMap<u32, Vec<crate::lower::BufferSpec>>,
-    category: &str,
 ) -> Vec<HostPlacement> {
+    let category = match of {
+        HomeOf::Param => "param_home",
+        HomeOf::Input => "input_home",
+    };
     let total = t.ty.bytes();
     // The home order: host runs (offset, bytes) as the destinations hold
     // them, each host byte at its first appearance, then any byte no
@@ -621,6 +612,24 @@ pub fn join(
                               p: &HostPlacement| {
             first_phase.is_some() && buffers[&p.tile][p.buffer].scratch == first_phase
         };
+        // Moves `to`'s bytes from `from` in the segment's exchange step;
+        // `to`'s buffers then live for the whole segment (unless they are
+        // of its first scratch phase, which is live from its start anyway).
+        let fill_before_segment = |transfers: &mut Vec<BufferTransfer>,
+                                   whole_segment: &mut BTreeSet<(u32, usize)>,
+                                   buffers: &BTreeMap<u32, Vec<crate::lower::BufferSpec>>,
+                                   name: &str,
+                                   from: &[HostPlacement],
+                                   to: &[HostPlacement]|
+         -> Result<(), CompileError> {
+            transfers.extend(transfers_between(name, from, to)?);
+            whole_segment.extend(
+                to.iter()
+                    .filter(|p| !starts_segment(buffers, p))
+                    .map(|p| (p.tile, p.buffer)),
+            );
+            Ok(())
+        };
         phase_base += max_phase + 1;
         let (seg_params, seg_inputs, seg_outputs) = {
             let mut calls = part.io.into_iter();
@@ -644,14 +653,14 @@ pub fn join(
                             t.name
                         ),
                     })?;
-                transfers.extend(transfers_between(&t.name, from, &placements)?);
-                // Written by the exchange before the segment's first step.
-                whole_segment.extend(
-                    placements
-                        .iter()
-                        .filter(|p| !starts_segment(&buffers, p))
-                        .map(|p| (p.tile, p.buffer)),
-                );
+                fill_before_segment(
+                    &mut transfers,
+                    &mut whole_segment,
+                    &buffers,
+                    &t.name,
+                    from,
+                    &placements,
+                )?;
                 continue;
             }
             if input_homes {
@@ -659,29 +668,26 @@ pub fn join(
                 // writes it there, and later readers copy it by exchange);
                 // an input that no segment holds once gets a home of its
                 // own spread over all tiles.
-                if let Some(home) = input_home_of.get(&t.name) {
-                    transfers.extend(transfers_between(&t.name, home, &placements)?);
-                    whole_segment.extend(
-                        placements
-                            .iter()
-                            .filter(|p| !starts_segment(&buffers, p))
-                            .map(|p| (p.tile, p.buffer)),
-                    );
+                let home = match input_home_of.get(&t.name) {
+                    Some(home) => Some(home.clone()),
+                    None if !single_copy(&placements, t.ty.bytes()) => {
+                        let home = home(HomeOf::Input, &t, &placements, tile_count, &mut buffers);
+                        HostTensors::place(&mut inputs, &t, home.iter().cloned());
+                        input_home_of.insert(t.name.clone(), home.clone());
+                        Some(home)
+                    }
+                    None => None,
+                };
+                if let Some(home) = home {
+                    fill_before_segment(
+                        &mut transfers,
+                        &mut whole_segment,
+                        &buffers,
+                        &t.name,
+                        &home,
+                        &placements,
+                    )?;
                     homed.push(t.name.clone());
-                    continue;
-                }
-                if !single_copy(&placements, t.ty.bytes()) {
-                    let home = input_home(&t, &placements, tile_count, &mut buffers);
-                    transfers.extend(transfers_between(&t.name, &home, &placements)?);
-                    whole_segment.extend(
-                        placements
-                            .iter()
-                            .filter(|p| !starts_segment(&buffers, p))
-                            .map(|p| (p.tile, p.buffer)),
-                    );
-                    homed.push(t.name.clone());
-                    HostTensors::place(&mut inputs, &t, home.iter().cloned());
-                    input_home_of.insert(t.name.clone(), home);
                     continue;
                 }
                 // Written at the start of the run: it outlives the earlier
@@ -715,16 +721,17 @@ pub fn join(
                     });
                 placements = kept;
                 if !moved.is_empty() {
-                    let home = homes
-                        .entry(t.name.clone())
-                        .or_insert_with(|| param_home(&t, &moved, tile_count, &mut buffers));
-                    transfers.extend(transfers_between(&t.name, home, &moved)?);
-                    whole_segment.extend(
-                        moved
-                            .iter()
-                            .filter(|p| !starts_segment(&buffers, p))
-                            .map(|p| (p.tile, p.buffer)),
-                    );
+                    let home = homes.entry(t.name.clone()).or_insert_with(|| {
+                        home(HomeOf::Param, &t, &moved, tile_count, &mut buffers)
+                    });
+                    fill_before_segment(
+                        &mut transfers,
+                        &mut whole_segment,
+                        &buffers,
+                        &t.name,
+                        home,
+                        &moved,
+                    )?;
                     streamed.push(t.name.clone());
                 }
             }
@@ -964,7 +971,7 @@ mod tests {
         let tiles = 4;
         let mut buffers: BTreeMap<u32, Vec<crate::lower::BufferSpec>> =
             (0..tiles).map(|t| (t, Vec::new())).collect();
-        let home = param_home(&t, &to, tiles, &mut buffers);
+        let home = home(HomeOf::Param, &t, &to, tiles, &mut buffers);
         let mut bytes = vec![0u32; (rows * cols * 2) as usize];
         for p in &home {
             for b in p.host_offset..p.host_offset + p.bytes as u64 {

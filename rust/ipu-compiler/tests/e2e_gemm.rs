@@ -31,14 +31,8 @@ fn gemm_small_on_the_simulator() {
 
 /// Host bytes the run call writes per input, and each input's size.
 fn run_input_bytes(out: &ipu_compiler::CompileOutput) -> Vec<(String, u64, u64)> {
-    let run = out
-        .package
-        .info
-        .calls
-        .iter()
-        .find(|c| c.name == "run")
-        .unwrap();
-    run.inputs
+    run_call(out)
+        .inputs
         .iter()
         .map(|t| {
             let placed = t.placements.iter().map(|p| p.bytes as u64).sum();

@@ -215,13 +215,7 @@ fn profiles_attribute_every_step() {
     let profile = ipu_runtime::profile::Profile::read(&prof).unwrap();
     assert!(profile.notes.is_empty(), "{:?}", profile.notes);
     let run: Vec<_> = profile.steps.iter().filter(|s| s.call == "run").collect();
-    let exchanges = out
-        .package
-        .info
-        .calls
-        .iter()
-        .find(|c| c.name == "run")
-        .unwrap()
+    let exchanges = run_call(&out)
         .phases
         .iter()
         .filter(|p| p.kind == ipu_package::PhaseKind::Exchange)

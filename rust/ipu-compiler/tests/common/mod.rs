@@ -139,3 +139,13 @@ pub fn write_model(dir: &Path, name: &str, text: &str) -> PathBuf {
     std::fs::write(&p, text).unwrap();
     p
 }
+
+/// The package's "run" call.
+pub fn run_call(out: &CompileOutput) -> &ipu_package::StreamingCall {
+    out.package
+        .info
+        .calls
+        .iter()
+        .find(|c| c.name == "run")
+        .expect("every package has a run call")
+}
