@@ -1243,19 +1243,27 @@ fn plan_and_lower(
                     if front.0.is_empty() && use_f32_fallback(p) {
                         front = plan::search(&p.0, group_tiles, &mut p.2, &options.search);
                     }
-                    if front.0.is_empty() && single {
-                        if let Some(request) = &missing_f16_partials {
-                            tracing::info!(
-                                value = %p.3,
-                                kernel = %request,
-                                "the kernel library lacks a specialisation that would help"
-                            );
-                            would_help.push(json!({
-                                "kernel": request.to_string(),
-                                "value": p.3,
-                                "why": "the f16 partials of a streamed GEMM whose K is split over tiles are summed by this specialisation; without it the plans keep K on one tile per block",
-                            }));
+                    // Streamed plans (K in chunks from homes, or split over
+                    // tiles) when no whole-K plan fits, and beside the
+                    // whole-K ones when A is copied from one copy anyway:
+                    // a K part needs fewer of A's columns on a tile.
+                    let whole_k = !front.0.is_empty();
+                    if single && (!whole_k || p.2.a_copied) {
+                        if !whole_k {
+                            if let Some(request) = &missing_f16_partials {
+                                tracing::info!(
+                                    value = %p.3,
+                                    kernel = %request,
+                                    "the kernel library lacks a specialisation that would help"
+                                );
+                                would_help.push(json!({
+                                    "kernel": request.to_string(),
+                                    "value": p.3,
+                                    "why": "the f16 partials of a streamed GEMM whose K is split over tiles are summed by this specialisation; without it the plans keep K on one tile per block",
+                                }));
+                            }
                         }
+                        let saved = (p.1 .1.clone(), p.2.reduce.clone());
                         let bias = groups[0].bias.is_some();
                         if let Some((request, formula)) = f16_partials.clone() {
                             p.1 .1 = Some(request);
@@ -1269,11 +1277,17 @@ fn plan_and_lower(
                             &mut p.2,
                             &options.search,
                         );
+                        let cycles = |f: &(Vec<plan::GemmPlan>, usize)| f.0.first().map(|c| c.estimate.compute_cycles);
+                        if whole_k && cycles(&streamed).is_none_or(|s| Some(s) >= cycles(&front)) {
+                            (p.1 .1, p.2.reduce) = saved;
+                            return (front.0, front.1 + streamed.1);
+                        }
                         tracing::info!(
                             value = %p.3,
                             candidates = streamed.1,
                             feasible = streamed.0.len(),
-                            "no whole-K plan fits; streamed plans (K in chunks over exchange steps)"
+                            whole_k_fits = whole_k,
+                            "streamed plans (K in chunks over exchange steps)"
                         );
                         // The f16-partials reduce only runs when K is split.
                         if !p.0.acc32
