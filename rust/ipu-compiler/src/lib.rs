@@ -1269,11 +1269,15 @@ fn plan_and_lower(
                             p.1 .1 = Some(request);
                             p.2.reduce = Some(formula);
                         }
+                        // A K part is one f16 chain on its tile: bounded
+                        // chains (Auto) need at least four parts, each
+                        // partial summed in f32 (`stream::search`).
+                        let min_k_parts = if p.0.acc32 || p.0.max_chain_blocks == u32::MAX { 1 } else { 4 };
                         let streamed = stream::search(
                             &p.0,
                             group_tiles,
                             (true, bias),
-                            1,
+                            min_k_parts,
                             &mut p.2,
                             &options.search,
                         );

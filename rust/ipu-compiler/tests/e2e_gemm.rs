@@ -85,6 +85,38 @@ fn inputs_cross_the_host_link_once() {
     }
 }
 
+/// A single GEMM whose A is copied from one copy weighs streamed plans
+/// beside the whole-K ones: here K split over 8 tiles (less of A per
+/// tile) wins on 16 tiles. Under `Accumulation::Auto` each K part is one
+/// f16 chain, so a streamed plan needs at least four parts (with two,
+/// chains of 576 products put 3 of 3.1 M elements of the SigLIP MLP's
+/// first GEMM outside the tolerance; here two-part plans were finalists
+/// before the bound); the bias + GELU epilogue runs in the
+/// reduce-scatter's sum.
+#[test]
+fn a_copied_gemm_streams_k_when_that_is_faster() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = write_model(
+        dir.path(),
+        "proj_gelu",
+        "model proj_gelu\ninput x: f16[96, 1152]\nparam w: f16[1152, 256]\nparam b: f16[256]\nh = gemm(x, w)\nhb = add(h, b)\ng = gelu(hb)\noutput g\n",
+    );
+    for seed in [2, 3] {
+        let ran = compile_and_run(&model, 16, seed);
+        let op = &ran.compile.report["operations"][0];
+        let k_parts = op["chosen"]["stream"]["k_parts"].as_u64();
+        assert!(k_parts.is_some_and(|k| k >= 4), "{:#}", op["chosen"]);
+        for f in op["finalists"].as_array().unwrap() {
+            let k = f["stream"]["k_parts"].as_u64();
+            assert!(
+                k.is_none_or(|k| k >= 4),
+                "a finalist with f16 chains of a whole K part: {f:#}"
+            );
+        }
+        assert_estimate_within(&ran, 0.10, "streamed GEMM with a GELU epilogue");
+    }
+}
+
 /// The MLP slice: gemm -> +bias -> gelu -> gemm -> +bias, the elementwise
 /// operations fused into the GEMMs' reduce steps, the hidden activation
 /// staying on its tiles.
