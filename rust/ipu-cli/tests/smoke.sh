@@ -26,4 +26,10 @@ cycles=$(sed -n 's/^total cycles //p' <<<"$out")
 (( cycles >= 102 * 6 )) || { echo "the supervisor issued faster than once per 6 cycles: $cycles"; exit 1; }
 if "$ipu" sim "$src" 2>"$work/err"; then echo "a source file is not an image"; exit 1; fi
 grep -q "countdown.S" "$work/err" || { echo "the error must name the file: $(cat "$work/err")"; exit 1; }
+# Compile options are checked before anything is read or written.
+if "$ipu" compile "$src" -o "$work/p.ipupkg" --option host_inputs=sideways 2>"$work/err"; then echo "a bad option value must fail"; exit 1; fi
+grep -q "host_inputs=sideways: expected once or replicated" "$work/err" || { echo "the error must name the option and its values: $(cat "$work/err")"; exit 1; }
+if "$ipu" compile "$src" -o "$work/p.ipupkg" --option no_such=1 2>"$work/err"; then echo "an unknown option must fail"; exit 1; fi
+grep -q "known options are .*host_inputs" "$work/err" || { echo "the error must list the known options: $(cat "$work/err")"; exit 1; }
+[[ ! -e "$work/p.ipupkg" ]] || { echo "a refused compile wrote a package"; exit 1; }
 echo "ipu smoke: ok ($cycles cycles)"
