@@ -21,25 +21,12 @@ fn device_dir() -> PathBuf {
         .join("../../device")
 }
 
-/// splitmix64: the random inputs of the tests.
-struct Rng(u64);
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-    /// Uniform in [lo, hi).
-    fn uniform(&mut self, lo: f64, hi: f64) -> f64 {
-        let u = (self.next() >> 11) as f64 / (1u64 << 53) as f64;
-        lo + (hi - lo) * u
-    }
-    /// A random f16 in [lo, hi), as bits.
-    fn f16(&mut self, lo: f64, hi: f64) -> u16 {
-        f64_to_f16_bits(self.uniform(lo, hi))
-    }
+/// The tests' random inputs: the project's one SplitMix64 (ipu-rng).
+use ipu_rng::SplitMix64 as Rng;
+
+/// A random f16 in [lo, hi), as bits.
+fn random_f16(rng: &mut Rng, lo: f64, hi: f64) -> u16 {
+    f64_to_f16_bits(rng.uniform(lo, hi))
 }
 
 fn f16v(bits: u16) -> f64 {
@@ -206,7 +193,9 @@ fn softmax_case(
     let rs_in = f16_stride(cols);
     let rs_out = f16_stride(cols) + 8;
     assert!(4 * cols + 16 <= SM_SCRATCH_BYTES as usize);
-    let x: Vec<u16> = (0..rows * cols).map(|_| rng.f16(-spread, spread)).collect();
+    let x: Vec<u16> = (0..rows * cols)
+        .map(|_| random_f16(&mut rng, -spread, spread))
+        .collect();
     let mut input = vec![0u8; rows * rs_in];
     for r in 0..rows {
         let row = f16_bytes(&x[r * cols..(r + 1) * cols]);
@@ -331,9 +320,15 @@ fn attention_case(case: &AttentionCase) -> u64 {
     let scale = 1.0 / (d as f32).sqrt();
     // Scores as the f32 output of gemm_f16 ACC=32 would hold them: the f64
     // product of f16 inputs rounded to f32.
-    let q: Vec<u16> = (0..nq * d).map(|_| rng.f16(-2.0, 2.0)).collect();
-    let k: Vec<u16> = (0..nk * d).map(|_| rng.f16(-2.0, 2.0)).collect();
-    let v: Vec<u16> = (0..nk * d).map(|_| rng.f16(-1.0, 1.0)).collect();
+    let q: Vec<u16> = (0..nq * d)
+        .map(|_| random_f16(&mut rng, -2.0, 2.0))
+        .collect();
+    let k: Vec<u16> = (0..nk * d)
+        .map(|_| random_f16(&mut rng, -2.0, 2.0))
+        .collect();
+    let v: Vec<u16> = (0..nk * d)
+        .map(|_| random_f16(&mut rng, -1.0, 1.0))
+        .collect();
     let s: Vec<f32> = (0..nq * nk)
         .map(|ij| {
             let (i, j) = (ij / nk, ij % nk);
@@ -595,9 +590,15 @@ fn attention_end_to_end(
     let dq = d.div_ceil(4);
     let dp = d.div_ceil(16) * 16;
     let scale = 1.0 / (d as f32).sqrt();
-    let q: Vec<u16> = (0..nq * d).map(|_| rng.f16(-2.0, 2.0)).collect();
-    let k: Vec<u16> = (0..nk * d).map(|_| rng.f16(-2.0, 2.0)).collect();
-    let v: Vec<u16> = (0..nk * d).map(|_| rng.f16(-1.0, 1.0)).collect();
+    let q: Vec<u16> = (0..nq * d)
+        .map(|_| random_f16(&mut rng, -2.0, 2.0))
+        .collect();
+    let k: Vec<u16> = (0..nk * d)
+        .map(|_| random_f16(&mut rng, -2.0, 2.0))
+        .collect();
+    let v: Vec<u16> = (0..nk * d)
+        .map(|_| random_f16(&mut rng, -1.0, 1.0))
+        .collect();
 
     // A = Q, rows padded to dp with zeros, two spare rows after the last.
     let rs_a = dp * 2;

@@ -146,7 +146,7 @@ fn inputs(from: Format, scale: i32, n: usize, seed: u64) -> Vec<u32> {
     };
     let mut rng = Rng(seed);
     while v.len() < n {
-        let r = rng.next();
+        let r = rng.next_u64();
         v.push(match from {
             // Random magnitudes over the fp8 range (scaled) and the f16 range.
             Format::F32 => {

@@ -54,7 +54,7 @@ fn fill_case(dst: u32, n: usize, value: u32, workers: usize) -> u64 {
 fn copy_case(src: u32, dst: u32, bytes: usize, workers: usize, seed: u64) -> u64 {
     let label = format!("copy64 src={src:#x} dst={dst:#x} bytes={bytes} workers={workers}");
     let mut rng = Rng(seed);
-    let data: Vec<u8> = (0..bytes).map(|_| rng.next() as u8).collect();
+    let data: Vec<u8> = (0..bytes).map(|_| rng.next_u64() as u8).collect();
     let launches: Vec<Launch> = ranges_aligned(bytes, workers, 8)
         .into_iter()
         .map(|(a, b)| Launch {

@@ -19,21 +19,12 @@ fn device_dir() -> PathBuf {
         .join("../../device")
 }
 
-/// splitmix64: the random inputs of the tests.
-struct Rng(u64);
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-    /// A random f16 in [-1, 1), as bits.
-    fn f16(&mut self) -> u16 {
-        let u = (self.next() >> 11) as f64 / (1u64 << 53) as f64;
-        f64_to_f16_bits(2.0 * u - 1.0)
-    }
+/// The tests' random inputs: the project's one SplitMix64 (ipu-rng).
+use ipu_rng::SplitMix64 as Rng;
+
+/// A random f16 in [-1, 1), as bits.
+fn random_f16(rng: &mut Rng) -> u16 {
+    f64_to_f16_bits(rng.uniform(-1.0, 1.0))
 }
 
 fn f16v(bits: u16) -> f64 {
@@ -122,14 +113,14 @@ fn run_case(case: &Case, seed: u64) -> Outcome {
     let out_bytes = if case.acc32 { 4 } else { 2 };
     let (rs_a, rs_b, rs_c) = (kp * 2, np * 2, np * out_bytes);
     let mut rng = Rng(seed);
-    let a: Vec<u16> = (0..m * k).map(|_| rng.f16()).collect();
-    let b: Vec<u16> = (0..k * n).map(|_| rng.f16()).collect();
+    let a: Vec<u16> = (0..m * k).map(|_| random_f16(&mut rng)).collect();
+    let b: Vec<u16> = (0..k * n).map(|_| random_f16(&mut rng)).collect();
     // The running sum of earlier K chunks (zero unless accumulating), in
     // the C buffers' element type.
     let initial: Vec<f64> = (0..m * n)
         .map(|_| {
             let v = if case.accumulate {
-                f16v(rng.f16())
+                f16v(random_f16(&mut rng))
             } else {
                 0.0
             };

@@ -398,7 +398,7 @@ fn cut_row(groups: usize, nparts: usize, cut: Cut, rng: &mut Rng) -> Vec<(usize,
     let mut bounds: Vec<usize> = match cut {
         Cut::Even => (1..nparts).map(|i| i * groups / nparts).collect(),
         Cut::Random => (1..nparts)
-            .map(|_| (rng.next() % (groups as u64 + 1)) as usize)
+            .map(|_| (rng.next_u64() % (groups as u64 + 1)) as usize)
             .collect(),
     };
     bounds.sort_unstable();

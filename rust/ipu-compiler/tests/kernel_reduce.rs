@@ -269,19 +269,19 @@ fn random_f16(rng: &mut Rng, values: Values) -> u16 {
         0x0000, 0x8000, 0x7C00, 0xFC00, 0x7BFF, 0xFBFF, 0x0001, 0x8001, 0x3C00, 0xBC00,
     ];
     let any_finite = |rng: &mut Rng| {
-        let bits = rng.next();
+        let bits = rng.next_u64();
         let exponent = (bits >> 16) % 31;
         ((bits & 0x8000) | (exponent << 10) | (bits & 0x3FF)) as u16
     };
     match values {
-        Values::Mixed if rng.next() & 1 == 0 => f32_to_f16_bits(rng.uniform(-4.0, 4.0) as f32),
+        Values::Mixed if rng.next_u64() & 1 == 0 => f32_to_f16_bits(rng.uniform(-4.0, 4.0) as f32),
         Values::Mixed => any_finite(rng),
-        Values::Specials if !rng.next().is_multiple_of(4) => {
-            SPECIALS[(rng.next() % SPECIALS.len() as u64) as usize]
+        Values::Specials if !rng.next_u64().is_multiple_of(4) => {
+            SPECIALS[(rng.next_u64() % SPECIALS.len() as u64) as usize]
         }
         Values::Specials => any_finite(rng),
-        Values::Activations if rng.next().is_multiple_of(8) => {
-            if rng.next() & 1 == 0 {
+        Values::Activations if rng.next_u64().is_multiple_of(8) => {
+            if rng.next_u64() & 1 == 0 {
                 0x0000
             } else {
                 0x8000

@@ -238,7 +238,7 @@ fn draw(rng: &mut Rng, values: Values, cols: usize, rows: usize) -> Vec<u16> {
                 unreachable!("Near and Band are drawn as f32 only")
             }
             Values::Wild => {
-                let k = rng.next() % 20;
+                let k = rng.next_u64() % 20;
                 match k {
                     0 => 0x7BFF,               // 65504
                     1 => 0xFBFF,               // -65504
@@ -247,7 +247,7 @@ fn draw(rng: &mut Rng, values: Values, cols: usize, rows: usize) -> Vec<u16> {
                     4 => f64_to_f16_bits(1.5), // repeated value
                     _ => {
                         let mag = rng.uniform(-16.0, 15.0).exp2();
-                        let sign = if rng.next() & 1 == 0 { 1.0 } else { -1.0 };
+                        let sign = if rng.next_u64() & 1 == 0 { 1.0 } else { -1.0 };
                         f64_to_f16_bits(sign * mag)
                     }
                 }
@@ -260,7 +260,7 @@ fn draw(rng: &mut Rng, values: Values, cols: usize, rows: usize) -> Vec<u16> {
         for r in 0..rows {
             x[r * cols] = f64_to_f16_bits(-2.25);
             if cols > 1 {
-                x[r * cols + 1] = if rng.next() & 1 == 0 { 0x8000 } else { 0 };
+                x[r * cols + 1] = if rng.next_u64() & 1 == 0 { 0x8000 } else { 0 };
             }
         }
     }
@@ -286,11 +286,11 @@ fn draw32(rng: &mut Rng, values: Values, cols: usize, rows: usize) -> Vec<u32> {
                 // ulp: many exact ties with the base, many distinct t.
                 let base = bases[i % cols];
                 let ulp = (base.abs().max(1e-3)).log2().floor().exp2() * 2f64.powi(-10);
-                let steps = (rng.next() % 449) as f64 / 64.0;
+                let steps = (rng.next_u64() % 449) as f64 / 64.0;
                 ((base - steps * ulp) as f32).to_bits()
             }
             Values::Wild => {
-                let k = rng.next() % 24;
+                let k = rng.next_u64() % 24;
                 match k {
                     0 => 1e30f32.to_bits(),
                     1 => (-1e30f32).to_bits(),
@@ -301,7 +301,7 @@ fn draw32(rng: &mut Rng, values: Values, cols: usize, rows: usize) -> Vec<u32> {
                     6 => (-3e38f32).to_bits(),
                     _ => {
                         let mag = rng.uniform(-40.0, 40.0).exp2();
-                        let sign = if rng.next() & 1 == 0 { 1.0 } else { -1.0 };
+                        let sign = if rng.next_u64() & 1 == 0 { 1.0 } else { -1.0 };
                         ((sign * mag) as f32).to_bits()
                     }
                 }
@@ -313,7 +313,11 @@ fn draw32(rng: &mut Rng, values: Values, cols: usize, rows: usize) -> Vec<u32> {
         for r in 0..rows {
             x[r * cols] = (-2.25f32).to_bits();
             if cols > 1 {
-                x[r * cols + 1] = if rng.next() & 1 == 0 { 0x8000_0000 } else { 0 };
+                x[r * cols + 1] = if rng.next_u64() & 1 == 0 {
+                    0x8000_0000
+                } else {
+                    0
+                };
             }
         }
     }

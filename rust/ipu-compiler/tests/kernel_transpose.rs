@@ -19,19 +19,11 @@ fn device_dir() -> PathBuf {
         .join("../../device")
 }
 
-/// splitmix64: the random inputs of the tests.
-struct Rng(u64);
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-    fn bytes(&mut self, n: usize) -> Vec<u8> {
-        (0..n).map(|_| self.next() as u8).collect()
-    }
+/// The tests' random inputs: the project's one SplitMix64 (ipu-rng).
+use ipu_rng::SplitMix64 as Rng;
+
+fn random_bytes(rng: &mut Rng, n: usize) -> Vec<u8> {
+    (0..n).map(|_| rng.next_u64() as u8).collect()
 }
 
 /// Splits `n` items into `parts` near-equal contiguous ranges.
@@ -147,9 +139,9 @@ fn transpose_case(rows: usize, cols: usize, vertices: usize, lay: Layout, seed: 
     let mut rng = Rng(seed);
     // The whole input area is random, padding included: a kernel reading a
     // wrong element copies a wrong value.
-    let input = rng.bytes(rows * lay.rs_in);
+    let input = random_bytes(&mut rng, rows * lay.rs_in);
     let out_bytes = cols * lay.rs_out;
-    let poison = rng.bytes(out_bytes + 2 * GUARD);
+    let poison = random_bytes(&mut rng, out_bytes + 2 * GUARD);
     let out_area = lay.output - GUARD as u32;
     let (in_lo, in_hi) = (lay.input as usize, lay.input as usize + input.len());
     let (out_lo, out_hi) = (out_area as usize, out_area as usize + poison.len());

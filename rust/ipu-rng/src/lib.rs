@@ -42,6 +42,11 @@ impl SplitMix64 {
     pub fn unit(&mut self) -> f64 {
         (self.next_u64() >> 11) as f64 / (1u64 << 53) as f64
     }
+
+    /// A uniform double in [lo, hi): `lo + (hi - lo) * unit()`.
+    pub fn uniform(&mut self, lo: f64, hi: f64) -> f64 {
+        lo + (hi - lo) * self.unit()
+    }
 }
 
 /// xoshiro256**, seeded through SplitMix64 (never an all-zero state).

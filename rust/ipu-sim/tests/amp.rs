@@ -93,7 +93,7 @@ fn reference_scaled(
     for v in w.iter_mut() {
         match mode {
             AmpMode::F8 => {
-                let b = (rng.next() % 256) as u8;
+                let b = (rng.next_u64() % 256) as u8;
                 let b = if b == 0x80 { 0 } else { b };
                 *v = f143(b);
                 w_bytes.push(b);
@@ -146,7 +146,7 @@ fn reference_scaled(
                 } else {
                     match mode {
                         AmpMode::F8 => {
-                            let b = (rng.next() % 256) as u8;
+                            let b = (rng.next_u64() % 256) as u8;
                             let b = if b == 0x80 { 0 } else { b };
                             (f143(b), vec![b])
                         }

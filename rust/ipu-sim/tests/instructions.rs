@@ -344,7 +344,7 @@ fn conversions() {
         let fp8: Vec<u8> = a.iter().map(|x| ref_to_f8(x * 2f64.powi(-scale))).collect();
         inputs.extend(&fp8);
         inputs.extend([0u8; 4]);
-        let i32v = rng.next() as u32 as i32 >> (rng.next() % 20);
+        let i32v = rng.next_u64() as u32 as i32 >> (rng.next_u64() % 20);
         inputs.extend(i32v.to_le_bytes());
         let setup =
             "ld64 $a0:1, [$m0]\nld64 $a2:3, [$m0+8]\nld32 $a6, [$m0+16]\nld32 $a7, [$m0+24]";
@@ -481,11 +481,11 @@ fn integer_operations() {
     let mut rng = Rng(4);
     for op in AluOp::ALL {
         for trial in 0..6 {
-            let a = rng.next() as u32;
+            let a = rng.next_u64() as u32;
             let b = if trial == 0 {
                 a
             } else {
-                rng.next() as u32 >> (rng.next() % 32)
+                rng.next_u64() as u32 >> (rng.next_u64() % 32)
             };
             let setup = "ld32 $m4, [$m0]\nld32 $m5, [$m0+4]";
             let after = format!("{STORE_OUT}\nst32 $m6, [$m2]");
@@ -496,7 +496,7 @@ fn integer_operations() {
             check(&c);
             let r = op.imm_range();
             let imm = *r.start() as i64
-                + (rng.next() % (*r.end() as i64 - *r.start() as i64 + 1) as u64) as i64;
+                + (rng.next_u64() % (*r.end() as i64 - *r.start() as i64 + 1) as u64) as i64;
             let text = format!("{} $m6, $m4, {imm}", op.mnemonic());
             let mut c = case(text.clone(), setup, &text, &after);
             c.inputs = vec![(IN, words(&[a, b]))];

@@ -13,22 +13,8 @@ pub fn device_dir() -> PathBuf {
         .join("../../device")
 }
 
-/// splitmix64: the random inputs of the tests.
-pub struct Rng(pub u64);
-impl Rng {
-    pub fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-    /// Uniform in [lo, hi).
-    pub fn uniform(&mut self, lo: f64, hi: f64) -> f64 {
-        let u = (self.next() >> 11) as f64 / (1u64 << 53) as f64;
-        lo + (hi - lo) * u
-    }
-}
+/// The tests' random inputs: the project's one SplitMix64 (ipu-rng).
+pub use ipu_rng::SplitMix64 as Rng;
 
 /// Splits `n` items into at most `parts` near-equal contiguous ranges whose
 /// starts are multiples of `align` (empty ranges dropped).

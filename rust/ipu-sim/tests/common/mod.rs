@@ -11,21 +11,8 @@ pub const IN: u32 = 0x80000;
 /// Output data (interleaved memory).
 pub const OUT: u32 = 0x90000;
 
-/// splitmix64 for random test inputs.
-pub struct Rng(pub u64);
-impl Rng {
-    pub fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-    /// Uniform in [lo, hi).
-    pub fn uniform(&mut self, lo: f64, hi: f64) -> f64 {
-        lo + (hi - lo) * ((self.next() >> 11) as f64 / (1u64 << 53) as f64)
-    }
-}
+/// Random test inputs: the project's one SplitMix64 (ipu-rng).
+pub use ipu_rng::SplitMix64 as Rng;
 
 /// Assembles `text` at `CODE`.
 pub fn assemble(text: &str) -> Vec<u8> {
