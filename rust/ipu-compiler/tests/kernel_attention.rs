@@ -29,6 +29,15 @@ fn random_f16(rng: &mut Rng, lo: f64, hi: f64) -> u16 {
     f64_to_f16_bits(rng.uniform(lo, hi))
 }
 
+/// Random Q and K in [-2, 2) and V in [-1, 1): `nq` and `nk` rows of `d`.
+fn random_qkv(rng: &mut Rng, nq: usize, nk: usize, d: usize) -> (Vec<u16>, Vec<u16>, Vec<u16>) {
+    let mut draw = |n: usize, r: f64| (0..n).map(|_| random_f16(rng, -r, r)).collect::<Vec<u16>>();
+    let q = draw(nq * d, 2.0);
+    let k = draw(nk * d, 2.0);
+    let v = draw(nk * d, 1.0);
+    (q, k, v)
+}
+
 fn f16v(bits: u16) -> f64 {
     f16_bits_to_f32(bits) as f64
 }
@@ -320,15 +329,7 @@ fn attention_case(case: &AttentionCase) -> u64 {
     let scale = 1.0 / (d as f32).sqrt();
     // Scores as the f32 output of gemm_f16 ACC=32 would hold them: the f64
     // product of f16 inputs rounded to f32.
-    let q: Vec<u16> = (0..nq * d)
-        .map(|_| random_f16(&mut rng, -2.0, 2.0))
-        .collect();
-    let k: Vec<u16> = (0..nk * d)
-        .map(|_| random_f16(&mut rng, -2.0, 2.0))
-        .collect();
-    let v: Vec<u16> = (0..nk * d)
-        .map(|_| random_f16(&mut rng, -1.0, 1.0))
-        .collect();
+    let (q, k, v) = random_qkv(&mut rng, nq, nk, d);
     let s: Vec<f32> = (0..nq * nk)
         .map(|ij| {
             let (i, j) = (ij / nk, ij % nk);
@@ -590,15 +591,7 @@ fn attention_end_to_end(
     let dq = d.div_ceil(4);
     let dp = d.div_ceil(16) * 16;
     let scale = 1.0 / (d as f32).sqrt();
-    let q: Vec<u16> = (0..nq * d)
-        .map(|_| random_f16(&mut rng, -2.0, 2.0))
-        .collect();
-    let k: Vec<u16> = (0..nk * d)
-        .map(|_| random_f16(&mut rng, -2.0, 2.0))
-        .collect();
-    let v: Vec<u16> = (0..nk * d)
-        .map(|_| random_f16(&mut rng, -1.0, 1.0))
-        .collect();
+    let (q, k, v) = random_qkv(&mut rng, nq, nk, d);
 
     // A = Q, rows padded to dp with zeros, two spare rows after the last.
     let rs_a = dp * 2;
