@@ -174,14 +174,8 @@ fn corrupt_and_truncated_packages_give_clear_errors() {
     };
     run(&path, &options).unwrap();
     let bad = dir.path().join("bad.ipupkg");
-    let mut state = 0x1234_5678_9abc_def0u64;
-    let mut next = || {
-        state = state.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = state;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    };
+    let mut rng = ipu_rng::SplitMix64(0x1234_5678_9abc_def0);
+    let mut next = || rng.next_u64();
     for round in 0..60 {
         let mut b = bytes.clone();
         if round % 2 == 0 {
