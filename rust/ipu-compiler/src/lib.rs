@@ -1336,6 +1336,7 @@ fn plan_and_lower(
                     estimated_cycles = e.total_cycles,
                     estimated_compute_cycles = e.compute_cycles,
                     estimated_exchange_cycles = f.stream.map_or(0, |s| s.exchange_cycles),
+                    estimated_copy_cycles = e.copy_cycles,
                     k_chunk_blocks = f.stream.map_or(0, |s| s.chunk_blocks),
                     k_steps = f.stream.map_or(1, |s| s.steps),
                     k_parts = f.stream.map_or(1, |s| s.k_parts),
