@@ -977,10 +977,54 @@ fn plan_and_lower(
                 // The consumer receives the producer's result by exchange:
                 // it stays in standard memory (lower::PlannedGemm::result_in_place).
                 planned[0].2.feeds_gemm = false;
+                // The producer may stream too, K split over tiles and its
+                // partials reduce-scattered into row pieces that the
+                // consumer's chunk steps gather: no tile then holds whole
+                // rows of A (a host input is not copied to every column
+                // part), at the cost of the reduce-scatter. Its setup is
+                // the bounded-chain one when there is one (each K part is
+                // one f16 chain: at least four parts, as for a single
+                // GEMM), else its own; plans with one K part leave their
+                // result in the C buffers, which no consumer reads.
+                let stream_setup: Option<GemmSetup> = if planned[0].4.is_some() {
+                    Some((planned[0].0, planned[0].1.clone(), planned[0].2.clone()))
+                } else {
+                    producer_chains
+                        .clone()
+                        .or_else(|| Some((planned[0].0, planned[0].1.clone(), planned[0].2.clone())))
+                }
+                // Only in a model of one segment: in a segmented model the
+                // producer's homes and persistent C buffers would sit beside
+                // the other segments' weights, which the plans do not see
+                // (the ViT block's MLP segment then overflowed region 1 by
+                // 88 KB at storage).
+                .filter(|_| matches!(groups[0].a, fuse::Source::Host(_)) && tile_count_override.is_none());
+                let mut stream_setup = stream_setup.map(|(g, r, mut c)| {
+                    c.memory_budget = region1;
+                    c.joint = None;
+                    (g, r, c)
+                });
+                let producer_bias = groups[0].bias.is_some();
+                let producer_k_parts = |g: &GemmGeometry| if g.acc32 || g.max_chain_blocks == u32::MAX { 2 } else { 4 };
+                // Plans with one K part leave their result in the C buffers.
+                let split_k = |front: (Vec<plan::GemmPlan>, usize)| {
+                    let plans: Vec<plan::GemmPlan> =
+                        front.0.into_iter().filter(|p| p.stream.is_some_and(|s| s.k_parts > 1)).collect();
+                    (plans, front.1)
+                };
+                // Alone, its fastest plan bounds what it can do beside any
+                // consumer plan: the search beside one runs only when that
+                // bound could win.
+                let producer_alone = stream_setup.as_mut().map(|(g, _, c)| {
+                    split_k(stream::search(g, options.tiles, (true, producer_bias), producer_k_parts(g), c, &options.search))
+                });
+                let producer_bound = producer_alone.as_ref().and_then(|f| f.0.first()).map(|p| p.estimate.compute_cycles);
+                let mut producer_streamed: BTreeMap<stream::Beside, (Vec<plan::GemmPlan>, usize)> = BTreeMap::new();
                 // (cycles, (f16 consumer, streamed index), producer front,
-                // chains, the consumer's region 1 as the producer sees it)
+                // chains, the consumer's region 1 as the producer sees it,
+                // the streamed producer plan chosen, if any)
                 type Joint = (u64, u64, u64);
-                type Pairing = (u64, (bool, usize), (Vec<plan::GemmPlan>, usize), bool, Joint);
+                type Pairing = (u64, (bool, usize), (Vec<plan::GemmPlan>, usize), bool, Joint, Option<stream::Beside>);
                 let mut best: Option<Pairing> = None;
                 let candidates = fronts.iter().flat_map(|(f16, front)| {
                     front.0.iter().enumerate().map(move |(i, c)| ((*f16, i), c))
@@ -1018,15 +1062,73 @@ fn plan_and_lower(
                             (producer, chains)
                         })
                         .clone();
-                    let Some(p) = producer.0.first() else {
-                        continue;
+                    // The fastest streamed producer plan that fits beside
+                    // this consumer plan (fronts are in cycle order).
+                    let whole_k = producer.0.first().map(|p| p.estimate.compute_cycles);
+                    let beside = stream::Beside {
+                        joint_r1: joint,
+                        standard: candidate.estimate.peak_standard_bytes,
                     };
-                    let total = p.estimate.compute_cycles + candidate.estimate.compute_cycles;
+                    let could_win = producer_bound.is_some_and(|b| {
+                        whole_k.is_none_or(|w| b < w)
+                            && best.as_ref().is_none_or(|x| b + candidate.estimate.compute_cycles < x.0)
+                    });
+                    let streamed_producer = match (could_win, stream_setup.as_mut()) {
+                        (true, Some((g, _, c))) => producer_streamed
+                            .entry(beside)
+                            .or_insert_with(|| {
+                                split_k(stream::search_beside(
+                                    g,
+                                    options.tiles,
+                                    (true, producer_bias),
+                                    producer_k_parts(g),
+                                    Some(beside),
+                                    c,
+                                    &options.search,
+                                ))
+                            })
+                            .0
+                            .first()
+                            .map(|p| p.estimate.compute_cycles),
+                        _ => None,
+                    };
+                    let (producer_cycles, streamed_beside) = match (whole_k, streamed_producer) {
+                        (Some(w), Some(s)) if s < w => (s, Some(beside)),
+                        (Some(w), _) => (w, None),
+                        (None, Some(s)) => (s, Some(beside)),
+                        (None, None) => continue,
+                    };
+                    let total = producer_cycles + candidate.estimate.compute_cycles;
                     if best.as_ref().is_none_or(|b| total < b.0) {
-                        best = Some((total, index, producer, chains, joint));
+                        best = Some((total, index, producer, chains, joint, streamed_beside));
                     }
                 }
-                if let Some((_, (f16, index), producer, chains, joint)) = best {
+                if let Some((_, (f16, index), mut producer, mut chains, joint, streamed_beside)) = best {
+                    let streamed_index = streamed_beside;
+                    if let (Some(beside), Some(setup)) = (streamed_beside, stream_setup) {
+                        // The streamed producer replaces the whole-K front
+                        // (its setup and plans).
+                        let (front, generated) = producer_streamed.remove(&beside).expect("searched beside this plan");
+                        let streamed_costs = setup.2.clone();
+                        let was_chain_setup = planned[0].4.is_none() && producer_chains.is_some();
+                        if was_chain_setup {
+                            // The f32 setup stays the fallback, as for chains.
+                            let (g, r, c) = setup;
+                            let f32_costs = std::mem::replace(&mut planned[0].2, c);
+                            planned[0].4 = Some((planned[0].0, planned[0].1.clone(), f32_costs));
+                            planned[0].0 = g;
+                            planned[0].1 = r;
+                        } else {
+                            planned[0].2 = streamed_costs;
+                        }
+                        producer = (front, generated);
+                        chains = false;
+                        tracing::info!(
+                            value = %planned[0].3,
+                            k_parts = producer.0[0].stream.map_or(1, |s| s.k_parts),
+                            "the producer streams K split over tiles; the consumer gathers its row pieces"
+                        );
+                    }
                     let mut front = fronts[usize::from(f16)].1 .0.clone();
                     if f16 {
                         let (geometry, requests, costs) =
@@ -1051,7 +1153,7 @@ fn plan_and_lower(
                             value = %planned[0].3,
                             "the producer takes bounded f16 chains in what the streamed consumer leaves"
                         );
-                    } else {
+                    } else if streamed_index.is_none() {
                         planned[0].2.memory_budget = region1;
                         planned[0].2.joint = Some(joint);
                     }

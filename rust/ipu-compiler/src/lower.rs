@@ -228,12 +228,13 @@ pub fn lower(
     let mut handoff_views: Vec<(GemmGeometry, GemmPlan, Vec<ShardOnTile>)> = Vec::new();
     let mut gemms_results = Vec::new();
     let mut exchange_label = 0u32;
+    // Scratch phases taken by the streamed GEMMs lowered so far.
+    let mut stream_phases = 0u32;
     for (gi_group, pg) in gemms.iter_mut().enumerate() {
-        if pg.plan.stream.is_some() {
+        if let Some(shape) = pg.plan.stream {
             // K streams through the tiles in chunks (crate::stream); its A
-            // comes from the host or from the producer's result tiles. A
-            // streamed GEMM is the last of its chain, so nothing below
-            // needs its views.
+            // comes from the host or from the producer's result tiles, and
+            // its reduced result may be a later streamed GEMM's A.
             let a_from = match pg.group.a {
                 Source::Group(p) => Some(
                     group_results
@@ -244,7 +245,7 @@ pub fn lower(
                 ),
                 Source::Host(_) => None,
             };
-            crate::stream::lower(
+            let streamed_results = crate::stream::lower(
                 graph,
                 tile_count,
                 pg,
@@ -257,8 +258,15 @@ pub fn lower(
                     steps: &mut steps,
                     exchange_label: &mut exchange_label,
                     a_from,
+                    phase_base: stream_phases,
                 },
             )?;
+            if shape.k_parts > 1 {
+                stream_phases += crate::stream::PHASES;
+            }
+            for (tile, r) in streamed_results {
+                group_results.insert((gi_group, tile), r);
+            }
             handoff_views.push((pg.geometry, pg.plan.clone(), pg.map.to_vec()));
             gemms_results.push(pg.group.result());
             continue;

@@ -57,10 +57,14 @@ const CHUNK_BLOCKS: [u32; 12] = [1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64];
 /// K-part counts the search tries.
 const K_PARTS: [u32; 8] = [1, 2, 3, 4, 6, 8, 12, 16];
 
-/// Scratch phases of a plan with several K parts: the chunk buffers, then
-/// the gather buffer of the partials.
+/// Scratch phases of a plan with several K parts, counted from the
+/// sink's `phase_base`: the chunk buffers, then the gather buffer of the
+/// partials.
 const CHUNK_PHASE: u32 = 1;
 const GATHER_PHASE: u32 = 2;
+
+/// Scratch phases one streamed GEMM with several K parts uses.
+pub const PHASES: u32 = 2;
 
 /// Region-0 bytes of one compute step's program on a tile (an upper
 /// bound): per vertex its 11-word state and a program-table entry, plus the
@@ -310,6 +314,7 @@ pub fn evaluate(
     (row_parts, col_parts, kp): (u32, u32, u32),
     (ch, b_resident): (u32, bool),
     (host_a, bias): (bool, bool),
+    beside: Option<Beside>,
     costs: &mut GemmCosts,
     memo: &mut Memo,
 ) -> Option<GemmPlan> {
@@ -358,10 +363,12 @@ pub fn evaluate(
         let c = c?;
         // The homes go to region 0 while it has room, else after the
         // interleaved buffers (storage::place does the same, in this order).
+        // (Region 0 beside another GEMM is what that GEMM leaves.)
+        let standard = STANDARD_BUDGET.saturating_sub(beside.map_or(0, |b| b.standard));
         let (mut r0, mut r1_end) = (0u64, c.r1);
         let mut spilled = 0;
         for home in [a_chunks * c.a_chunk, b_chunks * c.b_chunk] {
-            if r0 + home + c.fixed_r0 <= STANDARD_BUDGET {
+            if r0 + home + c.fixed_r0 <= standard {
                 r0 += home;
             } else {
                 r1_end += home;
@@ -375,6 +382,11 @@ pub fn evaluate(
         );
         r0 += c.fixed_r0;
         if r0 > STANDARD_BUDGET || r1_end > REGION1_BYTES {
+            return None;
+        }
+        if beside.is_some_and(|other| {
+            !fits_beside((c.joint.0, c.joint.1, c.joint.2 + spilled), r0, other)
+        }) {
             return None;
         }
         compute = compute.max(c.compute);
@@ -429,6 +441,28 @@ pub fn evaluate(
     })
 }
 
+/// Another GEMM on the same tiles, as a streamed plan must fit beside it:
+/// its region 1 ([`StreamShape::joint_r1`], [`crate::gemm::GemmCosts::joint`])
+/// and its region-0 peak.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub struct Beside {
+    pub joint_r1: (u64, u64, u64),
+    pub standard: u64,
+}
+
+/// Whether buffers with region-1 needs `own` ([`StreamShape::joint_r1`])
+/// and region-0 peak `standard` fit beside `other`, laid out as
+/// `storage::place` does: every element-exclusive buffer of both on its
+/// own elements, the other persistent buffers, then the scratch phases of
+/// both from the next element boundary, sharing memory (one GEMM runs
+/// after the other, so no two of their phases are live together).
+fn fits_beside(own: (u64, u64, u64), standard: u64, other: Beside) -> bool {
+    let element = ipu_arch::INTERLEAVED_ELEMENT_BYTES as u64;
+    let (exclusive, persistent, phase) = other.joint_r1;
+    let fixed = (own.0 + exclusive + own.1 + persistent).div_ceil(element) * element;
+    fixed + own.2.max(phase) <= REGION1_BYTES && standard + other.standard <= STANDARD_BUDGET
+}
+
 /// Streamed candidates over grids that use at least half of the tiles, the
 /// K-part counts of [`K_PARTS`] and the chunk sizes of [`CHUNK_BLOCKS`],
 /// Pareto-filtered over (device cycles, peak bytes), best first, at most
@@ -442,6 +476,20 @@ pub fn search(
     tiles: u32,
     (host_a, bias): (bool, bool),
     min_k_parts: u32,
+    costs: &mut GemmCosts,
+    budget: &SearchBudget,
+) -> (Vec<GemmPlan>, usize) {
+    search_beside(g, tiles, (host_a, bias), min_k_parts, None, costs, budget)
+}
+
+/// [`search`] for plans that also fit `beside` another GEMM on the same
+/// tiles (a chain's streamed producer beside its streamed consumer).
+pub fn search_beside(
+    g: &GemmGeometry,
+    tiles: u32,
+    (host_a, bias): (bool, bool),
+    min_k_parts: u32,
+    beside: Option<Beside>,
     costs: &mut GemmCosts,
     budget: &SearchBudget,
 ) -> (Vec<GemmPlan>, usize) {
@@ -496,6 +544,7 @@ pub fn search(
                         (rp, cp, kp),
                         (ch, b_resident),
                         (host_a, bias),
+                        beside,
                         &mut costs,
                         &mut memo,
                     ) {
@@ -533,6 +582,11 @@ pub struct Sink<'s> {
     /// For a GEMM whose A is an earlier GEMM's result: where that result
     /// is, per producer tile (its compact rows of whole column blocks).
     pub a_from: Option<Vec<(u32, GroupResult)>>,
+    /// Scratch phases before this GEMM's: its chunk and gather phases are
+    /// `phase_base + 1` and `phase_base + 2`, after those of an earlier
+    /// streamed GEMM of the chain (phases run in number order; buffers of
+    /// different phases share memory).
+    pub phase_base: u32,
 }
 
 impl Sink<'_> {
@@ -582,13 +636,16 @@ struct TileWork {
 type VertexKey = (u32, u32, u32, usize, usize, usize);
 
 /// Lowers one streamed GEMM: its A from the host (or a param) through
-/// homes, or from an earlier GEMM's result tiles (`sink.a_from`).
+/// homes, or from an earlier GEMM's result tiles (`sink.a_from`). Returns
+/// where the reduce step leaves the result, per tile (compact f16 rows of
+/// whole column blocks, as [`chained_a`] takes them from a producer); empty
+/// when the result stays in the C buffers (no reduce step).
 pub fn lower(
     graph: &Graph,
     tile_count: u32,
     pg: &mut PlannedGemm,
     mut sink: Sink,
-) -> Result<(), CompileError> {
+) -> Result<Vec<(u32, GroupResult)>, CompileError> {
     let shape = pg.plan.stream.expect("a streamed plan");
     let node = graph.node(pg.group.gemm);
     let value = graph.value(node.result).name.clone();
@@ -612,7 +669,8 @@ pub fn lower(
     let cols = pg.plan.col_ranges(&g);
     let parts = k_parts(&g, kp);
     let (rp, cp) = (pg.plan.row_parts, pg.plan.col_parts);
-    let scratch = |phase| (kp > 1).then_some(phase);
+    let phase_base = sink.phase_base;
+    let scratch = |phase| (kp > 1).then_some(phase_base + phase);
     let mut work: BTreeMap<(u32, u32, u32), TileWork> = BTreeMap::new();
     for shard in pg.map {
         let (i, j, l) = (shard.row_part, shard.col_part, shard.k_part);
@@ -973,7 +1031,7 @@ pub fn lower(
                 exclusive_element: false,
                 zero: vec![],
                 category: "gemm_partials".into(),
-                scratch: Some(GATHER_PHASE),
+                scratch: Some(phase_base + GATHER_PHASE),
                 lifetime: None,
             });
             let gather = bufs.len() - 1;
@@ -1027,6 +1085,7 @@ pub fn lower(
         placements: Vec::new(),
     };
     let rb = g.result_bytes();
+    let mut results = Vec::new();
     for (&(i, j, l), t) in &work {
         let lay = &t.layout;
         let (r0, r1) = t.rows;
@@ -1224,7 +1283,22 @@ pub fn lower(
         let c_t = target
             .entry(result_name.clone())
             .or_insert_with(|| host_tensor(result_value));
-        for (first, count, buffer, offset, stride) in delivered {
+        for &(first, count, buffer, offset, stride) in &delivered {
+            // Reduced rows sit in `d` with the stride of whole column
+            // blocks, which is what a consumer's A transfers expect.
+            if buffer != t.c && offset == 0 && stride == nct * 16 * rb {
+                results.push((
+                    t.tile,
+                    GroupResult {
+                        buffer,
+                        row_stride: stride,
+                        rows: (r0 + first, r0 + first + count),
+                        col0: c0 * 16,
+                        width,
+                        transposed: false,
+                    },
+                ));
+            }
             for r in 0..count {
                 push_coalesced(
                     &mut c_t.placements,
@@ -1243,7 +1317,7 @@ pub fn lower(
     if !reduce_step.tiles.is_empty() {
         sink.steps.push(reduce_step);
     }
-    Ok(())
+    Ok(results)
 }
 
 /// The transfers that bring chunk `(b0, b1)` (K blocks) of row part `i`'s

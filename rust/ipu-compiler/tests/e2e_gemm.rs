@@ -386,6 +386,54 @@ fn mlp_with_a_streamed_consumer_on_the_simulator() {
     );
 }
 
+/// Both GEMMs of a chain stream K: the producer splits K over tiles (at
+/// least four f16 K parts under Auto) and reduce-scatters its partials,
+/// with the bias + GELU epilogue, into row pieces that the consumer's
+/// chunk steps gather as its A. `x` then lives once, in the producer's
+/// chunk homes (no copy step), and the result verifies with the estimate
+/// within 10%.
+#[test]
+fn mlp_with_both_gemms_streamed_on_the_simulator() {
+    let ran = compile_and_run(&root().join("models/mlp_stream_both_small.ipug"), 64, 37);
+    let report = &ran.compile.report;
+    assert_eq!(
+        report["chain_handoff"]["chosen"], "streamed",
+        "{}",
+        report["chain_handoff"]
+    );
+    let producer = &report["operations"][0]["chosen"]["stream"];
+    assert!(
+        producer["k_parts"].as_u64().unwrap_or(0) >= 4,
+        "producer: {producer}"
+    );
+    let consumer = &report["operations"][1]["chosen"]["stream"];
+    assert!(
+        consumer["steps"].as_u64().unwrap_or(0) >= 1,
+        "consumer: {consumer}"
+    );
+    for (name, placed, size) in run_input_bytes(&ran.compile) {
+        assert_eq!(
+            placed, size,
+            "input `{name}` crosses the host link {placed} bytes for {size}"
+        );
+    }
+    let steps = report["exchange_steps"].as_array().unwrap();
+    assert!(
+        steps
+            .iter()
+            .all(|s| !s["step"].as_str().unwrap().ends_with(" -> segment 0")),
+        "no copy step: {steps:?}"
+    );
+    let (est, sim) = (
+        ran.compile.estimated_compute_cycles as f64,
+        ran.run_device_cycles as f64,
+    );
+    assert!(
+        (est / sim - 1.0).abs() < 0.1,
+        "estimate {est} vs simulated {sim}"
+    );
+}
+
 /// fp8 GEMMs on gemm_fp8: the operand scales become the kernel's product
 /// scale, K pads to 32, N to 16; refusals say what is not lowered.
 #[test]
