@@ -511,6 +511,9 @@ type PlannedGemm = (
     // least four K parts (each K part one f16 chain).
     Option<GemmSetup>,
 );
+/// A GEMM's plans, best first, and how many candidates its search made.
+type PlanFront = (Vec<plan::GemmPlan>, usize);
+
 type GemmSetup = (
     GemmGeometry,
     (KernelRequest, Option<KernelRequest>),
@@ -532,6 +535,98 @@ fn use_f32_fallback(p: &mut PlannedGemm) -> bool {
     p.1 = requests;
     p.2 = costs;
     true
+}
+
+/// The estimated cycles of whole-K projections side by side: the one copy
+/// step of `x` (the tile that receives most) and then their compute steps
+/// together (the slowest).
+fn whole_k_projection_cycles(fronts: &[(Vec<plan::GemmPlan>, usize)]) -> u64 {
+    let chosen = fronts.iter().filter_map(|f| f.0.first());
+    let copy = chosen
+        .clone()
+        .map(|p| p.estimate.copy_cycles)
+        .max()
+        .unwrap_or(0);
+    let compute = chosen
+        .map(|p| p.estimate.compute_cycles - p.estimate.copy_cycles)
+        .max()
+        .unwrap_or(0);
+    copy + compute
+}
+
+/// Streamed plans for an attention's projections on their tile shares,
+/// K split over tiles (`stream::Fit::Phased`: their scratch in the
+/// projections' phase, what outlives it within `left` bytes of region 1),
+/// all with the same number of chunk steps so that their exchange steps
+/// merge one by one (`stream::merge`); the step count whose slowest
+/// projection is fastest. Returns the fronts (the chosen plan first) and
+/// that slowest projection's estimate, or `None` when some projection has
+/// no such plan.
+fn streamed_projections(
+    planned: &[PlannedGemm],
+    shares: &[u32],
+    (groups, left): (&[fuse::Group], u64),
+    budget: &plan::SearchBudget,
+) -> Option<(Vec<PlanFront>, u64)> {
+    let fronts: Vec<(Vec<plan::GemmPlan>, usize)> = planned
+        .iter()
+        .zip(shares)
+        .enumerate()
+        .map(|(g, (p, &tiles))| {
+            // (Its reduce formula is the one the attention layout takes:
+            // Q and V transposed by the reduce, TR=1, in the columns.)
+            let mut costs = p.2.clone();
+            costs.persistent_budget = None;
+            // Under Auto each K part is one f16 chain: at least four.
+            let min_k_parts = if p.0.acc32 || p.0.max_chain_blocks == u32::MAX {
+                2
+            } else {
+                4
+            };
+            stream::search_fit(
+                &p.0,
+                tiles,
+                (true, groups[g].bias.is_some()),
+                min_k_parts,
+                stream::Fit::Phased { persistent: left },
+                &mut costs,
+                budget,
+            )
+        })
+        .collect();
+    let steps: std::collections::BTreeSet<u32> = fronts
+        .iter()
+        .flat_map(|f| f.0.iter().filter_map(|p| p.stream.map(|s| s.steps)))
+        .collect();
+    let mut best: Option<(u32, u64)> = None;
+    for &n in &steps {
+        let slowest = fronts
+            .iter()
+            .map(|f| {
+                f.0.iter()
+                    .find(|p| p.stream.is_some_and(|s| s.steps == n))
+                    .map(|p| p.estimate.compute_cycles)
+            })
+            .collect::<Option<Vec<u64>>>()
+            .and_then(|c| c.into_iter().max());
+        if let Some(c) = slowest {
+            if best.is_none_or(|b| c < b.1) {
+                best = Some((n, c));
+            }
+        }
+    }
+    let (n, cycles) = best?;
+    let fronts = fronts
+        .into_iter()
+        .map(|(plans, generated)| {
+            let same: Vec<plan::GemmPlan> = plans
+                .into_iter()
+                .filter(|p| p.stream.is_some_and(|s| s.steps == n))
+                .collect();
+            (same, generated)
+        })
+        .collect();
+    Some((fronts, cycles))
 }
 
 /// Phases `fuse` to `lower` of a graph of GEMM groups and attention blocks
@@ -1077,12 +1172,12 @@ fn plan_and_lower(
                         (true, Some((g, _, c))) => producer_streamed
                             .entry(beside)
                             .or_insert_with(|| {
-                                split_k(stream::search_beside(
+                                split_k(stream::search_fit(
                                     g,
                                     options.tiles,
                                     (true, producer_bias),
                                     producer_k_parts(g),
-                                    Some(beside),
+                                    stream::Fit::Beside(beside),
                                     c,
                                     &options.search,
                                 ))
@@ -1282,12 +1377,37 @@ fn plan_and_lower(
                         };
                         shares
                     };
-                    let fronts: Vec<(Vec<plan::GemmPlan>, usize)> = planned
+                    let mut fronts: Vec<(Vec<plan::GemmPlan>, usize)> = planned
                         .iter_mut()
                         .zip(&shares)
                         .map(|(p, &t)| plan::search(&p.0, t, &mut p.2, &options.search))
                         .collect();
                     if fronts.iter().all(|f| !f.0.is_empty()) {
+                        // The projections may stream K split over their
+                        // tiles instead (a host input in a model of one
+                        // segment): a tile then receives a K part of its
+                        // rows of `x`, not whole rows, and the partials'
+                        // reduce-scatter leaves row pieces, which the
+                        // attention's exchange takes like any result rows
+                        // (Q and V transposed on their tiles first).
+                        let streamed = (tile_count_override.is_none()
+                            && groups.iter().all(|g| matches!(g.a, fuse::Source::Host(_))))
+                        .then(|| {
+                            streamed_projections(&planned, &shares, (groups.as_slice(), left), &options.search)
+                        })
+                        .flatten();
+                        let whole_k = whole_k_projection_cycles(&fronts);
+                        if let Some((streamed_fronts, cycles)) = streamed {
+                            tracing::info!(
+                                whole_k_estimated_cycles = whole_k,
+                                streamed_estimated_cycles = cycles,
+                                chosen = if cycles < whole_k { "streamed" } else { "whole_k" },
+                                "projection plans: whole K with one copy of x, or K split over tiles"
+                            );
+                            if cycles < whole_k {
+                                fronts = streamed_fronts;
+                            }
+                        }
                         chosen = Some((c.clone(), fronts, shares));
                         break;
                     }
@@ -1566,6 +1686,7 @@ fn plan_and_lower(
                         result_in_place: true,
                         scratch_fill: scratch_fill.clone(),
                         transposed_result: false,
+                        side_by_side: disjoint_groups && report.chosen.stream.is_some(),
                     }
                 },
             )

@@ -186,6 +186,11 @@ pub struct PlannedGemm<'a> {
     /// the Q and V projections of a column-layout attention, whose
     /// exchange moves runs of queries and keys.
     pub transposed_result: bool,
+    /// A streamed GEMM that runs side by side with others on disjoint
+    /// tiles (an attention's projections): its exchange steps merge with
+    /// theirs, and its chunk and gather buffers are scratch of
+    /// [`PROJECTION_PHASE`].
+    pub side_by_side: bool,
 }
 
 /// Scratch phase of the projections in a model with attention.
@@ -230,6 +235,10 @@ pub fn lower(
     let mut exchange_label = 0u32;
     // Scratch phases taken by the streamed GEMMs lowered so far.
     let mut stream_phases = 0u32;
+    // The pending steps of streamed GEMMs that run side by side (an
+    // attention's projections), merged after the last of them.
+    let mut side_by_side: Vec<Vec<crate::stream::Pending>> = Vec::new();
+    let mut a_homes = crate::stream::AHomes::new();
     for (gi_group, pg) in gemms.iter_mut().enumerate() {
         if let Some(shape) = pg.plan.stream {
             // K streams through the tiles in chunks (crate::stream); its A
@@ -245,9 +254,9 @@ pub fn lower(
                 ),
                 Source::Host(_) => None,
             };
+            let mut pending = Vec::new();
             let streamed_results = crate::stream::lower(
                 graph,
-                tile_count,
                 pg,
                 crate::stream::Sink {
                     buffers: &mut buffers,
@@ -255,14 +264,29 @@ pub fn lower(
                     params: &mut params,
                     outputs: &mut outputs,
                     resident: &mut resident,
-                    steps: &mut steps,
-                    exchange_label: &mut exchange_label,
+                    steps: &mut pending,
                     a_from,
-                    phase_base: stream_phases,
+                    a_homes: &mut a_homes,
+                    phases: if pg.side_by_side {
+                        crate::stream::StreamPhases::Shared(PROJECTION_PHASE)
+                    } else {
+                        crate::stream::StreamPhases::After(stream_phases)
+                    },
                 },
             )?;
-            if shape.k_parts > 1 {
-                stream_phases += crate::stream::PHASES;
+            if pg.side_by_side {
+                side_by_side.push(pending);
+            } else {
+                crate::stream::emit(
+                    pending,
+                    tile_count,
+                    &mut buffers,
+                    &mut steps,
+                    &mut exchange_label,
+                )?;
+                if shape.k_parts > 1 {
+                    stream_phases += crate::stream::PHASES;
+                }
             }
             for (tile, r) in streamed_results {
                 group_results.insert((gi_group, tile), r);
@@ -706,6 +730,16 @@ pub fn lower(
         if !reduce_step.tiles.is_empty() {
             steps.push(reduce_step);
         }
+    }
+    if !side_by_side.is_empty() {
+        let merged = crate::stream::merge(side_by_side);
+        crate::stream::emit(
+            merged,
+            tile_count,
+            &mut buffers,
+            &mut steps,
+            &mut exchange_label,
+        )?;
     }
     let mut l = Lowered::two_calls(
         graph,

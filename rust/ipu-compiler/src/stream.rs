@@ -146,17 +146,50 @@ fn exchange_estimate(bytes: u64) -> u64 {
 }
 
 /// Row pieces of a block of `rows` rows for the reduce-scatter over `kp`
-/// K parts (a piece may be empty when `rows < kp`).
-fn pieces(rows: u32, kp: u32) -> Vec<(u32, u32)> {
-    (0..kp)
-        .map(|l| (l * rows / kp, (l + 1) * rows / kp))
-        .collect()
+/// K parts (a piece may be empty when `rows < kp`), their bounds rounded to
+/// multiples of `align` rows (the geometry's row alignment: a projection's
+/// result rows are transposed in pairs).
+fn pieces(rows: u32, kp: u32, align: u32) -> Vec<(u32, u32)> {
+    let align = align.max(1) as u64;
+    let bound = |l: u32| -> u32 {
+        if l >= kp {
+            return rows;
+        }
+        let exact = l as u64 * rows as u64 / kp as u64;
+        (((exact + align / 2) / align) * align).min(rows as u64) as u32
+    };
+    (0..kp).map(|l| (bound(l), bound(l + 1))).collect()
+}
+
+/// Rows of the largest piece ([`pieces`]): the gather buffer's section.
+fn piece_rows(rows: u32, kp: u32, align: u32) -> u32 {
+    pieces(rows, kp, align)
+        .iter()
+        .map(|p| p.1 - p.0)
+        .max()
+        .unwrap_or(0)
 }
 
 /// The reduce vertices of a piece of `rows` rows and `col_blocks` column
-/// blocks: its rows over the six workers.
-fn reduce_rows(rows: u32) -> Vec<(u32, u32)> {
-    ranges(rows, ipu_arch::WORKER_CONTEXTS)
+/// blocks: (row range, column-block range) each, at most one per worker,
+/// the grid of row and column cuts whose largest vertex (rows x column
+/// blocks) is smallest (rows first when equal): a piece of a few rows
+/// splits its columns too, rather than leave workers idle.
+fn reduce_parts(rows: u32, col_blocks: u32) -> Vec<((u32, u32), (u32, u32))> {
+    let workers = ipu_arch::WORKER_CONTEXTS;
+    let mut best: Option<(u64, u32, u32)> = None;
+    for r in 1..=workers.min(rows.max(1)) {
+        let c = (workers / r).min(col_blocks.max(1));
+        let largest = rows.div_ceil(r) as u64 * col_blocks.div_ceil(c) as u64;
+        if best.is_none_or(|b| largest < b.0) {
+            best = Some((largest, r, c));
+        }
+    }
+    let (_, r, c) = best.expect("one worker at least");
+    ranges(rows, r)
+        .into_iter()
+        .flat_map(|rr| ranges(col_blocks, c).into_iter().map(move |cc| (rr, cc)))
+        .collect()
 }
 
 /// What one shard size costs in one (chunk, K parts) configuration,
@@ -178,6 +211,8 @@ struct ShardCost {
     /// Region 1 for a GEMM sharing the tiles: [`StreamShape::joint_r1`]
     /// without the homes.
     joint: (u64, u64, u64),
+    /// Region-1 bytes of the buffers that outlive the scratch phases.
+    persistent_r1: u64,
 }
 
 /// Per-search memo of [`shard_cost`], keyed by (rows, column blocks,
@@ -201,7 +236,7 @@ fn shard_cost(
     (mt, nct): (u32, u32),
     ch: u32,
     (kp, b_resident): (u32, bool),
-    bias: bool,
+    (bias, one_phase): (bool, bool),
     costs: &mut GemmCosts,
 ) -> Option<ShardCost> {
     let gc = chunk_geometry(g, ch);
@@ -224,25 +259,26 @@ fn shard_cost(
         .max()
         .unwrap_or(0);
     let mut fixed_r0 = steps as u64 * (program_bytes(split.vertices() as u64) + 16);
-    let (r1, reduce, gather, joint);
+    let (r1, reduce, gather, joint, persistent_r1);
     let element = ipu_arch::INTERLEAVED_ELEMENT_BYTES as u64;
     let whole = |b: u32| (b as u64).div_ceil(element) * element;
     if kp > 1 {
         // Reduce-scatter: a piece of rows, P = kp partials.
-        let piece = mt.div_ceil(kp);
+        let piece = piece_rows(mt, kp, g.row_align);
         let f = costs.reduce.as_mut()?;
-        let slowest = reduce_rows(piece)
+        let parts = reduce_parts(piece, nct);
+        let slowest = parts
             .iter()
-            .map(|r| {
+            .map(|(r, c)| {
                 f.eval(&[
                     ("ROWS", (r.1 - r.0) as i64),
-                    ("QUADS", 4 * nct as i64),
+                    ("QUADS", 4 * (c.1 - c.0) as i64),
                     ("P", kp as i64),
                 ])
             })
             .max()
             .unwrap_or(0);
-        reduce = slowest + supervisor_cycles(reduce_rows(piece).len() as u64);
+        reduce = slowest + supervisor_cycles(parts.len() as u64);
         fixed_r0 += (piece * layout.rs_d()) as u64 + 128;
         gather = (kp * piece * layout.rs_c) as u64;
         let element = ipu_arch::INTERLEAVED_ELEMENT_BYTES as u64;
@@ -263,7 +299,19 @@ fn shard_cost(
             )
         };
         let gathered = region1_footprint(&[(kp * piece * layout.rs_c, false)])?;
-        r1 = persistent.div_ceil(element) * element + chunks.max(gathered);
+        // In one scratch phase the chunks and the gather buffer are live
+        // together; in two they share memory.
+        let scratch = if one_phase {
+            let mut all = vec![(layout.a_bytes(), true), (kp * piece * layout.rs_c, false)];
+            if !b_resident {
+                all.push((layout.b_bytes(), false));
+            }
+            region1_footprint(&all)?
+        } else {
+            chunks.max(gathered)
+        };
+        r1 = persistent.div_ceil(element) * element + scratch;
+        persistent_r1 = persistent;
         joint = (
             2 * whole(layout.c_bytes()),
             if b_resident {
@@ -271,7 +319,7 @@ fn shard_cost(
             } else {
                 0
             },
-            chunks.max(gathered),
+            scratch,
         );
     } else {
         reduce = if g.needs_reduce(split.k_groups.len()) {
@@ -283,6 +331,7 @@ fn shard_cost(
         };
         gather = 0;
         r1 = costs.region1_bytes(&layout)?;
+        persistent_r1 = r1;
         joint = (
             2 * whole(layout.c_bytes()) + whole(layout.a_bytes()),
             layout.b_bytes() as u64,
@@ -303,6 +352,7 @@ fn shard_cost(
         exchange: (mt * layout.rs_a + if b_resident { 0 } else { layout.b_bytes() }) as u64,
         gather,
         joint,
+        persistent_r1,
     })
 }
 
@@ -314,10 +364,14 @@ pub fn evaluate(
     (row_parts, col_parts, kp): (u32, u32, u32),
     (ch, b_resident): (u32, bool),
     (host_a, bias): (bool, bool),
-    beside: Option<Beside>,
+    fit: Fit,
     costs: &mut GemmCosts,
     memo: &mut Memo,
 ) -> Option<GemmPlan> {
+    let beside = match fit {
+        Fit::Beside(b) => Some(b),
+        _ => None,
+    };
     let rows = g.row_ranges(row_parts);
     let cols = ranges(g.ncb(), col_parts);
     if rows.len() as u32 != row_parts || cols.len() as u32 != col_parts || kp > g.nkb() {
@@ -359,7 +413,10 @@ pub fn evaluate(
         let c = *memo
             .0
             .entry((mt, nct, ch, kp, b_resident))
-            .or_insert_with(|| shard_cost(g, (mt, nct), ch, (kp, b_resident), bias, costs));
+            .or_insert_with(|| {
+                let one_phase = matches!(fit, Fit::Phased { .. });
+                shard_cost(g, (mt, nct), ch, (kp, b_resident), (bias, one_phase), costs)
+            });
         let c = c?;
         // The homes go to region 0 while it has room, else after the
         // interleaved buffers (storage::place does the same, in this order).
@@ -383,6 +440,12 @@ pub fn evaluate(
         r0 += c.fixed_r0;
         if r0 > STANDARD_BUDGET || r1_end > REGION1_BYTES {
             return None;
+        }
+        if let Fit::Phased { persistent } = fit {
+            // Homes that spill into region 1 outlive the phases too.
+            if kp == 1 || c.persistent_r1 + spilled > persistent {
+                return None;
+            }
         }
         if beside.is_some_and(|other| {
             !fits_beside((c.joint.0, c.joint.1, c.joint.2 + spilled), r0, other)
@@ -441,6 +504,22 @@ pub fn evaluate(
     })
 }
 
+/// What else a streamed plan's tiles hold.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Fit {
+    /// Nothing else.
+    Alone,
+    /// Another GEMM's buffers (a chain's streamed producer beside its
+    /// streamed consumer).
+    Beside(Beside),
+    /// An attention's projection: its chunk and gather buffers share one
+    /// scratch phase, whose memory the attention reuses afterwards, and
+    /// the buffers that outlive it get at most `persistent` bytes of
+    /// region 1 (what the attention leaves). Only plans with K parts
+    /// (their result is the reduce step's rows).
+    Phased { persistent: u64 },
+}
+
 /// Another GEMM on the same tiles, as a streamed plan must fit beside it:
 /// its region 1 ([`StreamShape::joint_r1`], [`crate::gemm::GemmCosts::joint`])
 /// and its region-0 peak.
@@ -479,17 +558,24 @@ pub fn search(
     costs: &mut GemmCosts,
     budget: &SearchBudget,
 ) -> (Vec<GemmPlan>, usize) {
-    search_beside(g, tiles, (host_a, bias), min_k_parts, None, costs, budget)
+    search_fit(
+        g,
+        tiles,
+        (host_a, bias),
+        min_k_parts,
+        Fit::Alone,
+        costs,
+        budget,
+    )
 }
 
-/// [`search`] for plans that also fit `beside` another GEMM on the same
-/// tiles (a chain's streamed producer beside its streamed consumer).
-pub fn search_beside(
+/// [`search`] for plans that fit beside what else their tiles hold.
+pub fn search_fit(
     g: &GemmGeometry,
     tiles: u32,
     (host_a, bias): (bool, bool),
     min_k_parts: u32,
-    beside: Option<Beside>,
+    fit: Fit,
     costs: &mut GemmCosts,
     budget: &SearchBudget,
 ) -> (Vec<GemmPlan>, usize) {
@@ -544,7 +630,7 @@ pub fn search_beside(
                         (rp, cp, kp),
                         (ch, b_resident),
                         (host_a, bias),
-                        beside,
+                        fit,
                         &mut costs,
                         &mut memo,
                     ) {
@@ -570,6 +656,18 @@ pub fn search_beside(
     (pareto_front(candidates, budget.beam_width), generated)
 }
 
+/// A step of a streamed GEMM before its exchange is scheduled: GEMMs that
+/// run side by side on disjoint tiles merge their exchange steps one by
+/// one ([`merge`]), so that none of them waits for another's sync.
+pub enum Pending {
+    Exchange {
+        transfers: Vec<BufferTransfer>,
+        operation: String,
+        phase: String,
+    },
+    Compute(Step),
+}
+
 /// Where lowering puts what it makes.
 pub struct Sink<'s> {
     pub buffers: &'s mut BTreeMap<u32, Vec<BufferSpec>>,
@@ -577,39 +675,177 @@ pub struct Sink<'s> {
     pub params: &'s mut BTreeMap<String, HostTensor>,
     pub outputs: &'s mut BTreeMap<String, HostTensor>,
     pub resident: &'s mut BTreeMap<String, HostTensor>,
-    pub steps: &'s mut Vec<Step>,
-    pub exchange_label: &'s mut u32,
+    pub steps: &'s mut Vec<Pending>,
     /// For a GEMM whose A is an earlier GEMM's result: where that result
     /// is, per producer tile (its compact rows of whole column blocks).
     pub a_from: Option<Vec<(u32, GroupResult)>>,
-    /// Scratch phases before this GEMM's: its chunk and gather phases are
-    /// `phase_base + 1` and `phase_base + 2`, after those of an earlier
-    /// streamed GEMM of the chain (phases run in number order; buffers of
-    /// different phases share memory).
-    pub phase_base: u32,
+    /// The scratch phases of its chunk and gather buffers.
+    pub phases: StreamPhases,
+    /// A homes of earlier streamed GEMMs, to share (and to add to).
+    pub a_homes: &'s mut AHomes,
+}
+
+/// A streamed GEMM's A homes by grid shape: (A, row parts, column parts,
+/// K parts, chunk blocks).
+pub type HomeKey = (ipu_graph::ValueId, u32, u32, u32, u32);
+
+/// One tile's A home: (tile, buffer, bytes, row stride).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct AHome {
+    pub tile: u32,
+    pub buffer: usize,
+    pub bytes: u32,
+    pub rs_a: u32,
+}
+
+/// The A homes of the streamed GEMMs lowered so far, per grid tile
+/// `(i, j, l)`: a later GEMM of the same A and grid (an attention's
+/// projections of `x`) multicasts its chunks from them instead of homes of
+/// its own, so `x` lives once and needs no copy.
+pub type AHomes = BTreeMap<HomeKey, BTreeMap<(u32, u32, u32), AHome>>;
+
+/// Scratch phases of a streamed GEMM with several K parts.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum StreamPhases {
+    /// Its own two, after `base` (the phases of an earlier streamed GEMM
+    /// of the chain): chunks in `base + 1`, the gather in `base + 2`
+    /// (phases run in number order; buffers of different phases share
+    /// memory).
+    After(u32),
+    /// One phase for both (an attention's projections, whose phase the
+    /// attention's buffers reuse afterwards).
+    Shared(u32),
+}
+
+impl StreamPhases {
+    fn chunk(self) -> u32 {
+        match self {
+            StreamPhases::After(base) => base + CHUNK_PHASE,
+            StreamPhases::Shared(p) => p,
+        }
+    }
+    fn gather(self) -> u32 {
+        match self {
+            StreamPhases::After(base) => base + GATHER_PHASE,
+            StreamPhases::Shared(p) => p,
+        }
+    }
 }
 
 impl Sink<'_> {
-    /// Appends an exchange step of `transfers` under the next label.
+    /// Appends an exchange step of `transfers`.
     fn push_exchange(
         &mut self,
-        tiles: u32,
         transfers: Vec<BufferTransfer>,
         operation: String,
         phase: String,
     ) -> Result<(), CompileError> {
-        let label = *self.exchange_label;
-        self.steps.push(exchange::program_step(
-            tiles,
+        self.steps.push(Pending::Exchange {
             transfers,
-            label,
-            self.buffers,
             operation,
             phase,
-        )?);
-        *self.exchange_label += 1;
+        });
         Ok(())
     }
+}
+
+/// Merges the pending steps of GEMMs that run side by side on disjoint
+/// tiles: where every list has an exchange step at the same position, one
+/// exchange step moves all their transfers; compute steps stay apart (a
+/// tile runs only its own, and consecutive compute steps need no sync).
+/// Lists of different shapes run one after the other.
+pub fn merge(lists: Vec<Vec<Pending>>) -> Vec<Pending> {
+    let kinds = |l: &Vec<Pending>| -> Vec<bool> {
+        l.iter()
+            .map(|p| matches!(p, Pending::Exchange { .. }))
+            .collect()
+    };
+    let aligned = lists.windows(2).all(|w| kinds(&w[0]) == kinds(&w[1]));
+    if !aligned || lists.len() < 2 {
+        return lists.into_iter().flatten().collect();
+    }
+    let len = lists[0].len();
+    let mut iters: Vec<_> = lists.into_iter().map(|l| l.into_iter()).collect();
+    let mut out = Vec::new();
+    for _ in 0..len {
+        let column: Vec<Pending> = iters
+            .iter_mut()
+            .map(|i| i.next().expect("aligned lists"))
+            .collect();
+        if matches!(column[0], Pending::Exchange { .. }) {
+            let (mut all, mut operations, mut phases) = (Vec::new(), Vec::new(), Vec::new());
+            for p in column {
+                if let Pending::Exchange {
+                    transfers,
+                    operation,
+                    phase,
+                } = p
+                {
+                    all.extend(transfers);
+                    operations.push(operation);
+                    phases.push(phase);
+                }
+            }
+            out.push(Pending::Exchange {
+                transfers: multicast(all),
+                operation: operations.join(", "),
+                phase: phases.join("; "),
+            });
+        } else {
+            out.extend(column);
+        }
+    }
+    out
+}
+
+/// Transfers of the same source bytes as one multicast to all their
+/// destinations (GEMMs that share A homes read the same chunks: sent once,
+/// the source tile's port is not the bound), in first-seen order.
+fn multicast(transfers: Vec<BufferTransfer>) -> Vec<BufferTransfer> {
+    let mut index: BTreeMap<(BufferRef, u32), usize> = BTreeMap::new();
+    let mut out: Vec<BufferTransfer> = Vec::new();
+    for t in transfers {
+        match index.get(&(t.source, t.bytes)) {
+            Some(&i) => out[i].destinations.extend(t.destinations),
+            None => {
+                index.insert((t.source, t.bytes), out.len());
+                out.push(t);
+            }
+        }
+    }
+    out
+}
+
+/// Schedules the pending exchange steps (labels from `exchange_label` on)
+/// and appends every step to `steps`.
+pub fn emit(
+    pending: Vec<Pending>,
+    tile_count: u32,
+    buffers: &mut BTreeMap<u32, Vec<BufferSpec>>,
+    steps: &mut Vec<Step>,
+    exchange_label: &mut u32,
+) -> Result<(), CompileError> {
+    for p in pending {
+        match p {
+            Pending::Exchange {
+                transfers,
+                operation,
+                phase,
+            } => {
+                steps.push(exchange::program_step(
+                    tile_count,
+                    transfers,
+                    *exchange_label,
+                    buffers,
+                    operation,
+                    phase,
+                )?);
+                *exchange_label += 1;
+            }
+            Pending::Compute(step) => steps.push(step),
+        }
+    }
+    Ok(())
 }
 
 /// Per tile of the grid: its block, K part, buffers and worker split.
@@ -624,8 +860,12 @@ struct TileWork {
     b: usize,
     c: usize,
     c_partial: usize,
-    /// `None` when A comes from an earlier GEMM's tiles.
+    /// `None` when A comes from an earlier GEMM's tiles or the home is
+    /// shared (`a_src`).
     a_home: Option<usize>,
+    /// Where this grid tile's A home chunks are (its own home or an
+    /// earlier GEMM's of the same A and grid).
+    a_src: Option<(u32, usize)>,
     /// `None` when B is resident (`b` holds every chunk).
     b_home: Option<usize>,
     bias: Option<usize>,
@@ -642,7 +882,6 @@ type VertexKey = (u32, u32, u32, usize, usize, usize);
 /// when the result stays in the C buffers (no reduce step).
 pub fn lower(
     graph: &Graph,
-    tile_count: u32,
     pg: &mut PlannedGemm,
     mut sink: Sink,
 ) -> Result<Vec<(u32, GroupResult)>, CompileError> {
@@ -669,8 +908,10 @@ pub fn lower(
     let cols = pg.plan.col_ranges(&g);
     let parts = k_parts(&g, kp);
     let (rp, cp) = (pg.plan.row_parts, pg.plan.col_parts);
-    let phase_base = sink.phase_base;
-    let scratch = |phase| (kp > 1).then_some(phase_base + phase);
+    let phases = sink.phases;
+    let scratch = |phase| (kp > 1).then_some(phase);
+    let home_key: Option<HomeKey> = a_host.map(|a| (a, rp, cp, kp, ch));
+    let shared_homes = home_key.and_then(|k| sink.a_homes.get(&k).cloned());
     let mut work: BTreeMap<(u32, u32, u32), TileWork> = BTreeMap::new();
     for shard in pg.map {
         let (i, j, l) = (shard.row_part, shard.col_part, shard.k_part);
@@ -721,7 +962,7 @@ pub fn lower(
                 vec![(mt * layout.rs_a, layout.a_bytes())]
             },
             "gemm_operand",
-            scratch(CHUNK_PHASE),
+            scratch(phases.chunk()),
         );
         let part_steps = (part.1 - part.0).div_ceil(ch);
         let short = !(part.1 - part.0).is_multiple_of(ch);
@@ -747,7 +988,7 @@ pub fn lower(
             if shape.b_resident {
                 None
             } else {
-                scratch(CHUNK_PHASE)
+                scratch(phases.chunk())
             },
         );
         let header = vec![(0, crate::gemm::C_HEADER)];
@@ -774,7 +1015,12 @@ pub fn lower(
         let b_count = (i..part_steps).step_by(rp as usize).count() as u32;
         let a_home_bytes = (a_count * mt * layout.rs_a).max(16);
         let b_home_bytes = (b_count * layout.b_bytes()).max(16);
-        let a_home = a_host.map(|_| {
+        let shared = shared_homes
+            .as_ref()
+            .and_then(|m| m.get(&(i, j, l)))
+            .filter(|h| h.bytes == a_home_bytes && h.rs_a == layout.rs_a)
+            .copied();
+        let a_home = a_host.filter(|_| shared.is_none()).map(|_| {
             push(
                 "a_home",
                 a_home_bytes,
@@ -829,10 +1075,35 @@ pub fn lower(
                 c,
                 c_partial,
                 a_home,
+                a_src: match (shared, a_home) {
+                    (Some(h), _) => Some((h.tile, h.buffer)),
+                    (None, Some(b)) => Some((shard.tile, b)),
+                    (None, None) => None,
+                },
                 b_home,
                 bias,
             },
         );
+    }
+    // This GEMM's own homes, for a later GEMM of the same A and grid.
+    if let Some(key) = home_key {
+        let own: BTreeMap<(u32, u32, u32), AHome> = work
+            .iter()
+            .filter_map(|(&ijl, t)| {
+                t.a_home.map(|buffer| {
+                    (
+                        ijl,
+                        AHome {
+                            tile: t.tile,
+                            buffer,
+                            bytes: sink.buffers[&t.tile][buffer].bytes,
+                            rs_a: t.layout.rs_a,
+                        },
+                    )
+                })
+            })
+            .collect();
+        sink.a_homes.entry(key).or_insert(own);
     }
 
     // Per vertex: blocks still to run and where its running sum is (none
@@ -873,10 +1144,11 @@ pub fn lower(
                 }
                 let home = &work[&(i, s % cp, l)];
                 let bytes = (home.rows.1 - home.rows.0) * home.layout.rs_a;
+                let (tile, buffer) = home.a_src.expect("a host A has homes");
                 transfers.push(BufferTransfer {
                     source: BufferRef {
-                        tile: home.tile,
-                        buffer: home.a_home.expect("a host A has homes"),
+                        tile,
+                        buffer,
                         offset: (s / cp) * bytes,
                     },
                     destinations: (0..cp)
@@ -915,7 +1187,6 @@ pub fn lower(
             }
         }
         sink.push_exchange(
-            tile_count,
             transfers,
             result_name.clone(),
             format!("exchange {value} chunk {s}"),
@@ -1002,7 +1273,7 @@ pub fn lower(
                     .max(step_compute(pg.costs, &t.split, b1 - b0));
             step.tiles.insert(t.tile, vertices);
         }
-        sink.steps.push(step);
+        sink.steps.push(Pending::Compute(step));
     }
     debug_assert!(remaining.values().all(|&r| r == 0));
     debug_assert!(sum_in
@@ -1017,8 +1288,8 @@ pub fn lower(
         for (&(i, j, l), t) in &work {
             let lay = &t.layout;
             let mt = t.rows.1 - t.rows.0;
-            let piece = pieces(mt, kp)[l as usize];
-            let section = mt.div_ceil(kp) * lay.rs_c;
+            let piece = pieces(mt, kp, g.row_align)[l as usize];
+            let section = piece_rows(mt, kp, g.row_align) * lay.rs_c;
             let bufs = sink
                 .buffers
                 .get_mut(&t.tile)
@@ -1031,7 +1302,7 @@ pub fn lower(
                 exclusive_element: false,
                 zero: vec![],
                 category: "gemm_partials".into(),
-                scratch: Some(phase_base + GATHER_PHASE),
+                scratch: Some(phases.gather()),
                 lifetime: None,
             });
             let gather = bufs.len() - 1;
@@ -1062,7 +1333,6 @@ pub fn lower(
             }
         }
         sink.push_exchange(
-            tile_count,
             transfers,
             result_name.clone(),
             format!("exchange {value} partials (reduce-scatter over {kp} K parts)"),
@@ -1086,6 +1356,9 @@ pub fn lower(
     };
     let rb = g.result_bytes();
     let mut results = Vec::new();
+    // Transposed results feed an attention only: no host placements (never
+    // an output; not checkpointed).
+    let mut transposed_results = Vec::new();
     for (&(i, j, l), t) in &work {
         let lay = &t.layout;
         let (r0, r1) = t.rows;
@@ -1101,21 +1374,41 @@ pub fn lower(
                 .reduce_kernel
                 .clone()
                 .expect("several K parts come with a reduce kernel");
-            let piece = pieces(mt, kp)[l as usize];
-            let section = mt.div_ceil(kp) * lay.rs_c;
+            let piece = pieces(mt, kp, g.row_align)[l as usize];
+            let section = piece_rows(mt, kp, g.row_align) * lay.rs_c;
             let rows_here = piece.1 - piece.0;
             if rows_here > 0 {
+                // The rows, or (`transposed_result`, `reduce_f32` TR=1) the
+                // columns, each of the piece's rows padded with zeros to 8
+                // bytes (the layout `transpose_f16` would make).
+                let rs_t = (rows_here * 2).div_ceil(8) * 8;
+                let (bytes, zero, dst_stride) = if pg.transposed_result {
+                    let zero: Vec<(u32, u32)> = (0..nct * 16)
+                        .map(|c| (c * rs_t + rows_here * 2, (c + 1) * rs_t))
+                        .filter(|z| z.0 < z.1)
+                        .collect();
+                    (nct * 16 * rs_t, zero, rs_t)
+                } else {
+                    (rows_here * lay.rs_d(), vec![], lay.rs_d())
+                };
                 let bufs = sink
                     .buffers
                     .get_mut(&t.tile)
                     .expect("tiles below tile_count");
                 bufs.push(BufferSpec {
-                    name: format!("{value}.d"),
-                    bytes: rows_here * lay.rs_d(),
+                    name: format!(
+                        "{value}.{}",
+                        if pg.transposed_result {
+                            "d_transposed"
+                        } else {
+                            "d"
+                        }
+                    ),
+                    bytes,
                     align: 16,
                     region: RegionReq::Standard,
                     exclusive_element: false,
-                    zero: vec![],
+                    zero,
                     category: "gemm_result".into(),
                     scratch: None,
                     lifetime: None,
@@ -1123,27 +1416,33 @@ pub fn lower(
                 let d = bufs.len() - 1;
                 let mut reduces = Vec::new();
                 let mut slowest = 0;
-                for (q0, q1) in reduce_rows(rows_here) {
+                for ((q0, q1), (cb0, cb1)) in reduce_parts(rows_here, nct) {
                     reduces.push(Vertex {
                         kernel: reduce.clone(),
                         state: vec![
                             StateWord::Addr {
                                 buffer: gathers[&(i, j, l)],
-                                offset: q0 * lay.rs_c,
+                                offset: q0 * lay.rs_c + cb0 * 16 * g.out_bytes(),
                             },
                             StateWord::Const(section),
                             StateWord::Const(kp),
                             StateWord::Const(lay.rs_c),
                             StateWord::Addr {
                                 buffer: d,
-                                offset: q0 * lay.rs_d(),
+                                offset: if pg.transposed_result {
+                                    cb0 * 16 * rs_t + q0 * 2
+                                } else {
+                                    q0 * lay.rs_d() + cb0 * 16 * rb
+                                },
                             },
-                            StateWord::Const(lay.rs_d()),
+                            StateWord::Const(dst_stride),
                             StateWord::Const(q1 - q0),
-                            StateWord::Const(4 * nct),
-                            // The piece spans all of the tile's columns.
+                            StateWord::Const(4 * (cb1 - cb0)),
                             match t.bias {
-                                Some(buffer) => StateWord::Addr { buffer, offset: 0 },
+                                Some(buffer) => StateWord::Addr {
+                                    buffer,
+                                    offset: cb0 * 32,
+                                },
                                 None => StateWord::Const(0),
                             },
                         ],
@@ -1151,7 +1450,7 @@ pub fn lower(
                     if let Some(f) = pg.costs.reduce.as_mut() {
                         slowest = slowest.max(f.eval(&[
                             ("ROWS", (q1 - q0) as i64),
-                            ("QUADS", 4 * nct as i64),
+                            ("QUADS", 4 * (cb1 - cb0) as i64),
                             ("P", kp as i64),
                         ]));
                     }
@@ -1160,7 +1459,21 @@ pub fn lower(
                     .estimated_cycles
                     .max(slowest + supervisor_cycles(reduces.len() as u64));
                 reduce_step.tiles.insert(t.tile, reduces);
-                delivered.push((piece.0, rows_here, d, 0, lay.rs_d()));
+                if pg.transposed_result {
+                    transposed_results.push((
+                        t.tile,
+                        GroupResult {
+                            buffer: d,
+                            row_stride: rs_t,
+                            rows: (r0 + piece.0, r0 + piece.1),
+                            col0: c0 * 16,
+                            width,
+                            transposed: true,
+                        },
+                    ));
+                } else {
+                    delivered.push((piece.0, rows_here, d, 0, lay.rs_d()));
+                }
             }
         } else if g.needs_reduce(t.split.k_groups.len()) {
             let reduce = pg
@@ -1275,6 +1588,9 @@ pub fn lower(
                 bytes: width * 2,
             });
         }
+        if pg.transposed_result {
+            continue;
+        }
         let target = if graph.outputs().contains(&result_value) {
             &mut *sink.outputs
         } else {
@@ -1315,8 +1631,9 @@ pub fn lower(
         }
     }
     if !reduce_step.tiles.is_empty() {
-        sink.steps.push(reduce_step);
+        sink.steps.push(Pending::Compute(reduce_step));
     }
+    results.extend(transposed_results);
     Ok(results)
 }
 
@@ -1365,4 +1682,114 @@ fn chained_a(
         }
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Pieces cover the block's rows once, in order, with bounds on the
+    /// alignment (a projection's pieces are transposed in row pairs), and
+    /// the largest is what the gather sections hold.
+    #[test]
+    fn pieces_cover_rows_once_on_aligned_bounds() {
+        for rows in [1, 2, 7, 10, 57, 122] {
+            for kp in [2, 3, 4, 6, 12, 16] {
+                for align in [1, 2] {
+                    let p = pieces(rows, kp, align);
+                    assert_eq!(p.len(), kp as usize);
+                    assert_eq!(p[0].0, 0);
+                    assert_eq!(p[kp as usize - 1].1, rows);
+                    for w in p.windows(2) {
+                        assert_eq!(w[0].1, w[1].0, "{rows} rows, {kp} parts: {p:?}");
+                    }
+                    for &(a, b) in &p {
+                        assert!(a <= b);
+                        assert!(
+                            a % align == 0 || a == rows,
+                            "{rows} rows, {kp} parts, align {align}: {p:?}"
+                        );
+                    }
+                    let largest = p.iter().map(|x| x.1 - x.0).max().unwrap();
+                    assert_eq!(piece_rows(rows, kp, align), largest);
+                    assert!(largest <= rows.div_ceil(kp) + align, "{p:?}");
+                }
+            }
+        }
+        // Align 1 keeps the old cut (the MLP's pieces did not move).
+        assert_eq!(pieces(10, 4, 1), vec![(0, 2), (2, 5), (5, 7), (7, 10)]);
+    }
+
+    /// The reduce vertices of a piece cover each (row, column block) once,
+    /// one per worker at most, and a piece of few rows splits its columns.
+    #[test]
+    fn reduce_parts_cover_the_piece_once() {
+        for rows in [1, 2, 5, 6, 10, 14, 61] {
+            for cbs in [1, 3, 8, 12] {
+                let parts = reduce_parts(rows, cbs);
+                assert!(parts.len() as u32 <= ipu_arch::WORKER_CONTEXTS);
+                let mut seen = vec![0u32; (rows * cbs) as usize];
+                for ((r0, r1), (c0, c1)) in parts {
+                    for r in r0..r1 {
+                        for c in c0..c1 {
+                            seen[(r * cbs + c) as usize] += 1;
+                        }
+                    }
+                }
+                assert!(seen.iter().all(|&n| n == 1), "{rows} x {cbs}");
+            }
+        }
+        // 10 rows of 12 column blocks: 2 x 3 vertices of 5 x 4, not 6
+        // row ranges of up to 2 x 12.
+        let parts = reduce_parts(10, 12);
+        let largest = parts
+            .iter()
+            .map(|(r, c)| (r.1 - r.0) * (c.1 - c.0))
+            .max()
+            .unwrap();
+        assert!(largest < 2 * 12, "{parts:?}");
+    }
+
+    /// Merged exchange steps send bytes with one source once, to every
+    /// destination; lists of different shapes run one after the other.
+    #[test]
+    fn merge_multicasts_shared_sources() {
+        let at = |tile, buffer| BufferRef {
+            tile,
+            buffer,
+            offset: 0,
+        };
+        let x = |src, dst| Pending::Exchange {
+            transfers: vec![BufferTransfer {
+                source: src,
+                destinations: vec![dst],
+                bytes: 64,
+            }],
+            operation: "g".into(),
+            phase: "p".into(),
+        };
+        let compute = || {
+            Pending::Compute(Step {
+                operation: "g".into(),
+                phase: "c".into(),
+                tiles: BTreeMap::new(),
+                estimated_cycles: 0,
+                exchange: None,
+            })
+        };
+        let merged = merge(vec![
+            vec![x(at(0, 0), at(1, 0)), compute()],
+            vec![x(at(0, 0), at(2, 0)), compute()],
+            vec![x(at(3, 0), at(4, 0)), compute()],
+        ]);
+        assert_eq!(merged.len(), 4, "one exchange, three compute steps");
+        let Pending::Exchange { transfers, .. } = &merged[0] else {
+            panic!("the exchange comes first");
+        };
+        assert_eq!(transfers.len(), 2);
+        assert_eq!(transfers[0].destinations, vec![at(1, 0), at(2, 0)]);
+        // Different shapes: concatenated.
+        let apart = merge(vec![vec![x(at(0, 0), at(1, 0))], vec![compute()]]);
+        assert_eq!(apart.len(), 2);
+    }
 }

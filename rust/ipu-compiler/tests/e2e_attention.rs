@@ -154,6 +154,64 @@ fn column_layout_matches_the_reference() {
     }
 }
 
+/// Projections that stream K split over their tiles (a host `x` with a
+/// long K): all three with K parts and the same chunk steps, their chunk
+/// exchanges merged into one step that multicasts each chunk of `x` from
+/// the one home the three share (no copy step; every input byte placed
+/// once), their partials reduce-scattered into row pieces that the
+/// attention takes, in the column layout (Q and V transposed by the reduce)
+/// and in the row layout.
+#[test]
+fn projections_stream_k_split_over_tiles() {
+    let dir = tempfile::tempdir().unwrap();
+    let rows_layout = "model rows_stream\ninput x: f16[33, 2048]\nparam wq: f16[2048, 144]\nparam wk: f16[2048, 144]\nparam wv: f16[2048, 144]\nq = gemm(x, wq)\nk = gemm(x, wk)\nv = gemm(x, wv)\nqh = split_heads(q, heads=2)\nkh = split_heads(k, heads=2)\nvh = split_heads(v, heads=2)\no = attention(qh, kh, vh, causal=false)\ny = merge_heads(o)\noutput y\n";
+    for (model, layout) in [
+        (root().join("models/attention_stream_small.ipug"), "columns"),
+        (write_model(dir.path(), "rows_stream", rows_layout), "rows"),
+    ] {
+        let ran = compile_and_run(&model, 64, 41);
+        let report = &ran.compile.report;
+        assert_eq!(
+            report["attention"]["chosen"]["layout"], layout,
+            "{}",
+            report["attention"]["chosen"]
+        );
+        let shapes: Vec<&serde_json::Value> = (0..3)
+            .map(|g| &report["operations"][g]["chosen"]["stream"])
+            .collect();
+        for s in &shapes {
+            assert!(
+                s["k_parts"].as_u64().unwrap_or(0) > 1,
+                "{layout}: {shapes:?}"
+            );
+            assert_eq!(s["steps"], shapes[0]["steps"], "{layout}: {shapes:?}");
+        }
+        let steps: Vec<&str> = report["exchange_steps"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|s| s["step"].as_str().unwrap())
+            .collect();
+        assert!(
+            steps.iter().any(
+                |s| s.starts_with("exchange q chunk 0; exchange k chunk 0; exchange v chunk 0")
+            ),
+            "{layout}: {steps:?}"
+        );
+        assert!(
+            steps.iter().all(|s| !s.ends_with("-> segment 0")),
+            "{layout}: no copy step: {steps:?}"
+        );
+        for (name, placed, size) in run_input_bytes(&ran.compile) {
+            assert_eq!(
+                placed, size,
+                "{layout}: input `{name}` crosses the host link {placed} bytes for {size}"
+            );
+        }
+        check_attention(&ran);
+    }
+}
+
 #[test]
 fn attention_packages_are_deterministic() {
     let cache = tempfile::tempdir().unwrap();

@@ -29,18 +29,6 @@ fn gemm_small_on_the_simulator() {
     }
 }
 
-/// Host bytes the run call writes per input, and each input's size.
-fn run_input_bytes(out: &ipu_compiler::CompileOutput) -> Vec<(String, u64, u64)> {
-    run_call(out)
-        .inputs
-        .iter()
-        .map(|t| {
-            let placed = t.placements.iter().map(|p| p.bytes as u64).sum();
-            (t.name.clone(), placed, t.bytes())
-        })
-        .collect()
-}
-
 /// An input that the plan holds on several tiles (a GEMM's A on every
 /// column part's tiles, an attention input on every projection tile) is
 /// written once by the host under `HostInputs::Once` (the default) and

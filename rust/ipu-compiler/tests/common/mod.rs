@@ -149,3 +149,15 @@ pub fn run_call(out: &CompileOutput) -> &ipu_package::StreamingCall {
         .find(|c| c.name == "run")
         .expect("every package has a run call")
 }
+
+/// Host bytes the run call writes per input, and each input's size.
+pub fn run_input_bytes(out: &CompileOutput) -> Vec<(String, u64, u64)> {
+    run_call(out)
+        .inputs
+        .iter()
+        .map(|t| {
+            let placed = t.placements.iter().map(|p| p.bytes as u64).sum();
+            (t.name.clone(), placed, t.bytes())
+        })
+        .collect()
+}
