@@ -638,8 +638,9 @@ fn plan_and_lower(
     options: &CompileOptions,
     library: &mut KernelLibrary,
     tile_count_override: Option<u32>,
-    segment_attention_region0: u64,
+    limits: SegmentLimits,
 ) -> Result<SegmentLowered, CompileError> {
+    let segment_attention_region0 = limits.attention_region0;
     // Plan every GEMM; each gets an equal share of region 1 so that all fit.
     let mut operation_reports: Vec<OperationReport> = Vec::new();
     // Kernel specialisations the library lacks and a plan would use.
@@ -1088,12 +1089,15 @@ fn plan_and_lower(
                         .clone()
                         .or_else(|| Some((planned[0].0, planned[0].1.clone(), planned[0].2.clone())))
                 }
-                // Only in a model of one segment: in a segmented model the
-                // producer's homes and persistent C buffers would sit beside
-                // the other segments' weights, which the plans do not see
-                // (the ViT block's MLP segment then overflowed region 1 by
-                // 88 KB at storage).
-                .filter(|_| matches!(groups[0].a, fuse::Source::Host(_)) && tile_count_override.is_none());
+                // In a segment its plans do not see the other segments'
+                // weights beside it: `compile` retries without when region
+                // 1 overflows. (Its C buffers need no zeros at load, with
+                // the segment's fill kernel, so they live only while the
+                // segment runs.)
+                .filter(|_| {
+                    matches!(groups[0].a, fuse::Source::Host(_))
+                        && (tile_count_override.is_none() || limits.streamed_producers)
+                });
                 let mut stream_setup = stream_setup.map(|(g, r, mut c)| {
                     c.memory_budget = region1;
                     c.joint = None;
@@ -1744,13 +1748,13 @@ fn lower_segments(
     options: &CompileOptions,
     library: &mut KernelLibrary,
     rowwise_reports: &mut Vec<serde_json::Value>,
-    segment_attention_region0: u64,
+    limits: SegmentLimits,
 ) -> Result<SegmentLowered, CompileError> {
     let segments = phase("segment", || segment::split(graph))?;
     let input_homes = options.host_inputs == HostInputs::Once;
     if let [only] = segments.as_slice() {
         if only.kind == segment::Kind::Blocks {
-            let mut r = plan_and_lower(graph, options, library, None, segment_attention_region0)?;
+            let mut r = plan_and_lower(graph, options, library, None, limits)?;
             // Inputs held more than once are written once and copied by
             // an exchange step: the join of the one segment does that.
             if input_homes && segment::holds_an_input_twice(&r.lowered) {
@@ -1786,13 +1790,7 @@ fn lower_segments(
         let _enter = span.enter();
         match s.kind {
             segment::Kind::Blocks => {
-                let r = plan_and_lower(
-                    &s.graph,
-                    options,
-                    library,
-                    Some(tiles),
-                    segment_attention_region0,
-                )?;
+                let r = plan_and_lower(&s.graph, options, library, Some(tiles), limits)?;
                 parts.push(r.lowered);
                 operation_reports.extend(r.operation_reports);
                 would_help.extend(r.would_help);
@@ -1861,22 +1859,45 @@ fn lower_segments(
 /// the attention's share (twice at most). The ViT block needed it while
 /// its weight joins moved one transfer per weight row (~100 KB of tables
 /// beside its 4-split plan's 45 KB of states on split 0).
+///
+/// A segment's chain may stream its producer (K split over tiles); its
+/// plans see only the segment, so when region 1 overflows beside the other
+/// segments' weights the model is compiled again with whole-K producers in
+/// segments (once).
 pub fn compile(options: &CompileOptions) -> Result<CompileOutput, CompileError> {
-    let mut region0 = plan::STANDARD_BUDGET / 2;
+    let mut limits = SegmentLimits {
+        attention_region0: plan::STANDARD_BUDGET / 2,
+        streamed_producers: true,
+    };
     loop {
-        match compile_with(options, region0) {
+        match compile_with(options, limits) {
             Err(CompileError::OutOfMemory {
                 tile,
                 region,
                 needed,
                 ..
-            }) if region.starts_with("region 0") && region0 > plan::STANDARD_BUDGET / 16 => {
-                region0 /= 4;
+            }) if region.starts_with("region 0")
+                && limits.attention_region0 > plan::STANDARD_BUDGET / 16 =>
+            {
+                limits.attention_region0 /= 4;
                 tracing::info!(
                     tile,
                     needed,
-                    attention_region0_bytes = region0,
+                    attention_region0_bytes = limits.attention_region0,
                     "region 0 overflowed; compiling again with a smaller share for a segment's attention"
+                );
+            }
+            Err(CompileError::OutOfMemory {
+                tile,
+                region,
+                needed,
+                ..
+            }) if region.starts_with("region 1") && limits.streamed_producers => {
+                limits.streamed_producers = false;
+                tracing::info!(
+                    tile,
+                    needed,
+                    "region 1 overflowed; compiling again with whole-K chain producers in segments"
                 );
             }
             result => return result,
@@ -1884,9 +1905,19 @@ pub fn compile(options: &CompileOptions) -> Result<CompileOutput, CompileError> 
     }
 }
 
+/// What the plans of a segmented model's segments may use, cut by
+/// [`compile`] when a compile overflows tile memory.
+#[derive(Clone, Copy, Debug)]
+struct SegmentLimits {
+    /// Region-0 bytes a segment's attention may plan with.
+    attention_region0: u64,
+    /// Whether a segment's chain may stream its producer.
+    streamed_producers: bool,
+}
+
 fn compile_with(
     options: &CompileOptions,
-    segment_attention_region0: u64,
+    limits: SegmentLimits,
 ) -> Result<CompileOutput, CompileError> {
     if !(1..=ipu_arch::TILES_PER_CHIP).contains(&options.tiles) {
         return Err(CompileError::Options {
@@ -1915,13 +1946,7 @@ fn compile_with(
         would_help,
         chain_choice,
         attention,
-    } = lower_segments(
-        graph,
-        options,
-        &mut library,
-        &mut rowwise_reports,
-        segment_attention_region0,
-    )?;
+    } = lower_segments(graph, options, &mut library, &mut rowwise_reports, limits)?;
 
     // Kernels each tile links, in request order; the supervisor runtime
     // (emit::runtime_request) is the one every tile links.

@@ -170,26 +170,41 @@ fn piece_rows(rows: u32, kp: u32, align: u32) -> u32 {
         .unwrap_or(0)
 }
 
+/// One reduce vertex of a piece: (row range, column-block range).
+type ReducePart = ((u32, u32), (u32, u32));
+
 /// The reduce vertices of a piece of `rows` rows and `col_blocks` column
-/// blocks: (row range, column-block range) each, at most one per worker,
-/// the grid of row and column cuts whose largest vertex (rows x column
-/// blocks) is smallest (rows first when equal): a piece of a few rows
-/// splits its columns too, rather than leave workers idle.
-fn reduce_parts(rows: u32, col_blocks: u32) -> Vec<((u32, u32), (u32, u32))> {
+/// blocks: (row range, column-block range) each, at most one per worker:
+/// the grid of row and column cuts whose slowest vertex is fastest by
+/// `cost(rows, quads)` (the kernel's formula; more row cuts when equal,
+/// since each row has its own overhead): a piece of a few rows splits its
+/// columns too, rather than leave workers idle.
+fn reduce_parts(
+    rows: u32,
+    col_blocks: u32,
+    mut cost: impl FnMut(u32, u32) -> u64,
+) -> Vec<ReducePart> {
     let workers = ipu_arch::WORKER_CONTEXTS;
-    let mut best: Option<(u64, u32, u32)> = None;
+    let grid = |r: u32, c: u32| -> Vec<ReducePart> {
+        ranges(rows, r)
+            .into_iter()
+            .flat_map(|rr| ranges(col_blocks, c).into_iter().map(move |cc| (rr, cc)))
+            .collect()
+    };
+    let mut best: Option<(u64, Vec<ReducePart>)> = None;
     for r in 1..=workers.min(rows.max(1)) {
         let c = (workers / r).min(col_blocks.max(1));
-        let largest = rows.div_ceil(r) as u64 * col_blocks.div_ceil(c) as u64;
-        if best.is_none_or(|b| largest < b.0) {
-            best = Some((largest, r, c));
+        let parts = grid(r, c);
+        let slowest = parts
+            .iter()
+            .map(|(rr, cc)| cost(rr.1 - rr.0, 4 * (cc.1 - cc.0)))
+            .max()
+            .unwrap_or(0);
+        if best.as_ref().is_none_or(|b| slowest <= b.0) {
+            best = Some((slowest, parts));
         }
     }
-    let (_, r, c) = best.expect("one worker at least");
-    ranges(rows, r)
-        .into_iter()
-        .flat_map(|rr| ranges(col_blocks, c).into_iter().map(move |cc| (rr, cc)))
-        .collect()
+    best.expect("one worker at least").1
 }
 
 /// What one shard size costs in one (chunk, K parts) configuration,
@@ -266,7 +281,13 @@ fn shard_cost(
         // Reduce-scatter: a piece of rows, P = kp partials.
         let piece = piece_rows(mt, kp, g.row_align);
         let f = costs.reduce.as_mut()?;
-        let parts = reduce_parts(piece, nct);
+        let parts = reduce_parts(piece, nct, |rows, quads| {
+            f.eval(&[
+                ("ROWS", rows as i64),
+                ("QUADS", quads as i64),
+                ("P", kp as i64),
+            ])
+        });
         let slowest = parts
             .iter()
             .map(|(r, c)| {
@@ -283,33 +304,26 @@ fn shard_cost(
         gather = (kp * piece * layout.rs_c) as u64;
         let element = ipu_arch::INTERLEAVED_ELEMENT_BYTES as u64;
         // Resident B: every chunk of the tile's K part, from load time on.
-        let (persistent, chunks) = if b_resident {
-            (
-                region1_footprint(&[
-                    (layout.c_bytes(), true),
-                    (layout.c_bytes(), true),
-                    (steps * layout.b_bytes(), false),
-                ])?,
-                region1_footprint(&[(layout.a_bytes(), true)])?,
-            )
-        } else {
-            (
-                region1_footprint(&[(layout.c_bytes(), true), (layout.c_bytes(), true)])?,
-                region1_footprint(&[(layout.a_bytes(), true), (layout.b_bytes(), false)])?,
-            )
-        };
-        let gathered = region1_footprint(&[(kp * piece * layout.rs_c, false)])?;
-        // In one scratch phase the chunks and the gather buffer are live
-        // together; in two they share memory.
+        // The C buffers persist (they span the chunk steps and the
+        // reduce-scatter); in one scratch phase (an attention's
+        // projections) the chunks and the gather buffer are live together,
+        // in two they share memory.
+        let mut persistent = vec![(layout.c_bytes(), true), (layout.c_bytes(), true)];
+        if b_resident {
+            persistent.push((steps * layout.b_bytes(), false));
+        }
+        let mut chunks = vec![(layout.a_bytes(), true)];
+        if !b_resident {
+            chunks.push((layout.b_bytes(), false));
+        }
+        let gather_buffer = (kp * piece * layout.rs_c, false);
         let scratch = if one_phase {
-            let mut all = vec![(layout.a_bytes(), true), (kp * piece * layout.rs_c, false)];
-            if !b_resident {
-                all.push((layout.b_bytes(), false));
-            }
-            region1_footprint(&all)?
+            chunks.push(gather_buffer);
+            region1_footprint(&chunks)?
         } else {
-            chunks.max(gathered)
+            region1_footprint(&chunks)?.max(region1_footprint(&[gather_buffer])?)
         };
+        let persistent = region1_footprint(&persistent)?;
         r1 = persistent.div_ceil(element) * element + scratch;
         persistent_r1 = persistent;
         joint = (
@@ -909,6 +923,10 @@ pub fn lower(
     let parts = k_parts(&g, kp);
     let (rp, cp) = (pg.plan.row_parts, pg.plan.col_parts);
     let phases = sink.phases;
+    let header_fill = pg
+        .scratch_fill
+        .clone()
+        .filter(|_| !matches!(phases, StreamPhases::Shared(_)));
     let scratch = |phase| (kp > 1).then_some(phase);
     let home_key: Option<HomeKey> = a_host.map(|a| (a, rp, cp, kp, ch));
     let shared_homes = home_key.and_then(|k| sink.a_homes.get(&k).cloned());
@@ -991,7 +1009,16 @@ pub fn lower(
                 scratch(phases.chunk())
             },
         );
-        let header = vec![(0, crate::gemm::C_HEADER)];
+        // The C headers must read zero: from load time, or (in a segment,
+        // which has a fill kernel, so that the buffers may share memory
+        // with other segments') zeroed by a fill step before the first
+        // chunk. An attention's projections (one shared phase) keep their
+        // zeros from load time: the fill would cost a step for nothing.
+        let header = if header_fill.is_some() {
+            vec![]
+        } else {
+            vec![(0, crate::gemm::C_HEADER)]
+        };
         let c = push(
             "c",
             layout.c_bytes(),
@@ -1128,6 +1155,35 @@ pub fn lower(
         }
     }
 
+    if let Some((fill, cycles)) = &header_fill {
+        // One fill64 vertex per tile with the two C headers as its ranges.
+        let mut step = Step {
+            operation: result_name.clone(),
+            phase: format!("zero {value} C headers"),
+            tiles: BTreeMap::new(),
+            estimated_cycles: *cycles,
+            exchange: None,
+        };
+        for t in work.values() {
+            let mut state = vec![StateWord::Const(2)];
+            for buffer in [t.c, t.c_partial] {
+                state.extend([
+                    StateWord::Addr { buffer, offset: 0 },
+                    StateWord::Const(crate::gemm::C_HEADER / 8),
+                    StateWord::Const(0),
+                    StateWord::Const(0),
+                ]);
+            }
+            step.tiles.insert(
+                t.tile,
+                vec![Vertex {
+                    kernel: fill.clone(),
+                    state,
+                }],
+            );
+        }
+        sink.steps.push(Pending::Compute(step));
+    }
     for s in 0..steps {
         // The exchange: in every K part, A chunks along rows, B chunks
         // along columns.
@@ -1416,7 +1472,18 @@ pub fn lower(
                 let d = bufs.len() - 1;
                 let mut reduces = Vec::new();
                 let mut slowest = 0;
-                for ((q0, q1), (cb0, cb1)) in reduce_parts(rows_here, nct) {
+                // (Without a formula every vertex costs its elements.)
+                let parts = match pg.costs.reduce.as_mut() {
+                    Some(f) => reduce_parts(rows_here, nct, |rows, quads| {
+                        f.eval(&[
+                            ("ROWS", rows as i64),
+                            ("QUADS", quads as i64),
+                            ("P", kp as i64),
+                        ])
+                    }),
+                    None => reduce_parts(rows_here, nct, |rows, quads| rows as u64 * quads as u64),
+                };
+                for ((q0, q1), (cb0, cb1)) in parts {
                     reduces.push(Vertex {
                         kernel: reduce.clone(),
                         state: vec![
@@ -1726,7 +1793,7 @@ mod tests {
     fn reduce_parts_cover_the_piece_once() {
         for rows in [1, 2, 5, 6, 10, 14, 61] {
             for cbs in [1, 3, 8, 12] {
-                let parts = reduce_parts(rows, cbs);
+                let parts = reduce_parts(rows, cbs, |r, q| r as u64 * q as u64);
                 assert!(parts.len() as u32 <= ipu_arch::WORKER_CONTEXTS);
                 let mut seen = vec![0u32; (rows * cbs) as usize];
                 for ((r0, r1), (c0, c1)) in parts {
@@ -1741,7 +1808,7 @@ mod tests {
         }
         // 10 rows of 12 column blocks: 2 x 3 vertices of 5 x 4, not 6
         // row ranges of up to 2 x 12.
-        let parts = reduce_parts(10, 12);
+        let parts = reduce_parts(10, 12, |r, q| r as u64 * q as u64);
         let largest = parts
             .iter()
             .map(|(r, c)| (r.1 - r.0) * (c.1 - c.0))
