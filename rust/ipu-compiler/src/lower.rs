@@ -446,23 +446,9 @@ pub fn lower(
             tile_bufs.push(c_spec("c_partial", "gemm_partials"));
             let it = tile_bufs.len() - 1;
             if let Some((fill, _)) = &pg.scratch_fill {
-                // One fill64 vertex with the two headers as its ranges.
-                let mut state = vec![StateWord::Const(2)];
-                for buffer in [ic, it] {
-                    state.extend([
-                        StateWord::Addr { buffer, offset: 0 },
-                        StateWord::Const(crate::gemm::C_HEADER / 8),
-                        StateWord::Const(0),
-                        StateWord::Const(0),
-                    ]);
-                }
-                fill_step.tiles.insert(
-                    shard.tile,
-                    vec![Vertex {
-                        kernel: fill.clone(),
-                        state,
-                    }],
-                );
+                fill_step
+                    .tiles
+                    .insert(shard.tile, vec![c_header_fill(fill, [ic, it])]);
             }
             // The fused bias: the tile's columns, padding zero so that padded
             // result columns stay exact zeros (a chained GEMM multiplies them).
@@ -819,6 +805,25 @@ impl Lowered {
             resident: order(tensors.resident),
             group_results: BTreeMap::new(),
         }
+    }
+}
+
+/// One `fill64` vertex that zeroes the headers of a GEMM's two C buffers
+/// (`crate::gemm::C_HEADER` bytes each), for C buffers that are not zero
+/// from load time (scratch or segment-scoped memory).
+pub(crate) fn c_header_fill(fill: &KernelRequest, buffers: [usize; 2]) -> Vertex {
+    let mut state = vec![StateWord::Const(2)];
+    for buffer in buffers {
+        state.extend([
+            StateWord::Addr { buffer, offset: 0 },
+            StateWord::Const(crate::gemm::C_HEADER / 8),
+            StateWord::Const(0),
+            StateWord::Const(0),
+        ]);
+    }
+    Vertex {
+        kernel: fill.clone(),
+        state,
     }
 }
 

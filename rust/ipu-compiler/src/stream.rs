@@ -1165,21 +1165,9 @@ pub fn lower(
             exchange: None,
         };
         for t in work.values() {
-            let mut state = vec![StateWord::Const(2)];
-            for buffer in [t.c, t.c_partial] {
-                state.extend([
-                    StateWord::Addr { buffer, offset: 0 },
-                    StateWord::Const(crate::gemm::C_HEADER / 8),
-                    StateWord::Const(0),
-                    StateWord::Const(0),
-                ]);
-            }
             step.tiles.insert(
                 t.tile,
-                vec![Vertex {
-                    kernel: fill.clone(),
-                    state,
-                }],
+                vec![crate::lower::c_header_fill(fill, [t.c, t.c_partial])],
             );
         }
         sink.steps.push(Pending::Compute(step));

@@ -202,12 +202,7 @@ fn projections_stream_k_split_over_tiles() {
             );
             assert_eq!(s["steps"], shapes[0]["steps"], "{layout}: {shapes:?}");
         }
-        let steps: Vec<&str> = report["exchange_steps"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|s| s["step"].as_str().unwrap())
-            .collect();
+        let steps = exchange_step_names(&ran.compile);
         assert!(
             steps.iter().any(|s| s.matches(" chunk 0").count() == 3),
             "{layout}: {steps:?}"

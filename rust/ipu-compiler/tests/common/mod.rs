@@ -161,3 +161,16 @@ pub fn run_input_bytes(out: &CompileOutput) -> Vec<(String, u64, u64)> {
         })
         .collect()
 }
+
+/// The names of the exchange steps the compile report lists, in order.
+pub fn exchange_step_names(out: &CompileOutput) -> Vec<String> {
+    out.report["exchange_steps"]
+        .as_array()
+        .map(|steps| {
+            steps
+                .iter()
+                .filter_map(|s| s["step"].as_str().map(String::from))
+                .collect()
+        })
+        .unwrap_or_default()
+}
