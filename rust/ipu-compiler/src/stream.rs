@@ -703,13 +703,15 @@ pub struct Sink<'s> {
 /// K parts, chunk blocks).
 pub type HomeKey = (ipu_graph::ValueId, u32, u32, u32, u32);
 
-/// One tile's A home: (tile, buffer, bytes, row stride).
+/// One tile's A home: where it is, its size, row stride and the rows of A
+/// it holds (a GEMM shares it only when all of these match its own).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct AHome {
     pub tile: u32,
     pub buffer: usize,
     pub bytes: u32,
     pub rs_a: u32,
+    pub rows: (u32, u32),
 }
 
 /// The A homes of the streamed GEMMs lowered so far, per grid tile
@@ -1045,7 +1047,7 @@ pub fn lower(
         let shared = shared_homes
             .as_ref()
             .and_then(|m| m.get(&(i, j, l)))
-            .filter(|h| h.bytes == a_home_bytes && h.rs_a == layout.rs_a)
+            .filter(|h| h.bytes == a_home_bytes && h.rs_a == layout.rs_a && h.rows == (r0, r1))
             .copied();
         let a_home = a_host.filter(|_| shared.is_none()).map(|_| {
             push(
@@ -1125,6 +1127,7 @@ pub fn lower(
                             buffer,
                             bytes: sink.buffers[&t.tile][buffer].bytes,
                             rs_a: t.layout.rs_a,
+                            rows: t.rows,
                         },
                     )
                 })
