@@ -540,7 +540,7 @@ fn use_f32_fallback(p: &mut PlannedGemm) -> bool {
 /// The estimated cycles of whole-K projections side by side: the one copy
 /// step of `x` (the tile that receives most) and then their compute steps
 /// together (the slowest).
-fn whole_k_projection_cycles(fronts: &[(Vec<plan::GemmPlan>, usize)]) -> u64 {
+fn whole_k_projection_cycles(fronts: &[PlanFront]) -> u64 {
     let chosen = fronts.iter().filter_map(|f| f.0.first());
     let copy = chosen
         .clone()
@@ -568,7 +568,7 @@ fn streamed_projections(
     (groups, left): (&[fuse::Group], u64),
     budget: &plan::SearchBudget,
 ) -> Option<(Vec<PlanFront>, u64)> {
-    let fronts: Vec<(Vec<plan::GemmPlan>, usize)> = planned
+    let fronts: Vec<PlanFront> = planned
         .iter()
         .zip(shares)
         .enumerate()
@@ -1118,7 +1118,7 @@ fn plan_and_lower(
                     split_k(stream::search(g, options.tiles, (true, producer_bias), producer_k_parts(g), c, &options.search))
                 });
                 let producer_bound = producer_alone.as_ref().and_then(|f| f.0.first()).map(|p| p.estimate.compute_cycles);
-                let mut producer_streamed: BTreeMap<stream::Beside, (Vec<plan::GemmPlan>, usize)> = BTreeMap::new();
+                let mut producer_streamed: BTreeMap<stream::Beside, PlanFront> = BTreeMap::new();
                 // (cycles, (f16 consumer, streamed index), producer front,
                 // chains, the consumer's region 1 as the producer sees it,
                 // the streamed producer plan chosen, if any)
@@ -1203,7 +1203,6 @@ fn plan_and_lower(
                     }
                 }
                 if let Some((_, (f16, index), mut producer, mut chains, joint, streamed_beside)) = best {
-                    let streamed_index = streamed_beside;
                     if let (Some(beside), Some(setup)) = (streamed_beside, stream_setup) {
                         // The streamed producer replaces the whole-K front
                         // (its setup and plans).
@@ -1252,7 +1251,7 @@ fn plan_and_lower(
                             value = %planned[0].3,
                             "the producer takes bounded f16 chains in what the streamed consumer leaves"
                         );
-                    } else if streamed_index.is_none() {
+                    } else if streamed_beside.is_none() {
                         planned[0].2.memory_budget = region1;
                         planned[0].2.joint = Some(joint);
                     }
@@ -1393,7 +1392,8 @@ fn plan_and_lower(
                         // rows of `x`, not whole rows, and the partials'
                         // reduce-scatter leaves row pieces, which the
                         // attention's exchange takes like any result rows
-                        // (Q and V transposed on their tiles first).
+                        // (in the column layout Q and V reduced transposed,
+                        // TR=1, below).
                         let streamed = (tile_count_override.is_none()
                             && groups.iter().all(|g| matches!(g.a, fuse::Source::Host(_))))
                         .then(|| {

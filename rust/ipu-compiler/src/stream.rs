@@ -750,18 +750,12 @@ impl StreamPhases {
 
 impl Sink<'_> {
     /// Appends an exchange step of `transfers`.
-    fn push_exchange(
-        &mut self,
-        transfers: Vec<BufferTransfer>,
-        operation: String,
-        phase: String,
-    ) -> Result<(), CompileError> {
+    fn push_exchange(&mut self, transfers: Vec<BufferTransfer>, operation: String, phase: String) {
         self.steps.push(Pending::Exchange {
             transfers,
             operation,
             phase,
         });
-        Ok(())
     }
 }
 
@@ -1237,7 +1231,7 @@ pub fn lower(
             transfers,
             result_name.clone(),
             format!("exchange {value} chunk {s}"),
-        )?;
+        );
 
         // The compute step: every vertex adds its chunk's product.
         let mut step = Step {
@@ -1383,7 +1377,7 @@ pub fn lower(
             transfers,
             result_name.clone(),
             format!("exchange {value} partials (reduce-scatter over {kp} K parts)"),
-        )?;
+        );
     }
 
     // The reduce step: f32 accumulation (sum of the worker K groups or of
