@@ -240,3 +240,41 @@ fn profiles_attribute_every_step() {
         run[0].phase
     );
 }
+
+/// A segment's chain streams its producer too: a layer norm's segment, then
+/// an MLP whose first GEMM splits K over tiles (its A, the layer norm's
+/// output, arrives by the join into the chunk homes) and whose second
+/// gathers the first's reduce-scattered row pieces. The C buffers of the
+/// segment's streamed GEMMs are zeroed by a fill step, not at load, so
+/// they may share memory with the other segments'.
+#[test]
+fn segment_chain_streams_its_producer() {
+    let dir = tempfile::tempdir().unwrap();
+    let text = "model ln_mlp_stream\ninput x: f16[33, 512]\nparam g0: f16[512]\nparam b0: f16[512]\nparam w1: f16[512, 9000]\nparam b1: f16[9000]\nparam w2: f16[9000, 70]\nparam b2: f16[70]\nn = layernorm(x, g0, b0)\nh = gemm(n, w1)\nhb = add(h, b1)\ng = gelu(hb)\no = gemm(g, w2)\ny = add(o, b2)\noutput y\n";
+    let model = write_model(dir.path(), "ln_mlp_stream", text);
+    let ran = compile_and_run(&model, 64, 43);
+    let report = &ran.compile.report;
+    let k_parts: Vec<u64> = report["operations"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|o| o["chosen"]["stream"]["k_parts"].as_u64().unwrap_or(1))
+        .collect();
+    assert!(
+        k_parts.len() == 2 && k_parts.iter().all(|&k| k > 1),
+        "{k_parts:?}"
+    );
+    let steps = exchange_step_names(&ran.compile);
+    assert!(
+        steps.iter().any(|s| s.ends_with("-> segment 1")),
+        "{steps:?}"
+    );
+    assert!(
+        steps.iter().any(|s| s.starts_with("exchange o chunk")),
+        "{steps:?}"
+    );
+    let pkg = &ran.compile.package;
+    let schedule = std::str::from_utf8(&pkg.members["schedule.json"]).unwrap();
+    assert!(schedule.contains("zero h C headers"), "the fill step runs");
+    assert_estimate_within(&ran, 0.1, "ln_mlp_stream");
+}
