@@ -537,6 +537,21 @@ fn use_f32_fallback(p: &mut PlannedGemm) -> bool {
     true
 }
 
+/// The fewest K parts a streamed plan of `g` may have: a K part is one f16
+/// chain on its tile, so bounded chains (`Accumulation::Auto`) need at
+/// least four, each partial summed by the reduce (`stream::search`);
+/// otherwise one, or two when the result must come from the reduce step's
+/// rows (`split`: a chain's producer, an attention's projection).
+fn stream_min_k_parts(g: &GemmGeometry, split: bool) -> u32 {
+    if !g.acc32 && g.max_chain_blocks != u32::MAX {
+        4
+    } else if split {
+        2
+    } else {
+        1
+    }
+}
+
 /// The estimated cycles of whole-K projections side by side: the one copy
 /// step of `x` (the tile that receives most) and then their compute steps
 /// together (the slowest).
@@ -577,12 +592,7 @@ fn streamed_projections(
             // Q and V transposed by the reduce, TR=1, in the columns.)
             let mut costs = p.2.clone();
             costs.persistent_budget = None;
-            // Under Auto each K part is one f16 chain: at least four.
-            let min_k_parts = if p.0.acc32 || p.0.max_chain_blocks == u32::MAX {
-                2
-            } else {
-                4
-            };
+            let min_k_parts = stream_min_k_parts(&p.0, true);
             stream::search_fit(
                 &p.0,
                 tiles,
@@ -1104,7 +1114,6 @@ fn plan_and_lower(
                     (g, r, c)
                 });
                 let producer_bias = groups[0].bias.is_some();
-                let producer_k_parts = |g: &GemmGeometry| if g.acc32 || g.max_chain_blocks == u32::MAX { 2 } else { 4 };
                 // Plans with one K part leave their result in the C buffers.
                 let split_k = |front: (Vec<plan::GemmPlan>, usize)| {
                     let plans: Vec<plan::GemmPlan> =
@@ -1115,7 +1124,7 @@ fn plan_and_lower(
                 // consumer plan: the search beside one runs only when that
                 // bound could win.
                 let producer_alone = stream_setup.as_mut().map(|(g, _, c)| {
-                    split_k(stream::search(g, options.tiles, (true, producer_bias), producer_k_parts(g), c, &options.search))
+                    split_k(stream::search(g, options.tiles, (true, producer_bias), stream_min_k_parts(g, true), c, &options.search))
                 });
                 let producer_bound = producer_alone.as_ref().and_then(|f| f.0.first()).map(|p| p.estimate.compute_cycles);
                 let mut producer_streamed: BTreeMap<stream::Beside, PlanFront> = BTreeMap::new();
@@ -1180,7 +1189,7 @@ fn plan_and_lower(
                                     g,
                                     options.tiles,
                                     (true, producer_bias),
-                                    producer_k_parts(g),
+                                    stream_min_k_parts(g, true),
                                     stream::Fit::Beside(beside),
                                     c,
                                     &options.search,
@@ -1495,10 +1504,7 @@ fn plan_and_lower(
                             p.1 .1 = Some(request);
                             p.2.reduce = Some(formula);
                         }
-                        // A K part is one f16 chain on its tile: bounded
-                        // chains (Auto) need at least four parts, each
-                        // partial summed in f32 (`stream::search`).
-                        let min_k_parts = if p.0.acc32 || p.0.max_chain_blocks == u32::MAX { 1 } else { 4 };
+                        let min_k_parts = stream_min_k_parts(&p.0, false);
                         let streamed = stream::search(
                             &p.0,
                             group_tiles,

@@ -57,9 +57,9 @@ const CHUNK_BLOCKS: [u32; 12] = [1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64];
 /// K-part counts the search tries.
 const K_PARTS: [u32; 8] = [1, 2, 3, 4, 6, 8, 12, 16];
 
-/// Scratch phases of a plan with several K parts, counted from the
-/// sink's `phase_base`: the chunk buffers, then the gather buffer of the
-/// partials.
+/// Scratch phases of a plan with several K parts, after
+/// [`StreamPhases::After`]'s base: the chunk buffers, then the gather
+/// buffer of the partials.
 const CHUNK_PHASE: u32 = 1;
 const GATHER_PHASE: u32 = 2;
 
@@ -174,27 +174,36 @@ fn piece_rows(rows: u32, kp: u32, align: u32) -> u32 {
 type ReducePart = ((u32, u32), (u32, u32));
 
 /// The reduce vertices of a piece of `rows` rows and `col_blocks` column
-/// blocks: (row range, column-block range) each, at most one per worker:
-/// the grid of row and column cuts whose slowest vertex is fastest by
-/// `cost(rows, quads)` (the kernel's formula; more row cuts when equal,
-/// since each row has its own overhead): a piece of a few rows splits its
-/// columns too, rather than leave workers idle.
+/// blocks, at most one per worker: the grid of row and column cuts whose
+/// slowest vertex is fastest by `reduce`, the kernel's formula over
+/// (ROWS, QUADS, P = `kp`) (more row cuts when equal, since each row has
+/// its own overhead; without a formula, by elements): a piece of a few
+/// rows splits its columns too, rather than leave workers idle. Returns
+/// the slowest vertex's cycles (0 without a formula) and the vertices.
 fn reduce_parts(
     rows: u32,
     col_blocks: u32,
-    mut cost: impl FnMut(u32, u32) -> u64,
-) -> Vec<ReducePart> {
-    let workers = ipu_arch::WORKER_CONTEXTS;
-    let grid = |r: u32, c: u32| -> Vec<ReducePart> {
-        ranges(rows, r)
-            .into_iter()
-            .flat_map(|rr| ranges(col_blocks, c).into_iter().map(move |cc| (rr, cc)))
-            .collect()
+    kp: u32,
+    mut reduce: Option<&mut crate::gemm::FormulaCost>,
+) -> (u64, Vec<ReducePart>) {
+    let mut cost = |rows: u32, quads: u32| -> u64 {
+        match reduce.as_mut() {
+            Some(f) => f.eval(&[
+                ("ROWS", rows as i64),
+                ("QUADS", quads as i64),
+                ("P", kp as i64),
+            ]),
+            None => rows as u64 * quads as u64,
+        }
     };
+    let workers = ipu_arch::WORKER_CONTEXTS;
     let mut best: Option<(u64, Vec<ReducePart>)> = None;
     for r in 1..=workers.min(rows.max(1)) {
         let c = (workers / r).min(col_blocks.max(1));
-        let parts = grid(r, c);
+        let parts: Vec<ReducePart> = ranges(rows, r)
+            .into_iter()
+            .flat_map(|rr| ranges(col_blocks, c).into_iter().map(move |cc| (rr, cc)))
+            .collect();
         let slowest = parts
             .iter()
             .map(|(rr, cc)| cost(rr.1 - rr.0, 4 * (cc.1 - cc.0)))
@@ -204,7 +213,8 @@ fn reduce_parts(
             best = Some((slowest, parts));
         }
     }
-    best.expect("one worker at least").1
+    let (slowest, parts) = best.expect("one worker at least");
+    (if reduce.is_some() { slowest } else { 0 }, parts)
 }
 
 /// What one shard size costs in one (chunk, K parts) configuration,
@@ -281,31 +291,14 @@ fn shard_cost(
         // Reduce-scatter: a piece of rows, P = kp partials.
         let piece = piece_rows(mt, kp, g.row_align);
         let f = costs.reduce.as_mut()?;
-        let parts = reduce_parts(piece, nct, |rows, quads| {
-            f.eval(&[
-                ("ROWS", rows as i64),
-                ("QUADS", quads as i64),
-                ("P", kp as i64),
-            ])
-        });
-        let slowest = parts
-            .iter()
-            .map(|(r, c)| {
-                f.eval(&[
-                    ("ROWS", (r.1 - r.0) as i64),
-                    ("QUADS", 4 * (c.1 - c.0) as i64),
-                    ("P", kp as i64),
-                ])
-            })
-            .max()
-            .unwrap_or(0);
+        let (slowest, parts) = reduce_parts(piece, nct, kp, Some(f));
         reduce = slowest + supervisor_cycles(parts.len() as u64);
         fixed_r0 += (piece * layout.rs_d()) as u64 + 128;
         gather = (kp * piece * layout.rs_c) as u64;
         let element = ipu_arch::INTERLEAVED_ELEMENT_BYTES as u64;
-        // Resident B: every chunk of the tile's K part, from load time on.
-        // The C buffers persist (they span the chunk steps and the
-        // reduce-scatter); in one scratch phase (an attention's
+        // The C buffers (and resident B: every chunk of the tile's K part,
+        // from load time on) persist, since they span the chunk steps and
+        // the reduce-scatter; in one scratch phase (an attention's
         // projections) the chunks and the gather buffer are live together,
         // in two they share memory.
         let mut persistent = vec![(layout.c_bytes(), true), (layout.c_bytes(), true)];
@@ -1456,18 +1449,8 @@ pub fn lower(
                 });
                 let d = bufs.len() - 1;
                 let mut reduces = Vec::new();
-                let mut slowest = 0;
                 // (Without a formula every vertex costs its elements.)
-                let parts = match pg.costs.reduce.as_mut() {
-                    Some(f) => reduce_parts(rows_here, nct, |rows, quads| {
-                        f.eval(&[
-                            ("ROWS", rows as i64),
-                            ("QUADS", quads as i64),
-                            ("P", kp as i64),
-                        ])
-                    }),
-                    None => reduce_parts(rows_here, nct, |rows, quads| rows as u64 * quads as u64),
-                };
+                let (slowest, parts) = reduce_parts(rows_here, nct, kp, pg.costs.reduce.as_mut());
                 for ((q0, q1), (cb0, cb1)) in parts {
                     reduces.push(Vertex {
                         kernel: reduce.clone(),
@@ -1499,13 +1482,6 @@ pub fn lower(
                             },
                         ],
                     });
-                    if let Some(f) = pg.costs.reduce.as_mut() {
-                        slowest = slowest.max(f.eval(&[
-                            ("ROWS", (q1 - q0) as i64),
-                            ("QUADS", 4 * (cb1 - cb0) as i64),
-                            ("P", kp as i64),
-                        ]));
-                    }
                 }
                 reduce_step.estimated_cycles = reduce_step
                     .estimated_cycles
@@ -1778,7 +1754,7 @@ mod tests {
     fn reduce_parts_cover_the_piece_once() {
         for rows in [1, 2, 5, 6, 10, 14, 61] {
             for cbs in [1, 3, 8, 12] {
-                let parts = reduce_parts(rows, cbs, |r, q| r as u64 * q as u64);
+                let parts = reduce_parts(rows, cbs, 2, None).1;
                 assert!(parts.len() as u32 <= ipu_arch::WORKER_CONTEXTS);
                 let mut seen = vec![0u32; (rows * cbs) as usize];
                 for ((r0, r1), (c0, c1)) in parts {
@@ -1793,7 +1769,7 @@ mod tests {
         }
         // 10 rows of 12 column blocks: 2 x 3 vertices of 5 x 4, not 6
         // row ranges of up to 2 x 12.
-        let parts = reduce_parts(10, 12, |r, q| r as u64 * q as u64);
+        let parts = reduce_parts(10, 12, 2, None).1;
         let largest = parts
             .iter()
             .map(|(r, c)| (r.1 - r.0) * (c.1 - c.0))
