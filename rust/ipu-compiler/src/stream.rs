@@ -67,10 +67,11 @@ const GATHER_PHASE: u32 = 2;
 pub const PHASES: u32 = 2;
 
 /// Region-0 bytes of one compute step's program on a tile (an upper
-/// bound): per vertex its 11-word state and a program-table entry, plus the
-/// step's own record.
-fn program_bytes(vertices: u64) -> u64 {
-    vertices * (4 * crate::kernels::GEMM_STATE_WORDS as u64 + 24) + 64
+/// bound): per vertex its state (11 words, 12 with `gemm_fp8`'s SCALE) and
+/// a program-table entry, plus the step's own record.
+fn program_bytes(g: &GemmGeometry, vertices: u64) -> u64 {
+    let words = crate::kernels::GEMM_STATE_WORDS as u64 + g.fp8_scale.is_some() as u64;
+    vertices * (4 * words + 24) + 64
 }
 
 /// K-block ranges of the K groups for a chunk of `w` blocks: always
@@ -105,7 +106,7 @@ fn step_count(g: &GemmGeometry, kp: u32, ch: u32) -> u32 {
 /// receive buffers and worker split see).
 fn chunk_geometry(g: &GemmGeometry, ch: u32) -> GemmGeometry {
     GemmGeometry {
-        k: ch.min(g.nkb()) * 16,
+        k: ch.min(g.nkb()) * g.k_block(),
         ..*g
     }
 }
@@ -283,7 +284,7 @@ fn shard_cost(
         })
         .max()
         .unwrap_or(0);
-    let mut fixed_r0 = steps as u64 * (program_bytes(split.vertices() as u64) + 16);
+    let mut fixed_r0 = steps as u64 * (program_bytes(g, split.vertices() as u64) + 16);
     let (r1, reduce, gather, joint, persistent_r1);
     let element = ipu_arch::INTERLEAVED_ELEMENT_BYTES as u64;
     let whole = |b: u32| (b as u64).div_ceil(element) * element;
@@ -471,7 +472,7 @@ pub fn evaluate(
         exchange += exchange_estimate(gather_bytes);
     }
     let in_bytes = if host_a {
-        g.m as u64 * g.k as u64 * 2
+        g.m as u64 * g.k as u64 * g.operand_bytes() as u64
     } else {
         0
     };
@@ -500,7 +501,10 @@ pub fn evaluate(
             host_out_cycles: host_out,
             // Resident B is written to every row part's tiles.
             params_cycles: host_transfer_cycles(
-                g.k as u64 * g.n as u64 * 2 * if b_resident { row_parts as u64 } else { 1 },
+                g.k as u64
+                    * g.n as u64
+                    * g.operand_bytes() as u64
+                    * if b_resident { row_parts as u64 } else { 1 },
                 CLOCK_HZ_C600,
             ),
             total_cycles: SYNC_CYCLES + host_in + device + host_out,
@@ -587,10 +591,6 @@ pub fn search_fit(
     budget: &SearchBudget,
 ) -> (Vec<GemmPlan>, usize) {
     use rayon::prelude::*;
-    // The chunk layouts below are gemm_f16's; fp8 GEMMs are not streamed.
-    if g.fp8_scale.is_some() {
-        return (Vec::new(), 0);
-    }
     // The shapes in search order, up to the budget.
     let mut shapes: Vec<(u32, u32, u32, u32)> = Vec::new();
     'outer: for kp in K_PARTS
@@ -904,9 +904,19 @@ pub fn lower(
     );
     let b_id = node.args[1];
     let g = pg.geometry;
+    // A chained A is a producer's f16 result rows (`chained_a` moves them
+    // as 32-byte column blocks); an fp8 GEMM takes fp8 A, which only a cast
+    // (a row-wise segment) makes.
+    assert!(
+        sink.a_from.is_none() || g.fp8_scale.is_none(),
+        "an fp8 GEMM's A does not come straight from a producer GEMM"
+    );
     let gc = chunk_geometry(&g, shape.chunk_blocks);
     let (ch, steps, kp) = (shape.chunk_blocks, shape.steps, shape.k_parts);
     let (k, n) = (g.k, g.n);
+    // Bytes of one K block of an A row (16 f16 or 32 fp8: 32 bytes
+    // either way), of one operand element, and the K rows of a block.
+    let (a_block_bytes, eb, kb) = (g.k_block() * g.operand_bytes(), g.operand_bytes(), g.k_block());
     let rows = pg.plan.row_ranges(&g);
     let cols = pg.plan.col_ranges(&g);
     let parts = k_parts(&g, kp);
@@ -1216,7 +1226,7 @@ pub fn lower(
                             }
                         })
                         .collect(),
-                    bytes: (b1 - b0) * 16 * home.layout.rs_b,
+                    bytes: (b1 - b0) * g.k_block() * home.layout.rs_b,
                 });
             }
         }
@@ -1263,12 +1273,10 @@ pub fn lower(
                         sum_in.insert(key, if blocks % 2 == 1 { ca } else { cb });
                         remaining.insert(key, left - blocks);
                         let c_off = lay.c_row(kj as u32, gi as u32, lr0) + cg0 * 16 * g.out_bytes();
-                        vertices.push(Vertex {
-                            kernel: pg.kernel.clone(),
-                            state: vec![
+                        let mut state = vec![
                                 StateWord::Addr {
                                     buffer: t.a,
-                                    offset: lr0 * lay.rs_a + q0 * 32,
+                                    offset: lr0 * lay.rs_a + q0 * a_block_bytes,
                                 },
                                 StateWord::Const(lay.rs_a),
                                 StateWord::Addr {
@@ -1277,8 +1285,8 @@ pub fn lower(
                                         s * lay.b_bytes()
                                     } else {
                                         0
-                                    } + q0 * 16 * lay.rs_b
-                                        + cg0 * 32,
+                                    } + q0 * g.k_block() * lay.rs_b
+                                        + cg0 * 16 * g.operand_bytes(),
                                 },
                                 StateWord::Const(lay.rs_b),
                                 StateWord::Addr {
@@ -1297,7 +1305,14 @@ pub fn lower(
                                 StateWord::Const(lr1 - lr0),
                                 StateWord::Const(blocks),
                                 StateWord::Const(cg1 - cg0),
-                            ],
+                            ];
+                        // gemm_fp8's product scale (a signed word).
+                        if let Some(scale) = g.fp8_scale {
+                            state.push(StateWord::Const(scale as u32));
+                        }
+                        vertices.push(Vertex {
+                            kernel: pg.kernel.clone(),
+                            state,
                         });
                     }
                 }
@@ -1557,7 +1572,7 @@ pub fn lower(
             .or_insert_with(|| host_tensor(a_id));
             for (idx, s) in (j..part_steps).step_by(cp as usize).enumerate() {
                 let (b0, b1) = chunk(t.part, ch, s);
-                let bytes = ((b1 * 16).min(k) - b0 * 16) * 2;
+                let bytes = ((b1 * kb).min(k) - b0 * kb) * eb;
                 for r in 0..mt {
                     push_coalesced(
                         &mut a_t.placements,
@@ -1565,7 +1580,7 @@ pub fn lower(
                             tile: t.tile,
                             buffer: a_home,
                             buffer_offset: (idx as u32 * mt + r) * lay.rs_a,
-                            host_offset: (r0 + r) as u64 * k as u64 * 2 + b0 as u64 * 32,
+                            host_offset: ((r0 + r) as u64 * k as u64 + (b0 * kb) as u64) * eb as u64,
                             bytes,
                         },
                     );
@@ -1587,15 +1602,15 @@ pub fn lower(
         };
         for (idx, s) in b_chunks.into_iter().enumerate() {
             let (b0, b1) = chunk(t.part, ch, s);
-            for kk in b0 * 16..(b1 * 16).min(k) {
+            for kk in b0 * kb..(b1 * kb).min(k) {
                 push_coalesced(
                     &mut b_t.placements,
                     HostPlacement {
                         tile: t.tile,
                         buffer: b_buffer,
-                        buffer_offset: idx as u32 * lay.b_bytes() + (kk - b0 * 16) * lay.rs_b,
-                        host_offset: (kk as u64 * n as u64 + c0 as u64 * 16) * 2,
-                        bytes: width * 2,
+                        buffer_offset: idx as u32 * lay.b_bytes() + (kk - b0 * kb) * lay.rs_b,
+                        host_offset: (kk as u64 * n as u64 + c0 as u64 * 16) * eb as u64,
+                        bytes: width * eb,
                     },
                 );
             }
