@@ -284,6 +284,11 @@ pub struct GemmCosts {
     /// every tile of a column part then receives its rows of A, which the
     /// plan's device cycles count.
     pub a_copied: bool,
+    /// Whether that copy is part of a segment's join (an exchange step the
+    /// program runs anyway, crate::segment): then every plan receives its
+    /// rows of A in it, with one column part too, and pays no sync of its
+    /// own; a streamed plan receives its A homes.
+    pub a_joined: bool,
     /// Whether the result feeds a later GEMM (and lives in region 1).
     pub feeds_gemm: bool,
     /// Phased placement (a model with attention): the region-1 bytes that
@@ -466,6 +471,7 @@ mod tests {
             memory_budget: 416 * 1024,
             owns_a: true,
             a_copied: false,
+            a_joined: false,
             feeds_gemm: false,
             persistent_budget: None,
             a_persistent: false,

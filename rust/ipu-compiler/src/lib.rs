@@ -941,15 +941,24 @@ fn plan_and_lower(
                     },
                     memory_budget: share,
                     owns_a: matches!(group.a, fuse::Source::Host(_)),
-                    // Only a model of one segment weighs the copy of A: in a
-                    // segmented model the join also moves the weights that
+                    // A model of one segment weighs the copy of A, and so
+                    // does a segment of one GEMM (its A comes from the
+                    // previous segment's tiles by the join, for example
+                    // after a cast to fp8: replicated over the column
+                    // parts' tiles for a whole-K plan, or once into the
+                    // homes of a streamed one). The GEMMs of other segments
+                    // do not: there the join also moves the weights that
                     // stream from their homes, which the plans do not see,
                     // and weighing A alone made the ViT block slower
                     // (449,111 -> 472,353 simulated cycles).
                     a_copied: matches!(group.a, fuse::Source::Host(_))
                         && !a_param
-                        && options.host_inputs == HostInputs::Once
-                        && tile_count_override.is_none(),
+                        && if tile_count_override.is_none() {
+                            options.host_inputs == HostInputs::Once
+                        } else {
+                            groups.len() == 1 && blocks.is_empty()
+                        },
+                    a_joined: tile_count_override.is_some(),
                     feeds_gemm: group.feeds_gemm,
                     persistent_budget: None,
                     a_persistent: geometry.kp() != geometry.k || a_param,

@@ -182,10 +182,12 @@ pub fn evaluate(
     // column part's tiles in a step of its own: a sync, then each tile
     // receives its rows (the largest row part bounds it, 4 bytes a cycle).
     // With one column part the rows are held once, where they are read.
-    let copied = costs.a_copied && cols.len() > 1;
+    // In a segment's join every plan receives its rows (`a_joined`).
+    let copied = costs.a_copied && (cols.len() > 1 || costs.a_joined);
     let copy = if copied {
         let widest = rows.iter().map(|r| r.1 - r.0).max().unwrap_or(0) as u64;
-        SYNC_CYCLES + (widest * g.k as u64 * g.operand_bytes() as u64).div_ceil(4)
+        let sync = if costs.a_joined { 0 } else { SYNC_CYCLES };
+        sync + (widest * g.k as u64 * g.operand_bytes() as u64).div_ceil(4)
     } else {
         0
     };
@@ -444,6 +446,7 @@ mod tests {
             memory_budget: 416 * 1024,
             owns_a: true,
             a_copied: false,
+            a_joined: false,
             feeds_gemm: false,
             persistent_budget: None,
             a_persistent: false,

@@ -404,7 +404,7 @@ pub fn evaluate(
     sizes.sort_unstable();
     sizes.dedup();
     let (mut compute, mut reduce_part, mut peak_r1, mut peak_r0) = (0u64, 0u64, 0u64, 0u64);
-    let (mut exchange_bytes, mut gather_bytes) = (0u64, 0u64);
+    let (mut exchange_bytes, mut gather_bytes, mut a_home_bytes) = (0u64, 0u64, 0u64);
     let mut joint = (0u64, 0u64, 0u64);
     // Homes per tile: A chunks s = j (mod col_parts), B chunks s = i (mod row_parts).
     let a_chunks = if host_a {
@@ -466,8 +466,15 @@ pub fn evaluate(
         peak_r1 = peak_r1.max(r1_end);
         exchange_bytes = exchange_bytes.max(c.exchange);
         gather_bytes = gather_bytes.max(c.gather);
+        a_home_bytes = a_home_bytes.max(a_chunks * c.a_chunk);
     }
     let mut exchange = steps as u64 * exchange_estimate(exchange_bytes);
+    // In a segment the join writes A into its homes (what a whole-K plan
+    // receives as its rows, plan::evaluate): in an exchange step that runs
+    // anyway, so without a sync of its own.
+    if costs.a_copied && costs.a_joined {
+        exchange += a_home_bytes.div_ceil(ipu_arch::EXCHANGE_RECV_BYTES_PER_CYCLE as u64);
+    }
     if kp > 1 {
         exchange += exchange_estimate(gather_bytes);
     }
