@@ -923,7 +923,11 @@ pub fn lower(
     let (k, n) = (g.k, g.n);
     // Bytes of one K block of an A row (16 f16 or 32 fp8: 32 bytes
     // either way), of one operand element, and the K rows of a block.
-    let (a_block_bytes, eb, kb) = (g.k_block() * g.operand_bytes(), g.operand_bytes(), g.k_block());
+    let (a_block_bytes, eb, kb) = (
+        g.k_block() * g.operand_bytes(),
+        g.operand_bytes(),
+        g.k_block(),
+    );
     let rows = pg.plan.row_ranges(&g);
     let cols = pg.plan.col_ranges(&g);
     let parts = k_parts(&g, kp);
@@ -1281,38 +1285,38 @@ pub fn lower(
                         remaining.insert(key, left - blocks);
                         let c_off = lay.c_row(kj as u32, gi as u32, lr0) + cg0 * 16 * g.out_bytes();
                         let mut state = vec![
-                                StateWord::Addr {
-                                    buffer: t.a,
-                                    offset: lr0 * lay.rs_a + q0 * a_block_bytes,
-                                },
-                                StateWord::Const(lay.rs_a),
-                                StateWord::Addr {
-                                    buffer: t.b,
-                                    offset: if shape.b_resident {
-                                        s * lay.b_bytes()
-                                    } else {
-                                        0
-                                    } + q0 * g.k_block() * lay.rs_b
-                                        + cg0 * 16 * g.operand_bytes(),
-                                },
-                                StateWord::Const(lay.rs_b),
-                                StateWord::Addr {
-                                    buffer: ca,
-                                    offset: c_off,
-                                },
-                                StateWord::Addr {
-                                    buffer: cb,
-                                    offset: c_off,
-                                },
-                                StateWord::Const(lay.rs_c),
-                                match zero {
-                                    Some(buffer) => StateWord::Addr { buffer, offset: 0 },
-                                    None => StateWord::Const(0),
-                                },
-                                StateWord::Const(lr1 - lr0),
-                                StateWord::Const(blocks),
-                                StateWord::Const(cg1 - cg0),
-                            ];
+                            StateWord::Addr {
+                                buffer: t.a,
+                                offset: lr0 * lay.rs_a + q0 * a_block_bytes,
+                            },
+                            StateWord::Const(lay.rs_a),
+                            StateWord::Addr {
+                                buffer: t.b,
+                                offset: if shape.b_resident {
+                                    s * lay.b_bytes()
+                                } else {
+                                    0
+                                } + q0 * g.k_block() * lay.rs_b
+                                    + cg0 * 16 * g.operand_bytes(),
+                            },
+                            StateWord::Const(lay.rs_b),
+                            StateWord::Addr {
+                                buffer: ca,
+                                offset: c_off,
+                            },
+                            StateWord::Addr {
+                                buffer: cb,
+                                offset: c_off,
+                            },
+                            StateWord::Const(lay.rs_c),
+                            match zero {
+                                Some(buffer) => StateWord::Addr { buffer, offset: 0 },
+                                None => StateWord::Const(0),
+                            },
+                            StateWord::Const(lr1 - lr0),
+                            StateWord::Const(blocks),
+                            StateWord::Const(cg1 - cg0),
+                        ];
                         // gemm_fp8's product scale (a signed word).
                         if let Some(scale) = g.fp8_scale {
                             state.push(StateWord::Const(scale as u32));
@@ -1587,7 +1591,8 @@ pub fn lower(
                             tile: t.tile,
                             buffer: a_home,
                             buffer_offset: (idx as u32 * mt + r) * lay.rs_a,
-                            host_offset: ((r0 + r) as u64 * k as u64 + (b0 * kb) as u64) * eb as u64,
+                            host_offset: ((r0 + r) as u64 * k as u64 + (b0 * kb) as u64)
+                                * eb as u64,
                             bytes,
                         },
                     );

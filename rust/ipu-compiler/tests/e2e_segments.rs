@@ -139,6 +139,43 @@ fn fp8_mlp_with_casts_on_the_simulator() {
     );
 }
 
+/// An fp8 MLP whose second GEMM streams K split over tiles inside its
+/// segment: the segment weighs the copy of A its join makes (a whole-K
+/// plan receives its rows on every column part's tiles, a streamed one
+/// its homes), g8 reaches the chunk homes by the join and the chunk steps
+/// multicast it. Verified with Gaussian and constant inputs; the estimate
+/// within 10% of the simulator.
+#[test]
+fn fp8_mlp_consumer_streams_in_its_segment() {
+    let model = root().join("models/mlp_stream_small_fp8.ipug");
+    let ran = compile_and_run(&model, 64, 41);
+    let ops = ran.compile.report["operations"].as_array().unwrap();
+    let o = ops
+        .iter()
+        .find(|op| op["value"] == "o")
+        .expect("the second GEMM's report");
+    let stream = &o["chosen"]["stream"];
+    assert!(
+        stream["k_parts"].as_u64().unwrap_or(0) > 1 && stream["steps"].as_u64().unwrap_or(0) >= 2,
+        "o streams K split over tiles in several chunks: {o}"
+    );
+    assert!(o["kernel"].as_str().unwrap().contains("gemm_fp8"), "{o}");
+    assert!(
+        exchange_step_names(&ran.compile)
+            .iter()
+            .any(|n| n.contains("exchange o chunk 1")),
+        "the chunk steps: {:?}",
+        exchange_step_names(&ran.compile)
+    );
+    assert_estimate_within(&ran, 0.1, "mlp_stream_small_fp8");
+    let cache = tempfile::tempdir().unwrap();
+    run_with(
+        &options(&model, 64, cache.path()),
+        random::constant_feeds,
+        true,
+    );
+}
+
 /// fp8 attention: the input quantised by a cast segment, fp8 projections
 /// summed by the reduce step (f16 partials) into the attention's f16 rows.
 #[test]
