@@ -276,19 +276,20 @@ pub(crate) fn reduce_kernel_f16_sum() -> KernelRequest {
 /// f16 add, the rounding the graph's f16 sum already has) always allow
 /// it; bias + GELU (EPI=2) computes the GELU in f16 arithmetic, up to ~15
 /// ulps off where its exponential amplifies roundings (absolute error at
-/// most 2.3e-3, docs/kernels.md), so only for a result that feeds a GEMM,
-/// whose long sums average such errors out (`feeds_gemm`); a result the
-/// host reads keeps the f32 GELU.
+/// most 2.3e-3, docs/kernels.md), so only for a result whose readers are
+/// coarser than that (`coarse_reader`): a GEMM, whose long sums average
+/// such errors out, or a cast to fp8, whose step is 1/8 of the value; a
+/// result the host reads keeps the f32 GELU.
 pub(crate) fn reduce_request_f16_partials(
     library: &mut KernelLibrary,
     epilogue: i64,
-    feeds_gemm: bool,
+    coarse_reader: bool,
 ) -> KernelRequest {
     let mut sum = reduce_kernel_f16_partials(epilogue);
     sum.params.insert("ACC".into(), 16);
     let allowed = match epilogue {
         0 | 1 => true,
-        2 => feeds_gemm,
+        2 => coarse_reader,
         _ => false,
     };
     if allowed && kernel_formula(library, &sum, &["ROWS", "QUADS", "P"]).is_ok() {
@@ -642,13 +643,15 @@ fn streamed_projections(
 /// Phases `fuse` to `lower` of a graph of GEMM groups and attention blocks
 /// (the whole model, or one segment of it: [`segment`]). With
 /// `tile_count_override`, the program spans that many tiles whatever the
-/// plans use, so that segments lowered apart can be joined.
+/// plans use, so that segments lowered apart can be joined. `requantised`
+/// names the results the model reads only through casts to fp8
+/// (`segment::requantised_values`).
 fn plan_and_lower(
     graph: &ipu_graph::Graph,
     options: &CompileOptions,
     library: &mut KernelLibrary,
     tile_count_override: Option<u32>,
-    limits: SegmentLimits,
+    (limits, requantised): (SegmentLimits, &std::collections::BTreeSet<String>),
 ) -> Result<SegmentLowered, CompileError> {
     let segment_attention_region0 = limits.attention_region0;
     // Plan every GEMM; each gets an equal share of region 1 so that all fit.
@@ -927,7 +930,13 @@ fn plan_and_lower(
                     gemm_kernel(geometry.acc32)
                 };
                 let reduce_request = if geometry.reduce_f16 {
-                    Some(reduce_request_f16_partials(library, group.epilogue(), group.feeds_gemm))
+                    // A result re-quantised to fp8 takes the f16 GELU
+                    // like one that feeds a GEMM (fp8 SigLIP MLP: its
+                    // producer's reduce step 23,892 -> 7,644 estimated
+                    // cycles; max error 0.052 against atol 0.078).
+                    let coarse_reader = group.feeds_gemm
+                        || requantised.contains(&graph.value(group.result()).name);
+                    Some(reduce_request_f16_partials(library, group.epilogue(), coarse_reader))
                 } else {
                     geometry
                         .acc32
@@ -1769,7 +1778,7 @@ fn lower_segments(
     let input_homes = options.host_inputs == HostInputs::Once;
     if let [only] = segments.as_slice() {
         if only.kind == segment::Kind::Blocks {
-            let mut r = plan_and_lower(graph, options, library, None, limits)?;
+            let mut r = plan_and_lower(graph, options, library, None, (limits, &only.requantised))?;
             // Inputs held more than once are written once and copied by
             // an exchange step: the join of the one segment does that.
             if input_homes && segment::holds_an_input_twice(&r.lowered) {
@@ -1805,7 +1814,13 @@ fn lower_segments(
         let _enter = span.enter();
         match s.kind {
             segment::Kind::Blocks => {
-                let r = plan_and_lower(&s.graph, options, library, Some(tiles), limits)?;
+                let r = plan_and_lower(
+                    &s.graph,
+                    options,
+                    library,
+                    Some(tiles),
+                    (limits, &s.requantised),
+                )?;
                 parts.push(r.lowered);
                 operation_reports.extend(r.operation_reports);
                 would_help.extend(r.would_help);

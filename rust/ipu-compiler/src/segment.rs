@@ -51,6 +51,34 @@ pub struct Segment {
     pub graph: Graph,
     /// Inputs of `graph` that earlier segments compute.
     pub device_inputs: Vec<String>,
+    /// Outputs of `graph` that the model reads only through casts to fp8
+    /// ([`requantised_values`]).
+    pub requantised: BTreeSet<String>,
+}
+
+/// Values that are not model outputs and whose every reader is a cast to
+/// fp8. Their f16 rounding is far below the fp8 step they are re-quantised
+/// to (F143 keeps 3 mantissa bits), so a GEMM epilogue producing one may
+/// compute its GELU in f16 arithmetic, as for a result that feeds a GEMM
+/// (crate::reduce_request_f16_partials).
+pub fn requantised_values(graph: &Graph) -> BTreeSet<String> {
+    let users = graph.all_users();
+    graph
+        .nodes()
+        .iter()
+        .map(|n| n.result)
+        .filter(|&v| {
+            let readers = &users[v.0 as usize];
+            !graph.outputs().contains(&v)
+                && !readers.is_empty()
+                && readers.iter().all(|&u| {
+                    let node = graph.node(u);
+                    matches!(node.op, Op::Cast { .. })
+                        && matches!(graph.ty(node.result).dtype, DType::Fp8 { .. })
+                })
+        })
+        .map(|v| graph.value(v).name.clone())
+        .collect()
 }
 
 /// The `add` and `gelu` nodes that are epilogues of GEMM groups
@@ -161,12 +189,14 @@ pub fn split(graph: &Graph) -> Result<Vec<Segment>, CompileError> {
             kind: Kind::Blocks,
             graph: graph.clone(),
             device_inputs: Vec::new(),
+            requantised: requantised_values(graph),
         }]);
     }
     let graph_err = |e: ipu_graph::GraphError| CompileError::Verifier {
         phase: "segment",
         message: e.to_string(),
     };
+    let requantised = requantised_values(graph);
     let mut segments = Vec::new();
     for (si, (kind, nodes)) in parts.iter().enumerate() {
         let mut g = Graph::new(format!("{}.s{si}", graph.name()));
@@ -208,10 +238,17 @@ pub fn split(graph: &Graph) -> Result<Vec<Segment>, CompileError> {
                 g.add_output(ids[&r]).map_err(graph_err)?;
             }
         }
+        let requantised = g
+            .outputs()
+            .iter()
+            .map(|&v| g.value(v).name.clone())
+            .filter(|name| requantised.contains(name))
+            .collect();
         segments.push(Segment {
             kind: *kind,
             graph: g,
             device_inputs,
+            requantised,
         });
     }
     Ok(segments)
@@ -923,6 +960,30 @@ pub fn first_overflow(l: &Lowered) -> Option<CompileError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Re-quantised values: read only by casts to fp8, and not outputs.
+    /// The fp8 MLP's GELU output is one (its only reader casts it to
+    /// fp8<-2>); a value also read by another operation, an input, or an
+    /// output is not; the segment of the GELU's GEMM group carries the name.
+    #[test]
+    fn requantised_values_are_read_only_by_casts_to_fp8() {
+        let text = "model m\ninput x: f16[4, 32]\nparam w1: fp8[32, 16]\nparam w2: fp8[16, 32]\n\
+            x8 = cast(x, to=fp8)\nh = gemm(x8, w1)\ng = gelu(h)\ng8 = cast(g, to=fp8<-2>)\n\
+            o = gemm(g8, w2)\no16 = gelu(o)\nt = cast(o16, to=fp8)\nu = gelu(o16)\n\
+            output t\noutput u\n";
+        let graph = ipu_graph::parse("m.ipug", text).unwrap();
+        let names: Vec<String> = requantised_values(&graph).into_iter().collect();
+        assert_eq!(names, ["g"]);
+        let segments = split(&graph).unwrap();
+        let carrying: Vec<Vec<String>> = segments
+            .iter()
+            .map(|s| s.requantised.iter().cloned().collect())
+            .collect();
+        assert!(
+            carrying.iter().any(|r| r == &["g".to_string()]),
+            "the segment that computes g names it: {carrying:?}"
+        );
+    }
 
     /// `single_copy` decides which inputs get a home: only placements that
     /// hold every byte exactly once are left where the host writes them.
