@@ -74,6 +74,48 @@ pub enum StateWord {
     },
 }
 
+/// The operands of one `gemm_f16` or `gemm_fp8` vertex (docs/kernels.md,
+/// device/gemm_f16.S): where A, B and the two C buffers start, their row
+/// strides, the partials word `z` (a zero buffer, or 0 for the accumulate
+/// mode) and the shape in rows, K blocks and column blocks.
+pub struct GemmVertex {
+    pub a: StateWord,
+    pub rs_a: u32,
+    pub b: StateWord,
+    pub rs_b: u32,
+    pub ca: StateWord,
+    pub cb: StateWord,
+    pub rs_c: u32,
+    pub z: StateWord,
+    pub m: u32,
+    pub nkb: u32,
+    pub ncb: u32,
+}
+
+impl GemmVertex {
+    /// The vertex state in the kernels' word order, with `gemm_fp8`'s
+    /// product scale (a signed word) last for an fp8 GEMM.
+    pub fn state(self, g: &GemmGeometry) -> Vec<StateWord> {
+        let mut state = vec![
+            self.a,
+            StateWord::Const(self.rs_a),
+            self.b,
+            StateWord::Const(self.rs_b),
+            self.ca,
+            self.cb,
+            StateWord::Const(self.rs_c),
+            self.z,
+            StateWord::Const(self.m),
+            StateWord::Const(self.nkb),
+            StateWord::Const(self.ncb),
+        ];
+        if let Some(scale) = g.fp8_scale {
+            state.push(StateWord::Const(scale as u32));
+        }
+        state
+    }
+}
+
 /// One vertex call.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Vertex {
@@ -479,40 +521,36 @@ pub fn lower(
                             (it, ic)
                         };
                         let c_off = layout.c_row(j as u32, gi as u32, lr0) + cg0 * 16 * ob;
-                        let state = vec![
-                            StateWord::Addr {
+                        let state = GemmVertex {
+                            a: StateWord::Addr {
                                 buffer: ia,
-                                offset: lr0 * layout.rs_a + kb0 * 32,
+                                offset: lr0 * layout.rs_a + kb0 * g.k_block() * g.operand_bytes(),
                             },
-                            StateWord::Const(layout.rs_a),
-                            StateWord::Addr {
+                            rs_a: layout.rs_a,
+                            b: StateWord::Addr {
                                 buffer: ib,
                                 offset: kb0 * g.k_block() * layout.rs_b
                                     + cg0 * 16 * g.operand_bytes(),
                             },
-                            StateWord::Const(layout.rs_b),
-                            StateWord::Addr {
+                            rs_b: layout.rs_b,
+                            ca: StateWord::Addr {
                                 buffer: first,
                                 offset: c_off,
                             },
-                            StateWord::Addr {
+                            cb: StateWord::Addr {
                                 buffer: second,
                                 offset: c_off,
                             },
-                            StateWord::Const(layout.rs_c),
-                            StateWord::Addr {
+                            rs_c: layout.rs_c,
+                            z: StateWord::Addr {
                                 buffer: second,
                                 offset: 0,
                             },
-                            StateWord::Const(lr1 - lr0),
-                            StateWord::Const(kb1 - kb0),
-                            StateWord::Const(cg1 - cg0),
-                        ];
-                        // gemm_fp8's product scale (a signed word).
-                        let mut state = state;
-                        if let Some(scale) = g.fp8_scale {
-                            state.push(StateWord::Const(scale as u32));
+                            m: lr1 - lr0,
+                            nkb: kb1 - kb0,
+                            ncb: cg1 - cg0,
                         }
+                        .state(&g);
                         vertices.push(Vertex {
                             kernel: pg.kernel.clone(),
                             state,

@@ -36,8 +36,8 @@ use crate::exchange::{self, BufferRef, BufferTransfer};
 use crate::fuse::Source;
 use crate::gemm::{best_split_with, ranges, GemmCosts, GemmGeometry, ShardLayout, WorkerSplit};
 use crate::lower::{
-    push_coalesced, BufferSpec, GroupResult, HostPlacement, HostTensor, PlannedGemm, RegionReq,
-    StateWord, Step, Vertex,
+    push_coalesced, BufferSpec, GemmVertex, GroupResult, HostPlacement, HostTensor, PlannedGemm,
+    RegionReq, StateWord, Step, Vertex,
 };
 use crate::plan::{
     pareto_front, supervisor_cycles, Estimate, GemmPlan, SearchBudget, StreamShape, STANDARD_BUDGET,
@@ -1284,13 +1284,13 @@ pub fn lower(
                         sum_in.insert(key, if blocks % 2 == 1 { ca } else { cb });
                         remaining.insert(key, left - blocks);
                         let c_off = lay.c_row(kj as u32, gi as u32, lr0) + cg0 * 16 * g.out_bytes();
-                        let mut state = vec![
-                            StateWord::Addr {
+                        let state = GemmVertex {
+                            a: StateWord::Addr {
                                 buffer: t.a,
                                 offset: lr0 * lay.rs_a + q0 * a_block_bytes,
                             },
-                            StateWord::Const(lay.rs_a),
-                            StateWord::Addr {
+                            rs_a: lay.rs_a,
+                            b: StateWord::Addr {
                                 buffer: t.b,
                                 offset: if shape.b_resident {
                                     s * lay.b_bytes()
@@ -1299,28 +1299,25 @@ pub fn lower(
                                 } + q0 * g.k_block() * lay.rs_b
                                     + cg0 * 16 * g.operand_bytes(),
                             },
-                            StateWord::Const(lay.rs_b),
-                            StateWord::Addr {
+                            rs_b: lay.rs_b,
+                            ca: StateWord::Addr {
                                 buffer: ca,
                                 offset: c_off,
                             },
-                            StateWord::Addr {
+                            cb: StateWord::Addr {
                                 buffer: cb,
                                 offset: c_off,
                             },
-                            StateWord::Const(lay.rs_c),
-                            match zero {
+                            rs_c: lay.rs_c,
+                            z: match zero {
                                 Some(buffer) => StateWord::Addr { buffer, offset: 0 },
                                 None => StateWord::Const(0),
                             },
-                            StateWord::Const(lr1 - lr0),
-                            StateWord::Const(blocks),
-                            StateWord::Const(cg1 - cg0),
-                        ];
-                        // gemm_fp8's product scale (a signed word).
-                        if let Some(scale) = g.fp8_scale {
-                            state.push(StateWord::Const(scale as u32));
+                            m: lr1 - lr0,
+                            nkb: blocks,
+                            ncb: cg1 - cg0,
                         }
+                        .state(&g);
                         vertices.push(Vertex {
                             kernel: pg.kernel.clone(),
                             state,
