@@ -1894,13 +1894,17 @@ fn lower_segments(
 /// plans see only the segment, so when region 1 overflows beside the other
 /// segments' weights the model is compiled again with whole-K producers in
 /// segments (once).
+///
+/// The report names every such retry (`retries`: the tile, region and
+/// bytes that overflowed and what the next attempt changed).
 pub fn compile(options: &CompileOptions) -> Result<CompileOutput, CompileError> {
     let mut limits = SegmentLimits {
         attention_region0: plan::STANDARD_BUDGET / 2,
         streamed_producers: true,
     };
+    let mut retries: Vec<serde_json::Value> = Vec::new();
     loop {
-        match compile_with(options, limits) {
+        match compile_with(options, limits, &retries) {
             Err(CompileError::OutOfMemory {
                 tile,
                 region,
@@ -1910,6 +1914,12 @@ pub fn compile(options: &CompileOptions) -> Result<CompileOutput, CompileError> 
                 && limits.attention_region0 > plan::STANDARD_BUDGET / 16 =>
             {
                 limits.attention_region0 /= 4;
+                retries.push(json!({
+                    "tile": tile,
+                    "region": region,
+                    "needed_bytes": needed,
+                    "then": format!("a segment's attention plans with {} bytes of region 0", limits.attention_region0),
+                }));
                 tracing::info!(
                     tile,
                     needed,
@@ -1924,6 +1934,12 @@ pub fn compile(options: &CompileOptions) -> Result<CompileOutput, CompileError> 
                 ..
             }) if region.starts_with("region 1") && limits.streamed_producers => {
                 limits.streamed_producers = false;
+                retries.push(json!({
+                    "tile": tile,
+                    "region": region,
+                    "needed_bytes": needed,
+                    "then": "chain producers in segments keep K whole",
+                }));
                 tracing::info!(
                     tile,
                     needed,
@@ -1948,6 +1964,7 @@ struct SegmentLimits {
 fn compile_with(
     options: &CompileOptions,
     limits: SegmentLimits,
+    retries: &[serde_json::Value],
 ) -> Result<CompileOutput, CompileError> {
     if !(1..=ipu_arch::TILES_PER_CHIP).contains(&options.tiles) {
         return Err(CompileError::Options {
@@ -2186,7 +2203,7 @@ fn compile_with(
         .map(|k| json!({"kernel": k.request.to_string(), "origin": k.origin, "code_bytes": k.metadata.code_bytes, "cycles": k.metadata.cycles}))
         .collect();
     let operations: Vec<&OperationReport> = operation_reports.iter().collect();
-    let report = json!({
+    let mut report = json!({
         "format_version": 1,
         "model": graph.name(),
         "tile_count": tile_count,
@@ -2206,6 +2223,11 @@ fn compile_with(
         "peak_interleaved_bytes": peak_r1,
         "memory": memory,
     });
+    // Only a compile that retried names its retries (other reports, and so
+    // their packages, stay as they were).
+    if !retries.is_empty() {
+        report["retries"] = json!(retries);
+    }
     let summary: BTreeMap<String, u64> = [
         ("active_tiles", tile_count as u64),
         ("compute_bound_cycles", compute_bound),

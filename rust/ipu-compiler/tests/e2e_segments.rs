@@ -176,6 +176,47 @@ fn fp8_mlp_consumer_streams_in_its_segment() {
     );
 }
 
+/// A segment's chain may stream its producer, planned without the other
+/// segments' weights in view: the ViT block on 1400 tiles overflows region
+/// 1 so at the first attempt, and `compile` retries with whole-K chain
+/// producers in segments. The report names the retry; the MLP's producer
+/// keeps K whole; the package verifies on the simulator.
+#[test]
+fn region1_overflow_retries_with_whole_k_producers() {
+    let model = root().join("models/vit_block.ipug");
+    let ran = compile_and_run(&model, 1400, 3);
+    let report = &ran.compile.report;
+    let retries = report["retries"]
+        .as_array()
+        .expect("the report lists the retry");
+    assert_eq!(retries.len(), 1, "{retries:?}");
+    assert!(
+        retries[0]["region"]
+            .as_str()
+            .unwrap()
+            .starts_with("region 1")
+            && retries[0]["then"].as_str().unwrap().contains("whole"),
+        "{retries:?}"
+    );
+    let ops = report["operations"].as_array().unwrap();
+    let m0 = ops
+        .iter()
+        .find(|o| o["value"] == "m0")
+        .expect("the MLP's producer");
+    assert!(
+        m0["chosen"]["stream"].is_null(),
+        "whole-K producer after the retry: {m0}"
+    );
+    // On all 1472 tiles the first attempt fits: no retry is listed.
+    let cache = tempfile::tempdir().unwrap();
+    let first = ipu_compiler::compile(&options(&model, 1472, cache.path())).unwrap();
+    assert!(
+        first.report.get("retries").is_none(),
+        "{:?}",
+        first.report.get("retries")
+    );
+}
+
 /// fp8 attention: the input quantised by a cast segment, fp8 projections
 /// summed by the reduce step (f16 partials) into the attention's f16 rows.
 #[test]
