@@ -653,6 +653,20 @@ fn plan_and_lower(
     tile_count_override: Option<u32>,
     (limits, requantised): (SegmentLimits, &std::collections::BTreeSet<String>),
 ) -> Result<SegmentLowered, CompileError> {
+    // A segment's streamed plans without resident B ([`compile`]'s retry).
+    let homes_only;
+    let options = if tile_count_override.is_some() && !limits.resident_b {
+        homes_only = CompileOptions {
+            search: plan::SearchBudget {
+                stream_b_resident: Some(false),
+                ..options.search
+            },
+            ..options.clone()
+        };
+        &homes_only
+    } else {
+        options
+    };
     let segment_attention_region0 = limits.attention_region0;
     // Plan every GEMM; each gets an equal share of region 1 so that all fit.
     let mut operation_reports: Vec<OperationReport> = Vec::new();
@@ -1893,7 +1907,9 @@ fn lower_segments(
 /// A segment's chain may stream its producer (K split over tiles); its
 /// plans see only the segment, so when region 1 overflows beside the other
 /// segments' weights the model is compiled again with whole-K producers in
-/// segments (once).
+/// segments (once), and then, if it still overflows, with streamed GEMMs
+/// in segments taking B from its homes instead of keeping it resident
+/// (once; unless the options fix that choice).
 ///
 /// The report names every such retry (`retries`: the tile, region and
 /// bytes that overflowed and what the next attempt changed).
@@ -1901,8 +1917,32 @@ pub fn compile(options: &CompileOptions) -> Result<CompileOutput, CompileError> 
     let mut limits = SegmentLimits {
         attention_region0: plan::STANDARD_BUDGET / 2,
         streamed_producers: true,
+        resident_b: true,
     };
     let mut retries: Vec<serde_json::Value> = Vec::new();
+    // Region 1's fallbacks, in order: whole-K chain producers in segments
+    // (what the ViT block on 1400 tiles needs), then streamed producers
+    // again but B from its homes (1100 and 1200 tiles, where whole-K
+    // producers find no plan), then both. B's fallbacks only when the
+    // options leave that choice to the compiler.
+    let b_free = options.search.stream_b_resident.is_none();
+    let fallbacks: Vec<(bool, bool, &str)> = [
+        (false, true, "chain producers in segments keep K whole"),
+        (
+            true,
+            false,
+            "streamed GEMMs in segments take B from its homes, not resident",
+        ),
+        (
+            false,
+            false,
+            "both: whole-K chain producers, B from its homes",
+        ),
+    ]
+    .into_iter()
+    .filter(|&(_, resident_b, _)| resident_b || b_free)
+    .collect();
+    let mut fallback = 0;
     loop {
         match compile_with(options, limits, &retries) {
             Err(CompileError::OutOfMemory {
@@ -1932,18 +1972,35 @@ pub fn compile(options: &CompileOptions) -> Result<CompileOutput, CompileError> 
                 region,
                 needed,
                 ..
-            }) if region.starts_with("region 1") && limits.streamed_producers => {
-                limits.streamed_producers = false;
+            }) if region.starts_with("region 1") && fallback < fallbacks.len() => {
+                let (streamed_producers, resident_b, then) = fallbacks[fallback];
+                fallback += 1;
+                (limits.streamed_producers, limits.resident_b) = (streamed_producers, resident_b);
                 retries.push(json!({
                     "tile": tile,
                     "region": region,
                     "needed_bytes": needed,
-                    "then": "chain producers in segments keep K whole",
+                    "then": then,
+                }));
+                tracing::info!(tile, needed, then, "region 1 overflowed; compiling again");
+            }
+            // A fallback may leave a GEMM no plan at all (a whole-K
+            // producer that does not fit its share): the next one then.
+            Err(CompileError::NoFeasiblePlan { value, .. })
+                if fallback > 0 && fallback < fallbacks.len() =>
+            {
+                let (streamed_producers, resident_b, then) = fallbacks[fallback];
+                fallback += 1;
+                (limits.streamed_producers, limits.resident_b) = (streamed_producers, resident_b);
+                retries.push(json!({
+                    "value": value,
+                    "no_plan_after": retries.last().map(|r| r["then"].clone()),
+                    "then": then,
                 }));
                 tracing::info!(
-                    tile,
-                    needed,
-                    "region 1 overflowed; compiling again with whole-K chain producers in segments"
+                    value,
+                    then,
+                    "no plan fits after the fallback; compiling again"
                 );
             }
             result => return result,
@@ -1959,6 +2016,10 @@ struct SegmentLimits {
     attention_region0: u64,
     /// Whether a segment's chain may stream its producer.
     streamed_producers: bool,
+    /// Whether a segment's streamed GEMMs may keep B resident (a buffer
+    /// for the whole program, which the join does not move out of the
+    /// way of the other segments as it does the weights of whole-K plans).
+    resident_b: bool,
 }
 
 fn compile_with(

@@ -179,8 +179,9 @@ fn fp8_mlp_consumer_streams_in_its_segment() {
 /// A segment's chain may stream its producer, planned without the other
 /// segments' weights in view: the ViT block on 1400 tiles overflows region
 /// 1 so at the first attempt, and `compile` retries with whole-K chain
-/// producers in segments. The report names the retry; the MLP's producer
-/// keeps K whole; the package verifies on the simulator.
+/// producers in segments (the first of its region-1 fallbacks). The report
+/// names the retry; the MLP's producer keeps K whole; the package verifies
+/// on the simulator.
 #[test]
 fn region1_overflow_retries_with_whole_k_producers() {
     let model = root().join("models/vit_block.ipug");
@@ -214,6 +215,35 @@ fn region1_overflow_retries_with_whole_k_producers() {
         first.report.get("retries").is_none(),
         "{:?}",
         first.report.get("retries")
+    );
+}
+
+/// The next fallback: the fp8 SigLIP MLP on 400 tiles overflows region 1
+/// with its second GEMM's resident B beside the first GEMM's weights, and
+/// whole-K chain producers change nothing there (it has no chain), so
+/// `compile` tries streamed GEMMs that take B from its homes, which fit.
+/// The report lists both retries; the package verifies.
+#[test]
+fn region1_overflow_falls_back_to_b_from_homes() {
+    let model = root().join("models/siglip_mlp_fp8.ipug");
+    let ran = compile_and_run(&model, 400, 4);
+    let report = &ran.compile.report;
+    let then: Vec<&str> = report["retries"]
+        .as_array()
+        .expect("the report lists the retries")
+        .iter()
+        .map(|r| r["then"].as_str().unwrap())
+        .collect();
+    assert_eq!(then.len(), 2, "{then:?}");
+    assert!(then[1].contains("homes"), "{then:?}");
+    let ops = report["operations"].as_array().unwrap();
+    let o = ops
+        .iter()
+        .find(|op| op["value"] == "o")
+        .expect("the second GEMM");
+    assert!(
+        o["chosen"]["stream"].is_object() && o["chosen"]["stream"]["b_resident"].is_null(),
+        "o streams with B from its homes: {o}"
     );
 }
 
