@@ -149,11 +149,7 @@ fn fp8_mlp_with_casts_on_the_simulator() {
 fn fp8_mlp_consumer_streams_in_its_segment() {
     let model = root().join("models/mlp_stream_small_fp8.ipug");
     let ran = compile_and_run(&model, 64, 41);
-    let ops = ran.compile.report["operations"].as_array().unwrap();
-    let o = ops
-        .iter()
-        .find(|op| op["value"] == "o")
-        .expect("the second GEMM's report");
+    let o = operation(&ran.compile, "o");
     let stream = &o["chosen"]["stream"];
     assert!(
         stream["k_parts"].as_u64().unwrap_or(0) > 1 && stream["steps"].as_u64().unwrap_or(0) >= 2,
@@ -168,12 +164,7 @@ fn fp8_mlp_consumer_streams_in_its_segment() {
         exchange_step_names(&ran.compile)
     );
     assert_estimate_within(&ran, 0.1, "mlp_stream_small_fp8");
-    let cache = tempfile::tempdir().unwrap();
-    run_with(
-        &options(&model, 64, cache.path()),
-        random::constant_feeds,
-        true,
-    );
+    constant_check(&model, 64);
 }
 
 /// A segment's chain may stream its producer, planned without the other
@@ -199,11 +190,7 @@ fn region1_overflow_retries_with_whole_k_producers() {
             && retries[0]["then"].as_str().unwrap().contains("whole"),
         "{retries:?}"
     );
-    let ops = report["operations"].as_array().unwrap();
-    let m0 = ops
-        .iter()
-        .find(|o| o["value"] == "m0")
-        .expect("the MLP's producer");
+    let m0 = operation(&ran.compile, "m0");
     assert!(
         m0["chosen"]["stream"].is_null(),
         "whole-K producer after the retry: {m0}"
@@ -236,11 +223,7 @@ fn region1_overflow_falls_back_to_b_from_homes() {
         .collect();
     assert_eq!(then.len(), 2, "{then:?}");
     assert!(then[1].contains("homes"), "{then:?}");
-    let ops = report["operations"].as_array().unwrap();
-    let o = ops
-        .iter()
-        .find(|op| op["value"] == "o")
-        .expect("the second GEMM");
+    let o = operation(&ran.compile, "o");
     assert!(
         o["chosen"]["stream"].is_object() && o["chosen"]["stream"]["b_resident"].is_null(),
         "o streams with B from its homes: {o}"

@@ -174,3 +174,22 @@ pub fn exchange_step_names(out: &CompileOutput) -> Vec<String> {
         })
         .unwrap_or_default()
 }
+
+/// The report of the GEMM operation that computes `value`.
+pub fn operation<'r>(out: &'r CompileOutput, value: &str) -> &'r serde_json::Value {
+    out.report["operations"]
+        .as_array()
+        .and_then(|ops| ops.iter().find(|op| op["value"] == value))
+        .unwrap_or_else(|| panic!("no operation report for `{value}`"))
+}
+
+/// Compiles `model` for `tiles` again and checks it with the seed's
+/// constant inputs (all-ones data, weights 1/W), as the Gaussian run did.
+pub fn constant_check(model: &Path, tiles: u32) {
+    let cache = tempfile::tempdir().unwrap();
+    run_with(
+        &options(model, tiles, cache.path()),
+        random::constant_feeds,
+        true,
+    );
+}
