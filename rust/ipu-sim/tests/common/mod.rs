@@ -11,7 +11,9 @@ pub const IN: u32 = 0x80000;
 /// Output data (interleaved memory).
 pub const OUT: u32 = 0x90000;
 
-/// Random test inputs: the project's one SplitMix64 (ipu-rng).
+/// Random test inputs: the project's one SplitMix64 (ipu-rng). (Not every
+/// test binary that includes this module draws random inputs.)
+#[allow(unused_imports)]
 pub use ipu_rng::SplitMix64 as Rng;
 
 /// Assembles `text` at `CODE`.
