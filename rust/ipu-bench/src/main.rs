@@ -6,7 +6,9 @@
 //!   host reference; prints the compile time, the simulated device cycles
 //!   against the compute bound, the estimate's error and the simulator's
 //!   throughput (tile-instructions per second, wall time).
-//! - `ipu-bench siglip-mlp [tiles]`: the same for the SigLIP MLP.
+//! - `ipu-bench siglip-mlp|siglip-mlp-fp8|siglip-attention-fp8|vit-block
+//!   [tiles]`: the same for the SigLIP MLP, its fp8 variant, the fp8
+//!   SigLIP attention and the SigLIP encoder block (`MODEL_BENCHES`).
 //! - `ipu-bench gemm4096 [tiles]`: compiles the 4096^3 f16 GEMM (f16
 //!   accumulation, K streamed through the tiles), simulates it and prints
 //!   its fraction of the f16 peak.
@@ -22,8 +24,11 @@ use std::time::Instant;
 
 /// The existing stack's best SigLIP attention figure (fused products).
 const ANCHOR_SIGLIP_CYCLES: u64 = 195_096;
-/// Its SigLIP MLP figure in f16 (../shared/docs/anchors.md).
+/// Its SigLIP MLP figures in f16 and fp8 (../shared/docs/anchors.md).
 const ANCHOR_MLP_CYCLES: u64 = 175_578;
+const ANCHOR_MLP_FP8_CYCLES: u64 = 151_998;
+/// Its fp8 SigLIP attention figure.
+const ANCHOR_SIGLIP_FP8_CYCLES: u64 = 176_994;
 /// Its attention package build time on 16 threads.
 const ANCHOR_BUILD_SECONDS: f64 = 87.2;
 
@@ -119,9 +124,17 @@ fn measure(opts: &CompileOptions) -> Result<Measured, String> {
     let bundles: u64 = steps.iter().flat_map(|s| &s.tiles).map(|t| t.bundles).sum();
     let reference = ipu_reference::evaluate(&graph, &feeds).map_err(|e| e.to_string())?;
     let k = ipu_graph::analysis::max_reduction_length(&graph);
+    // The tolerance `ipu verify` applies (ipu-runtime): with the term of
+    // the model's re-quantisations to fp8 (docs/graph-format.md).
+    let requantised = ipu_reference::requantisations(&graph);
     let mut verification = (true, 0u64, 0u64, 0.0f64, 1.0f64);
     for (name, want) in &reference {
-        let tol = ipu_reference::Tolerance::for_output(want.dtype(), k, want.data());
+        let tol = ipu_reference::Tolerance::for_output_requantised(
+            want.dtype(),
+            k,
+            want.data(),
+            &requantised,
+        );
         let cmp =
             ipu_reference::compare(&run.outputs[name], want, tol).map_err(|e| e.to_string())?;
         verification.0 &= cmp.passed();
@@ -250,21 +263,70 @@ fn siglip(tiles: u32) -> Result<(), String> {
     Ok(())
 }
 
-/// The SigLIP MLP (issue 7's model): printed beside the existing stack's f16 figure.
-fn siglip_mlp(tiles: u32) -> Result<(), String> {
+/// A model benchmarked like the SigLIP MLP: its file, a title, and the
+/// existing stack's figure for it when it has one (anchors.md).
+struct ModelBench {
+    file: &'static str,
+    title: &'static str,
+    anchor: Option<(&'static str, u64)>,
+}
+
+/// The models `ipu-bench NAME` measures besides the SigLIP attention and
+/// the 4096^3 GEMM.
+const MODEL_BENCHES: [(&str, ModelBench); 4] = [
+    (
+        "siglip-mlp",
+        ModelBench {
+            file: "siglip_mlp.ipug",
+            title: "SigLIP MLP (729 x 1152 -> 4304 -> GELU -> 1152, accumulation auto)",
+            anchor: Some(("existing stack f16", ANCHOR_MLP_CYCLES)),
+        },
+    ),
+    (
+        "siglip-mlp-fp8",
+        ModelBench {
+            file: "siglip_mlp_fp8.ipug",
+            title: "SigLIP MLP in fp8 (cast x, fp8 GEMM + bias + GELU, cast, fp8 GEMM + bias)",
+            anchor: Some(("existing stack fp8", ANCHOR_MLP_FP8_CYCLES)),
+        },
+    ),
+    (
+        "siglip-attention-fp8",
+        ModelBench {
+            file: "siglip_attention_fp8.ipug",
+            title: "SigLIP attention with fp8 projections (cast x, fp8 Q/K/V, f16 attention)",
+            anchor: Some(("existing stack fp8", ANCHOR_SIGLIP_FP8_CYCLES)),
+        },
+    ),
+    (
+        "vit-block",
+        ModelBench {
+            file: "vit_block.ipug",
+            title: "SigLIP encoder block (layernorm, Q/K/V, attention, out projection, residual, layernorm, MLP, residual)",
+            anchor: None,
+        },
+    ),
+];
+
+/// Compiles, simulates and verifies one [`ModelBench`] and prints its
+/// figures beside the compute bound (and the existing stack's figure).
+fn model_bench(b: &ModelBench, tiles: u32) -> Result<(), String> {
     let cache = tempfile::tempdir().map_err(|e| e.to_string())?;
-    let m = measure(&options("siglip_mlp.ipug", tiles, cache.path()))?;
-    println!("SigLIP MLP (729 x 1152 -> 4304 -> GELU -> 1152, accumulation auto), {} tiles used of {tiles}", m.tile_count);
+    let m = measure(&options(b.file, tiles, cache.path()))?;
+    println!("{}, {} tiles used of {tiles}", b.title, m.tile_count);
     println!("  plan:                {}", m.plan_summary());
     println!(
         "  compile time:        {:.2} s on this machine",
         m.compile_s
     );
     println!(
-        "  simulated cycles:    {} (compute bound {} at the f16 AMP peak, ratio {:.2}; existing stack f16 {ANCHOR_MLP_CYCLES})",
+        "  simulated cycles:    {} (compute bound {} at the f16 AMP peak, ratio {:.2}{})",
         m.cycles,
         m.compute_bound,
-        m.cycles as f64 / m.compute_bound as f64
+        m.cycles as f64 / m.compute_bound as f64,
+        b.anchor
+            .map(|(what, cycles)| format!("; {what} {cycles}"))
+            .unwrap_or_default()
     );
     m.print_common();
     if !m.verification.0 {
@@ -317,9 +379,18 @@ fn main() {
         .unwrap_or(ipu_arch::TILES_PER_CHIP);
     let result = match args.first().map(String::as_str) {
         Some("siglip") => siglip(tiles),
-        Some("siglip-mlp") => siglip_mlp(tiles),
         Some("gemm4096") => gemm4096(tiles),
-        _ => Err("usage: ipu-bench siglip|siglip-mlp|gemm4096 [tiles]".into()),
+        Some(name) if MODEL_BENCHES.iter().any(|(n, _)| *n == name) => {
+            let (_, bench) = MODEL_BENCHES
+                .iter()
+                .find(|(n, _)| *n == name)
+                .expect("listed");
+            model_bench(bench, tiles)
+        }
+        _ => Err(format!(
+            "usage: ipu-bench siglip|gemm4096|{} [tiles]",
+            MODEL_BENCHES.map(|(n, _)| n).join("|")
+        )),
     };
     if let Err(e) = result {
         eprintln!("error: {e}");
