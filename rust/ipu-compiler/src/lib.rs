@@ -898,11 +898,13 @@ fn plan_and_lower(
             let projection = blocks
                 .iter()
                 .any(|b| [b.q, b.k, b.v].iter().any(|&g| groups[g].gemm == group.gemm));
-            let chain_blocks = f16_chain_blocks(k);
-            let chains_possible = fp8_scale.is_none()
-                && !f32_result
-                && chain_blocks >= F16_CHAIN_MIN_BLOCKS
-                && k.div_ceil(16) <= ipu_arch::WORKER_CONTEXTS * chain_blocks;
+            // In the GEMM's own K blocks (32 products for fp8: the same
+            // 256-product chains in half as many blocks).
+            let k_block = if fp8_scale.is_some() { 32 } else { 16 };
+            let chain_blocks = f16_chain_blocks(k) * 16 / k_block;
+            let chains_possible = !f32_result
+                && chain_blocks * k_block >= F16_CHAIN_MIN_BLOCKS * 16
+                && k.div_ceil(k_block) <= ipu_arch::WORKER_CONTEXTS * chain_blocks;
             let mode = match options.accumulation {
                 Accumulation::F16 => AccumulationMode::F16,
                 Accumulation::F32 => AccumulationMode::F32,
