@@ -60,11 +60,7 @@ impl GemmGeometry {
     }
     /// K rows of one AMP weight block.
     pub fn k_block(&self) -> u32 {
-        if self.fp8_scale.is_some() {
-            32
-        } else {
-            16
-        }
+        k_block(self.fp8_scale.is_some())
     }
     /// Bytes of one operand element.
     pub fn operand_bytes(&self) -> u32 {
@@ -105,6 +101,15 @@ impl GemmGeometry {
     /// Multiply-accumulates of the whole product.
     pub fn macs(&self) -> u64 {
         self.m as u64 * self.k as u64 * self.n as u64
+    }
+}
+
+/// K rows of one AMP weight block: 16 f16 rows, or 32 fp8 ones.
+pub fn k_block(fp8: bool) -> u32 {
+    if fp8 {
+        32
+    } else {
+        16
     }
 }
 

@@ -900,7 +900,7 @@ fn plan_and_lower(
                 .any(|b| [b.q, b.k, b.v].iter().any(|&g| groups[g].gemm == group.gemm));
             // In the GEMM's own K blocks (32 products for fp8: the same
             // 256-product chains in half as many blocks).
-            let k_block = if fp8_scale.is_some() { 32 } else { 16 };
+            let k_block = gemm::k_block(fp8_scale.is_some());
             let chain_blocks = f16_chain_blocks(k) * 16 / k_block;
             let chains_possible = !f32_result
                 && chain_blocks * k_block >= F16_CHAIN_MIN_BLOCKS * 16
@@ -1996,43 +1996,35 @@ pub fn compile(options: &CompileOptions) -> Result<CompileOutput, CompileError> 
                     "region 0 overflowed; compiling again with a smaller share for a segment's attention"
                 );
             }
-            Err(CompileError::OutOfMemory {
-                tile,
-                region,
-                needed,
-                ..
-            }) if region.starts_with("region 1") && fallback < fallbacks.len() => {
-                let (streamed_producers, resident_b, then) = fallbacks[fallback];
+            // Region 1 overflowed, or a fallback left a GEMM no plan at all
+            // (a whole-K producer that does not fit its share): the next
+            // fallback, if there is one.
+            Err(e) => {
+                let mut why = match &e {
+                    CompileError::OutOfMemory {
+                        tile,
+                        region,
+                        needed,
+                        ..
+                    } if region.starts_with("region 1") => {
+                        json!({"tile": tile, "region": region, "needed_bytes": needed})
+                    }
+                    CompileError::NoFeasiblePlan { value, .. } if fallback > 0 => json!({
+                        "value": value,
+                        "no_plan_after": retries.last().map(|r| r["then"].clone()),
+                    }),
+                    _ => return Err(e),
+                };
+                let Some(&(streamed_producers, resident_b, then)) = fallbacks.get(fallback) else {
+                    return Err(e);
+                };
                 fallback += 1;
                 (limits.streamed_producers, limits.resident_b) = (streamed_producers, resident_b);
-                retries.push(json!({
-                    "tile": tile,
-                    "region": region,
-                    "needed_bytes": needed,
-                    "then": then,
-                }));
-                tracing::info!(tile, needed, then, "region 1 overflowed; compiling again");
+                why["then"] = json!(then);
+                tracing::info!(%why, "compiling again");
+                retries.push(why);
             }
-            // A fallback may leave a GEMM no plan at all (a whole-K
-            // producer that does not fit its share): the next one then.
-            Err(CompileError::NoFeasiblePlan { value, .. })
-                if fallback > 0 && fallback < fallbacks.len() =>
-            {
-                let (streamed_producers, resident_b, then) = fallbacks[fallback];
-                fallback += 1;
-                (limits.streamed_producers, limits.resident_b) = (streamed_producers, resident_b);
-                retries.push(json!({
-                    "value": value,
-                    "no_plan_after": retries.last().map(|r| r["then"].clone()),
-                    "then": then,
-                }));
-                tracing::info!(
-                    value,
-                    then,
-                    "no plan fits after the fallback; compiling again"
-                );
-            }
-            result => return result,
+            ok => return ok,
         }
     }
 }
