@@ -294,6 +294,13 @@ pub struct GemmCosts {
     /// rows of A in it, with one column part too, and pays no sync of its
     /// own; a streamed plan receives its A homes.
     pub a_joined: bool,
+    /// Whether that join also moves the GEMM's weights from their homes
+    /// (`segment::join` with `stream_params`, when the segments' weights
+    /// cannot all stay resident): every tile then receives its part of B
+    /// in the same exchange step as its A (a whole-K plan its columns of B,
+    /// a streamed plan its resident chunks or its B homes), which the
+    /// plan's device cycles count.
+    pub b_joined: bool,
     /// Whether the result feeds a later GEMM (and lives in region 1).
     pub feeds_gemm: bool,
     /// Phased placement (a model with attention): the region-1 bytes that
@@ -477,6 +484,7 @@ mod tests {
             owns_a: true,
             a_copied: false,
             a_joined: false,
+            b_joined: false,
             feeds_gemm: false,
             persistent_budget: None,
             a_persistent: false,

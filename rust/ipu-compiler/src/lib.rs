@@ -655,6 +655,7 @@ fn plan_and_lower(
         limits,
         requantised,
         sole_block_segment,
+        weights_joined,
     } = context;
     // A segment's streamed plans without resident B ([`compile`]'s retry).
     let homes_only;
@@ -974,19 +975,22 @@ fn plan_and_lower(
                     // previous segment's tiles by the join, for example
                     // after a cast to fp8: replicated over the column
                     // parts' tiles for a whole-K plan, or once into the
-                    // homes of a streamed one). The GEMMs of other segments
-                    // do not: there the join also moves the weights that
-                    // stream from their homes, which the plans do not see,
-                    // and weighing A alone made the ViT block slower
-                    // (449,111 -> 472,353 simulated cycles).
+                    // homes of a streamed one), and so does every GEMM of a
+                    // segment whose join moves its weights from their homes
+                    // too (`weights_joined`, `b_joined`): the plans weigh
+                    // both (ViT block 400,175 -> 363,647 simulated cycles).
+                    // Other segments' GEMMs weigh neither: weighing A
+                    // alone, without the weights the join moves beside it,
+                    // made the ViT block slower (449,111 -> 472,353).
                     a_copied: matches!(group.a, fuse::Source::Host(_))
                         && !a_param
                         && if tile_count_override.is_none() {
                             options.host_inputs == HostInputs::Once
                         } else {
-                            groups.len() == 1 && blocks.is_empty()
+                            (groups.len() == 1 && blocks.is_empty()) || weights_joined
                         },
                     a_joined: tile_count_override.is_some(),
+                    b_joined: weights_joined,
                     feeds_gemm: group.feeds_gemm,
                     persistent_budget: None,
                     a_persistent: geometry.kp() != geometry.k || a_param,
@@ -1418,12 +1422,19 @@ fn plan_and_lower(
                     // may move the weights too, which the plans do not see
                     // (weighing A alone made the ViT block slower: 400,175
                     // -> 408,071), so there they weigh nothing.
-                    if tile_count_override.is_some() && sole_block_segment {
+                    // When the join moves the weights too (`weights_joined`),
+                    // the plans weigh both: a whole-K plan receives its rows
+                    // and its columns of the weights (the ViT block's
+                    // projections, 13 x 36 tiles: 50,700 cycles of their
+                    // join), a streamed one its A homes and its resident
+                    // chunks of B.
+                    if tile_count_override.is_some() && (sole_block_segment || weights_joined) {
                         for (p, g) in planned.iter_mut().zip(&groups) {
                             if matches!(g.a, fuse::Source::Host(_)) {
                                 p.2.a_copied = true;
                                 p.2.a_joined = true;
                             }
+                            p.2.b_joined = weights_joined;
                         }
                     }
                     // Tile shares that make the slowest projection fastest.
@@ -1456,7 +1467,7 @@ fn plan_and_lower(
                         // attention's exchange takes like any result rows
                         // (in the column layout Q and V reduced transposed,
                         // TR=1, below).
-                        let streamed = (tile_count_override.is_none()
+                        let streamed = ((tile_count_override.is_none() || weights_joined)
                             && groups.iter().all(|g| matches!(g.a, fuse::Source::Host(_))))
                         .then(|| {
                             streamed_projections(&planned, &shares, (groups.as_slice(), left), &options.search)
@@ -1750,6 +1761,7 @@ fn plan_and_lower(
                         scratch_fill: scratch_fill.clone(),
                         transposed_result: false,
                         side_by_side: disjoint_groups && report.chosen.stream.is_some(),
+                        in_segment: tile_count_override.is_some(),
                     }
                 },
             )
@@ -1817,6 +1829,7 @@ fn lower_segments(
                 limits,
                 requantised: &only.requantised,
                 sole_block_segment: true,
+                weights_joined: false,
             };
             let mut r = plan_and_lower(graph, options, library, None, context)?;
             // Inputs held more than once are written once and copied by
@@ -1832,6 +1845,117 @@ fn lower_segments(
             return Ok(r);
         }
     }
+    let block_segments = segments
+        .iter()
+        .filter(|s| s.kind == segment::Kind::Blocks)
+        .count();
+    // With several block segments the segments' weights usually cannot all
+    // stay resident, and the join then moves each segment's weights from
+    // their homes when it starts (`segment::join` with `stream_params`), so
+    // the plans first weigh those moves (`weights_joined`). When the
+    // weights of those plans might stay resident after all, the segments
+    // are planned again without weight joins, and those plans are joined
+    // with resident weights if that fits; otherwise the first plans are
+    // joined with their weights moved, as they assumed. (With one block
+    // segment the weights stay resident, as its plans assume.)
+    let assume_joined = limits.weight_joins && block_segments > 1;
+    let planned = plan_segments(&segments, options, library, limits, assume_joined)?;
+    let lower_bound_exceeded = |p: &PlannedSegments| {
+        let exceeded = segment::resident_weights_exceed(&p.parts);
+        if let Some((tile, needed, available)) = exceeded {
+            tracing::info!(
+                tile,
+                needed,
+                available,
+                "the segments' weights cannot stay resident beside the largest segment's buffers (region 1 bytes, a lower bound); streaming them from their homes"
+            );
+        }
+        exceeded.is_some()
+    };
+    // The plans to try with resident weights, and the plans whose weights
+    // move when those do not fit.
+    let (resident, moved) = if !assume_joined {
+        (Some(planned.clone()), planned)
+    } else if lower_bound_exceeded(&planned) {
+        (None, planned)
+    } else {
+        tracing::info!("the segments' weights may stay resident; planning the segments again without weight joins");
+        let again = plan_segments(&segments, options, library, limits, false)?;
+        (Some(again), planned)
+    };
+    let tiles = options.tiles;
+    let (lowered, chosen) = phase("join", || {
+        // Every segment's weights stay where its plan put them when that
+        // fits beside the other segments; otherwise each weight has one
+        // copy spread over all tiles and moves to its segment's tiles when
+        // the segment starts. A lower bound on the resident weights' bytes
+        // settles most models without the resident join, which schedules
+        // every exchange step before its overflow shows.
+        if let Some(r) = resident.filter(|r| !lower_bound_exceeded(r)) {
+            let l = segment::join(graph, &segments, r.parts.clone(), tiles, false, input_homes)?;
+            match segment::first_overflow(&l) {
+                None => {
+                    verifier("join", lower::verify(&l))?;
+                    return Ok((l, r));
+                }
+                Some(e) => tracing::info!(
+                    overflow = %e,
+                    "the segments' weights do not fit side by side; streaming them from their homes"
+                ),
+            }
+        }
+        let l = segment::join(
+            graph,
+            &segments,
+            moved.parts.clone(),
+            tiles,
+            true,
+            input_homes,
+        )?;
+        verifier("join", lower::verify(&l))?;
+        Ok((l, moved))
+    })?;
+    let PlannedSegments {
+        parts: _,
+        operation_reports,
+        would_help,
+        chain_choice,
+        attention,
+        rowwise,
+    } = chosen;
+    rowwise_reports.extend(rowwise);
+    Ok(SegmentLowered {
+        lowered,
+        tile_count: tiles,
+        operation_reports,
+        would_help,
+        chain_choice,
+        attention,
+    })
+}
+
+/// What [`plan_segments`] returns: every segment's lowered part (in
+/// order) and the reports of its plans.
+#[derive(Clone)]
+struct PlannedSegments {
+    parts: Vec<lower::Lowered>,
+    operation_reports: Vec<OperationReport>,
+    would_help: Vec<serde_json::Value>,
+    chain_choice: Option<serde_json::Value>,
+    attention: Option<serde_json::Value>,
+    rowwise: Vec<serde_json::Value>,
+}
+
+/// Plans and lowers every segment of a segmented model on all tiles
+/// (`weights_joined`: the join will move the block segments' weights from
+/// their homes, which their plans then weigh).
+fn plan_segments(
+    segments: &[segment::Segment],
+    options: &CompileOptions,
+    library: &mut KernelLibrary,
+    limits: SegmentLimits,
+    weights_joined: bool,
+) -> Result<PlannedSegments, CompileError> {
     let tiles = options.tiles;
     let block_segments = segments
         .iter()
@@ -1842,6 +1966,7 @@ fn lower_segments(
     let mut would_help = Vec::new();
     let mut chain_choice = None;
     let mut attention = None;
+    let mut rowwise = Vec::new();
     for (index, s) in segments.iter().enumerate() {
         let outputs: Vec<&str> = s
             .graph
@@ -1862,6 +1987,7 @@ fn lower_segments(
                     limits,
                     requantised: &s.requantised,
                     sole_block_segment: block_segments == 1,
+                    weights_joined,
                 };
                 let r = plan_and_lower(&s.graph, options, library, Some(tiles), context)?;
                 parts.push(r.lowered);
@@ -1877,49 +2003,17 @@ fn lower_segments(
                     Ok((l, reports))
                 })?;
                 parts.push(l);
-                rowwise_reports.extend(reports);
+                rowwise.extend(reports);
             }
         }
     }
-    let lowered = phase("join", || {
-        // Every segment's weights stay where its plan put them when that
-        // fits beside the other segments; otherwise each weight has one
-        // copy spread over all tiles and moves to its segment's tiles when
-        // the segment starts.
-        // A lower bound on the resident weights' bytes settles most models
-        // without the resident join, which schedules every exchange step
-        // before its overflow shows.
-        let l = if let Some((tile, needed, available)) = segment::resident_weights_exceed(&parts) {
-            tracing::info!(
-                tile,
-                needed,
-                available,
-                "the segments' weights cannot stay resident beside the largest segment's buffers (region 1 bytes, a lower bound); streaming them from their homes"
-            );
-            segment::join(graph, &segments, parts, tiles, true, input_homes)?
-        } else {
-            let l = segment::join(graph, &segments, parts.clone(), tiles, false, input_homes)?;
-            match segment::first_overflow(&l) {
-                None => l,
-                Some(e) => {
-                    tracing::info!(
-                        overflow = %e,
-                        "the segments' weights do not fit side by side; streaming them from their homes"
-                    );
-                    segment::join(graph, &segments, parts, tiles, true, input_homes)?
-                }
-            }
-        };
-        verifier("join", lower::verify(&l))?;
-        Ok(l)
-    })?;
-    Ok(SegmentLowered {
-        lowered,
-        tile_count: tiles,
+    Ok(PlannedSegments {
+        parts,
         operation_reports,
         would_help,
         chain_choice,
         attention,
+        rowwise,
     })
 }
 
@@ -1947,6 +2041,7 @@ pub fn compile(options: &CompileOptions) -> Result<CompileOutput, CompileError> 
         attention_region0: plan::STANDARD_BUDGET / 2,
         streamed_producers: true,
         resident_b: true,
+        weight_joins: true,
     };
     let mut retries: Vec<serde_json::Value> = Vec::new();
     // Region 1's fallbacks, in order: whole-K chain producers in segments
@@ -1974,6 +2069,22 @@ pub fn compile(options: &CompileOptions) -> Result<CompileOutput, CompileError> 
     let mut fallback = 0;
     loop {
         match compile_with(options, limits, &retries) {
+            // Plans that weigh their joins' weight moves hold other buffers
+            // than those that assume resident weights (the streamed
+            // projections' homes, for one): when they do not fit, the
+            // model is compiled as before that weighing, with the
+            // fallbacks below.
+            Err(e @ (CompileError::OutOfMemory { .. } | CompileError::NoFeasiblePlan { .. }))
+                if limits.weight_joins && several_block_segments(options) =>
+            {
+                limits.weight_joins = false;
+                let why = json!({
+                    "error": e.to_string(),
+                    "then": "the segments plan as if their weights stayed resident",
+                });
+                tracing::info!(%why, "compiling again");
+                retries.push(why);
+            }
             Err(CompileError::OutOfMemory {
                 tile,
                 region,
@@ -2029,6 +2140,16 @@ pub fn compile(options: &CompileOptions) -> Result<CompileOutput, CompileError> 
     }
 }
 
+/// Whether `options.model` splits into several block segments (whose
+/// plans weigh their joins' weight moves, [`lower_segments`]); false when
+/// it does not load (its compile reports why).
+fn several_block_segments(options: &CompileOptions) -> bool {
+    load::load(&options.model)
+        .ok()
+        .and_then(|m| segment::split(&m.graph).ok())
+        .is_some_and(|s| s.iter().filter(|s| s.kind == segment::Kind::Blocks).count() > 1)
+}
+
 /// What [`plan_and_lower`] knows of the model around the graph it plans.
 struct SegmentContext<'a> {
     limits: SegmentLimits,
@@ -2038,6 +2159,9 @@ struct SegmentContext<'a> {
     /// Whether this is the model's only block segment: the join then moves
     /// no weights (they stay where its plans put them), only A.
     sole_block_segment: bool,
+    /// Whether the join moves this segment's weights from their homes
+    /// (see [`lower_segments`]): its plans then weigh that move beside A's.
+    weights_joined: bool,
 }
 
 /// What the plans of a segmented model's segments may use, cut by
@@ -2052,6 +2176,9 @@ struct SegmentLimits {
     /// for the whole program, which the join does not move out of the
     /// way of the other segments as it does the weights of whole-K plans).
     resident_b: bool,
+    /// Whether a model with several block segments plans them weighing
+    /// the weight moves of their joins first ([`lower_segments`]).
+    weight_joins: bool,
 }
 
 fn compile_with(

@@ -233,6 +233,11 @@ pub struct PlannedGemm<'a> {
     /// theirs, and its chunk and gather buffers are scratch of
     /// [`PROJECTION_PHASE`].
     pub side_by_side: bool,
+    /// The GEMM belongs to a segment of a segmented model, whose buffers
+    /// share memory with the other segments': its C headers are zeroed by
+    /// a fill step (`scratch_fill`), even side by side, rather than kept
+    /// from load time, so that its C buffers live only in the segment.
+    pub in_segment: bool,
 }
 
 /// Scratch phase of the projections in a model with attention.

@@ -184,10 +184,31 @@ pub fn evaluate(
     // With one column part the rows are held once, where they are read.
     // In a segment's join every plan receives its rows (`a_joined`).
     let copied = costs.a_copied && (cols.len() > 1 || costs.a_joined);
-    let copy = if copied {
+    // A join that moves the weights too (`b_joined`) delivers each tile's
+    // columns of B in the same step as its rows of A.
+    let a_bytes = if copied {
         let widest = rows.iter().map(|r| r.1 - r.0).max().unwrap_or(0) as u64;
-        let sync = if costs.a_joined { 0 } else { SYNC_CYCLES };
-        sync + (widest * g.k as u64 * g.operand_bytes() as u64).div_ceil(4)
+        widest * g.k as u64 * g.operand_bytes() as u64
+    } else {
+        0
+    };
+    let b_bytes = if costs.b_joined {
+        let widest = cols
+            .iter()
+            .map(|&(c0, c1)| (c1 * 16).min(g.n) - c0 * 16)
+            .max()
+            .unwrap_or(0) as u64;
+        widest * g.k as u64 * g.operand_bytes() as u64
+    } else {
+        0
+    };
+    let copy = if copied || costs.b_joined {
+        let sync = if costs.a_joined || costs.b_joined {
+            0
+        } else {
+            SYNC_CYCLES
+        };
+        sync + (a_bytes + b_bytes).div_ceil(4)
     } else {
         0
     };
@@ -447,6 +468,7 @@ mod tests {
             owns_a: true,
             a_copied: false,
             a_joined: false,
+            b_joined: false,
             feeds_gemm: false,
             persistent_budget: None,
             a_persistent: false,
@@ -513,6 +535,30 @@ mod tests {
                 .unwrap();
             assert_eq!(got, best, "tiles {tiles}: shares {s:?}");
         }
+    }
+
+    #[test]
+    fn a_join_that_moves_weights_weighs_rows_and_columns() {
+        // The ViT block's Q projection on 13 x 36 tiles in its segment: a
+        // tile receives its 57 rows of `n1` and its 32 columns of `wq`,
+        // 1152 f16 each, in the join's one exchange step (51,264 cycles,
+        // the step's endpoint bound), and pays no sync of its own.
+        let (g, mut costs) = projection(729, 1152, 1152, false);
+        costs.a_copied = true;
+        costs.a_joined = true;
+        let rows_only = evaluate(&g, 13, 36, &mut costs).unwrap().estimate;
+        assert_eq!(rows_only.copy_cycles, 57 * 1152 * 2 / 4);
+        costs.b_joined = true;
+        let both = evaluate(&g, 13, 36, &mut costs).unwrap().estimate;
+        assert_eq!(both.copy_cycles, (57 + 32) * 1152 * 2 / 4);
+        assert_eq!(
+            both.compute_cycles - both.copy_cycles,
+            rows_only.compute_cycles - rows_only.copy_cycles
+        );
+        // The weights alone (A already where the plan reads it).
+        costs.a_copied = false;
+        let weights = evaluate(&g, 13, 36, &mut costs).unwrap().estimate;
+        assert_eq!(weights.copy_cycles, 32 * 1152 * 2 / 4);
     }
 
     #[test]

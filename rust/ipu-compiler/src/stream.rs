@@ -404,7 +404,7 @@ pub fn evaluate(
     sizes.sort_unstable();
     sizes.dedup();
     let (mut compute, mut reduce_part, mut peak_r1, mut peak_r0) = (0u64, 0u64, 0u64, 0u64);
-    let (mut exchange_bytes, mut gather_bytes, mut a_home_bytes) = (0u64, 0u64, 0u64);
+    let (mut exchange_bytes, mut gather_bytes, mut joined_bytes) = (0u64, 0u64, 0u64);
     let mut joint = (0u64, 0u64, 0u64);
     // Homes per tile: A chunks s = j (mod col_parts), B chunks s = i (mod row_parts).
     let a_chunks = if host_a {
@@ -466,15 +466,28 @@ pub fn evaluate(
         peak_r1 = peak_r1.max(r1_end);
         exchange_bytes = exchange_bytes.max(c.exchange);
         gather_bytes = gather_bytes.max(c.gather);
-        a_home_bytes = a_home_bytes.max(a_chunks * c.a_chunk);
+        // What a segment's join delivers to the tile: its A homes, and with
+        // the weights moved from their homes (`b_joined`) its resident
+        // chunks of B (B homes are region-0 buffers, which the join leaves
+        // where the initialize call wrote them).
+        let a_joined = if costs.a_copied && costs.a_joined {
+            a_chunks * c.a_chunk
+        } else {
+            0
+        };
+        let b_joined = if costs.b_joined && b_resident {
+            steps as u64 * c.b_chunk
+        } else {
+            0
+        };
+        joined_bytes = joined_bytes.max(a_joined + b_joined);
     }
     let mut exchange = steps as u64 * exchange_estimate(exchange_bytes);
     // In a segment the join writes A into its homes (what a whole-K plan
-    // receives as its rows, plan::evaluate): in an exchange step that runs
-    // anyway, so without a sync of its own.
-    if costs.a_copied && costs.a_joined {
-        exchange += a_home_bytes.div_ceil(ipu_arch::EXCHANGE_RECV_BYTES_PER_CYCLE as u64);
-    }
+    // receives as its rows, plan::evaluate), and B when it moves the
+    // weights: in an exchange step that runs anyway, so without a sync of
+    // its own.
+    exchange += joined_bytes.div_ceil(ipu_arch::EXCHANGE_RECV_BYTES_PER_CYCLE as u64);
     if kp > 1 {
         exchange += exchange_estimate(gather_bytes);
     }
@@ -933,10 +946,13 @@ pub fn lower(
     let parts = k_parts(&g, kp);
     let (rp, cp) = (pg.plan.row_parts, pg.plan.col_parts);
     let phases = sink.phases;
+    // Side by side (an attention's projections) the headers keep their
+    // zeros from load time, unless the GEMM is in a segment, whose buffers
+    // other segments' reuse.
     let header_fill = pg
         .scratch_fill
         .clone()
-        .filter(|_| !matches!(phases, StreamPhases::Shared(_)));
+        .filter(|_| !matches!(phases, StreamPhases::Shared(_)) || pg.in_segment);
     let scratch = |phase| (kp > 1).then_some(phase);
     let home_key: Option<HomeKey> = a_host.map(|a| (a, rp, cp, kp, ch));
     let shared_homes = home_key.and_then(|k| sink.a_homes.get(&k).cloned());
@@ -1022,8 +1038,9 @@ pub fn lower(
         // The C headers must read zero: from load time, or (in a segment,
         // which has a fill kernel, so that the buffers may share memory
         // with other segments') zeroed by a fill step before the first
-        // chunk. An attention's projections (one shared phase) keep their
-        // zeros from load time: the fill would cost a step for nothing.
+        // chunk. An attention's projections (one shared phase) of a model
+        // of one segment keep their zeros from load time: the fill would
+        // cost a step for nothing.
         let header = if header_fill.is_some() {
             vec![]
         } else {
@@ -1739,6 +1756,59 @@ fn chained_a(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A segment's join that moves the weights delivers a streamed plan's
+    /// resident chunks of B beside its A homes: the ViT block's Q
+    /// projection on 13 x 6 x 6 tiles (one chunk step of 12 K blocks)
+    /// receives 192 x 192 f16 of `wq` per tile, 18,432 cycles.
+    #[test]
+    fn a_join_that_moves_weights_weighs_resident_chunks() {
+        use crate::gemm::FormulaCost;
+        let g = GemmGeometry {
+            m: 729,
+            k: 1152,
+            n: 1152,
+            acc32: false,
+            f16_result: true,
+            row_align: 1,
+            fp8_scale: None,
+            reduce_f16: true,
+            max_chain_blocks: 16,
+        };
+        let mut costs = GemmCosts {
+            gemm: FormulaCost::new("6 * (14 + NCB * (11 + NKB * (4 * M + 51)))".into()),
+            reduce: Some(FormulaCost::new(
+                "6 * (29 + ROWS * (2 + QUADS * (P + 1)))".into(),
+            )),
+            memory_budget: 416 * 1024,
+            owns_a: true,
+            a_copied: true,
+            a_joined: true,
+            b_joined: false,
+            feeds_gemm: false,
+            persistent_budget: None,
+            a_persistent: false,
+            joint: None,
+        };
+        let exchange = |costs: &mut GemmCosts, b_resident: bool| {
+            let p = evaluate(
+                &g,
+                (13, 6, 6),
+                (12, b_resident),
+                (true, false),
+                Fit::Alone,
+                costs,
+                &mut Memo::new(),
+            )
+            .expect("the plan fits");
+            p.stream.unwrap().exchange_cycles
+        };
+        let (resident, homes) = (exchange(&mut costs, true), exchange(&mut costs, false));
+        costs.b_joined = true;
+        assert_eq!(exchange(&mut costs, true) - resident, 192 * 192 * 2 / 4);
+        // B homes are region-0 buffers, which the join leaves in place.
+        assert_eq!(exchange(&mut costs, false), homes);
+    }
 
     /// Pieces cover the block's rows once, in order, with bounds on the
     /// alignment (a projection's pieces are transposed in row pairs), and
