@@ -848,7 +848,9 @@ fn plan_and_lower(
     // stays in region 1 across segments (see the constant); other
     // segments, and whole models, plan with all of it.
     let reserve = if tile_count_override.is_some() && disjoint_groups {
-        SEGMENT_ATTENTION_REGION1_RESERVE
+        SEGMENT_ATTENTION_REGION1_RESERVE + limits.region1_reserve
+    } else if tile_count_override.is_some() {
+        limits.region1_reserve
     } else {
         0
     };
@@ -991,6 +993,11 @@ fn plan_and_lower(
                         },
                     a_joined: tile_count_override.is_some(),
                     b_joined: weights_joined,
+                    region1_reserve: if tile_count_override.is_some() {
+                        limits.region1_reserve
+                    } else {
+                        0
+                    },
                     feeds_gemm: group.feeds_gemm,
                     persistent_budget: None,
                     a_persistent: geometry.kp() != geometry.k || a_param,
@@ -2042,6 +2049,7 @@ pub fn compile(options: &CompileOptions) -> Result<CompileOutput, CompileError> 
         streamed_producers: true,
         resident_b: true,
         weight_joins: true,
+        region1_reserve: 0,
     };
     let mut retries: Vec<serde_json::Value> = Vec::new();
     // Region 1's fallbacks, in order: whole-K chain producers in segments
@@ -2067,6 +2075,7 @@ pub fn compile(options: &CompileOptions) -> Result<CompileOutput, CompileError> 
     .filter(|&(_, resident_b, _)| resident_b || b_free)
     .collect();
     let mut fallback = 0;
+    let mut reserve_retries = 0;
     loop {
         match compile_with(options, limits, &retries) {
             // Plans that weigh their joins' weight moves hold other buffers
@@ -2075,7 +2084,7 @@ pub fn compile(options: &CompileOptions) -> Result<CompileOutput, CompileError> 
             // model is compiled as before that weighing, with the
             // fallbacks below.
             Err(e @ (CompileError::OutOfMemory { .. } | CompileError::NoFeasiblePlan { .. }))
-                if limits.weight_joins && several_block_segments(options) =>
+                if limits.weight_joins && segment_counts(options).1 > 1 =>
             {
                 limits.weight_joins = false;
                 let why = json!({
@@ -2127,6 +2136,29 @@ pub fn compile(options: &CompileOptions) -> Result<CompileOutput, CompileError> 
                     _ => return Err(e),
                 };
                 let Some(&(streamed_producers, resident_b, then)) = fallbacks.get(fallback) else {
+                    // The last fallback: the segments' GEMMs leave the
+                    // overflow's bytes of region 1 free (rounded up to
+                    // 8 KiB), at most three times.
+                    if let CompileError::OutOfMemory {
+                        needed, available, ..
+                    } = &e
+                    {
+                        if reserve_retries < 3
+                            && why.get("needed_bytes").is_some()
+                            && segment_counts(options).0 > 1
+                        {
+                            reserve_retries += 1;
+                            limits.region1_reserve +=
+                                (needed - available).max(1).div_ceil(8192) * 8192;
+                            why["then"] = json!(format!(
+                                "the segments' GEMMs leave {} bytes of region 1 free",
+                                limits.region1_reserve
+                            ));
+                            tracing::info!(%why, "compiling again");
+                            retries.push(why);
+                            continue;
+                        }
+                    }
                     return Err(e);
                 };
                 fallback += 1;
@@ -2140,14 +2172,18 @@ pub fn compile(options: &CompileOptions) -> Result<CompileOutput, CompileError> 
     }
 }
 
-/// Whether `options.model` splits into several block segments (whose
-/// plans weigh their joins' weight moves, [`lower_segments`]); false when
-/// it does not load (its compile reports why).
-fn several_block_segments(options: &CompileOptions) -> bool {
+/// How many segments `options.model` splits into, and how many of them
+/// are block segments (with several, their plans weigh their joins' weight
+/// moves, [`lower_segments`]); (0, 0) when it does not load (its compile
+/// reports why).
+fn segment_counts(options: &CompileOptions) -> (usize, usize) {
     load::load(&options.model)
         .ok()
         .and_then(|m| segment::split(&m.graph).ok())
-        .is_some_and(|s| s.iter().filter(|s| s.kind == segment::Kind::Blocks).count() > 1)
+        .map_or((0, 0), |s| {
+            let blocks = s.iter().filter(|s| s.kind == segment::Kind::Blocks).count();
+            (s.len(), blocks)
+        })
 }
 
 /// What [`plan_and_lower`] knows of the model around the graph it plans.
@@ -2179,6 +2215,9 @@ struct SegmentLimits {
     /// Whether a model with several block segments plans them weighing
     /// the weight moves of their joins first ([`lower_segments`]).
     weight_joins: bool,
+    /// Region-1 bytes a segment's GEMMs leave to what the other segments
+    /// keep there ([`compile`]'s last fallback).
+    region1_reserve: u64,
 }
 
 fn compile_with(

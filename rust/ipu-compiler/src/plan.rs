@@ -469,6 +469,7 @@ mod tests {
             a_copied: false,
             a_joined: false,
             b_joined: false,
+            region1_reserve: 0,
             feeds_gemm: false,
             persistent_budget: None,
             a_persistent: false,
