@@ -214,18 +214,9 @@ impl Shapes {
             max_chain_blocks: u32::MAX,
         };
         let mut costs = GemmCosts {
-            gemm: ck.gemm.1.clone(),
-            reduce: Some(ck.reduce.1.clone()),
             memory_budget: u64::MAX / 4,
             owns_a: false,
-            a_copied: false,
-            a_joined: false,
-            b_joined: false,
-            region1_reserve: 0,
-            feeds_gemm: false,
-            persistent_budget: None,
-            a_persistent: false,
-            joint: None,
+            ..GemmCosts::new(ck.gemm.1.clone(), Some(ck.reduce.1.clone()))
         };
         let (pv_split, _, _) = best_split_with(&pv_g, d + 1, nqc, &mut costs, u32::MAX)?;
         let pv_layout = ShardLayout::new(&pv_g, d + 1, nqc, &pv_split);
@@ -639,18 +630,9 @@ fn step_cycles(
         ("W", jobs.len() as i64),
     ]) + launch_cycles(jobs.len() as u64);
     let mut costs = GemmCosts {
-        gemm: ck.gemm.1.clone(),
-        reduce: Some(ck.reduce.1.clone()),
         memory_budget: u64::MAX / 4,
         owns_a: false,
-        a_copied: false,
-        a_joined: false,
-        b_joined: false,
-        region1_reserve: 0,
-        feeds_gemm: false,
-        persistent_budget: None,
-        a_persistent: false,
-        joint: None,
+        ..GemmCosts::new(ck.gemm.1.clone(), Some(ck.reduce.1.clone()))
     };
     let (pv_gemm, mut pv_reduce) = costs.split_cycles(&s.pv.0, &s.pv.1);
     let mut moves = s.pv.1.reduce_vertices();

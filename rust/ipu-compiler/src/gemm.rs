@@ -323,6 +323,26 @@ pub struct GemmCosts {
 }
 
 impl GemmCosts {
+    /// Costs with the kernels' formulas `gemm` and `reduce`, all of
+    /// region 1 as the budget, A a buffer of this GEMM, nothing copied or
+    /// joined: what a GEMM alone on its tiles weighs.
+    pub fn new(gemm: FormulaCost, reduce: Option<FormulaCost>) -> GemmCosts {
+        GemmCosts {
+            gemm,
+            reduce,
+            memory_budget: (ipu_arch::REGION1_END - ipu_arch::REGION1_BASE) as u64,
+            owns_a: true,
+            a_copied: false,
+            a_joined: false,
+            b_joined: false,
+            region1_reserve: 0,
+            feeds_gemm: false,
+            persistent_budget: None,
+            a_persistent: false,
+            joint: None,
+        }
+    }
+
     /// Region-1 bytes of a shard's buffers as `place_storage` allocates them,
     /// or `None` when they cannot fit region 1 at all.
     pub fn region1_bytes(&self, layout: &ShardLayout) -> Option<u64> {
@@ -476,25 +496,14 @@ mod tests {
     use super::*;
 
     fn costs(acc32: bool) -> GemmCosts {
-        GemmCosts {
-            gemm: FormulaCost::new(if acc32 {
+        GemmCosts::new(
+            FormulaCost::new(if acc32 {
                 "6 * (14 + NCB * (11 + NKB * (8 * M + 55)))".into()
             } else {
                 "6 * (14 + NCB * (11 + NKB * (4 * M + 51)))".into()
             }),
-            reduce: acc32
-                .then(|| FormulaCost::new("6 * (8 + ROWS * (3 + QUADS * (2 * P + 7)))".into())),
-            memory_budget: 416 * 1024,
-            owns_a: true,
-            a_copied: false,
-            a_joined: false,
-            b_joined: false,
-            region1_reserve: 0,
-            feeds_gemm: false,
-            persistent_budget: None,
-            a_persistent: false,
-            joint: None,
-        }
+            acc32.then(|| FormulaCost::new("6 * (8 + ROWS * (3 + QUADS * (2 * P + 7)))".into())),
+        )
     }
 
     fn geometry(m: u32, k: u32, n: u32, acc32: bool) -> GemmGeometry {

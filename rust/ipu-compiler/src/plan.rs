@@ -461,20 +461,10 @@ mod tests {
         } else {
             "6 * (29 + 6 * ((2 * P) / (P + 9)) + ROWS * (2 + 3 * ((2 * P) / (P + 9)) + QUADS * (P + 1 + 2 * ((2 * P) / (P + 9)))))"
         };
-        let costs = GemmCosts {
-            gemm: FormulaCost::new("6 * (14 + NCB * (11 + NKB * (4 * M + 51)))".into()),
-            reduce: Some(FormulaCost::new(reduce.into())),
-            memory_budget: 416 * 1024,
-            owns_a: true,
-            a_copied: false,
-            a_joined: false,
-            b_joined: false,
-            region1_reserve: 0,
-            feeds_gemm: false,
-            persistent_budget: None,
-            a_persistent: false,
-            joint: None,
-        };
+        let costs = GemmCosts::new(
+            FormulaCost::new("6 * (14 + NCB * (11 + NKB * (4 * M + 51)))".into()),
+            Some(FormulaCost::new(reduce.into())),
+        );
         (g, costs)
     }
 

@@ -1776,20 +1776,14 @@ mod tests {
             max_chain_blocks: 16,
         };
         let mut costs = GemmCosts {
-            gemm: FormulaCost::new("6 * (14 + NCB * (11 + NKB * (4 * M + 51)))".into()),
-            reduce: Some(FormulaCost::new(
-                "6 * (29 + ROWS * (2 + QUADS * (P + 1)))".into(),
-            )),
-            memory_budget: 416 * 1024,
-            owns_a: true,
             a_copied: true,
             a_joined: true,
-            b_joined: false,
-            region1_reserve: 0,
-            feeds_gemm: false,
-            persistent_budget: None,
-            a_persistent: false,
-            joint: None,
+            ..GemmCosts::new(
+                FormulaCost::new("6 * (14 + NCB * (11 + NKB * (4 * M + 51)))".into()),
+                Some(FormulaCost::new(
+                    "6 * (29 + ROWS * (2 + QUADS * (P + 1)))".into(),
+                )),
+            )
         };
         let exchange = |costs: &mut GemmCosts, b_resident: bool| {
             let p = evaluate(
