@@ -301,10 +301,6 @@ pub struct GemmCosts {
     /// a streamed plan its resident chunks or its B homes), which the
     /// plan's device cycles count.
     pub b_joined: bool,
-    /// Region-1 bytes a streamed plan leaves free for what other segments
-    /// keep there (`compile`'s last fallback; whole-K plans see it in
-    /// `memory_budget`).
-    pub region1_reserve: u64,
     /// Whether the result feeds a later GEMM (and lives in region 1).
     pub feeds_gemm: bool,
     /// Phased placement (a model with attention): the region-1 bytes that
@@ -335,7 +331,6 @@ impl GemmCosts {
             a_copied: false,
             a_joined: false,
             b_joined: false,
-            region1_reserve: 0,
             feeds_gemm: false,
             persistent_budget: None,
             a_persistent: false,

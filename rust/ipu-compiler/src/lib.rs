@@ -848,9 +848,7 @@ fn plan_and_lower(
     // stays in region 1 across segments (see the constant); other
     // segments, and whole models, plan with all of it.
     let reserve = if tile_count_override.is_some() && disjoint_groups {
-        SEGMENT_ATTENTION_REGION1_RESERVE + limits.region1_reserve
-    } else if tile_count_override.is_some() {
-        limits.region1_reserve
+        SEGMENT_ATTENTION_REGION1_RESERVE
     } else {
         0
     };
@@ -993,11 +991,6 @@ fn plan_and_lower(
                         },
                     a_joined: tile_count_override.is_some(),
                     b_joined: weights_joined,
-                    region1_reserve: if tile_count_override.is_some() {
-                        limits.region1_reserve
-                    } else {
-                        0
-                    },
                     feeds_gemm: group.feeds_gemm,
                     persistent_budget: None,
                     a_persistent: geometry.kp() != geometry.k || a_param,
@@ -1874,21 +1867,24 @@ fn lower_segments(
                 tile,
                 needed,
                 available,
-                "the segments' weights cannot stay resident beside the largest segment's buffers (region 1 bytes, a lower bound); streaming them from their homes"
+                "these plans' weights cannot stay resident beside the largest segment's buffers (region 1 bytes, a lower bound)"
             );
         }
         exceeded.is_some()
     };
-    // The plans to try with resident weights, and the plans whose weights
-    // move when those do not fit.
+    // The plans to try with resident weights, in order, and the plans
+    // whose weights move when none of those fits. Plans that weighed
+    // their weight joins are tried resident too: their buffers are often
+    // smaller (streamed projections), and a join that moves nothing costs
+    // less than they assumed.
     let (resident, moved) = if !assume_joined {
-        (Some(planned.clone()), planned)
+        (vec![planned.clone()], planned)
     } else if lower_bound_exceeded(&planned) {
-        (None, planned)
+        (vec![], planned)
     } else {
         tracing::info!("the segments' weights may stay resident; planning the segments again without weight joins");
         let again = plan_segments(&segments, options, library, limits, false)?;
-        (Some(again), planned)
+        (vec![again, planned.clone()], planned)
     };
     let tiles = options.tiles;
     let (lowered, chosen) = phase("join", || {
@@ -1898,7 +1894,7 @@ fn lower_segments(
         // the segment starts. A lower bound on the resident weights' bytes
         // settles most models without the resident join, which schedules
         // every exchange step before its overflow shows.
-        if let Some(r) = resident.filter(|r| !lower_bound_exceeded(r)) {
+        for r in resident.into_iter().filter(|r| !lower_bound_exceeded(r)) {
             let l = segment::join(graph, &segments, r.parts.clone(), tiles, false, input_homes)?;
             match segment::first_overflow(&l) {
                 None => {
@@ -1907,10 +1903,11 @@ fn lower_segments(
                 }
                 Some(e) => tracing::info!(
                     overflow = %e,
-                    "the segments' weights do not fit side by side; streaming them from their homes"
+                    "the segments' weights do not fit side by side"
                 ),
             }
         }
+        tracing::info!("streaming the segments' weights from their homes");
         let l = segment::join(
             graph,
             &segments,
@@ -2049,7 +2046,6 @@ pub fn compile(options: &CompileOptions) -> Result<CompileOutput, CompileError> 
         streamed_producers: true,
         resident_b: true,
         weight_joins: true,
-        region1_reserve: 0,
     };
     let mut retries: Vec<serde_json::Value> = Vec::new();
     // Region 1's fallbacks, in order: whole-K chain producers in segments
@@ -2075,7 +2071,6 @@ pub fn compile(options: &CompileOptions) -> Result<CompileOutput, CompileError> 
     .filter(|&(_, resident_b, _)| resident_b || b_free)
     .collect();
     let mut fallback = 0;
-    let mut reserve_retries = 0;
     loop {
         match compile_with(options, limits, &retries) {
             // Plans that weigh their joins' weight moves hold other buffers
@@ -2084,7 +2079,7 @@ pub fn compile(options: &CompileOptions) -> Result<CompileOutput, CompileError> 
             // model is compiled as before that weighing, with the
             // fallbacks below.
             Err(e @ (CompileError::OutOfMemory { .. } | CompileError::NoFeasiblePlan { .. }))
-                if limits.weight_joins && segment_counts(options).1 > 1 =>
+                if limits.weight_joins && several_block_segments(options) =>
             {
                 limits.weight_joins = false;
                 let why = json!({
@@ -2136,29 +2131,6 @@ pub fn compile(options: &CompileOptions) -> Result<CompileOutput, CompileError> 
                     _ => return Err(e),
                 };
                 let Some(&(streamed_producers, resident_b, then)) = fallbacks.get(fallback) else {
-                    // The last fallback: the segments' GEMMs leave the
-                    // overflow's bytes of region 1 free (rounded up to
-                    // 8 KiB), at most three times.
-                    if let CompileError::OutOfMemory {
-                        needed, available, ..
-                    } = &e
-                    {
-                        if reserve_retries < 3
-                            && why.get("needed_bytes").is_some()
-                            && segment_counts(options).0 > 1
-                        {
-                            reserve_retries += 1;
-                            limits.region1_reserve +=
-                                (needed - available).max(1).div_ceil(8192) * 8192;
-                            why["then"] = json!(format!(
-                                "the segments' GEMMs leave {} bytes of region 1 free",
-                                limits.region1_reserve
-                            ));
-                            tracing::info!(%why, "compiling again");
-                            retries.push(why);
-                            continue;
-                        }
-                    }
                     return Err(e);
                 };
                 fallback += 1;
@@ -2172,18 +2144,14 @@ pub fn compile(options: &CompileOptions) -> Result<CompileOutput, CompileError> 
     }
 }
 
-/// How many segments `options.model` splits into, and how many of them
-/// are block segments (with several, their plans weigh their joins' weight
-/// moves, [`lower_segments`]); (0, 0) when it does not load (its compile
-/// reports why).
-fn segment_counts(options: &CompileOptions) -> (usize, usize) {
+/// Whether `options.model` splits into several block segments (whose
+/// plans weigh their joins' weight moves, [`lower_segments`]); false when
+/// it does not load (its compile reports why).
+fn several_block_segments(options: &CompileOptions) -> bool {
     load::load(&options.model)
         .ok()
         .and_then(|m| segment::split(&m.graph).ok())
-        .map_or((0, 0), |s| {
-            let blocks = s.iter().filter(|s| s.kind == segment::Kind::Blocks).count();
-            (s.len(), blocks)
-        })
+        .is_some_and(|s| s.iter().filter(|s| s.kind == segment::Kind::Blocks).count() > 1)
 }
 
 /// What [`plan_and_lower`] knows of the model around the graph it plans.
@@ -2215,9 +2183,6 @@ struct SegmentLimits {
     /// Whether a model with several block segments plans them weighing
     /// the weight moves of their joins first ([`lower_segments`]).
     weight_joins: bool,
-    /// Region-1 bytes a segment's GEMMs leave to what the other segments
-    /// keep there ([`compile`]'s last fallback).
-    region1_reserve: u64,
 }
 
 fn compile_with(

@@ -446,7 +446,7 @@ pub fn evaluate(
             joint.2.max(c.joint.2 + spilled),
         );
         r0 += c.fixed_r0;
-        if r0 > STANDARD_BUDGET || r1_end + costs.region1_reserve > REGION1_BYTES {
+        if r0 > STANDARD_BUDGET || r1_end > REGION1_BYTES {
             return None;
         }
         if let Fit::Phased { persistent } = fit {
