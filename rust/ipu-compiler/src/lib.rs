@@ -6,7 +6,9 @@
 //! a verifier between phases (Cranelift style) that rejects an invalid
 //! intermediate result before the next phase consumes it:
 //!
-//! 1. [`load`]: parse and verify the graph; refuse what cannot be lowered.
+//! 1. [`load`]: parse and verify the graph; [`legalize`]: the device graph
+//!    (rank-2 GEMMs with untransposed operands) and where its host tensors
+//!    sit in the model's; refuse what cannot be lowered.
 //! 2. [`plan`]: candidate plans per operation, cost model, Pareto beam, finalists.
 //! 3. [`map_tiles`]: shards to physical tiles (verified: one shard per tile).
 //! 4. [`lower`]: buffers, vertex calls and host placements per tile (verified:
@@ -37,6 +39,7 @@ pub mod formula;
 pub mod fuse;
 pub mod gemm;
 pub mod kernels;
+pub mod legalize;
 pub mod library;
 pub mod link;
 pub mod load;
@@ -841,9 +844,19 @@ fn plan_and_lower(
     // one row partition, whole rows per tile, so no data crosses tiles.
     let chained = groups.iter().any(|g| matches!(g.a, fuse::Source::Group(_)));
     // In a model with attention, the groups (the projections) run side by
-    // side on tiles of their own, each with all of region 1; otherwise every
-    // group spans the same tiles and gets an equal share of region 1.
-    let disjoint_groups = !blocks.is_empty();
+    // side on tiles of their own, each with all of region 1. So do the
+    // independent GEMMs of a whole model (the slices of a batched GEMM,
+    // `legalize`) when there are no more of them than tiles: on shared
+    // tiles each would get a share of region 1, and every GEMM's
+    // element-exclusive buffers take memory elements of their own (six
+    // 40 x 64 x 48 slices on 64 tiles overflowed region 1 that way).
+    // Otherwise every group spans the same tiles and gets an equal share.
+    let independent_groups = blocks.is_empty()
+        && !chained
+        && tile_count_override.is_none()
+        && groups.len() > 1
+        && groups.len() as u32 <= options.tiles;
+    let disjoint_groups = !blocks.is_empty() || independent_groups;
     // The projections of a segment with attention leave room for what
     // stays in region 1 across segments (see the constant); other
     // segments, and whole models, plan with all of it.
@@ -2150,7 +2163,8 @@ pub fn compile(options: &CompileOptions) -> Result<CompileOutput, CompileError> 
 fn several_block_segments(options: &CompileOptions) -> bool {
     load::load(&options.model)
         .ok()
-        .and_then(|m| segment::split(&m.graph).ok())
+        .and_then(|m| legalize::legalize(&m.graph).ok())
+        .and_then(|l| segment::split(&l.graph).ok())
         .is_some_and(|s| s.iter().filter(|s| s.kind == segment::Kind::Blocks).count() > 1)
 }
 
@@ -2200,7 +2214,8 @@ fn compile_with(
         });
     }
     let model = phase("load", || load::load(&options.model))?;
-    let graph = &model.graph;
+    let legal = phase("legalize", || legalize::legalize(&model.graph))?;
+    let graph = &legal.graph;
     let span = tracing::info_span!(
         "ipu_compiler.package.build",
         tile_count = options.tiles,
@@ -2211,13 +2226,17 @@ fn compile_with(
 
     let mut rowwise_reports = Vec::new();
     let SegmentLowered {
-        lowered,
+        mut lowered,
         tile_count,
         operation_reports,
         would_help,
         chain_choice,
         attention,
     } = lower_segments(graph, options, &mut library, &mut rowwise_reports, limits)?;
+    // The package's host interface is the model's: device host tensors
+    // that legalize renamed, sliced or transposed are written and read at
+    // their places in the model's tensors.
+    legalize::restore_host_tensors(&mut lowered, &legal.host);
 
     // Kernels each tile links, in request order; the supervisor runtime
     // (emit::runtime_request) is the one every tile links.

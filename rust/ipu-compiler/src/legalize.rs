@@ -1,0 +1,843 @@
+//! Phase `legalize`: rewrites the model graph into the *device graph* that
+//! the later phases lower, in which every GEMM is rank 2 with untransposed
+//! operands, and records where the device graph's host tensors sit in the
+//! model's, so that the package's host interface is the model's own
+//! ([`restore_host_tensors`]).
+//!
+//! - A GEMM whose B is rank 2 and whose A has batch dimensions is one GEMM
+//!   over all the batch's rows: A `[..., M, K]` is row-major, so it is the
+//!   same bytes as `[B*M, K]` (B the product of the batch dimensions), and
+//!   the result `[B*M, N]` the same bytes as `[..., M, N]`. Such *flat*
+//!   values flow on through row-wise operations (a bias add with an `[N]`
+//!   operand, gelu, layernorm, softmax, cast) and into later GEMMs as A, and
+//!   keep their model names.
+//! - A GEMM whose B has batch dimensions is one GEMM per batch element of
+//!   its result, `c.0`, `c.1`, ... in row-major order of the batch indices
+//!   (numpy broadcasting picks each operand's element). An operand's slice
+//!   is a host tensor of its own (`a.0`, `b.1`: a contiguous byte range of
+//!   the model's tensor) or the matching slice of an earlier sliced value.
+//!   Row-wise operations on sliced values run per slice.
+//! - A transposed host operand (`transpose_a` or `transpose_b` on an input
+//!   or param) becomes a device host tensor `w.t` holding it transposed:
+//!   the host writes the model's tensor into it element by element (the
+//!   manifest's placement runs keep that compact). A transposed operand
+//!   computed on the device is refused: there is no device transpose of
+//!   GEMM results yet.
+//!
+//! A graph without batched or transposed GEMMs is returned unchanged, so
+//! its packages are byte-identical to what they were before this phase.
+//! Whatever the device graph cannot express (batched attention, a flat
+//! value broadcast against a batched one, a flat value into a GEMM with a
+//! batched B) is refused here with the value and the reason.
+
+use crate::error::CompileError;
+use crate::lower::{HostPlacement, HostTensor, Lowered};
+use ipu_graph::{Graph, Op, TensorType, ValueDef, ValueId};
+use std::collections::{BTreeMap, BTreeSet};
+
+/// Where a device host tensor's bytes sit in the model's tensor.
+#[derive(Clone, Debug, PartialEq)]
+pub struct HostMap {
+    /// The model's value.
+    pub name: String,
+    /// Its type in the model.
+    pub ty: TensorType,
+    /// Byte offset in the model's tensor of the device tensor's first
+    /// element (a batch slice's start).
+    pub offset: u64,
+    /// When the device tensor holds the model's tensor transposed: the
+    /// model tensor's last two dimensions (rows, columns). Every batch
+    /// element is transposed on its own.
+    pub transposed: Option<(u64, u64)>,
+}
+
+impl HostMap {
+    /// The model tensor's byte offset of the device tensor's byte `d`.
+    pub fn model_offset(&self, d: u64) -> u64 {
+        let es = self.ty.dtype.size_bytes() as u64;
+        match self.transposed {
+            None => self.offset + d,
+            Some((rows, cols)) => {
+                let e = d / es;
+                let (batch, within) = (e / (rows * cols), e % (rows * cols));
+                // The device tensor is [cols, rows] per batch element.
+                let (col, row) = (within / rows, within % rows);
+                self.offset + (batch * rows * cols + row * cols + col) * es + d % es
+            }
+        }
+    }
+}
+
+/// The device graph and how its host tensors map onto the model's.
+#[derive(Clone, Debug)]
+pub struct Legalized {
+    pub graph: Graph,
+    /// Device values the host reads or writes that differ from the model's
+    /// (renamed, retyped, sliced or transposed), by device name.
+    pub host: BTreeMap<String, HostMap>,
+}
+
+/// Rewrites `model` into its device graph (see the module documentation).
+pub fn legalize(model: &Graph) -> Result<Legalized, CompileError> {
+    let needed = model.nodes().iter().any(|n| match n.op {
+        Op::Gemm {
+            transpose_a,
+            transpose_b,
+            ..
+        } => {
+            transpose_a
+                || transpose_b
+                || n.args.iter().any(|&a| model.ty(a).shape.rank() > 2)
+        }
+        _ => false,
+    });
+    if !needed {
+        return Ok(Legalized {
+            graph: model.clone(),
+            host: BTreeMap::new(),
+        });
+    }
+    let mut r = Rewriter {
+        model,
+        device: Graph::new(model.name()),
+        forms: vec![None; model.values().len()],
+        views: BTreeMap::new(),
+        host: BTreeMap::new(),
+        names: model.values().iter().map(|v| v.name.clone()).collect(),
+    };
+    for node in model.nodes() {
+        let form = r.node(node)?;
+        r.forms[node.result.0 as usize] = Some(form);
+    }
+    r.record_computed();
+    for &out in model.outputs() {
+        for id in r.output_values(out)? {
+            r.device
+                .add_output(id)
+                .map_err(|e| r.unsupported(out, "output", e.to_string()))?;
+        }
+    }
+    Ok(Legalized {
+        graph: r.device,
+        host: r.host,
+    })
+}
+
+/// Rewrites the lowered program's host tensors (the calls' inputs and
+/// outputs, the resident values) from the device graph's to the model's:
+/// each placement's host offset moves into the model's tensor (split into
+/// elements for a transposed one), and the device tensors of one model
+/// value become one tensor, in the order their first appears.
+pub fn restore_host_tensors(lowered: &mut Lowered, host: &BTreeMap<String, HostMap>) {
+    if host.is_empty() {
+        return;
+    }
+    for (ins, outs) in &mut lowered.io {
+        *ins = restore(ins, host);
+        *outs = restore(outs, host);
+    }
+    lowered.resident = restore(&lowered.resident, host);
+}
+
+fn restore(tensors: &[HostTensor], host: &BTreeMap<String, HostMap>) -> Vec<HostTensor> {
+    let mut out: Vec<HostTensor> = Vec::new();
+    for t in tensors {
+        let (name, ty, placements) = match host.get(&t.name) {
+            None => (t.name.clone(), t.ty.clone(), t.placements.clone()),
+            Some(m) => (
+                m.name.clone(),
+                m.ty.clone(),
+                t.placements.iter().flat_map(|p| restore_placement(p, m)).collect(),
+            ),
+        };
+        match out.iter_mut().find(|o| o.name == name) {
+            Some(o) => o.placements.extend(placements),
+            None => out.push(HostTensor {
+                name,
+                ty,
+                placements,
+            }),
+        }
+    }
+    out
+}
+
+/// `p` with its host offset in the model's tensor: one placement, or for a
+/// transposed tensor one per element (consecutive device elements are a
+/// column of the model's tensor, one row apart).
+fn restore_placement(p: &HostPlacement, m: &HostMap) -> Vec<HostPlacement> {
+    if m.transposed.is_none() {
+        return vec![HostPlacement {
+            host_offset: m.model_offset(p.host_offset),
+            ..*p
+        }];
+    }
+    let es = m.ty.dtype.size_bytes() as u32;
+    debug_assert!(p.host_offset % es as u64 == 0 && p.bytes % es == 0);
+    (0..p.bytes / es)
+        .map(|i| HostPlacement {
+            buffer_offset: p.buffer_offset + i * es,
+            host_offset: m.model_offset(p.host_offset + (i * es) as u64),
+            bytes: es,
+            ..*p
+        })
+        .collect()
+}
+
+/// How a computed model value exists in the device graph.
+#[derive(Clone, Debug)]
+enum Form {
+    /// As the model has it.
+    Same(ValueId),
+    /// Its batch dimensions flattened into its rows: `[B*M, N]` for the
+    /// model's `[..., M, N]`.
+    Flat(ValueId),
+    /// One device value per batch element (row-major batch order).
+    Slices(Vec<ValueId>),
+}
+
+/// A host value as an operand wants it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+enum View {
+    /// Batch dimensions flattened into rows (the value itself when rank <= 2).
+    Flat,
+    /// Its last two axes swapped, batch dimensions flattened.
+    Transposed,
+    /// One batch element.
+    Slice(usize),
+    /// One batch element, transposed.
+    SliceTransposed(usize),
+}
+
+struct Rewriter<'g> {
+    model: &'g Graph,
+    device: Graph,
+    forms: Vec<Option<Form>>,
+    views: BTreeMap<(ValueId, View), ValueId>,
+    host: BTreeMap<String, HostMap>,
+    names: BTreeSet<String>,
+}
+
+/// The batch dimensions of a model type (all but the last two).
+fn batch_dims(ty: &TensorType) -> &[usize] {
+    let d = ty.shape.dims();
+    &d[..d.len().saturating_sub(2)]
+}
+
+/// The flat index, in an operand's own batch dimensions `own`, of the
+/// result's batch element `index` (of the result's batch dimensions
+/// `out`): numpy broadcasting aligns the trailing dimensions and reads
+/// index 0 of a dimension of size 1.
+fn broadcast_index(index: &[usize], out: &[usize], own: &[usize]) -> usize {
+    let skip = out.len() - own.len();
+    own.iter()
+        .enumerate()
+        .fold(0, |flat, (j, &d)| flat * d + if d == 1 { 0 } else { index[skip + j] })
+}
+
+/// The multi-index of flat batch element `i` of `dims` (row-major).
+fn unravel(mut i: usize, dims: &[usize]) -> Vec<usize> {
+    let mut index = vec![0; dims.len()];
+    for (j, &d) in dims.iter().enumerate().rev() {
+        index[j] = i % d;
+        i /= d;
+    }
+    index
+}
+
+impl Rewriter<'_> {
+    fn unsupported(&self, v: ValueId, operation: &str, reason: String) -> CompileError {
+        CompileError::Unsupported {
+            value: self.model.value(v).name.clone(),
+            operation: operation.to_string(),
+            reason,
+        }
+    }
+
+    /// A name no model or device value has, from `base`.
+    fn fresh(&mut self, base: String) -> String {
+        let mut name = base;
+        while self.names.contains(&name) {
+            name.push('_');
+        }
+        self.names.insert(name.clone());
+        name
+    }
+
+    fn is_host(&self, v: ValueId) -> bool {
+        matches!(self.model.value(v).def, ValueDef::Input | ValueDef::Param)
+    }
+
+    /// The device value of host value `v` seen as `view`, declared on first use.
+    fn host_view(&mut self, v: ValueId, view: View) -> Result<ValueId, CompileError> {
+        if let Some(&id) = self.views.get(&(v, view)) {
+            return Ok(id);
+        }
+        let value = self.model.value(v);
+        let (name, ty, def) = (value.name.clone(), value.ty.clone(), value.def);
+        let dims = ty.shape.dims().to_vec();
+        let es = ty.dtype.size_bytes() as u64;
+        let rank = dims.len();
+        let (rows, cols) = if rank >= 2 {
+            (dims[rank - 2], dims[rank - 1])
+        } else {
+            (1, dims.first().copied().unwrap_or(1))
+        };
+        let batch: usize = dims[..rank.saturating_sub(2)].iter().product();
+        let map = |offset: u64, transposed: bool| HostMap {
+            name: name.clone(),
+            ty: ty.clone(),
+            offset,
+            transposed: transposed.then_some((rows as u64, cols as u64)),
+        };
+        let slice_bytes = (rows * cols) as u64 * es;
+        let (device_name, device_dims, m) = match view {
+            View::Flat if rank <= 2 => (name.clone(), dims.clone(), None),
+            View::Flat => (name.clone(), vec![batch * rows, cols], Some(map(0, false))),
+            View::Transposed => (
+                self.fresh(format!("{name}.t")),
+                vec![batch * cols, rows],
+                Some(map(0, true)),
+            ),
+            View::Slice(i) => (
+                self.fresh(format!("{name}.{i}")),
+                vec![rows, cols],
+                Some(map(i as u64 * slice_bytes, false)),
+            ),
+            View::SliceTransposed(i) => (
+                self.fresh(format!("{name}.{i}.t")),
+                vec![cols, rows],
+                Some(map(i as u64 * slice_bytes, true)),
+            ),
+        };
+        let device_ty = TensorType::new(ty.dtype, device_dims);
+        let id = match def {
+            ValueDef::Param => self.device.add_param(&device_name, device_ty),
+            _ => self.device.add_input(&device_name, device_ty),
+        }
+        .map_err(|e| self.unsupported(v, "legalize", e.to_string()))?;
+        if let Some(m) = m {
+            self.host.insert(device_name, m);
+        }
+        self.views.insert((v, view), id);
+        Ok(id)
+    }
+
+    fn form(&self, v: ValueId) -> &Form {
+        self.forms[v.0 as usize]
+            .as_ref()
+            .expect("operands are defined before their users")
+    }
+
+    /// `v` with its batch dimensions flattened into rows.
+    fn flat(&mut self, v: ValueId, user: ValueId, op: &str) -> Result<ValueId, CompileError> {
+        if self.is_host(v) {
+            return self.host_view(v, View::Flat);
+        }
+        match self.form(v).clone() {
+            Form::Flat(id) => Ok(id),
+            Form::Same(id) if self.model.ty(v).shape.rank() <= 2 => Ok(id),
+            Form::Same(_) => Err(self.unsupported(
+                user,
+                op,
+                format!(
+                    "operand `{}` ({}) would need its batch dimensions flattened, which is not lowered yet",
+                    self.model.value(v).name,
+                    self.model.ty(v)
+                ),
+            )),
+            Form::Slices(_) => Err(self.unsupported(
+                user,
+                op,
+                format!(
+                    "operand `{}` is computed per batch element (by a GEMM with a batched B) and cannot be read as flattened rows yet",
+                    self.model.value(v).name
+                ),
+            )),
+        }
+    }
+
+    /// Operand `v` of batch element `index` of a result with batch
+    /// dimensions `out` (transposed when `transpose`).
+    fn slice(
+        &mut self,
+        v: ValueId,
+        (index, out): (&[usize], &[usize]),
+        transpose: bool,
+        (user, op): (ValueId, &str),
+    ) -> Result<ValueId, CompileError> {
+        let ty = self.model.ty(v).clone();
+        let own = batch_dims(&ty).to_vec();
+        if ty.shape.rank() <= 2 {
+            // Broadcast over the batch: the whole operand for every element.
+            return if !transpose {
+                self.flat(v, user, op)
+            } else if self.is_host(v) {
+                self.host_view(v, View::Transposed)
+            } else {
+                Err(self.transposed_computed(v, user))
+            };
+        }
+        let i = broadcast_index(index, out, &own);
+        if self.is_host(v) {
+            let view = if transpose {
+                View::SliceTransposed(i)
+            } else {
+                View::Slice(i)
+            };
+            return self.host_view(v, view);
+        }
+        if transpose {
+            return Err(self.transposed_computed(v, user));
+        }
+        match self.form(v).clone() {
+            Form::Slices(ids) => Ok(ids[i]),
+            _ => Err(self.unsupported(
+                user,
+                op,
+                format!(
+                    "operand `{}` is computed with its batch dimensions flattened and cannot be read per batch element yet",
+                    self.model.value(v).name
+                ),
+            )),
+        }
+    }
+
+    fn transposed_computed(&self, v: ValueId, user: ValueId) -> CompileError {
+        self.unsupported(
+            user,
+            "gemm",
+            format!(
+                "operand `{}` is transposed but computed on the device; only host inputs and params may be transposed operands yet",
+                self.model.value(v).name
+            ),
+        )
+    }
+
+    fn add(&mut self, user: ValueId, name: &str, op: Op, args: &[ValueId]) -> Result<ValueId, CompileError> {
+        let op_name = op.name();
+        self.device
+            .add_op(name, op, args)
+            .map_err(|e| self.unsupported(user, op_name, format!("in the device graph: {e}")))
+    }
+
+    fn node(&mut self, node: &ipu_graph::Node) -> Result<Form, CompileError> {
+        let r = node.result;
+        let name = self.model.value(r).name.clone();
+        let op_name = node.op.name();
+        match node.op {
+            Op::Gemm {
+                transpose_a,
+                transpose_b,
+                out,
+            } => {
+                let (a, b) = (node.args[0], node.args[1]);
+                let gemm = Op::Gemm {
+                    transpose_a: false,
+                    transpose_b: false,
+                    out,
+                };
+                if self.model.ty(b).shape.rank() <= 2 {
+                    let a_dev = if transpose_a {
+                        if !self.is_host(a) {
+                            return Err(self.transposed_computed(a, r));
+                        }
+                        self.host_view(a, View::Transposed)?
+                    } else {
+                        self.flat(a, r, op_name)?
+                    };
+                    let b_dev = if transpose_b {
+                        if !self.is_host(b) {
+                            return Err(self.transposed_computed(b, r));
+                        }
+                        self.host_view(b, View::Transposed)?
+                    } else {
+                        self.flat(b, r, op_name)?
+                    };
+                    let id = self.add(r, &name, gemm, &[a_dev, b_dev])?;
+                    return Ok(if self.model.ty(r).shape.rank() > 2 {
+                        Form::Flat(id)
+                    } else {
+                        Form::Same(id)
+                    });
+                }
+                let out_batch = batch_dims(self.model.ty(r)).to_vec();
+                let count: usize = out_batch.iter().product();
+                let mut ids = Vec::with_capacity(count);
+                for i in 0..count {
+                    let index = unravel(i, &out_batch);
+                    let a_i = self.slice(a, (&index, &out_batch), transpose_a, (r, op_name))?;
+                    let b_i = self.slice(b, (&index, &out_batch), transpose_b, (r, op_name))?;
+                    let slice_name = self.fresh(format!("{name}.{i}"));
+                    ids.push(self.add(r, &slice_name, gemm.clone(), &[a_i, b_i])?);
+                }
+                Ok(Form::Slices(ids))
+            }
+            Op::Add | Op::Gelu | Op::LayerNorm { .. } | Op::Softmax | Op::Cast { .. } => {
+                let computed = |s: &Self, pred: fn(&Form) -> bool| {
+                    node.args
+                        .iter()
+                        .any(|&a| !s.is_host(a) && pred(s.form(a)))
+                };
+                if computed(self, |f| matches!(f, Form::Slices(_))) {
+                    let out_batch = batch_dims(self.model.ty(r)).to_vec();
+                    let count: usize = out_batch.iter().product();
+                    let mut ids = Vec::with_capacity(count);
+                    for i in 0..count {
+                        let index = unravel(i, &out_batch);
+                        let mut args = Vec::with_capacity(node.args.len());
+                        for &a in &node.args {
+                            let ty = self.model.ty(a);
+                            // Operands of rank 1 (a bias, gamma, beta)
+                            // broadcast to every slice as they are.
+                            let id = if ty.shape.rank() <= 1 {
+                                self.flat(a, r, op_name)?
+                            } else {
+                                self.slice(a, (&index, &out_batch), false, (r, op_name))?
+                            };
+                            args.push(id);
+                        }
+                        let slice_name = self.fresh(format!("{name}.{i}"));
+                        ids.push(self.add(r, &slice_name, node.op.clone(), &args)?);
+                    }
+                    return Ok(Form::Slices(ids));
+                }
+                let flat = computed(self, |f| matches!(f, Form::Flat(_)))
+                    || node.args.iter().any(|&a| self.is_host(a) && self.model.ty(a).shape.rank() > 2);
+                let args = node
+                    .args
+                    .iter()
+                    .map(|&a| self.flat(a, r, op_name))
+                    .collect::<Result<Vec<_>, _>>()?;
+                let id = self.add(r, &name, node.op.clone(), &args)?;
+                Ok(if flat && self.model.ty(r).shape.rank() > 2 {
+                    Form::Flat(id)
+                } else {
+                    Form::Same(id)
+                })
+            }
+            Op::SplitHeads { .. } | Op::Attention { .. } | Op::MergeHeads => {
+                let mut args = Vec::with_capacity(node.args.len());
+                for &a in &node.args {
+                    let id = if self.is_host(a) && self.model.ty(a).shape.rank() <= 2 {
+                        self.host_view(a, View::Flat)?
+                    } else if !self.is_host(a) && matches!(self.form(a), Form::Same(_)) {
+                        let Form::Same(id) = *self.form(a) else { unreachable!() };
+                        id
+                    } else {
+                        return Err(self.unsupported(
+                            r,
+                            op_name,
+                            format!(
+                                "operand `{}` has batch dimensions; batched attention is not lowered yet",
+                                self.model.value(a).name
+                            ),
+                        ));
+                    };
+                    args.push(id);
+                }
+                Ok(Form::Same(self.add(r, &name, node.op.clone(), &args)?))
+            }
+        }
+    }
+
+    /// The device values that make up model output `v` (the host map
+    /// names their place in it: [`Rewriter::record_computed`]).
+    fn output_values(&mut self, v: ValueId) -> Result<Vec<ValueId>, CompileError> {
+        if self.is_host(v) {
+            return Ok(vec![self.host_view(v, View::Flat)?]);
+        }
+        Ok(match self.form(v).clone() {
+            Form::Same(id) | Form::Flat(id) => vec![id],
+            Form::Slices(ids) => ids,
+        })
+    }
+
+    /// Host-map entries of every flat or sliced computed value.
+    fn record_computed(&mut self) {
+        for (i, form) in self.forms.iter().enumerate() {
+            let v = ValueId(i as u32);
+            let value = self.model.value(v);
+            let es = value.ty.dtype.size_bytes() as u64;
+            let d = value.ty.shape.dims();
+            let slice_bytes = if d.len() >= 2 {
+                (d[d.len() - 2] * d[d.len() - 1]) as u64 * es
+            } else {
+                0
+            };
+            let entry = |offset| HostMap {
+                name: value.name.clone(),
+                ty: value.ty.clone(),
+                offset,
+                transposed: None,
+            };
+            match form {
+                Some(Form::Flat(id)) => {
+                    self.host
+                        .insert(self.device.value(*id).name.clone(), entry(0));
+                }
+                Some(Form::Slices(ids)) => {
+                    for (k, id) in ids.iter().enumerate() {
+                        self.host.insert(
+                            self.device.value(*id).name.clone(),
+                            entry(k as u64 * slice_bytes),
+                        );
+                    }
+                }
+                _ => {}
+            }
+        }
+    }
+}
+
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use expect_test::{expect, Expect};
+
+    fn model(name: &str) -> Graph {
+        let path = std::path::Path::new(&std::env::var("CARGO_MANIFEST_DIR").unwrap())
+            .join("../../models")
+            .join(name);
+        ipu_graph::parse_file(&path).unwrap()
+    }
+
+    fn legal(text: &str) -> Result<Legalized, String> {
+        let g = ipu_graph::parse("t.ipug", text).map_err(|e| e.to_string())?;
+        legalize(&g).map_err(|e| e.to_string())
+    }
+
+    /// The device graph in the text format, then the host map a line each.
+    fn check(graph: &Graph, want: Expect) {
+        let l = legalize(graph).unwrap();
+        ipu_graph::verify(&l.graph).unwrap();
+        let mut text = ipu_graph::print(&l.graph);
+        for (device, m) in &l.host {
+            text.push_str(&format!(
+                "host {device} -> {}: {} offset {} transposed {:?}\n",
+                m.name, m.ty, m.offset, m.transposed
+            ));
+        }
+        want.assert_eq(&text);
+    }
+
+    #[test]
+    fn graphs_without_batched_or_transposed_gemms_stay_as_they_are() {
+        for name in ["mlp_small.ipug", "attention_small.ipug", "vit_block_small.ipug"] {
+            let g = model(name);
+            let l = legalize(&g).unwrap();
+            assert_eq!(l.graph, g, "{name}");
+            assert!(l.host.is_empty(), "{name}");
+        }
+    }
+
+    #[test]
+    fn a_batched_a_with_a_rank_two_b_is_one_gemm_over_the_batch_rows() {
+        check(
+            &model("mlp_batched_small.ipug"),
+            expect![[r#"
+                model mlp_batched_small
+                input x: f16[120, 64]
+                param w1.t: f16[64, 96]
+                h: f16[120, 96] = gemm(x, w1.t)
+                param b1: f16[96]
+                hb: f16[120, 96] = add(h, b1)
+                g: f16[120, 96] = gelu(hb)
+                param w2: f16[96, 48]
+                o: f16[120, 48] = gemm(g, w2)
+                param b2: f16[48]
+                y: f16[120, 48] = add(o, b2)
+                output y
+                host g -> g: f16[3, 40, 96] offset 0 transposed None
+                host h -> h: f16[3, 40, 96] offset 0 transposed None
+                host hb -> hb: f16[3, 40, 96] offset 0 transposed None
+                host o -> o: f16[3, 40, 48] offset 0 transposed None
+                host w1.t -> w1: f16[96, 64] offset 0 transposed Some((96, 64))
+                host x -> x: f16[3, 40, 64] offset 0 transposed None
+                host y -> y: f16[3, 40, 48] offset 0 transposed None
+            "#]],
+        );
+    }
+
+    #[test]
+    fn a_batched_b_is_one_gemm_per_batch_element_with_broadcasting() {
+        check(
+            &model("gemm_batched_small.ipug"),
+            expect![[r#"
+                model gemm_batched_small
+                input a.0: f16[40, 64]
+                param b.0.t: f16[64, 48]
+                c.0: f16[40, 48] = gemm(a.0, b.0.t)
+                param b.1.t: f16[64, 48]
+                c.1: f16[40, 48] = gemm(a.0, b.1.t)
+                param b.2.t: f16[64, 48]
+                c.2: f16[40, 48] = gemm(a.0, b.2.t)
+                input a.1: f16[40, 64]
+                c.3: f16[40, 48] = gemm(a.1, b.0.t)
+                c.4: f16[40, 48] = gemm(a.1, b.1.t)
+                c.5: f16[40, 48] = gemm(a.1, b.2.t)
+                param bias: f16[48]
+                d.0: f16[40, 48] = add(c.0, bias)
+                d.1: f16[40, 48] = add(c.1, bias)
+                d.2: f16[40, 48] = add(c.2, bias)
+                d.3: f16[40, 48] = add(c.3, bias)
+                d.4: f16[40, 48] = add(c.4, bias)
+                d.5: f16[40, 48] = add(c.5, bias)
+                e.0: f16[40, 48] = gelu(d.0)
+                e.1: f16[40, 48] = gelu(d.1)
+                e.2: f16[40, 48] = gelu(d.2)
+                e.3: f16[40, 48] = gelu(d.3)
+                e.4: f16[40, 48] = gelu(d.4)
+                e.5: f16[40, 48] = gelu(d.5)
+                output e.0
+                output e.1
+                output e.2
+                output e.3
+                output e.4
+                output e.5
+                host a.0 -> a: f16[2, 1, 40, 64] offset 0 transposed None
+                host a.1 -> a: f16[2, 1, 40, 64] offset 5120 transposed None
+                host b.0.t -> b: f16[3, 48, 64] offset 0 transposed Some((48, 64))
+                host b.1.t -> b: f16[3, 48, 64] offset 6144 transposed Some((48, 64))
+                host b.2.t -> b: f16[3, 48, 64] offset 12288 transposed Some((48, 64))
+                host c.0 -> c: f16[2, 3, 40, 48] offset 0 transposed None
+                host c.1 -> c: f16[2, 3, 40, 48] offset 3840 transposed None
+                host c.2 -> c: f16[2, 3, 40, 48] offset 7680 transposed None
+                host c.3 -> c: f16[2, 3, 40, 48] offset 11520 transposed None
+                host c.4 -> c: f16[2, 3, 40, 48] offset 15360 transposed None
+                host c.5 -> c: f16[2, 3, 40, 48] offset 19200 transposed None
+                host d.0 -> d: f16[2, 3, 40, 48] offset 0 transposed None
+                host d.1 -> d: f16[2, 3, 40, 48] offset 3840 transposed None
+                host d.2 -> d: f16[2, 3, 40, 48] offset 7680 transposed None
+                host d.3 -> d: f16[2, 3, 40, 48] offset 11520 transposed None
+                host d.4 -> d: f16[2, 3, 40, 48] offset 15360 transposed None
+                host d.5 -> d: f16[2, 3, 40, 48] offset 19200 transposed None
+                host e.0 -> e: f16[2, 3, 40, 48] offset 0 transposed None
+                host e.1 -> e: f16[2, 3, 40, 48] offset 3840 transposed None
+                host e.2 -> e: f16[2, 3, 40, 48] offset 7680 transposed None
+                host e.3 -> e: f16[2, 3, 40, 48] offset 11520 transposed None
+                host e.4 -> e: f16[2, 3, 40, 48] offset 15360 transposed None
+                host e.5 -> e: f16[2, 3, 40, 48] offset 19200 transposed None
+            "#]],
+        );
+    }
+
+    /// Device names never collide with the model's: a model value already
+    /// called `w.t` pushes the transposed view to `w.t_`.
+    #[test]
+    fn device_names_avoid_the_models_names() {
+        let l = legal(
+            "model m\ninput x: f16[8, 16]\nparam w: f16[4, 16]\nparam w.t: f16[4, 4]\nh = gemm(x, w, transpose_b=true)\ny = gemm(h, w.t)\noutput y\n",
+        )
+        .unwrap();
+        assert!(l.graph.lookup("w.t_").is_some());
+        assert_eq!(l.host["w.t_"].name, "w");
+        assert_eq!(l.graph.ty(l.graph.lookup("w.t").unwrap()).shape.dims(), [4, 4]);
+    }
+
+    /// A transposed map reads the model's tensor down its columns, batch
+    /// element by batch element: device [batch][col][row] is model
+    /// [batch][row][col].
+    #[test]
+    fn transposed_offsets_walk_the_models_columns() {
+        let m = HostMap {
+            name: "w".into(),
+            ty: TensorType::new(ipu_graph::DType::F16, vec![2, 2, 3]),
+            offset: 0,
+            transposed: Some((2, 3)),
+        };
+        let model_elements: Vec<u64> = (0..12).map(|e| m.model_offset(2 * e) / 2).collect();
+        assert_eq!(model_elements, [0, 3, 1, 4, 2, 5, 6, 9, 7, 10, 8, 11]);
+        // A slice's offset comes first; fp8 elements are one byte.
+        let s = HostMap {
+            ty: TensorType::new(ipu_graph::DType::Fp8 { scale_log2: 0 }, vec![2, 2, 3]),
+            offset: 6,
+            ..m
+        };
+        let slice: Vec<u64> = (0..6).map(|e| s.model_offset(e)).collect();
+        assert_eq!(slice, [6, 9, 7, 10, 8, 11]);
+    }
+
+    #[test]
+    fn restored_tensors_are_the_models() {
+        let ty = |d: &[usize]| TensorType::new(ipu_graph::DType::F16, d.to_vec());
+        let host: BTreeMap<String, HostMap> = [
+            (
+                "w.t".to_string(),
+                HostMap {
+                    name: "w".into(),
+                    ty: ty(&[3, 2]),
+                    offset: 0,
+                    transposed: Some((3, 2)),
+                },
+            ),
+            (
+                "c.1".to_string(),
+                HostMap {
+                    name: "c".into(),
+                    ty: ty(&[2, 1, 4]),
+                    offset: 8,
+                    transposed: None,
+                },
+            ),
+            (
+                "c.0".to_string(),
+                HostMap {
+                    name: "c".into(),
+                    ty: ty(&[2, 1, 4]),
+                    offset: 0,
+                    transposed: None,
+                },
+            ),
+        ]
+        .into_iter()
+        .collect();
+        let p = |tile, host_offset, bytes| HostPlacement {
+            tile,
+            buffer: 0,
+            buffer_offset: 16,
+            host_offset,
+            bytes,
+        };
+        let tensor = |name: &str, d: &[usize], placements| HostTensor {
+            name: name.into(),
+            ty: ty(d),
+            placements,
+        };
+        let out = restore(
+            &[
+                tensor("c.1", &[1, 4], vec![p(1, 0, 8)]),
+                tensor("x", &[4], vec![p(2, 0, 8)]),
+                tensor("c.0", &[1, 4], vec![p(0, 0, 8)]),
+                // Device w.t is [2, 3]: its second row is w's second column.
+                tensor("w.t", &[2, 3], vec![p(3, 6, 6)]),
+            ],
+            &host,
+        );
+        let names: Vec<&str> = out.iter().map(|t| t.name.as_str()).collect();
+        assert_eq!(names, ["c", "x", "w"]);
+        assert_eq!(out[0].ty, ty(&[2, 1, 4]));
+        let c: Vec<(u32, u64)> = out[0].placements.iter().map(|p| (p.tile, p.host_offset)).collect();
+        assert_eq!(c, [(1, 8), (0, 0)]);
+        let w: Vec<(u32, u64, u32)> = out[2]
+            .placements
+            .iter()
+            .map(|p| (p.buffer_offset, p.host_offset, p.bytes))
+            .collect();
+        assert_eq!(w, [(16, 2, 2), (18, 6, 2), (20, 10, 2)]);
+    }
+
+    #[test]
+    fn refusals_name_the_value_and_the_reason() {
+        let e = legal("model m\ninput x: f16[40, 64]\nparam w: f16[64, 64]\nparam v: f16[40, 48]\nh = gemm(x, w)\ny = gemm(h, v, transpose_a=true)\noutput y\n").unwrap_err();
+        assert!(e.contains("value `y` (gemm)") && e.contains("operand `h` is transposed but computed on the device"), "{e}");
+        let e = legal("model m\ninput x: f16[2, 40, 64]\nparam w: f16[64, 64]\nparam b: f16[2, 64, 48]\nh = gemm(x, w)\ny = gemm(h, b)\noutput y\n").unwrap_err();
+        assert!(e.contains("value `y` (gemm)") && e.contains("`h` is computed with its batch dimensions flattened"), "{e}");
+        let e = legal("model m\ninput x: f16[2, 40, 64]\nparam wq: f16[64, 64]\nparam wk: f16[64, 64]\nparam wv: f16[64, 64]\nq = gemm(x, wq)\nk = gemm(x, wk)\nv = gemm(x, wv)\nqh = split_heads(q, heads=4)\nkh = split_heads(k, heads=4)\nvh = split_heads(v, heads=4)\no = attention(qh, kh, vh, causal=false)\ny = merge_heads(o)\noutput y\n").unwrap_err();
+        assert!(e.contains("value `qh` (split_heads)") && e.contains("batched attention is not lowered yet"), "{e}");
+        // A flattened value broadcast against a batch dimension it lacks.
+        let e = legal("model m\ninput x: f16[2, 4, 16]\nparam w: f16[16, 8]\nparam r: f16[4, 8]\nh = gemm(x, w)\ny = add(h, r)\noutput y\n").unwrap_err();
+        assert!(e.contains("value `y` (add)") && e.contains("in the device graph"), "{e}");
+    }
+}
