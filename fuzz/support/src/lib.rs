@@ -387,6 +387,7 @@ pub fn sample_package() -> Package {
                 bytes: if split { 8 } else { 24 },
             })
             .collect(),
+        transposed: false,
     };
     let phase = |name: &str, kind, cycles| CallPhase {
         name: name.into(),
@@ -436,6 +437,7 @@ pub fn sample_package() -> Package {
                                 bytes: 8,
                             })
                             .collect(),
+                        transposed: false,
                     }],
                     outputs: vec![tensor("y", DType::F32, vec![3, 2], 0xB0000, true)],
                 },

@@ -125,21 +125,48 @@ pub fn legalize(model: &Graph) -> Result<Legalized, CompileError> {
 
 /// Rewrites the lowered program's host tensors (the calls' inputs and
 /// outputs, the resident values) from the device graph's to the model's:
-/// each placement's host offset moves into the model's tensor (split into
-/// elements for a transposed one), and the device tensors of one model
-/// value become one tensor, in the order their first appears.
+/// each placement's host offset moves into the model's tensor, and the
+/// device tensors of one model value become one tensor, in the order their
+/// first appears. A model tensor that the device holds only transposed
+/// keeps its placements in the transposed order, which the manifest says
+/// (`transposed`) and the host forms: its placements stay as contiguous
+/// as the device tensor's. One held both ways is placed element by
+/// element in its own order.
 pub fn restore_host_tensors(lowered: &mut Lowered, host: &BTreeMap<String, HostMap>) {
     if host.is_empty() {
         return;
     }
-    for (ins, outs) in &mut lowered.io {
-        *ins = restore(ins, host);
-        *outs = restore(outs, host);
+    let all = lowered
+        .io
+        .iter()
+        .flat_map(|(ins, outs)| ins.iter().chain(outs))
+        .chain(&lowered.resident);
+    let mut ways: BTreeMap<&str, BTreeSet<bool>> = BTreeMap::new();
+    for t in all {
+        let (name, transposed) = match host.get(&t.name) {
+            Some(m) => (m.name.as_str(), m.transposed.is_some()),
+            None => (t.name.as_str(), false),
+        };
+        ways.entry(name).or_default().insert(transposed);
     }
-    lowered.resident = restore(&lowered.resident, host);
+    let transposed: BTreeSet<String> = ways
+        .into_iter()
+        .filter(|(_, w)| !w.contains(&false))
+        .map(|(n, _)| n.to_string())
+        .collect();
+    for (ins, outs) in &mut lowered.io {
+        *ins = restore(ins, host, &transposed);
+        *outs = restore(outs, host, &transposed);
+    }
+    lowered.resident = restore(&lowered.resident, host, &transposed);
+    lowered.transposed_host = transposed;
 }
 
-fn restore(tensors: &[HostTensor], host: &BTreeMap<String, HostMap>) -> Vec<HostTensor> {
+fn restore(
+    tensors: &[HostTensor],
+    host: &BTreeMap<String, HostMap>,
+    transposed: &BTreeSet<String>,
+) -> Vec<HostTensor> {
     let mut out: Vec<HostTensor> = Vec::new();
     for t in tensors {
         let (name, ty, placements) = match host.get(&t.name) {
@@ -147,7 +174,10 @@ fn restore(tensors: &[HostTensor], host: &BTreeMap<String, HostMap>) -> Vec<Host
             Some(m) => (
                 m.name.clone(),
                 m.ty.clone(),
-                t.placements.iter().flat_map(|p| restore_placement(p, m)).collect(),
+                t.placements
+                    .iter()
+                    .flat_map(|p| restore_placement(p, m, transposed.contains(&m.name)))
+                    .collect(),
             ),
         };
         match out.iter_mut().find(|o| o.name == name) {
@@ -162,13 +192,15 @@ fn restore(tensors: &[HostTensor], host: &BTreeMap<String, HostMap>) -> Vec<Host
     out
 }
 
-/// `p` with its host offset in the model's tensor: one placement, or for a
-/// transposed tensor one per element (consecutive device elements are a
-/// column of the model's tensor, one row apart).
-fn restore_placement(p: &HostPlacement, m: &HostMap) -> Vec<HostPlacement> {
-    if m.transposed.is_none() {
+/// `p` with its host offset in the model's tensor: in the transposed order
+/// when `keep_transposed` (one placement), else in the model's own order,
+/// which for a transposed device tensor is one placement per element
+/// (consecutive device elements are a column of the model's tensor, one
+/// row apart).
+fn restore_placement(p: &HostPlacement, m: &HostMap, keep_transposed: bool) -> Vec<HostPlacement> {
+    if m.transposed.is_none() || keep_transposed {
         return vec![HostPlacement {
-            host_offset: m.model_offset(p.host_offset),
+            host_offset: m.offset + p.host_offset,
             ..*p
         }];
     }
@@ -753,10 +785,16 @@ mod tests {
         let s = HostMap {
             ty: TensorType::new(ipu_graph::DType::Fp8 { scale_log2: 0 }, vec![2, 2, 3]),
             offset: 6,
-            ..m
+            ..m.clone()
         };
         let slice: Vec<u64> = (0..6).map(|e| s.model_offset(e)).collect();
         assert_eq!(slice, [6, 9, 7, 10, 8, 11]);
+        // The host forms the same order from the model's tensor
+        // (ipu_package::transposed_order): the two maps are inverses.
+        for i in 0..12 {
+            let device = ipu_package::transposed_element(i, &[2, 2, 3]);
+            assert_eq!(m.model_offset(2 * device), 2 * i);
+        }
     }
 
     #[test]
@@ -814,6 +852,7 @@ mod tests {
                 tensor("w.t", &[2, 3], vec![p(3, 6, 6)]),
             ],
             &host,
+            &BTreeSet::new(),
         );
         let names: Vec<&str> = out.iter().map(|t| t.name.as_str()).collect();
         assert_eq!(names, ["c", "x", "w"]);
@@ -826,6 +865,15 @@ mod tests {
             .map(|p| (p.buffer_offset, p.host_offset, p.bytes))
             .collect();
         assert_eq!(w, [(16, 2, 2), (18, 6, 2), (20, 10, 2)]);
+        // A tensor the device holds only transposed keeps its placements
+        // whole, at their offsets in the transposed order.
+        let kept = restore(
+            &[tensor("w.t", &[2, 3], vec![p(3, 6, 6)])],
+            &host,
+            &["w".to_string()].into_iter().collect(),
+        );
+        assert_eq!((kept[0].name.as_str(), kept[0].placements.len()), ("w", 1));
+        assert_eq!((kept[0].placements[0].host_offset, kept[0].placements[0].bytes), (6, 6));
     }
 
     #[test]

@@ -180,6 +180,10 @@ pub struct Lowered {
     /// Where each (group, tile)'s compact f16 result (the reduce step's `d`
     /// buffer) is, for later phases that move it between tiles.
     pub group_results: BTreeMap<(usize, u32), GroupResult>,
+    /// Host tensors whose placements index them transposed (their last two
+    /// dimensions swapped, as the manifest's `transposed` says): GEMM
+    /// operands the model transposes (`legalize`).
+    pub transposed_host: std::collections::BTreeSet<String>,
 }
 
 /// A group's compact result on one tile: rows `rows` and columns
@@ -847,6 +851,7 @@ impl Lowered {
             ],
             resident: order(tensors.resident),
             group_results: BTreeMap::new(),
+            transposed_host: Default::default(),
         }
     }
 }

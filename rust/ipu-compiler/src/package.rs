@@ -54,12 +54,13 @@ pub fn unique_placements(list: &[Placement]) -> Vec<Placement> {
     out
 }
 
-fn stream(t: &HostTensor, storage: &BTreeMap<u32, TileStorage>) -> StreamTensor {
+fn stream(l: &Lowered, t: &HostTensor, storage: &BTreeMap<u32, TileStorage>) -> StreamTensor {
     StreamTensor {
         name: t.name.clone(),
         dtype: t.ty.dtype,
         shape: t.ty.shape.dims().to_vec(),
         placements: placements(t, storage),
+        transposed: l.transposed_host.contains(&t.name),
     }
 }
 
@@ -126,8 +127,8 @@ pub fn info(
             StreamingCall {
                 name: call.name.clone(),
                 phases,
-                inputs: ins.iter().map(|t| stream(t, storage)).collect(),
-                outputs: outs.iter().map(|t| stream(t, storage)).collect(),
+                inputs: ins.iter().map(|t| stream(l, t, storage)).collect(),
+                outputs: outs.iter().map(|t| stream(l, t, storage)).collect(),
             }
         })
         .collect();
@@ -261,6 +262,9 @@ pub fn checkpoints(l: &Lowered, storage: &BTreeMap<u32, TileStorage>) -> Value {
                     continue;
                 };
                 let mut v = json!({"value": t.name, "stop": 1, "placements": placements_json(p)});
+                if l.transposed_host.contains(&t.name) {
+                    v["transposed"] = json!(true);
+                }
                 if computed {
                     let steps = call.steps.iter().filter(|s| s.operation == t.name);
                     v["kernels"] = Value::Array(kernels_of(steps));

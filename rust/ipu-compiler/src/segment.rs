@@ -1196,6 +1196,7 @@ mod tests {
             )],
             resident: vec![],
             group_results: BTreeMap::new(),
+            transposed_host: Default::default(),
         };
         let region1 = (ipu_arch::REGION1_END - ipu_arch::REGION1_BASE) as u64;
         // Weights 100 + 50 KB; working sets 200 + max(80, 90) = 290 KB and

@@ -749,6 +749,15 @@ fn batched_and_transposed_gemms_on_the_simulator() {
         interface(&mlp.compile, "initialize"),
         names(&[("b1", &[96]), ("b2", &[48]), ("w1", &[96, 64]), ("w2", &[96, 48])])
     );
+    // w1 is held transposed: the manifest says so and the host forms that
+    // order, so its placements are runs of device rows, not elements.
+    let init = mlp.compile.package.info.calls.iter().find(|c| c.name == "initialize").unwrap();
+    let w1 = init.inputs.iter().find(|t| t.name == "w1").unwrap();
+    assert!(w1.transposed);
+    assert!(
+        w1.placements.iter().all(|p| p.bytes > 2),
+        "w1 is placed element by element"
+    );
     // One GEMM per layer, over all 120 rows.
     assert_estimate_within(&mlp, 0.1, "mlp_batched_small");
     let h = operation(&mlp.compile, "h");
@@ -769,4 +778,22 @@ fn batched_and_transposed_gemms_on_the_simulator() {
     }
     assert!(tiles_used <= 64);
     assert_estimate_within(&batched, 0.1, "gemm_batched_small");
+}
+
+/// A weight one GEMM reads as it is and another transposed is written in
+/// its own order to both (the transposed copy element by element), and
+/// both products verify.
+#[test]
+fn a_weight_read_both_ways() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = write_model(
+        dir.path(),
+        "both_ways",
+        "model both_ways\ninput x: f16[40, 64]\ninput z: f16[40, 64]\nparam w: f16[64, 64]\np = gemm(x, w)\nq = gemm(z, w, transpose_b=true)\noutput p, q\n",
+    );
+    let ran = compile_and_run(&model, 64, 19);
+    let init = ran.compile.package.info.calls.iter().find(|c| c.name == "initialize").unwrap();
+    let w = init.inputs.iter().find(|t| t.name == "w").unwrap();
+    assert!(!w.transposed);
+    assert!(w.placements.iter().any(|p| p.bytes == 2), "the transposed copy is placed element by element");
 }

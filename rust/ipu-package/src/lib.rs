@@ -26,9 +26,9 @@ use std::path::Path;
 
 pub use image::{ImageError, Segment, TileImage, IMAGE_MAGIC, IMAGE_VERSION};
 pub use manifest::{
-    placement_runs, tile_file, CallPhase, ConfigWrite, HostInterface, Manifest, MemberEntry,
-    PhaseKind, Placement, StreamTensor, StreamingCall, TileEntry, EXIT_COMMAND, FORMAT_VERSION,
-    TARGET,
+    natural_order, transposed_element, transposed_order, placement_runs, tile_file, CallPhase,
+    ConfigWrite, HostInterface, Manifest, MemberEntry, PhaseKind, Placement, StreamTensor,
+    StreamingCall, TileEntry, EXIT_COMMAND, FORMAT_VERSION, TARGET,
 };
 
 use ipu_arch::{SRAM_BASE, SRAM_END, TILES_PER_CHIP};
@@ -271,6 +271,12 @@ fn validate_info(info: &PackageInfo) -> Result<(), PackageError> {
 fn validate_tensor(info: &PackageInfo, t: &StreamTensor, exactly_once: bool) -> Result<(), String> {
     if t.shape.contains(&0) {
         return Err(format!("shape {:?} has a zero dimension", t.shape));
+    }
+    if t.transposed && t.shape.len() < 2 {
+        return Err(format!(
+            "shape {:?} is transposed but has fewer than two dimensions",
+            t.shape
+        ));
     }
     let total = t
         .shape

@@ -97,6 +97,18 @@ pub struct StreamTensor {
     /// runs ([`placement_runs`]).
     #[serde(with = "placement_runs")]
     pub placements: Vec<Placement>,
+    /// Whether the placements' offsets index the tensor *transposed*: the
+    /// row-major buffer of the tensor with its last two dimensions swapped
+    /// (every batch element transposed on its own), which the host forms
+    /// before writing and undoes after reading ([`transposed_order`],
+    /// [`natural_order`]). A GEMM operand the model transposes is held so
+    /// on the device. Absent when false.
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub transposed: bool,
+}
+
+fn is_false(b: &bool) -> bool {
+    !*b
 }
 
 impl StreamTensor {
@@ -104,6 +116,39 @@ impl StreamTensor {
     pub fn bytes(&self) -> u64 {
         self.shape.iter().map(|&d| d as u64).product::<u64>() * self.dtype.size_bytes() as u64
     }
+}
+
+/// The element of the transposed buffer (see [`StreamTensor::transposed`])
+/// that holds element `index` of the row-major tensor of `shape` (rank at
+/// least 2).
+pub fn transposed_element(index: u64, shape: &[usize]) -> u64 {
+    let n = shape.len();
+    let (rows, cols) = (shape[n - 2] as u64, shape[n - 1] as u64);
+    let (batch, within) = (index / (rows * cols), index % (rows * cols));
+    let (row, col) = (within / cols, within % cols);
+    batch * rows * cols + col * rows + row
+}
+
+/// `data` (row-major, elements of `element_bytes`) in the transposed order
+/// of [`StreamTensor::transposed`].
+pub fn transposed_order(data: &[u8], shape: &[usize], element_bytes: usize) -> Vec<u8> {
+    let mut out = vec![0u8; data.len()];
+    for (i, e) in data.chunks_exact(element_bytes).enumerate() {
+        let j = transposed_element(i as u64, shape) as usize * element_bytes;
+        out[j..j + element_bytes].copy_from_slice(e);
+    }
+    out
+}
+
+/// The inverse of [`transposed_order`]: a transposed buffer back in the
+/// tensor's row-major order.
+pub fn natural_order(data: &[u8], shape: &[usize], element_bytes: usize) -> Vec<u8> {
+    let mut out = vec![0u8; data.len()];
+    for (i, e) in out.chunks_exact_mut(element_bytes).enumerate() {
+        let j = transposed_element(i as u64, shape) as usize * element_bytes;
+        e.copy_from_slice(&data[j..j + element_bytes]);
+    }
+    out
 }
 
 /// `bytes` bytes at `offset` of the host buffer live at `address` on `tile`.

@@ -330,6 +330,10 @@ fn invalid_packages_are_refused() {
     p.info.calls[1].outputs[0].placements[3].address = 0xE7FF8;
     cases.push(("placement beyond SRAM", p));
     let mut p = base.clone();
+    p.info.calls[1].inputs[0].shape = vec![p.info.calls[1].inputs[0].bytes() as usize / 2];
+    p.info.calls[1].inputs[0].transposed = true;
+    cases.push(("transposed vector", p));
+    let mut p = base.clone();
     p.info.calls[1].name = "initialize".into();
     cases.push(("repeated call", p));
     let mut p = base.clone();
@@ -360,6 +364,7 @@ fn invalid_packages_are_refused() {
             "uncovered input bytes: manifest.json: call `run` input `x`: bytes 16..32 are placed on no tile",
             "output placed twice: manifest.json: call `run` output `y`: bytes 8..16 are placed more than once (an output's bytes must come from one tile)",
             "placement beyond SRAM: manifest.json: call `run` output `y`: placement 3 on tile 3 at 0xe7ff8..+16 lies outside tile SRAM 0x4c000..0xe8000",
+            "transposed vector: manifest.json: call `run` input `x`: shape [32] is transposed but has fewer than two dimensions",
             "repeated call: manifest.json: call name `initialize` is empty or repeated",
             "config tile: manifest.json: config write 1 (EXCHANGE_TABLE) targets tile 4, beyond tile_count 4",
             "entry in region 1: member `tiles/0002.img`: entry pc 0x80000 is outside region 0, the only region instructions are fetched from",
@@ -582,4 +587,22 @@ fn tile_image_errors() {
         ]
     "#]]
     .assert_debug_eq(&messages);
+}
+
+/// A transposed tensor's placements index it with its last two dimensions
+/// swapped, each batch element on its own; the host's two orders are
+/// inverses, and a transposed flag survives the round trip.
+#[test]
+fn transposed_orders_are_inverses() {
+    let shape = [2, 2, 3];
+    let order: Vec<u64> = (0..12).map(|i| transposed_element(i, &shape)).collect();
+    assert_eq!(order, [0, 2, 4, 1, 3, 5, 6, 8, 10, 7, 9, 11]);
+    let data: Vec<u8> = (0..24).collect();
+    let t = transposed_order(&data, &shape, 2);
+    assert_eq!(&t[..6], &[0, 1, 6, 7, 2, 3]);
+    assert_eq!(natural_order(&t, &shape, 2), data);
+    let mut p = common::sample();
+    p.info.calls[0].inputs[0].transposed = true;
+    let bytes = p.to_bytes().unwrap();
+    assert_eq!(Package::from_bytes(&bytes).unwrap(), p);
 }

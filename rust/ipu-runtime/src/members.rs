@@ -88,6 +88,14 @@ pub struct CheckpointValue {
     /// Kernels that computed it.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub kernels: Vec<KernelTiles>,
+    /// Whether the placements index the value transposed (as
+    /// `ipu_package::StreamTensor::transposed`).
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub transposed: bool,
+}
+
+fn is_false(b: &bool) -> bool {
+    !*b
 }
 
 impl CallCheckpoints {

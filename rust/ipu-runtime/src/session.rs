@@ -201,9 +201,11 @@ impl Session {
         *self.host_bytes.entry(at).or_insert(0) += bytes;
     }
 
+    /// Reads a value from its placements; `transposed` placements index
+    /// the value transposed, which the host undoes.
     fn read_value(
         &mut self,
-        placements: &[Placement],
+        (placements, transposed): (&[Placement], bool),
         ty: &TensorType,
         what: &str,
     ) -> Result<(Tensor, u64), RuntimeError> {
@@ -213,6 +215,9 @@ impl Session {
             let bytes = self.device.read(p.tile, p.address, p.bytes)?;
             buffer[p.offset as usize..p.offset as usize + p.bytes as usize].copy_from_slice(&bytes);
             moved += p.bytes as u64;
+        }
+        if transposed {
+            buffer = ipu_package::natural_order(&buffer, ty.shape.dims(), ty.dtype.size_bytes());
         }
         let t = Tensor::from_bytes(ty, &buffer)
             .map_err(|e| RuntimeError::Protocol(format!("{what}: {e}")))?;
@@ -292,7 +297,11 @@ impl Session {
         let cycles_before = self.device.cycles();
         let mut bytes_in = 0u64;
         for t in &call.inputs {
-            let data = inputs[&t.name].to_bytes();
+            let mut data = inputs[&t.name].to_bytes();
+            // The host rearranges a tensor the device holds transposed.
+            if t.transposed {
+                data = ipu_package::transposed_order(&data, &t.shape, t.dtype.size_bytes());
+            }
             for p in &t.placements {
                 let range = p.offset as usize..p.offset as usize + p.bytes as usize;
                 self.device.write(p.tile, p.address, &data[range])?;
@@ -326,7 +335,7 @@ impl Session {
                     let id = graph.lookup(&v.value).expect("checked when parsed");
                     let ty = graph.value(id).ty.clone();
                     let (t, m) = self.read_value(
-                        &v.placements,
+                        (&v.placements, v.transposed),
                         &ty,
                         &format!("checkpoint value `{}`", v.value),
                     )?;
@@ -342,7 +351,7 @@ impl Session {
         for t in &call.outputs {
             let ty = TensorType::new(t.dtype, t.shape.clone());
             let (tensor, m) = self.read_value(
-                &t.placements,
+                (&t.placements, t.transposed),
                 &ty,
                 &format!("call `{name}` output `{}`", t.name),
             )?;

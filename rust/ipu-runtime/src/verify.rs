@@ -197,12 +197,14 @@ impl fmt::Display for VerifyReport {
     }
 }
 
-/// Tiles whose placements hold at least one element outside tolerance.
+/// Tiles whose placements hold at least one element outside tolerance
+/// (placements that index the value `transposed` hold its elements in that
+/// order).
 fn bad_tiles(
     device: &Tensor,
     reference: &Tensor,
     tol: Tolerance,
-    placements: &[Placement],
+    (placements, transposed): (&[Placement], bool),
 ) -> Vec<u32> {
     let size = device.dtype().size_bytes() as u64;
     let mut tiles = BTreeSet::new();
@@ -212,7 +214,12 @@ fn bad_tiles(
         if tol.accepts(d, r) {
             continue;
         }
-        let (start, end) = (i as u64 * size, (i as u64 + 1) * size);
+        let at = if transposed {
+            ipu_package::transposed_element(i as u64, device.shape().dims())
+        } else {
+            i as u64
+        };
+        let (start, end) = (at * size, (at + 1) * size);
         for p in &sorted {
             if p.offset < end && start < p.offset + p.bytes as u64 {
                 tiles.insert(p.tile);
@@ -227,7 +234,7 @@ fn check(
     device: &Tensor,
     reference: &Tensor,
     (reduction, requantised): (u64, &[f64]),
-    placements: &[Placement],
+    placements: (&[Placement], bool),
 ) -> Result<TensorCheck, RuntimeError> {
     let tol =
         Tolerance::for_output_requantised(device.dtype(), reduction, reference.data(), requantised);
@@ -338,7 +345,7 @@ pub fn verify_package(
             &out.outputs[&t.name],
             &reference[id.0 as usize],
             (reduction, &requantised),
-            &t.placements,
+            (&t.placements, t.transposed),
         )?;
         tracing::info!(
             output = %t.name,
@@ -378,7 +385,7 @@ pub fn verify_package(
                 &cp_out.checkpoints[&v.name],
                 &reference[i],
                 (reduction, &requantised),
-                &entry.placements,
+                (&entry.placements, entry.transposed),
             )?;
             tracing::info!(
                 value = %v.name,
@@ -471,7 +478,7 @@ fn diagnose(
             device,
             &reference[i],
             (global_reduction, &requantised),
-            &entry.placements,
+            (&entry.placements, entry.transposed),
         )?;
         let (local_failed, failing) =
             match local_reference(graph, ipu_graph::ValueId(i as u32), feeds, device_values) {
@@ -480,7 +487,7 @@ fn diagnose(
                         unreachable!("local references exist only for nodes")
                     };
                     let k = analysis::reduction_length(graph, graph.node(n));
-                    let local = check(&v.name, device, &local_ref, (k, &[]), &entry.placements)?;
+                    let local = check(&v.name, device, &local_ref, (k, &[]), (&entry.placements, entry.transposed))?;
                     let failed = !local.comparison.passed();
                     (Some(failed), if failed { Some(local) } else { None })
                 }
@@ -520,7 +527,7 @@ fn diagnose(
                     &device_values[&w.name],
                     &reference[id.0 as usize],
                     (global_reduction, &requantised),
-                    &e.placements,
+                    (&e.placements, e.transposed),
                 )?;
                 trail.push((w.name.clone(), g.comparison.passed()));
             }
@@ -548,7 +555,7 @@ fn diagnose(
                 &device_values[name],
                 &reference[id.0 as usize],
                 (global_reduction, &requantised),
-                &entry.placements,
+                (&entry.placements, entry.transposed),
             )?;
             let operation = match graph.value(id).def {
                 ValueDef::Node(n) => graph.node(n).op.name().to_string(),

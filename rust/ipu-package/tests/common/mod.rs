@@ -43,6 +43,7 @@ pub fn sample() -> Package {
                 bytes: 16,
             })
             .collect(),
+        transposed: false,
     };
     let w = StreamTensor {
         name: "w".into(),
@@ -57,6 +58,7 @@ pub fn sample() -> Package {
                 bytes: 64,
             })
             .collect(),
+        transposed: false,
     };
     let y = StreamTensor {
         name: "y".into(),
@@ -70,6 +72,7 @@ pub fn sample() -> Package {
                 bytes: 16,
             })
             .collect(),
+        transposed: false,
     };
     let phase = |name: &str, kind, steps, cycles| CallPhase {
         name: name.into(),

@@ -159,6 +159,7 @@ fn rows(name: &str, address: u32, tiles: u32) -> StreamTensor {
                 bytes: ROW_BYTES,
             })
             .collect(),
+        transposed: false,
     }
 }
 
