@@ -162,7 +162,7 @@ fn measure(opts: &CompileOptions) -> Result<Measured, String> {
         compile_s,
         tile_count: pkg.info.tile_count,
         cycles: run.cycles.device_cycles,
-        estimate: out.estimated_compute_cycles + ipu_arch::SYNC_CYCLES,
+        estimate: out.estimated_compute_cycles,
         compute_bound: pkg.info.report_summary["compute_bound_cycles"],
         exchange_bound: out.report["exchange_steps"]
             .as_array()

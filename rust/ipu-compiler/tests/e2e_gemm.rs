@@ -17,15 +17,10 @@ use common::*;
 fn gemm_small_on_the_simulator() {
     for tiles in [1, 4, 64] {
         let ran = compile_and_run(&root().join("models/gemm_small.ipug"), tiles, 7);
-        // The estimate tracks the simulated device time of the run call.
-        let (est, sim) = (
-            ran.compile.estimated_compute_cycles as f64,
-            ran.run_device_cycles as f64,
-        );
-        assert!(
-            sim > 0.0 && est / sim > 0.5 && est / sim < 1.5,
-            "estimate {est} vs simulated {sim}"
-        );
+        // The estimate tracks the simulated device time of the run call,
+        // its final host sync included (without it the estimate was 31%
+        // low on 64 tiles, where the GEMM itself takes 1,213 cycles).
+        assert_estimate_within(&ran, 0.1, &format!("gemm_small on {tiles} tiles"));
     }
 }
 
