@@ -84,11 +84,7 @@ pub fn legalize(model: &Graph) -> Result<Legalized, CompileError> {
             transpose_a,
             transpose_b,
             ..
-        } => {
-            transpose_a
-                || transpose_b
-                || n.args.iter().any(|&a| model.ty(a).shape.rank() > 2)
-        }
+        } => transpose_a || transpose_b || n.args.iter().any(|&a| model.ty(a).shape.rank() > 2),
         _ => false,
     });
     if !needed {
@@ -205,7 +201,7 @@ fn restore_placement(p: &HostPlacement, m: &HostMap, keep_transposed: bool) -> V
         }];
     }
     let es = m.ty.dtype.size_bytes() as u32;
-    debug_assert!(p.host_offset % es as u64 == 0 && p.bytes % es == 0);
+    debug_assert!(p.host_offset.is_multiple_of(es as u64) && p.bytes.is_multiple_of(es));
     (0..p.bytes / es)
         .map(|i| HostPlacement {
             buffer_offset: p.buffer_offset + i * es,
@@ -262,9 +258,9 @@ fn batch_dims(ty: &TensorType) -> &[usize] {
 /// index 0 of a dimension of size 1.
 fn broadcast_index(index: &[usize], out: &[usize], own: &[usize]) -> usize {
     let skip = out.len() - own.len();
-    own.iter()
-        .enumerate()
-        .fold(0, |flat, (j, &d)| flat * d + if d == 1 { 0 } else { index[skip + j] })
+    own.iter().enumerate().fold(0, |flat, (j, &d)| {
+        flat * d + if d == 1 { 0 } else { index[skip + j] }
+    })
 }
 
 /// The multi-index of flat batch element `i` of `dims` (row-major).
@@ -446,7 +442,13 @@ impl Rewriter<'_> {
         )
     }
 
-    fn add(&mut self, user: ValueId, name: &str, op: Op, args: &[ValueId]) -> Result<ValueId, CompileError> {
+    fn add(
+        &mut self,
+        user: ValueId,
+        name: &str,
+        op: Op,
+        args: &[ValueId],
+    ) -> Result<ValueId, CompileError> {
         let op_name = op.name();
         self.device
             .add_op(name, op, args)
@@ -507,9 +509,7 @@ impl Rewriter<'_> {
             }
             Op::Add | Op::Gelu | Op::LayerNorm { .. } | Op::Softmax | Op::Cast { .. } => {
                 let computed = |s: &Self, pred: fn(&Form) -> bool| {
-                    node.args
-                        .iter()
-                        .any(|&a| !s.is_host(a) && pred(s.form(a)))
+                    node.args.iter().any(|&a| !s.is_host(a) && pred(s.form(a)))
                 };
                 if computed(self, |f| matches!(f, Form::Slices(_))) {
                     let out_batch = batch_dims(self.model.ty(r)).to_vec();
@@ -535,7 +535,10 @@ impl Rewriter<'_> {
                     return Ok(Form::Slices(ids));
                 }
                 let flat = computed(self, |f| matches!(f, Form::Flat(_)))
-                    || node.args.iter().any(|&a| self.is_host(a) && self.model.ty(a).shape.rank() > 2);
+                    || node
+                        .args
+                        .iter()
+                        .any(|&a| self.is_host(a) && self.model.ty(a).shape.rank() > 2);
                 let args = node
                     .args
                     .iter()
@@ -554,7 +557,9 @@ impl Rewriter<'_> {
                     let id = if self.is_host(a) && self.model.ty(a).shape.rank() <= 2 {
                         self.host_view(a, View::Flat)?
                     } else if !self.is_host(a) && matches!(self.form(a), Form::Same(_)) {
-                        let Form::Same(id) = *self.form(a) else { unreachable!() };
+                        let Form::Same(id) = *self.form(a) else {
+                            unreachable!()
+                        };
                         id
                     } else {
                         return Err(self.unsupported(
@@ -622,7 +627,6 @@ impl Rewriter<'_> {
     }
 }
 
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -656,7 +660,11 @@ mod tests {
 
     #[test]
     fn graphs_without_batched_or_transposed_gemms_stay_as_they_are() {
-        for name in ["mlp_small.ipug", "attention_small.ipug", "vit_block_small.ipug"] {
+        for name in [
+            "mlp_small.ipug",
+            "attention_small.ipug",
+            "vit_block_small.ipug",
+        ] {
             let g = model(name);
             let l = legalize(&g).unwrap();
             assert_eq!(l.graph, g, "{name}");
@@ -765,7 +773,10 @@ mod tests {
         .unwrap();
         assert!(l.graph.lookup("w.t_").is_some());
         assert_eq!(l.host["w.t_"].name, "w");
-        assert_eq!(l.graph.ty(l.graph.lookup("w.t").unwrap()).shape.dims(), [4, 4]);
+        assert_eq!(
+            l.graph.ty(l.graph.lookup("w.t").unwrap()).shape.dims(),
+            [4, 4]
+        );
     }
 
     /// A transposed map reads the model's tensor down its columns, batch
@@ -857,7 +868,11 @@ mod tests {
         let names: Vec<&str> = out.iter().map(|t| t.name.as_str()).collect();
         assert_eq!(names, ["c", "x", "w"]);
         assert_eq!(out[0].ty, ty(&[2, 1, 4]));
-        let c: Vec<(u32, u64)> = out[0].placements.iter().map(|p| (p.tile, p.host_offset)).collect();
+        let c: Vec<(u32, u64)> = out[0]
+            .placements
+            .iter()
+            .map(|p| (p.tile, p.host_offset))
+            .collect();
         assert_eq!(c, [(1, 8), (0, 0)]);
         let w: Vec<(u32, u64, u32)> = out[2]
             .placements
@@ -873,19 +888,40 @@ mod tests {
             &["w".to_string()].into_iter().collect(),
         );
         assert_eq!((kept[0].name.as_str(), kept[0].placements.len()), ("w", 1));
-        assert_eq!((kept[0].placements[0].host_offset, kept[0].placements[0].bytes), (6, 6));
+        assert_eq!(
+            (
+                kept[0].placements[0].host_offset,
+                kept[0].placements[0].bytes
+            ),
+            (6, 6)
+        );
     }
 
     #[test]
     fn refusals_name_the_value_and_the_reason() {
         let e = legal("model m\ninput x: f16[40, 64]\nparam w: f16[64, 64]\nparam v: f16[40, 48]\nh = gemm(x, w)\ny = gemm(h, v, transpose_a=true)\noutput y\n").unwrap_err();
-        assert!(e.contains("value `y` (gemm)") && e.contains("operand `h` is transposed but computed on the device"), "{e}");
+        assert!(
+            e.contains("value `y` (gemm)")
+                && e.contains("operand `h` is transposed but computed on the device"),
+            "{e}"
+        );
         let e = legal("model m\ninput x: f16[2, 40, 64]\nparam w: f16[64, 64]\nparam b: f16[2, 64, 48]\nh = gemm(x, w)\ny = gemm(h, b)\noutput y\n").unwrap_err();
-        assert!(e.contains("value `y` (gemm)") && e.contains("`h` is computed with its batch dimensions flattened"), "{e}");
+        assert!(
+            e.contains("value `y` (gemm)")
+                && e.contains("`h` is computed with its batch dimensions flattened"),
+            "{e}"
+        );
         let e = legal("model m\ninput x: f16[2, 40, 64]\nparam wq: f16[64, 64]\nparam wk: f16[64, 64]\nparam wv: f16[64, 64]\nq = gemm(x, wq)\nk = gemm(x, wk)\nv = gemm(x, wv)\nqh = split_heads(q, heads=4)\nkh = split_heads(k, heads=4)\nvh = split_heads(v, heads=4)\no = attention(qh, kh, vh, causal=false)\ny = merge_heads(o)\noutput y\n").unwrap_err();
-        assert!(e.contains("value `qh` (split_heads)") && e.contains("batched attention is not lowered yet"), "{e}");
+        assert!(
+            e.contains("value `qh` (split_heads)")
+                && e.contains("batched attention is not lowered yet"),
+            "{e}"
+        );
         // A flattened value broadcast against a batch dimension it lacks.
         let e = legal("model m\ninput x: f16[2, 4, 16]\nparam w: f16[16, 8]\nparam r: f16[4, 8]\nh = gemm(x, w)\ny = add(h, r)\noutput y\n").unwrap_err();
-        assert!(e.contains("value `y` (add)") && e.contains("in the device graph"), "{e}");
+        assert!(
+            e.contains("value `y` (add)") && e.contains("in the device graph"),
+            "{e}"
+        );
     }
 }

@@ -622,7 +622,7 @@ mod tests {
                         &format!("b{i}"),
                         bytes,
                         RegionReq::Interleaved,
-                        (r >> 20) % 3 == 0,
+                        (r >> 20).is_multiple_of(3),
                     );
                     b.align = 1 << (2 + (r >> 24) % 3);
                     b.lifetime = [None, Some(0), Some(1)][((r >> 28) % 3) as usize];

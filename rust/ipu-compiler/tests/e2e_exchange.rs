@@ -56,7 +56,10 @@ fn check_exchange_package(ran: &Ran, steps_expected: usize) {
     let estimate = out.estimated_compute_cycles;
     let simulated = ran.run_device_cycles;
     let error = (estimate as f64 - simulated as f64).abs() / simulated as f64;
-    println!("estimated {estimate}, simulated run device cycles = {simulated}, error {:.1}%", 100.0 * error);
+    println!(
+        "estimated {estimate}, simulated run device cycles = {simulated}, error {:.1}%",
+        100.0 * error
+    );
     assert!(error < 0.10, "estimate {estimate} vs simulated {simulated}");
 }
 

@@ -629,7 +629,8 @@ fn errors_name_what_is_wrong() {
         4,
     );
     assert!(
-        e.contains("value `c` (gemm)") && e.contains("operand `h` is transposed but computed on the device"),
+        e.contains("value `c` (gemm)")
+            && e.contains("operand `h` is transposed but computed on the device"),
         "{e}"
     );
     let e = err(
@@ -723,7 +724,13 @@ fn siglip_projection_figures() {
 fn batched_and_transposed_gemms_on_the_simulator() {
     let mlp = compile_and_run(&root().join("models/mlp_batched_small.ipug"), 64, 17);
     let interface = |out: &ipu_compiler::CompileOutput, call: &str| -> Vec<(String, Vec<usize>)> {
-        let c = out.package.info.calls.iter().find(|c| c.name == call).unwrap();
+        let c = out
+            .package
+            .info
+            .calls
+            .iter()
+            .find(|c| c.name == call)
+            .unwrap();
         let mut v: Vec<(String, Vec<usize>)> = c
             .inputs
             .iter()
@@ -742,11 +749,23 @@ fn batched_and_transposed_gemms_on_the_simulator() {
     );
     assert_eq!(
         interface(&mlp.compile, "initialize"),
-        names(&[("b1", &[96]), ("b2", &[48]), ("w1", &[96, 64]), ("w2", &[96, 48])])
+        names(&[
+            ("b1", &[96]),
+            ("b2", &[48]),
+            ("w1", &[96, 64]),
+            ("w2", &[96, 48])
+        ])
     );
     // w1 is held transposed: the manifest says so and the host forms that
     // order, so its placements are runs of device rows, not elements.
-    let init = mlp.compile.package.info.calls.iter().find(|c| c.name == "initialize").unwrap();
+    let init = mlp
+        .compile
+        .package
+        .info
+        .calls
+        .iter()
+        .find(|c| c.name == "initialize")
+        .unwrap();
     let w1 = init.inputs.iter().find(|t| t.name == "w1").unwrap();
     assert!(w1.transposed);
     assert!(
@@ -787,8 +806,18 @@ fn a_weight_read_both_ways() {
         "model both_ways\ninput x: f16[40, 64]\ninput z: f16[40, 64]\nparam w: f16[64, 64]\np = gemm(x, w)\nq = gemm(z, w, transpose_b=true)\noutput p, q\n",
     );
     let ran = compile_and_run(&model, 64, 19);
-    let init = ran.compile.package.info.calls.iter().find(|c| c.name == "initialize").unwrap();
+    let init = ran
+        .compile
+        .package
+        .info
+        .calls
+        .iter()
+        .find(|c| c.name == "initialize")
+        .unwrap();
     let w = init.inputs.iter().find(|t| t.name == "w").unwrap();
     assert!(!w.transposed);
-    assert!(w.placements.iter().any(|p| p.bytes == 2), "the transposed copy is placed element by element");
+    assert!(
+        w.placements.iter().any(|p| p.bytes == 2),
+        "the transposed copy is placed element by element"
+    );
 }

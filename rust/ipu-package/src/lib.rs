@@ -26,7 +26,7 @@ use std::path::Path;
 
 pub use image::{ImageError, Segment, TileImage, IMAGE_MAGIC, IMAGE_VERSION};
 pub use manifest::{
-    natural_order, transposed_element, transposed_order, placement_runs, tile_file, CallPhase,
+    natural_order, placement_runs, tile_file, transposed_element, transposed_order, CallPhase,
     ConfigWrite, HostInterface, Manifest, MemberEntry, PhaseKind, Placement, StreamTensor,
     StreamingCall, TileEntry, EXIT_COMMAND, FORMAT_VERSION, TARGET,
 };

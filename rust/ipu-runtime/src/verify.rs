@@ -487,7 +487,13 @@ fn diagnose(
                         unreachable!("local references exist only for nodes")
                     };
                     let k = analysis::reduction_length(graph, graph.node(n));
-                    let local = check(&v.name, device, &local_ref, (k, &[]), (&entry.placements, entry.transposed))?;
+                    let local = check(
+                        &v.name,
+                        device,
+                        &local_ref,
+                        (k, &[]),
+                        (&entry.placements, entry.transposed),
+                    )?;
                     let failed = !local.comparison.passed();
                     (Some(failed), if failed { Some(local) } else { None })
                 }
