@@ -349,11 +349,14 @@ fn transfers_between(
                 (b - a) as u32,
             );
             if src_off % 4 != 0 || dst_off % 4 != 0 || bytes % 4 != 0 {
-                return Err(CompileError::CodeGen {
-                    tile: d.tile,
-                    message: format!(
-                        "moving `{name}` bytes {a}..{b} from tile {} offset {src_off} to offset {dst_off}: the exchange moves whole 4-byte words",
-                        s.tile
+                // Odd widths (rows of an odd number of f16) between
+                // segments: a limit of this compiler, not a bug.
+                return Err(CompileError::Unsupported {
+                    value: name.to_string(),
+                    operation: "exchange".into(),
+                    reason: format!(
+                        "moving its bytes {a}..{b} from tile {} (offset {src_off}) to tile {} (offset {dst_off}) between segments: the exchange moves whole 4-byte words, and values whose rows are not a whole number of words (an odd number of f16) cannot cross segments yet",
+                        s.tile, d.tile
                     ),
                 });
             }
@@ -427,6 +430,14 @@ fn continues(last: &BufferTransfer, next: &BufferTransfer) -> bool {
 }
 
 /// Whether `placements` hold every byte of a `total`-byte tensor exactly once.
+/// Whether every piece of `placements` starts and ends on a 4-byte word,
+/// on the host side and in its buffer (what an exchange can move).
+fn word_aligned(placements: &[HostPlacement]) -> bool {
+    placements
+        .iter()
+        .all(|p| p.host_offset.is_multiple_of(4) && p.bytes.is_multiple_of(4) && p.buffer_offset.is_multiple_of(4))
+}
+
 fn single_copy(placements: &[HostPlacement], total: u64) -> bool {
     let mut runs: Vec<(u64, u64)> = placements
         .iter()
@@ -700,7 +711,13 @@ pub fn join(
                 )?;
                 continue;
             }
-            if input_homes {
+            // The exchange moves whole words: an input whose pieces start
+            // or end inside a word (rows of an odd number of f16, such as
+            // K = 65) cannot be copied from a home, so the host writes
+            // every copy of it, as under `HostInputs::Replicated`.
+            let copyable = word_aligned(&placements)
+                && input_home_of.get(&t.name).is_none_or(|h| word_aligned(h));
+            if input_homes && copyable {
                 // The input's first single copy is its home (the host
                 // writes it there, and later readers copy it by exchange);
                 // an input that no segment holds once gets a home of its
