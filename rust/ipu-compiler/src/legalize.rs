@@ -85,6 +85,8 @@ pub fn legalize(model: &Graph) -> Result<Legalized, CompileError> {
             transpose_b,
             ..
         } => transpose_a || transpose_b || n.args.iter().any(|&a| model.ty(a).shape.rank() > 2),
+        Op::SplitHeads { .. } => model.ty(n.args[0]).shape.rank() > 2,
+        Op::Attention { .. } | Op::MergeHeads => model.ty(n.args[0]).shape.rank() > 3,
         _ => false,
     });
     if !needed {
@@ -95,6 +97,8 @@ pub fn legalize(model: &Graph) -> Result<Legalized, CompileError> {
     }
     let mut r = Rewriter {
         model,
+        sliced: sliced_values(model),
+        slice_of: BTreeMap::new(),
         device: Graph::new(model.name()),
         forms: vec![None; model.values().len()],
         views: BTreeMap::new(),
@@ -113,10 +117,64 @@ pub fn legalize(model: &Graph) -> Result<Legalized, CompileError> {
                 .map_err(|e| r.unsupported(out, "output", e.to_string()))?;
         }
     }
+    let graph = if r.slice_of.is_empty() {
+        r.device
+    } else {
+        element_major(&r.device, &r.slice_of)
+    };
     Ok(Legalized {
-        graph: r.device,
+        graph,
         host: r.host,
     })
+}
+
+/// `device` with its nodes in element-major order: first every node
+/// computed for the whole batch, then batch element 0's nodes, then 1's,
+/// each in the model's order, and every host value declared before its
+/// first reader. Segments are contiguous runs of nodes, so each batch
+/// element's attention block becomes a segment of its own. The order is
+/// topological: whole-batch values never read per-element ones, and a
+/// per-element value reads elements of its own index or (broadcast) a
+/// lower one.
+fn element_major(device: &Graph, slice_of: &BTreeMap<ValueId, usize>) -> Graph {
+    let key = |n: usize| {
+        let r = device.nodes()[n].result;
+        (slice_of.get(&r).map_or(0, |&i| i + 1), n)
+    };
+    let mut order: Vec<usize> = (0..device.nodes().len()).collect();
+    order.sort_by_key(|&n| key(n));
+    let mut g = Graph::new(device.name());
+    let mut ids: BTreeMap<ValueId, ValueId> = BTreeMap::new();
+    let declare = |g: &mut Graph, ids: &mut BTreeMap<ValueId, ValueId>, v: ValueId| {
+        if let Some(&id) = ids.get(&v) {
+            return id;
+        }
+        let value = device.value(v);
+        let id = match value.def {
+            ValueDef::Param => g.add_param(&value.name, value.ty.clone()),
+            _ => g.add_input(&value.name, value.ty.clone()),
+        }
+        .expect("the device graph's names and types are valid");
+        ids.insert(v, id);
+        id
+    };
+    for n in order {
+        let node = &device.nodes()[n];
+        let args: Vec<ValueId> = node
+            .args
+            .iter()
+            .map(|&a| declare(&mut g, &mut ids, a))
+            .collect();
+        let id = g
+            .add_op(&device.value(node.result).name, node.op.clone(), &args)
+            .expect("the device graph's nodes type-check in any topological order");
+        ids.insert(node.result, id);
+    }
+    for &o in device.outputs() {
+        let id = declare(&mut g, &mut ids, o);
+        g.add_output(id).expect("outputs are distinct");
+    }
+    g
 }
 
 /// Rewrites the lowered program's host tensors (the calls' inputs and
@@ -239,11 +297,53 @@ enum View {
 
 struct Rewriter<'g> {
     model: &'g Graph,
+    /// Computed values that must exist per batch element ([`sliced_values`]).
+    sliced: Vec<bool>,
+    /// The batch element of every device value computed per element.
+    slice_of: BTreeMap<ValueId, usize>,
     device: Graph,
     forms: Vec<Option<Form>>,
     views: BTreeMap<(ValueId, View), ValueId>,
     host: BTreeMap<String, HostMap>,
     names: BTreeSet<String>,
+}
+
+/// The leading dimensions of `ty` beyond an operation's own `rank`.
+fn has_batch(ty: &TensorType, rank: usize) -> bool {
+    ty.shape.rank() > rank
+}
+
+/// Computed values that must exist one per batch element: the batched
+/// operands of attention blocks (the compiler lowers attention per
+/// sequence) and, backwards, the batched operands of the GEMMs and
+/// row-wise operations that compute them (a projection of a batch of
+/// sequences is then one GEMM per sequence, not one over all rows).
+fn sliced_values(model: &Graph) -> Vec<bool> {
+    let mut sliced = vec![false; model.values().len()];
+    for node in model.nodes().iter().rev() {
+        let r = node.result.0 as usize;
+        let base = match node.op {
+            Op::SplitHeads { .. } => Some(2),
+            Op::Attention { .. } | Op::MergeHeads => Some(3),
+            _ => None,
+        };
+        let demand = match base {
+            Some(rank) => node.args.iter().any(|&a| has_batch(model.ty(a), rank)),
+            None => sliced[r],
+        };
+        if !demand {
+            continue;
+        }
+        sliced[r] = true;
+        for &a in &node.args {
+            // Rank-2 operands (weights, a broadcast value) serve every
+            // batch element as they are.
+            if matches!(model.value(a).def, ValueDef::Node(_)) && model.ty(a).shape.rank() > 2 {
+                sliced[a.0 as usize] = true;
+            }
+        }
+    }
+    sliced
 }
 
 /// The batch dimensions of a model type (all but the last two).
@@ -378,7 +478,7 @@ impl Rewriter<'_> {
                 user,
                 op,
                 format!(
-                    "operand `{}` is computed per batch element (by a GEMM with a batched B) and cannot be read as flattened rows yet",
+                    "operand `{}` is computed per batch element and cannot be read as flattened rows yet",
                     self.model.value(v).name
                 ),
             )),
@@ -471,7 +571,12 @@ impl Rewriter<'_> {
                     transpose_b: false,
                     out,
                 };
-                if self.model.ty(b).shape.rank() <= 2 {
+                // Per batch element when the result must be (it feeds an
+                // attention block) or A already is.
+                let a_sliced = !self.is_host(a) && matches!(self.form(a), Form::Slices(_));
+                let per_element =
+                    (self.sliced[r.0 as usize] || a_sliced) && self.model.ty(r).shape.rank() > 2;
+                if self.model.ty(b).shape.rank() <= 2 && !per_element {
                     let a_dev = if transpose_a {
                         if !self.is_host(a) {
                             return Err(self.transposed_computed(a, r));
@@ -503,7 +608,9 @@ impl Rewriter<'_> {
                     let a_i = self.slice(a, (&index, &out_batch), transpose_a, (r, op_name))?;
                     let b_i = self.slice(b, (&index, &out_batch), transpose_b, (r, op_name))?;
                     let slice_name = self.fresh(format!("{name}.{i}"));
-                    ids.push(self.add(r, &slice_name, gemm.clone(), &[a_i, b_i])?);
+                    let id = self.add(r, &slice_name, gemm.clone(), &[a_i, b_i])?;
+                    self.slice_of.insert(id, i);
+                    ids.push(id);
                 }
                 Ok(Form::Slices(ids))
             }
@@ -511,7 +618,9 @@ impl Rewriter<'_> {
                 let computed = |s: &Self, pred: fn(&Form) -> bool| {
                     node.args.iter().any(|&a| !s.is_host(a) && pred(s.form(a)))
                 };
-                if computed(self, |f| matches!(f, Form::Slices(_))) {
+                if computed(self, |f| matches!(f, Form::Slices(_)))
+                    || (self.sliced[r.0 as usize] && self.model.ty(r).shape.rank() > 2)
+                {
                     let out_batch = batch_dims(self.model.ty(r)).to_vec();
                     let count: usize = out_batch.iter().product();
                     let mut ids = Vec::with_capacity(count);
@@ -530,7 +639,9 @@ impl Rewriter<'_> {
                             args.push(id);
                         }
                         let slice_name = self.fresh(format!("{name}.{i}"));
-                        ids.push(self.add(r, &slice_name, node.op.clone(), &args)?);
+                        let id = self.add(r, &slice_name, node.op.clone(), &args)?;
+                        self.slice_of.insert(id, i);
+                        ids.push(id);
                     }
                     return Ok(Form::Slices(ids));
                 }
@@ -550,6 +661,52 @@ impl Rewriter<'_> {
                 } else {
                     Form::Same(id)
                 })
+            }
+            Op::SplitHeads { .. } | Op::Attention { .. } | Op::MergeHeads
+                if self.sliced[r.0 as usize] =>
+            {
+                // One block per batch element: every operand is sliced
+                // over the same batch dimensions (no broadcasting here).
+                let base = if matches!(node.op, Op::SplitHeads { .. }) {
+                    2
+                } else {
+                    3
+                };
+                let dims = self.model.ty(node.args[0]).shape.dims().to_vec();
+                let batch = dims[..dims.len() - base].to_vec();
+                let count: usize = batch.iter().product();
+                let mut per_arg = Vec::with_capacity(node.args.len());
+                for &a in &node.args {
+                    let d = self.model.ty(a).shape.dims().to_vec();
+                    let ids = match (self.is_host(a), self.forms[a.0 as usize].clone()) {
+                        (false, Some(Form::Slices(ids)))
+                            if d.len() >= base && d[..d.len() - base] == batch[..] =>
+                        {
+                            ids
+                        }
+                        _ => {
+                            return Err(self.unsupported(
+                                r,
+                                op_name,
+                                format!(
+                                    "operand `{}` ({}) is not computed per batch element like the block's other operands; batched attention needs batched GEMM projections with the same batch dimensions",
+                                    self.model.value(a).name,
+                                    self.model.ty(a)
+                                ),
+                            ))
+                        }
+                    };
+                    per_arg.push(ids);
+                }
+                let mut ids = Vec::with_capacity(count);
+                for i in 0..count {
+                    let args: Vec<ValueId> = per_arg.iter().map(|v| v[i]).collect();
+                    let slice_name = self.fresh(format!("{name}.{i}"));
+                    let id = self.add(r, &slice_name, node.op.clone(), &args)?;
+                    self.slice_of.insert(id, i);
+                    ids.push(id);
+                }
+                Ok(Form::Slices(ids))
             }
             Op::SplitHeads { .. } | Op::Attention { .. } | Op::MergeHeads => {
                 let mut args = Vec::with_capacity(node.args.len());
@@ -595,12 +752,10 @@ impl Rewriter<'_> {
         for (i, form) in self.forms.iter().enumerate() {
             let v = ValueId(i as u32);
             let value = self.model.value(v);
-            let es = value.ty.dtype.size_bytes() as u64;
-            let d = value.ty.shape.dims();
-            let slice_bytes = if d.len() >= 2 {
-                (d[d.len() - 2] * d[d.len() - 1]) as u64 * es
-            } else {
-                0
+            // Slices split the value's bytes evenly, in batch order.
+            let slice_bytes = match form {
+                Some(Form::Slices(ids)) => value.ty.bytes() / ids.len() as u64,
+                _ => 0,
             };
             let entry = |offset| HostMap {
                 name: value.name.clone(),
@@ -658,6 +813,66 @@ mod tests {
         want.assert_eq(&text);
     }
 
+    /// A batch of sequences through attention: the projections, the
+    /// block and the output projection per sequence, element-major, so
+    /// that each sequence's block is a segment of its own.
+    #[test]
+    fn batched_attention_is_one_block_per_sequence() {
+        check(
+            &model("attention_batched_small.ipug"),
+            expect![[r#"
+            model attention_batched_small
+            input x.0: f16[17, 72]
+            param wq: f16[72, 72]
+            q.0: f16[17, 72] = gemm(x.0, wq)
+            param wk: f16[72, 72]
+            k.0: f16[17, 72] = gemm(x.0, wk)
+            param wv: f16[72, 72]
+            v.0: f16[17, 72] = gemm(x.0, wv)
+            qh.0: f16[4, 17, 18] = split_heads(q.0, heads=4)
+            kh.0: f16[4, 17, 18] = split_heads(k.0, heads=4)
+            vh.0: f16[4, 17, 18] = split_heads(v.0, heads=4)
+            o.0: f16[4, 17, 18] = attention(qh.0, kh.0, vh.0, causal=true)
+            m.0: f16[17, 72] = merge_heads(o.0)
+            param wo.t: f16[72, 72]
+            y.0: f16[17, 72] = gemm(m.0, wo.t)
+            input x.1: f16[17, 72]
+            q.1: f16[17, 72] = gemm(x.1, wq)
+            k.1: f16[17, 72] = gemm(x.1, wk)
+            v.1: f16[17, 72] = gemm(x.1, wv)
+            qh.1: f16[4, 17, 18] = split_heads(q.1, heads=4)
+            kh.1: f16[4, 17, 18] = split_heads(k.1, heads=4)
+            vh.1: f16[4, 17, 18] = split_heads(v.1, heads=4)
+            o.1: f16[4, 17, 18] = attention(qh.1, kh.1, vh.1, causal=true)
+            m.1: f16[17, 72] = merge_heads(o.1)
+            y.1: f16[17, 72] = gemm(m.1, wo.t)
+            output y.0
+            output y.1
+            host k.0 -> k: f16[2, 17, 72] offset 0 transposed None
+            host k.1 -> k: f16[2, 17, 72] offset 2448 transposed None
+            host kh.0 -> kh: f16[2, 4, 17, 18] offset 0 transposed None
+            host kh.1 -> kh: f16[2, 4, 17, 18] offset 2448 transposed None
+            host m.0 -> m: f16[2, 17, 72] offset 0 transposed None
+            host m.1 -> m: f16[2, 17, 72] offset 2448 transposed None
+            host o.0 -> o: f16[2, 4, 17, 18] offset 0 transposed None
+            host o.1 -> o: f16[2, 4, 17, 18] offset 2448 transposed None
+            host q.0 -> q: f16[2, 17, 72] offset 0 transposed None
+            host q.1 -> q: f16[2, 17, 72] offset 2448 transposed None
+            host qh.0 -> qh: f16[2, 4, 17, 18] offset 0 transposed None
+            host qh.1 -> qh: f16[2, 4, 17, 18] offset 2448 transposed None
+            host v.0 -> v: f16[2, 17, 72] offset 0 transposed None
+            host v.1 -> v: f16[2, 17, 72] offset 2448 transposed None
+            host vh.0 -> vh: f16[2, 4, 17, 18] offset 0 transposed None
+            host vh.1 -> vh: f16[2, 4, 17, 18] offset 2448 transposed None
+            host wo.t -> wo: f16[72, 72] offset 0 transposed Some((72, 72))
+            host x.0 -> x: f16[2, 17, 72] offset 0 transposed None
+            host x.1 -> x: f16[2, 17, 72] offset 2448 transposed None
+            host y.0 -> y: f16[2, 17, 72] offset 0 transposed None
+            host y.1 -> y: f16[2, 17, 72] offset 2448 transposed None
+        "#]],
+        );
+    }
+
     #[test]
     fn graphs_without_batched_or_transposed_gemms_stay_as_they_are() {
         for name in [
@@ -709,26 +924,26 @@ mod tests {
                 input a.0: f16[40, 64]
                 param b.0.t: f16[64, 48]
                 c.0: f16[40, 48] = gemm(a.0, b.0.t)
-                param b.1.t: f16[64, 48]
-                c.1: f16[40, 48] = gemm(a.0, b.1.t)
-                param b.2.t: f16[64, 48]
-                c.2: f16[40, 48] = gemm(a.0, b.2.t)
-                input a.1: f16[40, 64]
-                c.3: f16[40, 48] = gemm(a.1, b.0.t)
-                c.4: f16[40, 48] = gemm(a.1, b.1.t)
-                c.5: f16[40, 48] = gemm(a.1, b.2.t)
                 param bias: f16[48]
                 d.0: f16[40, 48] = add(c.0, bias)
-                d.1: f16[40, 48] = add(c.1, bias)
-                d.2: f16[40, 48] = add(c.2, bias)
-                d.3: f16[40, 48] = add(c.3, bias)
-                d.4: f16[40, 48] = add(c.4, bias)
-                d.5: f16[40, 48] = add(c.5, bias)
                 e.0: f16[40, 48] = gelu(d.0)
+                param b.1.t: f16[64, 48]
+                c.1: f16[40, 48] = gemm(a.0, b.1.t)
+                d.1: f16[40, 48] = add(c.1, bias)
                 e.1: f16[40, 48] = gelu(d.1)
+                param b.2.t: f16[64, 48]
+                c.2: f16[40, 48] = gemm(a.0, b.2.t)
+                d.2: f16[40, 48] = add(c.2, bias)
                 e.2: f16[40, 48] = gelu(d.2)
+                input a.1: f16[40, 64]
+                c.3: f16[40, 48] = gemm(a.1, b.0.t)
+                d.3: f16[40, 48] = add(c.3, bias)
                 e.3: f16[40, 48] = gelu(d.3)
+                c.4: f16[40, 48] = gemm(a.1, b.1.t)
+                d.4: f16[40, 48] = add(c.4, bias)
                 e.4: f16[40, 48] = gelu(d.4)
+                c.5: f16[40, 48] = gemm(a.1, b.2.t)
+                d.5: f16[40, 48] = add(c.5, bias)
                 e.5: f16[40, 48] = gelu(d.5)
                 output e.0
                 output e.1
@@ -911,10 +1126,12 @@ mod tests {
                 && e.contains("`h` is computed with its batch dimensions flattened"),
             "{e}"
         );
-        let e = legal("model m\ninput x: f16[2, 40, 64]\nparam wq: f16[64, 64]\nparam wk: f16[64, 64]\nparam wv: f16[64, 64]\nq = gemm(x, wq)\nk = gemm(x, wk)\nv = gemm(x, wv)\nqh = split_heads(q, heads=4)\nkh = split_heads(k, heads=4)\nvh = split_heads(v, heads=4)\no = attention(qh, kh, vh, causal=false)\ny = merge_heads(o)\noutput y\n").unwrap_err();
+        // A batched attention over a host input (not over GEMM projections).
+        let e = legal("model m\ninput x: f16[2, 40, 64]\nxh = split_heads(x, heads=4)\no = attention(xh, xh, xh, causal=false)\ny = merge_heads(o)\noutput y\n").unwrap_err();
         assert!(
-            e.contains("value `qh` (split_heads)")
-                && e.contains("batched attention is not lowered yet"),
+            e.contains("value `xh` (split_heads)")
+                && e.contains("operand `x`")
+                && e.contains("not computed per batch element"),
             "{e}"
         );
         // A flattened value broadcast against a batch dimension it lacks.

@@ -162,10 +162,21 @@ pub fn split(graph: &Graph) -> Result<Vec<Segment>, CompileError> {
             // result of a GEMM group (a chain).
             (Some(Kind::Blocks), Kind::Blocks) => {
                 matches!(node.op, Op::Gemm { .. })
-                    && here(node.args[0])
-                    && graph.def_node(node.args[0]).is_some_and(|d| {
-                        !matches!(graph.node(d).op, Op::Gemm { .. }) && !epilogues.contains(&d)
-                    })
+                    && (here(node.args[0])
+                        && graph.def_node(node.args[0]).is_some_and(|d| {
+                            !matches!(graph.node(d).op, Op::Gemm { .. })
+                                && !epilogues.contains(&d)
+                        })
+                        // A segment lowers one attention block: a GEMM
+                        // after one starts the next segment (independent
+                        // attention blocks, such as a batched attention's
+                        // per-sequence blocks).
+                        || current.is_some_and(|c| {
+                            parts[c]
+                                .1
+                                .iter()
+                                .any(|&n| matches!(graph.node(n).op, Op::Attention { .. }))
+                        }))
             }
             // A residual add reads both operands from one buffer, into which
             // only a segment input or a value read nowhere else is written.
@@ -433,9 +444,11 @@ fn continues(last: &BufferTransfer, next: &BufferTransfer) -> bool {
 /// Whether every piece of `placements` starts and ends on a 4-byte word,
 /// on the host side and in its buffer (what an exchange can move).
 fn word_aligned(placements: &[HostPlacement]) -> bool {
-    placements
-        .iter()
-        .all(|p| p.host_offset.is_multiple_of(4) && p.bytes.is_multiple_of(4) && p.buffer_offset.is_multiple_of(4))
+    placements.iter().all(|p| {
+        p.host_offset.is_multiple_of(4)
+            && p.bytes.is_multiple_of(4)
+            && p.buffer_offset.is_multiple_of(4)
+    })
 }
 
 fn single_copy(placements: &[HostPlacement], total: u64) -> bool {

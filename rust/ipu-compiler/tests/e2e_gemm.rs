@@ -802,6 +802,15 @@ fn batched_and_transposed_gemms_on_the_simulator() {
     }
     assert!(tiles_used <= 64);
     assert_estimate_within(&batched, 0.1, "gemm_batched_small");
+
+    // A batch of two sequences through a causal attention layer: one
+    // block per sequence, each a segment of its own.
+    let attention = compile_and_run(&root().join("models/attention_batched_small.ipug"), 64, 20);
+    assert_eq!(
+        interface(&attention.compile, "run"),
+        names(&[("x", &[2, 17, 72]), ("y", &[2, 17, 72])])
+    );
+    assert_estimate_within(&attention, 0.1, "attention_batched_small");
 }
 
 /// A weight one GEMM reads as it is and another transposed is written in
@@ -863,8 +872,16 @@ fn random_batched_and_transposed_gemms_verify() {
         );
         let (ta, tb) = (rng.below(2) == 1, rng.below(2) == 1);
         let epilogue = rng.below(3);
-        let a: Vec<usize> = ba.iter().copied().chain(if ta { [k, m] } else { [m, k] }).collect();
-        let b: Vec<usize> = bb.iter().copied().chain(if tb { [n, k] } else { [k, n] }).collect();
+        let a: Vec<usize> = ba
+            .iter()
+            .copied()
+            .chain(if ta { [k, m] } else { [m, k] })
+            .collect();
+        let b: Vec<usize> = bb
+            .iter()
+            .copied()
+            .chain(if tb { [n, k] } else { [k, n] })
+            .collect();
         let mut text = format!(
             "model random{case}\ninput a: f16[{}]\nparam b: f16[{}]\nparam bias: f16[{n}]\nc = gemm(a, b, transpose_a={ta}, transpose_b={tb})\n",
             dims(&a),
