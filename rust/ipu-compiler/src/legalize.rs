@@ -17,18 +17,22 @@
 //!   is a host tensor of its own (`a.0`, `b.1`: a contiguous byte range of
 //!   the model's tensor) or the matching slice of an earlier sliced value.
 //!   Row-wise operations on sliced values run per slice.
+//! - Batched attention is one block per batch element: every value an
+//!   attention block reads, and the batched values behind it, are computed
+//!   per element ([`sliced_values`]), and the device graph is put in
+//!   element-major order so that each element's block is a segment.
 //! - A transposed host operand (`transpose_a` or `transpose_b` on an input
-//!   or param) becomes a device host tensor `w.t` holding it transposed:
-//!   the host writes the model's tensor into it element by element (the
-//!   manifest's placement runs keep that compact). A transposed operand
+//!   or param) becomes a device host tensor `w.t` holding it transposed;
+//!   the package marks the model's tensor `transposed` and the host
+//!   rearranges it (`ipu_package::transposed_order`). A transposed operand
 //!   computed on the device is refused: there is no device transpose of
 //!   GEMM results yet.
 //!
 //! A graph without batched or transposed GEMMs is returned unchanged, so
 //! its packages are byte-identical to what they were before this phase.
-//! Whatever the device graph cannot express (batched attention, a flat
-//! value broadcast against a batched one, a flat value into a GEMM with a
-//! batched B) is refused here with the value and the reason.
+//! Whatever the device graph cannot express (batched attention over host
+//! inputs, a flat value broadcast against a batched one, a flat value into
+//! a GEMM with a batched B) is refused here with the value and the reason.
 
 use crate::error::CompileError;
 use crate::lower::{HostPlacement, HostTensor, Lowered};
@@ -45,26 +49,21 @@ pub struct HostMap {
     /// Byte offset in the model's tensor of the device tensor's first
     /// element (a batch slice's start).
     pub offset: u64,
-    /// When the device tensor holds the model's tensor transposed: the
-    /// model tensor's last two dimensions (rows, columns). Every batch
-    /// element is transposed on its own.
-    pub transposed: Option<(u64, u64)>,
+    /// Whether the device tensor holds the model's tensor transposed
+    /// (every batch element on its own, as `ipu_package::transposed_order`
+    /// lays it out); `offset` is then in that order.
+    pub transposed: bool,
 }
 
 impl HostMap {
     /// The model tensor's byte offset of the device tensor's byte `d`.
     pub fn model_offset(&self, d: u64) -> u64 {
-        let es = self.ty.dtype.size_bytes() as u64;
-        match self.transposed {
-            None => self.offset + d,
-            Some((rows, cols)) => {
-                let e = d / es;
-                let (batch, within) = (e / (rows * cols), e % (rows * cols));
-                // The device tensor is [cols, rows] per batch element.
-                let (col, row) = (within / rows, within % rows);
-                self.offset + (batch * rows * cols + row * cols + col) * es + d % es
-            }
+        if !self.transposed {
+            return self.offset + d;
         }
+        let es = self.ty.dtype.size_bytes() as u64;
+        let e = ipu_package::natural_element((self.offset + d) / es, self.ty.shape.dims());
+        e * es + d % es
     }
 }
 
@@ -198,7 +197,7 @@ pub fn restore_host_tensors(lowered: &mut Lowered, host: &BTreeMap<String, HostM
     let mut ways: BTreeMap<&str, BTreeSet<bool>> = BTreeMap::new();
     for t in all {
         let (name, transposed) = match host.get(&t.name) {
-            Some(m) => (m.name.as_str(), m.transposed.is_some()),
+            Some(m) => (m.name.as_str(), m.transposed),
             None => (t.name.as_str(), false),
         };
         ways.entry(name).or_default().insert(transposed);
@@ -252,7 +251,7 @@ fn restore(
 /// (consecutive device elements are a column of the model's tensor, one
 /// row apart).
 fn restore_placement(p: &HostPlacement, m: &HostMap, keep_transposed: bool) -> Vec<HostPlacement> {
-    if m.transposed.is_none() || keep_transposed {
+    if !m.transposed || keep_transposed {
         return vec![HostPlacement {
             host_offset: m.offset + p.host_offset,
             ..*p
@@ -308,11 +307,6 @@ struct Rewriter<'g> {
     names: BTreeSet<String>,
 }
 
-/// The leading dimensions of `ty` beyond an operation's own `rank`.
-fn has_batch(ty: &TensorType, rank: usize) -> bool {
-    ty.shape.rank() > rank
-}
-
 /// Computed values that must exist one per batch element: the batched
 /// operands of attention blocks (the compiler lowers attention per
 /// sequence) and, backwards, the batched operands of the GEMMs and
@@ -328,7 +322,7 @@ fn sliced_values(model: &Graph) -> Vec<bool> {
             _ => None,
         };
         let demand = match base {
-            Some(rank) => node.args.iter().any(|&a| has_batch(model.ty(a), rank)),
+            Some(rank) => node.args.iter().any(|&a| model.ty(a).shape.rank() > rank),
             None => sliced[r],
         };
         if !demand {
@@ -416,7 +410,7 @@ impl Rewriter<'_> {
             name: name.clone(),
             ty: ty.clone(),
             offset,
-            transposed: transposed.then_some((rows as u64, cols as u64)),
+            transposed,
         };
         let slice_bytes = (rows * cols) as u64 * es;
         let (device_name, device_dims, m) = match view {
@@ -555,6 +549,20 @@ impl Rewriter<'_> {
             .map_err(|e| self.unsupported(user, op_name, format!("in the device graph: {e}")))
     }
 
+    /// Batch element `i`'s device value of model value `r`, named after it.
+    fn add_slice(
+        &mut self,
+        r: ValueId,
+        i: usize,
+        op: Op,
+        args: &[ValueId],
+    ) -> Result<ValueId, CompileError> {
+        let name = self.fresh(format!("{}.{i}", self.model.value(r).name));
+        let id = self.add(r, &name, op, args)?;
+        self.slice_of.insert(id, i);
+        Ok(id)
+    }
+
     fn node(&mut self, node: &ipu_graph::Node) -> Result<Form, CompileError> {
         let r = node.result;
         let name = self.model.value(r).name.clone();
@@ -607,10 +615,7 @@ impl Rewriter<'_> {
                     let index = unravel(i, &out_batch);
                     let a_i = self.slice(a, (&index, &out_batch), transpose_a, (r, op_name))?;
                     let b_i = self.slice(b, (&index, &out_batch), transpose_b, (r, op_name))?;
-                    let slice_name = self.fresh(format!("{name}.{i}"));
-                    let id = self.add(r, &slice_name, gemm.clone(), &[a_i, b_i])?;
-                    self.slice_of.insert(id, i);
-                    ids.push(id);
+                    ids.push(self.add_slice(r, i, gemm.clone(), &[a_i, b_i])?);
                 }
                 Ok(Form::Slices(ids))
             }
@@ -638,10 +643,7 @@ impl Rewriter<'_> {
                             };
                             args.push(id);
                         }
-                        let slice_name = self.fresh(format!("{name}.{i}"));
-                        let id = self.add(r, &slice_name, node.op.clone(), &args)?;
-                        self.slice_of.insert(id, i);
-                        ids.push(id);
+                        ids.push(self.add_slice(r, i, node.op.clone(), &args)?);
                     }
                     return Ok(Form::Slices(ids));
                 }
@@ -701,10 +703,7 @@ impl Rewriter<'_> {
                 let mut ids = Vec::with_capacity(count);
                 for i in 0..count {
                     let args: Vec<ValueId> = per_arg.iter().map(|v| v[i]).collect();
-                    let slice_name = self.fresh(format!("{name}.{i}"));
-                    let id = self.add(r, &slice_name, node.op.clone(), &args)?;
-                    self.slice_of.insert(id, i);
-                    ids.push(id);
+                    ids.push(self.add_slice(r, i, node.op.clone(), &args)?);
                 }
                 Ok(Form::Slices(ids))
             }
@@ -723,8 +722,9 @@ impl Rewriter<'_> {
                             r,
                             op_name,
                             format!(
-                                "operand `{}` has batch dimensions; batched attention is not lowered yet",
-                                self.model.value(a).name
+                                "operand `{}` ({}) has batch dimensions the block's other operands lack",
+                                self.model.value(a).name,
+                                self.model.ty(a)
                             ),
                         ));
                     };
@@ -761,7 +761,7 @@ impl Rewriter<'_> {
                 name: value.name.clone(),
                 ty: value.ty.clone(),
                 offset,
-                transposed: None,
+                transposed: false,
             };
             match form {
                 Some(Form::Flat(id)) => {
@@ -806,7 +806,7 @@ mod tests {
         let mut text = ipu_graph::print(&l.graph);
         for (device, m) in &l.host {
             text.push_str(&format!(
-                "host {device} -> {}: {} offset {} transposed {:?}\n",
+                "host {device} -> {}: {} offset {} transposed {}\n",
                 m.name, m.ty, m.offset, m.transposed
             ));
         }
@@ -821,55 +821,55 @@ mod tests {
         check(
             &model("attention_batched_small.ipug"),
             expect![[r#"
-            model attention_batched_small
-            input x.0: f16[17, 72]
-            param wq: f16[72, 72]
-            q.0: f16[17, 72] = gemm(x.0, wq)
-            param wk: f16[72, 72]
-            k.0: f16[17, 72] = gemm(x.0, wk)
-            param wv: f16[72, 72]
-            v.0: f16[17, 72] = gemm(x.0, wv)
-            qh.0: f16[4, 17, 18] = split_heads(q.0, heads=4)
-            kh.0: f16[4, 17, 18] = split_heads(k.0, heads=4)
-            vh.0: f16[4, 17, 18] = split_heads(v.0, heads=4)
-            o.0: f16[4, 17, 18] = attention(qh.0, kh.0, vh.0, causal=true)
-            m.0: f16[17, 72] = merge_heads(o.0)
-            param wo.t: f16[72, 72]
-            y.0: f16[17, 72] = gemm(m.0, wo.t)
-            input x.1: f16[17, 72]
-            q.1: f16[17, 72] = gemm(x.1, wq)
-            k.1: f16[17, 72] = gemm(x.1, wk)
-            v.1: f16[17, 72] = gemm(x.1, wv)
-            qh.1: f16[4, 17, 18] = split_heads(q.1, heads=4)
-            kh.1: f16[4, 17, 18] = split_heads(k.1, heads=4)
-            vh.1: f16[4, 17, 18] = split_heads(v.1, heads=4)
-            o.1: f16[4, 17, 18] = attention(qh.1, kh.1, vh.1, causal=true)
-            m.1: f16[17, 72] = merge_heads(o.1)
-            y.1: f16[17, 72] = gemm(m.1, wo.t)
-            output y.0
-            output y.1
-            host k.0 -> k: f16[2, 17, 72] offset 0 transposed None
-            host k.1 -> k: f16[2, 17, 72] offset 2448 transposed None
-            host kh.0 -> kh: f16[2, 4, 17, 18] offset 0 transposed None
-            host kh.1 -> kh: f16[2, 4, 17, 18] offset 2448 transposed None
-            host m.0 -> m: f16[2, 17, 72] offset 0 transposed None
-            host m.1 -> m: f16[2, 17, 72] offset 2448 transposed None
-            host o.0 -> o: f16[2, 4, 17, 18] offset 0 transposed None
-            host o.1 -> o: f16[2, 4, 17, 18] offset 2448 transposed None
-            host q.0 -> q: f16[2, 17, 72] offset 0 transposed None
-            host q.1 -> q: f16[2, 17, 72] offset 2448 transposed None
-            host qh.0 -> qh: f16[2, 4, 17, 18] offset 0 transposed None
-            host qh.1 -> qh: f16[2, 4, 17, 18] offset 2448 transposed None
-            host v.0 -> v: f16[2, 17, 72] offset 0 transposed None
-            host v.1 -> v: f16[2, 17, 72] offset 2448 transposed None
-            host vh.0 -> vh: f16[2, 4, 17, 18] offset 0 transposed None
-            host vh.1 -> vh: f16[2, 4, 17, 18] offset 2448 transposed None
-            host wo.t -> wo: f16[72, 72] offset 0 transposed Some((72, 72))
-            host x.0 -> x: f16[2, 17, 72] offset 0 transposed None
-            host x.1 -> x: f16[2, 17, 72] offset 2448 transposed None
-            host y.0 -> y: f16[2, 17, 72] offset 0 transposed None
-            host y.1 -> y: f16[2, 17, 72] offset 2448 transposed None
-        "#]],
+                model attention_batched_small
+                input x.0: f16[17, 72]
+                param wq: f16[72, 72]
+                q.0: f16[17, 72] = gemm(x.0, wq)
+                param wk: f16[72, 72]
+                k.0: f16[17, 72] = gemm(x.0, wk)
+                param wv: f16[72, 72]
+                v.0: f16[17, 72] = gemm(x.0, wv)
+                qh.0: f16[4, 17, 18] = split_heads(q.0, heads=4)
+                kh.0: f16[4, 17, 18] = split_heads(k.0, heads=4)
+                vh.0: f16[4, 17, 18] = split_heads(v.0, heads=4)
+                o.0: f16[4, 17, 18] = attention(qh.0, kh.0, vh.0, causal=true)
+                m.0: f16[17, 72] = merge_heads(o.0)
+                param wo.t: f16[72, 72]
+                y.0: f16[17, 72] = gemm(m.0, wo.t)
+                input x.1: f16[17, 72]
+                q.1: f16[17, 72] = gemm(x.1, wq)
+                k.1: f16[17, 72] = gemm(x.1, wk)
+                v.1: f16[17, 72] = gemm(x.1, wv)
+                qh.1: f16[4, 17, 18] = split_heads(q.1, heads=4)
+                kh.1: f16[4, 17, 18] = split_heads(k.1, heads=4)
+                vh.1: f16[4, 17, 18] = split_heads(v.1, heads=4)
+                o.1: f16[4, 17, 18] = attention(qh.1, kh.1, vh.1, causal=true)
+                m.1: f16[17, 72] = merge_heads(o.1)
+                y.1: f16[17, 72] = gemm(m.1, wo.t)
+                output y.0
+                output y.1
+                host k.0 -> k: f16[2, 17, 72] offset 0 transposed false
+                host k.1 -> k: f16[2, 17, 72] offset 2448 transposed false
+                host kh.0 -> kh: f16[2, 4, 17, 18] offset 0 transposed false
+                host kh.1 -> kh: f16[2, 4, 17, 18] offset 2448 transposed false
+                host m.0 -> m: f16[2, 17, 72] offset 0 transposed false
+                host m.1 -> m: f16[2, 17, 72] offset 2448 transposed false
+                host o.0 -> o: f16[2, 4, 17, 18] offset 0 transposed false
+                host o.1 -> o: f16[2, 4, 17, 18] offset 2448 transposed false
+                host q.0 -> q: f16[2, 17, 72] offset 0 transposed false
+                host q.1 -> q: f16[2, 17, 72] offset 2448 transposed false
+                host qh.0 -> qh: f16[2, 4, 17, 18] offset 0 transposed false
+                host qh.1 -> qh: f16[2, 4, 17, 18] offset 2448 transposed false
+                host v.0 -> v: f16[2, 17, 72] offset 0 transposed false
+                host v.1 -> v: f16[2, 17, 72] offset 2448 transposed false
+                host vh.0 -> vh: f16[2, 4, 17, 18] offset 0 transposed false
+                host vh.1 -> vh: f16[2, 4, 17, 18] offset 2448 transposed false
+                host wo.t -> wo: f16[72, 72] offset 0 transposed true
+                host x.0 -> x: f16[2, 17, 72] offset 0 transposed false
+                host x.1 -> x: f16[2, 17, 72] offset 2448 transposed false
+                host y.0 -> y: f16[2, 17, 72] offset 0 transposed false
+                host y.1 -> y: f16[2, 17, 72] offset 2448 transposed false
+            "#]],
         );
     }
 
@@ -904,13 +904,13 @@ mod tests {
                 param b2: f16[48]
                 y: f16[120, 48] = add(o, b2)
                 output y
-                host g -> g: f16[3, 40, 96] offset 0 transposed None
-                host h -> h: f16[3, 40, 96] offset 0 transposed None
-                host hb -> hb: f16[3, 40, 96] offset 0 transposed None
-                host o -> o: f16[3, 40, 48] offset 0 transposed None
-                host w1.t -> w1: f16[96, 64] offset 0 transposed Some((96, 64))
-                host x -> x: f16[3, 40, 64] offset 0 transposed None
-                host y -> y: f16[3, 40, 48] offset 0 transposed None
+                host g -> g: f16[3, 40, 96] offset 0 transposed false
+                host h -> h: f16[3, 40, 96] offset 0 transposed false
+                host hb -> hb: f16[3, 40, 96] offset 0 transposed false
+                host o -> o: f16[3, 40, 48] offset 0 transposed false
+                host w1.t -> w1: f16[96, 64] offset 0 transposed true
+                host x -> x: f16[3, 40, 64] offset 0 transposed false
+                host y -> y: f16[3, 40, 48] offset 0 transposed false
             "#]],
         );
     }
@@ -951,29 +951,29 @@ mod tests {
                 output e.3
                 output e.4
                 output e.5
-                host a.0 -> a: f16[2, 1, 40, 64] offset 0 transposed None
-                host a.1 -> a: f16[2, 1, 40, 64] offset 5120 transposed None
-                host b.0.t -> b: f16[3, 48, 64] offset 0 transposed Some((48, 64))
-                host b.1.t -> b: f16[3, 48, 64] offset 6144 transposed Some((48, 64))
-                host b.2.t -> b: f16[3, 48, 64] offset 12288 transposed Some((48, 64))
-                host c.0 -> c: f16[2, 3, 40, 48] offset 0 transposed None
-                host c.1 -> c: f16[2, 3, 40, 48] offset 3840 transposed None
-                host c.2 -> c: f16[2, 3, 40, 48] offset 7680 transposed None
-                host c.3 -> c: f16[2, 3, 40, 48] offset 11520 transposed None
-                host c.4 -> c: f16[2, 3, 40, 48] offset 15360 transposed None
-                host c.5 -> c: f16[2, 3, 40, 48] offset 19200 transposed None
-                host d.0 -> d: f16[2, 3, 40, 48] offset 0 transposed None
-                host d.1 -> d: f16[2, 3, 40, 48] offset 3840 transposed None
-                host d.2 -> d: f16[2, 3, 40, 48] offset 7680 transposed None
-                host d.3 -> d: f16[2, 3, 40, 48] offset 11520 transposed None
-                host d.4 -> d: f16[2, 3, 40, 48] offset 15360 transposed None
-                host d.5 -> d: f16[2, 3, 40, 48] offset 19200 transposed None
-                host e.0 -> e: f16[2, 3, 40, 48] offset 0 transposed None
-                host e.1 -> e: f16[2, 3, 40, 48] offset 3840 transposed None
-                host e.2 -> e: f16[2, 3, 40, 48] offset 7680 transposed None
-                host e.3 -> e: f16[2, 3, 40, 48] offset 11520 transposed None
-                host e.4 -> e: f16[2, 3, 40, 48] offset 15360 transposed None
-                host e.5 -> e: f16[2, 3, 40, 48] offset 19200 transposed None
+                host a.0 -> a: f16[2, 1, 40, 64] offset 0 transposed false
+                host a.1 -> a: f16[2, 1, 40, 64] offset 5120 transposed false
+                host b.0.t -> b: f16[3, 48, 64] offset 0 transposed true
+                host b.1.t -> b: f16[3, 48, 64] offset 6144 transposed true
+                host b.2.t -> b: f16[3, 48, 64] offset 12288 transposed true
+                host c.0 -> c: f16[2, 3, 40, 48] offset 0 transposed false
+                host c.1 -> c: f16[2, 3, 40, 48] offset 3840 transposed false
+                host c.2 -> c: f16[2, 3, 40, 48] offset 7680 transposed false
+                host c.3 -> c: f16[2, 3, 40, 48] offset 11520 transposed false
+                host c.4 -> c: f16[2, 3, 40, 48] offset 15360 transposed false
+                host c.5 -> c: f16[2, 3, 40, 48] offset 19200 transposed false
+                host d.0 -> d: f16[2, 3, 40, 48] offset 0 transposed false
+                host d.1 -> d: f16[2, 3, 40, 48] offset 3840 transposed false
+                host d.2 -> d: f16[2, 3, 40, 48] offset 7680 transposed false
+                host d.3 -> d: f16[2, 3, 40, 48] offset 11520 transposed false
+                host d.4 -> d: f16[2, 3, 40, 48] offset 15360 transposed false
+                host d.5 -> d: f16[2, 3, 40, 48] offset 19200 transposed false
+                host e.0 -> e: f16[2, 3, 40, 48] offset 0 transposed false
+                host e.1 -> e: f16[2, 3, 40, 48] offset 3840 transposed false
+                host e.2 -> e: f16[2, 3, 40, 48] offset 7680 transposed false
+                host e.3 -> e: f16[2, 3, 40, 48] offset 11520 transposed false
+                host e.4 -> e: f16[2, 3, 40, 48] offset 15360 transposed false
+                host e.5 -> e: f16[2, 3, 40, 48] offset 19200 transposed false
             "#]],
         );
     }
@@ -1003,7 +1003,7 @@ mod tests {
             name: "w".into(),
             ty: TensorType::new(ipu_graph::DType::F16, vec![2, 2, 3]),
             offset: 0,
-            transposed: Some((2, 3)),
+            transposed: true,
         };
         let model_elements: Vec<u64> = (0..12).map(|e| m.model_offset(2 * e) / 2).collect();
         assert_eq!(model_elements, [0, 3, 1, 4, 2, 5, 6, 9, 7, 10, 8, 11]);
@@ -1033,7 +1033,7 @@ mod tests {
                     name: "w".into(),
                     ty: ty(&[3, 2]),
                     offset: 0,
-                    transposed: Some((3, 2)),
+                    transposed: true,
                 },
             ),
             (
@@ -1042,7 +1042,7 @@ mod tests {
                     name: "c".into(),
                     ty: ty(&[2, 1, 4]),
                     offset: 8,
-                    transposed: None,
+                    transposed: false,
                 },
             ),
             (
@@ -1051,7 +1051,7 @@ mod tests {
                     name: "c".into(),
                     ty: ty(&[2, 1, 4]),
                     offset: 0,
-                    transposed: None,
+                    transposed: false,
                 },
             ),
         ]

@@ -148,6 +148,8 @@ pub fn split(graph: &Graph) -> Result<Vec<Segment>, CompileError> {
     let mut parts: Vec<(Kind, Vec<NodeId>)> = Vec::new();
     // The segment that defines each value computed so far.
     let mut defined_in: BTreeMap<ValueId, usize> = BTreeMap::new();
+    // Whether the current segment holds an attention block.
+    let mut has_attention = false;
     for i in 0..graph.nodes().len() {
         let id = NodeId(i as u32);
         let node = graph.node(id);
@@ -171,12 +173,7 @@ pub fn split(graph: &Graph) -> Result<Vec<Segment>, CompileError> {
                         // after one starts the next segment (independent
                         // attention blocks, such as a batched attention's
                         // per-sequence blocks).
-                        || current.is_some_and(|c| {
-                            parts[c]
-                                .1
-                                .iter()
-                                .any(|&n| matches!(graph.node(n).op, Op::Attention { .. }))
-                        }))
+                        || has_attention)
             }
             // A residual add reads both operands from one buffer, into which
             // only a segment input or a value read nowhere else is written.
@@ -190,7 +187,9 @@ pub fn split(graph: &Graph) -> Result<Vec<Segment>, CompileError> {
         };
         if cut {
             parts.push((kind, Vec::new()));
+            has_attention = false;
         }
+        has_attention |= matches!(node.op, Op::Attention { .. });
         let last = parts.len() - 1;
         parts[last].1.push(id);
         defined_in.insert(node.result, last);
@@ -440,7 +439,6 @@ fn continues(last: &BufferTransfer, next: &BufferTransfer) -> bool {
             .all(|(l, n)| after(l, n))
 }
 
-/// Whether `placements` hold every byte of a `total`-byte tensor exactly once.
 /// Whether every piece of `placements` starts and ends on a 4-byte word,
 /// on the host side and in its buffer (what an exchange can move).
 fn word_aligned(placements: &[HostPlacement]) -> bool {
@@ -451,6 +449,7 @@ fn word_aligned(placements: &[HostPlacement]) -> bool {
     })
 }
 
+/// Whether `placements` hold every byte of a `total`-byte tensor exactly once.
 fn single_copy(placements: &[HostPlacement], total: u64) -> bool {
     let mut runs: Vec<(u64, u64)> = placements
         .iter()

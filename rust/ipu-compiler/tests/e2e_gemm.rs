@@ -733,14 +733,8 @@ fn siglip_projection_figures() {
 #[test]
 fn batched_and_transposed_gemms_on_the_simulator() {
     let mlp = compile_and_run(&root().join("models/mlp_batched_small.ipug"), 64, 17);
-    let interface = |out: &ipu_compiler::CompileOutput, call: &str| -> Vec<(String, Vec<usize>)> {
-        let c = out
-            .package
-            .info
-            .calls
-            .iter()
-            .find(|c| c.name == call)
-            .unwrap();
+    let interface = |out: &ipu_compiler::CompileOutput, name: &str| -> Vec<(String, Vec<usize>)> {
+        let c = call(out, name);
         let mut v: Vec<(String, Vec<usize>)> = c
             .inputs
             .iter()
@@ -768,15 +762,11 @@ fn batched_and_transposed_gemms_on_the_simulator() {
     );
     // w1 is held transposed: the manifest says so and the host forms that
     // order, so its placements are runs of device rows, not elements.
-    let init = mlp
-        .compile
-        .package
-        .info
-        .calls
+    let w1 = call(&mlp.compile, "initialize")
+        .inputs
         .iter()
-        .find(|c| c.name == "initialize")
+        .find(|t| t.name == "w1")
         .unwrap();
-    let w1 = init.inputs.iter().find(|t| t.name == "w1").unwrap();
     assert!(w1.transposed);
     assert!(
         w1.placements.iter().all(|p| p.bytes > 2),
@@ -825,15 +815,11 @@ fn a_weight_read_both_ways() {
         "model both_ways\ninput x: f16[40, 64]\ninput z: f16[40, 64]\nparam w: f16[64, 64]\np = gemm(x, w)\nq = gemm(z, w, transpose_b=true)\noutput p, q\n",
     );
     let ran = compile_and_run(&model, 64, 19);
-    let init = ran
-        .compile
-        .package
-        .info
-        .calls
+    let w = call(&ran.compile, "initialize")
+        .inputs
         .iter()
-        .find(|c| c.name == "initialize")
+        .find(|t| t.name == "w")
         .unwrap();
-    let w = init.inputs.iter().find(|t| t.name == "w").unwrap();
     assert!(!w.transposed);
     assert!(
         w.placements.iter().any(|p| p.bytes == 2),

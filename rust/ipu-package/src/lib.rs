@@ -26,9 +26,9 @@ use std::path::Path;
 
 pub use image::{ImageError, Segment, TileImage, IMAGE_MAGIC, IMAGE_VERSION};
 pub use manifest::{
-    natural_order, placement_runs, tile_file, transposed_element, transposed_order, CallPhase,
-    ConfigWrite, HostInterface, Manifest, MemberEntry, PhaseKind, Placement, StreamTensor,
-    StreamingCall, TileEntry, EXIT_COMMAND, FORMAT_VERSION, TARGET,
+    natural_element, natural_order, placement_runs, tile_file, transposed_element,
+    transposed_order, CallPhase, ConfigWrite, HostInterface, Manifest, MemberEntry, PhaseKind,
+    Placement, StreamTensor, StreamingCall, TileEntry, EXIT_COMMAND, FORMAT_VERSION, TARGET,
 };
 
 use ipu_arch::{SRAM_BASE, SRAM_END, TILES_PER_CHIP};

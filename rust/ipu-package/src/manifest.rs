@@ -129,6 +129,17 @@ pub fn transposed_element(index: u64, shape: &[usize]) -> u64 {
     batch * rows * cols + col * rows + row
 }
 
+/// The inverse of [`transposed_element`]: the element of the row-major
+/// tensor of `shape` that element `index` of the transposed buffer holds.
+pub fn natural_element(index: u64, shape: &[usize]) -> u64 {
+    let n = shape.len();
+    let (rows, cols) = (shape[n - 2] as u64, shape[n - 1] as u64);
+    let (batch, within) = (index / (rows * cols), index % (rows * cols));
+    // The transposed buffer is [cols, rows] per batch element.
+    let (col, row) = (within / rows, within % rows);
+    batch * rows * cols + row * cols + col
+}
+
 /// `data` (row-major, elements of `element_bytes`) in the transposed order
 /// of [`StreamTensor::transposed`].
 pub fn transposed_order(data: &[u8], shape: &[usize], element_bytes: usize) -> Vec<u8> {

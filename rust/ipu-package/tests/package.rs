@@ -597,6 +597,9 @@ fn transposed_orders_are_inverses() {
     let shape = [2, 2, 3];
     let order: Vec<u64> = (0..12).map(|i| transposed_element(i, &shape)).collect();
     assert_eq!(order, [0, 2, 4, 1, 3, 5, 6, 8, 10, 7, 9, 11]);
+    for i in 0..12 {
+        assert_eq!(natural_element(transposed_element(i, &shape), &shape), i);
+    }
     let data: Vec<u8> = (0..24).collect();
     let t = transposed_order(&data, &shape, 2);
     assert_eq!(&t[..6], &[0, 1, 6, 7, 2, 3]);

@@ -140,14 +140,19 @@ pub fn write_model(dir: &Path, name: &str, text: &str) -> PathBuf {
     p
 }
 
-/// The package's "run" call.
-pub fn run_call(out: &CompileOutput) -> &ipu_package::StreamingCall {
+/// The package's call `name`.
+pub fn call<'o>(out: &'o CompileOutput, name: &str) -> &'o ipu_package::StreamingCall {
     out.package
         .info
         .calls
         .iter()
-        .find(|c| c.name == "run")
-        .expect("every package has a run call")
+        .find(|c| c.name == name)
+        .unwrap_or_else(|| panic!("the package has no call `{name}`"))
+}
+
+/// The package's "run" call.
+pub fn run_call(out: &CompileOutput) -> &ipu_package::StreamingCall {
+    call(out, "run")
 }
 
 /// Host bytes the run call writes per input, and each input's size.
