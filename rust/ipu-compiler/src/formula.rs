@@ -5,23 +5,124 @@
 //! Grammar: integers, variables (`[A-Za-z_][A-Za-z0-9_]*`), `+ - * /`
 //! (integer, `/` rounds down), `ceil(a/b)` with `a` a product (rounds up),
 //! parentheses.
+//!
+//! A formula is parsed once into a [`Formula`] (a tree over the formula's
+//! own variables) and then evaluated for many values: the planners cost
+//! millions of worker splits and shards per compile, and reparsing the text
+//! (or looking values up in a memo keyed by a fresh vector) was most of
+//! their time.
 
 use std::collections::BTreeMap;
 
 /// Evaluates `formula` with `vars`; the error names the position and problem.
 pub fn evaluate(formula: &str, vars: &BTreeMap<&str, i64>) -> Result<i64, String> {
-    let tokens = tokenize(formula)?;
-    let mut p = Parser {
-        tokens,
-        pos: 0,
-        vars,
-        formula,
-    };
-    let v = p.sum()?;
-    if p.pos != p.tokens.len() {
-        return Err(format!("`{formula}`: unexpected `{}`", p.tokens[p.pos]));
+    let f = Formula::parse(formula)?;
+    let values = f
+        .variables()
+        .iter()
+        .map(|name| {
+            vars.get(name.as_str())
+                .copied()
+                .ok_or_else(|| format!("`{formula}`: unknown variable `{name}`"))
+        })
+        .collect::<Result<Vec<i64>, String>>()?;
+    f.eval(&values)
+}
+
+/// A parsed formula: nodes in an arena, the root last.
+#[derive(Clone, Debug)]
+pub struct Formula {
+    text: String,
+    nodes: Vec<Node>,
+    /// Variable names in order of first use; [`Formula::eval`] takes their
+    /// values in this order.
+    names: Vec<String>,
+}
+
+#[derive(Clone, Copy, Debug)]
+enum Node {
+    Const(i64),
+    Var(usize),
+    Neg(usize),
+    Add(usize, usize),
+    Sub(usize, usize),
+    Mul(usize, usize),
+    /// `a / b`, rounded down (an error when `b` is 0).
+    Div(usize, usize),
+    /// `ceil(a / b)` (an error when `b` is not positive).
+    Ceil(usize, usize),
+}
+
+impl Formula {
+    /// Parses `text`; the error names the problem.
+    pub fn parse(text: &str) -> Result<Formula, String> {
+        let mut p = Parser {
+            tokens: tokenize(text)?,
+            pos: 0,
+            formula: Formula {
+                text: text.to_string(),
+                nodes: Vec::new(),
+                names: Vec::new(),
+            },
+        };
+        p.sum()?;
+        if p.pos != p.tokens.len() {
+            return Err(format!("`{text}`: unexpected `{}`", p.tokens[p.pos]));
+        }
+        Ok(p.formula)
     }
-    Ok(v)
+
+    /// The formula's text.
+    pub fn text(&self) -> &str {
+        &self.text
+    }
+
+    /// The variables the formula reads, in the order [`Formula::eval`]
+    /// takes their values.
+    pub fn variables(&self) -> &[String] {
+        &self.names
+    }
+
+    /// The value with `values[i]` for variable `i` of [`Formula::variables`].
+    pub fn eval(&self, values: &[i64]) -> Result<i64, String> {
+        self.eval_with(values, &mut Vec::new())
+    }
+
+    /// [`Formula::eval`] with the caller's scratch vector (the planners'
+    /// hot path allocates nothing).
+    pub fn eval_with(&self, values: &[i64], v: &mut Vec<i64>) -> Result<i64, String> {
+        assert_eq!(values.len(), self.names.len(), "one value per variable");
+        // Children precede their parents in the arena, so one pass in order
+        // evaluates every node after its operands.
+        v.clear();
+        for node in &self.nodes {
+            let x = match *node {
+                Node::Const(c) => c,
+                Node::Var(i) => values[i],
+                Node::Neg(a) => -v[a],
+                Node::Add(a, b) => v[a] + v[b],
+                Node::Sub(a, b) => v[a] - v[b],
+                Node::Mul(a, b) => v[a] * v[b],
+                Node::Div(a, b) => {
+                    if v[b] == 0 {
+                        return Err(format!("`{}`: division by zero", self.text));
+                    }
+                    v[a].div_euclid(v[b])
+                }
+                Node::Ceil(a, b) => {
+                    if v[b] <= 0 {
+                        return Err(format!(
+                            "`{}`: ceil divisor {} is not positive",
+                            self.text, v[b]
+                        ));
+                    }
+                    (v[a] + v[b] - 1).div_euclid(v[b])
+                }
+            };
+            v.push(x);
+        }
+        Ok(*v.last().expect("a parsed formula has a root"))
+    }
 }
 
 fn tokenize(s: &str) -> Result<Vec<String>, String> {
@@ -48,14 +149,13 @@ fn tokenize(s: &str) -> Result<Vec<String>, String> {
     Ok(out)
 }
 
-struct Parser<'a> {
+struct Parser {
     tokens: Vec<String>,
     pos: usize,
-    vars: &'a BTreeMap<&'a str, i64>,
-    formula: &'a str,
+    formula: Formula,
 }
 
-impl Parser<'_> {
+impl Parser {
     fn peek(&self) -> Option<&str> {
         self.tokens.get(self.pos).map(|s| s.as_str())
     }
@@ -64,24 +164,32 @@ impl Parser<'_> {
             self.pos += 1;
             Ok(())
         } else {
-            Err(format!("`{}`: expected `{t}`", self.formula))
+            Err(format!("`{}`: expected `{t}`", self.formula.text))
         }
     }
-    fn sum(&mut self) -> Result<i64, String> {
+    fn push(&mut self, node: Node) -> usize {
+        self.formula.nodes.push(node);
+        self.formula.nodes.len() - 1
+    }
+    fn sum(&mut self) -> Result<usize, String> {
         let mut v = self.product()?;
         while let Some(op @ ("+" | "-")) = self.peek() {
             let add = op == "+";
             self.pos += 1;
             let r = self.product()?;
-            v = if add { v + r } else { v - r };
+            v = self.push(if add {
+                Node::Add(v, r)
+            } else {
+                Node::Sub(v, r)
+            });
         }
         Ok(v)
     }
-    fn product(&mut self) -> Result<i64, String> {
+    fn product(&mut self) -> Result<usize, String> {
         self.product_with(true)
     }
     /// A product; without `divide`, a `/` ends it (the numerator of `ceil`).
-    fn product_with(&mut self, divide: bool) -> Result<i64, String> {
+    fn product_with(&mut self, divide: bool) -> Result<usize, String> {
         let mut v = self.atom()?;
         while let Some(op @ ("*" | "/")) = self.peek() {
             if op == "/" && !divide {
@@ -90,20 +198,18 @@ impl Parser<'_> {
             let mul = op == "*";
             self.pos += 1;
             let r = self.atom()?;
-            v = if mul {
-                v * r
-            } else if r == 0 {
-                return Err(format!("`{}`: division by zero", self.formula));
+            v = self.push(if mul {
+                Node::Mul(v, r)
             } else {
-                v.div_euclid(r)
-            };
+                Node::Div(v, r)
+            });
         }
         Ok(v)
     }
-    fn atom(&mut self) -> Result<i64, String> {
+    fn atom(&mut self) -> Result<usize, String> {
         let t = self
             .peek()
-            .ok_or_else(|| format!("`{}`: unexpected end", self.formula))?
+            .ok_or_else(|| format!("`{}`: unexpected end", self.formula.text))?
             .to_string();
         self.pos += 1;
         if t == "(" {
@@ -111,26 +217,32 @@ impl Parser<'_> {
             self.expect(")")?;
             Ok(v)
         } else if t == "-" {
-            Ok(-self.atom()?)
+            let a = self.atom()?;
+            Ok(self.push(Node::Neg(a)))
         } else if t == "ceil" {
             self.expect("(")?;
             let a = self.product_with(false)?;
             self.expect("/")?;
             let b = self.sum()?;
             self.expect(")")?;
-            if b <= 0 {
-                return Err(format!(
-                    "`{}`: ceil divisor {b} is not positive",
-                    self.formula
-                ));
-            }
-            Ok((a + b - 1).div_euclid(b))
+            Ok(self.push(Node::Ceil(a, b)))
         } else if let Ok(n) = t.parse::<i64>() {
-            Ok(n)
-        } else if let Some(&v) = self.vars.get(t.as_str()) {
-            Ok(v)
+            Ok(self.push(Node::Const(n)))
+        } else if t.starts_with(|c: char| c.is_ascii_digit()) {
+            Err(format!(
+                "`{}`: `{t}` is neither a number nor a variable",
+                self.formula.text
+            ))
         } else {
-            Err(format!("`{}`: unknown variable `{t}`", self.formula))
+            let names = &mut self.formula.names;
+            let i = match names.iter().position(|n| *n == t) {
+                Some(i) => i,
+                None => {
+                    names.push(t);
+                    names.len() - 1
+                }
+            };
+            Ok(self.push(Node::Var(i)))
         }
     }
 }
@@ -148,6 +260,9 @@ mod tests {
         );
         assert_eq!(evaluate("ceil(K/16) * 3 - 1", &vars), Ok(8));
         assert_eq!(evaluate("K / 16", &vars), Ok(2));
+        assert_eq!(evaluate("-M / 3", &vars), Ok(-4), "rounds down");
+        assert_eq!(evaluate("ceil(-M / 3)", &vars), Ok(-3));
+        assert_eq!(evaluate("ceil(2 * M / K - 30)", &vars), Ok(7));
         assert!(evaluate("M +", &vars)
             .unwrap_err()
             .contains("unexpected end"));
@@ -157,5 +272,20 @@ mod tests {
         assert!(evaluate("M $ 2", &vars)
             .unwrap_err()
             .contains("unexpected character"));
+        assert!(evaluate("M / (K - 33)", &vars)
+            .unwrap_err()
+            .contains("division by zero"));
+        assert!(evaluate("ceil(M / (K - 40))", &vars)
+            .unwrap_err()
+            .contains("not positive"));
+        assert!(evaluate("3M", &vars).unwrap_err().contains("neither"));
+        assert!(evaluate("(M", &vars).unwrap_err().contains("expected `)`"));
+    }
+
+    #[test]
+    fn variables_in_order_of_first_use_and_evaluated_by_position() {
+        let f = Formula::parse("NCB * (11 + NKB * (4 * M + 51)) + M").unwrap();
+        assert_eq!(f.variables(), ["NCB", "NKB", "M"]);
+        assert_eq!(f.eval(&[2, 3, 10]), Ok(2 * (11 + 3 * 91) + 10));
     }
 }

@@ -11,13 +11,13 @@
 //!   then two trailing rows (read by the drain). Row `r` of row group `g` is
 //!   at `16 + (r + 2 (g + 1)) * rs_c`.
 
-use std::collections::BTreeMap;
+use std::collections::HashMap;
 
 /// Bytes of the zero header at the start of each C buffer.
 pub const C_HEADER: u32 = 16;
 
 /// Sizes of one GEMM `[m, k] x [k, n]`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct GemmGeometry {
     pub m: u32,
     pub k: u32,
@@ -123,6 +123,38 @@ pub fn ranges(n: u32, parts: u32) -> Vec<(u32, u32)> {
             )
         })
         .filter(|(a, b)| b > a)
+        .collect()
+}
+
+/// A partition of rows (or column blocks) into ranges, with the distinct
+/// range lengths in increasing order (shards of equal size cost the same,
+/// so the planners evaluate each size once; balanced ranges have at most
+/// two lengths).
+#[derive(Clone, Debug)]
+pub struct Parts {
+    pub ranges: Vec<(u32, u32)>,
+    pub lengths: Vec<u32>,
+}
+
+impl Parts {
+    pub fn new(ranges: Vec<(u32, u32)>) -> Parts {
+        let mut lengths: Vec<u32> = Vec::new();
+        for r in &ranges {
+            if !lengths.contains(&(r.1 - r.0)) {
+                lengths.push(r.1 - r.0);
+            }
+        }
+        lengths.sort_unstable();
+        Parts { ranges, lengths }
+    }
+}
+
+/// The distinct (rows, column blocks) shard sizes of a grid, in increasing
+/// order.
+pub fn shard_sizes(rows: &Parts, cols: &Parts) -> Vec<(u32, u32)> {
+    rows.lengths
+        .iter()
+        .flat_map(|&r| cols.lengths.iter().map(move |&c| (r, c)))
         .collect()
 }
 
@@ -243,32 +275,54 @@ impl ShardLayout {
     }
 }
 
-/// A memo over a kernel's declared formula.
+/// A kernel's declared formula, parsed once, as the cost model evaluates
+/// it.
 #[derive(Clone)]
 pub struct FormulaCost {
-    pub formula: String,
-    pub memo: BTreeMap<Vec<i64>, u64>,
+    formula: std::sync::Arc<crate::formula::Formula>,
+    scratch: Vec<i64>,
 }
 
 impl FormulaCost {
+    /// `formula` must parse (`kernel_formula` checks a kernel's before it
+    /// gets here; the tests' are literals).
     pub fn new(formula: String) -> FormulaCost {
+        let parsed = crate::formula::Formula::parse(&formula)
+            .unwrap_or_else(|e| panic!("a checked cycle formula: {e}"));
         FormulaCost {
-            formula,
-            memo: BTreeMap::new(),
+            formula: std::sync::Arc::new(parsed),
+            scratch: Vec::new(),
         }
     }
 
-    /// The formula's value for `vars` (never negative).
+    /// The formula's text.
+    pub fn text(&self) -> &str {
+        self.formula.text()
+    }
+
+    /// The formula's value for `vars` (never negative). A variable missing
+    /// from `vars` or a division by zero gives `i64::MAX`: no plan then
+    /// looks cheap by it.
     pub fn eval(&mut self, vars: &[(&str, i64)]) -> u64 {
-        let key: Vec<i64> = vars.iter().map(|v| v.1).collect();
-        let formula = &self.formula;
-        *self.memo.entry(key).or_insert_with(|| {
-            let vars: BTreeMap<&str, i64> = vars.iter().copied().collect();
-            // The formula was checked when the kernel was loaded.
-            crate::formula::evaluate(formula, &vars)
-                .unwrap_or(i64::MAX)
-                .max(0) as u64
-        })
+        let names = self.formula.variables();
+        let mut values = [0i64; 8];
+        let mut spilled = Vec::new();
+        let values: &mut [i64] = if names.len() <= values.len() {
+            &mut values[..names.len()]
+        } else {
+            spilled.resize(names.len(), 0);
+            &mut spilled
+        };
+        for (value, name) in values.iter_mut().zip(names) {
+            match vars.iter().find(|v| v.0 == name) {
+                Some(v) => *value = v.1,
+                None => return i64::MAX as u64,
+            }
+        }
+        self.formula
+            .eval_with(values, &mut self.scratch)
+            .unwrap_or(i64::MAX)
+            .max(0) as u64
     }
 }
 
@@ -484,6 +538,44 @@ pub fn best_split_with(
         }
     }
     best.map(|(_, split, gemm, reduce)| (split, gemm, reduce))
+}
+
+/// [`best_split_with`]'s results within one search, whose costs do not
+/// change while the memo lives (a search's candidates share a few thousand
+/// shard sizes: SigLIP's MLP asked for 605,436 splits). Shared by the
+/// search's threads: a result is a pure function of its key, so which
+/// thread computes it first does not matter.
+#[derive(Default)]
+pub struct SplitMemo(std::sync::Mutex<HashMap<SplitKey, BestSplit>>);
+
+/// (geometry, rows, column blocks, most K groups).
+type SplitKey = (GemmGeometry, u32, u32, u32);
+/// What [`best_split_with`] returns.
+type BestSplit = Option<(WorkerSplit, u64, u64)>;
+
+impl SplitMemo {
+    /// [`best_split_with`], computed once per geometry and shard.
+    pub fn best_split_with(
+        &self,
+        g: &GemmGeometry,
+        rows: u32,
+        col_blocks: u32,
+        costs: &mut GemmCosts,
+        max_k_groups: u32,
+    ) -> BestSplit {
+        let key = (*g, rows, col_blocks, max_k_groups);
+        if let Some(hit) = self.0.lock().expect("not poisoned").get(&key) {
+            return hit.clone();
+        }
+        // Computed outside the lock: another thread may compute the same
+        // key meanwhile, with the same result.
+        let split = best_split_with(g, rows, col_blocks, costs, max_k_groups);
+        self.0
+            .lock()
+            .expect("not poisoned")
+            .insert(key, split.clone());
+        split
+    }
 }
 
 #[cfg(test)]

@@ -12,8 +12,9 @@
 //! accumulates in f32) and the host reads of the results. Plans are ranked
 //! by device cycles first: host link cycles are reported, not optimised.
 
-use crate::gemm::{best_split, ranges, GemmCosts, GemmGeometry, ShardLayout};
+use crate::gemm::{ranges, shard_sizes, GemmCosts, GemmGeometry, Parts, ShardLayout, SplitMemo};
 use ipu_arch::{host_transfer_cycles, CLOCK_HZ_C600, SYNC_CYCLES};
+use std::collections::HashMap;
 
 /// Search limits.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -138,11 +139,28 @@ pub fn evaluate(
     col_parts: u32,
     costs: &mut GemmCosts,
 ) -> Option<GemmPlan> {
-    let rows = g.row_ranges(row_parts);
-    let cols = ranges(g.ncb(), col_parts);
+    let rows = Parts::new(g.row_ranges(row_parts));
+    let cols = Parts::new(ranges(g.ncb(), col_parts));
+    evaluate_with(
+        g,
+        (row_parts, col_parts, &rows, &cols),
+        costs,
+        &SplitMemo::default(),
+    )
+}
+
+/// [`evaluate`] of `row_parts` and `col_parts` that
+/// [`GemmGeometry::row_ranges`] and [`ranges`] cut into `rows` and `cols`, with a search's memo of
+/// worker splits (`costs` unchanged while `memo` lives).
+fn evaluate_with(
+    g: &GemmGeometry,
+    (row_parts, col_parts, rows, cols): (u32, u32, &Parts, &Parts),
+    costs: &mut GemmCosts,
+    memo: &SplitMemo,
+) -> Option<GemmPlan> {
     // Aligned row boundaries can leave a part empty: that plan is another
     // plan's duplicate with a wrong part count, so it is no candidate.
-    if rows.len() as u32 != row_parts {
+    if rows.ranges.len() as u32 != row_parts {
         return None;
     }
     let mut compute = 0u64;
@@ -150,16 +168,8 @@ pub fn evaluate(
     let mut peak_r1 = 0u64;
     let mut peak_r0 = 0u64;
     let mut in_bytes = 0u64;
-    let mut param_bytes = 0u64;
-    // Shards of equal size cost the same; evaluate each distinct size once.
-    let mut sizes: Vec<(u32, u32)> = rows
-        .iter()
-        .flat_map(|r| cols.iter().map(move |c| (r.1 - r.0, c.1 - c.0)))
-        .collect();
-    sizes.sort_unstable();
-    sizes.dedup();
-    for (mt, nct) in sizes {
-        let (split, gemm, reduce) = best_split(g, mt, nct, costs)?;
+    for (mt, nct) in shard_sizes(rows, cols) {
+        let (split, gemm, reduce) = memo.best_split_with(g, mt, nct, costs, u32::MAX)?;
         let mut tile = gemm + supervisor_cycles(split.vertices() as u64);
         let layout = ShardLayout::new(g, mt, nct, &split);
         if g.needs_reduce(split.k_groups.len()) {
@@ -183,17 +193,18 @@ pub fn evaluate(
     // receives its rows (the largest row part bounds it, 4 bytes a cycle).
     // With one column part the rows are held once, where they are read.
     // In a segment's join every plan receives its rows (`a_joined`).
-    let copied = costs.a_copied && (cols.len() > 1 || costs.a_joined);
+    let copied = costs.a_copied && (cols.ranges.len() > 1 || costs.a_joined);
     // A join that moves the weights too (`b_joined`) delivers each tile's
     // columns of B in the same step as its rows of A.
     let a_bytes = if copied {
-        let widest = rows.iter().map(|r| r.1 - r.0).max().unwrap_or(0) as u64;
+        let widest = rows.lengths.last().copied().unwrap_or(0) as u64;
         widest * g.k as u64 * g.operand_bytes() as u64
     } else {
         0
     };
     let b_bytes = if costs.b_joined {
         let widest = cols
+            .ranges
             .iter()
             .map(|&(c0, c1)| (c1 * 16).min(g.n) - c0 * 16)
             .max()
@@ -213,18 +224,14 @@ pub fn evaluate(
         0
     };
     compute += copy;
-    for &(r0, r1) in &rows {
-        // Host A rows go to every tile of the row part (once, when they
-        // are copied by exchange); B columns to every row part.
-        if costs.owns_a {
-            let copies = if copied { 1 } else { cols.len() as u64 };
-            in_bytes += (r1 - r0) as u64 * g.k as u64 * g.operand_bytes() as u64 * copies;
-        }
+    // Host A rows go to every tile of the row part (once, when they are
+    // copied by exchange); B columns to every row part. (The ranges cover
+    // the rows and columns once each.)
+    if costs.owns_a {
+        let copies = if copied { 1 } else { cols.ranges.len() as u64 };
+        in_bytes = g.m as u64 * g.k as u64 * g.operand_bytes() as u64 * copies;
     }
-    for &(c0, c1) in &cols {
-        let width = (c1 * 16).min(g.n) - c0 * 16;
-        param_bytes += width as u64 * g.k as u64 * g.operand_bytes() as u64 * rows.len() as u64;
-    }
+    let param_bytes = g.n as u64 * g.k as u64 * g.operand_bytes() as u64 * rows.ranges.len() as u64;
     let out_bytes = g.m as u64 * g.n as u64 * g.result_bytes() as u64;
     let host_in = host_transfer_cycles(in_bytes, CLOCK_HZ_C600);
     let host_out = host_transfer_cycles(out_bytes, CLOCK_HZ_C600);
@@ -242,7 +249,7 @@ pub fn evaluate(
             total_cycles: SYNC_CYCLES + host_in + compute + host_out,
             peak_standard_bytes: peak_r0,
             peak_interleaved_bytes: peak_r1,
-            active_tiles: rows.len() as u32 * cols.len() as u32,
+            active_tiles: rows.ranges.len() as u32 * cols.ranges.len() as u32,
         },
     })
 }
@@ -275,12 +282,26 @@ fn candidates(
         .len()
         .div_ceil(4 * rayon::current_num_threads())
         .max(64);
+    let memo = SplitMemo::default();
     let out: Vec<GemmPlan> = shapes
         .par_chunks(chunk)
         .map(|part| {
             let mut costs = costs.clone();
+            // A part's shapes share row partitions (consecutive) and
+            // column partitions: each is cut once.
+            let mut rows: Option<(u32, Parts)> = None;
+            let mut cols: HashMap<u32, Parts> = HashMap::new();
             part.iter()
-                .filter_map(|&(rp, cp)| evaluate(g, rp, cp, &mut costs))
+                .filter_map(|&(rp, cp)| {
+                    if rows.as_ref().is_none_or(|r| r.0 != rp) {
+                        rows = Some((rp, Parts::new(g.row_ranges(rp))));
+                    }
+                    let r = &rows.as_ref().expect("cut above").1;
+                    let c = cols
+                        .entry(cp)
+                        .or_insert_with(|| Parts::new(ranges(g.ncb(), cp)));
+                    evaluate_with(g, (rp, cp, r, c), &mut costs, &memo)
+                })
                 .collect::<Vec<_>>()
         })
         .collect::<Vec<_>>()
@@ -550,6 +571,37 @@ mod tests {
         costs.a_copied = false;
         let weights = evaluate(&g, 13, 36, &mut costs).unwrap().estimate;
         assert_eq!(weights.copy_cycles, 32 * 1152 * 2 / 4);
+    }
+
+    #[test]
+    fn memoised_candidates_equal_fresh_evaluations() {
+        // The search caches partitions and worker splits across its
+        // shapes and threads; every candidate must equal `evaluate` of its
+        // shape with nothing cached (odd row alignment, a tight memory
+        // budget that rejects some splits, and a copied A included).
+        for (m, k, n, transposed, budget, copied) in [
+            (729, 1152, 1152, true, u64::MAX / 4, false),
+            (97, 256, 300, false, 200 * 1024, true),
+            (61, 64, 40, true, 100 * 1024, false),
+        ] {
+            let (g, mut costs) = projection(m, k, n, transposed);
+            costs.memory_budget = budget;
+            costs.a_copied = copied;
+            let (plans, generated) = candidates(&g, 300, &mut costs, &SearchBudget::default());
+            assert!(
+                !plans.is_empty() && generated >= plans.len(),
+                "{m}: {} of {generated}",
+                plans.len()
+            );
+            let mut fresh = Vec::new();
+            for rp in 1..=g.m.min(300) {
+                for cp in 1..=g.ncb().min(300 / rp) {
+                    let mut c = costs.clone();
+                    fresh.extend(evaluate(&g, rp, cp, &mut c));
+                }
+            }
+            assert_eq!(plans, fresh, "{m} x {k} x {n}");
+        }
     }
 
     #[test]

@@ -34,7 +34,9 @@
 
 use crate::exchange::{self, BufferRef, BufferTransfer};
 use crate::fuse::Source;
-use crate::gemm::{best_split_with, ranges, GemmCosts, GemmGeometry, ShardLayout, WorkerSplit};
+use crate::gemm::{
+    best_split_with, ranges, shard_sizes, GemmCosts, GemmGeometry, Parts, ShardLayout, WorkerSplit,
+};
 use crate::lower::{
     push_coalesced, BufferSpec, GemmVertex, GroupResult, HostPlacement, HostTensor, PlannedGemm,
     RegionReq, StateWord, Step, Vertex,
@@ -46,7 +48,7 @@ use crate::storage::region1_footprint;
 use crate::CompileError;
 use ipu_arch::{host_transfer_cycles, CLOCK_HZ_C600, SYNC_CYCLES};
 use ipu_graph::Graph;
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 
 /// Bytes of region 1.
 const REGION1_BYTES: u64 = (ipu_arch::REGION1_END - ipu_arch::REGION1_BASE) as u64;
@@ -242,12 +244,42 @@ struct ShardCost {
 }
 
 /// Per-search memo of [`shard_cost`], keyed by (rows, column blocks,
-/// chunk blocks, K parts, B resident).
-pub struct Memo(BTreeMap<(u32, u32, u32, u32, bool), Option<ShardCost>>);
+/// chunk blocks, K parts, B resident), and of the geometry's partitions;
+/// what the search's threads share is in [`SharedMemo`].
+pub struct Memo {
+    shards: BTreeMap<(u32, u32, u32, u32, bool), Option<ShardCost>>,
+    /// The geometry's row and column-block partitions by part count.
+    rows: HashMap<u32, Parts>,
+    cols: HashMap<u32, Parts>,
+    shared: std::sync::Arc<SharedMemo>,
+}
+
+/// The memos a search's threads share (results are pure functions of
+/// their keys, so which thread computes one first does not matter):
+/// worker splits, and the reduce-scatter pieces' reduce, by (piece rows,
+/// column blocks, K parts): (slowest vertex, vertices).
+#[derive(Default)]
+pub struct SharedMemo {
+    splits: crate::gemm::SplitMemo,
+    reduces: std::sync::Mutex<HashMap<ReduceKey, (u64, usize)>>,
+}
+
+/// (piece rows, column blocks, K parts).
+type ReduceKey = (u32, u32, u32);
 
 impl Memo {
     pub fn new() -> Memo {
-        Memo(BTreeMap::new())
+        Memo::sharing(Default::default())
+    }
+
+    /// A thread's memo of a search whose threads share `shared`.
+    pub fn sharing(shared: std::sync::Arc<SharedMemo>) -> Memo {
+        Memo {
+            shards: BTreeMap::new(),
+            rows: HashMap::new(),
+            cols: HashMap::new(),
+            shared,
+        }
     }
 }
 
@@ -264,21 +296,32 @@ fn shard_cost(
     (kp, b_resident): (u32, bool),
     (bias, one_phase): (bool, bool),
     costs: &mut GemmCosts,
+    shared: &SharedMemo,
 ) -> Option<ShardCost> {
     let gc = chunk_geometry(g, ch);
     let ch = gc.nkb();
     let steps = step_count(g, kp, ch);
     let max_kg = if kp > 1 { 1 } else { u32::MAX };
-    let (split, _, _) = best_split_with(&gc, mt, nct, costs, max_kg)?;
+    let (split, _, _) = shared.splits.best_split_with(&gc, mt, nct, costs, max_kg)?;
     let layout = ShardLayout::new(&gc, mt, nct, &split);
     // The slowest K part's steps.
+    // Chunks are `ch` blocks but for a part's last (and none past its
+    // end): each width is costed once.
+    let mut by_width: Vec<(u32, u64)> = Vec::new();
     let mut compute = k_parts(g, kp)
         .iter()
         .map(|&p| {
             (0..steps)
                 .map(|s| {
                     let (b0, b1) = chunk(p, ch, s);
-                    step_compute(costs, &split, b1 - b0)
+                    match by_width.iter().find(|e| e.0 == b1 - b0) {
+                        Some(&(_, c)) => c,
+                        None => {
+                            let c = step_compute(costs, &split, b1 - b0);
+                            by_width.push((b1 - b0, c));
+                            c
+                        }
+                    }
                 })
                 .sum::<u64>()
         })
@@ -292,8 +335,20 @@ fn shard_cost(
         // Reduce-scatter: a piece of rows, P = kp partials.
         let piece = piece_rows(mt, kp, g.row_align);
         let f = costs.reduce.as_mut()?;
-        let (slowest, parts) = reduce_parts(piece, nct, kp, Some(f));
-        reduce = slowest + supervisor_cycles(parts.len() as u64);
+        let key = (piece, nct, kp);
+        let hit = shared
+            .reduces
+            .lock()
+            .expect("not poisoned")
+            .get(&key)
+            .copied();
+        let (slowest, parts) = hit.unwrap_or_else(|| {
+            let (slowest, parts) = reduce_parts(piece, nct, kp, Some(f));
+            let c = (slowest, parts.len());
+            shared.reduces.lock().expect("not poisoned").insert(key, c);
+            c
+        });
+        reduce = slowest + supervisor_cycles(parts as u64);
         fixed_r0 += (piece * layout.rs_d()) as u64 + 128;
         gather = (kp * piece * layout.rs_c) as u64;
         let element = ipu_arch::INTERLEAVED_ELEMENT_BYTES as u64;
@@ -380,11 +435,21 @@ pub fn evaluate(
         Fit::Beside(b) => Some(b),
         _ => None,
     };
-    let rows = g.row_ranges(row_parts);
-    let cols = ranges(g.ncb(), col_parts);
-    if rows.len() as u32 != row_parts || cols.len() as u32 != col_parts || kp > g.nkb() {
+    let rows = memo
+        .rows
+        .entry(row_parts)
+        .or_insert_with(|| Parts::new(g.row_ranges(row_parts)));
+    let cols = memo
+        .cols
+        .entry(col_parts)
+        .or_insert_with(|| Parts::new(ranges(g.ncb(), col_parts)));
+    if rows.ranges.len() as u32 != row_parts
+        || cols.ranges.len() as u32 != col_parts
+        || kp > g.nkb()
+    {
         return None;
     }
+    let sizes = shard_sizes(rows, cols);
     // Several K parts need the reduce kernel (f32 partials, or f16 ones
     // when the library has reduce_f32 IN=16).
     if kp > 1 && costs.reduce.is_none() {
@@ -397,12 +462,6 @@ pub fn evaluate(
     }
     let ch = chunk_geometry(g, ch).nkb();
     let steps = step_count(g, kp, ch);
-    let mut sizes: Vec<(u32, u32)> = rows
-        .iter()
-        .flat_map(|r| cols.iter().map(move |c| (r.1 - r.0, c.1 - c.0)))
-        .collect();
-    sizes.sort_unstable();
-    sizes.dedup();
     let (mut compute, mut reduce_part, mut peak_r1, mut peak_r0) = (0u64, 0u64, 0u64, 0u64);
     let (mut exchange_bytes, mut gather_bytes, mut joined_bytes) = (0u64, 0u64, 0u64);
     let mut joint = (0u64, 0u64, 0u64);
@@ -418,13 +477,24 @@ pub fn evaluate(
         steps.div_ceil(row_parts) as u64
     };
     for (mt, nct) in sizes {
-        let c = *memo
-            .0
-            .entry((mt, nct, ch, kp, b_resident))
-            .or_insert_with(|| {
+        let key = (mt, nct, ch, kp, b_resident);
+        let c = match memo.shards.get(&key) {
+            Some(&c) => c,
+            None => {
                 let one_phase = matches!(fit, Fit::Phased { .. });
-                shard_cost(g, (mt, nct), ch, (kp, b_resident), (bias, one_phase), costs)
-            });
+                let c = shard_cost(
+                    g,
+                    (mt, nct),
+                    ch,
+                    (kp, b_resident),
+                    (bias, one_phase),
+                    costs,
+                    &memo.shared,
+                );
+                memo.shards.insert(key, c);
+                c
+            }
+        };
         let c = c?;
         // The homes go to region 0 while it has room, else after the
         // interleaved buffers (storage::place does the same, in this order).
@@ -610,6 +680,31 @@ pub fn search_fit(
     costs: &mut GemmCosts,
     budget: &SearchBudget,
 ) -> (Vec<GemmPlan>, usize) {
+    let (mut candidates, generated) =
+        candidates(g, tiles, (host_a, bias), min_k_parts, fit, costs, budget);
+    candidates.sort_by_key(|p| {
+        (
+            p.estimate.compute_cycles,
+            p.estimate.active_tiles,
+            p.estimate.peak_interleaved_bytes + p.estimate.peak_standard_bytes,
+            p.row_parts,
+            p.stream.map(|s| (s.k_parts, s.chunk_blocks, s.b_resident)),
+        )
+    });
+    (pareto_front(candidates, budget.beam_width), generated)
+}
+
+/// Every feasible streamed candidate of [`search_fit`] in search order, and
+/// the count of shapes generated.
+fn candidates(
+    g: &GemmGeometry,
+    tiles: u32,
+    (host_a, bias): (bool, bool),
+    min_k_parts: u32,
+    fit: Fit,
+    costs: &GemmCosts,
+    budget: &SearchBudget,
+) -> (Vec<GemmPlan>, usize) {
     use rayon::prelude::*;
     // The shapes in search order, up to the budget.
     let mut shapes: Vec<(u32, u32, u32, u32)> = Vec::new();
@@ -634,7 +729,7 @@ pub fn search_fit(
     }
     let generated = shapes.len();
     // Evaluated in parallel runs of consecutive shapes, each with its own
-    // copies of the formula memos and the shard-cost memo (caches of pure
+    // shard-cost memo and the worker splits shared (caches of pure
     // results), gathered in search order: the same plans for any thread
     // count. Each shape is one candidate with B from homes or resident
     // (only with K parts: evaluate refuses resident B without).
@@ -642,11 +737,12 @@ pub fn search_fit(
         .len()
         .div_ceil(4 * rayon::current_num_threads())
         .max(16);
-    let mut candidates: Vec<GemmPlan> = shapes
+    let shared = std::sync::Arc::new(SharedMemo::default());
+    let candidates: Vec<GemmPlan> = shapes
         .par_chunks(chunk)
         .map(|part| {
             let mut costs = costs.clone();
-            let mut memo = Memo::new();
+            let mut memo = Memo::sharing(shared.clone());
             let mut out = Vec::new();
             for &(rp, cp, kp, ch) in part {
                 for b_resident in [false, true].into_iter().filter(|&r| {
@@ -671,16 +767,7 @@ pub fn search_fit(
         .into_iter()
         .flatten()
         .collect();
-    candidates.sort_by_key(|p| {
-        (
-            p.estimate.compute_cycles,
-            p.estimate.active_tiles,
-            p.estimate.peak_interleaved_bytes + p.estimate.peak_standard_bytes,
-            p.row_parts,
-            p.stream.map(|s| (s.k_parts, s.chunk_blocks, s.b_resident)),
-        )
-    });
-    (pareto_front(candidates, budget.beam_width), generated)
+    (candidates, generated)
 }
 
 /// A step of a streamed GEMM before its exchange is scheduled: GEMMs that
@@ -1803,6 +1890,65 @@ mod tests {
         assert_eq!(exchange(&mut costs, true) - resident, 192 * 192 * 2 / 4);
         // B homes are region-0 buffers, which the join leaves in place.
         assert_eq!(exchange(&mut costs, false), homes);
+    }
+
+    /// The search shares worker splits and reduce costs between its
+    /// threads and keeps partitions and shard costs per thread; every
+    /// candidate must equal [`evaluate`] of its shape with a fresh memo
+    /// (resident B and homes, several fits, K parts and chunk sizes).
+    #[test]
+    fn memoised_candidates_equal_fresh_evaluations() {
+        use crate::gemm::FormulaCost;
+        let g = GemmGeometry {
+            m: 97,
+            k: 512,
+            n: 300,
+            acc32: false,
+            f16_result: true,
+            row_align: 2,
+            fp8_scale: None,
+            reduce_f16: true,
+            max_chain_blocks: 16,
+        };
+        let costs = GemmCosts::new(
+            FormulaCost::new("6 * (14 + NCB * (11 + NKB * (4 * M + 51)))".into()),
+            Some(FormulaCost::new(
+                "6 * (29 + ROWS * (2 + QUADS * (P + 1)))".into(),
+            )),
+        );
+        let budget = SearchBudget::default();
+        for fit in [
+            Fit::Alone,
+            Fit::Phased {
+                persistent: 64 * 1024,
+            },
+        ] {
+            let (plans, generated) = candidates(&g, 96, (true, true), 2, fit, &costs, &budget);
+            assert!(!plans.is_empty() && plans.len() <= 2 * generated, "{fit:?}");
+            let mut fresh = Vec::new();
+            for &kp in K_PARTS.iter().filter(|&&k| k <= g.nkb() && k >= 2) {
+                let grid = 96 / kp;
+                let least = (grid / 2).max(1);
+                for rp in 1..=g.m.min(grid) {
+                    for cp in least.div_ceil(rp).max(1)..=g.ncb().min(grid / rp) {
+                        for &ch in CHUNK_BLOCKS.iter().filter(|&&c| c <= g.nkb()) {
+                            for b_resident in [false, true] {
+                                fresh.extend(evaluate(
+                                    &g,
+                                    (rp, cp, kp),
+                                    (ch, b_resident),
+                                    (true, true),
+                                    fit,
+                                    &mut costs.clone(),
+                                    &mut Memo::new(),
+                                ));
+                            }
+                        }
+                    }
+                }
+            }
+            assert_eq!(plans, fresh, "{fit:?}");
+        }
     }
 
     /// Pieces cover the block's rows once, in order, with bounds on the
