@@ -143,6 +143,30 @@ pub fn compute_bound_cycles(flop: u64, tiles: u32) -> u64 {
     flop.div_ceil(per_cycle)
 }
 
+/// A lower bound on the cycles of any BSP program that computes the f16
+/// GEMM `[m, k] x [k, n]` on `tiles` tiles at the f16 AMP peak, with f16
+/// operands and f16 partial sums (2 bytes each), when the operands' and the
+/// result's homes are spread evenly over the tiles.
+///
+/// Why: under BSP a tile computes or exchanges, never both, so a tile's
+/// cycles are at least its products at 64 a cycle plus what it receives at
+/// 4 bytes a cycle. A tile whose products are the set V of (i, j, k) needs
+/// the elements of A, B and of partial sums of C that V projects onto; by
+/// the Loomis-Whitney inequality |V|^2 <= |A_V| |B_V| |C_V|, so it touches
+/// at least 3 |V|^(2/3) of them. It receives all of them but those homed on
+/// it (each element of A, B and C is homed once; a partial sum it computes
+/// for an output homed elsewhere is received by that output's home, which
+/// counts it in the same sum). With the products evenly spread (the bound
+/// only grows when a tile does more) every tile receives at least
+/// `3 V^(2/3) - (mk + kn + mn) / tiles` elements with `V = mkn / tiles`.
+pub fn gemm_bsp_bound_cycles(m: u64, k: u64, n: u64, tiles: u32) -> u64 {
+    let v = (m * k * n) as f64 / tiles as f64;
+    let homes = (m * k + k * n + m * n) as f64 / tiles as f64;
+    let received = (3.0 * v.powf(2.0 / 3.0) - homes).max(0.0) * 2.0;
+    let compute = v / AMP_MACS_F16_F16 as f64;
+    (compute + received / EXCHANGE_RECV_BYTES_PER_CYCLE as f64).floor() as u64
+}
+
 /// Calibration formulas measured on C600 hardware by the existing stack. The
 /// simulator's kernels may beat them, but never past the ceilings above.
 pub mod calibration {
@@ -165,6 +189,19 @@ pub mod calibration {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn gemm_bsp_bound_adds_the_receive_bound_to_the_compute_bound() {
+        // 4096^3 on the chip: 729,444 cycles of products and 177,382 of
+        // receiving (3 V^(2/3) = 388,958 elements, 34,193 of them homed):
+        // 906,826 cycles, 80.4% of the f16 peak.
+        let b = gemm_bsp_bound_cycles(4096, 4096, 4096, TILES_PER_CHIP);
+        assert!((906_000..908_000).contains(&b), "{b}");
+        let flop = 2 * 4096u64.pow(3);
+        assert!(b > compute_bound_cycles(flop, TILES_PER_CHIP));
+        // One tile homes everything and receives nothing.
+        assert_eq!(gemm_bsp_bound_cycles(64, 64, 64, 1), 64 * 64 * 64 / 64);
+    }
 
     /// Reads the project's copy of the machine-model table and checks that each
     /// row names the value that the code uses.

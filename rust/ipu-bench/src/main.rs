@@ -71,6 +71,9 @@ struct Measured {
     /// Host link cycles of the run call: (inputs written, outputs read,
     /// inputs' bytes written once).
     host: (u64, u64, u64),
+    /// The initialize call: (device cycles, host link cycles in,
+    /// parameters' bytes written once).
+    initialize: (u64, u64, u64),
     /// (all outputs within the documented tolerance, mismatches, checks,
     /// largest error, smallest cosine)
     verification: (bool, u64, u64, f64, f64),
@@ -110,7 +113,7 @@ fn measure(opts: &CompileOptions) -> Result<Measured, String> {
             .map(|t| (t.name.clone(), feeds[&t.name].clone()))
             .collect()
     };
-    session
+    let init = session
         .call("initialize", &pick("initialize"))
         .map_err(|e| e.to_string())?;
     let start = Instant::now();
@@ -153,7 +156,20 @@ fn measure(opts: &CompileOptions) -> Result<Measured, String> {
         .find(|c| c.name == "run")
         .expect("package calls");
     let input_bytes: u64 = run_call.inputs.iter().map(|t| t.bytes()).sum();
+    let param_bytes: u64 = pkg
+        .info
+        .calls
+        .iter()
+        .filter(|c| c.name == "initialize")
+        .flat_map(|c| &c.inputs)
+        .map(|t| t.bytes())
+        .sum();
     Ok(Measured {
+        initialize: (
+            init.cycles.device_cycles,
+            init.cycles.host_in_cycles,
+            ipu_arch::host_transfer_cycles(param_bytes, ipu_arch::CLOCK_HZ_C600),
+        ),
         host: (
             run.cycles.host_in_cycles,
             run.cycles.host_out_cycles,
@@ -242,6 +258,11 @@ impl Measured {
         println!(
             "  host link:           {host_in} cycles in ({:.2}x the inputs written once, {once}), {host_out} out; not in the simulated cycles",
             host_in as f64 / once.max(1) as f64
+        );
+        let (init_cycles, init_in, params_once) = self.initialize;
+        println!(
+            "  initialize:          {init_cycles} device cycles, {init_in} host link cycles in ({:.2}x the parameters written once, {params_once})",
+            init_in as f64 / params_once.max(1) as f64
         );
         println!(
             "  estimate:            {} cycles (error {:+.1}% against the simulator)",
@@ -388,6 +409,13 @@ fn gemm4096(tiles: u32) -> Result<(), String> {
         m.cycles,
         100.0 * peak(m.cycles),
         (2.0 * 4096f64.powi(3) / ipu_arch::CHIP_F16_FLOP_PER_CYCLE as f64).ceil() as u64
+    );
+    let bsp = ipu_arch::gemm_bsp_bound_cycles(4096, 4096, 4096, ipu_arch::TILES_PER_CHIP);
+    println!(
+        "  BSP bound:           {} cycles = {:.1}% of peak (the products at the peak plus each tile receiving 3 V^(2/3) operands and partial sums less its homes; ratio {:.2})",
+        bsp,
+        100.0 * peak(bsp),
+        m.cycles as f64 / bsp as f64
     );
     m.print_common();
     Ok(())

@@ -46,6 +46,7 @@ pub mod load;
 pub mod lower;
 pub mod map_tiles;
 pub mod package;
+pub mod param_copies;
 pub mod plan;
 pub mod rowwise;
 pub mod segment;
@@ -2233,6 +2234,26 @@ fn compile_with(
         chain_choice,
         attention,
     } = lower_segments(graph, options, &mut library, &mut rowwise_reports, limits)?;
+    // Parameters the plans hold more than once cross the host link once,
+    // like the run call's inputs, and the initialize call copies them.
+    let param_copies = if options.host_inputs == HostInputs::Once {
+        phase("param_copies", || {
+            let r = param_copies::copy_on_device(&mut lowered)?;
+            verifier("param_copies", lower::verify(&lowered))?;
+            tracing::info!(
+                copied = r.copied.len(),
+                host_written = r.host_written.len(),
+                host_bytes_before = r.host_bytes_before,
+                host_bytes_after = r.host_bytes_after,
+                transfers = r.transfers,
+                step_cycles = r.step_cycles,
+                "parameters written once by the host and copied by the initialize call"
+            );
+            Ok(r)
+        })?
+    } else {
+        param_copies::ParamCopies::default()
+    };
     // The package's host interface is the model's: device host tensors
     // that legalize renamed, sliced or transposed are written and read at
     // their places in the model's tensors.
@@ -2473,6 +2494,10 @@ fn compile_with(
     // their packages, stay as they were).
     if !retries.is_empty() {
         report["retries"] = json!(retries);
+    }
+    // Likewise the parameters the initialize call copies.
+    if !param_copies.copied.is_empty() || !param_copies.host_written.is_empty() {
+        report["param_copies"] = json!(param_copies);
     }
     let summary: BTreeMap<String, u64> = [
         ("active_tiles", tile_count as u64),

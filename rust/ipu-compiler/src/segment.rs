@@ -328,7 +328,7 @@ impl Remap<'_> {
 /// (`from`) to the consumer's (`to`): every consumer byte range from the
 /// producer ranges that cover it. A destination tile appears at most once
 /// per transfer, so a second slot on one tile gets a transfer of its own.
-fn transfers_between(
+pub(crate) fn transfers_between(
     name: &str,
     from: &[HostPlacement],
     to: &[HostPlacement],
@@ -441,7 +441,7 @@ fn continues(last: &BufferTransfer, next: &BufferTransfer) -> bool {
 
 /// Whether every piece of `placements` starts and ends on a 4-byte word,
 /// on the host side and in its buffer (what an exchange can move).
-fn word_aligned(placements: &[HostPlacement]) -> bool {
+pub(crate) fn word_aligned(placements: &[HostPlacement]) -> bool {
     placements.iter().all(|p| {
         p.host_offset.is_multiple_of(4)
             && p.bytes.is_multiple_of(4)

@@ -34,6 +34,7 @@ fn gemm_small_on_four_tiles() {
                 .word call_1
         # call 0: initialize
         call_0:
+                .word rt_exchange, 0x4c730, 48
                 .word rt_end
         # call 1: run
         call_1:
@@ -83,8 +84,9 @@ fn gemm_small_on_four_tiles() {
     }
     expect![[r#"
         call initialize
-          phase "host to device" HostToDevice supersteps=1 estimated=Some(960)
-          in b f16[48, 20] placements=192 placed_bytes=7680 tiles={0, 1, 2, 3}
+          phase "host to device" HostToDevice supersteps=0 estimated=Some(690)
+          phase "copy parameters b" Exchange supersteps=2 estimated=Some(1098)
+          in b f16[48, 20] placements=48 placed_bytes=1920 tiles={0}
         call run
           phase "host to device" HostToDevice supersteps=0 estimated=Some(749)
           phase "gemm c" Compute supersteps=1 estimated=Some(1470)

@@ -157,7 +157,12 @@ pub fn run_call(out: &CompileOutput) -> &ipu_package::StreamingCall {
 
 /// Host bytes the run call writes per input, and each input's size.
 pub fn run_input_bytes(out: &CompileOutput) -> Vec<(String, u64, u64)> {
-    run_call(out)
+    call_input_bytes(out, "run")
+}
+
+/// Host bytes call `name` writes per input, and each input's size.
+pub fn call_input_bytes(out: &CompileOutput, name: &str) -> Vec<(String, u64, u64)> {
+    call(out, name)
         .inputs
         .iter()
         .map(|t| {
