@@ -1795,12 +1795,7 @@ fn plan_and_lower(
         if let (Some(b), Some(p), Some(k)) =
             (blocks.first(), &attention_plan, attention_kernels.as_mut())
         {
-            let label = l
-                .calls
-                .iter()
-                .flat_map(|c| &c.steps)
-                .filter(|s| s.exchange.is_some())
-                .count() as u32;
+            let label = l.exchange_steps();
             attention::lower(graph, b, p, k, &mut l, label)?;
         }
         verifier("lower", lower::verify(&l))?;

@@ -818,6 +818,16 @@ impl HostTensors {
 }
 
 impl Lowered {
+    /// The number of exchange steps in every call so far: the label of the
+    /// next one (it names the step's tables and its scheduler log line).
+    pub fn exchange_steps(&self) -> u32 {
+        self.calls
+            .iter()
+            .flat_map(|c| &c.steps)
+            .filter(|s| s.exchange.is_some())
+            .count() as u32
+    }
+
     /// The program of an `initialize` and a `run` call with these steps;
     /// its tensors in graph order, so that the manifest follows the model.
     pub(crate) fn two_calls(

@@ -94,15 +94,7 @@ pub fn copy_on_device(l: &mut Lowered) -> Result<ParamCopies, CompileError> {
         return Ok(report);
     }
     report.transfers = transfers.len();
-    // A label no other exchange step of the program has (it names the
-    // step in the scheduler's log line).
-    let label = l
-        .calls
-        .iter()
-        .flat_map(|c| &c.steps)
-        .filter(|s| s.exchange.is_some())
-        .count() as u32;
-    let mut x = exchange::schedule(l.tile_count, transfers, label)?;
+    let mut x = exchange::schedule(l.tile_count, transfers, l.exchange_steps())?;
     exchange::attach_tables(&mut x, &mut l.buffers, "xtab_init");
     report.step_cycles = exchange::step_cycles(&x.figures);
     let step = Step {
