@@ -72,11 +72,6 @@ impl Formula {
         Ok(p.formula)
     }
 
-    /// The formula's text.
-    pub fn text(&self) -> &str {
-        &self.text
-    }
-
     /// The variables the formula reads, in the order [`Formula::eval`]
     /// takes their values.
     pub fn variables(&self) -> &[String] {

@@ -295,11 +295,6 @@ impl FormulaCost {
         }
     }
 
-    /// The formula's text.
-    pub fn text(&self) -> &str {
-        self.formula.text()
-    }
-
     /// The formula's value for `vars` (never negative). A variable missing
     /// from `vars` or a division by zero gives `i64::MAX`: no plan then
     /// looks cheap by it.

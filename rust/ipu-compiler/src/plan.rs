@@ -150,8 +150,9 @@ pub fn evaluate(
 }
 
 /// [`evaluate`] of `row_parts` and `col_parts` that
-/// [`GemmGeometry::row_ranges`] and [`ranges`] cut into `rows` and `cols`, with a search's memo of
-/// worker splits (`costs` unchanged while `memo` lives).
+/// [`GemmGeometry::row_ranges`] and [`ranges`] cut into `rows` and
+/// `cols`, with a search's memo of worker splits (`costs` unchanged while
+/// `memo` lives).
 fn evaluate_with(
     g: &GemmGeometry,
     (row_parts, col_parts, rows, cols): (u32, u32, &Parts, &Parts),
@@ -167,7 +168,6 @@ fn evaluate_with(
     let mut cast_part = 0u64;
     let mut peak_r1 = 0u64;
     let mut peak_r0 = 0u64;
-    let mut in_bytes = 0u64;
     for (mt, nct) in shard_sizes(rows, cols) {
         let (split, gemm, reduce) = memo.best_split_with(g, mt, nct, costs, u32::MAX)?;
         let mut tile = gemm + supervisor_cycles(split.vertices() as u64);
@@ -227,10 +227,12 @@ fn evaluate_with(
     // Host A rows go to every tile of the row part (once, when they are
     // copied by exchange); B columns to every row part. (The ranges cover
     // the rows and columns once each.)
-    if costs.owns_a {
+    let in_bytes = if costs.owns_a {
         let copies = if copied { 1 } else { cols.ranges.len() as u64 };
-        in_bytes = g.m as u64 * g.k as u64 * g.operand_bytes() as u64 * copies;
-    }
+        g.m as u64 * g.k as u64 * g.operand_bytes() as u64 * copies
+    } else {
+        0
+    };
     let param_bytes = g.n as u64 * g.k as u64 * g.operand_bytes() as u64 * rows.ranges.len() as u64;
     let out_bytes = g.m as u64 * g.n as u64 * g.result_bytes() as u64;
     let host_in = host_transfer_cycles(in_bytes, CLOCK_HZ_C600);

@@ -304,9 +304,8 @@ fn shard_cost(
     let max_kg = if kp > 1 { 1 } else { u32::MAX };
     let (split, _, _) = shared.splits.best_split_with(&gc, mt, nct, costs, max_kg)?;
     let layout = ShardLayout::new(&gc, mt, nct, &split);
-    // The slowest K part's steps.
-    // Chunks are `ch` blocks but for a part's last (and none past its
-    // end): each width is costed once.
+    // The slowest K part's steps. Chunks are `ch` blocks but for a part's
+    // last (and none past its end): each width is costed once.
     let mut by_width: Vec<(u32, u64)> = Vec::new();
     let mut compute = k_parts(g, kp)
         .iter()
