@@ -90,19 +90,22 @@ impl Formula {
         // Children precede their parents in the arena, so one pass in order
         // evaluates every node after its operands.
         v.clear();
+        // Kernel metadata is input: a formula whose value leaves i64 is an
+        // error, never a wrapped or panicking value.
+        let overflow = || format!("`{}`: the value overflows", self.text);
         for node in &self.nodes {
             let x = match *node {
-                Node::Const(c) => c,
-                Node::Var(i) => values[i],
-                Node::Neg(a) => -v[a],
-                Node::Add(a, b) => v[a] + v[b],
-                Node::Sub(a, b) => v[a] - v[b],
-                Node::Mul(a, b) => v[a] * v[b],
+                Node::Const(c) => Some(c),
+                Node::Var(i) => Some(values[i]),
+                Node::Neg(a) => v[a].checked_neg(),
+                Node::Add(a, b) => v[a].checked_add(v[b]),
+                Node::Sub(a, b) => v[a].checked_sub(v[b]),
+                Node::Mul(a, b) => v[a].checked_mul(v[b]),
                 Node::Div(a, b) => {
                     if v[b] == 0 {
                         return Err(format!("`{}`: division by zero", self.text));
                     }
-                    v[a].div_euclid(v[b])
+                    v[a].checked_div_euclid(v[b])
                 }
                 Node::Ceil(a, b) => {
                     if v[b] <= 0 {
@@ -111,10 +114,11 @@ impl Formula {
                             self.text, v[b]
                         ));
                     }
-                    (v[a] + v[b] - 1).div_euclid(v[b])
+                    v[a].checked_add(v[b] - 1)
+                        .and_then(|n| n.checked_div_euclid(v[b]))
                 }
             };
-            v.push(x);
+            v.push(x.ok_or_else(overflow)?);
         }
         Ok(*v.last().expect("a parsed formula has a root"))
     }
@@ -275,6 +279,12 @@ mod tests {
             .contains("not positive"));
         assert!(evaluate("3M", &vars).unwrap_err().contains("neither"));
         assert!(evaluate("(M", &vars).unwrap_err().contains("expected `)`"));
+        assert!(evaluate("4611686018427387904 * 2 + M", &vars)
+            .unwrap_err()
+            .contains("overflows"));
+        assert!(evaluate("-9223372036854775807 - 1 - M", &vars)
+            .unwrap_err()
+            .contains("overflows"));
     }
 
     #[test]
