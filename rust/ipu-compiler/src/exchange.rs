@@ -260,6 +260,18 @@ pub fn schedule(
     transfers: Vec<BufferTransfer>,
     label: u32,
 ) -> Result<ExchangeStep, CompileError> {
+    schedule_with(tiles, transfers, label, false)
+}
+
+/// [`schedule`], with `whole_jobs` never splitting a transfer into pieces
+/// (a tile's table then holds at most one descriptor per transfer it takes
+/// part in).
+pub fn schedule_with(
+    tiles: u32,
+    transfers: Vec<BufferTransfer>,
+    label: u32,
+    whole_jobs: bool,
+) -> Result<ExchangeStep, CompileError> {
     let layout = synthetic_layout(&transfers)?;
     let phase = phase_of(tiles, &transfers, |r| {
         layout[&(r.tile, r.buffer)].0 + r.offset
@@ -271,6 +283,7 @@ pub fn schedule(
     let options = ipu_exchange::Options {
         label,
         check: false,
+        whole_jobs,
         ..ipu_exchange::Options::default()
     };
     let compiled =

@@ -16,7 +16,9 @@
 //! (the exchange moves words), one that overlaps the host's copy only in
 //! part, and the parameters whose copies would give some tile more than
 //! [`MAX_TABLE_ENTRIES`] transfers (their descriptors live in region 0
-//! for the whole program). Invariants: the host still writes every byte of
+//! for the whole program; the step is scheduled in whole transfers, never
+//! pieces, so a tile holds at most one descriptor per transfer it takes
+//! part in). Invariants: the host still writes every byte of
 //! every parameter at least once; every placement the host no longer
 //! writes is written by the step from bytes the host wrote, before any
 //! other step of `initialize`; the step passes ipu-exchange's checker like
@@ -94,7 +96,9 @@ pub fn copy_on_device(l: &mut Lowered) -> Result<ParamCopies, CompileError> {
         return Ok(report);
     }
     report.transfers = transfers.len();
-    let mut x = exchange::schedule(l.tile_count, transfers, l.exchange_steps())?;
+    // Whole jobs: pieces would multiply the descriptors that
+    // MAX_TABLE_ENTRIES bounds (the step runs once, at initialize).
+    let mut x = exchange::schedule_with(l.tile_count, transfers, l.exchange_steps(), true)?;
     exchange::attach_tables(&mut x, &mut l.buffers, "xtab_init");
     report.step_cycles = exchange::step_cycles(&x.figures);
     let step = Step {

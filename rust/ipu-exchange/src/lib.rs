@@ -61,6 +61,11 @@ pub struct Options {
     pub check: bool,
     /// Phase number used in the log line.
     pub label: u32,
+    /// Schedule whole jobs only, never pieces of them: a tile's table then
+    /// holds at most one descriptor per transfer it sends or receives (a
+    /// phase whose tables must stay small, such as the copies of the
+    /// parameters, which live in region 0 for the whole program).
+    pub whole_jobs: bool,
 }
 
 impl Default for Options {
@@ -70,6 +75,7 @@ impl Default for Options {
             rounds: None,
             check: true,
             label: 0,
+            whole_jobs: false,
         }
     }
 }
@@ -199,7 +205,11 @@ pub fn compile_phase(phase: &Phase, options: &Options) -> Result<Compiled, Excha
     let c = options.issue_offset;
     let b = bounds(phase, c);
     let jobs = coalesce::coalesce(phase);
-    let sizes = piece_sizes(&jobs, b.endpoint_words);
+    let sizes = if options.whole_jobs {
+        vec![None]
+    } else {
+        piece_sizes(&jobs, b.endpoint_words)
+    };
     let attempt = |piece_words: Option<u32>| -> Result<Candidate, LowerError> {
         let pieces = coalesce::split(&jobs, piece_words);
         let rounds = options

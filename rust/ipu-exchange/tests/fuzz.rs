@@ -41,6 +41,46 @@ fn random_phases_schedule_check_and_stay_near_the_bound() {
     }
 }
 
+/// With `whole_jobs` no transfer is cut into pieces: a tile's table holds
+/// at most one descriptor per transfer it sends or receives (what callers
+/// that bound their tables' size count), and the tables still pass the
+/// checker. Without it some of these phases are cut.
+#[test]
+fn whole_jobs_keep_one_descriptor_per_transfer_and_tile() {
+    let mut rng = SplitMix64(0xB0A7);
+    let mut cut_without = 0;
+    for case in 0..120 {
+        let tiles = rng.range(2, 24) as u32;
+        let transfers = rng.range(1, 60) as u32;
+        let phase = synth::random(&mut rng, tiles, transfers, 300, 4);
+        let whole = Options {
+            whole_jobs: true,
+            ..options()
+        };
+        let compiled = compile_phase(&phase, &whole).unwrap_or_else(|e| panic!("case {case}: {e}"));
+        assert_eq!(compiled.report.piece_words, None, "case {case}");
+        check(&phase, &compiled.lowered.tables, XTAB_ISSUE_OFFSET).unwrap();
+        let mut entries = vec![0usize; tiles as usize];
+        for t in &phase.transfers {
+            entries[t.source as usize] += 1;
+            for d in &t.destinations {
+                entries[d.tile as usize] += 1;
+            }
+        }
+        for (tile, table) in compiled.lowered.tables.iter().enumerate() {
+            assert!(
+                table.len() <= entries[tile],
+                "case {case}: tile {tile} holds {} descriptors for {} transfers",
+                table.len(),
+                entries[tile]
+            );
+        }
+        let cut = compile_phase(&phase, &options()).unwrap();
+        cut_without += usize::from(cut.report.piece_words.is_some());
+    }
+    assert!(cut_without > 0, "no phase here is cut without whole_jobs");
+}
+
 #[test]
 fn same_phase_gives_identical_tables_in_any_input_order() {
     let mut rng = SplitMix64(7);
