@@ -32,14 +32,7 @@ fn gemm_small_on_the_simulator() {
 #[test]
 fn inputs_cross_the_host_link_once() {
     for (model, tiles) in [("mlp_small.ipug", 64), ("attention_small.ipug", 64)] {
-        let path = root().join("models").join(model);
-        let cache = tempfile::tempdir().unwrap();
-        let mut opts = options(&path, tiles, cache.path());
-        let seed = |g: &ipu_graph::Graph| random::gaussian_feeds(g, 5);
-        opts.host_inputs = HostInputs::Replicated;
-        let (replicated, _) = run_with(&opts, seed, true);
-        opts.host_inputs = HostInputs::Once;
-        let (once, _) = run_with(&opts, seed, true);
+        let (replicated, once) = replicated_and_once(model, tiles, 5);
         let copies = run_input_bytes(&replicated.compile);
         assert!(
             copies.iter().any(|(_, placed, size)| placed > size),
@@ -70,6 +63,21 @@ fn inputs_cross_the_host_link_once() {
     }
 }
 
+/// `model` of models/ compiled for `tiles` tiles with the host writing
+/// every copy and with every byte written once, each run on the simulator
+/// with Gaussian inputs of `seed` and verified.
+fn replicated_and_once(model: &str, tiles: u32, seed: u64) -> (Ran, Ran) {
+    let path = root().join("models").join(model);
+    let cache = tempfile::tempdir().unwrap();
+    let mut opts = options(&path, tiles, cache.path());
+    let feeds = |g: &ipu_graph::Graph| random::gaussian_feeds(g, seed);
+    opts.host_inputs = HostInputs::Replicated;
+    let (replicated, _) = run_with(&opts, feeds, true);
+    opts.host_inputs = HostInputs::Once;
+    let (once, _) = run_with(&opts, feeds, true);
+    (replicated, once)
+}
+
 /// Parameters that plans hold more than once (a GEMM's B on every row
 /// part's tiles, an attention's projection weights) cross the host link
 /// once under `HostInputs::Once`: the initialize call starts with an
@@ -78,14 +86,7 @@ fn inputs_cross_the_host_link_once() {
 #[test]
 fn parameters_cross_the_host_link_once() {
     for (model, tiles) in [("gemm_small.ipug", 64), ("attention_small.ipug", 64)] {
-        let path = root().join("models").join(model);
-        let cache = tempfile::tempdir().unwrap();
-        let mut opts = options(&path, tiles, cache.path());
-        let seed = |g: &ipu_graph::Graph| random::gaussian_feeds(g, 9);
-        opts.host_inputs = HostInputs::Replicated;
-        let (replicated, _) = run_with(&opts, seed, true);
-        opts.host_inputs = HostInputs::Once;
-        let (once, _) = run_with(&opts, seed, true);
+        let (replicated, once) = replicated_and_once(model, tiles, 9);
         let copies = call_input_bytes(&replicated.compile, "initialize");
         assert!(
             copies.iter().any(|(_, placed, size)| placed > size),
