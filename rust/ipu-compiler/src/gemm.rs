@@ -149,6 +149,31 @@ impl Parts {
     }
 }
 
+/// A geometry's row partitions ([`GemmGeometry::row_ranges`]) and
+/// column-block partitions ([`ranges`]) by part count, each cut once (a
+/// search visits the same part counts for many shapes).
+#[derive(Default)]
+pub struct Partitions {
+    rows: HashMap<u32, Parts>,
+    cols: HashMap<u32, Parts>,
+}
+
+impl Partitions {
+    /// `g`'s rows in `row_parts` and column blocks in `col_parts` (`g` is
+    /// the same geometry for every call on one value).
+    pub fn grid(&mut self, g: &GemmGeometry, row_parts: u32, col_parts: u32) -> (&Parts, &Parts) {
+        let rows = self
+            .rows
+            .entry(row_parts)
+            .or_insert_with(|| Parts::new(g.row_ranges(row_parts)));
+        let cols = self
+            .cols
+            .entry(col_parts)
+            .or_insert_with(|| Parts::new(ranges(g.ncb(), col_parts)));
+        (rows, cols)
+    }
+}
+
 /// The distinct (rows, column blocks) shard sizes of a grid, in increasing
 /// order.
 pub fn shard_sizes(rows: &Parts, cols: &Parts) -> Vec<(u32, u32)> {

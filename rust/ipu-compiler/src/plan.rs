@@ -12,9 +12,10 @@
 //! accumulates in f32) and the host reads of the results. Plans are ranked
 //! by device cycles first: host link cycles are reported, not optimised.
 
-use crate::gemm::{ranges, shard_sizes, GemmCosts, GemmGeometry, Parts, ShardLayout, SplitMemo};
+use crate::gemm::{
+    ranges, shard_sizes, GemmCosts, GemmGeometry, Partitions, Parts, ShardLayout, SplitMemo,
+};
 use ipu_arch::{host_transfer_cycles, CLOCK_HZ_C600, SYNC_CYCLES};
-use std::collections::HashMap;
 
 /// Search limits.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -289,19 +290,10 @@ fn candidates(
         .par_chunks(chunk)
         .map(|part| {
             let mut costs = costs.clone();
-            // A part's shapes share row partitions (consecutive) and
-            // column partitions: each is cut once.
-            let mut rows: Option<(u32, Parts)> = None;
-            let mut cols: HashMap<u32, Parts> = HashMap::new();
+            let mut partitions = Partitions::default();
             part.iter()
                 .filter_map(|&(rp, cp)| {
-                    if rows.as_ref().is_none_or(|r| r.0 != rp) {
-                        rows = Some((rp, Parts::new(g.row_ranges(rp))));
-                    }
-                    let r = &rows.as_ref().expect("cut above").1;
-                    let c = cols
-                        .entry(cp)
-                        .or_insert_with(|| Parts::new(ranges(g.ncb(), cp)));
+                    let (r, c) = partitions.grid(g, rp, cp);
                     evaluate_with(g, (rp, cp, r, c), &mut costs, &memo)
                 })
                 .collect::<Vec<_>>()

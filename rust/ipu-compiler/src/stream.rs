@@ -35,7 +35,7 @@
 use crate::exchange::{self, BufferRef, BufferTransfer};
 use crate::fuse::Source;
 use crate::gemm::{
-    best_split_with, ranges, shard_sizes, GemmCosts, GemmGeometry, Parts, ShardLayout, WorkerSplit,
+    best_split_with, ranges, shard_sizes, GemmCosts, GemmGeometry, ShardLayout, WorkerSplit,
 };
 use crate::lower::{
     push_coalesced, BufferSpec, GemmVertex, GroupResult, HostPlacement, HostTensor, PlannedGemm,
@@ -248,9 +248,7 @@ struct ShardCost {
 /// what the search's threads share is in [`SharedMemo`].
 pub struct Memo {
     shards: BTreeMap<(u32, u32, u32, u32, bool), Option<ShardCost>>,
-    /// The geometry's row and column-block partitions by part count.
-    rows: HashMap<u32, Parts>,
-    cols: HashMap<u32, Parts>,
+    partitions: crate::gemm::Partitions,
     shared: std::sync::Arc<SharedMemo>,
 }
 
@@ -276,8 +274,7 @@ impl Memo {
     pub fn sharing(shared: std::sync::Arc<SharedMemo>) -> Memo {
         Memo {
             shards: BTreeMap::new(),
-            rows: HashMap::new(),
-            cols: HashMap::new(),
+            partitions: Default::default(),
             shared,
         }
     }
@@ -434,14 +431,7 @@ pub fn evaluate(
         Fit::Beside(b) => Some(b),
         _ => None,
     };
-    let rows = memo
-        .rows
-        .entry(row_parts)
-        .or_insert_with(|| Parts::new(g.row_ranges(row_parts)));
-    let cols = memo
-        .cols
-        .entry(col_parts)
-        .or_insert_with(|| Parts::new(ranges(g.ncb(), col_parts)));
+    let (rows, cols) = memo.partitions.grid(g, row_parts, col_parts);
     if rows.ranges.len() as u32 != row_parts
         || cols.ranges.len() as u32 != col_parts
         || kp > g.nkb()
