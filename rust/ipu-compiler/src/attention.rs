@@ -319,12 +319,15 @@ pub struct AttentionPlan {
     pub query_blocks: u32,
     /// Most query rows on a tile.
     pub rows: u32,
-    /// Key column-block ranges of the key splits: the keys of one (head,
-    /// query block) are split over this many tiles, whose flash states a
-    /// combine step folds together.
+    /// The key splits: the keys of one (head, query block) are split over
+    /// this many tiles, whose flash states a combine step folds together.
+    /// Rows layout: ranges of 16-key column blocks; columns layout: ranges
+    /// of keys, each starting on an even key
+    /// (`crate::attention_cols::key_ranges`).
     pub key_splits: Vec<(u32, u32)>,
     /// The key blocks of the first split, processed one after the other
-    /// (every split has as many, near-equal).
+    /// (every split has as many, near-equal); the columns layout takes
+    /// each split's keys as one block (its padded 16-key blocks).
     pub key_blocks: Vec<(u32, u32)>,
     pub tiles: u32,
     /// Estimated cycles of the attention's compute steps (slowest tile).

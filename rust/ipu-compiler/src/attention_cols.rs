@@ -480,6 +480,23 @@ type FinalVertex = (u32, u32, u32, u32);
 
 /// `[a, z)` (even `a` and `z`) cut into `parts` near-equal ranges of whole
 /// pairs (empty ones when there are fewer pairs than parts).
+/// The keys `[k0, k1)` of `splits` key splits of `sk` keys: near-equal
+/// ranges that start on even keys, since the exchange moves V^T's runs of
+/// keys as whole words. (Splits of whole 16-key blocks, as the row layout
+/// takes them, left SigLIP's four splits 176, 192, 176 and 185 keys: the
+/// slowest tile's S^T, softmax and K and V^T exchange sized for 192.)
+pub fn key_ranges(sk: u32, splits: u32) -> Vec<(u32, u32)> {
+    ranges(sk.div_ceil(2), splits)
+        .into_iter()
+        .map(|(a, z)| (2 * a, (2 * z).min(sk)))
+        .collect()
+}
+
+/// The most keys of any split.
+fn widest_split(key_splits: &[(u32, u32)]) -> u32 {
+    key_splits.iter().map(|r| r.1 - r.0).max().unwrap_or(1)
+}
+
 fn pair_ranges(a: u32, z: u32, parts: u32) -> Vec<(u32, u32)> {
     ranges((z - a) / 2, parts)
         .into_iter()
@@ -697,10 +714,9 @@ pub fn plan(
     }
     let ncb = block.key_blocks();
     for splits in (1u32..=8).filter(|&s| s <= ncb) {
-        let key_splits = ranges(ncb, splits);
-        let split_cb = key_splits.iter().map(|c| c.1 - c.0).max().unwrap_or(1);
-        let kp = split_cb * 16;
-        let n = kp.min(block.sk);
+        let key_splits = key_ranges(block.sk, splits);
+        let n = widest_split(&key_splits);
+        let kp = n.div_ceil(16) * 16;
         let mut seen = std::collections::BTreeSet::new();
         for qb in 1..=block.sq {
             let qr = query_ranges(block, qb);
@@ -742,7 +758,7 @@ pub fn plan(
                 query_blocks: qr.len() as u32,
                 rows,
                 key_splits: key_splits.clone(),
-                key_blocks: vec![key_splits[0]],
+                key_blocks: vec![(0, kp / 16)],
                 tiles: attention_tiles,
                 compute_cycles: compute,
                 exchange_bound_cycles: exchange,
@@ -808,11 +824,11 @@ pub fn lower(
     let d = b.d;
     let qranges = plan.query_ranges(b);
     let splits = plan.key_splits.len() as u32;
-    let split_cb = plan.key_splits.iter().map(|c| c.1 - c.0).max().unwrap_or(1);
-    let kp = split_cb * 16;
+    let n_widest = widest_split(&plan.key_splits);
+    let kp = n_widest.div_ceil(16) * 16;
     let split_keys = |ks: u32| -> (u32, u32) {
-        let (c0, c1) = plan.key_splits[ks as usize];
-        (c0 * 16, (c1 * 16).min(b.sk) - c0 * 16)
+        let (k0, k1) = plan.key_splits[ks as usize];
+        (k0, k1 - k0)
     };
     let bad = |message: String| CompileError::Verifier {
         phase: "lower",
@@ -820,7 +836,7 @@ pub fn lower(
     };
     // One layout for every tile (sized for the most rows and keys); the
     // steps use each tile's own rows and keys.
-    let shapes = Shapes::new(b, ck, plan.rows, kp.min(b.sk), kp)
+    let shapes = Shapes::new(b, ck, plan.rows, n_widest, kp)
         .ok_or_else(|| bad(format!("attention {name}: no worker split of O^T")))?;
     let spec =
         |role: &str, bytes: u32, region: RegionReq, exclusive: bool, category: &str| BufferSpec {
@@ -1795,6 +1811,25 @@ mod tests {
                 assert_eq!(rows, j.rows, "job {i} of ({k_rows}, {v_rows})");
             }
         }
+    }
+
+    #[test]
+    fn key_ranges_cover_the_keys_from_even_starts_within_two_keys() {
+        for sk in [1u32, 2, 3, 19, 33, 600, 729, 730] {
+            for splits in (1u32..=8).filter(|&s| 2 * s <= sk.max(2)) {
+                let r = key_ranges(sk, splits);
+                assert_eq!(r.len() as u32, splits, "{sk} keys, {splits} splits");
+                assert_eq!((r[0].0, r.last().unwrap().1), (0, sk));
+                assert!(r.windows(2).all(|w| w[0].1 == w[1].0));
+                assert!(r.iter().all(|&(a, z)| a % 2 == 0 && z > a), "{r:?}");
+                let counts: Vec<u32> = r.iter().map(|&(a, z)| z - a).collect();
+                let (lo, hi) = (counts.iter().min().unwrap(), counts.iter().max().unwrap());
+                assert!(hi - lo <= 2, "{sk} keys, {splits} splits: {counts:?}");
+            }
+        }
+        // SigLIP: 182 or 183 keys per split where 16-key blocks gave 192.
+        let r = key_ranges(729, 4);
+        assert_eq!(widest_split(&r), 183, "{r:?}");
     }
 
     #[test]
