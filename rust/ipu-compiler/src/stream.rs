@@ -173,6 +173,17 @@ fn piece_rows(rows: u32, kp: u32, align: u32) -> u32 {
         .unwrap_or(0)
 }
 
+/// Whether the reduce-scatter gathers a tile's `kp` sections of
+/// `section` bytes into its `c_partial` buffer (after the C header) rather
+/// than into a buffer of its own. Every running sum ends in `c`, so
+/// `c_partial` is dead once the last chunk is summed; a separate gather
+/// buffer had to fit beside both C buffers, which kept the 4096^3 GEMM's
+/// shards of 372 rows (two 144 KiB C buffers and a 143 KiB gather) out of
+/// region 1. The header (the zero word, written at load) stays untouched.
+fn gather_in_c_partial(kp: u32, section: u32, layout: &ShardLayout) -> bool {
+    kp as u64 * section as u64 + crate::gemm::C_HEADER as u64 <= layout.c_bytes() as u64
+}
+
 /// One reduce vertex of a piece: (row range, column-block range).
 type ReducePart = ((u32, u32), (u32, u32));
 
@@ -362,7 +373,9 @@ fn shard_cost(
             chunks.push((layout.b_bytes(), false));
         }
         let gather_buffer = (kp * piece * layout.rs_c, false);
-        let scratch = if one_phase {
+        let scratch = if gather_in_c_partial(kp, piece * layout.rs_c, &layout) {
+            region1_footprint(&chunks)?
+        } else if one_phase {
             chunks.push(gather_buffer);
             region1_footprint(&chunks)?
         } else {
@@ -1432,7 +1445,8 @@ pub fn lower(
 
     // With several K parts: the reduce-scatter of the partials into each
     // tile's gather buffer (scratch, after the chunks).
-    let mut gathers: BTreeMap<(u32, u32, u32), usize> = BTreeMap::new();
+    // (tile's grid key) -> (gather buffer, offset of section 0)
+    let mut gathers: BTreeMap<(u32, u32, u32), (usize, u32)> = BTreeMap::new();
     if kp > 1 {
         let mut transfers = Vec::new();
         for (&(i, j, l), t) in &work {
@@ -1440,23 +1454,27 @@ pub fn lower(
             let mt = t.rows.1 - t.rows.0;
             let piece = pieces(mt, kp, g.row_align)[l as usize];
             let section = piece_rows(mt, kp, g.row_align) * lay.rs_c;
-            let bufs = sink
-                .buffers
-                .get_mut(&t.tile)
-                .expect("tiles below tile_count");
-            bufs.push(BufferSpec {
-                name: format!("{value}.gather"),
-                bytes: (kp * section).max(16),
-                align: 16,
-                region: RegionReq::Interleaved,
-                exclusive_element: false,
-                zero: vec![],
-                category: "gemm_partials".into(),
-                scratch: Some(phases.gather()),
-                lifetime: None,
-            });
-            let gather = bufs.len() - 1;
-            gathers.insert((i, j, l), gather);
+            let (gather, base) = if gather_in_c_partial(kp, section, lay) {
+                (t.c_partial, crate::gemm::C_HEADER)
+            } else {
+                let bufs = sink
+                    .buffers
+                    .get_mut(&t.tile)
+                    .expect("tiles below tile_count");
+                bufs.push(BufferSpec {
+                    name: format!("{value}.gather"),
+                    bytes: (kp * section).max(16),
+                    align: 16,
+                    region: RegionReq::Interleaved,
+                    exclusive_element: false,
+                    zero: vec![],
+                    category: "gemm_partials".into(),
+                    scratch: Some(phases.gather()),
+                    lifetime: None,
+                });
+                (bufs.len() - 1, 0)
+            };
+            gathers.insert((i, j, l), (gather, base));
             // Rows of the piece, per row group of every source (rows of one
             // row group are contiguous in `c`).
             for src_l in 0..kp {
@@ -1475,7 +1493,7 @@ pub fn lower(
                         destinations: vec![BufferRef {
                             tile: t.tile,
                             buffer: gather,
-                            offset: src_l * section + (r0 - piece.0) * lay.rs_c,
+                            offset: base + src_l * section + (r0 - piece.0) * lay.rs_c,
                         }],
                         bytes: (r1 - r0) * lay.rs_c,
                     });
@@ -1572,8 +1590,10 @@ pub fn lower(
                         kernel: reduce.clone(),
                         state: vec![
                             StateWord::Addr {
-                                buffer: gathers[&(i, j, l)],
-                                offset: q0 * lay.rs_c + cb0 * 16 * g.out_bytes(),
+                                buffer: gathers[&(i, j, l)].0,
+                                offset: gathers[&(i, j, l)].1
+                                    + q0 * lay.rs_c
+                                    + cb0 * 16 * g.out_bytes(),
                             },
                             StateWord::Const(section),
                             StateWord::Const(kp),

@@ -980,3 +980,30 @@ fn random_batched_attention_verifies() {
         assert!(ran.run_device_cycles > 0, "{text}");
     }
 }
+
+/// Streamed GEMMs with K parts gather the reduce-scatter's sections into
+/// their dead `c_partial` buffer when they fit there (after its header,
+/// whose zero word the next run's first K block reads): three runs on one
+/// session, each with new inputs, all verified.
+#[test]
+fn streamed_gemms_run_repeatedly() {
+    let cache = tempfile::tempdir().unwrap();
+    for model in ["gemm_stream_small", "mlp_stream_both_small"] {
+        let opts = options(
+            &root().join(format!("models/{model}.ipug")),
+            64,
+            cache.path(),
+        );
+        let out = run_repeatedly(&opts, &[3, 4, 5]);
+        let k_parts: Vec<u64> = out.report["operations"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter_map(|o| o["chosen"]["stream"]["k_parts"].as_u64())
+            .collect();
+        assert!(
+            k_parts.iter().any(|&k| k > 1),
+            "{model}: no streamed GEMM with K parts, so this case shows nothing: {k_parts:?}"
+        );
+    }
+}

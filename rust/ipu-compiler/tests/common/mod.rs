@@ -59,15 +59,9 @@ pub fn compile_and_run(model: &Path, tiles: u32, seed: u64) -> Ran {
     ran
 }
 
-/// Compiles with `opts`, runs with `feeds(graph)`, checks every output
-/// against the reference when `check`, and returns the outputs too.
-pub fn run_with(
-    opts: &CompileOptions,
-    feeds: impl Fn(&ipu_graph::Graph) -> BTreeMap<String, ipu_reference::Tensor>,
-    check: bool,
-) -> (Ran, BTreeMap<String, ipu_reference::Tensor>) {
-    let model = opts.model.as_path();
-    let out = compile(opts).unwrap_or_else(|e| panic!("{}: {e}", model.display()));
+/// The compiled package as read back from its bytes (checked equal), its
+/// model graph, and a simulator session with the package loaded.
+fn load(out: &CompileOutput) -> (Package, ipu_graph::Graph, Session) {
     let pkg =
         Package::from_bytes(&out.package.to_bytes().unwrap()).expect("the package reads back");
     assert_eq!(pkg, out.package);
@@ -77,8 +71,21 @@ pub fn run_with(
     )
     .unwrap();
     let device = SimDevice::new(pkg.info.tile_count).unwrap();
-    let mut session =
+    let session =
         Session::load(Box::new(device), pkg.clone(), None).unwrap_or_else(|e| panic!("{e}"));
+    (pkg, graph, session)
+}
+
+/// Compiles with `opts`, runs with `feeds(graph)`, checks every output
+/// against the reference when `check`, and returns the outputs too.
+pub fn run_with(
+    opts: &CompileOptions,
+    feeds: impl Fn(&ipu_graph::Graph) -> BTreeMap<String, ipu_reference::Tensor>,
+    check: bool,
+) -> (Ran, BTreeMap<String, ipu_reference::Tensor>) {
+    let model = opts.model.as_path();
+    let out = compile(opts).unwrap_or_else(|e| panic!("{}: {e}", model.display()));
+    let (pkg, graph, mut session) = load(&out);
     let feeds = feeds(&graph);
     let pick = |call: &str| -> BTreeMap<String, ipu_reference::Tensor> {
         let c = pkg.info.calls.iter().find(|c| c.name == call).unwrap();
@@ -202,4 +209,56 @@ pub fn constant_check(model: &Path, tiles: u32) {
         random::constant_feeds,
         true,
     );
+}
+
+/// Compiles with `opts`, initializes once with seed `seeds[0]`'s
+/// parameters and calls "run" once per seed on the same session (each
+/// run's inputs from its seed, the parameters from the first), checking
+/// every output of every run against the host reference: buffers that a
+/// run reuses as scratch (a streamed GEMM's gather in its dead C buffer)
+/// must leave nothing a later run depends on. Returns the compile output.
+pub fn run_repeatedly(opts: &CompileOptions, seeds: &[u64]) -> CompileOutput {
+    let model = opts.model.as_path();
+    let out = compile(opts).unwrap_or_else(|e| panic!("{}: {e}", model.display()));
+    let (pkg, graph, mut session) = load(&out);
+    let call_inputs = |call: &str| -> Vec<String> {
+        let c = pkg.info.calls.iter().find(|c| c.name == call).unwrap();
+        c.inputs.iter().map(|t| t.name.clone()).collect()
+    };
+    let params = random::gaussian_feeds(&graph, seeds[0]);
+    let init: BTreeMap<String, ipu_reference::Tensor> = call_inputs("initialize")
+        .into_iter()
+        .map(|n| (n.clone(), params[&n].clone()))
+        .collect();
+    session
+        .call("initialize", &init)
+        .unwrap_or_else(|e| panic!("initialize: {e}"));
+    let k = ipu_graph::analysis::max_reduction_length(&graph);
+    for &seed in seeds {
+        let mut feeds = random::gaussian_feeds(&graph, seed);
+        feeds.extend(init.clone());
+        let inputs: BTreeMap<String, ipu_reference::Tensor> = call_inputs("run")
+            .into_iter()
+            .map(|n| (n.clone(), feeds[&n].clone()))
+            .collect();
+        let run = session
+            .call("run", &inputs)
+            .unwrap_or_else(|e| panic!("run with seed {seed}: {e}"));
+        let reference = evaluate(&graph, &feeds).unwrap();
+        for (name, want) in &reference {
+            let tol = Tolerance::for_output_requantised(
+                want.dtype(),
+                k,
+                want.data(),
+                &ipu_reference::requantisations(&graph),
+            );
+            let cmp = compare(&run.outputs[name], want, tol).unwrap();
+            assert!(
+                cmp.passed(),
+                "{}: run with seed {seed}: output `{name}`: {cmp:?}",
+                model.display()
+            );
+        }
+    }
+    out
 }
