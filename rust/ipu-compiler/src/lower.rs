@@ -234,7 +234,7 @@ pub struct PlannedGemm<'a> {
     pub transposed_result: bool,
     /// A streamed GEMM that runs side by side with others on disjoint
     /// tiles (an attention's projections): its exchange steps merge with
-    /// theirs, and its chunk and gather buffers are scratch of
+    /// theirs, and its chunk buffers are scratch of
     /// [`PROJECTION_PHASE`].
     pub side_by_side: bool,
     /// The GEMM belongs to a segment of a segmented model, whose buffers

@@ -17,10 +17,10 @@
 //! accumulation runs the reduce step as in a whole-K plan. With several K
 //! parts, the partials are reduce-scattered: tile `(i, j, l)` receives row
 //! piece `l` of every partial of its block (its own by a transfer to
-//! itself, so that `reduce_f32` sees P uniformly spaced sections) into a
-//! gather buffer, and sums them with the epilogue into its result rows. The
-//! gather buffer shares memory with the chunk buffers (scratch phases: the
-//! chunks are dead once the last chunk is summed).
+//! itself, so that `reduce_f32` sees P uniformly spaced sections) into its
+//! `c_partial` buffer, dead once the last chunk is summed (after the C
+//! header, [`c_partial_bytes`]), and sums them with the epilogue into its
+//! result rows.
 //!
 //! Invariants the lowering relies on (checked by `lower::verify`,
 //! `storage::validate` and the exchange checker like any other program):
@@ -59,14 +59,13 @@ const CHUNK_BLOCKS: [u32; 12] = [1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64];
 /// K-part counts the search tries.
 const K_PARTS: [u32; 8] = [1, 2, 3, 4, 6, 8, 12, 16];
 
-/// Scratch phases of a plan with several K parts, after
-/// [`StreamPhases::After`]'s base: the chunk buffers, then the gather
-/// buffer of the partials.
+/// The scratch phase of a plan with several K parts, after
+/// [`StreamPhases::After`]'s base: the chunk buffers (the reduce-scatter
+/// gathers into the dead `c_partial`, [`c_partial_bytes`]).
 const CHUNK_PHASE: u32 = 1;
-const GATHER_PHASE: u32 = 2;
 
 /// Scratch phases one streamed GEMM with several K parts uses.
-pub const PHASES: u32 = 2;
+pub const PHASES: u32 = 1;
 
 /// Region-0 bytes of one compute step's program on a tile (an upper
 /// bound): per vertex its state (11 words, 12 with `gemm_fp8`'s SCALE) and
@@ -164,7 +163,7 @@ fn pieces(rows: u32, kp: u32, align: u32) -> Vec<(u32, u32)> {
     (0..kp).map(|l| (bound(l), bound(l + 1))).collect()
 }
 
-/// Rows of the largest piece ([`pieces`]): the gather buffer's section.
+/// Rows of the largest piece ([`pieces`]): a gathered section's rows.
 fn piece_rows(rows: u32, kp: u32, align: u32) -> u32 {
     pieces(rows, kp, align)
         .iter()
@@ -173,15 +172,22 @@ fn piece_rows(rows: u32, kp: u32, align: u32) -> u32 {
         .unwrap_or(0)
 }
 
-/// Whether the reduce-scatter gathers a tile's `kp` sections of
-/// `section` bytes into its `c_partial` buffer (after the C header) rather
-/// than into a buffer of its own. Every running sum ends in `c`, so
-/// `c_partial` is dead once the last chunk is summed; a separate gather
-/// buffer had to fit beside both C buffers, which kept the 4096^3 GEMM's
-/// shards of 372 rows (two 144 KiB C buffers and a 143 KiB gather) out of
-/// region 1. The header (the zero word, written at load) stays untouched.
-fn gather_in_c_partial(kp: u32, section: u32, layout: &ShardLayout) -> bool {
-    kp as u64 * section as u64 + crate::gemm::C_HEADER as u64 <= layout.c_bytes() as u64
+/// Bytes of a tile's `c_partial` buffer: its C layout, or with `kp > 1`
+/// K parts enough for the reduce-scatter's `kp` sections of the tile's
+/// piece after the C header, wherever that is more. Every running sum ends
+/// in `c`, so `c_partial` is dead once the last chunk is summed and the
+/// reduce-scatter gathers into it; a gather buffer of its own had to fit
+/// beside both C buffers, which kept the 4096^3 GEMM's shards of 372 rows
+/// (two 144 KiB C buffers and a 143 KiB gather) out of region 1. The
+/// header (the zero word, written at load or by a segment's fill step)
+/// stays untouched for the next run.
+fn c_partial_bytes(layout: &ShardLayout, kp: u32, section: u32) -> u32 {
+    let gather = if kp > 1 {
+        crate::gemm::C_HEADER + kp * section
+    } else {
+        0
+    };
+    layout.c_bytes().max(gather)
 }
 
 /// One reduce vertex of a piece: (row range, column-block range).
@@ -302,7 +308,7 @@ fn shard_cost(
     (mt, nct): (u32, u32),
     ch: u32,
     (kp, b_resident): (u32, bool),
-    (bias, one_phase): (bool, bool),
+    bias: bool,
     costs: &mut GemmCosts,
     shared: &SharedMemo,
 ) -> Option<ShardCost> {
@@ -361,10 +367,10 @@ fn shard_cost(
         let element = ipu_arch::INTERLEAVED_ELEMENT_BYTES as u64;
         // The C buffers (and resident B: every chunk of the tile's K part,
         // from load time on) persist, since they span the chunk steps and
-        // the reduce-scatter; in one scratch phase (an attention's
-        // projections) the chunks and the gather buffer are live together,
-        // in two they share memory.
-        let mut persistent = vec![(layout.c_bytes(), true), (layout.c_bytes(), true)];
+        // the reduce-scatter. The gather is `c_partial` (`c_partial_bytes`),
+        // so the scratch phase holds only the chunks.
+        let c_partial = c_partial_bytes(&layout, kp, piece * layout.rs_c);
+        let mut persistent = vec![(layout.c_bytes(), true), (c_partial, true)];
         if b_resident {
             persistent.push((steps * layout.b_bytes(), false));
         }
@@ -372,20 +378,12 @@ fn shard_cost(
         if !b_resident {
             chunks.push((layout.b_bytes(), false));
         }
-        let gather_buffer = (kp * piece * layout.rs_c, false);
-        let scratch = if gather_in_c_partial(kp, piece * layout.rs_c, &layout) {
-            region1_footprint(&chunks)?
-        } else if one_phase {
-            chunks.push(gather_buffer);
-            region1_footprint(&chunks)?
-        } else {
-            region1_footprint(&chunks)?.max(region1_footprint(&[gather_buffer])?)
-        };
+        let scratch = region1_footprint(&chunks)?;
         let persistent = region1_footprint(&persistent)?;
         r1 = persistent.div_ceil(element) * element + scratch;
         persistent_r1 = persistent;
         joint = (
-            2 * whole(layout.c_bytes()),
+            whole(layout.c_bytes()) + whole(c_partial),
             if b_resident {
                 (steps * layout.b_bytes()) as u64
             } else {
@@ -483,13 +481,12 @@ pub fn evaluate(
         let c = match memo.shards.get(&key) {
             Some(&c) => c,
             None => {
-                let one_phase = matches!(fit, Fit::Phased { .. });
                 let c = shard_cost(
                     g,
                     (mt, nct),
                     ch,
                     (kp, b_resident),
-                    (bias, one_phase),
+                    bias,
                     costs,
                     &memo.shared,
                 );
@@ -615,8 +612,9 @@ pub enum Fit {
     /// Another GEMM's buffers (a chain's streamed producer beside its
     /// streamed consumer).
     Beside(Beside),
-    /// An attention's projection: its chunk and gather buffers share one
-    /// scratch phase, whose memory the attention reuses afterwards, and
+    /// An attention's projection: its chunk buffers are scratch of a
+    /// phase shared with the other projections, whose memory the
+    /// attention reuses afterwards, and
     /// the buffers that outlive it get at most `persistent` bytes of
     /// region 1 (what the attention leaves). Only plans with K parts
     /// (their result is the reduce step's rows).
@@ -795,7 +793,7 @@ pub struct Sink<'s> {
     /// For a GEMM whose A is an earlier GEMM's result: where that result
     /// is, per producer tile (its compact rows of whole column blocks).
     pub a_from: Option<Vec<(u32, GroupResult)>>,
-    /// The scratch phases of its chunk and gather buffers.
+    /// The scratch phase of its chunk buffers.
     pub phases: StreamPhases,
     /// A homes of earlier streamed GEMMs, to share (and to add to).
     pub a_homes: &'s mut AHomes,
@@ -825,13 +823,12 @@ pub type AHomes = BTreeMap<HomeKey, BTreeMap<(u32, u32, u32), AHome>>;
 /// Scratch phases of a streamed GEMM with several K parts.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum StreamPhases {
-    /// Its own two, after `base` (the phases of an earlier streamed GEMM
-    /// of the chain): chunks in `base + 1`, the gather in `base + 2`
-    /// (phases run in number order; buffers of different phases share
-    /// memory).
+    /// Its own, after `base` (the phases of an earlier streamed GEMM of
+    /// the chain): the chunks in `base + 1` (phases run in number order;
+    /// buffers of different phases share memory).
     After(u32),
-    /// One phase for both (an attention's projections, whose phase the
-    /// attention's buffers reuse afterwards).
+    /// A phase shared with others (an attention's projections, whose
+    /// phase the attention's buffers reuse afterwards).
     Shared(u32),
 }
 
@@ -839,12 +836,6 @@ impl StreamPhases {
     fn chunk(self) -> u32 {
         match self {
             StreamPhases::After(base) => base + CHUNK_PHASE,
-            StreamPhases::Shared(p) => p,
-        }
-    }
-    fn gather(self) -> u32 {
-        match self {
-            StreamPhases::After(base) => base + GATHER_PHASE,
             StreamPhases::Shared(p) => p,
         }
     }
@@ -1146,7 +1137,7 @@ pub fn lower(
         );
         let c_partial = push(
             "c_partial",
-            layout.c_bytes(),
+            c_partial_bytes(&layout, kp, piece_rows(mt, kp, g.row_align) * layout.rs_c),
             RegionReq::Interleaved,
             true,
             header,
@@ -1444,9 +1435,8 @@ pub fn lower(
         .all(|(key, &b)| b == work[&(key.0, key.1, key.2)].c));
 
     // With several K parts: the reduce-scatter of the partials into each
-    // tile's gather buffer (scratch, after the chunks).
-    // (tile's grid key) -> (gather buffer, offset of section 0)
-    let mut gathers: BTreeMap<(u32, u32, u32), (usize, u32)> = BTreeMap::new();
+    // tile's dead `c_partial`, its sections after the C header.
+    let gather_base = crate::gemm::C_HEADER;
     if kp > 1 {
         let mut transfers = Vec::new();
         for (&(i, j, l), t) in &work {
@@ -1454,27 +1444,6 @@ pub fn lower(
             let mt = t.rows.1 - t.rows.0;
             let piece = pieces(mt, kp, g.row_align)[l as usize];
             let section = piece_rows(mt, kp, g.row_align) * lay.rs_c;
-            let (gather, base) = if gather_in_c_partial(kp, section, lay) {
-                (t.c_partial, crate::gemm::C_HEADER)
-            } else {
-                let bufs = sink
-                    .buffers
-                    .get_mut(&t.tile)
-                    .expect("tiles below tile_count");
-                bufs.push(BufferSpec {
-                    name: format!("{value}.gather"),
-                    bytes: (kp * section).max(16),
-                    align: 16,
-                    region: RegionReq::Interleaved,
-                    exclusive_element: false,
-                    zero: vec![],
-                    category: "gemm_partials".into(),
-                    scratch: Some(phases.gather()),
-                    lifetime: None,
-                });
-                (bufs.len() - 1, 0)
-            };
-            gathers.insert((i, j, l), (gather, base));
             // Rows of the piece, per row group of every source (rows of one
             // row group are contiguous in `c`).
             for src_l in 0..kp {
@@ -1492,8 +1461,8 @@ pub fn lower(
                         },
                         destinations: vec![BufferRef {
                             tile: t.tile,
-                            buffer: gather,
-                            offset: base + src_l * section + (r0 - piece.0) * lay.rs_c,
+                            buffer: t.c_partial,
+                            offset: gather_base + src_l * section + (r0 - piece.0) * lay.rs_c,
                         }],
                         bytes: (r1 - r0) * lay.rs_c,
                     });
@@ -1590,10 +1559,8 @@ pub fn lower(
                         kernel: reduce.clone(),
                         state: vec![
                             StateWord::Addr {
-                                buffer: gathers[&(i, j, l)].0,
-                                offset: gathers[&(i, j, l)].1
-                                    + q0 * lay.rs_c
-                                    + cb0 * 16 * g.out_bytes(),
+                                buffer: t.c_partial,
+                                offset: gather_base + q0 * lay.rs_c + cb0 * 16 * g.out_bytes(),
                             },
                             StateWord::Const(section),
                             StateWord::Const(kp),
