@@ -49,7 +49,9 @@
 # st16, the two pack16hi that bring lanes 1 and 3 into a low half, and a
 # read-ahead of the next group's partial 0 fill the main and arithmetic
 # slots of the tail: 4P + 6 bundles per group (one more than TR=0). EPI
-# 1..3: three bundles per group more than TR=0.
+# 1..3: three bundles per group more than TR=0. ACC=16 TR=1 stores blocks
+# of four rows with one st64 per column where their 8 bytes are 8-aligned
+# (below); the rest one element at a time, so the guarantees are the same.
 
         .kernel reduce_f32
         .param OUT, 16
@@ -84,7 +86,15 @@
         .elseif ACC == 16 && EPI == 2
         .cycles "6 * (35 + 4 * ((2 * P) / (P + 9)) + ROWS * (2 + 3 * ((2 * P) / (P + 9)) + QUADS * (P + 9 + 5 * ((2 * P) / (P + 9)))))"
         .elseif ACC == 16 && TR == 1
-        .cycles "6 * (33 + 6 * ((2 * P) / (P + 9)) + ROWS * (2 + 3 * ((2 * P) / (P + 9)) + QUADS * (P + 4 + 2 * ((2 * P) / (P + 9)))))"
+        # ACC=16 TR=1, for a DST whose row 0 is 8-aligned and RS_DST a
+        # multiple of 8 (the compiler's layout): 47 bundles of setup,
+        # dispatch and launch; B = ROWS / 4 blocks of four rows at QUADS
+        # (4P + 4) + 2 bundles per block row; t = ROWS mod 4 rows on the
+        # one-row path at QUADS (P + 4) + 2 each; when B > 0, 9 more for the
+        # four-row path's prologue and drain, and 3 more when t > 0 too (the
+        # way from it to the one-row path). 1 - 1 / (X + 1) is 1 for X > 0,
+        # else 0. P > 8 (S = 1) keeps the generic one-row loop.
+        .cycles "6 * (((2 * P) / (P + 9)) * (35 + ROWS * (5 + QUADS * (P + 6))) + (1 - ((2 * P) / (P + 9))) * (47 + (ROWS - 4 * (ROWS / 4)) * (2 + QUADS * (P + 4)) + (1 - 1 / ((ROWS / 4) + 1)) * (9 + 3 * (1 - 1 / ((ROWS - 4 * (ROWS / 4)) + 1))) + (ROWS / 4) * (2 + QUADS * (4 * P + 4))))"
         .elseif ACC == 16
         .cycles "6 * (29 + 6 * ((2 * P) / (P + 9)) + ROWS * (2 + 3 * ((2 * P) / (P + 9)) + QUADS * (P + 1 + 2 * ((2 * P) / (P + 9)))))"
         .elseif TR == 1 && EPI == 0
@@ -148,7 +158,9 @@
 # software-pipelined in a hardware loop whose body is unrolled for each P
 # up to ACC16_UNROLLED (P + 1 bundles, TR=1: P + 4), picked once per vertex
 # through a table of branches; larger P take a generic loop (P + 3 bundles,
-# TR=1: P + 6).
+# TR=1: P + 6). TR=1 uses this one-row path only for the rows that cannot
+# be stored four at a time with st64 (see "four rows at a time" below),
+# and then continues at $m14 instead of exiting.
 #
 # Unrolled, a group's body loads partials 1..P-1 (each add one bundle
 # behind its load), then reads ahead the next group's partial 0 beside the
@@ -167,7 +179,8 @@
 # from a row's last store to the next row's first (TR=0: RS_DST - 8
 # (QUADS-1); TR=1: 2 - (4 QUADS - 1) RS_DST, from column 4 QUADS - 1 back
 # to column 0 of the next row); $m8 SECTION; $m9 P; $m10 QUADS - 1 (the
-# hardware loop's count); $m11 RS_SRC; $m12 RS_DST.
+# hardware loop's count); $m11 RS_SRC; $m12 RS_DST; TR=1: $m14 where to
+# go after the last row.
         .equ ACC16_UNROLLED, 8
 
 # The final add of a group: partial P-1 into the sum (P = 2: onto partial 0).
@@ -227,6 +240,18 @@
         .equ ACC16_STORE_BUNDLES, 1
         .endif
 
+# The end of the one-row path. TR=1: the rows it ran may be only the head
+# (before the first 8-aligned row) or the tail (after the last block of
+# four) of the vertex's rows, so it continues at $m14 (the four-row path,
+# or an exit).
+        .macro ACC16_ROWS_DONE
+        .if TR == 1
+        br $m14
+        .else
+        exit
+        .endif
+        .endm
+
 # The rows of one unrolled P, entered at acc16_first_P with the first row's
 # partial 0 in $a2:3 (P = 1: nothing read yet).
         .macro ACC16_UNROLLED_ROWS P
@@ -243,7 +268,7 @@ acc16_first_\P:
         ld64 $a2:3, [$m6]+=$m1
         ACC16_STORE $a2:3, $a2, $a3, $m7
         brnzdec $m4, acc16_first_\P
-        exit
+        ACC16_ROWS_DONE
         .else
 acc16_row_\P:
         # The previous row's last group: final add beside this row's
@@ -263,8 +288,284 @@ acc16_first_\P:
         brnzdec $m4, acc16_row_\P
         ACC16_FINAL_ADD \P
         ACC16_STORE $a4:5, $a4, $a5, $m7
-        exit
+        ACC16_ROWS_DONE
         .endif
+        .endm
+
+# ACC=16 TR=1, four rows at a time. The one-row path above stores each
+# element with its own st16, so its main slot carries P loads and four
+# stores per group (P + 4 bundles). When the 8 bytes of rows r..r+3 of a
+# column are 8-aligned (DST + 2r a multiple of 8 and RS_DST a multiple of
+# 8), a block of four rows x one group is summed row by row (4 x (P loads,
+# P - 1 f16v4add), the same order and roundings as one row at a time) and
+# transposed in registers with eight packs, and each of its four columns
+# is one st64: per block 4P loads and 4 stores in the main slot against
+# 4P - 4 adds and 8 packs in the arithmetic slot, 4P + 4 bundles with no
+# idle slot, P + 1 per group.
+#
+# Rows x, y, z, w = r, r+1, r+2, r+3 of a block; sums $a2:3 (x), $a4:5 (y),
+# $a6:7 (z), $a8:9 (w); $a0:1 the partial just loaded. Column j of the
+# block is the pair (L_j, H_j): L_j = (x_j, y_j) from pack16lo/pack16hi of
+# the x and y words, H_j = (z_j, w_j) from those of z and w. The L words go
+# to $a10 (L1), $a4 (L0, over y's low word once both packs have read it),
+# $a12 (L2) and $a14 (L3), the H words to the odd register beside each, so
+# that columns 0..3 are the aligned pairs $a4:5, $a10:11, $a12:13 and
+# $a14:15 and no move is needed. The registers are exactly enough: while a
+# block's H packs wait for its w sum, it holds its four columns' L words
+# (in four pairs, the odd halves kept for the H words) and its z and w
+# sums, the partial pair is in use, and the one pair left is x's, which the
+# L packs have already read, so the next block's x row can start at once.
+#
+# An arithmetic slot is free after each partial-0 load and each store (no
+# add is due there). The L packs of a block use the free slots after y's
+# sum is final; its H packs and stores run during the next block's x and y
+# rows (columns 0 and 1) and z and w rows (columns 2 and 3), each store
+# after the pack that completes its pair and before the pack that writes
+# that pair next (a store and a pack in one bundle: the store reads first):
+#
+#   main:  x p0  x p1  st c0  st c1  x p2 ..  y p0  y p1 ..  z p0  z p1  st c2 ..  w p0  st c3  w p1 ..
+#   arith: w+=p  H0    H1     x+=p1  H2   ..  x+=p  H3   ..  y+=p  L1    L0    ..  z+=p  L2     L3   ..
+#
+# (P = 2 moves H2 beside y p0; P = 1 has no adds.) The groups of a block
+# row run in a hardware loop. Its body starts at the w row's last partial
+# load and ends before the next group's, so that one body finishes a group
+# (that load, its final add, H packs and four stores) and starts the next:
+# then the two steps that differ at a block row's end, that last partial
+# load's (to the next block row's first partial) and the column-3 store's
+# (to column 0 of rows r + 4..r + 7), fall in the same body, which is
+# peeled out of the loop for a block row's last group. Every block row
+# costs QUADS (4P + 4) + 2 bundles (rpt and brnzdec). Nothing is read that
+# is not a partial of the block, nothing written that is not one of its 16
+# result elements.
+#
+# A vertex's rows: the head rows before the first row whose 8 bytes are
+# 8-aligned (h = ((-DST) mod 8) / 2 of them) and the (ROWS - h) mod 4
+# rows after the last block go through the one-row path, which then
+# continues at $m14 (the blocks after head rows; an exit after the rest). If RS_DST is not a multiple of 8 or fewer than h + 4 rows exist,
+# every row takes the one-row path. P > 8 keeps the generic one-row loop.
+#
+# Registers beyond the one-row path's: $m5 = RS_SRC - (P-1) SECTION (a
+# row's last partial to the next row's partial 0); $m13 = 8 - 3 RS_SRC -
+# (P-1) SECTION (a block's w row, last partial, to its x row, next group,
+# partial 0); $m1 (as in the one-row path) from the w row's last partial
+# of a block row's last group to the next block row; $m9 block rows left;
+# $m11 = ROWS - h until the prologue, then 8 - (4 QUADS - 1) RS_DST (column
+# 4 QUADS - 1 to column 0, four rows on); $m4 the rows after the blocks;
+# $m14 unused until the drain sets it to the exit for those rows.
+
+# \n loads of further partials of a row into $a0:1 stepping by SECTION,
+# then (\last = 1) one stepping to the next row by $m5, each beside the
+# add of the partial loaded before it into \sum.
+        .macro TR4_ADDS sum, w, n, last
+        .rept \n
+        { ld64 $a0:1, [\w]+=$m8 ; f16v4add \sum, \sum, $a0:1 }
+        .endr
+        .if \last
+        { ld64 $a0:1, [\w]+=$m5 ; f16v4add \sum, \sum, $a0:1 }
+        .endif
+        .endm
+
+# One loop body (4P + 4 bundles): the w row's last partial load of group g
+# (stepping by \wstep), group g + 1's rows x, y, z, w up to that row's
+# partial P - 2, group g's H packs and stores (column 3 stepping by
+# \cstep), group g + 1's L packs. \w is the partial walk.
+        .macro TR4_BODY P, w, wstep, cstep
+        .if \P == 1
+        { ld64 $a8:9, [\w]+=\wstep ; pack16hi $a14, $a3, $a5 }
+        { ld64 $a2:3, [\w]+=$m5 ; pack16lo $a5, $a6, $a8 }
+        { st64 $a4:5, [$m3]+=$m12 ; pack16hi $a11, $a6, $a8 }
+        { st64 $a10:11, [$m3]+=$m12 ; pack16lo $a13, $a7, $a9 }
+        { ld64 $a4:5, [\w]+=$m5 ; pack16hi $a15, $a7, $a9 }
+        { ld64 $a6:7, [\w]+=$m5 ; pack16hi $a10, $a2, $a4 }
+        { st64 $a12:13, [$m3]+=$m12 ; pack16lo $a4, $a2, $a4 }
+        { st64 $a14:15, [$m3]+=\cstep ; pack16lo $a12, $a3, $a5 }
+        .elseif \P == 2
+        { ld64 $a0:1, [\w]+=\wstep ; pack16hi $a14, $a3, $a5 }
+        { ld64 $a2:3, [\w]+=$m8 ; f16v4add $a8:9, $a8:9, $a0:1 }
+        { ld64 $a0:1, [\w]+=$m5 ; pack16lo $a5, $a6, $a8 }
+        { st64 $a4:5, [$m3]+=$m12 ; pack16hi $a11, $a6, $a8 }
+        { st64 $a10:11, [$m3]+=$m12 ; f16v4add $a2:3, $a2:3, $a0:1 }
+        { ld64 $a4:5, [\w]+=$m8 ; pack16lo $a13, $a7, $a9 }
+        { ld64 $a0:1, [\w]+=$m5 ; pack16hi $a15, $a7, $a9 }
+        { ld64 $a6:7, [\w]+=$m8 ; f16v4add $a4:5, $a4:5, $a0:1 }
+        { ld64 $a0:1, [\w]+=$m5 ; pack16hi $a10, $a2, $a4 }
+        { st64 $a12:13, [$m3]+=$m12 ; pack16lo $a4, $a2, $a4 }
+        { ld64 $a8:9, [\w]+=$m8 ; f16v4add $a6:7, $a6:7, $a0:1 }
+        { st64 $a14:15, [$m3]+=\cstep ; pack16lo $a12, $a3, $a5 }
+        .else
+        # Group g's w row: its last partial, its final add beside x's
+        # partial 0 of group g + 1; then x's partials with group g's H0, H1
+        # (columns 0 and 1 complete and stored), H2.
+        { ld64 $a0:1, [\w]+=\wstep ; f16v4add $a8:9, $a8:9, $a0:1 }
+        { ld64 $a2:3, [\w]+=$m8 ; f16v4add $a8:9, $a8:9, $a0:1 }
+        { ld64 $a0:1, [\w]+=$m8 ; pack16lo $a5, $a6, $a8 }
+        { st64 $a4:5, [$m3]+=$m12 ; pack16hi $a11, $a6, $a8 }
+        { st64 $a10:11, [$m3]+=$m12 ; f16v4add $a2:3, $a2:3, $a0:1 }
+        .if \P == 3
+        { ld64 $a0:1, [\w]+=$m5 ; pack16lo $a13, $a7, $a9 }
+        .else
+        { ld64 $a0:1, [\w]+=$m8 ; pack16lo $a13, $a7, $a9 }
+        TR4_ADDS $a2:3, \w, \P - 4, 1
+        .endif
+        # y's partials, H3 (group g's z and w sums are free after it).
+        { ld64 $a4:5, [\w]+=$m8 ; f16v4add $a2:3, $a2:3, $a0:1 }
+        { ld64 $a0:1, [\w]+=$m8 ; pack16hi $a15, $a7, $a9 }
+        TR4_ADDS $a4:5, \w, \P - 3, 1
+        # z's partials; y's sum is final: L1, then L0 over y's low word
+        # beside the store of group g's column 2.
+        { ld64 $a6:7, [\w]+=$m8 ; f16v4add $a4:5, $a4:5, $a0:1 }
+        { ld64 $a0:1, [\w]+=$m8 ; pack16hi $a10, $a2, $a4 }
+        { st64 $a12:13, [$m3]+=$m12 ; pack16lo $a4, $a2, $a4 }
+        TR4_ADDS $a6:7, \w, \P - 3, 1
+        # w's partials up to P - 2; group g's column 3 stored before L3
+        # overwrites its low word.
+        { ld64 $a8:9, [\w]+=$m8 ; f16v4add $a6:7, $a6:7, $a0:1 }
+        { st64 $a14:15, [$m3]+=\cstep ; pack16lo $a12, $a3, $a5 }
+        { ld64 $a0:1, [\w]+=$m8 ; pack16hi $a14, $a3, $a5 }
+        TR4_ADDS $a8:9, \w, \P - 3, 0
+        .endif
+        .endm
+
+# The first group of a vertex's blocks, entered with its x row's partial
+# 0 in $a2:3, up to the start of a loop body: the body without the
+# previous group's H packs and stores, whose main slots set $m4 (the rows
+# after the blocks) and $m11 (the column-3 step of a block row's end).
+        .macro TR4_PROLOGUE P, w
+        .if \P == 1
+        ld64 $a4:5, [\w]+=$m5
+        { ld64 $a6:7, [\w]+=$m5 ; pack16hi $a10, $a2, $a4 }
+        { and $m4, $m11, 3 ; pack16lo $a4, $a2, $a4 }
+        { add $m11, $m7, 6 ; pack16lo $a12, $a3, $a5 }
+        .elseif \P == 2
+        ld64 $a0:1, [\w]+=$m5
+        { ld64 $a4:5, [\w]+=$m8 ; f16v4add $a2:3, $a2:3, $a0:1 }
+        ld64 $a0:1, [\w]+=$m5
+        { ld64 $a6:7, [\w]+=$m8 ; f16v4add $a4:5, $a4:5, $a0:1 }
+        { ld64 $a0:1, [\w]+=$m5 ; pack16hi $a10, $a2, $a4 }
+        { ld64 $a8:9, [\w]+=$m8 ; f16v4add $a6:7, $a6:7, $a0:1 }
+        { and $m4, $m11, 3 ; pack16lo $a4, $a2, $a4 }
+        { add $m11, $m7, 6 ; pack16lo $a12, $a3, $a5 }
+        .else
+        ld64 $a0:1, [\w]+=$m8
+        TR4_ADDS $a2:3, \w, \P - 3, 1
+        { ld64 $a4:5, [\w]+=$m8 ; f16v4add $a2:3, $a2:3, $a0:1 }
+        ld64 $a0:1, [\w]+=$m8
+        TR4_ADDS $a4:5, \w, \P - 3, 1
+        { ld64 $a6:7, [\w]+=$m8 ; f16v4add $a4:5, $a4:5, $a0:1 }
+        { ld64 $a0:1, [\w]+=$m8 ; pack16hi $a10, $a2, $a4 }
+        TR4_ADDS $a6:7, \w, \P - 3, 1
+        { ld64 $a8:9, [\w]+=$m8 ; f16v4add $a6:7, $a6:7, $a0:1 }
+        { and $m4, $m11, 3 ; pack16lo $a4, $a2, $a4 }
+        { ld64 $a0:1, [\w]+=$m8 ; pack16lo $a12, $a3, $a5 }
+        { add $m11, $m7, 6 ; pack16hi $a14, $a3, $a5 }
+        TR4_ADDS $a8:9, \w, \P - 3, 0
+        .endif
+        .endm
+
+# The last group: its w row's last partial load (stepping to the row after
+# the blocks), the final add, the H packs and the four stores (the last to
+# column 0 of the row after the blocks); $m14 = the exit, for the rows
+# after the blocks.
+        .macro TR4_DRAIN P, w
+        .if \P == 1
+        { ld64 $a8:9, [\w]+=$m1 ; pack16hi $a14, $a3, $a5 }
+        { setzi $m14, acc16_tr_exit ; pack16lo $a5, $a6, $a8 }
+        .else
+        .if \P == 2
+        { ld64 $a0:1, [\w]+=$m1 ; pack16hi $a14, $a3, $a5 }
+        .else
+        { ld64 $a0:1, [\w]+=$m1 ; f16v4add $a8:9, $a8:9, $a0:1 }
+        .endif
+        { setzi $m14, acc16_tr_exit ; f16v4add $a8:9, $a8:9, $a0:1 }
+        pack16lo $a5, $a6, $a8
+        .endif
+        { st64 $a4:5, [$m3]+=$m12 ; pack16hi $a11, $a6, $a8 }
+        { st64 $a10:11, [$m3]+=$m12 ; pack16lo $a13, $a7, $a9 }
+        { st64 $a12:13, [$m3]+=$m12 ; pack16hi $a15, $a7, $a9 }
+        st64 $a14:15, [$m3]+=$m11
+        .endm
+
+# The blocks of one P ($m2 walks the partials, P = 1: $m6). Entered at
+# acc16_tr_fast_P after head rows ($m11 = ROWS - h, $m2 at the first
+# block's partial 0) or at acc16_tr_pre_P from row 0 (partial 0 read
+# into $a2:3, $m9 = B = (ROWS - h) / 4 too). The prologue's brnzdec counts
+# the first block row; the rows after the blocks continue on the one-row
+# path, which exits through $m14.
+        .macro TR4_ROWS P
+        .if \P == 1
+        TR4_ROWS_W \P, $m6
+        .else
+        TR4_ROWS_W \P, $m2
+        .endif
+        .endm
+
+        .macro TR4_ROWS_W P, w
+acc16_tr_row_\P:
+        TR4_BODY \P, \w, $m1, $m11
+acc16_tr_first_\P:
+        rpt $m10, 4 * \P + 4
+        TR4_BODY \P, \w, $m13, $m12
+        brnzdec $m9, acc16_tr_row_\P
+        TR4_DRAIN \P, \w
+        brnzdec $m4, acc16_tr_tail_\P
+        exit
+acc16_tr_tail_\P:
+        .if \P > 1
+        ld64 $a2:3, [$m2]+=$m8
+        .endif
+        br acc16_first_\P
+acc16_tr_fast_\P:
+        shr $m9, $m11, 2
+        .if \P == 1
+        # P = 1: x's partial 0 is its last; the walk steps to row y.
+        ld64 $a2:3, [\w]+=$m5
+        .else
+        ld64 $a2:3, [\w]+=$m8
+        .endif
+acc16_tr_pre_\P:
+        TR4_PROLOGUE \P, \w
+        brnzdec $m9, acc16_tr_first_\P
+        .endm
+
+# TR=1 dispatch, after the one-row path's setup (partial 0 of row 0 in
+# $a2:3; $m9 = P, $m11 = RS_SRC, $m13 = (P-1) SECTION, $m4 = ROWS - 1).
+# P > 8: the generic one-row loop for every row. Otherwise $m9 = the
+# one-row entry of P in acc16_table. The blocks need RS_DST a multiple of
+# 8 (tested first, so that other layouts lose little to the dispatch) and
+# h + 4 <= ROWS, h the rows before the first 8-aligned one; else every row
+# takes the one-row path and exits. With blocks: from row 0 (h = 0)
+# straight into them (acc16_table + 72 + 4P - 4), or first the h head rows,
+# continuing at acc16_table + 36 + 4P - 4.
+        .macro ACC16_TR_DISPATCH
+        cmpult $m14, $m9, ACC16_UNROLLED + 1
+        brz $m14, acc16_generic
+        shl $m9, $m9, 2
+        setzi $m14, acc16_table - 4
+        add $m9, $m9, $m14
+        and $m14, $m12, 7
+        brnz $m14, acc16_tr_rows
+        sub $m5, $m11, $m13
+        mul $m13, $m11, 3
+        sub $m13, $m0, $m13
+        sub $m14, $mzero, $m3
+        and $m14, $m14, 6
+        shr $m14, $m14, 1
+        add $m11, $m14, 2
+        cmpult $m11, $m11, $m4
+        brz $m11, acc16_tr_rows
+        sub $m11, $m4, $m14
+        add $m11, $m11, 1
+        brz $m14, acc16_tr_aligned
+        add $m4, $m14, -1
+        add $m14, $m9, 36
+        br $m9
+acc16_tr_aligned:
+        add $m14, $m9, 72
+        shr $m9, $m11, 2
+        br $m14
+acc16_tr_rows:
+        setzi $m14, acc16_tr_exit
+        br $m9
         .endm
 
         .if EPI == 0
@@ -304,11 +605,15 @@ reduce_f32:
         # The first row's partial 0 (P = 1 walks $m6 instead), then the
         # branch to the rows of this P.
         ld64 $a2:3, [$m2]+=$m8
+        .if TR == 1
+        ACC16_TR_DISPATCH
+        .else
         min $m13, $m9, ACC16_UNROLLED + 1
         shl $m13, $m13, 2
         setzi $m5, acc16_table - 4
         add $m13, $m13, $m5
         br $m13
+        .endif
 acc16_table:
         br acc16_first_1
         br acc16_first_2
@@ -319,6 +624,37 @@ acc16_table:
         br acc16_first_7
         br acc16_first_8
         br acc16_generic
+        .if TR == 1
+        # acc16_table + 36: the four-row path of P after head rows (B not
+        # yet computed, partial 0 not read); + 72: the four-row path of P
+        # from row 0 (partial 0 in $a2:3, B in $m9; P = 1 walks $m6 and
+        # reads its partial 0 itself). The last entries are never taken
+        # (P > 8 runs the generic one-row loop).
+acc16_tr_fast_table:
+        br acc16_tr_fast_1
+        br acc16_tr_fast_2
+        br acc16_tr_fast_3
+        br acc16_tr_fast_4
+        br acc16_tr_fast_5
+        br acc16_tr_fast_6
+        br acc16_tr_fast_7
+        br acc16_tr_fast_8
+        br acc16_generic
+acc16_tr_pre_table:
+        br acc16_tr_fast_1
+        br acc16_tr_pre_2
+        br acc16_tr_pre_3
+        br acc16_tr_pre_4
+        br acc16_tr_pre_5
+        br acc16_tr_pre_6
+        br acc16_tr_pre_7
+        br acc16_tr_pre_8
+        br acc16_generic
+        # The dispatch adds these distances to an acc16_table entry.
+        .if acc16_tr_fast_table - acc16_table != 36 || acc16_tr_pre_table - acc16_table != 72
+        .error "the TR=1 branch tables must follow acc16_table at +36 and +72"
+        .endif
+        .endif
 
         ACC16_UNROLLED_ROWS 1
         ACC16_UNROLLED_ROWS 2
@@ -328,6 +664,19 @@ acc16_table:
         ACC16_UNROLLED_ROWS 6
         ACC16_UNROLLED_ROWS 7
         ACC16_UNROLLED_ROWS 8
+
+        .if TR == 1
+        TR4_ROWS 1
+        TR4_ROWS 2
+        TR4_ROWS 3
+        TR4_ROWS 4
+        TR4_ROWS 5
+        TR4_ROWS 6
+        TR4_ROWS 7
+        TR4_ROWS 8
+acc16_tr_exit:
+        exit
+        .endif
 
 # P > ACC16_UNROLLED: one group per iteration of a brnzdec loop, partials
 # 3..P-2 in a one-bundle hardware loop; the read-ahead of the next group's

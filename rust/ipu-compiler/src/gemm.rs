@@ -228,13 +228,30 @@ impl WorkerSplit {
     /// (row group index, row range, column-block range); a range never
     /// crosses a row group, whose rows are contiguous in the C buffers.
     pub fn reduce_parts(&self) -> Vec<ReducePart> {
+        self.reduce_parts_aligned(1)
+    }
+    /// [`WorkerSplit::reduce_parts`] with the cuts inside a row group on
+    /// multiples of `align` tile rows, so that every vertex but a row
+    /// group's first starts on one.
+    pub fn reduce_parts_aligned(&self, align: u32) -> Vec<ReducePart> {
         let pairs = (self.row_groups.len() * self.col_groups.len()) as u32;
         let per_pair = (ipu_arch::WORKER_CONTEXTS / pairs.max(1)).max(1);
         let mut out = Vec::new();
         for (gi, &(r0, r1)) in self.row_groups.iter().enumerate() {
+            let bound = |i: u32| -> u32 {
+                if i >= per_pair {
+                    return r1;
+                }
+                let exact = r0 as u64 + i as u64 * (r1 - r0) as u64 / per_pair as u64;
+                if i == 0 || align <= 1 {
+                    return exact as u32;
+                }
+                let a = align as u64;
+                (((exact + a / 2) / a) * a).clamp(r0 as u64, r1 as u64) as u32
+            };
             for &c in &self.col_groups {
-                for (a, b) in ranges(r1 - r0, per_pair) {
-                    out.push((gi, (r0 + a, r0 + b), c));
+                for i in (0..per_pair).filter(|&i| bound(i + 1) > bound(i)) {
+                    out.push((gi, (bound(i), bound(i + 1)), c));
                 }
             }
         }
@@ -390,6 +407,11 @@ pub struct GemmCosts {
     /// up to whole elements, its other persistent bytes, its largest
     /// scratch phase). A chain's producer beside a streamed consumer.
     pub joint: Option<(u64, u64, u64)>,
+    /// A streamed plan's reduce vertices start their rows on multiples of
+    /// this (`stream::reduce_parts`): 4 for `reduce_f32` ACC=16 TR=1, whose
+    /// fast path stores four rows of a column at once from an 8-aligned
+    /// destination (its formula assumes that), else 1.
+    pub reduce_row_align: u32,
 }
 
 impl GemmCosts {
@@ -409,6 +431,7 @@ impl GemmCosts {
             persistent_budget: None,
             a_persistent: false,
             joint: None,
+            reduce_row_align: 1,
         }
     }
 
@@ -624,6 +647,38 @@ mod tests {
             fp8_scale: None,
             reduce_f16: false,
             max_chain_blocks: u32::MAX,
+        }
+    }
+
+    #[test]
+    fn aligned_reduce_parts_cover_each_row_once() {
+        for rows in [1u32, 3, 5, 22, 57, 61, 122] {
+            for (rg, cg) in [(1u32, 1u32), (2, 1), (1, 2), (3, 2), (6, 1)] {
+                let split = WorkerSplit {
+                    row_groups: ranges(rows, rg),
+                    col_groups: ranges(12, cg),
+                    k_groups: vec![(0, 4)],
+                };
+                for align in [1, 4] {
+                    let parts = split.reduce_parts_aligned(align);
+                    let mut seen = vec![0u32; (rows * 12) as usize];
+                    for &(gi, (a, b), (c0, c1)) in &parts {
+                        let (g0, g1) = split.row_groups[gi];
+                        assert!(g0 <= a && b <= g1, "{parts:?}");
+                        assert!(a == g0 || a % align == 0, "{parts:?}");
+                        for r in a..b {
+                            for c in c0..c1 {
+                                seen[(r * 12 + c) as usize] += 1;
+                            }
+                        }
+                    }
+                    assert!(
+                        seen.iter().all(|&n| n == 1),
+                        "{rows} rows, {rg} x {cg}, align {align}"
+                    );
+                }
+                assert_eq!(split.reduce_parts(), split.reduce_parts_aligned(1));
+            }
         }
     }
 

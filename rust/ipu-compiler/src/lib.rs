@@ -303,6 +303,11 @@ pub(crate) fn reduce_request_f16_partials(
     }
 }
 
+/// Row alignment of the transposed reduce's vertices (`reduce_f32` ACC=16
+/// TR=1 stores blocks of four rows of a column with one `st64` from an
+/// 8-aligned destination; docs/kernels.md).
+pub(crate) const TRANSPOSED_REDUCE_ROW_ALIGN: u32 = 4;
+
 /// The reduce request that stores `request`'s result transposed (TR=1),
 /// for f16 partials without an epilogue (the column attention layout's Q
 /// and V projections); `None` for other reduces.
@@ -1009,6 +1014,7 @@ fn plan_and_lower(
                     persistent_budget: None,
                     a_persistent: geometry.kp() != geometry.k || a_param,
                     joint: None,
+                    reduce_row_align: 1,
                 };
                 Ok((geometry, (request, reduce_request), cost))
             };
@@ -1423,9 +1429,11 @@ fn plan_and_lower(
                     let left = region1.saturating_sub(c.region1_bytes) / element * element;
                     for (g, p) in planned.iter_mut().enumerate() {
                         p.2.persistent_budget = Some(left);
-                        p.2.reduce = match (&c.layout, &transposed_reduce[g]) {
-                            (attention::AttentionLayout::Columns, Some(f)) => Some(f.clone()),
-                            _ => own_reduce[g].clone(),
+                        (p.2.reduce, p.2.reduce_row_align) = match (&c.layout, &transposed_reduce[g]) {
+                            (attention::AttentionLayout::Columns, Some(f)) => {
+                                (Some(f.clone()), TRANSPOSED_REDUCE_ROW_ALIGN)
+                            }
+                            _ => (own_reduce[g].clone(), 1),
                         };
                     }
                     // In the model's only block segment the join moves the

@@ -906,8 +906,25 @@ pub(crate) fn reduce_vertices(
     dst: ReduceDst,
     bias: Option<usize>,
 ) -> Vec<Vertex> {
-    split
-        .reduce_parts()
+    // A transposed result's vertices start on multiples of four rows,
+    // where `reduce_f32` ACC=16 TR=1 stores four rows of a column at once,
+    // unless that makes the largest vertex larger (the kernel's one-row
+    // path then costs less than the extra rows: the fp8 SigLIP
+    // attention's whole-K Q and V lost 564 cycles with aligned cuts).
+    let parts = match dst {
+        ReduceDst::Rows => split.reduce_parts(),
+        ReduceDst::Transposed(_) => {
+            let rows = |p: &[crate::gemm::ReducePart]| p.iter().map(|x| x.1 .1 - x.1 .0).max();
+            let any = split.reduce_parts();
+            let aligned = split.reduce_parts_aligned(crate::TRANSPOSED_REDUCE_ROW_ALIGN);
+            if aligned.len() == any.len() && rows(&aligned) <= rows(&any) {
+                aligned
+            } else {
+                any
+            }
+        }
+    };
+    parts
         .into_iter()
         .map(|(gi, (lr0, lr1), (cg0, cg1))| Vertex {
             kernel: kernel.clone(),

@@ -35,7 +35,8 @@
 use crate::exchange::{self, BufferRef, BufferTransfer};
 use crate::fuse::Source;
 use crate::gemm::{
-    best_split_with, ranges, shard_sizes, GemmCosts, GemmGeometry, ShardLayout, WorkerSplit,
+    aligned_ranges, best_split_with, ranges, shard_sizes, GemmCosts, GemmGeometry, ShardLayout,
+    WorkerSplit,
 };
 use crate::lower::{
     push_coalesced, BufferSpec, GemmVertex, GroupResult, HostPlacement, HostTensor, PlannedGemm,
@@ -198,13 +199,16 @@ type ReducePart = ((u32, u32), (u32, u32));
 /// slowest vertex is fastest by `reduce`, the kernel's formula over
 /// (ROWS, QUADS, P = `kp`) (more row cuts when equal, since each row has
 /// its own overhead; without a formula, by elements): a piece of a few
-/// rows splits its columns too, rather than leave workers idle. Returns
-/// the slowest vertex's cycles (0 without a formula) and the vertices.
+/// rows splits its columns too, rather than leave workers idle. Row cuts
+/// fall on multiples of `row_align` (`GemmCosts::reduce_row_align`).
+/// Returns the slowest vertex's cycles (0 without a formula) and the
+/// vertices.
 fn reduce_parts(
     rows: u32,
     col_blocks: u32,
     kp: u32,
     mut reduce: Option<&mut crate::gemm::FormulaCost>,
+    row_align: u32,
 ) -> (u64, Vec<ReducePart>) {
     let mut cost = |rows: u32, quads: u32| -> u64 {
         match reduce.as_mut() {
@@ -220,7 +224,7 @@ fn reduce_parts(
     let mut best: Option<(u64, Vec<ReducePart>)> = None;
     for r in 1..=workers.min(rows.max(1)) {
         let c = (workers / r).min(col_blocks.max(1));
-        let parts: Vec<ReducePart> = ranges(rows, r)
+        let parts: Vec<ReducePart> = aligned_ranges(rows, r, row_align)
             .into_iter()
             .flat_map(|rr| ranges(col_blocks, c).into_iter().map(move |cc| (rr, cc)))
             .collect();
@@ -356,7 +360,7 @@ fn shard_cost(
             .get(&key)
             .copied();
         let (slowest, parts) = hit.unwrap_or_else(|| {
-            let (slowest, parts) = reduce_parts(piece, nct, kp, Some(f));
+            let (slowest, parts) = reduce_parts(piece, nct, kp, Some(f), costs.reduce_row_align);
             let c = (slowest, parts.len());
             shared.reduces.lock().expect("not poisoned").insert(key, c);
             c
@@ -1553,7 +1557,13 @@ pub fn lower(
                 let d = bufs.len() - 1;
                 let mut reduces = Vec::new();
                 // (Without a formula every vertex costs its elements.)
-                let (slowest, parts) = reduce_parts(rows_here, nct, kp, pg.costs.reduce.as_mut());
+                let row_align = if pg.transposed_result {
+                    crate::TRANSPOSED_REDUCE_ROW_ALIGN
+                } else {
+                    1
+                };
+                let (slowest, parts) =
+                    reduce_parts(rows_here, nct, kp, pg.costs.reduce.as_mut(), row_align);
                 for ((q0, q1), (cb0, cb1)) in parts {
                     reduces.push(Vertex {
                         kernel: reduce.clone(),
@@ -1963,10 +1973,18 @@ mod tests {
     /// one per worker at most, and a piece of few rows splits its columns.
     #[test]
     fn reduce_parts_cover_the_piece_once() {
-        for rows in [1, 2, 5, 6, 10, 14, 61] {
-            for cbs in [1, 3, 8, 12] {
-                let parts = reduce_parts(rows, cbs, 2, None).1;
+        for (rows, cbs, align) in [1, 2, 5, 6, 10, 14, 61]
+            .into_iter()
+            .flat_map(|r| [1, 3, 8, 12].map(|c| (r, c)))
+            .flat_map(|(r, c)| [1, 4].map(|a| (r, c, a)))
+        {
+            {
+                let parts = reduce_parts(rows, cbs, 2, None, align).1;
                 assert!(parts.len() as u32 <= ipu_arch::WORKER_CONTEXTS);
+                assert!(
+                    parts.iter().all(|p| p.0 .0 % align == 0),
+                    "{rows} x {cbs}, align {align}: {parts:?}"
+                );
                 let mut seen = vec![0u32; (rows * cbs) as usize];
                 for ((r0, r1), (c0, c1)) in parts {
                     for r in r0..r1 {
@@ -1980,7 +1998,7 @@ mod tests {
         }
         // 10 rows of 12 column blocks: 2 x 3 vertices of 5 x 4, not 6
         // row ranges of up to 2 x 12.
-        let parts = reduce_parts(10, 12, 2, None).1;
+        let parts = reduce_parts(10, 12, 2, None, 1).1;
         let largest = parts
             .iter()
             .map(|(r, c)| (r.1 - r.0) * (c.1 - c.0))
