@@ -58,17 +58,7 @@
         .error "ACC must be 16 (f16 accumulation) or 32 (f32 accumulation)"
         .endif
 
-        .equ ST_A, 0
-        .equ ST_RS_A, 4
-        .equ ST_B, 8
-        .equ ST_RS_B, 12
-        .equ ST_CA, 16
-        .equ ST_CB, 20
-        .equ ST_RS_C, 24
-        .equ ST_Z, 28
-        .equ ST_M, 32
-        .equ ST_NKB, 36
-        .equ ST_NCB, 40
+        .include "gemm_common.inc"
 
         .if ACC == 16
         # Phases per row, bytes of a 16-column C block row, and the row jump
@@ -82,13 +72,8 @@
         .equ CJUMP, 56
         .endif
 
-# Pace codes (docs/isa.md): 0 = +access width, 1 = stride low half,
-# 2 = stride high half, 3 = no increment. Low half = RS_A - 24 (next A row),
-# high half = RS_C - CJUMP (next C row).
-        .equ INC, 0
-        .equ LO, 1
-        .equ HI, 2
-        .equ HOLD, 3
+# Pace codes (gemm_common.inc): the low half of the stride pair is
+# RS_A - 24 (next A row), the high half RS_C - CJUMP (next C row).
 
 # Loads the 16x16 f16 weight block at $m8 (rows RS_B apart) into the AMP
 # weight store, two 16-byte chunks per row; $m1 = RS_B - 16. Leaves $m8 at

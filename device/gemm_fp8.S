@@ -83,17 +83,7 @@
 # bookkeeping.
         .cycles "6 * (27 + NCB * (19 + NKB * (4 * M + 47)))"
 
-        .equ ST_A, 0
-        .equ ST_RS_A, 4
-        .equ ST_B, 8
-        .equ ST_RS_B, 12
-        .equ ST_CA, 16
-        .equ ST_CB, 20
-        .equ ST_RS_C, 24
-        .equ ST_Z, 28
-        .equ ST_M, 32
-        .equ ST_NKB, 36
-        .equ ST_NCB, 40
+        .include "gemm_common.inc"
         .equ ST_SCALE, 44
 
 # Bytes of one K block of an A row, of one column block of a B row and of a
@@ -106,13 +96,8 @@
         .equ SCALE_MIN, -64
         .equ SCALE_MAX, 63
 
-# Pace codes (docs/isa.md): 0 = +access width, 1 = stride low half,
-# 2 = stride high half, 3 = no increment. Low half = RS_A - 24 (next A row),
-# high half = RS_C - 24 (next C row).
-        .equ INC, 0
-        .equ LO, 1
-        .equ HI, 2
-        .equ HOLD, 3
+# Pace codes (gemm_common.inc): the low half of the stride pair is
+# RS_A - 24 (next A row), the high half RS_C - 24 (next C row).
 
 # Loads the 32x16 F143 weight block at $m8 into the AMP weight store: chunk
 # i is B row i (16 bytes), rows RS_B apart ($m1 = RS_B). Leaves $m8 at the
@@ -156,11 +141,9 @@
         st64 $a4:5, [$m6]
         .endm
 
-# Register use: $m0 state, $m1 RS_B, $m2 column blocks left, $m3 K blocks
-# left, $m4/$m5/$m6 x/partials/output streams, $m7 stride pair, $m8 weight
-# rows, $m9 A at the current K block, $m10 column-block byte offset in C
-# (twice that in B), $m11 output C buffer, $m12 partials C buffer,
-# $m13 2 * RS_C - 24 (offset of the first junk slot), $m14 M + 1.
+# Register use: GEMM_DRIVER's (gemm_common.inc), with $m1 = RS_B (one
+# 16-byte chunk per B row) and $m10 the column-block byte offset in C
+# (twice that in B).
         .text
         .globl gemm_fp8
         .entry gemm_fp8
@@ -175,68 +158,7 @@ gemm_fp8:
         add $m2, $m2, $m3
         br $m2
 scale_set:
-        ld32 $m13, [$m0 + ST_RS_A]
-        add $m13, $m13, -JUMP
-        shl $m13, $m13, 16
-        shr $m13, $m13, 16
-        ld32 $m3, [$m0 + ST_RS_C]
-        add $m3, $m3, -JUMP
-        shl $m3, $m3, 16
-        or $m7, $m13, $m3
-        ld32 $m13, [$m0 + ST_RS_C]
-        add $m13, $m13, $m13
-        add $m13, $m13, -JUMP
-        ld32 $m1, [$m0 + ST_RS_B]
-        ld32 $m14, [$m0 + ST_M]
-        add $m14, $m14, 1
-        ld32 $m2, [$m0 + ST_NCB]
-        add $m2, $m2, -1
-        setzi $m10, 0
-cb_loop:
-        shr $m8, $m10, 1
-        ld32 $m3, [$m0 + ST_B]
-        add $m8, $m8, $m3
-        ld32 $m9, [$m0 + ST_A]
-        ld32 $m11, [$m0 + ST_CA]
-        add $m11, $m11, $m10
-        ld32 $m12, [$m0 + ST_CB]
-        add $m12, $m12, $m10
-        ld32 $m3, [$m0 + ST_NKB]
-        add $m3, $m3, -1
-        ld32 $m5, [$m0 + ST_Z]
-        brz $m5, accumulate
-        # K block 0: the partials are the zero word, held in place.
-        LOAD_WEIGHTS
-        mov $m4, $m9
-        sub $m6, $m11, $m13
-        STREAM HOLD, HOLD
-        brz $m3, cb_done
-        add $m3, $m3, -1
-kb_loop:
-        # The output of the previous K block is this block's partials.
-        mov $m5, $m11
-        mov $m11, $m12
-        mov $m12, $m5
-        add $m9, $m9, KBLOCK
-        LOAD_WEIGHTS
-        mov $m4, $m9
-        sub $m6, $m11, $m13
-        STREAM INC, HI
-        brnzdec $m3, kb_loop
-cb_done:
-        add $m10, $m10, CBLOCK
-        brnzdec $m2, cb_loop
-        exit
-accumulate:
-        # ACCUMULATE mode: K block 0 is an ordinary K block whose partials
-        # are CB. Pre-swap the buffers and step A back one block so that
-        # kb_loop's swap and step make it write CA from CB at A's block 0;
-        # $m3 = NKB - 1 makes kb_loop run all NKB blocks.
-        mov $m5, $m11
-        mov $m11, $m12
-        mov $m12, $m5
-        add $m9, $m9, -KBLOCK
-        br kb_loop
+        GEMM_DRIVER 0, 1
 
 # Entry s - SCALE_MIN (8 bytes each): `ampscale s`, back to scale_set.
 scale_table:
