@@ -59,6 +59,7 @@
         .param IN, 32
         .param TR, 0
         .param ACC, 32
+        .param PAIRS, 0
         .workers 6
         .if OUT != 16 && OUT != 32
         .error "OUT must be 16 (f16 result) or 32 (f32 result)"
@@ -75,10 +76,13 @@
         .if (ACC != 16 && ACC != 32) || (ACC == 16 && (IN != 16 || OUT != 16 || EPI > 2 || (EPI != 0 && TR != 0)))
         .error "ACC must be 32 (f32 sums) or 16 (f16 sums), and ACC=16 needs IN=16, OUT=16 and EPI 0, 1 or 2 (EPI 1 and 2 with TR=0)"
         .endif
+        .if (PAIRS != 0 && PAIRS != 1) || (PAIRS == 1 && (ACC != 16 || EPI != 0 || TR != 0))
+        .error "PAIRS must be 0 or 1, and PAIRS=1 (two partials per load) needs ACC=16, EPI=0 and TR=0"
+        .endif
         # ACC=16: the step (2 * P) / (P + 9) is 0 for P <= 8 (unrolled
-        # groups, P + 1 or P + 4 bundles) and 1 for every larger P (the
-        # generic loop: two more per group, three more per row, six more
-        # per vertex).
+        # groups: P + 1 or P + 4 bundles, TR=0 with two partials per load
+        # P - 1) and 1 for every larger P (the generic loop: P + 3 bundles
+        # per group, five per row).
         # ACC=16 EPI 1 and 2: the same step S; P = 1 EPI=1 costs one
         # bundle more per row (1 / P).
         .if ACC == 16 && EPI == 1
@@ -95,8 +99,21 @@
         # way from it to the one-row path). 1 - 1 / (X + 1) is 1 for X > 0,
         # else 0. P > 8 (S = 1) keeps the generic one-row loop.
         .cycles "6 * (((2 * P) / (P + 9)) * (35 + ROWS * (5 + QUADS * (P + 6))) + (1 - ((2 * P) / (P + 9))) * (47 + (ROWS - 4 * (ROWS / 4)) * (2 + QUADS * (P + 4)) + (1 - 1 / ((ROWS / 4) + 1)) * (9 + 3 * (1 - 1 / ((ROWS - 4 * (ROWS / 4)) + 1))) + (ROWS / 4) * (2 + QUADS * (4 * P + 4))))"
-        .elseif ACC == 16
+        .elseif ACC == 16 && PAIRS == 0
         .cycles "6 * (29 + 6 * ((2 * P) / (P + 9)) + ROWS * (2 + 3 * ((2 * P) / (P + 9)) + QUADS * (P + 1 + 2 * ((2 * P) / (P + 9)))))"
+        .elseif ACC == 16
+        # ACC=16 TR=0 EPI=0 PAIRS=1, for partials in region 1 with SECTION = 8 mod
+        # 16 and the result in region 0 (the compiler's layout): two
+        # partials per load for P <= 8 (S = 0): 64 bundles of checks,
+        # set-up, dispatch, prologue, drain and launch; QUADS (P - 1)
+        # bundles per row (P = 1: QUADS, 1 / P being 1 only for P = 1), and
+        # 2 more (rpt and brnzdec) when QUADS >= 3 (1 - 1 / (QUADS / 3 + 1)
+        # is 1 for QUADS >= 3, else 0). P > 8 (S = 1) keeps the generic
+        # loop, after the 21 bundles of the checks. Other layouts take the
+        # one-load path, whose cost (21 bundles more than before the
+        # two-partial path: 6 * (50 + ROWS * (2 + QUADS * (P + 1))) for P
+        # <= 8) this formula does not describe.
+        .cycles "6 * (((2 * P) / (P + 9)) * (56 + ROWS * (5 + QUADS * (P + 3))) + (1 - ((2 * P) / (P + 9))) * (64 + ROWS * (QUADS * (P - 1 + 1 / P) + 2 * (1 - 1 / (QUADS / 3 + 1)))))"
         .elseif TR == 1 && EPI == 0
         .cycles "6 * (26 + ROWS * (6 + QUADS * (4 * P + 6)))"
         .elseif TR == 1 && EPI == 1
@@ -160,7 +177,10 @@
 # through a table of branches; larger P take a generic loop (P + 3 bundles,
 # TR=1: P + 6). TR=1 uses this one-row path only for the rows that cannot
 # be stored four at a time with st64 (see "four rows at a time" below),
-# and then continues at $m14 instead of exiting.
+# and then continues at $m14 instead of exiting. TR=0 EPI=0 uses it only
+# where the memory does not allow two partials per load with ld2x64st64
+# (P - 1 bundles per group; see "two partials per load" after the
+# generic loop, and the checks at the entry).
 #
 # Unrolled, a group's body loads partials 1..P-1 (each add one bundle
 # behind its load), then reads ahead the next group's partial 0 beside the
@@ -600,6 +620,44 @@ reduce_f32:
         add $m7, $m7, 2
         .else
         sub $m7, $m12, $m5
+        .if PAIRS == 1
+        # Two partials per load (acc16f_*, after the generic loop) when the
+        # memory allows ld2x64st64 and its 16-bit strides: $m14 collects
+        # a nonzero value for each condition that fails, $m13 = lo = RS_SRC
+        # - 8 (QUADS-1) (the partial walk's step from a row's last group to
+        # the next row's first) for that path. The conditions: P <= 8; SRC
+        # in region 1 (0x80000 <= SRC < 0x100000; beyond 0xE8000 every
+        # path faults); SECTION = 8 mod 16 (partials i and i + 1 in
+        # different banks, so that one ld2x64st64 may load both even from
+        # one element) and below 0x80000 (so that every partial lies at or
+        # after SRC, in region 1); lo and hi = RS_DST - 8 (QUADS-1) in
+        # 0..0x7FFF (the signed halves of the stride register); the
+        # vertex's last result group below 0x80000, so that every store is
+        # in region 0 and never in an element that a load of the same
+        # instruction reads. Otherwise the code below runs as it did
+        # before that path existed.
+        add $m14, $m9, -1
+        shr $m14, $m14, 3
+        and $m6, $m8, 15
+        xor $m6, $m6, 8
+        or $m14, $m14, $m6
+        shr $m6, $m8, 19
+        or $m14, $m14, $m6
+        shr $m6, $m2, 19
+        xor $m6, $m6, 1
+        or $m14, $m14, $m6
+        sub $m13, $m11, $m5
+        shr $m6, $m13, 15
+        or $m14, $m14, $m6
+        shr $m6, $m7, 15
+        or $m14, $m14, $m6
+        mul $m6, $m4, $m12
+        add $m6, $m6, $m3
+        add $m6, $m6, $m5
+        shr $m6, $m6, 19
+        or $m14, $m14, $m6
+        brz $m14, acc16f_setup
+        .endif
         .endif
         mov $m6, $m2
         # The first row's partial 0 (P = 1 walks $m6 instead), then the
@@ -717,6 +775,263 @@ acc16_generic_quad:
         add $m3, $m3, $m7
         brnzdec $m4, acc16_generic_row
         exit
+
+        .if TR == 0 && PAIRS == 1
+# ACC=16 TR=0 EPI=0, two partials per load. The one-load path above is
+# bound by its main slot: per group of four results P ld64 and one st64
+# (P + 1 bundles) against P - 1 adds in the arithmetic slot. Here one
+# ld2x64st64 per group loads partials 0 and 1 (SECTION apart, in
+# different banks: SECTION = 8 mod 16) and stores the previous group's
+# result, and ld64 loads partials 2..P-1: P - 1 main-slot instructions
+# against P - 1 adds, so every bundle is full and a group costs P - 1
+# bundles (P = 1: one ld64st64 per group, a copy). The sums are those of
+# the one-load path, bit for bit: s = p0 + p1, then s = f16(s + p) for
+# p2, ..., p(P-1) in partial order, each add rounded once (f16v4add).
+#
+# The pointers of ld2x64st64 step only by its pace codes (+8, the signed
+# low or high half of the stride register, or nothing), and 2 SECTION
+# seldom fits 16 bits, so partials 0 and 1 each have their own walk
+# ($m1, $m2, +8 per group) and the result walk $m3 is the instruction's
+# third pointer; partials 2..P-1 go through the ld64 walk $m6 as in the
+# one-load path (32-bit steps in registers). The stride register $m7
+# holds lo = RS_SRC - 8 (QUADS-1) (from a row's last group to the next
+# row's first, for $m1 and $m2) in its low half and hi = RS_DST - 8
+# (QUADS-1) (the same for the results, $m3) in its high half.
+#
+# Schedule of group g (P >= 4; bundle j = 0 .. P-2):
+#   j = 0:          ld2x64st64: partials 0, 1 of group g + 1, store the
+#                   result of group g - 1   |  s = p0 + p1 (group g)
+#   j = 1 .. P-3:   ld64 partial j + 2 of group g  |  s += partial j + 1
+#   j = P-2:        ld64 partial 2 of group g + 1  |  s += partial P - 1
+# Bundle 0's add reads the quad $a0:3 before the load of the same bundle
+# replaces it, and its store reads $a4:5 (the finished sum of group g - 1)
+# before the add replaces it. P = 3 has no middle bundles; P = 2 is bundle
+# 0 alone.
+#
+# Row ends. Loads run one group ahead and stores one group behind, so the
+# steps that differ at the end of a row fall in three groups: the one
+# that loads partials 0 and 1 of a row's last group (group QUADS-2: $m1,
+# $m2 step by lo), the one that loads the last partial of a row's last
+# group (group QUADS-1, P >= 4: $m6 steps by Rc = lo - (P-3) SECTION to
+# partial 2 of the next row; for P = 3 this falls in group QUADS-2 too),
+# and the one that stores a row's last result (group 0 of the next row:
+# $m3 steps by hi). Every other step is +8 ($m1..$m3) or G = 8 - (P-3)
+# SECTION ($m6, from partial P-1 of a group to partial 2 of the next).
+# With QUADS >= 3 a row runs as its group 0, the middle groups in a
+# hardware loop, group QUADS-2, a brnzdec, and (at the top of the next
+# row) group QUADS-1: QUADS (P - 1) + 2 bundles per row. With QUADS = 2
+# or 1 every row is the same sequence of groups, so a hardware loop runs
+# the rows: QUADS (P - 1) bundles per row.
+#
+# The ends of a vertex. A prologue loads partials 0..2 of the first
+# group; its ld2x64st64 and that of the first group store (with pace "no
+# increment") whatever $a4:5 holds to result group 0, which the real
+# result of group 0 overwrites one group later. The last group loads
+# nothing of a next group: its first bundle stores the result before it
+# with st64, and a final st64 stores its own. So nothing is read that is
+# not a partial of the vertex, and nothing is written outside its ROWS x
+# 4 QUADS results.
+#
+# Registers: $a0:3 partials 0 and 1, $a6:7 the partial just loaded by
+# ld64, $a4:5 the sum; $m0 = G; $m1, $m2 the walks of partials 0 and 1
+# (P = 1: $m2 the walk of the only partial); $m3 the result walk; $m4
+# rows left (QUADS = 1: minus one more); $m6 the walk of partials 2..P-1;
+# $m7 the stride register (hi << 16 | lo); $m8 SECTION; $m10 QUADS - 3
+# (the middle groups); $m11 = Rc; $m12 RS_DST (= hi when QUADS = 1); $m13
+# lo.
+
+# One group of P >= 2 partials (P - 1 bundles). \ab, \s: the pace of its
+# ld2x64st64; \crow = 1: $m6 steps to the next row after this group's last
+# partial (P = 3: after the next group's partial 2); \kind 0: a group
+# followed by another (loads partials 0..2 of the next group), 1: the
+# vertex's last group (stores the result before it with st64, \s = 2
+# stepping by $m12, and loads nothing of a next group), 2: the vertex's
+# only group (stores nothing, loads nothing more).
+        .macro ACC16F_GROUP P, ab, s, crow, kind
+        .if \kind == 0
+        { ld2x64st64 $a0:3, $a4:5, $m1, $m7, 5 * (\ab) + 16 * (\s) ; f16v4add $a4:5, $a0:1, $a2:3 }
+        .elseif \kind == 1 && \s == 2
+        { st64 $a4:5, [$m3]+=$m12 ; f16v4add $a4:5, $a0:1, $a2:3 }
+        .elseif \kind == 1
+        { st64 $a4:5, [$m3]+=8 ; f16v4add $a4:5, $a0:1, $a2:3 }
+        .else
+        f16v4add $a4:5, $a0:1, $a2:3
+        .endif
+        .if \P >= 4
+        .rept \P - 4
+        { ld64 $a6:7, [$m6]+=$m8 ; f16v4add $a4:5, $a4:5, $a6:7 }
+        .endr
+        .if \crow
+        { ld64 $a6:7, [$m6]+=$m11 ; f16v4add $a4:5, $a4:5, $a6:7 }
+        .else
+        { ld64 $a6:7, [$m6]+=$m0 ; f16v4add $a4:5, $a4:5, $a6:7 }
+        .endif
+        .endif
+        .if \P >= 3
+        .if \kind != 0
+        f16v4add $a4:5, $a4:5, $a6:7
+        .elseif \P >= 4
+        { ld64 $a6:7, [$m6]+=$m8 ; f16v4add $a4:5, $a4:5, $a6:7 }
+        .elseif \crow
+        { ld64 $a6:7, [$m6]+=$m11 ; f16v4add $a4:5, $a4:5, $a6:7 }
+        .else
+        { ld64 $a6:7, [$m6]+=8 ; f16v4add $a4:5, $a4:5, $a6:7 }
+        .endif
+        .endif
+        .endm
+
+# Partials 0..2 of the first group; \ab = 1 when it is its row's last
+# (QUADS = 1). The store goes to result group 0 and stays there.
+        .macro ACC16F_PROLOGUE P, ab
+        ld2x64st64 $a0:3, $a4:5, $m1, $m7, 5 * (\ab) + 48
+        .if \P >= 4
+        ld64 $a6:7, [$m6]+=$m8
+        .elseif \P == 3 && \ab
+        ld64 $a6:7, [$m6]+=$m11
+        .elseif \P == 3
+        ld64 $a6:7, [$m6]+=8
+        .endif
+        .endm
+
+# The vertex for P >= 2 partials, for each class of QUADS.
+        .macro ACC16F_ROWS P
+        # QUADS >= 3. Group 0 of row 0 stores nothing real; the loop
+        # starts at the middle groups.
+acc16f_q3_\P:
+        ACC16F_PROLOGUE \P, 0
+        ACC16F_GROUP \P, 0, 3, 0, 0
+        br acc16f_mid_\P
+acc16f_row_\P:
+        # Group QUADS-1 of the row before, group 0 of this row.
+        ACC16F_GROUP \P, 0, 0, \P >= 4, 0
+        ACC16F_GROUP \P, 0, 2, 0, 0
+acc16f_mid_\P:
+        rpt $m10, \P - 1
+        ACC16F_GROUP \P, 0, 0, 0, 0
+        ACC16F_GROUP \P, 1, 0, \P == 3, 0
+        brnzdec $m4, acc16f_row_\P
+        ACC16F_GROUP \P, 0, 0, 0, 1
+        st64 $a4:5, [$m3]
+        exit
+        # QUADS = 2: group 0 then, per further row, group 1 of the row
+        # before and group 0 of this row.
+acc16f_q2_\P:
+        ACC16F_PROLOGUE \P, 0
+        ACC16F_GROUP \P, 1, 3, \P == 3, 0
+        rpt $m4, 2 * (\P - 1)
+        ACC16F_GROUP \P, 0, 0, \P >= 4, 0
+        ACC16F_GROUP \P, 1, 2, \P == 3, 0
+        ACC16F_GROUP \P, 0, 0, 0, 1
+        st64 $a4:5, [$m3]
+        exit
+        # QUADS = 1: every group is its row's last.
+acc16f_q1_\P:
+        ACC16F_PROLOGUE \P, 1
+        brz $m4, acc16f_single_\P
+        add $m4, $m4, -1
+        ACC16F_GROUP \P, 1, 3, 1, 0
+        rpt $m4, \P - 1
+        ACC16F_GROUP \P, 1, 2, 1, 0
+        ACC16F_GROUP \P, 0, 2, 0, 1
+        st64 $a4:5, [$m3]
+        exit
+acc16f_single_\P:
+        ACC16F_GROUP \P, 0, 3, 0, 2
+        st64 $a4:5, [$m3]
+        exit
+        .endm
+
+# Set-up after the checks at the entry: the stride register, G, Rc, the
+# walks, QUADS - 3, then a branch through acc16f_table to the code of
+# (QUADS class, P).
+acc16f_setup:
+        shl $m14, $m7, 16
+        or $m7, $m14, $m13
+        add $m5, $m8, $m8
+        add $m0, $m0, $m5
+        add $m11, $m1, $m5
+        add $m6, $m2, $m5
+        mov $m1, $m2
+        add $m2, $m2, $m8
+        min $m14, $m10, 2
+        add $m10, $m10, -2
+        shl $m14, $m14, 3
+        add $m14, $m14, $m9
+        shl $m14, $m14, 2
+        setzi $m5, acc16f_table - 4
+        add $m14, $m14, $m5
+        br $m14
+acc16f_table:
+        br acc16f_q1_1
+        br acc16f_q1_2
+        br acc16f_q1_3
+        br acc16f_q1_4
+        br acc16f_q1_5
+        br acc16f_q1_6
+        br acc16f_q1_7
+        br acc16f_q1_8
+        br acc16f_q2_1
+        br acc16f_q2_2
+        br acc16f_q2_3
+        br acc16f_q2_4
+        br acc16f_q2_5
+        br acc16f_q2_6
+        br acc16f_q2_7
+        br acc16f_q2_8
+        br acc16f_q3_1
+        br acc16f_q3_2
+        br acc16f_q3_3
+        br acc16f_q3_4
+        br acc16f_q3_5
+        br acc16f_q3_6
+        br acc16f_q3_7
+        br acc16f_q3_8
+
+# P = 1: a copy, one ld64st64 per group (load group g + 1 into $a0:1,
+# store group g from it; $m2 the walk, $m3 the results, $m7 the stride
+# register: pace 1 steps $m2 by lo, 8 steps $m3 by hi). The set-up left
+# $m1 at SRC.
+acc16f_q3_1:
+        ld64 $a0:1, [$m1]
+        add $m2, $m1, 8
+        br acc16f_mid_1
+acc16f_row_1:
+        # Group QUADS-1 of the row before: load group 0 of this row.
+        ld64st64 $a0:1, $a0:1, $m2, $m7, 8
+acc16f_mid_1:
+        ld64st64 $a0:1, $a0:1, $m2, $m7, 0
+        rpt $m10, 1
+        ld64st64 $a0:1, $a0:1, $m2, $m7, 0
+        # Group QUADS-2: load the row's last group.
+        ld64st64 $a0:1, $a0:1, $m2, $m7, 1
+        brnzdec $m4, acc16f_row_1
+        st64 $a0:1, [$m3]
+        exit
+acc16f_q2_1:
+        ld64 $a0:1, [$m1]
+        add $m2, $m1, 8
+        rpt $m4, 2
+        ld64st64 $a0:1, $a0:1, $m2, $m7, 1
+        ld64st64 $a0:1, $a0:1, $m2, $m7, 8
+        ld64st64 $a0:1, $a0:1, $m2, $m7, 1
+        st64 $a0:1, [$m3]
+        exit
+acc16f_q1_1:
+        ld64 $a0:1, [$m1]
+        add $m2, $m1, $m13
+        rpt $m4, 1
+        ld64st64 $a0:1, $a0:1, $m2, $m7, 9
+        st64 $a0:1, [$m3]
+        exit
+
+        ACC16F_ROWS 2
+        ACC16F_ROWS 3
+        ACC16F_ROWS 4
+        ACC16F_ROWS 5
+        ACC16F_ROWS 6
+        ACC16F_ROWS 7
+        ACC16F_ROWS 8
+        .endif
         .elseif EPI == 1
 # ACC=16 EPI=1: y = f16(s + bias[col]) (f16v4add) on the f16 sum s above.
 # The main slot is the bound (P loads, the bias load and the store of a

@@ -256,10 +256,27 @@ pub(crate) fn reduce_kernel_f16_partials(epilogue: i64) -> KernelRequest {
             ("IN".to_string(), 16),
             ("OUT".to_string(), 16),
             ("TR".to_string(), 0),
+            // PAIRS=1 (two partials per load, ACC=16 EPI=0 only) is
+            // requested for streamed gathers alone (`pairs_request`).
+            ("PAIRS".to_string(), 0),
         ]
         .into_iter()
         .collect(),
     }
+}
+
+/// The f16-sum request loading two partials per `ld2x64st64`
+/// (`reduce_f32` ACC=16 PAIRS=1) in place of `request` when that is the
+/// plain f16 sum: for a streamed GEMM's reduce-scatter, whose gathered f16
+/// partials sit 8 mod 16 bytes apart in region 1 (`stream::gather_section`)
+/// and whose result rows are in region 0 (docs/kernels.md, "Two partials
+/// per load"). `None` for any other reduce.
+fn pairs_request(request: &KernelRequest) -> Option<KernelRequest> {
+    (*request == reduce_kernel_f16_sum()).then(|| {
+        let mut pairs = request.clone();
+        pairs.params.insert("PAIRS".into(), 1);
+        pairs
+    })
 }
 
 /// The vertex that sums f16 partials in f16 (`reduce_f32` ACC=16, no
@@ -1762,6 +1779,25 @@ fn plan_and_lower(
             }
         }
     }
+    // A streamed GEMM whose K parts' f16 partials are reduce-scattered
+    // (and stored untransposed) may sum them with two partials per load
+    // (`reduce_f32` PAIRS=1), tile by tile where its formula is the faster
+    // (`lower::PlannedGemm::reduce_pairs`; 4096^3 GEMM 1,066,589 ->
+    // 1,060,841 cycles). The plan was chosen with the one-load formula,
+    // an upper bound.
+    let pairs: Vec<Option<(library::KernelRequest, gemm::FormulaCost)>> = planned
+        .iter()
+        .zip(&operation_reports)
+        .map(|((geometry, (_, reduce), _, _, _, _), report)| {
+            let streamed_parts = report.chosen.stream.is_some_and(|s| s.k_parts > 1);
+            let request = reduce.as_ref().and_then(pairs_request)?;
+            if !streamed_parts || geometry.acc32 {
+                return None;
+            }
+            let formula = kernel_formula(library, &request, &["ROWS", "QUADS", "P"]).ok()?;
+            Some((request, formula))
+        })
+        .collect();
     let lowered = phase("lower", || {
         let mut gemms: Vec<lower::PlannedGemm> = planned
             .iter_mut()
@@ -1777,6 +1813,7 @@ fn plan_and_lower(
                         map,
                         kernel: request.clone(),
                         reduce_kernel: reduce.clone(),
+                        reduce_pairs: None,
                         costs,
                         a_by_exchange: false,
                         result_in_place: true,
@@ -1788,9 +1825,15 @@ fn plan_and_lower(
                 },
             )
             .collect();
-        for ((g, &x), &t) in gemms.iter_mut().zip(&a_by_exchange).zip(&transposed) {
+        for (((g, &x), &t), p) in gemms
+            .iter_mut()
+            .zip(&a_by_exchange)
+            .zip(&transposed)
+            .zip(&pairs)
+        {
             g.a_by_exchange = x;
             g.transposed_result = t;
+            g.reduce_pairs = p.clone();
         }
         // A producer whose consumer receives its result by exchange keeps
         // the result in standard memory.

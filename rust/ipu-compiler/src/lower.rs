@@ -213,6 +213,11 @@ pub struct PlannedGemm<'a> {
     pub kernel: KernelRequest,
     /// The reduce kernel (f32 accumulation only).
     pub reduce_kernel: Option<KernelRequest>,
+    /// For a streamed reduce-scatter of f16 partials: the object that
+    /// loads two partials per `ld2x64st64` (`reduce_f32` PAIRS=1) with its
+    /// formula; a tile's reduce takes it when its formula is the faster
+    /// (its fixed cost is higher, so small pieces keep `reduce_kernel`).
+    pub reduce_pairs: Option<(KernelRequest, crate::gemm::FormulaCost)>,
     pub costs: &'a mut crate::gemm::GemmCosts,
     /// A chained GEMM whose A rows arrive by an exchange step from the
     /// producer's tiles (its own plan), rather than staying on the tiles of

@@ -173,6 +173,21 @@ fn piece_rows(rows: u32, kp: u32, align: u32) -> u32 {
         .unwrap_or(0)
 }
 
+/// Bytes between the gathered sections of a tile's reduce-scatter: the
+/// largest piece's rows; with f16 partials (not `g.acc32`) 8 bytes more
+/// when that is a multiple of 16, so that partials i and i + 1 sit in
+/// different banks of interleaved memory and `reduce_f32` ACC=16 can load
+/// both with one `ld2x64st64` (docs/kernels.md). f32 partials keep 16-byte
+/// sections: `reduce_f32` IN=32 reads them with `ld128`.
+fn gather_section(g: &GemmGeometry, piece_rows: u32, rs_c: u32) -> u32 {
+    let bytes = piece_rows * rs_c;
+    if !g.acc32 && bytes.is_multiple_of(16) {
+        bytes + 8
+    } else {
+        bytes
+    }
+}
+
 /// Bytes of a tile's `c_partial` buffer: its C layout, or with `kp > 1`
 /// K parts enough for the reduce-scatter's `kp` sections of the tile's
 /// piece after the C header, wherever that is more. Every running sum ends
@@ -373,7 +388,7 @@ fn shard_cost(
         // from load time on) persist, since they span the chunk steps and
         // the reduce-scatter. The gather is `c_partial` (`c_partial_bytes`),
         // so the scratch phase holds only the chunks.
-        let c_partial = c_partial_bytes(&layout, kp, piece * layout.rs_c);
+        let c_partial = c_partial_bytes(&layout, kp, gather_section(g, piece, layout.rs_c));
         let mut persistent = vec![(layout.c_bytes(), true), (c_partial, true)];
         if b_resident {
             persistent.push((steps * layout.b_bytes(), false));
@@ -1141,7 +1156,11 @@ pub fn lower(
         );
         let c_partial = push(
             "c_partial",
-            c_partial_bytes(&layout, kp, piece_rows(mt, kp, g.row_align) * layout.rs_c),
+            c_partial_bytes(
+                &layout,
+                kp,
+                gather_section(&g, piece_rows(mt, kp, g.row_align), layout.rs_c),
+            ),
             RegionReq::Interleaved,
             true,
             header,
@@ -1447,7 +1466,7 @@ pub fn lower(
             let lay = &t.layout;
             let mt = t.rows.1 - t.rows.0;
             let piece = pieces(mt, kp, g.row_align)[l as usize];
-            let section = piece_rows(mt, kp, g.row_align) * lay.rs_c;
+            let section = gather_section(&g, piece_rows(mt, kp, g.row_align), lay.rs_c);
             // Rows of the piece, per row group of every source (rows of one
             // row group are contiguous in `c`).
             for src_l in 0..kp {
@@ -1516,7 +1535,7 @@ pub fn lower(
                 .clone()
                 .expect("several K parts come with a reduce kernel");
             let piece = pieces(mt, kp, g.row_align)[l as usize];
-            let section = piece_rows(mt, kp, g.row_align) * lay.rs_c;
+            let section = gather_section(&g, piece_rows(mt, kp, g.row_align), lay.rs_c);
             let rows_here = piece.1 - piece.0;
             if rows_here > 0 {
                 // The rows, or (`transposed_result`, `reduce_f32` TR=1) the
@@ -1562,11 +1581,21 @@ pub fn lower(
                 } else {
                     1
                 };
-                let (slowest, parts) =
+                let (mut slowest, mut parts) =
                     reduce_parts(rows_here, nct, kp, pg.costs.reduce.as_mut(), row_align);
+                // Two partials per load where its formula says that is
+                // faster for this piece (its sections are 8 mod 16 apart,
+                // `gather_section`, and its result rows in region 0).
+                let mut kernel = reduce.clone();
+                if let Some((pairs, formula)) = pg.reduce_pairs.as_mut() {
+                    let (fast, fast_parts) = reduce_parts(rows_here, nct, kp, Some(formula), 1);
+                    if pg.costs.reduce.is_some() && fast < slowest {
+                        (slowest, parts, kernel) = (fast, fast_parts, pairs.clone());
+                    }
+                }
                 for ((q0, q1), (cb0, cb1)) in parts {
                     reduces.push(Vertex {
-                        kernel: reduce.clone(),
+                        kernel: kernel.clone(),
                         state: vec![
                             StateWord::Addr {
                                 buffer: t.c_partial,

@@ -319,7 +319,62 @@ enum Layout {
     /// when ROWS is a multiple of 4); vertices split the rows into ranges
     /// that start on multiples of `split` (the compiler's split: 4).
     ColumnsAt { lead: u32, tight: bool, split: u32 },
+    /// TR=0: result rows as [`Layout::Rows`], with the partials, their
+    /// sections and the result placed by `Place` (ACC=16's `ld2x64st64`
+    /// path needs the partials in region 1 with SECTION = 8 mod 16 and the
+    /// result in region 0; other placements take the one-load path).
+    RowsAt(Place),
 }
+
+impl Layout {
+    /// Whether the result is stored transposed (TR=1).
+    fn transposed(self) -> bool {
+        !matches!(self, Layout::Rows | Layout::RowsAt(_))
+    }
+}
+
+/// Where [`Layout::RowsAt`] puts the partials and the result, and how its
+/// vertices split the work.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Place {
+    /// The partials from [`SRC1`] in region 1 (interleaved memory), not
+    /// from [`SRC16`] in region 0.
+    src_region1: bool,
+    /// SECTION = ROWS x RS_SRC rounded up to a multiple of 16, plus this:
+    /// 8 (or 8 + a multiple of 16) makes SECTION = 8 mod 16, so that
+    /// partials i and i + 1 lie in different banks; a multiple of 16 puts
+    /// them in the same bank. A pad of 12 KiB or more spreads the partials
+    /// over several 32 KiB elements (pairs straddle element boundaries);
+    /// small pads keep small shapes' partials in one element.
+    section_pad: u32,
+    /// The result from [`DST1`] in region 1, not from [`DST`] in region 0.
+    dst_region1: bool,
+    /// The vertices split the columns in blocks of four groups (16
+    /// columns, the compiler's column groups), each vertex taking all
+    /// rows, instead of splitting the rows.
+    split_columns: bool,
+    /// The partials placed so that the last group of the last partial's
+    /// last row ends where tile memory ends (0xE8000): a read past it
+    /// faults in the simulator (`src_region1` must be set).
+    src_at_end: bool,
+}
+
+/// The compiler's placement of an ACC=16 TR=0 gather: partials in region 1
+/// with SECTION = 8 mod 16, the result in region 0.
+const FAST: Place = Place {
+    src_region1: true,
+    section_pad: 8,
+    dst_region1: false,
+    split_columns: false,
+    src_at_end: false,
+};
+
+/// Where [`Layout::RowsAt`] puts the partials in region 1: 8- but not
+/// 16-aligned, at the start of an interleaved element.
+const SRC1: u32 = 0x8_0008;
+/// Where [`Layout::RowsAt`] puts a result in region 1 (after the largest
+/// partials the tests place from [`SRC1`]).
+const DST1: u32 = 0xE_0000;
 
 /// One IN=16 run: the shape, the kernel parameters, the worker split.
 #[derive(Clone, Copy, Debug)]
@@ -437,14 +492,35 @@ fn run_in16_result(case: Case16) -> (u64, Vec<Vec<u32>>) {
     // Rows padded by 24 bytes and partials by 40: strides that are multiples
     // of 8 but not of 16, which IN=16 allows.
     let rs_src = quads * 8 + 24;
-    let section = rows * rs_src + 40;
+    let (section, src_base, dst) = match layout {
+        Layout::RowsAt(place) => (
+            (rows * rs_src).next_multiple_of(16) + place.section_pad,
+            if place.src_region1 { SRC1 } else { SRC16 },
+            if place.dst_region1 { DST1 } else { DST },
+        ),
+        _ => (rows * rs_src + 40, SRC16, DST),
+    };
+    // The partials' bytes from src_base: up to the end of the last
+    // partial's last group when that must end with tile memory.
+    let (src_base, src_bytes) = match layout {
+        Layout::RowsAt(Place {
+            src_at_end: true,
+            src_region1,
+            ..
+        }) => {
+            assert!(src_region1, "the end of tile memory is in region 1");
+            let bytes = (partials - 1) * section + (rows - 1) * rs_src + quads * 8;
+            (ipu_arch::REGION1_END - bytes, bytes)
+        }
+        _ => (src_base, section * partials),
+    };
     let ob = if out32 { 4 } else { 2 };
-    assert!(layout == Layout::Rows || !out32, "TR=1 stores f16");
+    assert!(!layout.transposed() || !out32, "TR=1 stores f16");
     // The guarded area starts GUARD_LEAD bytes before the result; `dst0` is
-    // where element (0, 0) goes, `element(r, c)` its byte offset from DST.
+    // where element (0, 0) goes, `element(r, c)` its byte offset from `dst`.
     const GUARD_LEAD: u32 = 16;
     let (rs_dst, dst0) = match layout {
-        Layout::Rows => (quads * 4 * ob + 8, DST),
+        Layout::Rows | Layout::RowsAt(_) => (quads * 4 * ob + 8, dst),
         Layout::Columns => ((2 * rows).next_multiple_of(8) + 8, DST),
         Layout::ColumnsTight => (2 * rows, DST + 2),
         Layout::ColumnsAt { lead, tight, .. } => {
@@ -457,15 +533,15 @@ fn run_in16_result(case: Case16) -> (u64, Vec<Vec<u32>>) {
         }
     };
     let element = |r: u32, c: u32| match layout {
-        Layout::Rows => dst0 - DST + r * rs_dst + c * ob,
+        Layout::Rows | Layout::RowsAt(_) => dst0 - dst + r * rs_dst + c * ob,
         Layout::Columns | Layout::ColumnsTight | Layout::ColumnsAt { .. } => {
-            dst0 - DST + c * rs_dst + 2 * r
+            dst0 - dst + c * rs_dst + 2 * r
         }
     };
     let dst_extent = match layout {
-        Layout::Rows => rows * rs_dst,
+        Layout::Rows | Layout::RowsAt(_) => rows * rs_dst,
         Layout::Columns | Layout::ColumnsTight | Layout::ColumnsAt { .. } => {
-            dst0 - DST + quads * 4 * rs_dst
+            dst0 - dst + quads * 4 * rs_dst
         }
     };
     let split = match layout {
@@ -490,33 +566,66 @@ fn run_in16_result(case: Case16) -> (u64, Vec<Vec<u32>>) {
         }
     }
     let dst_bytes = dst_extent + 64;
-    let launches: Vec<Launch> = ranges_aligned(rows as usize, workers as usize, split)
-        .into_iter()
-        .map(|(r0, r1)| Launch {
-            entry: "reduce_f32".into(),
-            state: vec![
-                SRC16 + r0 as u32 * rs_src,
-                section,
-                partials,
-                rs_src,
-                DST + element(r0 as u32, 0),
-                rs_dst,
-                (r1 - r0) as u32,
-                quads,
-                BIAS,
-            ],
-        })
-        .collect();
+    src.truncate(src_bytes as usize);
+    let src_end = src_base + src_bytes;
     assert!(
-        !acc16 || (!out32 && (epi == 0 || (epi <= 2 && layout == Layout::Rows))),
+        src_end <= dst - GUARD_LEAD || dst + dst_bytes <= src_base,
+        "{case:?}: the partials overlap the result"
+    );
+    let launches: Vec<Launch> = match layout {
+        Layout::RowsAt(Place {
+            split_columns: true,
+            ..
+        }) => ranges_aligned(quads as usize, workers as usize, 4)
+            .into_iter()
+            .map(|(q0, q1)| Launch {
+                entry: "reduce_f32".into(),
+                state: vec![
+                    src_base + 8 * q0 as u32,
+                    section,
+                    partials,
+                    rs_src,
+                    dst + element(0, 4 * q0 as u32),
+                    rs_dst,
+                    rows,
+                    (q1 - q0) as u32,
+                    BIAS + 8 * q0 as u32,
+                ],
+            })
+            .collect(),
+        _ => ranges_aligned(rows as usize, workers as usize, split)
+            .into_iter()
+            .map(|(r0, r1)| Launch {
+                entry: "reduce_f32".into(),
+                state: vec![
+                    src_base + r0 as u32 * rs_src,
+                    section,
+                    partials,
+                    rs_src,
+                    dst + element(r0 as u32, 0),
+                    rs_dst,
+                    (r1 - r0) as u32,
+                    quads,
+                    BIAS,
+                ],
+            })
+            .collect(),
+    };
+    assert!(
+        !acc16 || (!out32 && (epi == 0 || (epi <= 2 && !layout.transposed()))),
         "ACC=16 stores the f16 sum, EPI 1 and 2 untransposed"
     );
+    // The placed-rows layouts exercise the two-partials-per-load object
+    // (PAIRS=1): its fast path where the placement allows, its one-load
+    // fallback where not.
+    let pairs = acc16 && epi == 0 && matches!(layout, Layout::RowsAt(_));
     let defines = [
         ("IN", 16),
         ("OUT", if out32 { 32 } else { 16 }),
         ("EPI", epi as i64),
-        ("TR", if layout == Layout::Rows { 0 } else { 1 }),
+        ("TR", if layout.transposed() { 1 } else { 0 }),
         ("ACC", if acc16 { 16 } else { 32 }),
+        ("PAIRS", pairs as i64),
     ];
     let (chip, cycles) = simulate(
         &[Kernel {
@@ -525,16 +634,16 @@ fn run_in16_result(case: Case16) -> (u64, Vec<Vec<u32>>) {
         }],
         &[launches],
         &[
-            (SRC16, src),
+            (src_base, src),
             (BIAS, kernel_common::f16_bytes(&bias)),
             (
-                DST - GUARD_LEAD,
+                dst - GUARD_LEAD,
                 vec![GUARD; (GUARD_LEAD + dst_bytes) as usize],
             ),
         ],
     );
     let area = chip
-        .peek(0, DST - GUARD_LEAD, GUARD_LEAD + dst_bytes)
+        .peek(0, dst - GUARD_LEAD, GUARD_LEAD + dst_bytes)
         .unwrap();
     let out = &area[GUARD_LEAD as usize..];
     // Which bytes of the area hold a result element: all others must keep
@@ -1141,9 +1250,10 @@ fn acc16_tr_four_row_cycles_match_the_declared_formula() {
 }
 
 /// The ACC=16 formulas against the simulator (one vertex): the sum alone
-/// with TR=0 and TR=1, the bias (EPI=1) and bias + GELU (EPI=2)
-/// epilogues with TR=0; unrolled and generic P, one and many groups per
-/// row, within 3%.
+/// with TR=0 (in the layout its formula describes: partials in region 1,
+/// SECTION = 8 mod 16, the result in region 0) and TR=1, the bias (EPI=1)
+/// and bias + GELU (EPI=2) epilogues with TR=0; unrolled and generic P,
+/// one and many groups per row, within 3%.
 #[test]
 fn acc16_cycles_match_the_declared_formula() {
     let shapes = [
@@ -1160,12 +1270,12 @@ fn acc16_cycles_match_the_declared_formula() {
     let epilogue_shapes = [(8, 12, 6), (3, 1, 5)];
     let mut outside = Vec::new();
     for (epi, layout, values, seed) in [
-        (0, Layout::Rows, Values::Mixed, 1),
+        (0, Layout::RowsAt(FAST), Values::Mixed, 1),
         (0, Layout::Columns, Values::Mixed, 1),
         (1, Layout::Rows, Values::Activations, 2),
         (2, Layout::Rows, Values::Activations, 2),
     ] {
-        let tr = if layout == Layout::Rows { 0 } else { 1 };
+        let tr = if layout.transposed() { 1 } else { 0 };
         let extra: &[(u32, u32, u32)] = if epi > 0 { &epilogue_shapes } else { &[] };
         for &(rows, quads, partials) in shapes.iter().chain(extra) {
             let simulated = run_in16(Case16 {
@@ -1183,7 +1293,13 @@ fn acc16_cycles_match_the_declared_formula() {
             check_formula(
                 &mut outside,
                 format!("ACC=16 EPI={epi} TR={tr} rows={rows} quads={quads} P={partials}"),
-                &[("IN", 16), ("ACC", 16), ("EPI", epi as i64), ("TR", tr)],
+                &[
+                    ("IN", 16),
+                    ("ACC", 16),
+                    ("EPI", epi as i64),
+                    ("TR", tr),
+                    ("PAIRS", matches!(layout, Layout::RowsAt(_)) as i64),
+                ],
                 (rows, quads, partials),
                 simulated,
             );
@@ -1195,12 +1311,15 @@ fn acc16_cycles_match_the_declared_formula() {
 /// The shape of issue 5 (ROWS 122 over six vertices, QUADS 4, P 6) with f16
 /// and f32 sums, TR=0 and TR=1: the tile's cycles, and the ACC=16 formula
 /// for the largest share within 5% of the simulated tile. TR=0 splits the
-/// rows anywhere (21 rows at most); TR=1 as the compiler will, on multiples
-/// of 4 from an 8-aligned DST (22 rows at most: five four-row blocks and
-/// two rows on the one-row path), where it must cost under 10% more than
-/// TR=0. Split anywhere, TR=1's vertices start with up to three rows on the
-/// one-row path; that must still beat the one-row path alone on the same
-/// split (back-to-back columns, RS_DST = 244, not a multiple of 8) by 10%.
+/// rows anywhere (21 rows at most), with the partials and the result where
+/// its formula expects them (two partials per load); TR=1 as the compiler
+/// will, on multiples of 4 from an 8-aligned DST (22 rows at most: five
+/// four-row blocks and two rows on the one-row path), where it must cost
+/// under 10% more than TR=0 with one load per partial (the same P + 1
+/// bundles per group). Split anywhere, TR=1's vertices start with up to
+/// three rows on the one-row path; that must still beat the one-row path
+/// alone on the same split (back-to-back columns, RS_DST = 244, not a
+/// multiple of 8) by 10%.
 #[test]
 fn acc16_cost_on_the_attention_shape() {
     let case = |layout, acc16| Case16 {
@@ -1228,14 +1347,14 @@ fn acc16_cost_on_the_attention_shape() {
         split: 4,
     };
     let mut acc16_cycles = Vec::new();
-    for (layout, tr, split) in [(Layout::Rows, 0, 1), (compilers_split, 1, 4)] {
+    for (layout, tr, split) in [(Layout::RowsAt(FAST), 0, 1), (compilers_split, 1, 4)] {
         let share = largest_share(split);
         let vars = [("ROWS", share), ("QUADS", 4), ("P", 6)];
         let f32_sums = run_in16(case(layout, false));
         let f16_sums = run_in16(case(layout, true));
         let declared = declared_cycles(
             "reduce_f32.S",
-            &[("IN", 16), ("ACC", 16), ("TR", tr)],
+            &[("IN", 16), ("ACC", 16), ("TR", tr), ("PAIRS", 1 - tr)],
             &vars,
         );
         println!(
@@ -1255,10 +1374,14 @@ fn acc16_cost_on_the_attention_shape() {
         );
         acc16_cycles.push(f16_sums);
     }
-    let (rows, columns) = (acc16_cycles[0], acc16_cycles[1]);
+    let columns = acc16_cycles[1];
+    let one_load = run_in16(case(Layout::Rows, true));
+    println!(
+        "ROWS 122 / 6 vertices, QUADS 4, P 6, ACC=16 TR=0 with one load per partial (partials in region 0): simulated {one_load}"
+    );
     assert!(
-        10 * columns < 11 * rows,
-        "ACC=16 TR=1 {columns} costs 10% or more over TR=0 {rows}"
+        10 * columns < 11 * one_load,
+        "ACC=16 TR=1 {columns} costs 10% or more over TR=0 with one load per partial {one_load}"
     );
     let anywhere = run_in16(case(Layout::Columns, true));
     let one_row_only = run_in16(case(Layout::ColumnsTight, true));
@@ -1314,6 +1437,259 @@ fn acc16_tr_blocks_against_the_one_row_path() {
     }
 }
 
+/// [`FAST`] with 12 KiB more per section: the partials spread over several
+/// 32 KiB elements, pairs i, i + 1 straddling element boundaries.
+const FAST_SPREAD: Place = Place {
+    section_pad: 0x3008,
+    ..FAST
+};
+
+/// An ACC=16 TR=0 EPI=0 case on `place`, one vertex or `workers` splitting
+/// the rows or (`place.split_columns`) the columns.
+fn rows_case(
+    rows: u32,
+    quads: u32,
+    partials: u32,
+    workers: u32,
+    place: Place,
+    seed: u64,
+) -> Case16 {
+    Case16 {
+        rows,
+        quads,
+        partials,
+        out32: false,
+        epi: 0,
+        workers,
+        values: Values::Mixed,
+        layout: Layout::RowsAt(place),
+        acc16: true,
+        seed,
+    }
+}
+
+/// The declared `.cycles` of ACC=16 TR=0 EPI=0 for one vertex.
+fn acc16_rows_declared(rows: u32, quads: u32, partials: u32) -> u64 {
+    declared_cycles(
+        "reduce_f32.S",
+        &[("IN", 16), ("ACC", 16), ("TR", 0), ("PAIRS", 1)],
+        &[
+            ("ROWS", rows as u64),
+            ("QUADS", quads as u64),
+            ("P", partials as u64),
+        ],
+    )
+}
+
+/// ACC=16 TR=0 with two partials per load (docs/kernels.md, "Two partials
+/// per load"): every P from 1 to 10 and 13, 17 (past 8 the generic loop),
+/// ROWS 1..13 and 61, QUADS 1..5 and 16 (the three classes of QUADS: 1, 2,
+/// 3 or more), in rotation one vertex, six splitting the rows (uneven and
+/// odd shares) or six splitting the columns in blocks of four groups (the
+/// compiler's 16-column groups), with SECTION = 8 mod 16 and the partials
+/// in one element (small shapes) or spread over several. Every shape also
+/// runs on a placement that must take the one-load path, in rotation:
+/// SECTION a multiple of 16 (partials in one element, or spread), the
+/// result in region 1, or the partials in region 0. Bit for bit against the
+/// f16 host emulation, every byte around and between the result rows
+/// guarded (the harness), so that neither path writes outside the ROWS x 4
+/// QUADS results, nor stores a value that is not the last result.
+///
+/// That the fast placements do take the two-partial path: one-vertex runs
+/// of P <= 8 must simulate within 3% of the declared formula (which
+/// describes that path), and their one-load twins (the same partials and
+/// shape on the rotation's one-load placement) must cost more wherever the
+/// vertex has at least 8 groups (P >= 2) or 16 (P = 1).
+#[test]
+fn acc16_rows_two_partials_per_load_bit_exactly() {
+    let mut i = 0u32;
+    let mut outside = Vec::new();
+    let mut compared = 0;
+    for partials in (1..=10).chain([13, 17]) {
+        for rows in (1..=13).chain([61]) {
+            for quads in [1, 2, 3, 4, 5, 16] {
+                let (workers, split_columns) =
+                    [(1, false), (6, false), (6, true)][(i % 3) as usize];
+                let fast = Place {
+                    split_columns,
+                    ..[FAST, FAST_SPREAD][(i / 3 % 2) as usize]
+                };
+                let slow = [
+                    Place {
+                        section_pad: 16,
+                        ..fast
+                    },
+                    Place {
+                        section_pad: 0x3000,
+                        ..fast
+                    },
+                    Place {
+                        dst_region1: true,
+                        ..fast
+                    },
+                    Place {
+                        src_region1: false,
+                        ..fast
+                    },
+                ][(i / 2 % 4) as usize];
+                let seed = 60000 + i as u64;
+                let cycles = run_in16(rows_case(rows, quads, partials, workers, fast, seed));
+                let slow_cycles = run_in16(rows_case(rows, quads, partials, workers, slow, seed));
+                if workers == 1 && partials <= 8 {
+                    check_formula(
+                        &mut outside,
+                        format!("ACC=16 TR=0 rows={rows} quads={quads} P={partials} {fast:?}"),
+                        &[("IN", 16), ("ACC", 16), ("TR", 0), ("PAIRS", 1)],
+                        (rows, quads, partials),
+                        cycles,
+                    );
+                    if rows * quads >= if partials == 1 { 16 } else { 8 } {
+                        assert!(
+                            cycles < slow_cycles,
+                            "rows={rows} quads={quads} P={partials}: {fast:?} {cycles} cycles, not under the one-load path's {slow_cycles} ({slow:?})"
+                        );
+                        compared += 1;
+                    }
+                }
+                i += 1;
+            }
+        }
+    }
+    assert_formulas_hold(&outside);
+    assert!(compared > 100, "{compared} comparisons");
+}
+
+/// The two-partial path on signed zeros (-0 + -0 stays -0, +0 + -0 is
+/// +0), infinities (inf - inf is the canonical NaN), overflow of the
+/// largest finite f16 and subnormals, every P up to 9 and 12, each class
+/// of QUADS, split over the rows or the columns: bit for bit against the
+/// host emulation, and equal to the one-load path's result.
+#[test]
+fn acc16_rows_two_partials_per_load_on_specials() {
+    for partials in (1..=9).chain([12]) {
+        for (rows, quads, workers, place) in [
+            (9, 4, 3, FAST),
+            (5, 1, 1, FAST_SPREAD),
+            (7, 2, 2, FAST),
+            (
+                6,
+                12,
+                3,
+                Place {
+                    split_columns: true,
+                    ..FAST_SPREAD
+                },
+            ),
+        ] {
+            let case = |place| Case16 {
+                values: Values::Specials,
+                ..rows_case(
+                    rows,
+                    quads,
+                    partials,
+                    workers,
+                    place,
+                    37000 + partials as u64,
+                )
+            };
+            let (_, fast) = run_in16_result(case(place));
+            let (_, slow) = run_in16_result(case(Place {
+                section_pad: 16,
+                ..place
+            }));
+            assert_eq!(fast, slow, "rows={rows} quads={quads} P={partials}");
+        }
+    }
+}
+
+/// Nothing past the partials is read, on either path for P <= 8: the last
+/// group of the last partial's last row ends where tile memory ends
+/// (0xE8000), so that a load past it faults. Every P up to 8, each class of
+/// QUADS, one vertex or six splitting the rows or the columns (the last
+/// vertex reaches the end), SECTION = 8 mod 16 (two partials per load) and
+/// 0 mod 16 (one load per partial).
+#[test]
+fn acc16_rows_read_nothing_past_the_partials() {
+    for partials in 1..=8 {
+        for (rows, quads, workers, split_columns) in [
+            (1, 1, 1, false),
+            (3, 1, 1, false),
+            (2, 2, 1, false),
+            (5, 3, 1, false),
+            (7, 4, 1, false),
+            (13, 5, 6, false),
+            (4, 16, 6, true),
+        ] {
+            for section_pad in [8, 16] {
+                let place = Place {
+                    section_pad,
+                    split_columns,
+                    src_at_end: true,
+                    ..FAST
+                };
+                run_in16(rows_case(
+                    rows,
+                    quads,
+                    partials,
+                    workers,
+                    place,
+                    9000 + partials as u64,
+                ));
+            }
+        }
+    }
+}
+
+/// The two-partial path against the one-load path on the same partials
+/// (SECTION a multiple of 16 instead of 8 mod 16), one vertex of ROWS 21,
+/// QUADS 8 and the six vertices of ROWS 62 x QUADS 48 split by columns (12
+/// column groups of 16, two per vertex), P 4 (3 bundles per group instead
+/// of 5) and P 6 (5 instead of 7): at least 20% fewer cycles, and the
+/// one-vertex run within 3% of the declared formula.
+#[test]
+fn acc16_rows_two_partials_per_load_against_one_load() {
+    let mut failures = Vec::new();
+    for partials in [4, 6] {
+        for (rows, quads, workers, split_columns) in [(21, 8, 1, false), (62, 48, 6, true)] {
+            let fast = Place {
+                split_columns,
+                ..FAST
+            };
+            let seed = 4862;
+            let pairs = run_in16(rows_case(rows, quads, partials, workers, fast, seed));
+            let one_load = run_in16(rows_case(
+                rows,
+                quads,
+                partials,
+                workers,
+                Place {
+                    section_pad: 16,
+                    ..fast
+                },
+                seed,
+            ));
+            let vertex_quads = quads / workers;
+            let declared = acc16_rows_declared(rows, vertex_quads, partials);
+            println!(
+                "ACC=16 TR=0 ROWS {rows}, QUADS {quads} over {workers} vertices ({vertex_quads} each), P {partials}: two partials per load {pairs} cycles (.cycles {declared} per vertex), one load per partial {one_load} ({:.1}% less)",
+                100.0 * (1.0 - pairs as f64 / one_load as f64)
+            );
+            if 5 * pairs > 4 * one_load {
+                failures.push(format!(
+                    "P {partials} ROWS {rows} QUADS {quads}: {pairs} is not 20% under {one_load}"
+                ));
+            }
+            let ratio = declared as f64 / pairs as f64;
+            if workers == 1 && !(0.97..1.03).contains(&ratio) {
+                failures.push(format!(
+                    "P {partials} ROWS {rows} QUADS {quads}: declared {declared} vs simulated {pairs}"
+                ));
+            }
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
 #[test]
 fn acc16_needs_f16_partials_f16_results_and_untransposed_epilogues() {
     for (defines, what) in [
@@ -1341,6 +1717,37 @@ fn acc16_needs_f16_partials_f16_results_and_untransposed_epilogues() {
             "{what}: {message}"
         );
     }
+}
+
+/// PAIRS=1 (two partials per load) exists for ACC=16 EPI=0 TR=0 only; the
+/// error names the file and the rule.
+#[test]
+fn pairs_needs_acc16_without_epilogue_or_transpose() {
+    for (defines, what) in [
+        (&[("IN", 16), ("PAIRS", 1)][..], "ACC=32"),
+        (
+            &[("ACC", 16), ("IN", 16), ("TR", 1), ("PAIRS", 1)][..],
+            "TR=1",
+        ),
+        (
+            &[("ACC", 16), ("IN", 16), ("EPI", 1), ("PAIRS", 1)][..],
+            "EPI=1",
+        ),
+        (&[("ACC", 16), ("IN", 16), ("PAIRS", 2)][..], "PAIRS=2"),
+    ] {
+        let Err(err) = kernel_common::assemble("reduce_f32.S", defines) else {
+            panic!("{what} with PAIRS must not assemble");
+        };
+        let message = err.to_string();
+        assert!(
+            message.contains("PAIRS must be 0 or 1, and PAIRS=1 (two partials per load) needs ACC=16, EPI=0 and TR=0")
+                && message.contains("reduce_f32.S"),
+            "{what}: {message}"
+        );
+    }
+    // Objects record PAIRS=0 by default, so requests can tell them apart.
+    let assembly = kernel_common::assemble("reduce_f32.S", &[("ACC", 16), ("IN", 16)]).unwrap();
+    assert_eq!(assembly.metadata.parameters.get("PAIRS"), Some(&0));
 }
 
 /// ACC=16 with the bias (EPI=1) and bias + GELU (EPI=2) epilogues on the

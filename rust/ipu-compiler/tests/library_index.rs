@@ -66,6 +66,21 @@ fn compiles_from_a_bazel_kernel_library_index() {
             "reduce_f32.S",
             &[("ACC", 16), ("EPI", 0), ("IN", 16), ("OUT", 16)],
         ),
+        // The f16 sum with two partials per load, which a streamed GEMM's
+        // reduce-scatter takes where it is faster (PAIRS=1; every other
+        // object records PAIRS=0).
+        assemble(
+            dir.path(),
+            "reduce_f32_acc16_pairs",
+            "reduce_f32.S",
+            &[
+                ("ACC", 16),
+                ("EPI", 0),
+                ("IN", 16),
+                ("OUT", 16),
+                ("PAIRS", 1),
+            ],
+        ),
         // The supervisor runtime, which every tile links.
         assemble(dir.path(), "supervisor", "supervisor.S", &[]),
     ];
