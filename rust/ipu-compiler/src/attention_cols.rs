@@ -478,17 +478,16 @@ impl Shapes {
 /// columns).
 type FinalVertex = (u32, u32, u32, u32);
 
-/// `[a, z)` (even `a` and `z`) cut into `parts` near-equal ranges of whole
-/// pairs (empty ones when there are fewer pairs than parts).
 /// The keys `[k0, k1)` of `splits` key splits of `sk` keys: near-equal
 /// ranges that start on even keys, since the exchange moves V^T's runs of
-/// keys as whole words. (Splits of whole 16-key blocks, as the row layout
-/// takes them, left SigLIP's four splits 176, 192, 176 and 185 keys: the
-/// slowest tile's S^T, softmax and K and V^T exchange sized for 192.)
+/// keys as whole words (the last one ends on an odd `sk`). (Splits of whole
+/// 16-key blocks, as the row layout takes them, left SigLIP's four splits
+/// 176, 192, 176 and 185 keys: the slowest tile's S^T, softmax and K and
+/// V^T exchange sized for 192.)
 pub fn key_ranges(sk: u32, splits: u32) -> Vec<(u32, u32)> {
-    ranges(sk.div_ceil(2), splits)
+    pair_ranges(0, sk.next_multiple_of(2), splits)
         .into_iter()
-        .map(|(a, z)| (2 * a, (2 * z).min(sk)))
+        .map(|(a, z)| (a, z.min(sk)))
         .collect()
 }
 
@@ -497,6 +496,8 @@ fn widest_split(key_splits: &[(u32, u32)]) -> u32 {
     key_splits.iter().map(|r| r.1 - r.0).max().unwrap_or(1)
 }
 
+/// `[a, z)` (even `a` and `z`) cut into `parts` near-equal ranges of whole
+/// pairs (empty ones when there are fewer pairs than parts).
 fn pair_ranges(a: u32, z: u32, parts: u32) -> Vec<(u32, u32)> {
     ranges((z - a) / 2, parts)
         .into_iter()

@@ -173,14 +173,15 @@ fn piece_rows(rows: u32, kp: u32, align: u32) -> u32 {
         .unwrap_or(0)
 }
 
-/// Bytes between the gathered sections of a tile's reduce-scatter: the
-/// largest piece's rows; with f16 partials (not `g.acc32`) 8 bytes more
-/// when that is a multiple of 16, so that partials i and i + 1 sit in
-/// different banks of interleaved memory and `reduce_f32` ACC=16 can load
-/// both with one `ld2x64st64` (docs/kernels.md). f32 partials keep 16-byte
-/// sections: `reduce_f32` IN=32 reads them with `ld128`.
-fn gather_section(g: &GemmGeometry, piece_rows: u32, rs_c: u32) -> u32 {
-    let bytes = piece_rows * rs_c;
+/// Bytes between the gathered sections of the reduce-scatter of a tile
+/// with `rows` rows over `kp` K parts: the largest piece's rows
+/// ([`piece_rows`]); with f16 partials (not `g.acc32`) 8 bytes more when
+/// that is a multiple of 16, so that partials i and i + 1 sit in different
+/// banks of interleaved memory and `reduce_f32` ACC=16 can load both with
+/// one `ld2x64st64` (docs/kernels.md). f32 partials keep 16-byte sections:
+/// `reduce_f32` IN=32 reads them with `ld128`.
+fn gather_section(g: &GemmGeometry, rows: u32, kp: u32, rs_c: u32) -> u32 {
+    let bytes = piece_rows(rows, kp, g.row_align) * rs_c;
     if !g.acc32 && bytes.is_multiple_of(16) {
         bytes + 8
     } else {
@@ -388,7 +389,7 @@ fn shard_cost(
         // from load time on) persist, since they span the chunk steps and
         // the reduce-scatter. The gather is `c_partial` (`c_partial_bytes`),
         // so the scratch phase holds only the chunks.
-        let c_partial = c_partial_bytes(&layout, kp, gather_section(g, piece, layout.rs_c));
+        let c_partial = c_partial_bytes(&layout, kp, gather_section(g, mt, kp, layout.rs_c));
         let mut persistent = vec![(layout.c_bytes(), true), (c_partial, true)];
         if b_resident {
             persistent.push((steps * layout.b_bytes(), false));
@@ -1156,11 +1157,7 @@ pub fn lower(
         );
         let c_partial = push(
             "c_partial",
-            c_partial_bytes(
-                &layout,
-                kp,
-                gather_section(&g, piece_rows(mt, kp, g.row_align), layout.rs_c),
-            ),
+            c_partial_bytes(&layout, kp, gather_section(&g, mt, kp, layout.rs_c)),
             RegionReq::Interleaved,
             true,
             header,
@@ -1466,7 +1463,7 @@ pub fn lower(
             let lay = &t.layout;
             let mt = t.rows.1 - t.rows.0;
             let piece = pieces(mt, kp, g.row_align)[l as usize];
-            let section = gather_section(&g, piece_rows(mt, kp, g.row_align), lay.rs_c);
+            let section = gather_section(&g, mt, kp, lay.rs_c);
             // Rows of the piece, per row group of every source (rows of one
             // row group are contiguous in `c`).
             for src_l in 0..kp {
@@ -1535,7 +1532,7 @@ pub fn lower(
                 .clone()
                 .expect("several K parts come with a reduce kernel");
             let piece = pieces(mt, kp, g.row_align)[l as usize];
-            let section = gather_section(&g, piece_rows(mt, kp, g.row_align), lay.rs_c);
+            let section = gather_section(&g, mt, kp, lay.rs_c);
             let rows_here = piece.1 - piece.0;
             if rows_here > 0 {
                 // The rows, or (`transposed_result`, `reduce_f32` TR=1) the
