@@ -9,8 +9,10 @@ fn tolerance_rule_matches_the_documentation() {
     let t = Tolerance::for_output(DType::F16, 1152, &[1.0; 4]);
     assert_eq!(t.rtol, 4.0 * 2f64.powi(-11));
     assert!((t.atol - 2f64.powi(-11) * 1152f64.sqrt()).abs() < 1e-15);
+    // f32 outputs: four times the atol, for the device's f32 accumulation.
     let t32 = Tolerance::for_output(DType::F32, 1, &[2.0; 4]);
-    assert_eq!(t32.atol, 2.0 * 2f64.powi(-24));
+    assert_eq!(t32.atol, 4.0 * 2.0 * 2f64.powi(-24));
+    assert_eq!(t32.rtol, 4.0 * 2f64.powi(-24));
     assert!(!t.accepts(f64::NAN, 1.0));
 }
 
