@@ -166,6 +166,7 @@ impl Shapes {
             f16_result: false,
             row_align: 1,
             fp8_scale: None,
+            f32_operands: false,
             reduce_f16: false,
             max_chain_blocks: u32::MAX,
         };
@@ -210,6 +211,7 @@ impl Shapes {
             f16_result: false,
             row_align: 1,
             fp8_scale: None,
+            f32_operands: false,
             reduce_f16: false,
             max_chain_blocks: u32::MAX,
         };
@@ -394,7 +396,12 @@ impl Shapes {
     /// near-equal ranges (empty for splits beyond d / 2).
     fn combine_ranges(&self, splits: u32, distributed: bool) -> Vec<(u32, u32)> {
         if distributed {
-            pair_ranges(0, self.d, splits)
+            // One range per split, even when the head has fewer column
+            // pairs than there are splits: those splits combine nothing
+            // (an empty range at the end, as split 0 alone does below).
+            let mut r = pair_ranges(0, self.d, splits);
+            r.resize(splits as usize, (self.d, self.d));
+            r
         } else {
             let mut r = vec![(self.d, self.d); splits as usize];
             r[0] = (0, self.d);

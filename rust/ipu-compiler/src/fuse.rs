@@ -132,12 +132,12 @@ pub fn fuse(graph: &Graph) -> Result<Vec<Group>, CompileError> {
                     ),
                 ));
             }
-            if !matches!(t.dtype, DType::F16 | DType::Fp8 { .. }) {
+            if !matches!(t.dtype, DType::F16 | DType::F32 | DType::Fp8 { .. }) {
                 return Err(err(
                     r,
                     "gemm",
                     format!(
-                        "operand `{}` is {}; only f16 and fp8 operands are lowered",
+                        "operand `{}` is {}; only f16, f32 and fp8 operands are lowered",
                         graph.value(arg).name,
                         t.dtype
                     ),

@@ -33,6 +33,9 @@ pub struct GemmGeometry {
     /// accumulation) with this product scale exponent (the sum of the
     /// operands' scales); `None`: f16 operands (`gemm_f16`).
     pub fp8_scale: Option<i32>,
+    /// f32 operands (`gemm_f32`: K blocks of 16, four bytes per element,
+    /// f32 accumulation and result).
+    pub f32_operands: bool,
     /// f16 accumulation whose result still passes the reduce step
     /// (`reduce_f32` IN=16, one partial) for a fused epilogue or a GEMM
     /// consumer's compact rows.
@@ -66,6 +69,8 @@ impl GemmGeometry {
     pub fn operand_bytes(&self) -> u32 {
         if self.fp8_scale.is_some() {
             1
+        } else if self.f32_operands {
+            4
         } else {
             2
         }
@@ -412,6 +417,13 @@ pub struct GemmCosts {
     /// fast path stores four rows of a column at once from an 8-aligned
     /// destination (its formula assumes that), else 1.
     pub reduce_row_align: u32,
+    /// Whether other GEMMs' buffers share this GEMM's tiles for the whole
+    /// program (the slices of a batched GEMM when there are more of them
+    /// than tiles): `storage::place` gives every element-exclusive buffer of
+    /// each its own 32 KiB elements, so the budget is checked with those
+    /// rounded up to whole elements ([`GemmCosts::joint_of`]), or the
+    /// plan fits its share by bytes and overflows at placement.
+    pub whole_elements: bool,
 }
 
 impl GemmCosts {
@@ -432,6 +444,7 @@ impl GemmCosts {
             a_persistent: false,
             joint: None,
             reduce_row_align: 1,
+            whole_elements: false,
         }
     }
 
@@ -481,6 +494,21 @@ impl GemmCosts {
             return (total <= (ipu_arch::REGION1_END - ipu_arch::REGION1_BASE) as u64)
                 .then_some(total);
         }
+        if self.whole_elements {
+            let (exclusive, shared, _) = self.joint_of(layout);
+            let total = exclusive + shared;
+            return (total <= (ipu_arch::REGION1_END - ipu_arch::REGION1_BASE) as u64)
+                .then_some(total);
+        }
+        crate::storage::region1_footprint(&self.region1_buffers(layout))
+    }
+
+    /// The region-1 buffers of a shard that keeps all of them for the
+    /// whole program, as (bytes, needs elements of its own), in the order
+    /// [`GemmCosts::region1_bytes`] counts them: the two C buffers, B, A
+    /// when the GEMM owns it, and the compact result when a GEMM on the
+    /// same tiles reads it as its A.
+    pub fn region1_buffers(&self, layout: &ShardLayout) -> Vec<(u32, bool)> {
         let mut bufs = vec![
             (layout.c_bytes(), true),
             (layout.c_bytes(), true),
@@ -492,7 +520,25 @@ impl GemmCosts {
         if self.feeds_gemm {
             bufs.push((layout.d_bytes() + 2 * layout.rs_d(), true));
         }
-        crate::storage::region1_footprint(&bufs)
+        bufs
+    }
+
+    /// Region 1 of a shard as another GEMM on the same tiles sees it
+    /// ([`GemmCosts::joint`]): its element-exclusive buffers
+    /// ([`GemmCosts::region1_buffers`]) each rounded up to whole elements,
+    /// its other buffers, and no scratch phase (a whole-K GEMM keeps every
+    /// buffer for the whole program).
+    pub fn joint_of(&self, layout: &ShardLayout) -> (u64, u64, u64) {
+        let element = ipu_arch::INTERLEAVED_ELEMENT_BYTES as u64;
+        let (mut exclusive, mut shared) = (0, 0);
+        for (bytes, own_elements) in self.region1_buffers(layout) {
+            if own_elements {
+                exclusive += (bytes as u64).div_ceil(element) * element;
+            } else {
+                shared += bytes as u64;
+            }
+        }
+        (exclusive, shared, 0)
     }
 }
 
@@ -645,6 +691,7 @@ mod tests {
             f16_result: true,
             row_align: 1,
             fp8_scale: None,
+            f32_operands: false,
             reduce_f16: false,
             max_chain_blocks: u32::MAX,
         }

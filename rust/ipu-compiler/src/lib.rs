@@ -213,6 +213,15 @@ fn gemm_kernel(acc32: bool) -> KernelRequest {
     }
 }
 
+/// The f32 GEMM vertex (`ampf32`: f32 operands, accumulation and result).
+fn gemm_f32_kernel() -> KernelRequest {
+    KernelRequest {
+        entry: "gemm_f32".into(),
+        source: "gemm_f32.S".into(),
+        params: BTreeMap::new(),
+    }
+}
+
 /// The fp8 GEMM vertex (f16 accumulation, run-time product scale).
 fn gemm_fp8_kernel() -> KernelRequest {
     KernelRequest {
@@ -477,6 +486,167 @@ fn plan_exchanged_chain(
             i += 1;
         }
     }
+}
+
+/// Consumer memory budgets one form of [`plan_joint_chain`] tries per row
+/// partition (or per search): each is one byte below the previous plan's
+/// region-1 peak, so every try takes a smaller worker split or partition.
+const JOINT_CHAIN_BUDGETS: usize = 32;
+
+/// A two-GEMM chain planned with region 1 shared by what each GEMM needs.
+struct JointChain {
+    /// The consumer's A arrives by an exchange step (else the GEMMs share
+    /// rows and it stays on the producer's tiles).
+    exchange: bool,
+    /// Producer and consumer, with the costs their plans were made with
+    /// (`lower` derives every shard's worker split from them again).
+    planned: Vec<PlannedGemm>,
+    plans: [plan::GemmPlan; 2],
+    /// Estimated device cycles: both GEMMs, and the hand-off when exchanged.
+    cycles: u64,
+    candidates: usize,
+}
+
+/// The fallback of a two-GEMM chain (producer `setups[0]`, consumer
+/// `setups[1]`, as the shared-rows search planned them) when neither
+/// candidate finds plans with each GEMM in half of region 1: the GEMMs
+/// share region 1 by what each needs instead. Tiny MLPs on one or two
+/// tiles need it (79 x 132 -> 192 -> GELU -> 60 on one tile: the producer
+/// alone needs 6 elements and its weights, more than half of region 1,
+/// while the consumer needs 3 of the 13).
+///
+/// The consumer is planned with a memory budget, and the producer in what
+/// its plan leaves, laid out as `storage::place` lays out both
+/// ([`gemm::GemmCosts::joint`], [`plan::whole_k_joint`]); the budget goes
+/// down from all of region 1 one plan at a time ([`budget_tries`]), so a
+/// faster consumer is weighed against the room it takes from the
+/// producer. Both forms compete: shared rows (one row partition, the
+/// producer's result in region 1 as the consumer's A) and an exchange
+/// hand-off (each GEMM its own plan; the consumer owns its A buffer and
+/// the producer's result stays in standard memory). The fewest estimated
+/// cycles win, the exchange form with its scheduled hand-off step. With
+/// no pair, the GEMMs with f32 fallbacks fall back and the search runs
+/// again.
+fn plan_joint_chain(
+    setups: &[PlannedGemm],
+    tiles: u32,
+    search: &plan::SearchBudget,
+) -> Result<Option<JointChain>, CompileError> {
+    let region1 = (ipu_arch::REGION1_END - ipu_arch::REGION1_BASE) as u64;
+    let mut setups = setups.to_vec();
+    for attempt in 0..2 {
+        if attempt == 1 {
+            // Every GEMM with an f32 fallback falls back (no short circuit).
+            let fell_back = setups
+                .iter_mut()
+                .map(use_f32_fallback)
+                .filter(|&f| f)
+                .count();
+            if fell_back == 0 {
+                break;
+            }
+        }
+        let (g0, g1) = (setups[0].0, setups[1].0);
+        let mut best: Option<JointChain> = None;
+        let mut candidates = 0;
+        for exchange in [false, true] {
+            let mut planned = setups.clone();
+            let [producer, consumer] = &mut planned[..] else {
+                unreachable!("a two-GEMM chain");
+            };
+            // Shared rows keep the producer's result in region 1 (the
+            // consumer's A); an exchange hand-off leaves it in standard
+            // memory (lower::PlannedGemm::result_in_place) and gives the
+            // consumer an A buffer of its own.
+            producer.2.feeds_gemm = !exchange;
+            producer.2.memory_budget = region1;
+            consumer.2.owns_a = exchange;
+            consumer.2.joint = None;
+            let mut tries = Vec::new();
+            if exchange {
+                tries = budget_tries(&mut consumer.2, |c| {
+                    plan::search(&g1, tiles, c, search).0.into_iter().next()
+                });
+            } else {
+                for rp in 1..=g1.m.min(tiles) {
+                    tries.extend(budget_tries(&mut consumer.2, |c| {
+                        plan::evaluate(&g1, rp, 1, c)
+                    }));
+                }
+            }
+            for (p1, budget) in tries {
+                candidates += 1;
+                consumer.2.memory_budget = budget;
+                let Some(joint) = plan::whole_k_joint(&g1, &p1, &mut consumer.2) else {
+                    continue;
+                };
+                producer.2.joint = Some(joint);
+                let p0 = if exchange {
+                    let front = plan::search(&g0, tiles, &mut producer.2, search);
+                    front.0.into_iter().next()
+                } else {
+                    plan::evaluate(&g0, p1.row_parts, 1, &mut producer.2)
+                };
+                // Both GEMMs' standard buffers (their results, the
+                // producer's too when exchanged) share region 0.
+                let standard = |p0: &plan::GemmPlan| {
+                    p0.estimate.peak_standard_bytes + p1.estimate.peak_standard_bytes
+                };
+                let Some(p0) = p0.filter(|p0| standard(p0) <= plan::STANDARD_BUDGET) else {
+                    continue;
+                };
+                let mut cycles = p0.estimate.compute_cycles + p1.estimate.compute_cycles;
+                if best.as_ref().is_some_and(|b| b.cycles <= cycles) {
+                    continue;
+                }
+                if exchange {
+                    let fronts = [(vec![p0.clone()], 1), (vec![p1.clone()], 1)];
+                    let scheduled = plan_exchanged_chain(&[g0, g1], &[None, Some(0)], &fronts)?;
+                    let Some((c, _)) = scheduled else {
+                        continue;
+                    };
+                    cycles = c;
+                    if best.as_ref().is_some_and(|b| b.cycles <= cycles) {
+                        continue;
+                    }
+                }
+                best = Some(JointChain {
+                    exchange,
+                    planned: vec![producer.clone(), consumer.clone()],
+                    plans: [p0, p1],
+                    cycles,
+                    candidates: 0,
+                });
+            }
+        }
+        if let Some(mut b) = best {
+            b.candidates = candidates;
+            return Ok(Some(b));
+        }
+    }
+    Ok(None)
+}
+
+/// The plans `plan_for` makes of one GEMM with memory budgets going down
+/// from all of region 1, each with the budget it was made with: each
+/// budget is one byte below the previous plan's region-1 peak, so that
+/// every plan takes a smaller worker split or partition than the one
+/// before (at most [`JOINT_CHAIN_BUDGETS`]).
+fn budget_tries(
+    costs: &mut gemm::GemmCosts,
+    mut plan_for: impl FnMut(&mut gemm::GemmCosts) -> Option<plan::GemmPlan>,
+) -> Vec<(plan::GemmPlan, u64)> {
+    let mut tries = Vec::new();
+    let mut budget = (ipu_arch::REGION1_END - ipu_arch::REGION1_BASE) as u64;
+    for _ in 0..JOINT_CHAIN_BUDGETS {
+        costs.memory_budget = budget;
+        let Some(p) = plan_for(costs) else {
+            break;
+        };
+        budget = p.estimate.peak_interleaved_bytes.saturating_sub(1);
+        tries.push((p, costs.memory_budget));
+    }
+    tries
 }
 
 /// The run call's device cycles on the program's own structure: a compute
@@ -924,6 +1094,9 @@ fn plan_and_lower(
                 ) => Some(sa as i32 + sb as i32),
                 _ => None,
             };
+            // f32 operands (the graph gives them an f32 result) multiply
+            // on `gemm_f32`, accumulating in f32 whatever the option says.
+            let f32_operands = a.dtype == ipu_graph::DType::F32;
             if fp8_scale.is_some() && f32_result {
                 return Err(CompileError::Unsupported {
                     value: result.name.clone(),
@@ -943,6 +1116,7 @@ fn plan_and_lower(
                 && chain_blocks * k_block >= F16_CHAIN_MIN_BLOCKS * 16
                 && k.div_ceil(k_block) <= ipu_arch::WORKER_CONTEXTS * chain_blocks;
             let mode = match options.accumulation {
+                _ if f32_operands => AccumulationMode::F32,
                 Accumulation::F16 => AccumulationMode::F16,
                 Accumulation::F32 => AccumulationMode::F32,
                 Accumulation::Auto if k <= F16_ACCUMULATION_MAX_K => AccumulationMode::F16,
@@ -977,11 +1151,14 @@ fn plan_and_lower(
                     f16_result: !f32_result,
                     row_align,
                     fp8_scale,
+                    f32_operands,
                     reduce_f16,
                     max_chain_blocks: if chains { chain_blocks } else { u32::MAX },
                 };
                 let request = if fp8_scale.is_some() {
                     gemm_fp8_kernel()
+                } else if f32_operands {
+                    gemm_f32_kernel()
                 } else {
                     gemm_kernel(geometry.acc32)
                 };
@@ -1032,6 +1209,7 @@ fn plan_and_lower(
                     a_persistent: geometry.kp() != geometry.k || a_param,
                     joint: None,
                     reduce_row_align: 1,
+                    whole_elements: !disjoint_groups && !chained && groups.len() > 1,
                 };
                 Ok((geometry, (request, reduce_request), cost))
             };
@@ -1063,6 +1241,9 @@ fn plan_and_lower(
             .flatten();
             planned.push((geometry, (request, reduce_request), cost, result.name.clone(), fallback, streamed_f16));
         }
+        // Whether a chain's GEMMs were also planned sharing all of region 1
+        // (plan_joint_chain), for the error when nothing fits.
+        let mut joint_tried = false;
         let fronts: Vec<(Vec<plan::GemmPlan>, usize)> = if chained {
             let m = planned[0].0.m;
             if let Some(p) = planned.iter().find(|p| p.0.m != m) {
@@ -1072,6 +1253,17 @@ fn plan_and_lower(
                     reason: format!("a model with a GEMM chain must have one row count; this GEMM has {} rows, the first {m}", p.0.m),
                 });
             }
+            // The setups the shared-rows search plans with. The other
+            // candidates below change them (the consumers own their A, a
+            // GEMM may fall back to f32, a streamed consumer and its
+            // producer take all of region 1 or a joint layout), and
+            // `lower` derives every shard's worker split again from its
+            // GEMM's setup: when the shared rows win, these go back, or
+            // lowering would lay out other splits than the plans counted
+            // (a 64 x 48 -> 240 -> 147 MLP on one tile planned its
+            // consumer's C buffers with one K group in half of region 1
+            // and lowered them with three in all of it, 535,056 bytes).
+            let shared_setups: Vec<PlannedGemm> = planned.clone();
             let mut items: Vec<(GemmGeometry, &mut gemm::GemmCosts)> =
                 planned.iter_mut().map(|p| (p.0, &mut p.2)).collect();
             let shared = plan::search_chain(&mut items, options.tiles, &options.search);
@@ -1377,24 +1569,63 @@ fn plan_and_lower(
                 (Some(_), None) => true,
                 (None, _) => false,
             };
+            // A streamed pairing competes as the exchange candidate: the
+            // shared rows may still be faster, and then they are chosen.
+            let chosen = match (use_exchange, streamed_chain) {
+                (true, true) => "streamed",
+                (true, false) => "exchange",
+                (false, _) => "shared_rows",
+            };
             chain_choice = Some(json!({
                 "shared_rows_estimated_cycles": shared_cycles,
                 "exchange_estimated_cycles": exchanged.as_ref().map(|x| x.0),
-                "chosen": if streamed_chain { "streamed" } else if use_exchange { "exchange" } else { "shared_rows" },
+                "chosen": chosen,
             }));
             tracing::info!(
                 shared_rows_estimated_cycles = shared_cycles.unwrap_or(0),
                 exchange_estimated_cycles = exchanged.as_ref().map_or(0, |x| x.0),
-                chosen = if streamed_chain {
-                    "streamed"
-                } else if use_exchange {
-                    "exchange"
-                } else {
-                    "shared_rows"
-                },
+                chosen,
                 "chain hand-off candidates"
             );
-            if let (true, Some((_, choice))) = (use_exchange, exchanged) {
+            // Neither candidate found plans with each GEMM in half of
+            // region 1 (nor a streamed consumer): a two-GEMM chain then
+            // shares region 1 by what each GEMM needs (plan_joint_chain).
+            let joint = if exchanged.is_none()
+                && shared_cycles.is_none()
+                && groups.len() == 2
+                && producers[1] == Some(0)
+            {
+                joint_tried = true;
+                plan_joint_chain(&shared_setups, options.tiles, &options.search)?
+            } else {
+                None
+            };
+            if let Some(j) = joint {
+                let chosen = if j.exchange { "exchange" } else { "shared_rows" };
+                chain_choice = Some(json!({
+                    "shared_rows_estimated_cycles": (!j.exchange).then_some(j.cycles),
+                    "exchange_estimated_cycles": j.exchange.then_some(j.cycles),
+                    "chosen": chosen,
+                    "region1": "joint",
+                }));
+                tracing::info!(
+                    estimated_cycles = j.cycles,
+                    candidates = j.candidates,
+                    chosen,
+                    "chain: no plans in halves of region 1; the GEMMs share it by what each needs"
+                );
+                planned = j.planned;
+                if j.exchange {
+                    a_by_exchange = consumers;
+                }
+                let [producer, mut consumer] = j.plans;
+                if j.exchange {
+                    // A consumer owns its A buffer but the host never writes it.
+                    consumer.estimate.total_cycles -= consumer.estimate.host_in_cycles;
+                    consumer.estimate.host_in_cycles = 0;
+                }
+                vec![(vec![producer], j.candidates), (vec![consumer], j.candidates)]
+            } else if let (true, Some((_, choice))) = (use_exchange, exchanged) {
                 a_by_exchange = consumers;
                 own.into_iter()
                     .zip(choice)
@@ -1407,6 +1638,7 @@ fn plan_and_lower(
                     })
                     .collect()
             } else {
+                planned = shared_setups;
                 for (p, &c) in planned.iter_mut().zip(&consumers) {
                     p.2.owns_a &= !c;
                 }
@@ -1483,6 +1715,12 @@ fn plan_and_lower(
                     // attention's x8 exchange took 35,000 cycles on them
                     // against 16,400 on thirds): there, equal thirds.
                     let shares = if tile_count_override.is_some() {
+                        // The projections run side by side on tiles of their
+                        // own: with fewer tiles than projections there is no
+                        // such plan (the thirds would reach past the last tile).
+                        if options.tiles < planned.len() as u32 {
+                            continue;
+                        }
                         vec![group_tiles; planned.len()]
                     } else {
                         let mut items: Vec<(&gemm::GemmGeometry, &mut gemm::GemmCosts)> =
@@ -1653,7 +1891,18 @@ fn plan_and_lower(
                     reason: format!(
                         "none of {candidates} partitions of [{}, {}] x [{}, {}] over at most {} tiles fits {share} bytes of interleaved memory per tile{}",
                         geometry.m, geometry.k, geometry.k, geometry.n, group_tiles,
-                        if chained { " (neither with whole rows per tile for the chain nor with a plan of its own and an exchange hand-off)" } else { "" }
+                        if chained && joint_tried {
+                            format!(
+                                " (neither with whole rows per tile for the chain nor with a plan of its own and an exchange hand-off, in halves of region 1 or sharing all {} bytes of it)",
+                                ipu_arch::REGION1_END - ipu_arch::REGION1_BASE
+                            )
+                        } else if chained {
+                            " (neither with whole rows per tile for the chain nor with a plan of its own and an exchange hand-off)".to_string()
+                        } else if !disjoint_groups && groups.len() > 1 {
+                            format!(" (its share of region 1 beside the {} other GEMMs on the same tiles, with its element-exclusive buffers in whole 32 KiB memory elements)", groups.len() - 1)
+                        } else {
+                            String::new()
+                        }
                     ),
                 });
             };

@@ -408,6 +408,17 @@ pub fn lower(
             let (split, _, _) = best_split(&g, mt, nct, pg.costs)
                 .expect("the plan's shards have a split that fits (plan checked it)");
             let layout = ShardLayout::new(&g, mt, nct, &split);
+            // The plan counted this shard's region 1 with the split its
+            // costs give; lowering takes the split from the same costs, so
+            // the buffers below are what the plan counted (a planner that
+            // changes a GEMM's costs after planning it breaks this, and
+            // storage then overflows what the plan said fits).
+            debug_assert!(
+                pg.costs
+                    .region1_bytes(&layout)
+                    .is_some_and(|b| b <= pg.plan.estimate.peak_interleaved_bytes),
+                "{value}: the shard's buffers exceed the plan's region-1 estimate"
+            );
             let tile_bufs = buffers
                 .get_mut(&shard.tile)
                 .expect("tiles below tile_count");

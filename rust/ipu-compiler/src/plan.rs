@@ -435,7 +435,7 @@ pub fn search_chain(
             .iter_mut()
             .map(|(g, costs)| evaluate(g, rp, 1, costs))
             .collect();
-        if let Some(plans) = plans {
+        if let Some(plans) = plans.filter(|_| chain_fits_together(items, rp)) {
             let compute = plans.iter().map(|p| p.estimate.compute_cycles).sum();
             let memory = plans
                 .iter()
@@ -449,6 +449,52 @@ pub fn search_chain(
     (0..items.len())
         .map(|i| (joint.iter().map(|j| j.2[i].clone()).collect(), generated))
         .collect()
+}
+
+/// Whether the GEMMs of a chain with `row_parts` row parts and whole rows
+/// per tile fit region 1 together, laid out as `storage::place` does: the
+/// element-exclusive buffers of all of them first, each from an element
+/// boundary, then the others. Each GEMM fitting its share of region 1 on
+/// its own is not enough: alone, its last exclusive buffer shares its
+/// last element with its weights, but beside the others' it rounds up to
+/// a whole element.
+fn chain_fits_together(items: &mut [(GemmGeometry, &mut GemmCosts)], row_parts: u32) -> bool {
+    // The GEMMs share the first one's row partition (one row count).
+    let Some(rows) = items.first().map(|i| Parts::new(i.0.row_ranges(row_parts))) else {
+        return true;
+    };
+    rows.lengths.iter().all(|&mt| {
+        let mut buffers: Vec<(u32, bool)> = Vec::new();
+        for (g, costs) in items.iter_mut() {
+            // The worker split `evaluate` and `lower` take for this shard.
+            let Some((split, _, _)) = crate::gemm::best_split(g, mt, g.ncb(), costs) else {
+                return false;
+            };
+            let layout = ShardLayout::new(g, mt, g.ncb(), &split);
+            buffers.extend(costs.region1_buffers(&layout));
+        }
+        crate::storage::region1_footprint(&buffers).is_some()
+    })
+}
+
+/// Region 1 of a whole-K plan's tiles as another GEMM on them sees it
+/// ([`GemmCosts::joint`]): per component the largest of its shards, each
+/// with the worker split `lower` derives from `costs` (`None` when a
+/// shard has none).
+pub fn whole_k_joint(
+    g: &GemmGeometry,
+    plan: &GemmPlan,
+    costs: &mut GemmCosts,
+) -> Option<(u64, u64, u64)> {
+    let rows = Parts::new(g.row_ranges(plan.row_parts));
+    let cols = Parts::new(ranges(g.ncb(), plan.col_parts));
+    let mut joint = (0, 0, 0);
+    for (mt, nct) in shard_sizes(&rows, &cols) {
+        let (split, _, _) = crate::gemm::best_split(g, mt, nct, costs)?;
+        let j = costs.joint_of(&ShardLayout::new(g, mt, nct, &split));
+        joint = (joint.0.max(j.0), joint.1.max(j.1), joint.2.max(j.2));
+    }
+    Some(joint)
 }
 
 #[cfg(test)]
@@ -468,6 +514,7 @@ mod tests {
             f16_result: true,
             row_align: if transposed { 2 } else { 1 },
             fp8_scale: None,
+            f32_operands: false,
             reduce_f16: true,
             max_chain_blocks: 16,
         };

@@ -1871,6 +1871,7 @@ mod tests {
             f16_result: true,
             row_align: 1,
             fp8_scale: None,
+            f32_operands: false,
             reduce_f16: true,
             max_chain_blocks: 16,
         };
@@ -1919,6 +1920,7 @@ mod tests {
             f16_result: true,
             row_align: 2,
             fp8_scale: None,
+            f32_operands: false,
             reduce_f16: true,
             max_chain_blocks: 16,
         };

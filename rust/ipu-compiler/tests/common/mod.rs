@@ -61,7 +61,7 @@ pub fn compile_and_run(model: &Path, tiles: u32, seed: u64) -> Ran {
 
 /// The compiled package as read back from its bytes (checked equal), its
 /// model graph, and a simulator session with the package loaded.
-fn load(out: &CompileOutput) -> (Package, ipu_graph::Graph, Session) {
+pub fn load(out: &CompileOutput) -> (Package, ipu_graph::Graph, Session) {
     let pkg =
         Package::from_bytes(&out.package.to_bytes().unwrap()).expect("the package reads back");
     assert_eq!(pkg, out.package);
@@ -76,6 +76,24 @@ fn load(out: &CompileOutput) -> (Package, ipu_graph::Graph, Session) {
     (pkg, graph, session)
 }
 
+/// The tensors of `feeds` that the package's call `call` writes.
+pub fn call_feeds(
+    pkg: &Package,
+    feeds: &BTreeMap<String, ipu_reference::Tensor>,
+    call: &str,
+) -> BTreeMap<String, ipu_reference::Tensor> {
+    let c = pkg
+        .info
+        .calls
+        .iter()
+        .find(|c| c.name == call)
+        .unwrap_or_else(|| panic!("the package has no call `{call}`"));
+    c.inputs
+        .iter()
+        .map(|t| (t.name.clone(), feeds[&t.name].clone()))
+        .collect()
+}
+
 /// Compiles with `opts`, runs with `feeds(graph)`, checks every output
 /// against the reference when `check`, and returns the outputs too.
 pub fn run_with(
@@ -87,13 +105,7 @@ pub fn run_with(
     let out = compile(opts).unwrap_or_else(|e| panic!("{}: {e}", model.display()));
     let (pkg, graph, mut session) = load(&out);
     let feeds = feeds(&graph);
-    let pick = |call: &str| -> BTreeMap<String, ipu_reference::Tensor> {
-        let c = pkg.info.calls.iter().find(|c| c.name == call).unwrap();
-        c.inputs
-            .iter()
-            .map(|t| (t.name.clone(), feeds[&t.name].clone()))
-            .collect()
-    };
+    let pick = |call: &str| call_feeds(&pkg, &feeds, call);
     session
         .call("initialize", &pick("initialize"))
         .unwrap_or_else(|e| panic!("initialize: {e}"));
