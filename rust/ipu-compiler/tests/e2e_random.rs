@@ -1,0 +1,552 @@
+//! Random models, compiled and checked on the simulator against the host
+//! reference: a differential test of the whole compiler, in the spirit of
+//! a fuzzer that checks the optimiser's result rather than its internals.
+//!
+//! Each case is a model drawn from one family (a GEMM with random shapes,
+//! transposes and dtypes; an MLP chain with bias, GELU and an fp8
+//! re-quantisation; attention over projections, self or cross, causal or
+//! not; a layer norm feeding a GEMM and a row-wise operation; a batched
+//! GEMM; attention over host inputs; a pre-norm encoder block; attention
+//! over fp8 projections), compiled for a random tile count
+//! with random planner options, run with seeded Gaussian inputs and
+//! compared with the reference under the documented tolerance.
+//!
+//! A case fails when the compiler panics, returns an error other than a
+//! documented limitation, cannot place a model that is small for its tiles,
+//! or the package does not load, run or verify. The limitations it accepts
+//! (`CompileError::Unsupported`, and `NoFeasiblePlan` where the compiler
+//! has no plan shape for an attention on too few tiles, for the slices of a
+//! batched GEMM that share too few tiles, or where the options force one)
+//! are counted and printed, so that a change in what the compiler supports
+//! shows in the log. A case just outside the tolerance ([`Outcome::Marginal`])
+//! is printed and fails the test only when more than one case in a hundred
+//! is.
+//!
+//! `IPU_RANDOM_MODELS` sets the number of cases (default 200) and
+//! `IPU_RANDOM_SEED` the first seed (default 0): case `i` is seed
+//! `first + i`, so a failure names the seed that reproduces it alone
+//! (`IPU_RANDOM_SEED=<seed> IPU_RANDOM_MODELS=1`). `tools/fuzz/models` runs
+//! long campaigns.
+
+mod common;
+
+use ipu_compiler::attention::AttentionLayout;
+use ipu_compiler::{compile, Accumulation, CompileError, HostInputs};
+use ipu_reference::{compare, evaluate, random, Tolerance};
+use ipu_rng::SplitMix64;
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+
+/// One generated case: the model text and how to compile it.
+struct Case {
+    seed: u64,
+    family: &'static str,
+    text: String,
+    tiles: u32,
+    accumulation: Option<Accumulation>,
+    layout: Option<AttentionLayout>,
+    stream_b_resident: Option<bool>,
+    host_inputs: HostInputs,
+}
+
+impl Case {
+    /// The case as `ipu compile` options, for the failure report.
+    fn command_line(&self) -> String {
+        let mut s = format!("--tiles {}", self.tiles);
+        if let Some(a) = self.accumulation {
+            let a = match a {
+                Accumulation::Auto => "auto",
+                Accumulation::F16 => "f16",
+                Accumulation::F32 => "f32",
+            };
+            write!(s, " --option accumulation={a}").unwrap();
+        }
+        if let Some(l) = self.layout {
+            let l = match l {
+                AttentionLayout::Rows => "rows",
+                AttentionLayout::Columns => "columns",
+            };
+            write!(s, " --option attention_layout={l}").unwrap();
+        }
+        if let Some(r) = self.stream_b_resident {
+            let r = if r { "resident" } else { "homes" };
+            write!(s, " --option stream_b={r}").unwrap();
+        }
+        if self.host_inputs == HostInputs::Replicated {
+            s.push_str(" --option host_inputs=replicated");
+        }
+        s
+    }
+}
+
+/// What happened to one case.
+enum Outcome {
+    Passed {
+        cycles: u64,
+    },
+    /// Outside the tolerance by at most [`MARGINAL_RATIO`] times it, at no
+    /// more than [`marginal_mismatches`] elements: the tail of the rounding
+    /// differences the tolerance rule models only to about three or four
+    /// standard deviations (an f16 intermediate such as a GELU result one
+    /// unit in the last place away from the reference's, summed by the
+    /// next GEMM). Counted, printed, and a failure only when more than one
+    /// case in a hundred is marginal, so a precision regression still fails.
+    Marginal(String),
+    /// A documented limitation: the compiler said what it does not do.
+    Limitation(String),
+    Failed(String),
+}
+
+/// True with probability `p`.
+fn chance(r: &mut SplitMix64, p: f64) -> bool {
+    r.unit() < p
+}
+
+fn pick<T: Copy>(r: &mut SplitMix64, items: &[T]) -> T {
+    items[r.index(items.len())]
+}
+
+/// The model of case `seed`.
+fn generate(seed: u64) -> Case {
+    // Mixing the seed keeps neighbouring seeds' draws unrelated.
+    let mut r = SplitMix64(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ 0x5EED);
+    let family = pick(
+        &mut r,
+        &[
+            "gemm",
+            "chain",
+            "attention",
+            "rows",
+            "batched",
+            "attention_inputs",
+            "block",
+            "attention_fp8",
+        ],
+    );
+    let mut m = format!("model random_{seed}\n");
+    match family {
+        "gemm" => {
+            let (rows, k, n) = (r.range(1, 160), r.range(1, 300), r.range(1, 200));
+            let dtype = pick(&mut r, &["f16", "f16", "f16", "fp8", "f32"]);
+            let (ta, tb) = (chance(&mut r, 0.3), chance(&mut r, 0.3));
+            let (a, b) = (
+                if ta { [k, rows] } else { [rows, k] },
+                if tb { [n, k] } else { [k, n] },
+            );
+            writeln!(m, "input a: {dtype}[{}, {}]", a[0], a[1]).unwrap();
+            writeln!(m, "param b: {dtype}[{}, {}]", b[0], b[1]).unwrap();
+            let mut attrs = String::new();
+            if ta {
+                attrs.push_str(", transpose_a=true");
+            }
+            if tb {
+                attrs.push_str(", transpose_b=true");
+            }
+            if dtype != "f32" && chance(&mut r, 0.4) {
+                write!(attrs, ", out={}", pick(&mut r, &["f16", "f32"])).unwrap();
+            }
+            writeln!(m, "c = gemm(a, b{attrs})\noutput c").unwrap();
+        }
+        "chain" => {
+            let (rows, k, h, n) = (
+                r.range(1, 80),
+                r.range(8, 200),
+                r.range(8, 400),
+                r.range(1, 150),
+            );
+            let dtype = pick(&mut r, &["f16", "f16", "f16", "f32"]);
+            let fp8 = dtype == "f16" && chance(&mut r, 0.25);
+            let w2 = if fp8 { "fp8" } else { dtype };
+            writeln!(m, "input x: {dtype}[{rows}, {k}]").unwrap();
+            writeln!(m, "param w1: {dtype}[{k}, {h}]\nparam b1: {dtype}[{h}]").unwrap();
+            writeln!(m, "param w2: {w2}[{h}, {n}]\nparam b2: {dtype}[{n}]").unwrap();
+            m.push_str("h = gemm(x, w1)\nhb = add(h, b1)\n");
+            let mut last = "hb";
+            if chance(&mut r, 0.7) {
+                m.push_str("g = gelu(hb)\n");
+                last = "g";
+            }
+            if fp8 {
+                writeln!(m, "g8 = cast({last}, to=fp8)").unwrap();
+                last = "g8";
+            }
+            writeln!(m, "o = gemm({last}, w2)\ny = add(o, b2)\noutput y").unwrap();
+        }
+        "attention" => {
+            let (heads, d) = (r.range(1, 5), r.range(1, 40));
+            let (sq, cross) = (r.range(1, 60), chance(&mut r, 0.3));
+            let causal = chance(&mut r, 0.4);
+            // A causal cross attention needs at least as many keys as queries.
+            let sk = if cross {
+                if causal {
+                    sq + r.range(0, 20)
+                } else {
+                    r.range(1, 60)
+                }
+            } else {
+                sq
+            };
+            let dtype = pick(&mut r, &["f16", "f16", "f16", "f32"]);
+            let w = heads * d;
+            writeln!(m, "input x: {dtype}[{sq}, {w}]").unwrap();
+            let kv = if cross {
+                writeln!(m, "input kv: {dtype}[{sk}, {w}]").unwrap();
+                "kv"
+            } else {
+                "x"
+            };
+            for p in ["wq", "wk", "wv"] {
+                writeln!(m, "param {p}: {dtype}[{w}, {w}]").unwrap();
+            }
+            writeln!(m, "q = gemm(x, wq)\nk = gemm({kv}, wk)\nv = gemm({kv}, wv)").unwrap();
+            for v in ["q", "k", "v"] {
+                writeln!(m, "{v}h = split_heads({v}, heads={heads})").unwrap();
+            }
+            writeln!(
+                m,
+                "o = attention(qh, kh, vh, causal={causal})\ny = merge_heads(o)\noutput y"
+            )
+            .unwrap();
+        }
+        "rows" => {
+            let (rows, n) = (r.range(1, 60), r.range(2, 200));
+            let dtype = pick(&mut r, &["f16", "f16", "f16", "f32"]);
+            writeln!(m, "input x: {dtype}[{rows}, {n}]").unwrap();
+            writeln!(m, "param g: {dtype}[{n}]\nparam b: {dtype}[{n}]").unwrap();
+            writeln!(m, "param w: {dtype}[{n}, {n}]").unwrap();
+            m.push_str("ln = layernorm(x, g, b, epsilon=1e-6)\nh = gemm(ln, w)\n");
+            m.push_str(match r.index(3) {
+                0 => "y = softmax(h)\n",
+                1 => "y = gelu(h)\n",
+                _ => "y = add(h, x)\n",
+            });
+            m.push_str("output y\n");
+        }
+        "batched" => {
+            let (batch, rows, k, n) = (
+                r.range(1, 4),
+                r.range(1, 40),
+                r.range(1, 80),
+                r.range(1, 60),
+            );
+            let dtype = pick(&mut r, &["f16", "f16", "f16", "f32"]);
+            writeln!(m, "input a: {dtype}[{batch}, {rows}, {k}]").unwrap();
+            if chance(&mut r, 0.5) {
+                writeln!(m, "param b: {dtype}[{k}, {n}]").unwrap();
+            } else {
+                writeln!(m, "input b: {dtype}[{batch}, {k}, {n}]").unwrap();
+            }
+            m.push_str("c = gemm(a, b)\noutput c\n");
+        }
+        "block" => {
+            // A pre-norm encoder block (vit_block_small's shape) with random
+            // even sizes: segments joined by exchange steps.
+            let (heads, d) = (r.range(1, 4), 2 * r.range(1, 16));
+            let (tokens, w, hidden) = (r.range(1, 40), heads * d, 2 * r.range(4, 120));
+            let causal = chance(&mut r, 0.3);
+            writeln!(m, "input x: f16[{tokens}, {w}]").unwrap();
+            for p in ["ln1", "ln2"] {
+                writeln!(m, "param {p}_g: f16[{w}]\nparam {p}_b: f16[{w}]").unwrap();
+            }
+            for p in ["q", "k", "v", "o"] {
+                writeln!(m, "param w{p}: f16[{w}, {w}]\nparam b{p}: f16[{w}]").unwrap();
+            }
+            writeln!(m, "param w1: f16[{w}, {hidden}]\nparam b1: f16[{hidden}]").unwrap();
+            writeln!(m, "param w2: f16[{hidden}, {w}]\nparam b2: f16[{w}]").unwrap();
+            m.push_str("n1 = layernorm(x, ln1_g, ln1_b, epsilon=1e-6)\n");
+            for p in ["q", "k", "v"] {
+                writeln!(m, "{p}0 = gemm(n1, w{p})\n{p} = add({p}0, b{p})").unwrap();
+                writeln!(m, "{p}h = split_heads({p}, heads={heads})").unwrap();
+            }
+            writeln!(m, "oh = attention(qh, kh, vh, causal={causal})").unwrap();
+            m.push_str("o = merge_heads(oh)\np0 = gemm(o, wo)\np = add(p0, bo)\nh = add(x, p)\n");
+            m.push_str("n2 = layernorm(h, ln2_g, ln2_b, epsilon=1e-6)\n");
+            m.push_str("m0 = gemm(n2, w1)\nm1 = add(m0, b1)\nm2 = gelu(m1)\n");
+            m.push_str("m3 = gemm(m2, w2)\nmo = add(m3, b2)\ny = add(h, mo)\noutput y\n");
+        }
+        "attention_fp8" => {
+            // fp8 projections of an input quantised on the device.
+            let (heads, d) = (r.range(1, 5), 2 * r.range(1, 20));
+            let (tokens, w) = (r.range(1, 60), heads * d);
+            let scale = -(r.range(0, 6) as i64);
+            writeln!(m, "input x: f16[{tokens}, {w}]").unwrap();
+            for p in ["wq", "wk", "wv"] {
+                writeln!(m, "param {p}: fp8<{scale}>[{w}, {w}]").unwrap();
+            }
+            m.push_str("x8 = cast(x, to=fp8)\n");
+            writeln!(m, "q = gemm(x8, wq)\nk = gemm(x8, wk)\nv = gemm(x8, wv)").unwrap();
+            for v in ["q", "k", "v"] {
+                writeln!(m, "{v}h = split_heads({v}, heads={heads})").unwrap();
+            }
+            writeln!(
+                m,
+                "o = attention(qh, kh, vh, causal={})\ny = merge_heads(o)\noutput y",
+                chance(&mut r, 0.3)
+            )
+            .unwrap();
+        }
+        _ => {
+            // Attention straight over host inputs, no projections.
+            let (heads, d, dv) = (r.range(1, 5), r.range(1, 40), r.range(1, 40));
+            let sq = r.range(1, 60);
+            let causal = chance(&mut r, 0.4);
+            let sk = if causal {
+                sq + r.range(0, 20)
+            } else {
+                r.range(1, 60)
+            };
+            writeln!(m, "input q: f16[{heads}, {sq}, {d}]").unwrap();
+            writeln!(m, "input k: f16[{heads}, {sk}, {d}]").unwrap();
+            writeln!(m, "input v: f16[{heads}, {sk}, {dv}]").unwrap();
+            writeln!(m, "o = attention(q, k, v, causal={causal})\noutput o").unwrap();
+        }
+    }
+    let tiles = pick(&mut r, &[1, 2, 3, 5, 8, 16, 23, 32, 64, 97]);
+    let accumulation = chance(&mut r, 0.3).then(|| {
+        pick(
+            &mut r,
+            &[Accumulation::Auto, Accumulation::F16, Accumulation::F32],
+        )
+    });
+    let layout = chance(&mut r, 0.2)
+        .then(|| pick(&mut r, &[AttentionLayout::Rows, AttentionLayout::Columns]));
+    let stream_b_resident = chance(&mut r, 0.2).then(|| chance(&mut r, 0.5));
+    let host_inputs = if chance(&mut r, 0.2) {
+        HostInputs::Replicated
+    } else {
+        HostInputs::Once
+    };
+    Case {
+        seed,
+        family,
+        text: m,
+        tiles,
+        accumulation,
+        layout,
+        stream_b_resident,
+        host_inputs,
+    }
+}
+
+/// Whether every value of the model fits in a quarter of its tiles'
+/// memory: a compiler that cannot place such a model has a planning bug,
+/// not a capacity limit.
+fn small_for_its_tiles(graph: &ipu_graph::Graph, tiles: u32) -> bool {
+    let bytes: u64 = graph.values().iter().map(|v| v.ty.bytes()).sum();
+    bytes <= tiles as u64 * ipu_arch::TILE_SRAM_BYTES as u64 / 4
+}
+
+/// Compiles, runs and checks one case.
+fn check(case: &Case, dir: &std::path::Path) -> Outcome {
+    let path = common::write_model(dir, &format!("random_{}", case.seed), &case.text);
+    let graph = match ipu_graph::parse("model.ipug", &case.text) {
+        Ok(g) => g,
+        Err(e) => return Outcome::Failed(format!("the generator wrote a bad model: {e}")),
+    };
+    let cache = dir.join("kernels");
+    let mut opts = common::options(&path, case.tiles, &cache);
+    if let Some(a) = case.accumulation {
+        opts.accumulation = a;
+    }
+    opts.attention_layout = case.layout;
+    opts.search.stream_b_resident = case.stream_b_resident;
+    opts.host_inputs = case.host_inputs;
+    let compiled = std::panic::catch_unwind(|| compile(&opts));
+    let out = match compiled {
+        Err(panic) => {
+            return Outcome::Failed(format!("the compiler panicked: {}", message(&panic)))
+        }
+        Ok(Err(e @ CompileError::Unsupported { .. })) => return Outcome::Limitation(e.to_string()),
+        // Attention has no plan for fewer tiles than heads, nor for a head
+        // size the forced layout cannot take; the slices of a batched GEMM
+        // with more slices than tiles share region 1 for the whole
+        // program, each in memory elements of its own.
+        Ok(Err(e @ CompileError::NoFeasiblePlan { .. }))
+            if case.family.starts_with("attention")
+                || case.family == "block"
+                || case.family == "batched"
+                || case.layout.is_some() =>
+        {
+            return Outcome::Limitation(e.to_string())
+        }
+        Ok(Err(e @ (CompileError::NoFeasiblePlan { .. } | CompileError::OutOfMemory { .. })))
+            if !small_for_its_tiles(&graph, case.tiles) =>
+        {
+            return Outcome::Limitation(e.to_string())
+        }
+        Ok(Err(e)) => return Outcome::Failed(format!("compile error: {e}")),
+        Ok(Ok(out)) => out,
+    };
+    let ran = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        let (pkg, graph, mut session) = common::load(&out);
+        let feeds = random::gaussian_feeds(&graph, case.seed);
+        let pick = |call: &str| common::call_feeds(&pkg, &feeds, call);
+        session
+            .call("initialize", &pick("initialize"))
+            .map_err(|e| format!("initialize: {e}"))?;
+        let run = session
+            .call("run", &pick("run"))
+            .map_err(|e| format!("run: {e}"))?;
+        let reference = evaluate(&graph, &feeds).map_err(|e| format!("reference: {e}"))?;
+        let k = ipu_graph::analysis::max_reduction_length(&graph);
+        for (name, want) in &reference {
+            let tol = Tolerance::for_output_requantised(
+                want.dtype(),
+                k,
+                want.data(),
+                &ipu_reference::requantisations(&graph),
+            );
+            let got = &run.outputs[name];
+            let cmp = compare(got, want, tol).map_err(|e| e.to_string())?;
+            if !cmp.passed() {
+                // The largest error in units of the element's tolerance.
+                let worst = got
+                    .data()
+                    .iter()
+                    .zip(want.data())
+                    .map(|(&d, &r)| {
+                        let e = (d - r).abs() / (tol.atol + tol.rtol * r.abs());
+                        if e.is_nan() {
+                            f64::INFINITY
+                        } else {
+                            e
+                        }
+                    })
+                    .fold(0.0, f64::max);
+                let report = format!(
+                    "output `{name}` does not verify ({worst:.2} times the tolerance at worst):\n{cmp}"
+                );
+                let marginal = worst <= MARGINAL_RATIO
+                    && cmp.mismatches <= marginal_mismatches(cmp.checks)
+                    && cmp.cosine > 0.9999;
+                return Ok(Err((marginal, report)));
+            }
+        }
+        Ok(Ok(run.cycles.device_cycles))
+    }));
+    match ran {
+        Err(panic) => Outcome::Failed(format!("panic: {}", message(&panic))),
+        Ok(Err(e)) => Outcome::Failed(e),
+        Ok(Ok(Ok(cycles))) => Outcome::Passed { cycles },
+        Ok(Ok(Err((true, report)))) => Outcome::Marginal(report),
+        Ok(Ok(Err((false, report)))) => Outcome::Failed(report),
+    }
+}
+
+/// The most times its tolerance an element of a marginal case may be off.
+const MARGINAL_RATIO: f64 = 2.0;
+
+/// The most elements of `checks` a marginal case may have outside the
+/// tolerance: one in a thousand, at least two.
+fn marginal_mismatches(checks: u64) -> u64 {
+    (checks / 1000).max(2)
+}
+
+fn message(panic: &Box<dyn std::any::Any + Send>) -> String {
+    panic
+        .downcast_ref::<String>()
+        .cloned()
+        .or_else(|| panic.downcast_ref::<&str>().map(|s| s.to_string()))
+        .unwrap_or_else(|| "(no message)".into())
+}
+
+/// A limitation's message with its numbers as `N` (dtypes such as `f16`
+/// keep theirs), so that messages of one kind count together.
+fn kind_of(message: &str) -> String {
+    let mut kind = String::new();
+    let mut after_letter = false;
+    for c in message.chars() {
+        if c.is_ascii_digit() && !after_letter {
+            if !kind.ends_with('N') {
+                kind.push('N');
+            }
+            continue;
+        }
+        after_letter = c.is_ascii_alphabetic() || (c.is_ascii_digit() && after_letter);
+        kind.push(c);
+    }
+    kind
+}
+
+fn env_u64(name: &str, default: u64) -> u64 {
+    std::env::var(name)
+        .ok()
+        .map(|v| {
+            v.parse()
+                .unwrap_or_else(|_| panic!("{name}={v} is not a number"))
+        })
+        .unwrap_or(default)
+}
+
+#[test]
+fn random_models_compile_run_and_verify() {
+    let first = env_u64("IPU_RANDOM_SEED", 0);
+    let count = env_u64("IPU_RANDOM_MODELS", 200);
+    let dir = tempfile::tempdir().unwrap();
+    let (mut passed, mut limitations, mut failures) = (0, BTreeMap::new(), Vec::new());
+    let mut marginal = Vec::new();
+    for seed in first..first + count {
+        let case = generate(seed);
+        let outcome = check(&case, dir.path());
+        let verdict = match &outcome {
+            Outcome::Passed { cycles } => {
+                passed += 1;
+                format!("passed, {cycles} cycles")
+            }
+            Outcome::Marginal(report) => {
+                marginal.push(format!(
+                    "seed {seed} ({}; {}):\n{}{report}",
+                    case.family,
+                    case.command_line(),
+                    case.text
+                ));
+                "marginal".into()
+            }
+            Outcome::Limitation(e) => {
+                *limitations.entry(kind_of(e)).or_insert(0) += 1;
+                "limitation".into()
+            }
+            Outcome::Failed(e) => {
+                failures.push(format!(
+                    "seed {seed} ({}; {}):\n{}{e}",
+                    case.family,
+                    case.command_line(),
+                    case.text
+                ));
+                "FAILED".into()
+            }
+        };
+        println!(
+            "seed {seed:<6} {:<17} {:<60} {verdict}",
+            case.family,
+            case.command_line()
+        );
+    }
+    println!(
+        "{passed} of {count} random models passed, {} marginally outside the tolerance; limitations by kind:",
+        marginal.len()
+    );
+    for (kind, n) in &limitations {
+        println!("  {n:>4} x {kind}");
+    }
+    for m in &marginal {
+        println!("marginal: {m}");
+    }
+    assert!(
+        marginal.len() as u64 <= count / 100 + 1,
+        "{} of {count} random models were marginally outside the tolerance (at most one in a hundred may be):\n\n{}",
+        marginal.len(),
+        marginal.join("\n\n")
+    );
+    assert!(
+        failures.is_empty(),
+        "{} of {count} random models failed (rerun one with IPU_RANDOM_SEED=<seed> IPU_RANDOM_MODELS=1):\n\n{}",
+        failures.len(),
+        failures.join("\n\n")
+    );
+    // A generator that only produced limitations would test nothing.
+    assert!(
+        passed * 2 >= count,
+        "only {passed} of {count} random models compiled and ran"
+    );
+}
