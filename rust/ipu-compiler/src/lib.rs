@@ -488,52 +488,66 @@ fn plan_exchanged_chain(
     }
 }
 
-/// Consumer memory budgets one form of [`plan_joint_chain`] tries per row
-/// partition (or per search): each is one byte below the previous plan's
-/// region-1 peak, so every try takes a smaller worker split or partition.
+/// Memory budgets [`plan_joint_chain`] tries per GEMM, per row partition
+/// (or per search): each is one byte below the previous plan's region-1
+/// peak, so every try takes a smaller worker split or partition.
 const JOINT_CHAIN_BUDGETS: usize = 32;
 
-/// A two-GEMM chain planned with region 1 shared by what each GEMM needs.
+/// Combinations of plans whose hand-offs one exchange form of
+/// [`plan_joint_chain`] schedules at most, fewest compute cycles first:
+/// each schedule runs ipu-exchange, and the hand-off steps cost more than
+/// a sync, so the first few combinations decide.
+const JOINT_CHAIN_SCHEDULES: usize = 32;
+
+/// A GEMM chain planned with region 1 shared by what each GEMM needs.
 struct JointChain {
-    /// The consumer's A arrives by an exchange step (else the GEMMs share
-    /// rows and it stays on the producer's tiles).
+    /// The consumers' A arrives by exchange steps (else the GEMMs share
+    /// rows and each result stays on its tiles as the next GEMM's A).
     exchange: bool,
-    /// Producer and consumer, with the costs their plans were made with
-    /// (`lower` derives every shard's worker split from them again).
+    /// The GEMMs, with the costs their plans were made with (`lower`
+    /// derives every shard's worker split from them again).
     planned: Vec<PlannedGemm>,
-    plans: [plan::GemmPlan; 2],
-    /// Estimated device cycles: both GEMMs, and the hand-off when exchanged.
+    plans: Vec<plan::GemmPlan>,
+    /// Estimated device cycles: the GEMMs, and the hand-offs when exchanged.
     cycles: u64,
     candidates: usize,
 }
 
-/// The fallback of a two-GEMM chain (producer `setups[0]`, consumer
-/// `setups[1]`, as the shared-rows search planned them) when neither
-/// candidate finds plans with each GEMM in half of region 1: the GEMMs
-/// share region 1 by what each needs instead. Tiny MLPs on one or two
-/// tiles need it (79 x 132 -> 192 -> GELU -> 60 on one tile: the producer
-/// alone needs 6 elements and its weights, more than half of region 1,
-/// while the consumer needs 3 of the 13).
+/// The fallback of a GEMM chain (`setups` as the shared-rows search
+/// planned them, `producers[i]` the GEMM whose result is GEMM i's A) when
+/// neither candidate finds plans with each GEMM in an equal share of
+/// region 1: the GEMMs share region 1 by what each needs instead. Tiny
+/// chains on one or two tiles need it. A two-GEMM MLP, 79 x 132 -> 192 ->
+/// GELU -> 60 on one tile: the producer alone needs 6 elements and its
+/// weights, more than half of region 1, while the consumer needs 3 of the
+/// 13. A chain of three GEMMs, 14 x 155 -> 164 -> 109 (+ bias) -> 68 on
+/// one tile: each third of region 1 is 4.3 elements, and every GEMM's two
+/// C buffers (and its A or result) take whole elements of their own, so
+/// the first GEMM needs more than its third while the others need less.
 ///
-/// The consumer is planned with a memory budget, and the producer in what
-/// its plan leaves, laid out as `storage::place` lays out both
-/// ([`gemm::GemmCosts::joint`], [`plan::whole_k_joint`]); the budget goes
-/// down from all of region 1 one plan at a time ([`budget_tries`]), so a
-/// faster consumer is weighed against the room it takes from the
-/// producer. Both forms compete: shared rows (one row partition, the
-/// producer's result in region 1 as the consumer's A) and an exchange
-/// hand-off (each GEMM its own plan; the consumer owns its A buffer and
-/// the producer's result stays in standard memory). The fewest estimated
-/// cycles win, the exchange form with its scheduled hand-off step. With
-/// no pair, the GEMMs with f32 fallbacks fall back and the search runs
-/// again.
+/// Every GEMM is planned with memory budgets going down from all of
+/// region 1, one plan at a time ([`budget_tries`]), its element-exclusive
+/// buffers counted in whole elements as `storage::place` lays them out
+/// beside the other GEMMs' ([`gemm::GemmCosts::whole_elements`]); the
+/// combinations whose summed region-1 and standard peaks fit are ranked by
+/// their summed compute cycles ([`joint_chain_choices`]). The sum of the
+/// GEMMs' peaks is never below what storage places on any tile, since each
+/// peak is its GEMM's largest shard. Both forms compete: shared rows (one
+/// row partition, each producer's result in region 1 as its consumer's A)
+/// and exchange hand-offs (each GEMM its own plan; the consumers own their
+/// A buffers and the producers' results stay in standard memory), the
+/// latter with its hand-off steps scheduled. The fewest estimated cycles
+/// win. With no combination, the GEMMs with f32 fallbacks fall back and
+/// the search runs again.
 fn plan_joint_chain(
     setups: &[PlannedGemm],
+    producers: &[Option<usize>],
     tiles: u32,
     search: &plan::SearchBudget,
 ) -> Result<Option<JointChain>, CompileError> {
     let region1 = (ipu_arch::REGION1_END - ipu_arch::REGION1_BASE) as u64;
     let mut setups = setups.to_vec();
+    let m = setups.first().map_or(0, |s| s.0.m);
     for attempt in 0..2 {
         if attempt == 1 {
             // Every GEMM with an f32 fallback falls back (no short circuit).
@@ -546,77 +560,85 @@ fn plan_joint_chain(
                 break;
             }
         }
-        let (g0, g1) = (setups[0].0, setups[1].0);
+        let geometries: Vec<GemmGeometry> = setups.iter().map(|s| s.0).collect();
         let mut best: Option<JointChain> = None;
         let mut candidates = 0;
         for exchange in [false, true] {
             let mut planned = setups.clone();
-            let [producer, consumer] = &mut planned[..] else {
-                unreachable!("a two-GEMM chain");
-            };
-            // Shared rows keep the producer's result in region 1 (the
-            // consumer's A); an exchange hand-off leaves it in standard
-            // memory (lower::PlannedGemm::result_in_place) and gives the
-            // consumer an A buffer of its own.
-            producer.2.feeds_gemm = !exchange;
-            producer.2.memory_budget = region1;
-            consumer.2.owns_a = exchange;
-            consumer.2.joint = None;
-            let mut tries = Vec::new();
-            if exchange {
-                tries = budget_tries(&mut consumer.2, |c| {
-                    plan::search(&g1, tiles, c, search).0.into_iter().next()
-                });
-            } else {
-                for rp in 1..=g1.m.min(tiles) {
-                    tries.extend(budget_tries(&mut consumer.2, |c| {
-                        plan::evaluate(&g1, rp, 1, c)
-                    }));
+            for (p, producer) in planned.iter_mut().zip(producers) {
+                // Beside the other GEMMs, every element-exclusive buffer
+                // takes whole elements: each GEMM's budget and peak count
+                // them so, and the peaks add up.
+                p.2.whole_elements = true;
+                p.2.joint = None;
+                if exchange {
+                    // An exchange hand-off leaves a producer's result in
+                    // standard memory (lower::PlannedGemm::result_in_place)
+                    // and gives its consumer an A buffer of its own.
+                    p.2.feeds_gemm = false;
+                    p.2.owns_a |= producer.is_some();
                 }
             }
-            for (p1, budget) in tries {
-                candidates += 1;
-                consumer.2.memory_budget = budget;
-                let Some(joint) = plan::whole_k_joint(&g1, &p1, &mut consumer.2) else {
-                    continue;
-                };
-                producer.2.joint = Some(joint);
-                let p0 = if exchange {
-                    let front = plan::search(&g0, tiles, &mut producer.2, search);
-                    front.0.into_iter().next()
-                } else {
-                    plan::evaluate(&g0, p1.row_parts, 1, &mut producer.2)
-                };
-                // Both GEMMs' standard buffers (their results, the
-                // producer's too when exchanged) share region 0.
-                let standard = |p0: &plan::GemmPlan| {
-                    p0.estimate.peak_standard_bytes + p1.estimate.peak_standard_bytes
-                };
-                let Some(p0) = p0.filter(|p0| standard(p0) <= plan::STANDARD_BUDGET) else {
-                    continue;
-                };
-                let mut cycles = p0.estimate.compute_cycles + p1.estimate.compute_cycles;
-                if best.as_ref().is_some_and(|b| b.cycles <= cycles) {
-                    continue;
-                }
-                if exchange {
-                    let fronts = [(vec![p0.clone()], 1), (vec![p1.clone()], 1)];
-                    let scheduled = plan_exchanged_chain(&[g0, g1], &[None, Some(0)], &fronts)?;
-                    let Some((c, _)) = scheduled else {
-                        continue;
+            // Shared rows try every row partition (one column part); the
+            // exchange form lets each GEMM search all of its partitions.
+            let partitions: Vec<Option<u32>> = if exchange {
+                vec![None]
+            } else {
+                (1..=m.min(tiles)).map(Some).collect()
+            };
+            for rp in partitions {
+                let ladders: Vec<Vec<(plan::GemmPlan, u64)>> = planned
+                    .iter_mut()
+                    .map(|p| {
+                        let g = p.0;
+                        budget_tries(&mut p.2, |c| match rp {
+                            Some(rp) => plan::evaluate(&g, rp, 1, c),
+                            None => plan::search(&g, tiles, c, search).0.into_iter().next(),
+                        })
+                    })
+                    .collect();
+                candidates += ladders.iter().map(Vec::len).sum::<usize>();
+                let choices = joint_chain_choices(&ladders, region1);
+                let limit = if exchange { JOINT_CHAIN_SCHEDULES } else { 1 };
+                for choice in choices.into_iter().take(limit) {
+                    let plans: Vec<plan::GemmPlan> = choice
+                        .iter()
+                        .zip(&ladders)
+                        .map(|(&i, ladder)| ladder[i].0.clone())
+                        .collect();
+                    let compute: u64 = plans.iter().map(|p| p.estimate.compute_cycles).sum();
+                    // The choices come fewest compute cycles first, and a
+                    // hand-off only adds to them.
+                    if best.as_ref().is_some_and(|b| b.cycles <= compute) {
+                        break;
+                    }
+                    let cycles = if exchange {
+                        let fronts: Vec<PlanFront> =
+                            plans.iter().map(|p| (vec![p.clone()], 1)).collect();
+                        match plan_exchanged_chain(&geometries, producers, &fronts)? {
+                            Some((c, _)) => c,
+                            None => continue,
+                        }
+                    } else {
+                        compute
                     };
-                    cycles = c;
                     if best.as_ref().is_some_and(|b| b.cycles <= cycles) {
                         continue;
                     }
+                    // Each GEMM keeps the budget its plan was made with, so
+                    // that `lower` derives the same worker splits.
+                    let mut chosen = planned.clone();
+                    for ((p, &i), ladder) in chosen.iter_mut().zip(&choice).zip(&ladders) {
+                        p.2.memory_budget = ladder[i].1;
+                    }
+                    best = Some(JointChain {
+                        exchange,
+                        planned: chosen,
+                        plans,
+                        cycles,
+                        candidates: 0,
+                    });
                 }
-                best = Some(JointChain {
-                    exchange,
-                    planned: vec![producer.clone(), consumer.clone()],
-                    plans: [p0, p1],
-                    cycles,
-                    candidates: 0,
-                });
             }
         }
         if let Some(mut b) = best {
@@ -625,6 +647,39 @@ fn plan_joint_chain(
         }
     }
     Ok(None)
+}
+
+/// The combinations of one plan per GEMM (an index into each GEMM's
+/// `ladders`) whose region-1 peaks sum to at most `region1` and whose
+/// standard peaks fit [`plan::STANDARD_BUDGET`], fewest summed compute
+/// cycles first. A combination that needs no less of either memory than a
+/// faster one is left out, which keeps the count small for long chains.
+fn joint_chain_choices(ladders: &[Vec<(plan::GemmPlan, u64)>], region1: u64) -> Vec<Vec<usize>> {
+    // (compute cycles, region-1 bytes, standard bytes, choice)
+    let mut states: Vec<(u64, u64, u64, Vec<usize>)> = vec![(0, 0, 0, Vec::new())];
+    for ladder in ladders {
+        let mut next = Vec::new();
+        for (compute, r1, r0, choice) in &states {
+            for (i, (p, _)) in ladder.iter().enumerate() {
+                let e = &p.estimate;
+                let (r1, r0) = (r1 + e.peak_interleaved_bytes, r0 + e.peak_standard_bytes);
+                if r1 <= region1 && r0 <= plan::STANDARD_BUDGET {
+                    let mut choice = choice.clone();
+                    choice.push(i);
+                    next.push((compute + e.compute_cycles, r1, r0, choice));
+                }
+            }
+        }
+        next.sort();
+        let mut kept: Vec<(u64, u64, u64, Vec<usize>)> = Vec::new();
+        for s in next {
+            if !kept.iter().any(|k| k.1 <= s.1 && k.2 <= s.2) {
+                kept.push(s);
+            }
+        }
+        states = kept;
+    }
+    states.into_iter().map(|s| s.3).collect()
 }
 
 /// The plans `plan_for` makes of one GEMM with memory budgets going down
@@ -1587,16 +1642,12 @@ fn plan_and_lower(
                 chosen,
                 "chain hand-off candidates"
             );
-            // Neither candidate found plans with each GEMM in half of
-            // region 1 (nor a streamed consumer): a two-GEMM chain then
+            // Neither candidate found plans with each GEMM in an equal
+            // share of region 1 (nor a streamed consumer): the chain then
             // shares region 1 by what each GEMM needs (plan_joint_chain).
-            let joint = if exchanged.is_none()
-                && shared_cycles.is_none()
-                && groups.len() == 2
-                && producers[1] == Some(0)
-            {
+            let joint = if exchanged.is_none() && shared_cycles.is_none() && groups.len() >= 2 {
                 joint_tried = true;
-                plan_joint_chain(&shared_setups, options.tiles, &options.search)?
+                plan_joint_chain(&shared_setups, &producers, options.tiles, &options.search)?
             } else {
                 None
             };
@@ -1612,19 +1663,28 @@ fn plan_and_lower(
                     estimated_cycles = j.cycles,
                     candidates = j.candidates,
                     chosen,
-                    "chain: no plans in halves of region 1; the GEMMs share it by what each needs"
+                    "chain: no plans in equal shares of region 1; the GEMMs share it by what each needs"
                 );
                 planned = j.planned;
+                let candidates = j.candidates;
+                let fronts = j
+                    .plans
+                    .into_iter()
+                    .zip(&consumers)
+                    .map(|(mut p, &consumer)| {
+                        if j.exchange && consumer {
+                            // A consumer owns its A buffer but the host
+                            // never writes it.
+                            p.estimate.total_cycles -= p.estimate.host_in_cycles;
+                            p.estimate.host_in_cycles = 0;
+                        }
+                        (vec![p], candidates)
+                    })
+                    .collect();
                 if j.exchange {
                     a_by_exchange = consumers;
                 }
-                let [producer, mut consumer] = j.plans;
-                if j.exchange {
-                    // A consumer owns its A buffer but the host never writes it.
-                    consumer.estimate.total_cycles -= consumer.estimate.host_in_cycles;
-                    consumer.estimate.host_in_cycles = 0;
-                }
-                vec![(vec![producer], j.candidates), (vec![consumer], j.candidates)]
+                fronts
             } else if let (true, Some((_, choice))) = (use_exchange, exchanged) {
                 a_by_exchange = consumers;
                 own.into_iter()
@@ -1893,7 +1953,7 @@ fn plan_and_lower(
                         geometry.m, geometry.k, geometry.k, geometry.n, group_tiles,
                         if chained && joint_tried {
                             format!(
-                                " (neither with whole rows per tile for the chain nor with a plan of its own and an exchange hand-off, in halves of region 1 or sharing all {} bytes of it)",
+                                " (neither with whole rows per tile for the chain nor with a plan of its own and an exchange hand-off, in equal shares of region 1 or sharing all {} bytes of it)",
                                 ipu_arch::REGION1_END - ipu_arch::REGION1_BASE
                             )
                         } else if chained {

@@ -17,8 +17,9 @@
 //! or the package does not load, run or verify. The limitations it accepts
 //! (`CompileError::Unsupported`, and `NoFeasiblePlan` where the compiler
 //! has no plan shape for an attention on too few tiles, for the slices of a
-//! batched GEMM that share too few tiles, for a chain of three GEMMs in
-//! thirds of region 1, or where the options force one)
+//! batched GEMM that share too few tiles, for a chain of three GEMMs whose
+//! persistent C buffers need more memory elements than a tile has, or where
+//! the options force one)
 //! are counted and printed, so that a change in what the compiler supports
 //! shows in the log. A case just outside the tolerance ([`Outcome::Marginal`])
 //! is printed and fails the test only when more than one case in a hundred
@@ -392,9 +393,9 @@ fn check(case: &Case, dir: &std::path::Path) -> Outcome {
         // size the forced layout cannot take; the slices of a batched GEMM
         // with more slices than tiles share region 1 for the whole
         // program, each in memory elements of its own; the GEMMs of a
-        // chain of three plan in equal thirds of region 1 (only two-GEMM
-        // chains share it by need), which tiny GEMMs' exclusive memory
-        // elements can exceed on one tile.
+        // chain share region 1 by need, but each GEMM's C buffers take
+        // elements of their own for the whole program, which a tiny chain
+        // of three can exceed on one tile.
         Ok(Err(e @ CompileError::NoFeasiblePlan { .. }))
             if case.family.starts_with("attention")
                 || case.family == "block"
