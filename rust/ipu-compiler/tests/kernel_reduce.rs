@@ -393,6 +393,26 @@ struct Case16 {
     seed: u64,
 }
 
+impl Case16 {
+    /// An ACC=16 case (f16 partials summed in f16, f16 result) of `partials`
+    /// partials of `rows` x `quads` quads: no epilogue, one vertex, mixed
+    /// values, result rows, seed 0; tests override what they vary.
+    fn acc16(rows: u32, quads: u32, partials: u32) -> Case16 {
+        Case16 {
+            rows,
+            quads,
+            partials,
+            out32: false,
+            epi: 0,
+            workers: 1,
+            values: Values::Mixed,
+            layout: Layout::Rows,
+            acc16: true,
+            seed: 0,
+        }
+    }
+}
+
 /// The sum as the kernel computes it: partial 0 widened exactly, then one
 /// f32 add per further partial in partial order, NaN results canonical.
 fn sum_f16_partials(partials: impl Iterator<Item = u16>) -> f32 {
@@ -1078,16 +1098,10 @@ fn acc16_sums_f16_partials_in_f16_bit_exactly() {
             for layout in [Layout::Rows, Layout::Columns, Layout::ColumnsTight] {
                 for workers in [1, 6] {
                     run_in16(Case16 {
-                        rows,
-                        quads,
-                        partials,
-                        out32: false,
-                        epi: 0,
                         workers,
-                        values: Values::Mixed,
                         layout,
-                        acc16: true,
                         seed: (30000 + partials * 100 + i as u32 * 10 + workers) as u64,
+                        ..Case16::acc16(rows, quads, partials)
                     });
                 }
             }
@@ -1102,29 +1116,18 @@ fn acc16_sums_f16_partials_in_f16_bit_exactly() {
 fn acc16_signed_zeros_infinities_and_subnormals() {
     for partials in (1..=9).chain([12]) {
         run_in16(Case16 {
-            rows: 9,
-            quads: 4,
-            partials,
-            out32: false,
-            epi: 0,
             workers: 3,
             values: Values::Specials,
-            layout: Layout::Rows,
-            acc16: true,
             seed: 37000 + partials as u64,
+            ..Case16::acc16(9, 4, partials)
         });
         for layout in [Layout::Columns, Layout::ColumnsTight] {
             assert_transposed_matches_rows(Case16 {
-                rows: 9,
-                quads: 4,
-                partials,
-                out32: false,
-                epi: 0,
                 workers: 3,
                 values: Values::Specials,
                 layout,
-                acc16: true,
                 seed: 38000 + partials as u64,
+                ..Case16::acc16(9, 4, partials)
             });
         }
     }
@@ -1148,20 +1151,14 @@ fn acc16_tr_four_row_blocks_bit_exactly() {
             for quads in [1, 2, 3, 4, 5, 16] {
                 let (workers, split) = [(1, 1), (6, 4), (6, 1)][(i / 8 % 3) as usize];
                 run_in16(Case16 {
-                    rows,
-                    quads,
-                    partials,
-                    out32: false,
-                    epi: 0,
                     workers,
-                    values: Values::Mixed,
                     layout: Layout::ColumnsAt {
                         lead: 2 * (i % 4),
                         tight: i / 4 % 2 == 1,
                         split,
                     },
-                    acc16: true,
                     seed: 50000 + i as u64,
+                    ..Case16::acc16(rows, quads, partials)
                 });
                 i += 1;
             }
@@ -1184,11 +1181,6 @@ fn acc16_tr_four_row_blocks_on_specials() {
             (8, 4, 4, 2, 4),
         ] {
             assert_transposed_matches_rows(Case16 {
-                rows,
-                quads,
-                partials,
-                out32: false,
-                epi: 0,
                 workers,
                 values: Values::Specials,
                 layout: Layout::ColumnsAt {
@@ -1196,8 +1188,8 @@ fn acc16_tr_four_row_blocks_on_specials() {
                     tight: false,
                     split,
                 },
-                acc16: true,
                 seed: 57000 + partials as u64 * 10 + lead as u64,
+                ..Case16::acc16(rows, quads, partials)
             });
         }
     }
@@ -1220,20 +1212,13 @@ fn acc16_tr_four_row_cycles_match_the_declared_formula() {
                         continue;
                     }
                     let simulated = run_in16(Case16 {
-                        rows,
-                        quads,
-                        partials,
-                        out32: false,
-                        epi: 0,
-                        workers: 1,
-                        values: Values::Mixed,
                         layout: Layout::ColumnsAt {
                             lead: 0,
                             tight,
                             split: 1,
                         },
-                        acc16: true,
                         seed: 3,
+                        ..Case16::acc16(rows, quads, partials)
                     });
                     check_formula(
                         &mut outside,
@@ -1279,16 +1264,11 @@ fn acc16_cycles_match_the_declared_formula() {
         let extra: &[(u32, u32, u32)] = if epi > 0 { &epilogue_shapes } else { &[] };
         for &(rows, quads, partials) in shapes.iter().chain(extra) {
             let simulated = run_in16(Case16 {
-                rows,
-                quads,
-                partials,
-                out32: false,
                 epi,
-                workers: 1,
                 values,
                 layout,
-                acc16: true,
                 seed,
+                ..Case16::acc16(rows, quads, partials)
             });
             check_formula(
                 &mut outside,
@@ -1405,16 +1385,9 @@ fn acc16_cost_on_the_attention_shape() {
 fn acc16_tr_blocks_against_the_one_row_path() {
     for (rows, quads, partials, percent) in [(10, 16, 6, 80), (13, 8, 3, 70)] {
         let case = |layout| Case16 {
-            rows,
-            quads,
-            partials,
-            out32: false,
-            epi: 0,
-            workers: 1,
-            values: Values::Mixed,
             layout,
-            acc16: true,
             seed: 1016,
+            ..Case16::acc16(rows, quads, partials)
         };
         let blocks = run_in16(case(Layout::Columns));
         let one_row = run_in16(case(Layout::ColumnsTight));
@@ -1455,16 +1428,10 @@ fn rows_case(
     seed: u64,
 ) -> Case16 {
     Case16 {
-        rows,
-        quads,
-        partials,
-        out32: false,
-        epi: 0,
         workers,
-        values: Values::Mixed,
         layout: Layout::RowsAt(place),
-        acc16: true,
         seed,
+        ..Case16::acc16(rows, quads, partials)
     }
 }
 
@@ -1764,17 +1731,12 @@ fn acc16_bias_and_gelu_epilogues_bit_exactly() {
                 for workers in [1, 6] {
                     for values in [Values::Mixed, Values::Activations] {
                         run_in16(Case16 {
-                            rows,
-                            quads,
-                            partials,
-                            out32: false,
                             epi,
                             workers,
                             values,
-                            layout: Layout::Rows,
-                            acc16: true,
                             seed: (40000 + epi * 1000 + partials * 100 + i as u32 * 10 + workers)
                                 as u64,
+                            ..Case16::acc16(rows, quads, partials)
                         });
                     }
                 }
@@ -1791,16 +1753,11 @@ fn acc16_epilogues_on_signed_zeros_infinities_and_subnormals() {
     for epi in [1, 2] {
         for partials in (1..=9).chain([12]) {
             run_in16(Case16 {
-                rows: 9,
-                quads: 4,
-                partials,
-                out32: false,
                 epi,
                 workers: 3,
                 values: Values::Specials,
-                layout: Layout::Rows,
-                acc16: true,
                 seed: 47000 + epi as u64 * 100 + partials as u64,
+                ..Case16::acc16(9, 4, partials)
             });
         }
     }
