@@ -1105,6 +1105,10 @@ fn plan_and_lower(
         && groups.len() > 1
         && groups.len() as u32 <= options.tiles;
     let disjoint_groups = !blocks.is_empty() || independent_groups;
+    // Independent GEMMs on the same tiles (more batched slices than tiles)
+    // keep all their buffers side by side for the whole program, each
+    // slice's element-exclusive ones on memory elements of their own.
+    let shares_tiles = !disjoint_groups && !chained && groups.len() > 1;
     // The projections of a segment with attention leave room for what
     // stays in region 1 across segments (see the constant); other
     // segments, and whole models, plan with all of it.
@@ -1264,7 +1268,7 @@ fn plan_and_lower(
                     a_persistent: geometry.kp() != geometry.k || a_param,
                     joint: None,
                     reduce_row_align: 1,
-                    whole_elements: !disjoint_groups && !chained && groups.len() > 1,
+                    whole_elements: shares_tiles,
                 };
                 Ok((geometry, (request, reduce_request), cost))
             };
@@ -1958,7 +1962,7 @@ fn plan_and_lower(
                             )
                         } else if chained {
                             " (neither with whole rows per tile for the chain nor with a plan of its own and an exchange hand-off)".to_string()
-                        } else if !disjoint_groups && groups.len() > 1 {
+                        } else if shares_tiles {
                             format!(" (its share of region 1 beside the {} other GEMMs on the same tiles, with its element-exclusive buffers in whole 32 KiB memory elements)", groups.len() - 1)
                         } else {
                             String::new()
