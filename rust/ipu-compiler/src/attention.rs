@@ -1,5 +1,10 @@
 //! Attention blocks: `y = merge_heads(attention(split_heads(q), split_heads(k),
-//! split_heads(v)))` where q, k and v are GEMM groups (the projections).
+//! split_heads(v)))` where q, k and v are GEMM groups (the projections), or
+//! all three host inputs or parameters (in a segmented model also values
+//! an earlier segment computes, which arrive as the segment's inputs).
+//! Host operands are written once into row pieces on the attention's tiles
+//! ([`host_homes`]), which the attention's exchange reads as it reads a
+//! projection's result rows.
 //!
 //! Recognition ([`recognise`]) checks the whole pattern and refuses anything
 //! else with the value at fault. Planning ([`plan`]) gives every (head, query
@@ -68,9 +73,37 @@ pub struct AttentionBlock {
     pub result: ValueId,
     /// The K projection's result (for step names).
     pub k_value: ValueId,
+    /// For attention over host operands: the q, k and v values (inputs or
+    /// parameters of the graph). `q`, `k` and `v` above are then the
+    /// pseudo-group indices `groups.len()`, `+ 1` and `+ 2`, under which
+    /// [`host_homes`] files their row pieces in `Lowered::group_results`.
+    pub host: Option<[ValueId; 3]>,
+    /// Which host operands are `[H, S, D]` values read directly (else
+    /// `[S, H * D]` values read through `split_heads`).
+    pub host_heads_major: [bool; 3],
+    /// The result is the attention value itself (`[H, Sq, D]`, a graph
+    /// output), not a `merge_heads` of it.
+    pub heads_major_result: bool,
+}
+
+/// Host byte offset of element (row `r`, column `c`) of the merged view
+/// `[rows, heads * d]` of an f16 value laid out merged or, when
+/// `heads_major`, as `[heads, rows, d]` (column `c` is column `c % d` of
+/// head `c / d`).
+pub fn view_offset(heads_major: bool, rows: u32, heads: u32, d: u32, r: u32, c: u32) -> u64 {
+    if heads_major {
+        (((c / d) as u64 * rows as u64 + r as u64) * d as u64 + (c % d) as u64) * 2
+    } else {
+        (r as u64 * heads as u64 * d as u64 + c as u64) * 2
+    }
 }
 
 impl AttentionBlock {
+    /// Host byte offset of the result's query `r`, merged column `c`
+    /// (a run of columns within one head is contiguous either way).
+    pub fn result_offset(&self, r: u32, c: u32) -> u64 {
+        view_offset(self.heads_major_result, self.sq, self.heads, self.d, r, c)
+    }
     /// The head size padded to the AMP's 16 (the scores GEMM's K).
     pub fn dp(&self) -> u32 {
         self.d.div_ceil(16) * 16
@@ -87,6 +120,17 @@ impl AttentionBlock {
     pub fn macs(&self) -> u64 {
         2 * self.heads as u64 * self.sq as u64 * self.sk as u64 * self.d as u64
     }
+}
+
+/// Where an attention operand comes from.
+#[derive(Clone, Copy)]
+enum Operand {
+    /// A GEMM group's result (a projection).
+    Group(usize),
+    /// A host input or parameter `[S, H * D]` read through `split_heads`.
+    Host(ValueId),
+    /// A host input or parameter `[H, S, D]` read directly.
+    HeadsMajor(ValueId),
 }
 
 fn users(graph: &Graph, v: ValueId) -> Vec<NodeId> {
@@ -113,8 +157,14 @@ pub fn recognise(graph: &Graph, groups: &[Group]) -> Result<Vec<AttentionBlock>,
         };
         let o = node.result;
         covered.insert(i);
-        // Each operand: split_heads of a GEMM group's result, read only here.
-        let mut operand = |arg: ValueId, role: &str| -> Result<(usize, u32), CompileError> {
+        // Each operand: split_heads of a GEMM group's result, read only
+        // here, or of a host input or parameter.
+        let mut operand = |arg: ValueId, role: &str| -> Result<(Operand, u32), CompileError> {
+            if matches!(graph.value(arg).def, ValueDef::Input | ValueDef::Param) {
+                // An `[H, S, D]` input read directly, heads-major.
+                let heads = graph.ty(arg).shape.dims().first().copied().unwrap_or(1);
+                return Ok((Operand::HeadsMajor(arg), heads as u32));
+            }
             let ValueDef::Node(n) = graph.value(arg).def else {
                 return Err(err(
                     o,
@@ -145,8 +195,11 @@ pub fn recognise(graph: &Graph, groups: &[Group]) -> Result<Vec<AttentionBlock>,
                 ));
             }
             let src = split.args[0];
+            if matches!(graph.value(src).def, ValueDef::Input | ValueDef::Param) {
+                return Ok((Operand::Host(src), heads as u32));
+            }
             let g = groups.iter().position(|g| g.result() == src).ok_or_else(|| {
-                err(arg, "split_heads", format!("`{}` is not the result of a GEMM (attention takes q, k and v from GEMM projections)", graph.value(src).name))
+                err(arg, "split_heads", format!("`{}` is not the result of a GEMM (attention takes q, k and v from GEMM projections or from inputs)", graph.value(src).name))
             })?;
             if users(graph, src).len() != 1 || is_output(src) {
                 return Err(err(
@@ -156,18 +209,62 @@ pub fn recognise(graph: &Graph, groups: &[Group]) -> Result<Vec<AttentionBlock>,
                         .into(),
                 ));
             }
-            Ok((g, heads as u32))
+            Ok((Operand::Group(g), heads as u32))
         };
         let (q, heads) = operand(node.args[0], "q")?;
         let (k, _) = operand(node.args[1], "k")?;
         let (v, _) = operand(node.args[2], "v")?;
-        if q == k || q == v || k == v {
-            return Err(err(
-                o,
-                "attention",
-                "q, k and v must come from three different projections".into(),
-            ));
-        }
+        let host_heads_major = [q, k, v].map(|x| matches!(x, Operand::HeadsMajor(_)));
+        let (q, k, v, host, k_value) = match (q, k, v) {
+            (Operand::Group(q), Operand::Group(k), Operand::Group(v)) => {
+                if q == k || q == v || k == v {
+                    return Err(err(
+                        o,
+                        "attention",
+                        "q, k and v must come from three different projections".into(),
+                    ));
+                }
+                (q, k, v, None, groups[k].result())
+            }
+            (
+                q @ (Operand::Host(_) | Operand::HeadsMajor(_)),
+                k @ (Operand::Host(_) | Operand::HeadsMajor(_)),
+                v @ (Operand::Host(_) | Operand::HeadsMajor(_)),
+            ) => {
+                let n = groups.len();
+                let value = |x: Operand| match x {
+                    Operand::Host(h) | Operand::HeadsMajor(h) => h,
+                    Operand::Group(_) => unreachable!("matched host operands"),
+                };
+                (
+                    n,
+                    n + 1,
+                    n + 2,
+                    Some([value(q), value(k), value(v)]),
+                    value(k),
+                )
+            }
+            (q, k, v) => {
+                let what = |x: Operand| match x {
+                    Operand::Group(g) => {
+                        format!("the GEMM result `{}`", graph.value(groups[g].result()).name)
+                    }
+                    Operand::Host(h) | Operand::HeadsMajor(h) => {
+                        format!("the input `{}`", graph.value(h).name)
+                    }
+                };
+                return Err(err(
+                    o,
+                    "attention",
+                    format!(
+                        "q, k and v must all be GEMM projections or all inputs: q is {}, k is {}, v is {}",
+                        what(q),
+                        what(k),
+                        what(v)
+                    ),
+                ));
+            }
+        };
         let qt = &graph.value(node.args[0]).ty;
         let kt = &graph.value(node.args[1]).ty;
         let vt = &graph.value(node.args[2]).ty;
@@ -197,20 +294,25 @@ pub fn recognise(graph: &Graph, groups: &[Group]) -> Result<Vec<AttentionBlock>,
         if d % 2 != 0 {
             return Err(err(o, "attention", format!("head size {d} is odd; the exchange moves 4-byte words, so heads must start on them (even head sizes are lowered)")));
         }
-        // The result: one merge_heads, a graph output.
+        // The result: one merge_heads, a graph output; or the attention
+        // value itself, a graph output read by nothing else.
         let u = users(graph, o);
-        let merge =
-            match u.as_slice() {
+        let heads_major_result = u.is_empty() && is_output(o);
+        let y = if heads_major_result {
+            o
+        } else {
+            let merge = match u.as_slice() {
                 [m] if matches!(graph.node(*m).op, Op::MergeHeads) && !is_output(o) => *m,
                 _ => return Err(err(
                     o,
                     "attention",
-                    "the attention result must be read by exactly one merge_heads and be no output"
+                    "the attention result must be read by exactly one merge_heads, or be a graph output read by nothing else"
                         .into(),
                 )),
             };
-        covered.insert(merge.0 as usize);
-        let y = graph.node(merge).result;
+            covered.insert(merge.0 as usize);
+            graph.node(merge).result
+        };
         if !is_output(y) || !users(graph, y).is_empty() {
             return Err(err(
                 y,
@@ -230,7 +332,10 @@ pub fn recognise(graph: &Graph, groups: &[Group]) -> Result<Vec<AttentionBlock>,
             scale: scale.unwrap_or(1.0 / (d as f64).sqrt()) as f32,
             attention: o,
             result: y,
-            k_value: groups[k].result(),
+            k_value,
+            host,
+            host_heads_major,
+            heads_major_result,
         });
     }
     for (i, node) in graph.nodes().iter().enumerate() {
@@ -727,6 +832,139 @@ pub(crate) fn transpose_shard(
         vertices,
         slowest + launch_cycles(parts.len() as u64),
     ))
+}
+
+/// Rows of one home of a host operand ([`host_homes`]) unless a third of
+/// the tiles needs more each. The attention's exchange moves a home's
+/// transposed columns as runs of these rows, one transfer each, so the
+/// transfer count (which the scheduler's time follows) falls as homes get
+/// taller, while the transpose on the home (`transpose_f16`: 16 bundles
+/// per column plus 5 per four rows) stays short because a home holds few
+/// heads' columns.
+pub const HOST_HOME_ROWS: u32 = 16;
+
+/// Places the host operands of `block` (`block.host`) in pieces, the
+/// *homes*, on tiles `0..tile_count`: operand i (q, k, v) starts at tile
+/// `i * tile_count / 3`; a home holds an even number of whole rows (at
+/// least [`HOST_HOME_ROWS`] unless a third of the tiles needs more each,
+/// so that every run of keys or queries the exchange moves starts on a
+/// 4-byte word) of a range of whole heads, as few heads as a third of the
+/// tiles allows (a home's transpose costs 16 bundles per column: one home
+/// of 16 SigLIP rows with all 1152 columns took 41,500 cycles). The host
+/// writes each operand once (an input read as several operands once in
+/// all), one placement per row of a home; the homes
+/// are filed in `group_results` under the block's pseudo-group indices,
+/// where the attention's exchange reads them as it reads a projection's
+/// result rows. Adds the buffers to `buffers` and the placements to
+/// `tensors`.
+pub(crate) fn host_homes(
+    graph: &Graph,
+    block: &AttentionBlock,
+    tile_count: u32,
+    buffers: &mut BTreeMap<u32, Vec<BufferSpec>>,
+    tensors: &mut crate::lower::HostTensors,
+) -> BTreeMap<(usize, u32), crate::lower::GroupResult> {
+    let mut results = BTreeMap::new();
+    let Some(values) = block.host else {
+        return results;
+    };
+    let d = block.d;
+    let third = (tile_count / 3).max(1);
+    for (i, (&value, (group, role))) in values
+        .iter()
+        .zip([(block.q, "q"), (block.k, "k"), (block.v, "v")])
+        .enumerate()
+    {
+        // An input read as several operands (self-attention straight over
+        // `x`) is written once: the later operands take the first one's
+        // homes.
+        if let Some(j) = values[..i].iter().position(|&w| w == value) {
+            let earlier = [block.q, block.k, block.v][j];
+            let shared: Vec<_> = results
+                .iter()
+                .filter(|((g, _), _)| *g == earlier)
+                .map(|(&(_, tile), &r)| (tile, r))
+                .collect();
+            for (tile, r) in shared {
+                results.insert((group, tile), r);
+            }
+            continue;
+        }
+        let rows = if role == "q" { block.sq } else { block.sk };
+        let per_home = round_up(rows.div_ceil(third).max(HOST_HOME_ROWS).min(rows), 2);
+        let row_pieces = rows.div_ceil(per_home);
+        let heads_per_home = (block.heads * row_pieces)
+            .div_ceil(third)
+            .clamp(1, block.heads);
+        let v = graph.value(value);
+        let tensor = HostTensor {
+            name: v.name.clone(),
+            ty: v.ty.clone(),
+            placements: Vec::new(),
+        };
+        let map = if v.def == ValueDef::Param {
+            &mut tensors.params
+        } else {
+            &mut tensors.inputs
+        };
+        let first = i as u32 * tile_count / 3;
+        let mut home = 0u32;
+        for r0 in (0..rows).step_by(per_home as usize) {
+            let r1 = (r0 + per_home).min(rows);
+            for h0 in (0..block.heads).step_by(heads_per_home as usize) {
+                let h1 = (h0 + heads_per_home).min(block.heads);
+                let width = (h1 - h0) * d;
+                let tile = (first + home) % tile_count;
+                home += 1;
+                let bufs = buffers.entry(tile).or_default();
+                bufs.push(BufferSpec {
+                    name: format!("{}.{role}_home{r0}_{h0}", v.name),
+                    bytes: (r1 - r0) * width * 2,
+                    align: 8,
+                    region: RegionReq::Any,
+                    exclusive_element: false,
+                    zero: Vec::new(),
+                    category: "attention_operand".into(),
+                    scratch: None,
+                    lifetime: None,
+                });
+                let buffer = bufs.len() - 1;
+                // Each row's run of each head (contiguous in either layout).
+                let heads_major = block.host_heads_major[i];
+                let placements = (r0..r1).flat_map(|r| {
+                    (h0..h1).map(move |h| HostPlacement {
+                        tile,
+                        buffer,
+                        buffer_offset: (r - r0) * width * 2 + (h - h0) * d * 2,
+                        host_offset: view_offset(heads_major, rows, block.heads, d, r, h * d),
+                        bytes: d * 2,
+                    })
+                });
+                let mut coalesced = Vec::new();
+                for p in placements {
+                    crate::lower::push_coalesced(&mut coalesced, p);
+                }
+                crate::lower::HostTensors::place(map, &tensor, coalesced);
+                let previous = results.insert(
+                    (group, tile),
+                    crate::lower::GroupResult {
+                        buffer,
+                        row_stride: width * 2,
+                        rows: (r0, r1),
+                        col0: h0 * d,
+                        width,
+                        transposed: false,
+                    },
+                );
+                assert!(
+                    previous.is_none(),
+                    "at most one home of an operand per tile ({} homes on {tile_count} tiles)",
+                    home
+                );
+            }
+        }
+    }
+    results
 }
 
 /// One range to fill: (buffer, offset, bytes, lo, hi).
@@ -1567,7 +1805,6 @@ pub fn lower(
         ty: graph.value(b.result).ty.clone(),
         placements: Vec::new(),
     };
-    let hd = (b.heads * d) as u64;
     for (&tile, &(h, qi, ks, ref t, lay)) in &tiles {
         if ks != 0 {
             continue;
@@ -1602,7 +1839,7 @@ pub fn lower(
                 tile,
                 buffer: t.out,
                 buffer_offset: r * lay.rs_out,
-                host_offset: ((q0 + r) as u64 * hd + (h * d) as u64) * 2,
+                host_offset: b.result_offset(q0 + r, h * d),
                 bytes: d * 2,
             });
         }

@@ -1508,7 +1508,6 @@ pub fn lower(
         ty: graph.value(b.result).ty.clone(),
         placements: Vec::new(),
     };
-    let hd = (b.heads * d) as u64;
     let s = &shapes;
     for (&tile, at) in &tiles {
         let (d0, d1) = combine[at.ks as usize];
@@ -1566,7 +1565,7 @@ pub fn lower(
                 tile,
                 buffer: t.out,
                 buffer_offset: r * rs_out,
-                host_offset: ((q0 + r) as u64 * hd + (at.h * d + d0) as u64) * 2,
+                host_offset: b.result_offset(q0 + r, at.h * d + d0),
                 bytes: (d1 - d0) * 2,
             });
         }
@@ -1626,6 +1625,9 @@ mod tests {
             attention: ValueId(0),
             result: ValueId(1),
             k_value: ValueId(2),
+            host: None,
+            host_heads_major: [false; 3],
+            heads_major_result: false,
         }
     }
 

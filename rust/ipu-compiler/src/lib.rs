@@ -1088,6 +1088,61 @@ fn plan_and_lower(
             Ok(())
         })?;
     }
+    // Attention over host operands has no projections to plan: the
+    // operands' homes and the attention take the tiles
+    // (`attention::host_homes`), the best candidate as ranked.
+    if let Some(b) = blocks.first().filter(|b| b.host.is_some()) {
+        if let Some(g) = groups.first() {
+            return Err(CompileError::Unsupported {
+                value: graph.value(b.attention).name.clone(),
+                operation: "attention".into(),
+                reason: format!(
+                    "attention over inputs is lowered in a segment without GEMMs, and the GEMM `{}` shares its segment",
+                    graph.value(g.result()).name
+                ),
+            });
+        }
+        let c = attention_candidates
+            .first()
+            .cloned()
+            .expect("plan_attention refuses a block without candidates");
+        let tile_count = tile_count_override.unwrap_or(c.tiles);
+        tracing::info!(
+            layout = ?c.layout,
+            query_blocks = c.query_blocks,
+            attention_tiles = c.tiles,
+            "attention plan chosen (operands from host inputs)"
+        );
+        let kernels = attention_kernels
+            .as_mut()
+            .expect("an attention block has its kernels");
+        let lowered = phase("lower", || {
+            let mut buffers: BTreeMap<u32, Vec<lower::BufferSpec>> =
+                (0..tile_count).map(|t| (t, Vec::new())).collect();
+            let mut tensors = lower::HostTensors::default();
+            let homes = attention::host_homes(graph, b, tile_count, &mut buffers, &mut tensors);
+            let mut l =
+                lower::Lowered::two_calls(graph, tile_count, buffers, (vec![], vec![]), tensors);
+            l.group_results = homes;
+            attention::lower(graph, b, &c, kernels, &mut l, 0)?;
+            verifier("lower", lower::verify(&l))?;
+            Ok(l)
+        })?;
+        let attention = json!({
+            "value": graph.value(b.attention).name.clone(),
+            "chosen": c,
+            "finalists": attention_candidates.iter().take(options.search.finalists).collect::<Vec<_>>(),
+            "candidates": attention_candidates.len(),
+        });
+        return Ok(SegmentLowered {
+            lowered,
+            tile_count,
+            operation_reports,
+            would_help,
+            chain_choice: None,
+            attention: Some(attention),
+        });
+    }
     // A chain (a GEMM reading an earlier group's result) is planned jointly:
     // one row partition, whole rows per tile, so no data crosses tiles.
     let chained = groups.iter().any(|g| matches!(g.a, fuse::Source::Group(_)));

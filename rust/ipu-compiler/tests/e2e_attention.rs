@@ -137,6 +137,9 @@ fn column_layout_matches_the_reference() {
         // split's tile combines nothing (a random model's case, which
         // panicked: one combine range too few).
         ("pairs4", self_attention("pairs4", 38, 8, 2), Some(true)),
+        // The attention value itself as the output ([H, Sq, D], no
+        // merge_heads).
+        ("unmerged", self_attention("unmerged", 21, 80, 4).replace("y = merge_heads(o)\noutput y", "output o"), None),
         ("cross24", "model cross24\ninput x: f16[8, 48]\ninput mem: f16[600, 48]\nparam wq: f16[48, 48]\nparam wk: f16[48, 48]\nparam wv: f16[48, 48]\nq = gemm(x, wq)\nk = gemm(mem, wk)\nv = gemm(mem, wv)\nqh = split_heads(q, heads=2)\nkh = split_heads(k, heads=2)\nvh = split_heads(v, heads=2)\no = attention(qh, kh, vh, causal=false)\ny = merge_heads(o)\noutput y\n".to_string(), Some(true)),
     ];
     for (name, text, want_splits) in cases {
@@ -270,10 +273,10 @@ fn refusals_name_the_value() {
             "three different projections",
         ),
         (
-            "unmerged",
-            format!("model unmerged\n{head}qh = split_heads(q, heads=2)\nkh = split_heads(k, heads=2)\nvh = split_heads(v, heads=2)\no = attention(qh, kh, vh, causal=false)\noutput o\n"),
+            "merged_and_output",
+            format!("model merged_and_output\n{head}qh = split_heads(q, heads=2)\nkh = split_heads(k, heads=2)\nvh = split_heads(v, heads=2)\no = attention(qh, kh, vh, causal=false)\ny = merge_heads(o)\noutput o\noutput y\n"),
             "value `o` (attention)",
-            "merge_heads",
+            "exactly one merge_heads, or be a graph output read by nothing else",
         ),
     ];
     // Fewer tiles than heads.
@@ -319,4 +322,117 @@ fn attention_on_too_few_tiles_is_refused_by_name() {
     }
     // With three tiles it compiles, runs and verifies.
     check_attention(&compile_and_run(&model, 3, 32));
+}
+
+/// Attention straight over host inputs and parameters, no projections
+/// (docs/compiler.md, "Attention over inputs"): the host writes each
+/// operand once into row pieces on the attention's tiles, and the
+/// attention's exchange takes them from there, in both layouts; an input
+/// read as several operands is written once; a value a row-wise segment
+/// computes (a layer norm) arrives as the attention segment's input;
+/// operands `[S, H * D]` through split_heads or `[H, S, D]` read directly,
+/// the result merged or not.
+#[test]
+fn attention_over_host_inputs() {
+    use ipu_compiler::attention::AttentionLayout;
+    let dir = tempfile::tempdir().unwrap();
+    let cache = tempfile::tempdir().unwrap();
+    let small = root().join("models/attention_host_small.ipug");
+    // Heads of 32 (the column layout takes multiples of 4).
+    let self_causal = "model host_self\ninput x: f16[33, 64]\na = split_heads(x, heads=2)\nb = split_heads(x, heads=2)\nc = split_heads(x, heads=2)\no = attention(a, b, c, causal=true)\ny = merge_heads(o)\noutput y\n";
+    let cross_params = "model host_cross\ninput q: f16[40, 96]\nparam k: f16[100, 96]\nparam v: f16[100, 96]\nqh = split_heads(q, heads=3)\nkh = split_heads(k, heads=3)\nvh = split_heads(v, heads=3)\no = attention(qh, kh, vh, causal=false)\ny = merge_heads(o)\noutput y\n";
+    let normed = "model host_normed\ninput x: f16[50, 64]\nparam g: f16[64]\nparam b: f16[64]\nn = layernorm(x, g, b)\nqh = split_heads(n, heads=4)\nkh = split_heads(x, heads=4)\nvh = split_heads(x, heads=4)\no = attention(qh, kh, vh, causal=false)\ny = merge_heads(o)\noutput y\n";
+    // [H, S, D] operands read directly, the result unmerged.
+    let heads_major = "model host_heads_major\ninput q: f16[3, 21, 18]\ninput k: f16[3, 30, 18]\nparam v: f16[3, 30, 18]\no = attention(q, k, v, causal=false)\noutput o\n";
+    let forms_mixed = "model host_forms_mixed\ninput x: f16[25, 64]\ninput k: f16[2, 25, 32]\nqh = split_heads(x, heads=2)\nvh = split_heads(x, heads=2)\no = attention(qh, k, vh, causal=true)\noutput o\n";
+    let cases = [
+        (small.clone(), Some(AttentionLayout::Rows), 64),
+        // Exactly one tile per head: q, k and v share the tiles.
+        (small, None, 4),
+        (write_model(dir.path(), "host_self", self_causal), None, 64),
+        (
+            write_model(dir.path(), "host_cross", cross_params),
+            Some(AttentionLayout::Columns),
+            64,
+        ),
+        (
+            write_model(
+                dir.path(),
+                "host_cross_rows",
+                &cross_params.replace("host_cross", "host_cross_rows"),
+            ),
+            Some(AttentionLayout::Rows),
+            16,
+        ),
+        (write_model(dir.path(), "host_normed", normed), None, 64),
+        (
+            write_model(dir.path(), "host_heads_major", heads_major),
+            None,
+            64,
+        ),
+        (
+            write_model(dir.path(), "host_forms_mixed", forms_mixed),
+            None,
+            5,
+        ),
+    ];
+    for (model, layout, tiles) in cases {
+        let name = model.file_stem().unwrap().to_string_lossy().to_string();
+        let mut opts = options(&model, tiles, cache.path());
+        opts.attention_layout = layout;
+        let (ran, _) = run_with(
+            &opts,
+            |g| ipu_reference::random::gaussian_feeds(g, 43),
+            true,
+        );
+        if let Some(want) = layout {
+            assert_eq!(
+                ran.compile.report["attention"]["chosen"]["layout"],
+                serde_json::to_value(want).unwrap(),
+                "{name}"
+            );
+        }
+        // Every input crosses the host link once (the layer norm's `x`
+        // too: the join copies it to the attention's homes).
+        for (input, placed, size) in run_input_bytes(&ran.compile) {
+            assert_eq!(
+                placed, size,
+                "{name}: input `{input}` crosses the host link {placed} bytes for {size}"
+            );
+        }
+        if name != "host_normed" {
+            assert!(
+                ran.compile.report["operations"]
+                    .as_array()
+                    .is_none_or(|o| o.is_empty()),
+                "{name}: no GEMM is planned"
+            );
+            check_attention(&ran);
+        }
+    }
+}
+
+/// Attention whose operands mix projections and inputs, or that shares
+/// its segment with a GEMM, is refused naming the attention.
+#[test]
+fn attention_over_mixed_operands_is_refused_by_name() {
+    let dir = tempfile::tempdir().unwrap();
+    let cache = tempfile::tempdir().unwrap();
+    let mixed = "model mixed\ninput x: f16[17, 72]\nparam wq: f16[72, 72]\nq = gemm(x, wq)\nqh = split_heads(q, heads=4)\nkh = split_heads(x, heads=4)\nvh = split_heads(x, heads=4)\no = attention(qh, kh, vh, causal=false)\ny = merge_heads(o)\noutput y\n";
+    let beside = "model beside\ninput x: f16[17, 72]\nparam w: f16[72, 40]\nz = gemm(x, w)\nqh = split_heads(x, heads=4)\nkh = split_heads(x, heads=4)\nvh = split_heads(x, heads=4)\no = attention(qh, kh, vh, causal=false)\ny = merge_heads(o)\noutput y\noutput z\n";
+    for (name, text, reason) in [
+        (
+            "mixed",
+            mixed,
+            "must all be GEMM projections or all inputs: q is the GEMM result `q`, k is the input `x`",
+        ),
+        ("beside", beside, "the GEMM `z` shares its segment"),
+    ] {
+        let model = write_model(dir.path(), name, text);
+        let e = compile(&options(&model, 64, cache.path()))
+            .err()
+            .unwrap_or_else(|| panic!("{name} compiled"))
+            .to_string();
+        assert!(e.contains("value `o`") && e.contains(reason), "{name}: {e}");
+    }
 }

@@ -318,8 +318,22 @@ fn generate(seed: u64) -> Case {
             .unwrap();
         }
         _ => {
-            // Attention straight over host inputs, no projections.
-            let (heads, d, dv) = (r.range(1, 5), r.range(1, 40), r.range(1, 40));
+            // Attention straight over host inputs, no projections: each
+            // operand an [H, S, D] input or parameter read directly, or an
+            // [S, H * D] one through split_heads; the result [H, Sq, D] or
+            // merged. Mostly even head sizes with v's equal to q's (what
+            // is lowered), sometimes not (documented limitations).
+            let heads = r.range(1, 5);
+            let d = if chance(&mut r, 0.8) {
+                2 * r.range(1, 20)
+            } else {
+                r.range(1, 40)
+            };
+            let dv = if chance(&mut r, 0.9) {
+                d
+            } else {
+                r.range(1, 40)
+            };
             let sq = r.range(1, 60);
             let causal = chance(&mut r, 0.4);
             let sk = if causal {
@@ -327,10 +341,28 @@ fn generate(seed: u64) -> Case {
             } else {
                 r.range(1, 60)
             };
-            writeln!(m, "input q: f16[{heads}, {sq}, {d}]").unwrap();
-            writeln!(m, "input k: f16[{heads}, {sk}, {d}]").unwrap();
-            writeln!(m, "input v: f16[{heads}, {sk}, {dv}]").unwrap();
-            writeln!(m, "o = attention(q, k, v, causal={causal})\noutput o").unwrap();
+            let mut operands = Vec::new();
+            for (name, rows, size) in [("q", sq, d), ("k", sk, d), ("v", sk, dv)] {
+                let kind = if name != "q" && chance(&mut r, 0.3) {
+                    "param"
+                } else {
+                    "input"
+                };
+                if chance(&mut r, 0.5) {
+                    writeln!(m, "{kind} {name}: f16[{heads}, {rows}, {size}]").unwrap();
+                    operands.push(name.to_string());
+                } else {
+                    writeln!(m, "{kind} {name}: f16[{rows}, {}]", heads * size).unwrap();
+                    writeln!(m, "{name}h = split_heads({name}, heads={heads})").unwrap();
+                    operands.push(format!("{name}h"));
+                }
+            }
+            writeln!(m, "o = attention({}, causal={causal})", operands.join(", ")).unwrap();
+            if chance(&mut r, 0.5) {
+                writeln!(m, "y = merge_heads(o)\noutput y").unwrap();
+            } else {
+                writeln!(m, "output o").unwrap();
+            }
         }
     }
     let tiles = pick(&mut r, &[1, 2, 3, 5, 8, 16, 23, 32, 64, 97]);
