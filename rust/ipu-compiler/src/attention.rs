@@ -893,9 +893,12 @@ pub(crate) fn host_homes(
         let rows = if role == "q" { block.sq } else { block.sk };
         let per_home = round_up(rows.div_ceil(third).max(HOST_HOME_ROWS).min(rows), 2);
         let row_pieces = rows.div_ceil(per_home);
-        let heads_per_home = (block.heads * row_pieces)
-            .div_ceil(third)
-            .clamp(1, block.heads);
+        // The fewest heads per home whose homes fit a third of the tiles
+        // (all heads do: row_pieces <= third), so that with three tiles or
+        // more the operands' homes sit on disjoint tiles.
+        let heads_per_home = (1..=block.heads)
+            .find(|&hp| block.heads.div_ceil(hp) * row_pieces <= third)
+            .unwrap_or(block.heads);
         let v = graph.value(value);
         let tensor = HostTensor {
             name: v.name.clone(),

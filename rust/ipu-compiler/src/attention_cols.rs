@@ -989,11 +989,16 @@ pub fn lower(
         }
     }
 
-    // Step 1: Q^T and V^T on the Q and V projections' tiles.
+    // Step 1: Q^T and V^T on the Q and V projections' tiles. A tile may
+    // hold a home of q and one of v (attention over inputs,
+    // `attention::host_homes`): a step starts at most six vertices per
+    // tile, so those V transposes take a second step (compute steps need
+    // no sync between them); a home that is both q's and v's (attention
+    // straight over one input) is transposed once.
     let mut prep = compute_step(format!("transpose {name} q and v (Q^T, V^T)"));
+    let mut prep_v = compute_step(format!("transpose {name} v (V^T) beside q"));
     // (group, tile) -> (transposed buffer, row stride)
     let mut transposed: BTreeMap<(usize, u32), (usize, u32)> = BTreeMap::new();
-    let mut prep_cycles = 0u64;
     let sources: Vec<(usize, u32, crate::lower::GroupResult)> = l
         .group_results
         .iter()
@@ -1006,6 +1011,11 @@ pub fn lower(
             transposed.insert((g, tile), (r.buffer, r.row_stride));
             continue;
         }
+        let same_home_as_q = g == b.v && l.group_results.get(&(b.q, tile)) == Some(&r);
+        if let Some(&shared) = transposed.get(&(b.q, tile)).filter(|_| same_home_as_q) {
+            transposed.insert((g, tile), shared);
+            continue;
+        }
         let what = if g == b.q { "q" } else { "v" };
         let (tb, rs, vertices, cycles) = crate::attention::transpose_shard(
             l,
@@ -1016,10 +1026,14 @@ pub fn lower(
             transpose,
         )?;
         transposed.insert((g, tile), (tb, rs));
-        prep_cycles = prep_cycles.max(cycles);
-        prep.tiles.insert(tile, vertices);
+        let step = if prep.tiles.contains_key(&tile) {
+            &mut prep_v
+        } else {
+            &mut prep
+        };
+        step.estimated_cycles = step.estimated_cycles.max(cycles);
+        step.tiles.insert(tile, vertices);
     }
-    prep.estimated_cycles = prep_cycles;
 
     // Step 2: the fills and the K rows' head padding.
     let mut fill_step = compute_step(format!("reset {name} padding"));
@@ -1411,8 +1425,10 @@ pub fn lower(
         rd.tiles.insert(tile, moves);
     }
     let mut steps = Vec::new();
-    if !prep.tiles.is_empty() {
-        steps.push(prep);
+    for step in [prep, prep_v] {
+        if !step.tiles.is_empty() {
+            steps.push(step);
+        }
     }
     steps.push(fill_step);
     if !pad_step.tiles.is_empty() {

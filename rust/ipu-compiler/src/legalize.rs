@@ -19,8 +19,9 @@
 //!   Row-wise operations on sliced values run per slice.
 //! - Batched attention is one block per batch element: every value an
 //!   attention block reads, and the batched values behind it, are computed
-//!   per element ([`sliced_values`]), and the device graph is put in
-//!   element-major order so that each element's block is a segment.
+//!   per element ([`sliced_values`]), host operands are sliced per element
+//!   (`x.0`, `x.1`), and the device graph is put in element-major order so
+//!   that each element's block is a segment.
 //! - A transposed host operand (`transpose_a` or `transpose_b` on an input
 //!   or param) becomes a device host tensor `w.t` holding it transposed;
 //!   the package marks the model's tensor `transposed` and the host
@@ -30,9 +31,10 @@
 //!
 //! A graph without batched or transposed GEMMs is returned unchanged, so
 //! its packages are byte-identical to what they were before this phase.
-//! Whatever the device graph cannot express (batched attention over host
-//! inputs, a flat value broadcast against a batched one, a flat value into
-//! a GEMM with a batched B) is refused here with the value and the reason.
+//! Whatever the device graph cannot express (batched attention over a value
+//! computed with its batch flattened, a flat value broadcast against a
+//! batched one, a flat value into a GEMM with a batched B) is refused here
+//! with the value and the reason.
 
 use crate::error::CompileError;
 use crate::lower::{HostPlacement, HostTensor, Lowered};
@@ -292,6 +294,9 @@ enum View {
     Slice(usize),
     /// One batch element, transposed.
     SliceTransposed(usize),
+    /// One element of the dimensions before the last three (an attention
+    /// operand `[..., H, S, D]`'s batch element `[H, S, D]`).
+    HeadsSlice(usize),
 }
 
 struct Rewriter<'g> {
@@ -431,6 +436,15 @@ impl Rewriter<'_> {
                 vec![cols, rows],
                 Some(map(i as u64 * slice_bytes, true)),
             ),
+            View::HeadsSlice(i) => {
+                let trailing = dims[rank.saturating_sub(3)..].to_vec();
+                let bytes = trailing.iter().product::<usize>() as u64 * es;
+                (
+                    self.fresh(format!("{name}.{i}")),
+                    trailing,
+                    Some(map(i as u64 * bytes, false)),
+                )
+            }
         };
         let device_ty = TensorType::new(ty.dtype, device_dims);
         let id = match def {
@@ -680,18 +694,34 @@ impl Rewriter<'_> {
                 let mut per_arg = Vec::with_capacity(node.args.len());
                 for &a in &node.args {
                     let d = self.model.ty(a).shape.dims().to_vec();
-                    let ids = match (self.is_host(a), self.forms[a.0 as usize].clone()) {
+                    let host = self.is_host(a);
+                    let ids = match (host, self.forms[a.0 as usize].clone()) {
                         (false, Some(Form::Slices(ids)))
                             if d.len() >= base && d[..d.len() - base] == batch[..] =>
                         {
                             ids
                         }
+                        // A host operand: its batch elements as host
+                        // tensors of their own (contiguous byte ranges).
+                        (true, _) if d.len() == base + batch.len() && d[..batch.len()] == batch[..] => {
+                            let mut ids = Vec::with_capacity(count);
+                            for i in 0..count {
+                                let view = if base == 3 {
+                                    View::HeadsSlice(i)
+                                } else {
+                                    View::Slice(i)
+                                };
+                                ids.push(self.host_view(a, view)?);
+                            }
+                            ids
+                        }
+
                         _ => {
                             return Err(self.unsupported(
                                 r,
                                 op_name,
                                 format!(
-                                    "operand `{}` ({}) is not computed per batch element like the block's other operands; batched attention needs batched GEMM projections with the same batch dimensions",
+                                    "operand `{}` ({}) is not computed per batch element like the block's other operands; batched attention needs batched GEMM projections or inputs with the same batch dimensions",
                                     self.model.value(a).name,
                                     self.model.ty(a)
                                 ),
@@ -869,6 +899,43 @@ mod tests {
                 host x.1 -> x: f16[2, 17, 72] offset 2448 transposed false
                 host y.0 -> y: f16[2, 17, 72] offset 0 transposed false
                 host y.1 -> y: f16[2, 17, 72] offset 2448 transposed false
+            "#]],
+        );
+    }
+
+    /// A batched attention straight over host values: each operand's
+    /// batch elements are host tensors of their own (contiguous byte
+    /// ranges: `[S, H * D]` slices through split_heads, `[H, S, D]` ones
+    /// read directly), one block per element.
+    #[test]
+    fn batched_attention_over_inputs_slices_them() {
+        let g = ipu_graph::parse(
+            "t.ipug",
+            "model m\ninput x: f16[2, 40, 64]\nparam k: f16[2, 4, 40, 16]\nxh = split_heads(x, heads=4)\no = attention(xh, k, xh, causal=false)\noutput o\n",
+        )
+        .unwrap();
+        check(
+            &g,
+            expect![[r#"
+                model m
+                input x.0: f16[40, 64]
+                xh.0: f16[4, 40, 16] = split_heads(x.0, heads=4)
+                param k.0: f16[4, 40, 16]
+                o.0: f16[4, 40, 16] = attention(xh.0, k.0, xh.0, causal=false)
+                input x.1: f16[40, 64]
+                xh.1: f16[4, 40, 16] = split_heads(x.1, heads=4)
+                param k.1: f16[4, 40, 16]
+                o.1: f16[4, 40, 16] = attention(xh.1, k.1, xh.1, causal=false)
+                output o.0
+                output o.1
+                host k.0 -> k: f16[2, 4, 40, 16] offset 0 transposed false
+                host k.1 -> k: f16[2, 4, 40, 16] offset 5120 transposed false
+                host o.0 -> o: f16[2, 4, 40, 16] offset 0 transposed false
+                host o.1 -> o: f16[2, 4, 40, 16] offset 5120 transposed false
+                host x.0 -> x: f16[2, 40, 64] offset 0 transposed false
+                host x.1 -> x: f16[2, 40, 64] offset 5120 transposed false
+                host xh.0 -> xh: f16[2, 4, 40, 16] offset 0 transposed false
+                host xh.1 -> xh: f16[2, 4, 40, 16] offset 5120 transposed false
             "#]],
         );
     }
@@ -1124,14 +1191,6 @@ mod tests {
         assert!(
             e.contains("value `y` (gemm)")
                 && e.contains("`h` is computed with its batch dimensions flattened"),
-            "{e}"
-        );
-        // A batched attention over a host input (not over GEMM projections).
-        let e = legal("model m\ninput x: f16[2, 40, 64]\nxh = split_heads(x, heads=4)\no = attention(xh, xh, xh, causal=false)\ny = merge_heads(o)\noutput y\n").unwrap_err();
-        assert!(
-            e.contains("value `xh` (split_heads)")
-                && e.contains("operand `x`")
-                && e.contains("not computed per batch element"),
             "{e}"
         );
         // A flattened value broadcast against a batch dimension it lacks.

@@ -162,6 +162,16 @@ pub fn split(graph: &Graph) -> Result<Vec<Segment>, CompileError> {
             | (Some(Kind::Rowwise), Kind::Blocks) => true,
             // A GEMM reads its A operand from its own segment only as the
             // result of a GEMM group (a chain).
+            // A segment lowers one attention block: a GEMM, `split_heads`
+            // or attention after one starts the next segment (independent
+            // attention blocks, such as a batched attention's per-sequence
+            // blocks, over projections or over inputs).
+            (Some(Kind::Blocks), Kind::Blocks)
+                if has_attention
+                    && matches!(node.op, Op::SplitHeads { .. } | Op::Attention { .. }) =>
+            {
+                true
+            }
             (Some(Kind::Blocks), Kind::Blocks) => {
                 matches!(node.op, Op::Gemm { .. })
                     && (here(node.args[0])

@@ -345,6 +345,10 @@ fn attention_over_host_inputs() {
     // [H, S, D] operands read directly, the result unmerged.
     let heads_major = "model host_heads_major\ninput q: f16[3, 21, 18]\ninput k: f16[3, 30, 18]\nparam v: f16[3, 30, 18]\no = attention(q, k, v, causal=false)\noutput o\n";
     let forms_mixed = "model host_forms_mixed\ninput x: f16[25, 64]\ninput k: f16[2, 25, 32]\nqh = split_heads(x, heads=2)\nvh = split_heads(x, heads=2)\no = attention(qh, k, vh, causal=true)\noutput o\n";
+    let one_tile = "model host_one_tile\ninput q: f16[20, 32]\ninput k: f16[36, 32]\ninput v: f16[36, 32]\nqh = split_heads(q, heads=1)\nkh = split_heads(k, heads=1)\nvh = split_heads(v, heads=1)\no = attention(qh, kh, vh, causal=false)\ny = merge_heads(o)\noutput y\n";
+    let batched = "model host_batched\ninput x: f16[2, 40, 64]\nxh = split_heads(x, heads=4)\no = attention(xh, xh, xh, causal=false)\ny = merge_heads(o)\noutput y\n";
+    let batched_heads = "model host_batched_heads\ninput q: f16[3, 2, 21, 32]\nparam k: f16[3, 2, 30, 32]\ninput v: f16[3, 2, 30, 32]\no = attention(q, k, v, causal=true)\noutput o\n";
+    let batched_normed = "model host_batched_normed\ninput x: f16[2, 40, 64]\nparam g: f16[64]\nparam b: f16[64]\nn = layernorm(x, g, b)\nxh = split_heads(n, heads=4)\no = attention(xh, xh, xh, causal=false)\ny = merge_heads(o)\noutput y\n";
     let cases = [
         (small.clone(), Some(AttentionLayout::Rows), 64),
         // Exactly one tile per head: q, k and v share the tiles.
@@ -375,6 +379,28 @@ fn attention_over_host_inputs() {
             None,
             5,
         ),
+        // One tile holds the homes of q, k and v: the column layout's V^T
+        // transposes take a step of their own (six vertices per step).
+        (
+            write_model(dir.path(), "host_one_tile", one_tile),
+            Some(AttentionLayout::Columns),
+            1,
+        ),
+        // A batch of sequences: one block (one segment) per sequence, each
+        // over its slice of the inputs; over a host input read as q, k and
+        // v (one set of homes, transposed once for Q^T and V^T) and over
+        // a per-sequence layer norm.
+        (write_model(dir.path(), "host_batched", batched), None, 8),
+        (
+            write_model(dir.path(), "host_batched_heads", batched_heads),
+            None,
+            64,
+        ),
+        (
+            write_model(dir.path(), "host_batched_normed", batched_normed),
+            None,
+            8,
+        ),
     ];
     for (model, layout, tiles) in cases {
         let name = model.file_stem().unwrap().to_string_lossy().to_string();
@@ -400,7 +426,9 @@ fn attention_over_host_inputs() {
                 "{name}: input `{input}` crosses the host link {placed} bytes for {size}"
             );
         }
-        if name != "host_normed" {
+        // Segmented models (a layer norm, a batch of blocks) report no
+        // single attention plan.
+        if !name.contains("normed") && !name.contains("batched") {
             assert!(
                 ran.compile.report["operations"]
                     .as_array()

@@ -320,9 +320,10 @@ fn generate(seed: u64) -> Case {
         _ => {
             // Attention straight over host inputs, no projections: each
             // operand an [H, S, D] input or parameter read directly, or an
-            // [S, H * D] one through split_heads; the result [H, Sq, D] or
-            // merged. Mostly even head sizes with v's equal to q's (what
-            // is lowered), sometimes not (documented limitations).
+            // [S, H * D] one through split_heads, sometimes with a batch
+            // dimension; the result [H, Sq, D] or merged. Mostly even head
+            // sizes with v's equal to q's (what is lowered), sometimes not
+            // (documented limitations).
             let heads = r.range(1, 5);
             let d = if chance(&mut r, 0.8) {
                 2 * r.range(1, 20)
@@ -341,6 +342,12 @@ fn generate(seed: u64) -> Case {
             } else {
                 r.range(1, 60)
             };
+            // Sometimes a batch of sequences (one block per sequence).
+            let batch = if chance(&mut r, 0.2) {
+                format!("{}, ", r.range(2, 4))
+            } else {
+                String::new()
+            };
             let mut operands = Vec::new();
             for (name, rows, size) in [("q", sq, d), ("k", sk, d), ("v", sk, dv)] {
                 let kind = if name != "q" && chance(&mut r, 0.3) {
@@ -349,10 +356,10 @@ fn generate(seed: u64) -> Case {
                     "input"
                 };
                 if chance(&mut r, 0.5) {
-                    writeln!(m, "{kind} {name}: f16[{heads}, {rows}, {size}]").unwrap();
+                    writeln!(m, "{kind} {name}: f16[{batch}{heads}, {rows}, {size}]").unwrap();
                     operands.push(name.to_string());
                 } else {
-                    writeln!(m, "{kind} {name}: f16[{rows}, {}]", heads * size).unwrap();
+                    writeln!(m, "{kind} {name}: f16[{batch}{rows}, {}]", heads * size).unwrap();
                     writeln!(m, "{name}h = split_heads({name}, heads={heads})").unwrap();
                     operands.push(format!("{name}h"));
                 }
