@@ -291,8 +291,10 @@ pub fn recognise(graph: &Graph, groups: &[Group]) -> Result<Vec<AttentionBlock>,
                 format!("v's head size {} differs from q's {d}", vt.shape.dims()[2]),
             ));
         }
-        if d % 2 != 0 {
-            return Err(err(o, "attention", format!("head size {d} is odd; the exchange moves 4-byte words, so heads must start on them (even head sizes are lowered)")));
+        // Over inputs, an odd head size is lowered: every home holds one
+        // head in rows padded to whole words (`host_homes`).
+        if d % 2 != 0 && host.is_none() {
+            return Err(err(o, "attention", format!("head size {d} is odd; the exchange moves 4-byte words, so heads must start on them (even head sizes are lowered, and odd ones over inputs)")));
         }
         // The result: one merge_heads, a graph output; or the attention
         // value itself, a graph output read by nothing else.
@@ -891,14 +893,28 @@ pub(crate) fn host_homes(
             continue;
         }
         let rows = if role == "q" { block.sq } else { block.sk };
-        let per_home = round_up(rows.div_ceil(third).max(HOST_HOME_ROWS).min(rows), 2);
+        // A head of odd size is a home of its own (below), so its row
+        // pieces are counted per head: at most one home of an operand per
+        // tile.
+        let pieces_max = if d % 2 != 0 {
+            (tile_count / block.heads).max(1)
+        } else {
+            third
+        };
+        let per_home = round_up(rows.div_ceil(pieces_max).max(HOST_HOME_ROWS).min(rows), 2);
         let row_pieces = rows.div_ceil(per_home);
         // The fewest heads per home whose homes fit a third of the tiles
         // (all heads do: row_pieces <= third), so that with three tiles or
         // more the operands' homes sit on disjoint tiles.
-        let heads_per_home = (1..=block.heads)
-            .find(|&hp| block.heads.div_ceil(hp) * row_pieces <= third)
-            .unwrap_or(block.heads);
+        // A head of odd size is a home of its own, its rows padded with
+        // a zero to whole words, so that the exchange moves it whole.
+        let heads_per_home = if d % 2 != 0 {
+            1
+        } else {
+            (1..=block.heads)
+                .find(|&hp| block.heads.div_ceil(hp) * row_pieces <= third)
+                .unwrap_or(block.heads)
+        };
         let v = graph.value(value);
         let tensor = HostTensor {
             name: v.name.clone(),
@@ -917,16 +933,20 @@ pub(crate) fn host_homes(
             for h0 in (0..block.heads).step_by(heads_per_home as usize) {
                 let h1 = (h0 + heads_per_home).min(block.heads);
                 let width = (h1 - h0) * d;
+                let row_stride = round_up(width * 2, 4);
                 let tile = (first + home) % tile_count;
                 home += 1;
                 let bufs = buffers.entry(tile).or_default();
                 bufs.push(BufferSpec {
                     name: format!("{}.{role}_home{r0}_{h0}", v.name),
-                    bytes: (r1 - r0) * width * 2,
+                    bytes: (r1 - r0) * row_stride,
                     align: 8,
                     region: RegionReq::Any,
                     exclusive_element: false,
-                    zero: Vec::new(),
+                    zero: (0..r1 - r0)
+                        .map(|r| (r * row_stride + width * 2, (r + 1) * row_stride))
+                        .filter(|z| z.0 < z.1)
+                        .collect(),
                     category: "attention_operand".into(),
                     scratch: None,
                     lifetime: None,
@@ -938,7 +958,7 @@ pub(crate) fn host_homes(
                     (h0..h1).map(move |h| HostPlacement {
                         tile,
                         buffer,
-                        buffer_offset: (r - r0) * width * 2 + (h - h0) * d * 2,
+                        buffer_offset: (r - r0) * row_stride + (h - h0) * d * 2,
                         host_offset: view_offset(heads_major, rows, block.heads, d, r, h * d),
                         bytes: d * 2,
                     })
@@ -952,7 +972,7 @@ pub(crate) fn host_homes(
                     (group, tile),
                     crate::lower::GroupResult {
                         buffer,
-                        row_stride: width * 2,
+                        row_stride,
                         rows: (r0, r1),
                         col0: h0 * d,
                         width,
@@ -1407,7 +1427,11 @@ pub fn lower(
                         offset: (row - r.rows.0) * r.row_stride + (s0 - r.col0) * 2,
                     },
                     destinations,
-                    bytes: (s1 - s0) * 2,
+                    // A whole head of odd size takes the zero padding
+                    // after it along (`host_homes`: a home of one such
+                    // head has rows padded to words; the destinations'
+                    // rows are padded to 16 columns).
+                    bytes: round_up((s1 - s0) * 2, 4),
                 });
             }
         }

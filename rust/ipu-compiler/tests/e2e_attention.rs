@@ -349,6 +349,9 @@ fn attention_over_host_inputs() {
     let batched = "model host_batched\ninput x: f16[2, 40, 64]\nxh = split_heads(x, heads=4)\no = attention(xh, xh, xh, causal=false)\ny = merge_heads(o)\noutput y\n";
     let batched_heads = "model host_batched_heads\ninput q: f16[3, 2, 21, 32]\nparam k: f16[3, 2, 30, 32]\ninput v: f16[3, 2, 30, 32]\no = attention(q, k, v, causal=true)\noutput o\n";
     let batched_normed = "model host_batched_normed\ninput x: f16[2, 40, 64]\nparam g: f16[64]\nparam b: f16[64]\nn = layernorm(x, g, b)\nxh = split_heads(n, heads=4)\no = attention(xh, xh, xh, causal=false)\ny = merge_heads(o)\noutput y\n";
+    let odd_heads = "model host_odd_heads\ninput q: f16[40, 76]\ninput k: f16[19, 76]\ninput v: f16[19, 76]\nqh = split_heads(q, heads=4)\nkh = split_heads(k, heads=4)\nvh = split_heads(v, heads=4)\no = attention(qh, kh, vh, causal=false)\ny = merge_heads(o)\noutput y\n";
+    let odd_width = "model host_odd_width\ninput x: f16[25, 21]\nxh = split_heads(x, heads=3)\no = attention(xh, xh, xh, causal=false)\ny = merge_heads(o)\noutput y\n";
+    let odd_causal = "model host_odd_causal\ninput q: f16[1, 30, 19]\ninput k: f16[1, 33, 19]\nparam v: f16[1, 33, 19]\no = attention(q, k, v, causal=true)\noutput o\n";
     let cases = [
         (small.clone(), Some(AttentionLayout::Rows), 64),
         // Exactly one tile per head: q, k and v share the tiles.
@@ -400,6 +403,33 @@ fn attention_over_host_inputs() {
             write_model(dir.path(), "host_batched_normed", batched_normed),
             None,
             8,
+        ),
+        // Odd head sizes (a home per head, rows padded to words): 4 heads
+        // of 19 with a row width of 76; 3 heads of 7, a row width of 21;
+        // one causal head of 19 read directly.
+        (
+            write_model(dir.path(), "host_odd_heads", odd_heads),
+            None,
+            64,
+        ),
+        (
+            write_model(
+                dir.path(),
+                "host_odd_heads_few",
+                &odd_heads.replace("host_odd_heads", "host_odd_heads_few"),
+            ),
+            None,
+            6,
+        ),
+        (
+            write_model(dir.path(), "host_odd_width", odd_width),
+            None,
+            3,
+        ),
+        (
+            write_model(dir.path(), "host_odd_causal", odd_causal),
+            None,
+            1,
         ),
     ];
     for (model, layout, tiles) in cases {
