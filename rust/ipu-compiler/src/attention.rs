@@ -863,12 +863,14 @@ pub(crate) fn host_homes(
     graph: &Graph,
     block: &AttentionBlock,
     tile_count: u32,
+    transposed_roles: [bool; 3],
     buffers: &mut BTreeMap<u32, Vec<BufferSpec>>,
     tensors: &mut crate::lower::HostTensors,
-) -> BTreeMap<(usize, u32), crate::lower::GroupResult> {
+) -> HostHomes {
     let mut results = BTreeMap::new();
+    let mut transposed_tensors = std::collections::BTreeSet::new();
     let Some(values) = block.host else {
-        return results;
+        return (results, transposed_tensors);
     };
     let d = block.d;
     let third = (tile_count / 3).max(1);
@@ -893,10 +895,12 @@ pub(crate) fn host_homes(
             continue;
         }
         let rows = if role == "q" { block.sq } else { block.sk };
+        // A value every role of which wants it transposed is written so.
+        let transposed = (0..3).all(|j| values[j] != value || transposed_roles[j]);
         // A head of odd size is a home of its own (below), so its row
         // pieces are counted per head: at most one home of an operand per
         // tile.
-        let pieces_max = if d % 2 != 0 {
+        let pieces_max = if d % 2 != 0 && !transposed {
             (tile_count / block.heads).max(1)
         } else {
             third
@@ -908,7 +912,7 @@ pub(crate) fn host_homes(
         // more the operands' homes sit on disjoint tiles.
         // A head of odd size is a home of its own, its rows padded with
         // a zero to whole words, so that the exchange moves it whole.
-        let heads_per_home = if d % 2 != 0 {
+        let heads_per_home = if d % 2 != 0 && !transposed {
             1
         } else {
             (1..=block.heads)
@@ -933,18 +937,26 @@ pub(crate) fn host_homes(
             for h0 in (0..block.heads).step_by(heads_per_home as usize) {
                 let h1 = (h0 + heads_per_home).min(block.heads);
                 let width = (h1 - h0) * d;
-                let row_stride = round_up(width * 2, 4);
+                // Rows of whole words, or, transposed, columns (runs of
+                // rows) of whole 8-byte words as `transpose_shard` writes
+                // them; the padding is zero from load and never written.
+                let (lines, line_bytes) = if transposed {
+                    (width, (r1 - r0) * 2)
+                } else {
+                    (r1 - r0, width * 2)
+                };
+                let row_stride = round_up(line_bytes, if transposed { 8 } else { 4 });
                 let tile = (first + home) % tile_count;
                 home += 1;
                 let bufs = buffers.entry(tile).or_default();
                 bufs.push(BufferSpec {
                     name: format!("{}.{role}_home{r0}_{h0}", v.name),
-                    bytes: (r1 - r0) * row_stride,
+                    bytes: lines * row_stride,
                     align: 8,
                     region: RegionReq::Any,
                     exclusive_element: false,
-                    zero: (0..r1 - r0)
-                        .map(|r| (r * row_stride + width * 2, (r + 1) * row_stride))
+                    zero: (0..lines)
+                        .map(|r| (r * row_stride + line_bytes, (r + 1) * row_stride))
                         .filter(|z| z.0 < z.1)
                         .collect(),
                     category: "attention_operand".into(),
@@ -952,6 +964,32 @@ pub(crate) fn host_homes(
                     lifetime: None,
                 });
                 let buffer = bufs.len() - 1;
+                if transposed {
+                    // The host writes the tensor transposed (its last two
+                    // axes swapped): column c of the merged view, either
+                    // layout, is the run of rows at (c * rows + r) * 2.
+                    transposed_tensors.insert(v.name.clone());
+                    let placements = (h0 * d..h1 * d).map(|c| HostPlacement {
+                        tile,
+                        buffer,
+                        buffer_offset: (c - h0 * d) * row_stride,
+                        host_offset: (c as u64 * rows as u64 + r0 as u64) * 2,
+                        bytes: (r1 - r0) * 2,
+                    });
+                    crate::lower::HostTensors::place(map, &tensor, placements);
+                    results.insert(
+                        (group, tile),
+                        crate::lower::GroupResult {
+                            buffer,
+                            row_stride,
+                            rows: (r0, r1),
+                            col0: h0 * d,
+                            width,
+                            transposed: true,
+                        },
+                    );
+                    continue;
+                }
                 // Each row's run of each head (contiguous in either layout).
                 let heads_major = block.host_heads_major[i];
                 let placements = (r0..r1).flat_map(|r| {
@@ -987,8 +1025,15 @@ pub(crate) fn host_homes(
             }
         }
     }
-    results
+    (results, transposed_tensors)
 }
+
+/// What [`host_homes`] places: the homes by (pseudo-group, tile), and the
+/// host tensors it writes transposed.
+pub(crate) type HostHomes = (
+    BTreeMap<(usize, u32), crate::lower::GroupResult>,
+    std::collections::BTreeSet<String>,
+);
 
 /// One range to fill: (buffer, offset, bytes, lo, hi).
 pub type FillJob = (usize, u32, u32, u32, u32);
@@ -1318,6 +1363,11 @@ pub fn lower(
     let mut kt_src: BTreeMap<u32, (usize, u32)> = BTreeMap::new();
     let mut prep_cycles = 0u64;
     for &(tile, r) in &k_results {
+        if r.transposed {
+            // Written transposed by the host (`host_homes`).
+            kt_src.insert(tile, (r.buffer, r.row_stride));
+            continue;
+        }
         let (ktb, rs, vertices, cycles) = transpose_shard(
             l,
             tile,

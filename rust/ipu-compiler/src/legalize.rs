@@ -191,6 +191,9 @@ pub fn restore_host_tensors(lowered: &mut Lowered, host: &BTreeMap<String, HostM
     if host.is_empty() {
         return;
     }
+    // Device tensors the lowering itself placed transposed (attention over
+    // inputs) keep their names and their order.
+    let prior = std::mem::take(&mut lowered.transposed_host);
     let all = lowered
         .io
         .iter()
@@ -200,7 +203,7 @@ pub fn restore_host_tensors(lowered: &mut Lowered, host: &BTreeMap<String, HostM
     for t in all {
         let (name, transposed) = match host.get(&t.name) {
             Some(m) => (m.name.as_str(), m.transposed),
-            None => (t.name.as_str(), false),
+            None => (t.name.as_str(), prior.contains(&t.name)),
         };
         ways.entry(name).or_default().insert(transposed);
     }

@@ -1120,10 +1120,27 @@ fn plan_and_lower(
             let mut buffers: BTreeMap<u32, Vec<lower::BufferSpec>> =
                 (0..tile_count).map(|t| (t, Vec::new())).collect();
             let mut tensors = lower::HostTensors::default();
-            let homes = attention::host_homes(graph, b, tile_count, &mut buffers, &mut tensors);
+            // In a model of one segment the host writes what the layout
+            // transposes (Q and V, or K) transposed, so no step transposes
+            // it; a segment's inputs arrive by its join, which moves them
+            // as placed, so there they are transposed on their homes.
+            let transposed_roles = match (tile_count_override, c.layout) {
+                (None, attention::AttentionLayout::Columns) => [true, false, true],
+                (None, attention::AttentionLayout::Rows) => [false, true, false],
+                (Some(_), _) => [false; 3],
+            };
+            let (homes, transposed) = attention::host_homes(
+                graph,
+                b,
+                tile_count,
+                transposed_roles,
+                &mut buffers,
+                &mut tensors,
+            );
             let mut l =
                 lower::Lowered::two_calls(graph, tile_count, buffers, (vec![], vec![]), tensors);
             l.group_results = homes;
+            l.transposed_host = transposed;
             attention::lower(graph, b, &c, kernels, &mut l, 0)?;
             verifier("lower", lower::verify(&l))?;
             Ok(l)
@@ -2264,8 +2281,14 @@ fn lower_segments(
             // an exchange step: the join of the one segment does that.
             if input_homes && segment::holds_an_input_twice(&r.lowered) {
                 let tiles = r.lowered.tile_count;
+                // Host tensors written transposed (attention over inputs)
+                // stay so: the join copies bytes by their host offsets,
+                // which follow the same order on both sides.
+                let transposed = r.lowered.transposed_host.clone();
                 r.lowered = phase("join", || {
-                    let l = segment::join(graph, &segments, vec![r.lowered], tiles, false, true)?;
+                    let mut l =
+                        segment::join(graph, &segments, vec![r.lowered], tiles, false, true)?;
+                    l.transposed_host = transposed;
                     verifier("join", lower::verify(&l))?;
                     Ok(l)
                 })?;

@@ -459,6 +459,28 @@ fn attention_over_host_inputs() {
         // Segmented models (a layer norm, a batch of blocks) report no
         // single attention plan.
         if !name.contains("normed") && !name.contains("batched") {
+            // A model of one segment: the host writes what the layout
+            // transposes (Q and V in the column layout, K in the row
+            // layout) transposed, unless the same value also serves a role
+            // that wants rows.
+            let chosen = &ran.compile.report["attention"]["chosen"]["layout"];
+            let wanted: &[&str] = if chosen == "columns" {
+                &["q", "v"]
+            } else {
+                &["k"]
+            };
+            for call_name in ["initialize", "run"] {
+                for t in &call(&ran.compile, call_name).inputs {
+                    if ["q", "k", "v"].contains(&t.name.as_str()) {
+                        assert_eq!(
+                            t.transposed,
+                            wanted.contains(&t.name.as_str()),
+                            "{name}: input `{}` in the {chosen} layout",
+                            t.name
+                        );
+                    }
+                }
+            }
             assert!(
                 ran.compile.report["operations"]
                     .as_array()
