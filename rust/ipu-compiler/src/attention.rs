@@ -964,48 +964,49 @@ pub(crate) fn host_homes(
                     lifetime: None,
                 });
                 let buffer = bufs.len() - 1;
-                if transposed {
+                let placements: Vec<HostPlacement> = if transposed {
                     // The host writes the tensor transposed (its last two
                     // axes swapped): column c of the merged view, either
                     // layout, is the run of rows at (c * rows + r) * 2.
                     transposed_tensors.insert(v.name.clone());
-                    let placements = (h0 * d..h1 * d).map(|c| HostPlacement {
-                        tile,
-                        buffer,
-                        buffer_offset: (c - h0 * d) * row_stride,
-                        host_offset: (c as u64 * rows as u64 + r0 as u64) * 2,
-                        bytes: (r1 - r0) * 2,
-                    });
-                    crate::lower::HostTensors::place(map, &tensor, placements);
-                    results.insert(
-                        (group, tile),
-                        crate::lower::GroupResult {
+                    (h0 * d..h1 * d)
+                        .map(|c| HostPlacement {
+                            tile,
                             buffer,
-                            row_stride,
-                            rows: (r0, r1),
-                            col0: h0 * d,
-                            width,
-                            transposed: true,
-                        },
-                    );
-                    continue;
-                }
-                // Each row's run of each head (contiguous in either layout).
-                let heads_major = block.host_heads_major[i];
-                let placements = (r0..r1).flat_map(|r| {
-                    (h0..h1).map(move |h| HostPlacement {
-                        tile,
-                        buffer,
-                        buffer_offset: (r - r0) * row_stride + (h - h0) * d * 2,
-                        host_offset: view_offset(heads_major, rows, block.heads, d, r, h * d),
-                        bytes: d * 2,
-                    })
-                });
-                let mut coalesced = Vec::new();
-                for p in placements {
-                    crate::lower::push_coalesced(&mut coalesced, p);
-                }
-                crate::lower::HostTensors::place(map, &tensor, coalesced);
+                            buffer_offset: (c - h0 * d) * row_stride,
+                            host_offset: (c as u64 * rows as u64 + r0 as u64) * 2,
+                            bytes: (r1 - r0) * 2,
+                        })
+                        .collect()
+                } else {
+                    // Each row's run of each head (contiguous in either
+                    // layout).
+                    let heads_major = block.host_heads_major[i];
+                    let mut coalesced = Vec::new();
+                    for r in r0..r1 {
+                        for h in h0..h1 {
+                            crate::lower::push_coalesced(
+                                &mut coalesced,
+                                HostPlacement {
+                                    tile,
+                                    buffer,
+                                    buffer_offset: (r - r0) * row_stride + (h - h0) * d * 2,
+                                    host_offset: view_offset(
+                                        heads_major,
+                                        rows,
+                                        block.heads,
+                                        d,
+                                        r,
+                                        h * d,
+                                    ),
+                                    bytes: d * 2,
+                                },
+                            );
+                        }
+                    }
+                    coalesced
+                };
+                crate::lower::HostTensors::place(map, &tensor, placements);
                 let previous = results.insert(
                     (group, tile),
                     crate::lower::GroupResult {
@@ -1014,7 +1015,7 @@ pub(crate) fn host_homes(
                         rows: (r0, r1),
                         col0: h0 * d,
                         width,
-                        transposed: false,
+                        transposed,
                     },
                 );
                 assert!(
