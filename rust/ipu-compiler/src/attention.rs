@@ -448,6 +448,15 @@ pub struct AttentionPlan {
     /// Column layout with key splits: every split's tile combines a range
     /// of head columns (else split 0 combines them all).
     pub distributed_combine: bool,
+    /// Rounds of heads (row layout, fewer tiles than heads): round `r`
+    /// runs heads `r * round_heads ..` ([`AttentionPlan::round_heads`])
+    /// on the same tiles, one after the other. 1 otherwise (not reported).
+    #[serde(skip_serializing_if = "is_one")]
+    pub rounds: u32,
+}
+
+fn is_one(n: &u32) -> bool {
+    *n == 1
 }
 
 impl AttentionPlan {
@@ -472,6 +481,10 @@ impl AttentionPlan {
             .into_iter()
             .map(|(a, z)| (c0 + a, c0 + z))
             .collect()
+    }
+    /// Heads per round (all of them in one round).
+    pub fn round_heads(&self, block: &AttentionBlock) -> u32 {
+        block.heads.div_ceil(self.rounds.max(1))
     }
     pub fn total_cycles(&self) -> u64 {
         self.compute_cycles + self.exchange_bound_cycles + self.projection_cycles
@@ -662,8 +675,19 @@ pub fn plan(
         let mut seen = std::collections::BTreeSet::new();
         for qb in 1..=block.sq {
             let rows = block.sq.div_ceil(qb);
-            let attention_tiles = block.heads * qb * splits;
-            if attention_tiles > tiles || !seen.insert(rows) {
+            // With fewer tiles than heads the heads run in rounds on the
+            // same tiles (and only then: with a tile per head one round
+            // is what the plans compare).
+            let per_unit = qb * splits;
+            let rounds = if block.heads > tiles && per_unit <= tiles {
+                block.heads.div_ceil(tiles / per_unit)
+            } else {
+                1
+            };
+            let attention_tiles = block.heads.div_ceil(rounds) * per_unit;
+            // Rounds keep each (head, query block) on one tile: splitting
+            // its keys over tiles would only add rounds (and a combine).
+            if attention_tiles > tiles || (rounds > 1 && splits > 1) || !seen.insert(rows) {
                 continue;
             }
             for (key_blocks, layout, r1) in
@@ -685,6 +709,12 @@ pub fn plan(
                         * (kernels.combine.1.eval(&[("ROWS", per_vertex), ("DQ", dq)])
                             + launch_cycles(rows.min(6) as u64));
                 }
+                // Each round exchanges and computes again; the tiles'
+                // region-0 state serves every round, and each round adds
+                // its result rows.
+                let (compute, exchange) = (compute * rounds as u64, exchange * rounds as u64);
+                let region0 = layout.region0(splits)
+                    + (rounds as u64 - 1) * rows as u64 * layout.rs_out as u64;
                 out.push(AttentionPlan {
                     layout: AttentionLayout::Rows,
                     query_blocks: qb,
@@ -703,8 +733,9 @@ pub fn plan(
                     exchange_bound_cycles: exchange,
                     projection_cycles,
                     region1_bytes: r1,
-                    region0_bytes: layout.region0(splits),
+                    region0_bytes: region0,
                     distributed_combine: false,
+                    rounds,
                 });
             }
         }
@@ -866,11 +897,11 @@ pub(crate) fn host_homes(
     transposed_roles: [bool; 3],
     buffers: &mut BTreeMap<u32, Vec<BufferSpec>>,
     tensors: &mut crate::lower::HostTensors,
-) -> HostHomes {
+) -> Result<HostHomes, CompileError> {
     let mut results = BTreeMap::new();
     let mut transposed_tensors = std::collections::BTreeSet::new();
     let Some(values) = block.host else {
-        return (results, transposed_tensors);
+        return Ok((results, transposed_tensors));
     };
     let d = block.d;
     let third = (tile_count / 3).max(1);
@@ -912,6 +943,15 @@ pub(crate) fn host_homes(
         // more the operands' homes sit on disjoint tiles.
         // A head of odd size is a home of its own, its rows padded with
         // a zero to whole words, so that the exchange moves it whole.
+        if d % 2 != 0 && !transposed && block.heads > tile_count {
+            return Err(CompileError::NoFeasiblePlan {
+                value: graph.value(block.attention).name.clone(),
+                reason: format!(
+                    "heads of odd size {d} over inputs are written one head per tile (rows padded to whole words), and {} heads run on {tile_count} tiles",
+                    block.heads
+                ),
+            });
+        }
         let heads_per_home = if d % 2 != 0 && !transposed {
             1
         } else {
@@ -1026,7 +1066,7 @@ pub(crate) fn host_homes(
             }
         }
     }
-    (results, transposed_tensors)
+    Ok((results, transposed_tensors))
 }
 
 /// What [`host_homes`] places: the homes by (pseudo-group, tile), and the
@@ -1139,7 +1179,42 @@ pub fn lower(
             exchange_label,
         );
     }
+    // With fewer tiles than heads the heads run in rounds on the same
+    // tiles, one after the other (`AttentionPlan::rounds`).
+    for round in 0..plan.rounds.max(1) {
+        let label = if round == 0 {
+            exchange_label
+        } else {
+            l.exchange_steps()
+        };
+        lower_rows(graph, block, plan, kernels, l, label, round)?;
+    }
+    Ok(())
+}
+
+/// Round `round` of a row-layout attention: its heads on tiles
+/// `0..plan.tiles`. The first round transposes K on its homes and every
+/// later one reads those transposes; a later round's tiles reuse the
+/// first's buffers (the fill step resets the state each round) except the
+/// result rows, which the host reads at the end of the call.
+fn lower_rows(
+    graph: &Graph,
+    block: &AttentionBlock,
+    plan: &AttentionPlan,
+    kernels: &mut AttentionKernels,
+    l: &mut Lowered,
+    exchange_label: u32,
+    round: u32,
+) -> Result<(), CompileError> {
     let b = block;
+    let round_heads = plan.round_heads(b);
+    let (h_lo, h_hi) = (
+        round * round_heads,
+        ((round + 1) * round_heads).min(b.heads),
+    );
+    // The tile of (global head h, query block, split) in this round.
+    let unit_tile = |h: u32, qi: u32, ks: u32| plan.tile(h - h_lo, qi, ks);
+    let in_round = |h: u32| (h_lo..h_hi).contains(&h);
     let name = graph.value(b.attention).name.clone();
     let y_name = graph.value(b.result).name.clone();
     let compute_step = |phase: String| Step {
@@ -1184,17 +1259,23 @@ pub fn lower(
         scratch: None,
         lifetime: None,
     };
-    for h in 0..b.heads {
+    for h in h_lo..h_hi {
         for (qi, &(q0, q1)) in qranges.iter().enumerate() {
             for ks in 0..splits {
-                let tile = plan.tile(h, qi as u32, ks);
+                let tile = unit_tile(h, qi as u32, ks);
                 let rows = q1 - q0;
                 let lay = TileLayout::new(b, rows, widest, split_cb);
                 let bufs = l
                     .buffers
                     .get_mut(&tile)
                     .expect("attention tiles are below tile_count");
+                // A later round's tile (the same query block and split)
+                // takes the first round's buffer of each name.
                 let mut push = |s: BufferSpec| {
+                    if let Some(i) = bufs.iter().position(|x| x.name == s.name) {
+                        debug_assert_eq!(bufs[i].bytes, s.bytes, "{}", s.name);
+                        return i;
+                    }
                     bufs.push(s);
                     bufs.len() - 1
                 };
@@ -1282,8 +1363,14 @@ pub fn lower(
                     vec![],
                     "attention_state",
                 ));
+                // Every round's result rows stay for the host.
+                let out_role = if round == 0 {
+                    "out".to_string()
+                } else {
+                    format!("out_round{round}")
+                };
                 let out = push(spec(
-                    "out",
+                    &out_role,
                     rows * lay.rs_out,
                     RegionReq::Standard,
                     false,
@@ -1367,6 +1454,16 @@ pub fn lower(
         if r.transposed {
             // Written transposed by the host (`host_homes`).
             kt_src.insert(tile, (r.buffer, r.row_stride));
+            continue;
+        }
+        if round > 0 {
+            // The first round's transpose (`transpose_shard`'s layout).
+            let kt_name = format!("{name}.k_transposed");
+            let i = l.buffers[&tile]
+                .iter()
+                .position(|x| x.name == kt_name)
+                .expect("the first round transposed K");
+            kt_src.insert(tile, (i, round_up((r.rows.1 - r.rows.0) * 2, 8)));
             continue;
         }
         let (ktb, rs, vertices, cycles) = transpose_shard(
@@ -1464,6 +1561,9 @@ pub fn lower(
                         dests: &dyn Fn(u32, u32) -> Vec<BufferRef>| {
         for row in r.rows.0..r.rows.1 {
             for (h, s0, s1) in segments(r.col0, r.width) {
+                if !in_round(h) {
+                    continue;
+                }
                 let destinations = dests(row, h)
                     .into_iter()
                     .map(|x| BufferRef {
@@ -1494,7 +1594,7 @@ pub fn lower(
                 let (qi, q0) = qblock_of(row);
                 (0..splits)
                     .map(|ks| {
-                        let dst = plan.tile(h, qi, ks);
+                        let dst = unit_tile(h, qi, ks);
                         let t = &tiles[&dst];
                         BufferRef {
                             tile: dst,
@@ -1511,7 +1611,7 @@ pub fn lower(
                 let k0 = split_keys(ks).0;
                 (0..plan.query_blocks)
                     .map(|qi| {
-                        let dst = plan.tile(h, qi, ks);
+                        let dst = unit_tile(h, qi, ks);
                         let t = &tiles[&dst];
                         BufferRef {
                             tile: dst,
@@ -1538,9 +1638,12 @@ pub fn lower(
                 for c in 0..r.width {
                     let gc = r.col0 + c;
                     let (h, j) = (gc / d, gc % d);
+                    if !in_round(h) {
+                        continue;
+                    }
                     let destinations = (0..plan.query_blocks)
                         .map(|qi| {
-                            let dst = plan.tile(h, qi, ks);
+                            let dst = unit_tile(h, qi, ks);
                             let t = &tiles[&dst];
                             BufferRef {
                                 tile: dst,
@@ -1588,7 +1691,11 @@ pub fn lower(
     // Steps 3 and 4: per key block, then the final normalisation.
     let nkb_s = dp / 16;
     let ncb_v = dp / 16;
-    let mut steps = vec![prep, fill_step, xstep];
+    let mut steps = Vec::new();
+    if !prep.tiles.is_empty() {
+        steps.push(prep);
+    }
+    steps.extend([fill_step, xstep]);
     let offset_causal = b.sk - b.sq.min(b.sk);
     let split_blocks: Vec<Vec<(u32, u32)>> = (0..plan.key_splits.len())
         .map(|k| plan.blocks_of(k))
@@ -1795,7 +1902,7 @@ pub fn lower(
             if ks == 0 {
                 continue;
             }
-            let dst = plan.tile(h, qi, 0);
+            let dst = unit_tile(h, qi, 0);
             let (o2, ml2) = tiles[&dst].3.others[ks as usize - 1];
             moves.push(BufferTransfer {
                 source: BufferRef {
@@ -1925,9 +2032,18 @@ pub fn lower(
     let (_, per_step) = compute_cycles(b, kernels, plan.rows, &[]);
     fin.estimated_cycles = per_step[1];
     steps.push(fin);
-    y.placements.sort();
     l.calls[1].steps.extend(steps);
-    l.io[1].1.push(y);
+    // Rounds add their heads' rows to one output tensor.
+    match l.io[1].1.iter_mut().find(|t| t.name == y.name) {
+        Some(t) => {
+            t.placements.extend(y.placements);
+            t.placements.sort();
+        }
+        None => {
+            y.placements.sort();
+            l.io[1].1.push(y);
+        }
+    }
     l.io[1]
         .1
         .sort_by_key(|t| graph.lookup(&t.name).map(|id| id.0));

@@ -774,6 +774,7 @@ pub fn plan(
                 region1_bytes: r1,
                 region0_bytes: r0,
                 distributed_combine: distributed,
+                rounds: 1,
             });
         }
     }

@@ -1049,7 +1049,7 @@ fn plan_and_lower(
             let Some(_) = attention_candidates.first() else {
                 let reason = if b.heads > options.tiles {
                     format!(
-                        "attention needs at least one tile per head: {} heads, {} tiles",
+                        "the column layout needs a tile per head ({} heads, {} tiles; the row layout runs the heads in rounds), or no round of heads fits a tile's memory",
                         b.heads, options.tiles
                     )
                 } else {
@@ -1136,7 +1136,7 @@ fn plan_and_lower(
                 transposed_roles,
                 &mut buffers,
                 &mut tensors,
-            );
+            )?;
             let mut l =
                 lower::Lowered::two_calls(graph, tile_count, buffers, (vec![], vec![]), tensors);
             l.group_results = homes;

@@ -279,17 +279,18 @@ fn refusals_name_the_value() {
             "exactly one merge_heads, or be a graph output read by nothing else",
         ),
     ];
-    // Fewer tiles than heads.
-    let e = compile(&options(
-        &root().join("models/attention_small.ipug"),
-        3,
-        cache.path(),
-    ))
-    .err()
-    .expect("3 tiles for 4 heads")
-    .to_string();
+    // Fewer tiles than heads in the column layout (the row layout runs
+    // them in rounds).
+    let cols = "model cols4\ninput x: f16[17, 80]\nparam wq: f16[80, 80]\nparam wk: f16[80, 80]\nparam wv: f16[80, 80]\nq = gemm(x, wq)\nk = gemm(x, wk)\nv = gemm(x, wv)\nqh = split_heads(q, heads=4)\nkh = split_heads(k, heads=4)\nvh = split_heads(v, heads=4)\no = attention(qh, kh, vh, causal=false)\ny = merge_heads(o)\noutput y\n";
+    let mut opts = options(&write_model(dir.path(), "cols4", cols), 3, cache.path());
+    opts.attention_layout = Some(ipu_compiler::attention::AttentionLayout::Columns);
+    let e = compile(&opts)
+        .err()
+        .expect("3 tiles for 4 heads")
+        .to_string();
     assert!(
-        e.contains("value `o`") && e.contains("one tile per head: 4 heads, 3 tiles"),
+        e.contains("value `o`")
+            && e.contains("the column layout needs a tile per head (4 heads, 3 tiles"),
         "{e}"
     );
     for (name, text, value, reason) in cases {
@@ -514,5 +515,35 @@ fn attention_over_mixed_operands_is_refused_by_name() {
             .unwrap_or_else(|| panic!("{name} compiled"))
             .to_string();
         assert!(e.contains("value `o`") && e.contains(reason), "{name}: {e}");
+    }
+}
+
+/// With fewer tiles than heads the row layout runs the heads in rounds on
+/// the same tiles (`AttentionPlan::rounds`): over projections and over
+/// inputs, with the estimate within 10% as for one round.
+#[test]
+fn fewer_tiles_than_heads_run_in_rounds() {
+    let dir = tempfile::tempdir().unwrap();
+    let cache = tempfile::tempdir().unwrap();
+    let many_keys = "model rounds_keys\ninput q: f16[3, 24, 16]\ninput k: f16[3, 200, 16]\ninput v: f16[3, 200, 16]\no = attention(q, k, v, causal=false)\noutput o\n";
+    let cases = [
+        (root().join("models/attention_small.ipug"), 3),
+        (root().join("models/attention_host_small.ipug"), 1),
+        (root().join("models/attention_host_small.ipug"), 3),
+        (write_model(dir.path(), "rounds_keys", many_keys), 2),
+    ];
+    for (model, tiles) in cases {
+        let name = model.file_stem().unwrap().to_string_lossy().to_string();
+        let (ran, _) = run_with(
+            &options(&model, tiles, cache.path()),
+            |g| ipu_reference::random::gaussian_feeds(g, 47),
+            true,
+        );
+        let chosen = &ran.compile.report["attention"]["chosen"];
+        let rounds = chosen["rounds"].as_u64().unwrap_or(1);
+        println!("{name} on {tiles} tiles: {rounds} rounds, {chosen}");
+        assert!(rounds > 1, "{name} on {tiles} tiles: {chosen:#}");
+        assert!(chosen["tiles"].as_u64().unwrap() <= tiles as u64);
+        check_attention(&ran);
     }
 }
