@@ -1176,7 +1176,10 @@ fn plan_and_lower(
         && tile_count_override.is_none()
         && groups.len() > 1
         && groups.len() as u32 <= options.tiles;
-    let disjoint_groups = !blocks.is_empty() || independent_groups;
+    // With fewer tiles than projections an attention's projections share
+    // the tiles, one after the other, each with a share of region 1.
+    let shared_projections = !blocks.is_empty() && options.tiles < groups.len() as u32;
+    let disjoint_groups = (!blocks.is_empty() && !shared_projections) || independent_groups;
     // Independent GEMMs on the same tiles (more batched slices than tiles)
     // keep all their buffers side by side for the whole program, each
     // slice's element-exclusive ones on memory elements of their own.
@@ -1812,6 +1815,13 @@ fn plan_and_lower(
                 }
                 for c in &attention_candidates {
                     let left = region1.saturating_sub(c.region1_bytes) / element * element;
+                    // Projections sharing the tiles each get a share of
+                    // what the attention leaves.
+                    let left = if shared_projections {
+                        left / planned.len() as u64 / element * element
+                    } else {
+                        left
+                    };
                     for (g, p) in planned.iter_mut().enumerate() {
                         p.2.persistent_budget = Some(left);
                         (p.2.reduce, p.2.reduce_row_align) = match (&c.layout, &transposed_reduce[g]) {
@@ -1850,13 +1860,9 @@ fn plan_and_lower(
                     // row parts receive more per tile: the fp8 SigLIP
                     // attention's x8 exchange took 35,000 cycles on them
                     // against 16,400 on thirds): there, equal thirds.
-                    let shares = if tile_count_override.is_some() {
-                        // The projections run side by side on tiles of their
-                        // own: with fewer tiles than projections there is no
-                        // such plan (the thirds would reach past the last tile).
-                        if options.tiles < planned.len() as u32 {
-                            continue;
-                        }
+                    let shares = if shared_projections {
+                        vec![options.tiles; planned.len()]
+                    } else if tile_count_override.is_some() {
                         vec![group_tiles; planned.len()]
                     } else {
                         let mut items: Vec<(&gemm::GemmGeometry, &mut gemm::GemmCosts)> =
@@ -1881,6 +1887,7 @@ fn plan_and_lower(
                         // (in the column layout Q and V reduced transposed,
                         // TR=1, below).
                         let streamed = ((tile_count_override.is_none() || weights_joined)
+                            && !shared_projections
                             && groups.iter().all(|g| matches!(g.a, fuse::Source::Host(_))))
                         .then(|| {
                             streamed_projections(&planned, &shares, (groups.as_slice(), left), &options.search)

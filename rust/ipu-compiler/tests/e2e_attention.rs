@@ -303,26 +303,29 @@ fn refusals_name_the_value() {
     }
 }
 
-/// Attention with fewer tiles than it needs is refused by name: fewer
-/// tiles than heads, and an attention segment (after an fp8 cast) with
-/// fewer tiles than its three projections, which used to put a projection
-/// beyond the last tile and fail the verifier after `map_tiles` (a random
-/// model's case).
+/// An attention segment (after an fp8 cast) on fewer tiles than its three
+/// projections: they share the tiles, each planned in a third of what the
+/// attention leaves of region 1 (until session 19 no plan, refused by
+/// name; before that a projection beyond the last tile failed the verifier
+/// after `map_tiles`, a random model's case).
 #[test]
-fn attention_on_too_few_tiles_is_refused_by_name() {
+fn projections_share_fewer_tiles_than_three() {
     let dir = tempfile::tempdir().unwrap();
-    let cache = tempfile::tempdir().unwrap();
     let fp8 = "model fz32\ninput x: f16[10, 40]\nparam wq: fp8<-6>[40, 40]\nparam wk: fp8<-6>[40, 40]\nparam wv: fp8<-6>[40, 40]\nx8 = cast(x, to=fp8)\nq = gemm(x8, wq)\nk = gemm(x8, wk)\nv = gemm(x8, wv)\nqh = split_heads(q, heads=2)\nkh = split_heads(k, heads=2)\nvh = split_heads(v, heads=2)\no = attention(qh, kh, vh, causal=true)\ny = merge_heads(o)\noutput y\n";
-    let model = write_model(dir.path(), "fz32", fp8);
-    for tiles in [1, 2] {
-        match compile(&options(&model, tiles, cache.path())) {
-            Err(ipu_compiler::CompileError::NoFeasiblePlan { value, .. }) => assert_eq!(value, "o"),
-            Err(e) => panic!("{tiles} tiles: expected no feasible plan for `o`, got: {e}"),
-            Ok(_) => panic!("{tiles} tiles: three projections side by side on {tiles} tiles"),
+    let fz32 = write_model(dir.path(), "fz32", fp8);
+    for (model, tiles) in [
+        (fz32.clone(), 1),
+        (fz32.clone(), 2),
+        (fz32, 3),
+        (root().join("models/attention_small.ipug"), 1),
+        (root().join("models/attention_small.ipug"), 2),
+        (root().join("models/attention_cross_small.ipug"), 2),
+    ] {
+        let ran = compile_and_run(&model, tiles, 32);
+        if !model.ends_with("fz32.ipug") {
+            check_attention(&ran);
         }
     }
-    // With three tiles it compiles, runs and verifies.
-    check_attention(&compile_and_run(&model, 3, 32));
 }
 
 /// Attention straight over host inputs and parameters, no projections
