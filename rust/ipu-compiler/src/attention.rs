@@ -60,8 +60,10 @@ pub struct AttentionBlock {
     pub k: usize,
     pub v: usize,
     pub heads: u32,
-    /// Head size.
+    /// Head size of q and k.
     pub d: u32,
+    /// Head size of v (and of the result).
+    pub dv: u32,
     /// Queries and keys.
     pub sq: u32,
     pub sk: u32,
@@ -102,7 +104,7 @@ impl AttentionBlock {
     /// Host byte offset of the result's query `r`, merged column `c`
     /// (a run of columns within one head is contiguous either way).
     pub fn result_offset(&self, r: u32, c: u32) -> u64 {
-        view_offset(self.heads_major_result, self.sq, self.heads, self.d, r, c)
+        view_offset(self.heads_major_result, self.sq, self.heads, self.dv, r, c)
     }
     /// The head size padded to the AMP's 16 (the scores GEMM's K).
     pub fn dp(&self) -> u32 {
@@ -116,9 +118,18 @@ impl AttentionBlock {
     pub fn key_blocks(&self) -> u32 {
         self.sk.div_ceil(16)
     }
+    /// v's head size padded to the AMP's 16 (the P V GEMM's columns).
+    pub fn dvp(&self) -> u32 {
+        self.dv.div_ceil(16) * 16
+    }
+    /// Groups of four of v's head columns (the online, merge, final and
+    /// combine kernels' DQ: O's width).
+    pub fn dqv(&self) -> u32 {
+        self.dv.div_ceil(4)
+    }
     /// Multiply-accumulates of Q K^T and P V over all heads.
     pub fn macs(&self) -> u64 {
-        2 * self.heads as u64 * self.sq as u64 * self.sk as u64 * self.d as u64
+        self.heads as u64 * self.sq as u64 * self.sk as u64 * (self.d + self.dv) as u64
     }
 }
 
@@ -284,17 +295,12 @@ pub fn recognise(graph: &Graph, groups: &[Group]) -> Result<Vec<AttentionBlock>,
         }
         let (sq, d) = (qt.shape.dims()[1] as u32, qt.shape.dims()[2] as u32);
         let sk = kt.shape.dims()[1] as u32;
-        if vt.shape.dims()[2] as u32 != d {
-            return Err(err(
-                o,
-                "attention",
-                format!("v's head size {} differs from q's {d}", vt.shape.dims()[2]),
-            ));
-        }
+        let dv = vt.shape.dims()[2] as u32;
         // Over inputs, an odd head size is lowered: every home holds one
         // head in rows padded to whole words (`host_homes`).
-        if d % 2 != 0 && host.is_none() {
-            return Err(err(o, "attention", format!("head size {d} is odd; the exchange moves 4-byte words, so heads must start on them (even head sizes are lowered, and odd ones over inputs)")));
+        if (d % 2 != 0 || dv % 2 != 0) && host.is_none() {
+            let odd = if d % 2 != 0 { d } else { dv };
+            return Err(err(o, "attention", format!("head size {odd} is odd; the exchange moves 4-byte words, so heads must start on them (even head sizes are lowered, and odd ones over inputs)")));
         }
         // The result: one merge_heads, a graph output; or the attention
         // value itself, a graph output read by nothing else.
@@ -328,6 +334,7 @@ pub fn recognise(graph: &Graph, groups: &[Group]) -> Result<Vec<AttentionBlock>,
             v,
             heads,
             d,
+            dv,
             sq,
             sk,
             causal,
@@ -515,12 +522,12 @@ impl TileLayout {
             split_cb,
             rs_q: b.dp() * 2,
             rs_kt: split_cb * 32,
-            rs_v: b.dp() * 2,
+            rs_v: b.dvp() * 2,
             rs_s: block_cb * 16 * 4,
-            rs_pv: b.dp() * 4,
+            rs_pv: b.dvp() * 4,
             rs_p: block_cb * 32,
-            rs_o: 16 * b.dq() + 8,
-            rs_out: 8 * b.dq() + 8,
+            rs_o: 16 * b.dqv() + 8,
+            rs_out: 8 * b.dqv() + 8,
         }
     }
     fn q_bytes(&self) -> u32 {
@@ -566,7 +573,8 @@ fn compute_cycles(
     rows: u32,
     key_blocks: &[(u32, u32)],
 ) -> (u64, Vec<u64>) {
-    let dq = b.dq() as i64;
+    // The online, merge and final kernels work on O, v's width.
+    let dq = b.dqv() as i64;
     let row_parts = ranges(rows, rows.min(6));
     let max_rows = row_parts.iter().map(|r| r.1 - r.0).max().unwrap_or(0) as i64;
     let mut steps = Vec::new();
@@ -597,7 +605,7 @@ fn compute_cycles(
             ("DQ", dq),
         ]);
         steps.push(online + launch_cycles(row_parts.len() as u64));
-        let vcols = ranges(b.dp() / 16, (b.dp() / 16).min(6));
+        let vcols = ranges(b.dvp() / 16, (b.dvp() / 16).min(6));
         let vwidest = vcols.iter().map(|c| c.1 - c.0).max().unwrap_or(0) as i64;
         let pv = k
             .gemm
@@ -663,7 +671,7 @@ pub fn plan(
 ) -> Vec<AttentionPlan> {
     let mut out = Vec::new();
     let ncb = block.key_blocks();
-    let dq = block.dq() as i64;
+    let dq = block.dqv() as i64;
     for splits in [1u32, 2, 4, 8].into_iter().filter(|&s| s <= ncb) {
         let key_splits = ranges(ncb, splits);
         let split_cb = key_splits.iter().map(|c| c.1 - c.0).max().unwrap_or(1);
@@ -697,7 +705,8 @@ pub fn plan(
                 // Every attention tile receives its split's K^T and V and
                 // its Q rows; with splits, a combine exchange and steps.
                 let keys = (split_cb * 16).min(block.sk) as u64;
-                let received = 2 * keys * block.d as u64 * 2 + rows as u64 * block.d as u64 * 2;
+                let received =
+                    keys * (block.d + block.dv) as u64 * 2 + rows as u64 * block.d as u64 * 2;
                 let mut exchange = ipu_arch::SYNC_CYCLES
                     + received.div_ceil(ipu_arch::EXCHANGE_RECV_BYTES_PER_CYCLE as u64);
                 if splits > 1 {
@@ -903,7 +912,6 @@ pub(crate) fn host_homes(
     let Some(values) = block.host else {
         return Ok((results, transposed_tensors));
     };
-    let d = block.d;
     let third = (tile_count / 3).max(1);
     for (i, (&value, (group, role))) in values
         .iter()
@@ -926,6 +934,7 @@ pub(crate) fn host_homes(
             continue;
         }
         let rows = if role == "q" { block.sq } else { block.sk };
+        let d = if role == "v" { block.dv } else { block.d };
         // A value every role of which wants it transposed is written so.
         let transposed = (0..3).all(|j| values[j] != value || transposed_roles[j]);
         // A head of odd size is a home of its own (below), so its row
@@ -1224,7 +1233,8 @@ fn lower_rows(
         estimated_cycles: 0,
         exchange: None,
     };
-    let (d, dp, dq) = (b.d, b.dp(), b.dq());
+    // q and k's head size (the scores' K) and v's (O's columns).
+    let (d, dp, dv, dq) = (b.d, b.dp(), b.dv, b.dqv());
     let qranges = plan.query_ranges(b);
     let splits = plan.key_splits.len() as u32;
     let split_cb = plan.key_splits.iter().map(|c| c.1 - c.0).max().unwrap_or(1);
@@ -1533,7 +1543,7 @@ fn lower_rows(
         (i as u32, qranges[i].0)
     };
     // Segments of columns [c0, c0 + w) by head: (head, first col, last col).
-    let segments = |c0: u32, w: u32| -> Vec<(u32, u32, u32)> {
+    let segments = |c0: u32, w: u32, d: u32| -> Vec<(u32, u32, u32)> {
         let mut v = Vec::new();
         let mut c = c0;
         while c < c0 + w {
@@ -1558,9 +1568,10 @@ fn lower_rows(
     let row_segments = |transfers: &mut Vec<BufferTransfer>,
                         tile: u32,
                         r: &crate::lower::GroupResult,
+                        d: u32,
                         dests: &dyn Fn(u32, u32) -> Vec<BufferRef>| {
         for row in r.rows.0..r.rows.1 {
-            for (h, s0, s1) in segments(r.col0, r.width) {
+            for (h, s0, s1) in segments(r.col0, r.width, d) {
                 if !in_round(h) {
                     continue;
                 }
@@ -1590,7 +1601,7 @@ fn lower_rows(
     for (&(g, tile), r) in &l.group_results {
         if g == b.q {
             // Q rows go to every split of their (head, query block).
-            row_segments(&mut transfers, tile, r, &|row, h| {
+            row_segments(&mut transfers, tile, r, d, &|row, h| {
                 let (qi, q0) = qblock_of(row);
                 (0..splits)
                     .map(|ks| {
@@ -1606,7 +1617,7 @@ fn lower_rows(
             });
         } else if g == b.v {
             // A V row goes to every query block of its head, in its split.
-            row_segments(&mut transfers, tile, r, &|row, h| {
+            row_segments(&mut transfers, tile, r, dv, &|row, h| {
                 let ks = split_of(row);
                 let k0 = split_keys(ks).0;
                 (0..plan.query_blocks)
@@ -1690,7 +1701,7 @@ fn lower_rows(
 
     // Steps 3 and 4: per key block, then the final normalisation.
     let nkb_s = dp / 16;
-    let ncb_v = dp / 16;
+    let ncb_v = b.dvp() / 16;
     let mut steps = Vec::new();
     if !prep.tiles.is_empty() {
         steps.push(prep);
@@ -2024,8 +2035,8 @@ fn lower_rows(
                 tile,
                 buffer: t.out,
                 buffer_offset: r * lay.rs_out,
-                host_offset: b.result_offset(q0 + r, h * d),
-                bytes: d * 2,
+                host_offset: b.result_offset(q0 + r, h * dv),
+                bytes: dv * 2,
             });
         }
     }

@@ -130,7 +130,7 @@ pub const FORMULA_VARS: [&[&str]; 7] = [
 
 /// Whether `block` can take the column layout.
 pub fn applies(block: &AttentionBlock) -> bool {
-    !block.causal && block.d.is_multiple_of(4)
+    !block.causal && block.d.is_multiple_of(4) && block.dv == block.d
 }
 
 /// The query ranges of `qb` query blocks (even boundaries: Q^T moves runs
@@ -1635,6 +1635,7 @@ mod tests {
             v: 2,
             heads: 16,
             d: 72,
+            dv: 72,
             sq: 729,
             sk: 729,
             causal: false,

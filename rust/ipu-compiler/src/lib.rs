@@ -1042,7 +1042,7 @@ fn plan_and_lower(
                     reason: if attention_cols::applies(b) {
                         "the column attention layout needs the kernels colmax_f16 IN=32, softmax_cols IN=32, attention_cols_final, fill_rows and copy64, which the kernel library lacks".into()
                     } else {
-                        "the column attention layout takes non-causal attention with a head size that is a multiple of 4".into()
+                        "the column attention layout takes non-causal attention with a head size that is a multiple of 4, the same for v".into()
                     },
                 });
             }

@@ -307,7 +307,8 @@ fn refusals_name_the_value() {
 /// projections: they share the tiles, each planned in a third of what the
 /// attention leaves of region 1 (until session 19 no plan, refused by
 /// name; before that a projection beyond the last tile failed the verifier
-/// after `map_tiles`, a random model's case).
+/// after `map_tiles`, a random model's case). Also a V projection wider
+/// than Q's and K's (heads of 24 against 16), on 2 and on 64 tiles.
 #[test]
 fn projections_share_fewer_tiles_than_three() {
     let dir = tempfile::tempdir().unwrap();
@@ -320,6 +321,9 @@ fn projections_share_fewer_tiles_than_three() {
         (root().join("models/attention_small.ipug"), 1),
         (root().join("models/attention_small.ipug"), 2),
         (root().join("models/attention_cross_small.ipug"), 2),
+        // v's head size (24) differs from q's (16).
+        (write_model(dir.path(), "dv_proj", "model dv_proj\ninput x: f16[25, 64]\nparam wq: f16[64, 64]\nparam wk: f16[64, 64]\nparam wv: f16[64, 96]\nq = gemm(x, wq)\nk = gemm(x, wk)\nv = gemm(x, wv)\nqh = split_heads(q, heads=4)\nkh = split_heads(k, heads=4)\nvh = split_heads(v, heads=4)\no = attention(qh, kh, vh, causal=true)\ny = merge_heads(o)\noutput y\n"), 2),
+        (write_model(dir.path(), "dv_proj64", "model dv_proj64\ninput x: f16[25, 64]\nparam wq: f16[64, 64]\nparam wk: f16[64, 64]\nparam wv: f16[64, 96]\nq = gemm(x, wq)\nk = gemm(x, wk)\nv = gemm(x, wv)\nqh = split_heads(q, heads=4)\nkh = split_heads(k, heads=4)\nvh = split_heads(v, heads=4)\no = attention(qh, kh, vh, causal=true)\ny = merge_heads(o)\noutput y\n"), 64),
     ] {
         let ran = compile_and_run(&model, tiles, 32);
         if !model.ends_with("fz32.ipug") {
@@ -356,6 +360,8 @@ fn attention_over_host_inputs() {
     let odd_heads = "model host_odd_heads\ninput q: f16[40, 76]\ninput k: f16[19, 76]\ninput v: f16[19, 76]\nqh = split_heads(q, heads=4)\nkh = split_heads(k, heads=4)\nvh = split_heads(v, heads=4)\no = attention(qh, kh, vh, causal=false)\ny = merge_heads(o)\noutput y\n";
     let odd_width = "model host_odd_width\ninput x: f16[25, 21]\nxh = split_heads(x, heads=3)\no = attention(xh, xh, xh, causal=false)\ny = merge_heads(o)\noutput y\n";
     let odd_causal = "model host_odd_causal\ninput q: f16[1, 30, 19]\ninput k: f16[1, 33, 19]\nparam v: f16[1, 33, 19]\no = attention(q, k, v, causal=true)\noutput o\n";
+    let dv_wide = "model host_dv\ninput q: f16[3, 21, 18]\ninput k: f16[3, 30, 18]\nparam v: f16[3, 30, 40]\no = attention(q, k, v, causal=false)\noutput o\n";
+    let dv_odd = "model host_dv_odd\ninput q: f16[2, 17, 12]\ninput k: f16[2, 19, 12]\ninput v: f16[2, 19, 7]\no = attention(q, k, v, causal=true)\noutput o\n";
     let cases = [
         (small.clone(), Some(AttentionLayout::Rows), 64),
         // Exactly one tile per head: q, k and v share the tiles.
@@ -435,6 +441,18 @@ fn attention_over_host_inputs() {
             None,
             1,
         ),
+        // v's head size differs from q's (40 and 18; 7, odd, and 12).
+        (write_model(dir.path(), "host_dv", dv_wide), None, 64),
+        (
+            write_model(
+                dir.path(),
+                "host_dv_rounds",
+                &dv_wide.replace("host_dv", "host_dv_rounds"),
+            ),
+            None,
+            1,
+        ),
+        (write_model(dir.path(), "host_dv_odd", dv_odd), None, 3),
     ];
     for (model, layout, tiles) in cases {
         let name = model.file_stem().unwrap().to_string_lossy().to_string();

@@ -322,8 +322,8 @@ fn generate(seed: u64) -> Case {
             // operand an [H, S, D] input or parameter read directly, or an
             // [S, H * D] one through split_heads, sometimes with a batch
             // dimension; the result [H, Sq, D] or merged. Mostly even head
-            // sizes with v's equal to q's (what is lowered), sometimes not
-            // (documented limitations).
+            // sizes with v's equal to q's, sometimes odd or different (both
+            // lowered over inputs; odd ones need a tile per head).
             let heads = r.range(1, 5);
             let d = if chance(&mut r, 0.8) {
                 2 * r.range(1, 20)
