@@ -110,10 +110,6 @@ impl AttentionBlock {
     pub fn dp(&self) -> u32 {
         self.d.div_ceil(16) * 16
     }
-    /// Groups of four head columns (the online and merge kernels' DQ).
-    pub fn dq(&self) -> u32 {
-        self.d.div_ceil(4)
-    }
     /// Column blocks of 16 keys.
     pub fn key_blocks(&self) -> u32 {
         self.sk.div_ceil(16)
@@ -821,7 +817,7 @@ pub(crate) fn transpose_shard(
             message: format!("{what} projection rows on tile {tile} start at odd row {r0}"),
         });
     }
-    let rs = round_up(mt * 2, 8);
+    let rs = transposed_row_stride(mt);
     let bufs = l.buffers.get_mut(&tile).expect("projection tiles exist");
     let zero: Vec<(u32, u32)> = (0..r.width)
         .map(|c| (c * rs + mt * 2, (c + 1) * rs))
@@ -937,22 +933,13 @@ pub(crate) fn host_homes(
         let d = if role == "v" { block.dv } else { block.d };
         // A value every role of which wants it transposed is written so.
         let transposed = (0..3).all(|j| values[j] != value || transposed_roles[j]);
-        // A head of odd size is a home of its own (below), so its row
-        // pieces are counted per head: at most one home of an operand per
-        // tile.
-        let pieces_max = if d % 2 != 0 && !transposed {
-            (tile_count / block.heads).max(1)
-        } else {
-            third
-        };
-        let per_home = round_up(rows.div_ceil(pieces_max).max(HOST_HOME_ROWS).min(rows), 2);
-        let row_pieces = rows.div_ceil(per_home);
-        // The fewest heads per home whose homes fit a third of the tiles
-        // (all heads do: row_pieces <= third), so that with three tiles or
-        // more the operands' homes sit on disjoint tiles.
-        // A head of odd size is a home of its own, its rows padded with
-        // a zero to whole words, so that the exchange moves it whole.
-        if d % 2 != 0 && !transposed && block.heads > tile_count {
+        // A head of odd size, written as rows, is a home of its own, its
+        // rows padded with a zero to whole words, so that the exchange
+        // moves it whole; its row pieces are then counted per head (at
+        // most one home of an operand per tile), and it needs a tile per
+        // head.
+        let home_per_head = d % 2 != 0 && !transposed;
+        if home_per_head && block.heads > tile_count {
             return Err(CompileError::NoFeasiblePlan {
                 value: graph.value(block.attention).name.clone(),
                 reason: format!(
@@ -961,7 +948,17 @@ pub(crate) fn host_homes(
                 ),
             });
         }
-        let heads_per_home = if d % 2 != 0 && !transposed {
+        let pieces_max = if home_per_head {
+            (tile_count / block.heads).max(1)
+        } else {
+            third
+        };
+        let per_home = round_up(rows.div_ceil(pieces_max).max(HOST_HOME_ROWS).min(rows), 2);
+        let row_pieces = rows.div_ceil(per_home);
+        // Otherwise the fewest heads per home whose homes fit a third of
+        // the tiles (all heads do: row_pieces <= third), so that with three
+        // tiles or more the operands' homes sit on disjoint tiles.
+        let heads_per_home = if home_per_head {
             1
         } else {
             (1..=block.heads)
@@ -1084,6 +1081,13 @@ pub(crate) type HostHomes = (
     BTreeMap<(usize, u32), crate::lower::GroupResult>,
     std::collections::BTreeSet<String>,
 );
+
+/// The row stride of a shard of `rows` rows transposed by
+/// [`transpose_shard`]: each of its rows (a column of the shard) padded
+/// with zeros to 8 bytes.
+fn transposed_row_stride(rows: u32) -> u32 {
+    round_up(rows * 2, 8)
+}
 
 /// One range to fill: (buffer, offset, bytes, lo, hi).
 pub type FillJob = (usize, u32, u32, u32, u32);
@@ -1282,9 +1286,11 @@ fn lower_rows(
                 // A later round's tile (the same query block and split)
                 // takes the first round's buffer of each name.
                 let mut push = |s: BufferSpec| {
-                    if let Some(i) = bufs.iter().position(|x| x.name == s.name) {
-                        debug_assert_eq!(bufs[i].bytes, s.bytes, "{}", s.name);
-                        return i;
+                    if round > 0 {
+                        if let Some(i) = bufs.iter().position(|x| x.name == s.name) {
+                            debug_assert_eq!(bufs[i].bytes, s.bytes, "{}", s.name);
+                            return i;
+                        }
                     }
                     bufs.push(s);
                     bufs.len() - 1
@@ -1467,13 +1473,13 @@ fn lower_rows(
             continue;
         }
         if round > 0 {
-            // The first round's transpose (`transpose_shard`'s layout).
+            // The first round's transpose.
             let kt_name = format!("{name}.k_transposed");
             let i = l.buffers[&tile]
                 .iter()
                 .position(|x| x.name == kt_name)
                 .expect("the first round transposed K");
-            kt_src.insert(tile, (i, round_up((r.rows.1 - r.rows.0) * 2, 8)));
+            kt_src.insert(tile, (i, transposed_row_stride(r.rows.1 - r.rows.0)));
             continue;
         }
         let (ktb, rs, vertices, cycles) = transpose_shard(

@@ -1145,19 +1145,19 @@ fn plan_and_lower(
             verifier("lower", lower::verify(&l))?;
             Ok(l)
         })?;
-        let attention = json!({
-            "value": graph.value(b.attention).name.clone(),
-            "chosen": c,
-            "finalists": attention_candidates.iter().take(options.search.finalists).collect::<Vec<_>>(),
-            "candidates": attention_candidates.len(),
-        });
         return Ok(SegmentLowered {
             lowered,
             tile_count,
             operation_reports,
             would_help,
             chain_choice: None,
-            attention: Some(attention),
+            attention: Some(attention_report(
+                graph,
+                b,
+                &c,
+                &attention_candidates,
+                options,
+            )),
         });
     }
     // A chain (a GEMM reading an earlier group's result) is planned jointly:
@@ -2244,14 +2244,10 @@ fn plan_and_lower(
         verifier("lower", lower::verify(&l))?;
         Ok(l)
     })?;
-    let attention = attention_plan.as_ref().map(|p| {
-        json!({
-            "value": blocks.first().map(|b| graph.value(b.attention).name.clone()),
-            "chosen": p,
-            "finalists": attention_candidates.iter().take(options.search.finalists).collect::<Vec<_>>(),
-            "candidates": attention_candidates.len(),
-        })
-    });
+    let attention = blocks
+        .first()
+        .zip(attention_plan.as_ref())
+        .map(|(b, p)| attention_report(graph, b, p, &attention_candidates, options));
     Ok(SegmentLowered {
         lowered,
         tile_count,
@@ -2259,6 +2255,23 @@ fn plan_and_lower(
         would_help,
         chain_choice,
         attention,
+    })
+}
+
+/// The compile report's entry for an attention block: the chosen plan and
+/// the retained finalists among its candidates.
+fn attention_report(
+    graph: &ipu_graph::Graph,
+    block: &attention::AttentionBlock,
+    chosen: &attention::AttentionPlan,
+    candidates: &[attention::AttentionPlan],
+    options: &CompileOptions,
+) -> serde_json::Value {
+    json!({
+        "value": graph.value(block.attention).name.clone(),
+        "chosen": chosen,
+        "finalists": candidates.iter().take(options.search.finalists).collect::<Vec<_>>(),
+        "candidates": candidates.len(),
     })
 }
 
@@ -2288,14 +2301,8 @@ fn lower_segments(
             // an exchange step: the join of the one segment does that.
             if input_homes && segment::holds_an_input_twice(&r.lowered) {
                 let tiles = r.lowered.tile_count;
-                // Host tensors written transposed (attention over inputs)
-                // stay so: the join copies bytes by their host offsets,
-                // which follow the same order on both sides.
-                let transposed = r.lowered.transposed_host.clone();
                 r.lowered = phase("join", || {
-                    let mut l =
-                        segment::join(graph, &segments, vec![r.lowered], tiles, false, true)?;
-                    l.transposed_host = transposed;
+                    let l = segment::join(graph, &segments, vec![r.lowered], tiles, false, true)?;
                     verifier("join", lower::verify(&l))?;
                     Ok(l)
                 })?;

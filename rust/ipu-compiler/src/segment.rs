@@ -610,6 +610,10 @@ pub fn join(
     stream_params: bool,
     input_homes: bool,
 ) -> Result<Lowered, CompileError> {
+    let transposed_host: BTreeSet<String> = parts
+        .iter()
+        .flat_map(|p| p.transposed_host.iter().cloned())
+        .collect();
     let mut buffers: BTreeMap<u32, Vec<crate::lower::BufferSpec>> =
         (0..tile_count).map(|t| (t, Vec::new())).collect();
     let mut init_steps = Vec::new();
@@ -910,7 +914,7 @@ pub fn join(
             .placements
             .extend(home);
     }
-    Ok(Lowered::two_calls(
+    let mut joined = Lowered::two_calls(
         graph,
         tile_count,
         buffers,
@@ -921,7 +925,12 @@ pub fn join(
             outputs,
             resident,
         },
-    ))
+    );
+    // Host tensors a part placed transposed (attention over inputs) stay
+    // so: the join copies bytes by their host offsets, which follow the
+    // same order on both sides.
+    joined.transposed_host = transposed_host;
+    Ok(joined)
 }
 
 /// Whether the run call of `l` holds some host input more than once (or
