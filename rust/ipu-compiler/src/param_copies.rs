@@ -77,7 +77,12 @@ pub fn copy_on_device(l: &mut Lowered) -> Result<ParamCopies, CompileError> {
         // split_copies moves only word-aligned placements inside the
         // host's word-aligned copy, so this succeeds; were it to fail, the
         // host writing every copy is still correct, and the log says why.
-        let mine = match transfers_between(&t.name, &sources, &moved) {
+        let mine = match transfers_between(
+            &t.name,
+            &sources,
+            &moved,
+            crate::segment::row_bytes(&t.ty),
+        ) {
             Ok(mine) => mine,
             Err(e) => {
                 tracing::warn!(parameter = %t.name, reason = %e, "parameter copies stay with the host");
@@ -241,7 +246,7 @@ mod tests {
                 }
             }
             assert!(bytes.iter().all(|&b| b));
-            let transfers = transfers_between("w", &host, &moved).unwrap();
+            let transfers = transfers_between("w", &host, &moved, 0).unwrap();
             let moved_bytes: u64 = moved.iter().map(|q| q.bytes as u64).sum();
             let sent: u64 = transfers
                 .iter()

@@ -334,17 +334,61 @@ impl Remap<'_> {
     }
 }
 
+/// Bytes of one row of a tensor of type `ty` (its last dimension).
+pub(crate) fn row_bytes(ty: &ipu_graph::TensorType) -> u64 {
+    ty.shape.last().unwrap_or(1) as u64 * ty.dtype.size_bytes() as u64
+}
+
+/// The byte ranges `[start, end)` of each (tile, buffer) that `placements`
+/// cover, sorted.
+fn covered_ranges(placements: &[HostPlacement]) -> BTreeMap<(u32, usize), Vec<(u32, u32)>> {
+    let mut ranges: BTreeMap<(u32, usize), Vec<(u32, u32)>> = BTreeMap::new();
+    for p in placements {
+        ranges
+            .entry((p.tile, p.buffer))
+            .or_default()
+            .push((p.buffer_offset, p.buffer_offset + p.bytes));
+    }
+    for r in ranges.values_mut() {
+        r.sort_unstable();
+    }
+    ranges
+}
+
+/// Whether no range of `ranges` overlaps `[start, end)`.
+fn free(ranges: Option<&Vec<(u32, u32)>>, start: u32, end: u32) -> bool {
+    ranges.is_none_or(|r| r.iter().all(|&(a, b)| b <= start || a >= end))
+}
+
 /// The transfers that move `tensor` from the producer's placements
 /// (`from`) to the consumer's (`to`): every consumer byte range from the
 /// producer ranges that cover it. A destination tile appears at most once
 /// per transfer, so a second slot on one tile gets a transfer of its own.
+///
+/// `row_bytes` is the bytes of one row of the tensor (its last dimension).
+/// When that is not a whole number of 4-byte words (an odd number of f16,
+/// or fp8 rows of any width but multiples of four), a piece that ends a
+/// row on both sides moves with the padding up to the next word: the
+/// exchange moves whole words. That is done only where both buffers have
+/// room for it, bytes that no other piece of the tensor holds there (the
+/// rows' padding). Every lowering keeps its rows' padding lanes zero
+/// (row-wise kernels compute sums of zeros there, GEMMs multiply zero
+/// padding of B and add zero padding of the bias), so the consumer's
+/// padding stays zero, as its kernels need.
 pub(crate) fn transfers_between(
     name: &str,
     from: &[HostPlacement],
     to: &[HostPlacement],
+    row_bytes: u64,
 ) -> Result<Vec<BufferTransfer>, CompileError> {
     let mut sources: Vec<&HostPlacement> = from.iter().collect();
     sources.sort_by_key(|p| p.host_offset);
+    let odd_rows = row_bytes > 0 && !row_bytes.is_multiple_of(4);
+    let (source_ranges, destination_ranges) = if odd_rows {
+        (covered_ranges(from), covered_ranges(to))
+    } else {
+        Default::default()
+    };
     // Per source piece (tile, buffer, offset, bytes): its destinations.
     let mut pieces: BTreeMap<(BufferRef, u32), Vec<BufferRef>> = BTreeMap::new();
     for d in to {
@@ -363,19 +407,33 @@ pub(crate) fn transfers_between(
             if a != covered {
                 break;
             }
-            let (src_off, dst_off, bytes) = (
+            let (src_off, dst_off, mut bytes) = (
                 s.buffer_offset + (a - s0) as u32,
                 d.buffer_offset + (a - start) as u32,
                 (b - a) as u32,
             );
+            // A row's last piece on both sides moves with its padding to
+            // the next word where both buffers hold padding there.
+            if odd_rows && b % row_bytes == 0 && b == s1 && b == end && bytes % 4 != 0 {
+                let padded = bytes.next_multiple_of(4);
+                let room = |ranges: &BTreeMap<(u32, usize), Vec<(u32, u32)>>,
+                            p: &HostPlacement,
+                            off: u32| {
+                    free(ranges.get(&(p.tile, p.buffer)), off + bytes, off + padded)
+                };
+                if room(&source_ranges, s, src_off) && room(&destination_ranges, d, dst_off) {
+                    bytes = padded;
+                }
+            }
             if src_off % 4 != 0 || dst_off % 4 != 0 || bytes % 4 != 0 {
-                // Odd widths (rows of an odd number of f16) between
-                // segments: a limit of this compiler, not a bug.
+                // Rows that are not whole words, packed without padding
+                // or split inside a word: a limit of this compiler, not a
+                // bug.
                 return Err(CompileError::Unsupported {
                     value: name.to_string(),
                     operation: "exchange".into(),
                     reason: format!(
-                        "moving its bytes {a}..{b} from tile {} (offset {src_off}) to tile {} (offset {dst_off}) between segments: the exchange moves whole 4-byte words, and values whose rows are not a whole number of words (an odd number of f16) cannot cross segments yet",
+                        "moving its bytes {a}..{b} from tile {} (offset {src_off}) to tile {} (offset {dst_off}) between segments: the exchange moves whole 4-byte words, and rows of {row_bytes} bytes cross segments only as whole rows into padded rows",
                         s.tile, d.tile
                     ),
                 });
@@ -693,10 +751,11 @@ pub fn join(
                                    whole_segment: &mut BTreeSet<(u32, usize)>,
                                    buffers: &BTreeMap<u32, Vec<crate::lower::BufferSpec>>,
                                    name: &str,
+                                   row_bytes: u64,
                                    from: &[HostPlacement],
                                    to: &[HostPlacement]|
          -> Result<(), CompileError> {
-            transfers.extend(transfers_between(name, from, to)?);
+            transfers.extend(transfers_between(name, from, to, row_bytes)?);
             whole_segment.extend(
                 to.iter()
                     .filter(|p| !starts_segment(buffers, p))
@@ -732,6 +791,7 @@ pub fn join(
                     &mut whole_segment,
                     &buffers,
                     &t.name,
+                    row_bytes(&t.ty),
                     from,
                     &placements,
                 )?;
@@ -764,6 +824,7 @@ pub fn join(
                         &mut whole_segment,
                         &buffers,
                         &t.name,
+                        row_bytes(&t.ty),
                         &home,
                         &placements,
                     )?;
@@ -809,6 +870,7 @@ pub fn join(
                         &mut whole_segment,
                         &buffers,
                         &t.name,
+                        row_bytes(&t.ty),
                         home,
                         &moved,
                     )?;
@@ -1090,7 +1152,7 @@ mod tests {
         assert!(bytes.iter().all(|&n| n == 1), "{home:?}");
         let sizes: Vec<u32> = (0..tiles).map(|t| buffers[&t][0].bytes).collect();
         assert_eq!(sizes, vec![48; 4]);
-        let transfers = transfers_between("w", &home, &to).unwrap();
+        let transfers = transfers_between("w", &home, &to, 0).unwrap();
         // 192 bytes in 48-byte homes: the 128-byte shard comes from three
         // homes, the 64-byte one from two (home 2 holds the end of the
         // first and the start of the second): 5 transfers where rows
@@ -1167,20 +1229,31 @@ mod tests {
         assert_eq!(s[0].0, Kind::Blocks);
     }
 
-    #[test]
-    fn transfers_cover_each_consumer_range_from_the_producer_ranges() {
-        let p = |tile, buffer, buffer_offset, host_offset, bytes| HostPlacement {
+    /// A placement: `bytes` of the tensor from `host_offset` at
+    /// `buffer_offset` of buffer `buffer` on `tile`.
+    fn p(
+        tile: u32,
+        buffer: usize,
+        buffer_offset: u32,
+        host_offset: u64,
+        bytes: u32,
+    ) -> HostPlacement {
+        HostPlacement {
             tile,
             buffer,
             buffer_offset,
             host_offset,
             bytes,
-        };
+        }
+    }
+
+    #[test]
+    fn transfers_cover_each_consumer_range_from_the_producer_ranges() {
         // Rows of 8 bytes on two tiles, read as one 16-byte range on tile 2
         // and twice on tile 3.
         let from = [p(0, 0, 0, 0, 8), p(1, 0, 8, 8, 8)];
         let to = [p(2, 1, 0, 0, 16), p(3, 0, 0, 4, 8), p(3, 1, 0, 4, 8)];
-        let t = transfers_between("x", &from, &to).unwrap();
+        let t = transfers_between("x", &from, &to, 8).unwrap();
         let words: u32 = t
             .iter()
             .map(|t| t.bytes * t.destinations.len() as u32)
@@ -1190,10 +1263,38 @@ mod tests {
             let tiles: BTreeSet<u32> = t.destinations.iter().map(|d| d.tile).collect();
             tiles.len() == t.destinations.len()
         }));
-        let e = transfers_between("x", &from, &[p(2, 0, 0, 8, 16)]).unwrap_err();
+        let e = transfers_between("x", &from, &[p(2, 0, 0, 8, 16)], 8).unwrap_err();
         assert!(e.to_string().contains("bytes 16..24"), "{e}");
-        let e = transfers_between("x", &from, &[p(2, 0, 2, 0, 8)]).unwrap_err();
+        let e = transfers_between("x", &from, &[p(2, 0, 2, 0, 8)], 8).unwrap_err();
         assert!(e.to_string().contains("4-byte words"), "{e}");
+    }
+
+    #[test]
+    fn rows_of_an_odd_number_of_f16_move_with_their_padding() {
+        // Three rows of 3 f16 (6 bytes), padded to 8 bytes on both sides:
+        // each row moves as two words, and the rows of one tile continue
+        // one another, so they merge into one transfer per source tile.
+        let from = [p(0, 0, 0, 0, 6), p(0, 0, 8, 6, 6), p(1, 0, 0, 12, 6)];
+        let to = [p(2, 1, 0, 0, 6), p(2, 1, 8, 6, 6), p(2, 1, 16, 12, 6)];
+        let t = transfers_between("x", &from, &to, 6).unwrap();
+        let moved: Vec<(u32, u32, u32)> = t
+            .iter()
+            .map(|t| (t.source.tile, t.destinations[0].offset, t.bytes))
+            .collect();
+        assert_eq!(moved, [(0, 0, 16), (1, 16, 8)]);
+        // A packed destination (row 1 right after row 0's 6 bytes) has no
+        // padding to take the word's other half: refused, naming the bytes.
+        let packed = [p(2, 1, 0, 0, 6), p(2, 1, 6, 6, 6), p(2, 1, 12, 12, 6)];
+        let e = transfers_between("x", &from, &packed, 6).unwrap_err();
+        assert!(e.to_string().contains("bytes 0..6"), "{e}");
+        // Nor does a source whose next row follows without padding.
+        let packed_from = [p(0, 0, 0, 0, 6), p(0, 0, 6, 6, 6), p(1, 0, 0, 12, 6)];
+        let e = transfers_between("x", &packed_from, &to, 6).unwrap_err();
+        assert!(e.to_string().contains("rows of 6 bytes"), "{e}");
+        // A piece that ends inside a row never takes padding.
+        let half = [p(3, 0, 0, 0, 2), p(4, 0, 0, 2, 4)];
+        let e = transfers_between("x", &from, &half, 6).unwrap_err();
+        assert!(e.to_string().contains("bytes 0..2"), "{e}");
     }
 
     /// Two segments on one tile, each with a weight and working buffers:

@@ -28,8 +28,9 @@
 //! `IPU_RANDOM_MODELS` sets the number of cases (default 200) and
 //! `IPU_RANDOM_SEED` the first seed (default 0): case `i` is seed
 //! `first + i`, so a failure names the seed that reproduces it alone
-//! (`IPU_RANDOM_SEED=<seed> IPU_RANDOM_MODELS=1`). `tools/fuzz/models` runs
-//! long campaigns.
+//! (`IPU_RANDOM_SEED=<seed> IPU_RANDOM_MODELS=1`); `IPU_RANDOM_SHOW=1`
+//! also prints each limitation's model and message. `tools/fuzz/models`
+//! runs long campaigns.
 
 mod common;
 
@@ -558,6 +559,9 @@ fn env_u64(name: &str, default: u64) -> u64 {
 fn random_models_compile_run_and_verify() {
     let first = env_u64("IPU_RANDOM_SEED", 0);
     let count = env_u64("IPU_RANDOM_MODELS", 200);
+    // `IPU_RANDOM_SHOW=1` prints each limitation's model and message, to
+    // pick the next one to lift.
+    let show_limitations = env_u64("IPU_RANDOM_SHOW", 0) != 0;
     let dir = tempfile::tempdir().unwrap();
     let (mut passed, mut limitations, mut failures) = (0, BTreeMap::new(), Vec::new());
     let mut marginal = Vec::new();
@@ -580,6 +584,9 @@ fn random_models_compile_run_and_verify() {
             }
             Outcome::Limitation(e) => {
                 *limitations.entry(kind_of(e)).or_insert(0) += 1;
+                if show_limitations {
+                    println!("{}{e}", case.text);
+                }
                 "limitation".into()
             }
             Outcome::Failed(e) => {

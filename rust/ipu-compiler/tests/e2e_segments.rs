@@ -105,6 +105,45 @@ fn row_wise_operations_on_the_simulator() {
     }
 }
 
+/// Values whose rows are not whole 4-byte words cross segments: a layer
+/// norm of 173 f16 into a GEMM, fp8 rows of 42 and 89 bytes into fp8
+/// GEMMs, a GEMM result of 45 f16 with its bias and GELU into a layer norm.
+/// Each row's last word moves with the padding of both buffers, which
+/// every lowering keeps zero: padding that held anything else would shift
+/// a layer norm's mean or a GEMM's sums, and verification would fail.
+#[test]
+fn rows_of_odd_widths_cross_segments() {
+    let dir = tempfile::tempdir().unwrap();
+    let cases = [
+        (
+            "norm_into_gemm",
+            "model norm_into_gemm\ninput x: f16[22, 173]\nparam g: f16[173]\nparam b: f16[173]\nparam w: f16[173, 173]\nln = layernorm(x, g, b, epsilon=1e-6)\nh = gemm(ln, w)\ny = gelu(h)\noutput y\n",
+            [1, 3],
+        ),
+        (
+            "cast_into_fp8_gemm",
+            "model cast_into_fp8_gemm\ninput x: f16[8, 42]\nparam w: fp8<-3>[42, 42]\nx8 = cast(x, to=fp8)\nq = gemm(x8, w)\noutput q\n",
+            [2, 7],
+        ),
+        (
+            "gelu_cast_into_gemm",
+            "model gelu_cast_into_gemm\ninput x: f16[30, 40]\nparam w1: f16[40, 89]\nparam b1: f16[89]\nparam w2: fp8[89, 50]\nparam b2: f16[50]\nh = gemm(x, w1)\nhb = add(h, b1)\ng = gelu(hb)\ng8 = cast(g, to=fp8)\no = gemm(g8, w2)\ny = add(o, b2)\noutput y\n",
+            [3, 16],
+        ),
+        (
+            "gemm_into_norm",
+            "model gemm_into_norm\ninput x: f16[26, 64]\nparam w: f16[64, 45]\nparam c: f16[45]\nparam g: f16[45]\nparam b: f16[45]\nh = gemm(x, w)\nhc = add(h, c)\nz = gelu(hc)\nn = layernorm(z, g, b, epsilon=1e-5)\noutput n\n",
+            [4, 9],
+        ),
+    ];
+    for (name, text, tile_counts) in cases {
+        let model = write_model(dir.path(), name, text);
+        for tiles in tile_counts {
+            compile_and_run(&model, tiles, 11);
+        }
+    }
+}
+
 /// fp8 MLP: a cast segment quantises the input, the fp8 GEMMs carry their
 /// bias and GELU in the reduce step (f16 partials), and a second cast
 /// segment re-quantises the GELU output for the second GEMM.
