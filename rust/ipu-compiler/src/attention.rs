@@ -294,7 +294,7 @@ pub fn recognise(graph: &Graph, groups: &[Group]) -> Result<Vec<AttentionBlock>,
         let dv = vt.shape.dims()[2] as u32;
         // Over inputs, an odd head size is lowered: every home holds one
         // head in rows padded to whole words (`host_homes`).
-        if (d % 2 != 0 || dv % 2 != 0) && host.is_none() {
+        if (!d.is_multiple_of(2) || !dv.is_multiple_of(2)) && host.is_none() {
             let odd = if d % 2 != 0 { d } else { dv };
             return Err(err(o, "attention", format!("head size {odd} is odd; the exchange moves 4-byte words, so heads must start on them (even head sizes are lowered, and odd ones over inputs)")));
         }
