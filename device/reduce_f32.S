@@ -10,13 +10,15 @@
 # and SRC, SECTION and RS_SRC need only be multiples of 8 (64-bit loads,
 # any region).
 #
-# Epilogues (EPI, OUT=16 only), fused so that the GEMM's consumers never
-# need a pass of their own; each intermediate is rounded to f16 where the
-# graph stores it (docs/graph-format.md), the arithmetic runs in f32:
+# Epilogues (EPI), fused so that the GEMM's consumers never need a pass
+# of their own; each intermediate is rounded to f16 where the graph stores
+# it (docs/graph-format.md), the arithmetic runs in f32:
 #   EPI=0  y = f16(sum)
 #   EPI=1  y = f16(f16(sum) + bias[col])
 #   EPI=2  y = f16(gelu(f16(f16(sum) + bias[col])))
 #   EPI=3  y = f16(gelu(f16(sum)))
+# With OUT=32 (IN=32 only: an f32 GEMM's partials) every value is f32 and
+# the bias is f32: y = sum + bias[col], gelu(sum + bias[col]), gelu(sum).
 # gelu(x) = 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))).
 #
 # Vertex state (u32 words, byte offsets):
@@ -31,7 +33,8 @@
 #               column stride, even)
 #   24 ROWS     rows (>= 1)
 #   28 QUADS    groups of 4 elements per row (>= 1)
-#   32 BIAS     address of the f16 bias of column 0 (8-aligned; EPI 1 and 2)
+#   32 BIAS     address of the bias of column 0 (f16; f32 with OUT=32;
+#               8-aligned; EPI 1 and 2)
 #
 # Sums run in f32 in partial order (p = 0, 1, ...), one rounding per add,
 # then one conversion: each group of four costs about 2P + 7 bundles (IN=16:
@@ -67,8 +70,8 @@
         .if IN != 16 && IN != 32
         .error "IN must be 16 (f16 partials) or 32 (f32 partials)"
         .endif
-        .if EPI < 0 || EPI > 3 || (EPI != 0 && OUT != 16)
-        .error "EPI must be 0..3, and epilogues need OUT=16"
+        .if EPI < 0 || EPI > 3 || (EPI != 0 && OUT != 16 && (IN != 32 || ACC != 32 || TR != 0))
+        .error "EPI must be 0..3, and epilogues with OUT=32 need IN=32 (f32 partials)"
         .endif
         .if (TR != 0 && TR != 1) || (TR == 1 && (IN != 16 || OUT != 16))
         .error "TR must be 0 or 1, and TR=1 (transposed result) needs IN=16 and OUT=16"
@@ -134,6 +137,12 @@
         .cycles "6 * (17 + ROWS * (6 + QUADS * (4 * P + 29)))"
         .elseif EPI == 0
         .cycles "6 * (8 + ROWS * (3 + QUADS * (2 * P + 7)))"
+        .elseif OUT == 32 && EPI == 1
+        .cycles "6 * (8 + ROWS * (4 + QUADS * (2 * P + 10)))"
+        .elseif OUT == 32 && EPI == 2
+        .cycles "6 * (8 + ROWS * (4 + QUADS * (2 * P + 30)))"
+        .elseif OUT == 32
+        .cycles "6 * (8 + ROWS * (4 + QUADS * (2 * P + 27)))"
         .elseif EPI == 1
         .cycles "6 * (8 + ROWS * (4 + QUADS * (2 * P + 16)))"
         .elseif EPI == 2
@@ -1520,6 +1529,16 @@ quad:
         # The store reads $a6:7 before the move resets it.
         { st64 $a6:7, [$m3]+=8 ; mov64 $a6:7, $a14:15 }
         .else
+        .if EPI == 1 || EPI == 2
+        # + bias, f32 (OUT=32: the graph stores the sum in f32 too).
+        ld64 $a0:1, [$m14]+=8
+        { ld64 $a2:3, [$m14]+=8 ; f32v2add $a4:5, $a4:5, $a0:1 }
+        f32v2add $a6:7, $a6:7, $a2:3
+        .endif
+        .if EPI >= 2
+        GELU $a4:5
+        GELU $a6:7
+        .endif
         { st64 $a4:5, [$m3]+=8 ; mov64 $a2:3, $a14:15 }
         { st64 $a6:7, [$m3]+=8 ; nop }
         add $m13, $m13, 16

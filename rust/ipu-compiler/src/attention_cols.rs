@@ -169,6 +169,7 @@ impl Shapes {
             f32_operands: false,
             reduce_f16: false,
             max_chain_blocks: u32::MAX,
+            f32_reduce_step: false,
         };
         // S^T's worker grid: row groups x column groups of the six
         // workers, whichever the formula makes fastest (more rows per
@@ -214,6 +215,7 @@ impl Shapes {
             f32_operands: false,
             reduce_f16: false,
             max_chain_blocks: u32::MAX,
+            f32_reduce_step: false,
         };
         let mut costs = GemmCosts {
             memory_budget: u64::MAX / 4,

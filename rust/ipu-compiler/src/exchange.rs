@@ -142,8 +142,9 @@ pub fn step_cycles(figures: &ExchangeFigures) -> u64 {
 
 /// Transfers that hand a chain's intermediate from the producer's result
 /// buffers to the consumer's A buffers: row `r`, column blocks `cb0..cb1`
-/// of a producer tile (`prod_buffer(tile)`, compact rows of `16 * nct` f16)
-/// go to byte `(r - r0) * 2 kp + 32 cb0` of the A buffer
+/// of a producer tile (`prod_buffer(tile)`, compact rows of `16 * nct`
+/// elements, f16 or f32) go to byte `(r - r0) * e kp + 16 e cb0` (`e` the
+/// element's bytes) of the A buffer
 /// (`cons_buffer(tile)`) of every consumer tile whose rows `r0..` hold `r`.
 /// Whole column blocks move (their padding columns are zeros, which the
 /// consumer's K padding needs).
@@ -158,7 +159,7 @@ pub fn handoff(
     let prows = pp.row_ranges(pg);
     let pcols = pp.col_ranges(pg);
     let crows = cp.row_ranges(cg);
-    let rs_a = cg.kp() * 2;
+    let (rs_a, eb) = (cg.kp() * cg.operand_bytes(), cg.operand_bytes());
     let mut out = Vec::new();
     for shard in pmap {
         let (p0, p1) = prows[shard.row_part as usize];
@@ -172,7 +173,7 @@ pub fn handoff(
                     (r0..r1).contains(&r).then(|| BufferRef {
                         tile: c.tile,
                         buffer: cons_buffer(c.tile),
-                        offset: (r - r0) * rs_a + cb0 * 16 * 2,
+                        offset: (r - r0) * rs_a + cb0 * 16 * eb,
                     })
                 })
                 .collect();

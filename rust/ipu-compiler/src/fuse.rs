@@ -1,7 +1,7 @@
 //! Phase `fuse`: groups every GEMM with the elementwise operations that
-//! follow it (a bias `add` with a `[N]` parameter or input, then `gelu`), so
-//! that they run as the epilogue of the GEMM's reduce step instead of as
-//! passes of their own. Every other operation must belong to a group; what
+//! follow it (a bias `add` with a `[N]` parameter or input, then `gelu`, of
+//! the GEMM's f16 or f32 result type), so that they run as the epilogue of
+//! the GEMM's reduce step instead of as passes of their own. Every other operation must belong to a group; what
 //! cannot be grouped is refused with the value and the reason.
 //!
 //! A group's result is its last operation's value. It may be a graph output
@@ -71,6 +71,15 @@ fn users(graph: &Graph, v: ValueId) -> Vec<NodeId> {
         .map(NodeId)
         .filter(|&n| graph.node(n).args.contains(&v))
         .collect()
+}
+
+/// Whether `value`, an add or GELU after the GEMM whose result is
+/// `gemm_result`, has a type the reduce step's epilogues compute: the
+/// GEMM's result type, f16 (f32 arithmetic rounded to f16 where the graph
+/// stores it) or f32 (`reduce_f32` OUT=32, with an f32 bias).
+pub(crate) fn epilogue_type(graph: &Graph, gemm_result: ValueId, value: ValueId) -> bool {
+    let dtype = graph.value(value).ty.dtype;
+    matches!(dtype, DType::F16 | DType::F32) && dtype == graph.value(gemm_result).ty.dtype
 }
 
 /// Groups the graph's operations (see the module documentation).
@@ -185,7 +194,7 @@ pub fn fuse(graph: &Graph) -> Result<Vec<Group>, CompileError> {
                 break;
             }
             let next = graph.node(u[0]);
-            if graph.value(next.result).ty.dtype != DType::F16 {
+            if !epilogue_type(graph, r, next.result) {
                 break;
             }
             match next.op {

@@ -46,6 +46,10 @@ pub struct GemmGeometry {
     /// the worker split cuts K into at least `nkb / max_chain_blocks`
     /// groups whose f16 partials the reduce step sums in f32.
     pub max_chain_blocks: u32,
+    /// An f32 result that still passes the reduce step (`reduce_f32`
+    /// OUT=32, one partial when K is not split) for a fused epilogue or a
+    /// GEMM consumer's compact rows; f16 results always do.
+    pub f32_reduce_step: bool,
 }
 
 impl GemmGeometry {
@@ -86,6 +90,11 @@ impl GemmGeometry {
             4
         }
     }
+    /// Bytes of the fused bias of one 16-column block: the bias has the
+    /// result's type (f16, or f32 for an f32 GEMM).
+    pub fn bias_block_bytes(&self) -> u32 {
+        16 * self.result_bytes()
+    }
     /// Bytes of one element of the GEMM's C buffers.
     pub fn out_bytes(&self) -> u32 {
         if self.acc32 {
@@ -97,7 +106,7 @@ impl GemmGeometry {
     /// Whether a split with `k_groups` needs the reduce step: f32 partials of
     /// several K groups to sum, or an f32 accumulation to store as f16.
     pub fn needs_reduce(&self, k_groups: usize) -> bool {
-        (self.acc32 && (k_groups > 1 || self.f16_result)) || self.reduce_f16
+        (self.acc32 && (k_groups > 1 || self.f16_result || self.f32_reduce_step)) || self.reduce_f16
     }
     /// Row ranges of `parts` row parts, boundaries aligned to `row_align`.
     pub fn row_ranges(&self, parts: u32) -> Vec<(u32, u32)> {
@@ -694,6 +703,7 @@ mod tests {
             f32_operands: false,
             reduce_f16: false,
             max_chain_blocks: u32::MAX,
+            f32_reduce_step: false,
         }
     }
 

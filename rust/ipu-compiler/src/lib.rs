@@ -1214,13 +1214,6 @@ fn plan_and_lower(
             let result = graph.value(node.result);
             let k = a.shape.dims()[1] as u32;
             let f32_result = lower::gemm_acc32(result.ty.dtype);
-            if f32_result && group.needs_reduce_step() {
-                return Err(CompileError::Unsupported {
-                    value: result.name.clone(),
-                    operation: "gemm".into(),
-                    reason: "an f32 GEMM result with a fused epilogue or a GEMM consumer".into(),
-                });
-            }
             let fp8_scale = match (a.dtype, b.dtype) {
                 (
                     ipu_graph::DType::Fp8 { scale_log2: sa },
@@ -1288,6 +1281,7 @@ fn plan_and_lower(
                     f32_operands,
                     reduce_f16,
                     max_chain_blocks: if chains { chain_blocks } else { u32::MAX },
+                    f32_reduce_step: f32_result && group.needs_reduce_step(),
                 };
                 let request = if fp8_scale.is_some() {
                     gemm_fp8_kernel()

@@ -522,11 +522,11 @@ pub fn lower(
             let bias_buffer = pg.group.bias.map(|bias| {
                 tile_bufs.push(BufferSpec {
                     name: format!("{value}.bias"),
-                    bytes: nct * 32,
+                    bytes: nct * g.bias_block_bytes(),
                     align: 16,
                     region: RegionReq::Standard,
                     exclusive_element: false,
-                    zero: vec![(0, nct * 32)],
+                    zero: vec![(0, nct * g.bias_block_bytes())],
                     category: "bias".into(),
                     scratch: None,
                     lifetime: None,
@@ -689,8 +689,8 @@ pub fn lower(
                     tile: shard.tile,
                     buffer: b,
                     buffer_offset: 0,
-                    host_offset: c0 as u64 * 16 * 2,
-                    bytes: width * 2,
+                    host_offset: c0 as u64 * g.bias_block_bytes() as u64,
+                    bytes: width * g.result_bytes(),
                 });
             }
             let b_t = (if kind_of(b_id) {
@@ -971,7 +971,7 @@ pub(crate) fn reduce_vertices(
                 match bias {
                     Some(b) => StateWord::Addr {
                         buffer: b,
-                        offset: cg0 * 32,
+                        offset: cg0 * g.bias_block_bytes(),
                     },
                     None => StateWord::Const(0),
                 },

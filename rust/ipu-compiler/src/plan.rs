@@ -517,6 +517,7 @@ mod tests {
             f32_operands: false,
             reduce_f16: true,
             max_chain_blocks: 16,
+            f32_reduce_step: false,
         };
         let reduce = if transposed {
             "6 * (33 + 6 * ((2 * P) / (P + 9)) + ROWS * (2 + 3 * ((2 * P) / (P + 9)) + QUADS * (P + 4 + 2 * ((2 * P) / (P + 9)))))"

@@ -103,7 +103,7 @@ fn epilogue_nodes(graph: &Graph) -> BTreeSet<NodeId> {
                 break;
             }
             let next = graph.node(u[0]);
-            if graph.ty(next.result).dtype != DType::F16 {
+            if !crate::fuse::epilogue_type(graph, node.result, next.result) {
                 break;
             }
             match next.op {

@@ -430,7 +430,7 @@ fn shard_cost(
     }
     compute += reduce;
     if bias {
-        fixed_r0 += nct as u64 * 32;
+        fixed_r0 += nct as u64 * g.bias_block_bytes() as u64;
     }
     Some(ShardCost {
         compute,
@@ -1207,10 +1207,10 @@ pub fn lower(
         let bias = pg.group.bias.map(|_| {
             push(
                 "bias",
-                nct * 32,
+                nct * g.bias_block_bytes(),
                 RegionReq::Standard,
                 false,
-                vec![(0, nct * 32)],
+                vec![(0, nct * g.bias_block_bytes())],
                 "bias",
                 None,
             )
@@ -1615,7 +1615,7 @@ pub fn lower(
                             match t.bias {
                                 Some(buffer) => StateWord::Addr {
                                     buffer,
-                                    offset: cb0 * 32,
+                                    offset: cb0 * g.bias_block_bytes(),
                                 },
                                 None => StateWord::Const(0),
                             },
@@ -1752,8 +1752,8 @@ pub fn lower(
                 tile: t.tile,
                 buffer: b,
                 buffer_offset: 0,
-                host_offset: c0 as u64 * 16 * 2,
-                bytes: width * 2,
+                host_offset: c0 as u64 * g.bias_block_bytes() as u64,
+                bytes: width * g.result_bytes(),
             });
         }
         if pg.transposed_result {
@@ -1874,6 +1874,7 @@ mod tests {
             f32_operands: false,
             reduce_f16: true,
             max_chain_blocks: 16,
+            f32_reduce_step: false,
         };
         let mut costs = GemmCosts {
             a_copied: true,
@@ -1923,6 +1924,7 @@ mod tests {
             f32_operands: false,
             reduce_f16: true,
             max_chain_blocks: 16,
+            f32_reduce_step: false,
         };
         let costs = GemmCosts::new(
             FormulaCost::new("6 * (14 + NCB * (11 + NKB * (4 * M + 51)))".into()),

@@ -118,7 +118,7 @@ fn rows_of_odd_widths_cross_segments() {
         (
             "norm_into_gemm",
             "model norm_into_gemm\ninput x: f16[22, 173]\nparam g: f16[173]\nparam b: f16[173]\nparam w: f16[173, 173]\nln = layernorm(x, g, b, epsilon=1e-6)\nh = gemm(ln, w)\ny = gelu(h)\noutput y\n",
-            [1, 3],
+            [1, 64],
         ),
         (
             "cast_into_fp8_gemm",

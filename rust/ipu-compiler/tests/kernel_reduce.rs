@@ -46,6 +46,15 @@ fn run(rows: u32, quads: u32, partials: u32, out32: bool, workers: u32, seed: u6
 
 const BIAS: u32 = 0x70000;
 
+/// The kernel's GELU of an f32 value, operation by operation.
+fn gelu_f32(x: f32) -> f32 {
+    let (c1, c2) = (0.044715f64 as f32, 0.7978845608028654f64 as f32);
+    let t = x * x * x;
+    let u = t.mul_add(c1, x) * c2;
+    let u = ((u as f64).tanh() as f32 + 1.0) * x;
+    u * 0.5
+}
+
 /// The epilogue as the kernel computes it, from the f32 sum.
 fn epilogue(epi: u32, sum: f32, bias: u16) -> u16 {
     let f16 = |x: f32| f32_to_f16_bits(x);
@@ -55,14 +64,21 @@ fn epilogue(epi: u32, sum: f32, bias: u16) -> u16 {
         h = f16(back(h) + back(bias));
     }
     if epi >= 2 {
-        let x = back(h);
-        let (c1, c2) = (0.044715f64 as f32, 0.7978845608028654f64 as f32);
-        let t = x * x * x;
-        let u = t.mul_add(c1, x) * c2;
-        let u = ((u as f64).tanh() as f32 + 1.0) * x;
-        h = f16(u * 0.5);
+        h = f16(gelu_f32(back(h)));
     }
     h
+}
+
+/// The OUT=32 epilogue: every value f32, the bias too.
+fn epilogue_f32(epi: u32, sum: f32, bias: f32) -> f32 {
+    let mut y = sum;
+    if epi == 1 || epi == 2 {
+        y += bias;
+    }
+    if epi >= 2 {
+        y = gelu_f32(y);
+    }
+    y
 }
 
 fn run_epi(
@@ -90,10 +106,14 @@ fn run_epi(
     let values: Vec<f32> = (0..partials * rows * quads * 4)
         .map(|_| next() as f32)
         .collect();
-    let bias: Vec<u16> = (0..quads * 4)
-        .map(|_| f32_to_f16_bits(next() as f32 / 2.0))
-        .collect();
-    let bias_bytes: Vec<u8> = bias.iter().flat_map(|b| b.to_le_bytes()).collect();
+    let bias32: Vec<f32> = (0..quads * 4).map(|_| next() as f32 / 2.0).collect();
+    let bias: Vec<u16> = bias32.iter().map(|&b| f32_to_f16_bits(b)).collect();
+    // OUT=32 reads an f32 bias, OUT=16 an f16 one.
+    let bias_bytes: Vec<u8> = if out32 {
+        bias32.iter().flat_map(|b| b.to_le_bytes()).collect()
+    } else {
+        bias.iter().flat_map(|b| b.to_le_bytes()).collect()
+    };
     let mut src = vec![0u8; (section * partials) as usize];
     for p in 0..partials {
         for r in 0..rows {
@@ -172,7 +192,7 @@ fn run_epi(
             let (got, want) = if out32 {
                 (
                     u32::from_le_bytes(row[(4 * e) as usize..][..4].try_into().unwrap()),
-                    sum.to_bits(),
+                    epilogue_f32(epi, sum, bias32[e as usize]).to_bits(),
                 )
             } else {
                 let h = u16::from_le_bytes(row[(2 * e) as usize..][..2].try_into().unwrap());
@@ -220,8 +240,11 @@ fn cycles_match_the_declared_formula() {
     }
 }
 
-#[test]
-fn fused_bias_and_gelu_epilogues() {
+/// The bias and GELU epilogues (EPI 1 to 3) with an f16 or f32 result, bit
+/// for bit against the kernel's operation order on several shapes and
+/// worker splits; the declared formula (`2 P + per_quad[EPI]` bundles per
+/// group of four) within `ratio` of the simulator on one shape.
+fn check_epilogues(out32: bool, per_quad: [u64; 4], ratio: std::ops::Range<f64>) {
     for epi in 1..=3 {
         for &(rows, quads, p) in &[(1, 1, 1), (5, 3, 2), (7, 4, 6)] {
             for workers in [1, 4] {
@@ -229,23 +252,33 @@ fn fused_bias_and_gelu_epilogues() {
                     rows,
                     quads,
                     p,
-                    false,
+                    out32,
                     epi,
                     workers,
                     (epi * 1000 + rows * 10 + p) as u64,
                 );
             }
         }
-        let cycles = run_epi(6, 4, 3, false, epi, 1, 9);
-        let per_quad = [0, 16, 40, 32][epi as usize];
-        let formula = 6 * (8 + 6 * (4 + 4 * (2 * 3 + per_quad)));
-        println!("EPI={epi}: simulated {cycles}, .cycles {formula}");
-        let ratio = formula as f64 / cycles as f64;
+        let cycles = run_epi(6, 4, 3, out32, epi, 1, 9);
+        let formula = 6 * (8 + 6 * (4 + 4 * (2 * 3 + per_quad[epi as usize])));
+        println!("out32={out32} EPI={epi}: simulated {cycles}, .cycles {formula}");
         assert!(
-            (0.9..1.15).contains(&ratio),
+            ratio.contains(&(formula as f64 / cycles as f64)),
             "formula {formula} vs simulated {cycles}"
         );
     }
+}
+
+/// OUT=32 with the bias and GELU epilogues (an f32 GEMM's fused bias
+/// add and GELU): every value f32, the bias too.
+#[test]
+fn f32_results_with_bias_and_gelu_epilogues() {
+    check_epilogues(true, [0, 10, 30, 27], 0.9..1.1);
+}
+
+#[test]
+fn fused_bias_and_gelu_epilogues() {
+    check_epilogues(false, [0, 16, 40, 32], 0.9..1.15);
 }
 
 /// Where the f16 partials start: region 0 (standard memory) and 8- but not
