@@ -1000,7 +1000,7 @@ type VertexKey = (u32, u32, u32, usize, usize, usize);
 
 /// Lowers one streamed GEMM: its A from the host (or a param) through
 /// homes, or from an earlier GEMM's result tiles (`sink.a_from`). Returns
-/// where the reduce step leaves the result, per tile (compact f16 rows of
+/// where the reduce step leaves the result, per tile (compact rows (f16, or f32) of
 /// whole column blocks, as [`chained_a`] takes them from a producer); empty
 /// when the result stays in the C buffers (no reduce step).
 pub fn lower(
@@ -1024,8 +1024,8 @@ pub fn lower(
     );
     let b_id = node.args[1];
     let g = pg.geometry;
-    // A chained A is a producer's f16 result rows (`chained_a` moves them
-    // as 32-byte column blocks); an fp8 GEMM takes fp8 A, which only a cast
+    // A chained A is a producer's result rows of the consumer's operand
+    // type (`chained_a` moves them as whole column blocks); an fp8 GEMM takes fp8 A, which only a cast
     // (a row-wise segment) makes.
     assert!(
         sink.a_from.is_none() || g.fp8_scale.is_none(),
@@ -1311,7 +1311,7 @@ pub fn lower(
             }
             for i in 0..rp {
                 if let Some(from) = &sink.a_from {
-                    transfers.extend(chained_a(from, &work, (i, l, cp), (b0, b1)));
+                    transfers.extend(chained_a(from, &work, (i, l, cp), (b0, b1), a_block_bytes));
                     continue;
                 }
                 let home = &work[&(i, s % cp, l)];
@@ -1810,19 +1810,22 @@ pub fn lower(
 /// segment of each producer tile whose columns meet the chunk, multicast to
 /// the `cp` tiles of the row part (at the segment's place in their A
 /// chunk buffer). Producer results are whole column blocks (padding
-/// columns zero), so segments are block-aligned.
+/// columns zero), so segments are block-aligned; a block is
+/// `block_bytes` of a row (16 f16 or 16 f32: the producer's result type
+/// is the consumer's operand type).
 fn chained_a(
     from: &[(u32, GroupResult)],
     work: &BTreeMap<(u32, u32, u32), TileWork>,
     (i, l, cp): (u32, u32, u32),
     (b0, b1): (u32, u32),
+    block_bytes: u32,
 ) -> Vec<BufferTransfer> {
     let first = &work[&(i, 0, l)];
     let (r0, r1) = first.rows;
     let rs_a = first.layout.rs_a;
     let mut out = Vec::new();
     for &(tile, res) in from {
-        let blocks = res.row_stride / 32;
+        let blocks = res.row_stride / block_bytes;
         let (p0, p1) = (res.col0 / 16, res.col0 / 16 + blocks);
         let (c_lo, c_hi) = (p0.max(b0), p1.min(b1));
         if c_hi <= c_lo {
@@ -1833,7 +1836,7 @@ fn chained_a(
                 source: BufferRef {
                     tile,
                     buffer: res.buffer,
-                    offset: (r - res.rows.0) * res.row_stride + (c_lo - p0) * 32,
+                    offset: (r - res.rows.0) * res.row_stride + (c_lo - p0) * block_bytes,
                 },
                 destinations: (0..cp)
                     .map(|j| {
@@ -1841,11 +1844,11 @@ fn chained_a(
                         BufferRef {
                             tile: t.tile,
                             buffer: t.a,
-                            offset: (r - r0) * rs_a + (c_lo - b0) * 32,
+                            offset: (r - r0) * rs_a + (c_lo - b0) * block_bytes,
                         }
                     })
                     .collect(),
-                bytes: (c_hi - c_lo) * 32,
+                bytes: (c_hi - c_lo) * block_bytes,
             });
         }
     }

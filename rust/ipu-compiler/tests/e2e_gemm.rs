@@ -1175,6 +1175,15 @@ fn f32_mlps_fuse_bias_and_gelu() {
             "input x: f32[96, 512]\nparam w1: f32[512, 96]\nparam b1: f32[96]\nh = gemm(x, w1)\nhb = add(h, b1)\ny = gelu(hb)",
             8,
         ),
+        // Random seed 92650: the consumer streams K in two parts of 12
+        // blocks, each taken from one producer column part. The chained A
+        // moved 32-byte (f16) column blocks, so f32 rows landed on top of
+        // each other ("receives of transfers 57 and 114 overlap").
+        (
+            "streamed_consumer",
+            "input x: f32[57, 35]\nparam w1: f32[35, 377]\nparam b1: f32[377]\nparam w2: f32[377, 89]\nparam b2: f32[89]\nh = gemm(x, w1)\nhb = add(h, b1)\ng = gelu(hb)\no = gemm(g, w2)\ny = add(o, b2)",
+            2,
+        ),
     ];
     for (name, body, tiles) in cases {
         let model = write_model(
