@@ -232,7 +232,7 @@ fn gemm_fp8_kernel() -> KernelRequest {
 }
 
 /// The vertex that sums f32 partials into an f16 (or f32) result.
-fn reduce_kernel(f16_result: bool, epilogue: i64) -> KernelRequest {
+pub(crate) fn reduce_kernel(f16_result: bool, epilogue: i64) -> KernelRequest {
     KernelRequest {
         entry: "reduce_f32".into(),
         source: "reduce_f32.S".into(),

@@ -1,26 +1,29 @@
 //! Row-wise segments ([`crate::segment`]): layer norms, softmaxes over
 //! rows, residual adds of two `[M, N]` tensors, bias adds of a host `[N]`
-//! vector and GELUs that no GEMM epilogue absorbs, all f16, and casts
-//! between f16 and fp8.
+//! vector and GELUs that no GEMM epilogue absorbs, in f16 or f32 (an
+//! operation's rows, vectors and result of one type), and casts between
+//! f32, f16 and fp8.
 //!
 //! Plan: the M rows are spread over as many tiles as there are rows (up to
 //! the tile count), equal contiguous row ranges; on a tile the rows split
 //! over up to six workers. Each operation is one compute step on every
-//! tile: `layernorm_f16`, `softmax_rows`, `cast`, or `reduce_f32` with f16
-//! partials (IN=16), which
+//! tile: `layernorm`, `softmax_rows` (TYPE=16 or 32), `cast`, or
+//! `reduce_f32` with f16 partials (IN=16; f32 rows: IN=32 OUT=32, the
+//! epilogues in f32), which
 //! sums P = 2 partials for a residual add, and with P = 1 applies the bias
 //! (EPI 1) or GELU (EPI 3) epilogue; the adds sum in f16 (ACC=16, one
 //! rounding of the exact sum) when the library has that object. Element-wise kernels split a row's
 //! groups over the workers when a tile has fewer rows than workers; a layer
 //! norm on tiles of at most three rows splits each row into slices over the
 //! workers when that is cheaper by the kernels' formulas, as three compute
-//! steps (`layernorm_f16` STAGE 1: the slices' sums; 2: d = x - mean into
+//! steps (`layernorm` STAGE 1: the slices' sums; 2: d = x - mean into
 //! the row's f32 scratch and the slices' sums of d^2; 3: the output), the
 //! slices' partial sums in a `row_parts` buffer of 48 bytes per row.
 //!
-//! Storage: every row takes `ceil(N / 4) * 8` bytes (the kernels work in
+//! Storage: every row takes `ceil(N / 4) * 4` elements (the kernels work in
 //! groups of four elements; padding lanes start as zeros and only ever hold
-//! sums of zeros). A residual add reads both operands from one *pair*
+//! sums of zeros). f32 rows live in interleaved memory, 16-aligned, where
+//! `reduce_f32` IN=32 loads its partials 128 bits at a time. A residual add reads both operands from one *pair*
 //! buffer, `a` rows then `b` rows (`reduce_f32`'s SECTION): an operand that
 //! is a segment input is delivered there, one computed here is written
 //! there by its producer ([`crate::segment::split`] cuts a segment so that
@@ -45,20 +48,22 @@ fn row_stride(n: u32, eb: u32) -> u32 {
     n.div_ceil(4) * 4 * eb
 }
 
-/// Bytes of one element of a row-wise tensor (f16 or fp8).
+/// Bytes of one element of a row-wise tensor (f32, f16 or fp8).
 fn element_bytes(dtype: DType) -> u32 {
     match dtype {
         DType::Fp8 { .. } => 1,
+        DType::F32 => 4,
         _ => 2,
     }
 }
 
-/// The bits of a format in the `cast` kernel's FROM and TO.
-fn cast_bits(dtype: DType) -> Option<i64> {
+/// The bits of a format in the `cast` kernel's FROM and TO, and the TYPE
+/// of `layernorm` and `softmax_rows`.
+fn cast_bits(dtype: DType) -> i64 {
     match dtype {
-        DType::F16 => Some(16),
-        DType::Fp8 { .. } => Some(8),
-        _ => None,
+        DType::F32 => 32,
+        DType::F16 => 16,
+        DType::Fp8 { .. } => 8,
     }
 }
 
@@ -112,11 +117,15 @@ struct PlanBuffer {
 /// row; STAGE 1, 2 and 3 are the successive steps of rows split into
 /// slices over several workers (partial sums, then d = x - mean with the
 /// partial sums of d^2, then the output).
-pub fn layernorm_request(stage: i64) -> KernelRequest {
+/// TYPE is 16 (f16 rows) or 32 (f32 rows); requests name both parameters,
+/// which tell the library's eight objects apart.
+pub fn layernorm_request(stage: i64, ty: i64) -> KernelRequest {
     KernelRequest {
-        entry: "layernorm_f16".into(),
-        source: "layernorm_f16.S".into(),
-        params: [("STAGE".to_string(), stage)].into_iter().collect(),
+        entry: "layernorm".into(),
+        source: "layernorm.S".into(),
+        params: [("STAGE".to_string(), stage), ("TYPE".to_string(), ty)]
+            .into_iter()
+            .collect(),
     }
 }
 
@@ -138,12 +147,24 @@ fn slice_groups(quads: u32, slices: u32) -> Vec<(u32, u32)> {
         .collect()
 }
 
-/// The row softmax kernel.
-pub fn softmax_request() -> KernelRequest {
+/// The row softmax kernel on f16 (TYPE 16) or f32 (32) rows.
+pub fn softmax_request(ty: i64) -> KernelRequest {
     KernelRequest {
         entry: "softmax_rows".into(),
         source: "softmax_rows.S".into(),
-        params: BTreeMap::new(),
+        params: [("TYPE".to_string(), ty)].into_iter().collect(),
+    }
+}
+
+/// Bytes of a worker's scratch row for `work` on rows of `n` elements of
+/// `ty` bits: an f32 row of `d` (layer norm: 4 N + 8 bytes) or of
+/// exponentials after the pair (-m, -m) (softmax: 4 N + 16; f32 rows 4 N +
+/// 24, with the pair its pipeline writes first), read-ahead included; the
+/// layer norm takes the f16 softmax's 4 N + 16, as it always has.
+fn scratch_bytes(work: Work, n: u32, ty: i64) -> u32 {
+    match work {
+        Work::Softmax if ty == 32 => 4 * n + 24,
+        _ => 4 * n + 16,
     }
 }
 
@@ -196,15 +217,15 @@ pub fn lower(
     };
     let is_host = |v: ValueId| !matches!(graph.value(v).def, ValueDef::Node(_));
     let users = graph.all_users();
-    // Every row tensor: f16 (or fp8, around a cast) [M, N] with one M.
+    // Every row tensor: f16 or f32 (or fp8, around a cast) [M, N] with one M.
     let mut m = None;
     let mut row_tensor = |v: ValueId| -> Result<u32, CompileError> {
         let t = graph.ty(v);
-        if cast_bits(t.dtype).is_none() || t.shape.rank() != 2 {
+        if t.shape.rank() != 2 {
             return Err(err(
                 v,
                 format!(
-                    "has type {t}; row-wise operations are lowered for f16 [rows, width] tensors (and fp8 ones around a cast)"
+                    "has type {t}; row-wise operations are lowered for f16 and f32 [rows, width] tensors (and fp8 ones around a cast)"
                 ),
             ));
         }
@@ -223,12 +244,12 @@ pub fn lower(
         }
         Ok(n)
     };
-    let vector = |v: ValueId, n: u32, role: &str| -> Result<(), CompileError> {
+    let vector = |v: ValueId, n: u32, dtype: DType, role: &str| -> Result<(), CompileError> {
         let t = graph.ty(v);
-        if !is_host(v) || t.dtype != DType::F16 || t.shape.dims() != [n as usize] {
+        if !is_host(v) || t.dtype != dtype || t.shape.dims() != [n as usize] {
             return Err(err(
                 v,
-                format!("is the {role} of a row-wise operation on rows of {n}; it must be a host f16[{n}] input or param, not {t}"),
+                format!("is the {role} of a row-wise operation on {dtype} rows of {n}; it must be a host {dtype}[{n}] input or param, not {t}"),
             ));
         }
         Ok(())
@@ -246,12 +267,12 @@ pub fn lower(
     for node in graph.nodes() {
         let r = node.result;
         let n = row_tensor(r)?;
-        if !matches!(node.op, Op::Cast { .. }) && graph.ty(r).dtype != DType::F16 {
+        let dtype = graph.ty(r).dtype;
+        if !matches!(node.op, Op::Cast { .. }) && !matches!(dtype, DType::F16 | DType::F32) {
             return Err(err(
                 r,
                 format!(
-                    "is {}; `{}` is lowered for f16 [rows, width] tensors",
-                    graph.ty(r).dtype,
+                    "is {dtype}; `{}` is lowered for f16 and f32 [rows, width] tensors",
                     node.op.name()
                 ),
             ));
@@ -261,20 +282,21 @@ pub fn lower(
                 row_tensor(node.args[0])?;
                 let from = graph.ty(node.args[0]).dtype;
                 let scale = match (from, to) {
-                    (DType::F16, DType::Fp8 { scale_log2 })
-                    | (DType::Fp8 { scale_log2 }, DType::F16) => scale_log2 as i64,
+                    (DType::F16 | DType::F32, DType::Fp8 { scale_log2 })
+                    | (DType::Fp8 { scale_log2 }, DType::F16 | DType::F32) => scale_log2 as i64,
+                    (DType::F16, DType::F32) | (DType::F32, DType::F16) => 0,
                     _ => {
                         return Err(err(
                             r,
-                            format!("casts from {from} to {to} are not lowered (f16 <-> fp8 are)"),
+                            format!("casts from {from} to {to} are not lowered (between f32, f16 and fp8 they are)"),
                         ))
                     }
                 };
                 Operation {
                     result: r,
                     work: Work::Cast {
-                        from: cast_bits(from).expect("checked by row_tensor"),
-                        to: cast_bits(to).expect("f16 or fp8"),
+                        from: cast_bits(from),
+                        to: cast_bits(to),
                         scale,
                     },
                     rows: vec![node.args[0]],
@@ -284,8 +306,8 @@ pub fn lower(
             }
             Op::LayerNorm { epsilon } => {
                 row_tensor(node.args[0])?;
-                vector(node.args[1], n, "gamma")?;
-                vector(node.args[2], n, "beta")?;
+                vector(node.args[1], n, dtype, "gamma")?;
+                vector(node.args[2], n, dtype, "beta")?;
                 if !(1e-6..=0.5).contains(&epsilon) {
                     return Err(err(
                         r,
@@ -336,7 +358,7 @@ pub fn lower(
                     // A bias: the [N] operand is the vector.
                     let (rows, bias) = if tb.shape.rank() == 1 { (a, b) } else { (b, a) };
                     row_tensor(rows)?;
-                    vector(bias, n, "bias")?;
+                    vector(bias, n, dtype, "bias")?;
                     Operation {
                         result: r,
                         work: Work::Reduce { p: 1, epi: 1 },
@@ -377,7 +399,7 @@ pub fn lower(
             plan.push(PlanBuffer {
                 name: format!("{}.pair", name(op.result)),
                 n: op.n,
-                eb: 2,
+                eb: element_bytes(graph.ty(op.result).dtype),
                 sections: 2,
                 vector: false,
                 slack: 0,
@@ -438,7 +460,7 @@ pub fn lower(
                 plan.push(PlanBuffer {
                     name: name(v),
                     n: op.n,
-                    eb: 2,
+                    eb: element_bytes(graph.ty(v).dtype),
                     sections: 1,
                     vector: true,
                     slack: 8,
@@ -463,15 +485,18 @@ pub fn lower(
             }
         });
     }
-    // The layer norms' and softmaxes' per-worker scratch: 4 N + 8 and
-    // 4 N + 16 bytes, each worker's share 8-aligned.
+    // The layer norms' and softmaxes' per-worker scratch
+    // (`scratch_bytes`), each worker's share 8-aligned.
     let scratch_width = ops
         .iter()
         .filter(|o| needs_scratch(o.work))
-        .map(|o| o.n)
+        .map(|o| {
+            let ty = cast_bits(graph.ty(o.result).dtype);
+            scratch_bytes(o.work, o.n, ty)
+        })
         .max();
-    let scratch = scratch_width.map(|n| {
-        let per_worker = (4 * n + 16).div_ceil(8) * 8;
+    let scratch = scratch_width.map(|bytes| {
+        let per_worker = bytes.div_ceil(8) * 8;
         plan.push(PlanBuffer {
             name: format!("{}.row_scratch", graph.name()),
             n: 0,
@@ -527,16 +552,19 @@ pub fn lower(
             };
             // Padding lanes of rows and vectors start as zeros.
             let padded = b.n % 4 != 0 && b.category != "rowwise_scratch";
+            // f32 rows are `reduce_f32` IN=32 partials for an add, a bias
+            // or a GELU: 128-bit loads, region 1, 16-aligned.
+            let f32_rows = !b.vector && b.eb == 4;
             bufs.push(BufferSpec {
                 name: b.name.clone(),
                 bytes,
-                align: 8,
+                align: if f32_rows { 16 } else { 8 },
                 // The layer norms' scratch in interleaved memory, where a
                 // segmented program's segments share memory; rows (often
                 // values that outlive their segment) and vectors wherever
                 // there is room, so that they do not cost the segments a
                 // whole interleaved element.
-                region: if b.category == "rowwise_scratch" {
+                region: if b.category == "rowwise_scratch" || f32_rows {
                     RegionReq::Interleaved
                 } else {
                     RegionReq::Any
@@ -555,17 +583,21 @@ pub fn lower(
     let mut steps = Vec::new();
     let mut reports = Vec::new();
     for op in &ops {
+        // TYPE of `layernorm` and `softmax_rows`: the bits of the result.
+        let ty = cast_bits(graph.ty(op.result).dtype);
         if let (Work::LayerNorm { epsilon }, Some(parts)) = (op.work, ln_parts) {
             let quads = op.n / 4;
             let slices = layernorm_slices(per_tile, quads);
             let whole =
-                crate::kernel_formula(library, &layernorm_request(0), &["ROWS", "COLS"])?.eval(&[
-                    ("ROWS", per_tile.div_ceil(ipu_arch::WORKER_CONTEXTS) as i64),
-                    ("COLS", op.n as i64),
-                ]) + launch_cycles(per_tile.min(ipu_arch::WORKER_CONTEXTS) as u64);
+                crate::kernel_formula(library, &layernorm_request(0, ty), &["ROWS", "COLS"])?.eval(
+                    &[
+                        ("ROWS", per_tile.div_ceil(ipu_arch::WORKER_CONTEXTS) as i64),
+                        ("COLS", op.n as i64),
+                    ],
+                ) + launch_cycles(per_tile.min(ipu_arch::WORKER_CONTEXTS) as u64);
             let mut stages = Vec::new();
             for stage in 1..=3 {
-                let request = layernorm_request(stage);
+                let request = layernorm_request(stage, ty);
                 let formula =
                     crate::kernel_formula(library, &request, &["QUADS", "TAIL", "NPARTS"])?;
                 stages.push((stage, request, formula));
@@ -591,7 +623,10 @@ pub fn lower(
                 let (sb, sbytes) = scratch.expect("layer norms have scratch");
                 let x = homes[&op.rows[0]];
                 let out = homes[&op.result];
-                let stride = row_stride(op.n, 2);
+                let eb = element_bytes(graph.ty(op.result).dtype);
+                let stride = row_stride(op.n, eb);
+                // Bytes of one group of four.
+                let gb = 4 * eb;
                 let mut estimated = 0;
                 for (stage, request, formula) in &mut stages {
                     let mut step = compute_step(
@@ -614,13 +649,13 @@ pub fn lower(
                                 };
                                 let vector = |v: ValueId| StateWord::Addr {
                                     buffer: vectors[&v],
-                                    offset: q0 * 8,
+                                    offset: q0 * gb,
                                 };
                                 vertices.push(Vertex {
                                     kernel: request.clone(),
                                     state: vec![
-                                        at(x, q0 * 8),
-                                        at(out, q0 * 8),
+                                        at(x, q0 * gb),
+                                        at(out, q0 * gb),
                                         StateWord::Const(q1 - q0),
                                         StateWord::Const(tail),
                                         StateWord::Const(op.n),
@@ -658,7 +693,7 @@ pub fn lower(
                     "value": name(op.result),
                     "operation": "layernorm",
                     "shape": [m, op.n],
-                    "kernel": "layernorm_f16 STAGE=1..3",
+                    "kernel": format!("layernorm STAGE=1..3 TYPE={ty}"),
                     "tiles": used,
                     "rows_per_tile": per_tile,
                     "slices_per_row": slices,
@@ -666,7 +701,7 @@ pub fn lower(
                 }));
                 tracing::info!(
                     value = %name(op.result),
-                    kernel = "layernorm_f16 STAGE=1..3",
+                    kernel = %format!("layernorm STAGE=1..3 TYPE={ty}"),
                     tiles = used,
                     rows_per_tile = per_tile,
                     slices_per_row = slices,
@@ -678,8 +713,10 @@ pub fn lower(
             }
         }
         let request = match op.work {
-            Work::LayerNorm { .. } => layernorm_request(0),
-            Work::Softmax => softmax_request(),
+            Work::LayerNorm { .. } => layernorm_request(0, ty),
+            Work::Softmax => softmax_request(ty),
+            // f32 rows: f32 partials, sum and epilogue (IN=32 OUT=32).
+            Work::Reduce { epi, .. } if ty == 32 => crate::reduce_kernel(false, epi),
             // A residual add (P = 2) and a bias add sum in f16 when the
             // library has it: one rounding of the exact sum, as the f32 sum
             // rounded to f16 gives (or a rarer double rounding it avoids),
@@ -788,7 +825,7 @@ pub fn lower(
                 } else {
                     (q1 - q0) * 4
                 };
-                // layernorm_f16 and softmax_rows start alike: IN, RS_IN,
+                // layernorm and softmax_rows start alike: IN, RS_IN,
                 // OUT, RS_OUT, ROWS, COLS; the worker's scratch row ends both.
                 let row_kernel = |middle: Vec<StateWord>| {
                     let (sb, sbytes) = scratch.expect("layer norms and softmaxes have scratch");
@@ -835,7 +872,7 @@ pub fn lower(
                         if epi == 1 {
                             StateWord::Addr {
                                 buffer: vectors[&op.vectors[0]],
-                                offset: q0 * 8,
+                                offset: q0 * 4 * out_eb,
                             }
                         } else {
                             StateWord::Const(0)

@@ -105,6 +105,52 @@ fn row_wise_operations_on_the_simulator() {
     }
 }
 
+/// f32 row-wise operations (session 21; until then refused as "row-wise
+/// operations are lowered for f16"): layer norms whole-row and with a row
+/// split over the workers (one row per tile), softmaxes, residual and
+/// bias adds and GELUs in f32 (`reduce_f32` IN=32 OUT=32), beside f32
+/// GEMMs, and a layer norm in f32 between casts of f16 activations (the
+/// usual mixed-precision layer norm) feeding an f16 GEMM.
+#[test]
+fn f32_row_wise_operations_on_the_simulator() {
+    let dir = tempfile::tempdir().unwrap();
+    let cases = [
+        (
+            "norm_f32",
+            "model norm_f32\ninput x: f32[11, 13]\nparam g: f32[13]\nparam b: f32[13]\nn = layernorm(x, g, b, epsilon=1e-5)\noutput n\n",
+            3,
+        ),
+        (
+            "norm_f32_split",
+            "model norm_f32_split\ninput x: f32[5, 301]\nparam g: f32[301]\nparam b: f32[301]\nn = layernorm(x, g, b, epsilon=1e-6)\noutput n\n",
+            8,
+        ),
+        (
+            "chain_f32",
+            "model chain_f32\ninput x: f32[10, 36]\ninput y: f32[10, 36]\nparam g: f32[36]\nparam b: f32[36]\ninput c: f32[36]\nh = add(x, y)\nn = layernorm(h, g, b, epsilon=1e-6)\nz = gelu(n)\nw = add(z, x)\nv = add(w, c)\noutput h, v\n",
+            64,
+        ),
+        (
+            "norm_gemm_softmax_f32",
+            "model norm_gemm_softmax_f32\ninput x: f32[13, 37]\nparam g: f32[37]\nparam b: f32[37]\nparam w: f32[37, 37]\nln = layernorm(x, g, b, epsilon=1e-6)\nh = gemm(ln, w)\ny = softmax(h)\noutput y\n",
+            4,
+        ),
+        (
+            "norm_gemm_residual_f32",
+            "model norm_gemm_residual_f32\ninput x: f32[19, 50]\nparam g: f32[50]\nparam b: f32[50]\nparam w: f32[50, 50]\nln = layernorm(x, g, b, epsilon=1e-6)\nh = gemm(ln, w)\ny = add(h, x)\noutput y\n",
+            5,
+        ),
+        (
+            "mixed_precision_norm",
+            "model mixed_precision_norm\ninput x: f16[24, 96]\nparam g: f32[96]\nparam b: f32[96]\nparam w: f16[96, 40]\nx32 = cast(x, to=f32)\nn32 = layernorm(x32, g, b, epsilon=1e-6)\nn = cast(n32, to=f16)\nh = gemm(n, w)\noutput h\n",
+            6,
+        ),
+    ];
+    for (name, text, tiles) in cases {
+        compile_and_run(&write_model(dir.path(), name, text), tiles, 5);
+    }
+}
+
 /// Values whose rows are not whole 4-byte words cross segments: a layer
 /// norm of 173 f16 into a GEMM, fp8 rows of 42 and 89 bytes into fp8
 /// GEMMs, a GEMM result of 45 f16 with its bias and GELU into a layer norm.
@@ -301,9 +347,9 @@ fn row_wise_errors_name_the_value() {
             Err(e) => e.to_string(),
         }
     };
-    let e = err("model m\ninput a: f32[4, 8]\ng = gelu(a)\noutput g\n");
+    let e = err("model m\ninput a: f32[4, 8]\nparam g: f32[8]\nparam b: f32[8]\nh = gelu(g)\nn = layernorm(a, h, b, epsilon=1e-6)\noutput n\n");
     assert!(
-        e.contains("value `g` (gelu)") && e.contains("f16 [rows, width]"),
+        e.contains("value `h` (gelu)") && e.contains("f16 and f32 [rows, width]"),
         "{e}"
     );
     let e = err("model m\ninput a: f16[4, 8]\nparam g: f16[8]\nparam b: f16[8]\nn = layernorm(a, g, b, epsilon=1.0)\noutput n\n");
@@ -311,8 +357,11 @@ fn row_wise_errors_name_the_value() {
         e.contains("value `n` (layernorm)") && e.contains("epsilon 1"),
         "{e}"
     );
-    let e = err("model m\ninput a: f16[4, 8]\ns = cast(a, to=f32)\noutput s\n");
-    assert!(e.contains("value `s` (cast)"), "{e}");
+    let e = err("model m\ninput a: fp8<-2>[4, 8]\ns = cast(a, to=fp8<-3>)\noutput s\n");
+    assert!(
+        e.contains("value `s` (cast)") && e.contains("not lowered"),
+        "{e}"
+    );
 }
 
 /// A profile attributes every BSP step of the run call to the phases,

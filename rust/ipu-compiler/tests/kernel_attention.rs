@@ -173,41 +173,68 @@ fn declared_cycles(file: &str, defines: &[(&str, i64)], vars: &[(&str, u64)]) ->
         .unwrap_or_else(|e| panic!("{file}: .cycles {formula:?}: {e}")) as u64
 }
 
-/// A row stride in bytes for `cols` f16 values: a multiple of 8, with 8
-/// spare bytes so that a kernel ignoring the stride would be caught.
-fn f16_stride(cols: usize) -> usize {
-    cols.div_ceil(4) * 8 + 8
+/// A row stride in bytes for `cols` values of `eb` bytes: a multiple of
+/// 8, with 8 spare bytes so that a kernel ignoring the stride would be
+/// caught.
+fn row_stride(cols: usize, eb: usize) -> usize {
+    cols.div_ceil(4) * 4 * eb + 8
 }
 
 // ---------------------------------------------------------------- softmax
 
 const SM_IN: u32 = 0x80000;
 const SM_OUT: u32 = 0xA0000;
-/// Per-worker scratch of softmax_rows (4 * COLS + 16 bytes each).
+/// Per-worker scratch of softmax_rows (4 * COLS + 16 bytes each; TYPE=32:
+/// 4 * COLS + 24).
 const SM_SCRATCH: u32 = 0xC0000;
 const SM_SCRATCH_BYTES: u32 = 0x1000;
 
-/// Runs softmax_rows on `rows x cols` random f16 inputs (spread `spread`)
+/// Runs softmax_rows on `rows x cols` random inputs (spread `spread`)
 /// split over `workers`, checks every output against the f64 softmax and
-/// returns the compute cycles.
-fn softmax_case(
-    rows: usize,
-    cols: usize,
+/// returns the compute cycles: f16 rows, or f32 rows (TYPE=32) checked against
+/// the f64 softmax of the f32 inputs within the f32 arithmetic's error:
+/// the argument `x s - m` is one fused multiply-add (at most `2^-24 (|x s|
+/// + |m|)` absolute, so relative in `e`), the sum `cols / 2 + 2` roundings
+/// per lane of at most `2^-24` of the sum, the reciprocal and the product
+/// one each.
+fn softmax_case_of(
+    f32_rows: bool,
+    (rows, cols): (usize, usize),
     scale: f32,
     spread: f64,
     workers: usize,
     seed: u64,
 ) -> u64 {
     let mut rng = Rng(seed);
-    let rs_in = f16_stride(cols);
-    let rs_out = f16_stride(cols) + 8;
-    assert!(4 * cols + 16 <= SM_SCRATCH_BYTES as usize);
-    let x: Vec<u16> = (0..rows * cols)
-        .map(|_| random_f16(&mut rng, -spread, spread))
+    let eb = if f32_rows { 4 } else { 2 };
+    let rs_in = row_stride(cols, eb);
+    let rs_out = rs_in + 8;
+    assert!(4 * cols + 24 <= SM_SCRATCH_BYTES as usize);
+    // Inputs as f64 values of the row type.
+    let x: Vec<f64> = (0..rows * cols)
+        .map(|_| {
+            let v = rng.uniform(-spread, spread);
+            if f32_rows {
+                v as f32 as f64
+            } else {
+                f16v(f64_to_f16_bits(v))
+            }
+        })
         .collect();
-    let mut input = vec![0u8; rows * rs_in];
+    let encode = |v: &[f64]| -> Vec<u8> {
+        if f32_rows {
+            v.iter().flat_map(|&x| (x as f32).to_le_bytes()).collect()
+        } else {
+            v.iter()
+                .flat_map(|&x| f64_to_f16_bits(x).to_le_bytes())
+                .collect()
+        }
+    };
+    // Rows padded with poison after COLS (and 8 bytes after the last row,
+    // the TYPE=32 over-read): only the values decide the outputs.
+    let mut input = vec![0xA5u8; rows * rs_in + 8];
     for r in 0..rows {
-        let row = f16_bytes(&x[r * cols..(r + 1) * cols]);
+        let row = encode(&x[r * cols..(r + 1) * cols]);
         input[r * rs_in..r * rs_in + row.len()].copy_from_slice(&row);
     }
     // Poison the output so that unwritten elements fail.
@@ -229,61 +256,82 @@ fn softmax_case(
             ],
         })
         .collect();
+    let defines: &[(&str, i64)] = if f32_rows { &[("TYPE", 32)] } else { &[] };
     let (chip, cycles) = simulate(
-        &[("softmax_rows.S", &[])],
+        &[("softmax_rows.S", defines)],
         &[launches],
         &[(SM_IN, input), (SM_OUT, poison)],
     );
     for r in 0..rows {
-        let t: Vec<f64> = (0..cols)
-            .map(|c| f16v(x[r * cols + c]) * scale as f64)
-            .collect();
+        let t: Vec<f64> = (0..cols).map(|c| x[r * cols + c] * scale as f64).collect();
         let m = t.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
         let sum: f64 = t.iter().map(|v| (v - m).exp()).sum();
-        let got = read_f16(&chip, SM_OUT + (r * rs_out) as u32, cols);
+        let at = SM_OUT + (r * rs_out) as u32;
+        let bytes = chip.peek(0, at, (rs_out) as u32).unwrap();
+        // Nothing between COLS and the row stride is written.
+        assert!(
+            bytes[eb * cols..].iter().all(|&b| b == 0xFF),
+            "softmax {rows}x{cols}: row {r} wrote past its {cols} columns"
+        );
+        let t_max = t.iter().fold(m.abs(), |a, v| a.max(v.abs()));
+        let rel_f32 = 2f64.powi(-24) * (2.0 * (t_max + m.abs()) + cols as f64 + 8.0);
         for c in 0..cols {
             let want = (t[c] - m).exp() / sum;
-            let g = f16v(got[c]);
+            let (g, ok) = if f32_rows {
+                let b = &bytes[4 * c..4 * c + 4];
+                let g = f32::from_le_bytes([b[0], b[1], b[2], b[3]]) as f64;
+                (g, (g - want).abs() <= rel_f32 * want + 1e-38)
+            } else {
+                let g = f16v(u16::from_le_bytes([bytes[2 * c], bytes[2 * c + 1]]));
+                (g, within_f16_tolerance(g, want))
+            };
             assert!(
-                within_f16_tolerance(g, want),
-                "softmax {rows}x{cols} scale {scale} workers {workers}: y[{r}, {c}] = {g} ({:#06x}), f64 reference {want}",
-                got[c]
+                ok,
+                "softmax (f32 rows: {f32_rows}) {rows}x{cols} scale {scale} workers {workers}: y[{r}, {c}] = {g}, f64 reference {want}"
             );
         }
     }
     cycles
 }
 
+/// f16 rows and (TYPE=32) f32 rows.
 #[test]
 fn softmax_rows_matches_f64_reference_on_edge_shapes() {
-    for &(rows, cols) in &[(1, 1), (1, 3), (2, 4), (17, 19), (5, 72), (17, 729), (3, 6)] {
-        for workers in [1, 6] {
-            softmax_case(rows, cols, 1.0, 4.0, workers, (rows * 1000 + cols) as u64);
+    for f32_rows in [false, true] {
+        for &(rows, cols) in &[(1, 1), (1, 3), (2, 4), (17, 19), (5, 72), (17, 729), (3, 6)] {
+            for workers in [1, 6] {
+                let seed = (rows * 1000 + cols) as u64;
+                softmax_case_of(f32_rows, (rows, cols), 1.0, 4.0, workers, seed);
+            }
         }
+        // The attention scale and a wide spread (exponentials underflow to 0).
+        softmax_case_of(f32_rows, (17, 19), 1.0 / (72f32).sqrt(), 60.0, 3, 7);
+        softmax_case_of(f32_rows, (4, 33), 0.5, 30.0, 2, 8);
     }
-    // The attention scale and a wide spread (exponentials underflow to 0).
-    softmax_case(17, 19, 1.0 / (72f32).sqrt(), 60.0, 3, 7);
-    softmax_case(4, 33, 0.5, 30.0, 2, 8);
 }
 
 #[test]
 fn softmax_rows_cycles_against_bounds() {
-    for &(rows, cols) in &[(6, 729), (48, 72), (17, 19)] {
-        let cycles = softmax_case(rows, cols, 1.0, 4.0, 6, 11);
+    for (f32_rows, &(rows, cols)) in [false, true]
+        .into_iter()
+        .flat_map(|t| [(6, 729), (48, 72), (17, 19)].iter().map(move |s| (t, s)))
+    {
+        let cycles = softmax_case_of(f32_rows, (rows, cols), 1.0, 4.0, 6, 11);
         let per_worker = rows.div_ceil(6) as u64;
+        let defines: &[(&str, i64)] = if f32_rows { &[("TYPE", 32)] } else { &[] };
         let estimate = declared_cycles(
             "softmax_rows.S",
-            &[],
+            defines,
             &[("ROWS", per_worker), ("COLS", cols as u64)],
         );
         // Lower bounds: the bytes in and out at 8 B/cycle, and the
         // exponentials at the fastest exp rate of the ISA (f16v4exp: four
         // lanes per two issue slots, six workers: 2 per cycle).
-        let bytes = (rows * cols * 4) as u64;
+        let bytes = (rows * cols * if f32_rows { 8 } else { 4 }) as u64;
         let exps = (rows * cols) as u64;
         let bound = (bytes / 8).max(exps / 2);
         println!(
-            "softmax_rows {rows}x{cols}: simulated {cycles} cycles, .cycles {estimate}, lower bound {bound} (bytes/8 = {}, exp/2 = {})",
+            "softmax_rows (f32 rows: {f32_rows}) {rows}x{cols}: simulated {cycles} cycles, .cycles {estimate}, lower bound {bound} (bytes/8 = {}, exp/2 = {})",
             bytes / 8,
             exps / 2
         );

@@ -1,4 +1,4 @@
-//! device/layernorm_f16.S on one simulated tile, checked against the f64
+//! device/layernorm.S on one simulated tile, checked against the f64
 //! layer normalisation of `ipu_reference::ops::layernorm` on random inputs
 //! at edge shapes (1x1, 3x5, 17x19, 6x1152 and more), with one and six
 //! vertices, in place and not, and its cycles against `.cycles` and a bound;
@@ -32,17 +32,74 @@
 //! STAGE 0's bit for bit, and STAGE 1's partials are checked bit for bit
 //! against the exact op order (group sums exact in f64, rounded to f32,
 //! added in f32).
+//!
+//! TYPE=32 (f32 rows, gamma, beta and output) runs every case above with
+//! f32 operands: the output is the f32 fused multiply-add itself (no f16
+//! rounding: `2^-24 |ref|` instead of the half-ulp), and a group of four
+//! adds as two pairs in two f32 lanes, so the mean's sum has `2 (n/4) +
+//! n%4 + 2` roundings instead of `n/4 + n%4 + 1`.
 
 mod kernel_common;
 
 use ipu_isa::numerics::{f16_bits_to_f32, f64_to_f16_bits};
 use kernel_common::*;
 
+/// The kernel's TYPE: 16 (f16 rows, gamma, beta, output) or 32 (f32).
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Ty {
+    F16,
+    F32,
+}
+
+impl Ty {
+    fn bytes(self) -> usize {
+        match self {
+            Ty::F16 => 2,
+            Ty::F32 => 4,
+        }
+    }
+    fn defines(self, stage: i64) -> Vec<(&'static str, i64)> {
+        match self {
+            Ty::F16 => vec![("STAGE", stage)],
+            Ty::F32 => vec![("STAGE", stage), ("TYPE", 32)],
+        }
+    }
+    /// `v` rounded to this type.
+    fn round(self, v: f64) -> f64 {
+        match self {
+            Ty::F16 => f16v(f64_to_f16_bits(v)),
+            Ty::F32 => v as f32 as f64,
+        }
+    }
+    /// Little-endian bytes of values already of this type.
+    fn encode(self, v: &[f64]) -> Vec<u8> {
+        match self {
+            Ty::F16 => v
+                .iter()
+                .flat_map(|&x| f64_to_f16_bits(x).to_le_bytes())
+                .collect(),
+            Ty::F32 => v.iter().flat_map(|&x| (x as f32).to_le_bytes()).collect(),
+        }
+    }
+    fn decode(self, b: &[u8]) -> Vec<f64> {
+        match self {
+            Ty::F16 => b
+                .chunks(2)
+                .map(|c| f16v(u16::from_le_bytes([c[0], c[1]])))
+                .collect(),
+            Ty::F32 => b
+                .chunks(4)
+                .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]) as f64)
+                .collect(),
+        }
+    }
+}
+
 const LN_IN: u32 = 0x80000;
 const LN_OUT: u32 = 0xA0000;
 const LN_GAMMA: u32 = 0xC0000;
 const LN_BETA: u32 = 0xC4000;
-/// Per-worker scratch of layernorm_f16 (4 * COLS + 8 bytes each).
+/// Per-worker scratch of layernorm (4 * COLS + 8 bytes each).
 const LN_SCRATCH: u32 = 0xC8000;
 const LN_SCRATCH_BYTES: u32 = 0x1400;
 
@@ -60,49 +117,51 @@ struct Case {
     workers: usize,
     in_place: bool,
     seed: u64,
+    ty: Ty,
 }
 
-/// Random f16 operands in the order every case draws them: x as
+/// Random operands of type `ty` in the order every case draws them: x as
 /// `offset + uniform(-spread, spread)`, gamma in (-2, 2), beta in (-1, 1).
 fn random_operands(
     rng: &mut Rng,
-    rows: usize,
-    cols: usize,
+    (rows, cols): (usize, usize),
     offset: f64,
     spread: f64,
-) -> (Vec<u16>, Vec<u16>, Vec<u16>) {
+    ty: Ty,
+) -> (Vec<f64>, Vec<f64>, Vec<f64>) {
     let x = (0..rows * cols)
-        .map(|_| f64_to_f16_bits(offset + rng.uniform(-spread, spread)))
+        .map(|_| ty.round(offset + rng.uniform(-spread, spread)))
         .collect();
     let gamma = (0..cols)
-        .map(|_| f64_to_f16_bits(rng.uniform(-2.0, 2.0)))
+        .map(|_| ty.round(rng.uniform(-2.0, 2.0)))
         .collect();
     let beta = (0..cols)
-        .map(|_| f64_to_f16_bits(rng.uniform(-1.0, 1.0)))
+        .map(|_| ty.round(rng.uniform(-1.0, 1.0)))
         .collect();
     (x, gamma, beta)
 }
 
-/// Runs layernorm_f16 on one random case, checks every output and the
+/// Runs layernorm on one random case, checks every output and the
 /// untouched bytes after each output row, and returns the compute cycles.
 fn layernorm_case(case: &Case) -> u64 {
-    let (rows, cols) = (case.rows, case.cols);
+    let (rows, cols, ty) = (case.rows, case.cols, case.ty);
+    let eb = ty.bytes();
     let mut rng = Rng(case.seed);
-    let rs_in = cols.div_ceil(4) * 8 + 8;
+    let rs_in = cols.div_ceil(4) * 4 * eb + 8;
     let rs_out = if case.in_place { rs_in } else { rs_in + 8 };
     let out_base = if case.in_place { LN_IN } else { LN_OUT };
     assert!(4 * cols + 8 <= LN_SCRATCH_BYTES as usize);
-    let (x, gamma, beta) = random_operands(&mut rng, rows, cols, case.offset, case.spread);
+    let (x, gamma, beta) = random_operands(&mut rng, (rows, cols), case.offset, case.spread, ty);
     // Rows are padded with poison so that writes past COLS are caught.
     let mut input = vec![0xA5u8; rows * rs_in];
     for r in 0..rows {
-        let row = f16_bytes(&x[r * cols..(r + 1) * cols]);
+        let row = ty.encode(&x[r * cols..(r + 1) * cols]);
         input[r * rs_in..r * rs_in + row.len()].copy_from_slice(&row);
     }
     let mut memory = vec![
         (LN_IN, input.clone()),
-        (LN_GAMMA, f16_bytes(&gamma)),
-        (LN_BETA, f16_bytes(&beta)),
+        (LN_GAMMA, ty.encode(&gamma)),
+        (LN_BETA, ty.encode(&beta)),
     ];
     if !case.in_place {
         memory.push((LN_OUT, vec![0xA5u8; rows * rs_out]));
@@ -111,7 +170,7 @@ fn layernorm_case(case: &Case) -> u64 {
         .into_iter()
         .enumerate()
         .map(|(w, (r0, r1))| Launch {
-            entry: "layernorm_f16".into(),
+            entry: "layernorm".into(),
             state: vec![
                 LN_IN + (r0 * rs_in) as u32,
                 rs_in as u32,
@@ -126,38 +185,36 @@ fn layernorm_case(case: &Case) -> u64 {
             ],
         })
         .collect();
+    let defines = ty.defines(0);
     let (chip, cycles) = simulate(
         &[Kernel {
-            file: "layernorm_f16.S",
-            defines: &[],
+            file: "layernorm.S",
+            defines: &defines,
         }],
         &[launches],
         &memory,
     );
     let label = format!(
-        "layernorm {rows}x{cols} offset {} eps {} workers {} in place {}",
+        "layernorm {ty:?} {rows}x{cols} offset {} eps {} workers {} in place {}",
         case.offset, case.eps, case.workers, case.in_place
     );
-    let xf: Vec<f64> = x.iter().map(|&h| f16v(h)).collect();
-    let gf: Vec<f64> = gamma.iter().map(|&h| f16v(h)).collect();
-    let bf: Vec<f64> = beta.iter().map(|&h| f16v(h)).collect();
     for r in 0..rows {
-        let got = read_f16(&chip, out_base + (r * rs_out) as u32, cols);
+        let at = out_base + (r * rs_out) as u32;
+        let got = ty.decode(&chip.peek(0, at, (eb * cols) as u32).unwrap());
         check_row(
             &label,
             r,
-            &xf[r * cols..(r + 1) * cols],
-            (&gf, &bf),
-            case.eps,
-            0,
+            &x[r * cols..(r + 1) * cols],
+            (&gamma, &beta),
+            (case.eps, 0, ty),
             &got,
         );
         // The bytes between COLS and the row stride are untouched.
         let tail = chip
             .peek(
                 0,
-                out_base + (r * rs_out + 2 * cols) as u32,
-                (rs_out - 2 * cols) as u32,
+                out_base + (r * rs_out + eb * cols) as u32,
+                (rs_out - eb * cols) as u32,
             )
             .unwrap();
         assert!(
@@ -168,18 +225,17 @@ fn layernorm_case(case: &Case) -> u64 {
     cycles
 }
 
-/// Checks one output row `got` (f16 bits) of input `row` against the f64
-/// reference with the tolerance of the module documentation. `partials`
-/// is 0 for STAGE 0 and NPARTS for a row split over NPARTS slices (the
-/// f32 additions of the partial sums, see there).
+/// Checks one output row `got` of input `row` against the f64 reference
+/// with the tolerance of the module documentation. `partials` is 0 for
+/// STAGE 0 and NPARTS for a row split over NPARTS slices (the f32
+/// additions of the partial sums, see there).
 fn check_row(
     label: &str,
     r: usize,
     row: &[f64],
     (gf, bf): (&[f64], &[f64]),
-    eps: f32,
-    partials: usize,
-    got: &[u16],
+    (eps, partials, ty): (f32, usize, Ty),
+    got: &[f64],
 ) {
     let cols = row.len();
     let reference = ipu_reference::ops::layernorm(row, cols, gf, bf, eps as f64);
@@ -189,22 +245,30 @@ fn check_row(
     let var = row.iter().map(|v| (v - mean) * (v - mean)).sum::<f64>() / n;
     let rstd = 1.0 / (var + eps as f64).sqrt();
     let abs_sum: f64 = row.iter().map(|v| v.abs()).sum();
-    let adds = (cols / 4 + cols % 4 + 1) as f64 + p;
+    let adds = match ty {
+        Ty::F16 => (cols / 4 + cols % 4 + 1) as f64,
+        Ty::F32 => (2 * (cols / 4) + cols % 4 + 2) as f64,
+    } + p;
+    // The output's own rounding: to f16, or none beyond the fused
+    // multiply-add's (counted below) for f32.
+    let (out_rel, out_abs) = match ty {
+        Ty::F16 => (2f64.powi(-11), 2f64.powi(-24)),
+        Ty::F32 => (0.0, 0.0),
+    };
     let dm = adds * 2f64.powi(-24) * abs_sum / n + 2f64.powi(-23) * mean.abs();
     let eps_r = (n / 2.0 + 6.0 + 2.0 * p) * 2f64.powi(-25) + 2f64.powi(-23);
     for c in 0..cols {
         let want = reference[c];
         let tg = ((row[c] - mean) * rstd * gf[c]).abs();
-        let tol = want.abs() * 2f64.powi(-11)
-            + 2f64.powi(-24)
+        let tol = want.abs() * out_rel
+            + out_abs
             + gf[c].abs() * rstd * dm
             + tg * eps_r
             + 2f64.powi(-22) * (tg + bf[c].abs());
-        let g = f16v(got[c]);
+        let g = got[c];
         assert!(
             (g - want).abs() <= tol,
-            "{label}: y[{r}, {c}] = {g} ({:#06x}), f64 reference {want}, tolerance {tol:e}",
-            got[c]
+            "{label}: y[{r}, {c}] = {g}, f64 reference {want}, tolerance {tol:e}"
         );
     }
 }
@@ -212,19 +276,22 @@ fn check_row(
 #[test]
 fn layernorm_matches_f64_reference_on_edge_shapes() {
     let mut seed = 0;
-    for &(rows, cols) in &[(1, 1), (3, 5), (17, 19), (6, 1152), (2, 4), (5, 8), (4, 3)] {
-        for workers in [1, 6] {
-            seed += 1;
-            layernorm_case(&Case {
-                rows,
-                cols,
-                offset: 0.0,
-                spread: 3.0,
-                eps: 1e-6,
-                workers,
-                in_place: false,
-                seed,
-            });
+    for ty in [Ty::F16, Ty::F32] {
+        for &(rows, cols) in &[(1, 1), (3, 5), (17, 19), (6, 1152), (2, 4), (5, 8), (4, 3)] {
+            for workers in [1, 6] {
+                seed += 1;
+                layernorm_case(&Case {
+                    rows,
+                    cols,
+                    offset: 0.0,
+                    spread: 3.0,
+                    eps: 1e-6,
+                    workers,
+                    in_place: false,
+                    seed,
+                    ty,
+                });
+            }
         }
     }
 }
@@ -233,6 +300,12 @@ fn layernorm_matches_f64_reference_on_edge_shapes() {
 fn layernorm_offsets_large_eps_and_in_place() {
     // A mean far from zero (the two-pass variance does not cancel), a large
     // epsilon that dominates the variance, and the output over the input.
+    for ty in [Ty::F16, Ty::F32] {
+        offsets_large_eps_and_in_place(ty);
+    }
+}
+
+fn offsets_large_eps_and_in_place(ty: Ty) {
     layernorm_case(&Case {
         rows: 7,
         cols: 77,
@@ -242,6 +315,7 @@ fn layernorm_offsets_large_eps_and_in_place() {
         workers: 3,
         in_place: false,
         seed: 41,
+        ty,
     });
     layernorm_case(&Case {
         rows: 5,
@@ -252,6 +326,7 @@ fn layernorm_offsets_large_eps_and_in_place() {
         workers: 2,
         in_place: false,
         seed: 42,
+        ty,
     });
     layernorm_case(&Case {
         rows: 17,
@@ -262,6 +337,7 @@ fn layernorm_offsets_large_eps_and_in_place() {
         workers: 6,
         in_place: true,
         seed: 43,
+        ty,
     });
 }
 
@@ -279,11 +355,11 @@ fn layernorm_constant_row_gives_beta() {
         .collect();
     let (chip, _) = simulate(
         &[Kernel {
-            file: "layernorm_f16.S",
+            file: "layernorm.S",
             defines: &[],
         }],
         &[vec![Launch {
-            entry: "layernorm_f16".into(),
+            entry: "layernorm".into(),
             state: vec![
                 LN_IN,
                 rs as u32,
@@ -308,7 +384,15 @@ fn layernorm_constant_row_gives_beta() {
 
 #[test]
 fn layernorm_cycles_against_bounds() {
-    for &(rows, cols) in &[(6, 1152), (12, 72), (17, 19)] {
+    for ty in [Ty::F16, Ty::F32] {
+        for &(rows, cols) in &[(6, 1152), (12, 72), (17, 19), (6, 3)] {
+            cycles_against_bounds(ty, rows, cols);
+        }
+    }
+}
+
+fn cycles_against_bounds(ty: Ty, rows: usize, cols: usize) {
+    {
         let cycles = layernorm_case(&Case {
             rows,
             cols,
@@ -318,17 +402,18 @@ fn layernorm_cycles_against_bounds() {
             workers: 6,
             in_place: false,
             seed: 7,
+            ty,
         });
         let per_worker = rows.div_ceil(6) as u64;
         let estimate = declared_cycles(
-            "layernorm_f16.S",
-            &[],
+            "layernorm.S",
+            &ty.defines(0),
             &[("ROWS", per_worker), ("COLS", cols as u64)],
         );
-        // Lower bound: x in and y out (2 bytes each) at 8 B/cycle.
-        let bound = (rows * cols * 4 / 8) as u64;
+        // Lower bound: x in and y out at 8 B/cycle.
+        let bound = (rows * cols * 2 * ty.bytes() / 8) as u64;
         println!(
-            "layernorm_f16 {rows}x{cols}: simulated {cycles} cycles, .cycles {estimate}, lower bound {bound}"
+            "layernorm {ty:?} {rows}x{cols}: simulated {cycles} cycles, .cycles {estimate}, lower bound {bound}"
         );
         assert!(cycles >= bound);
         let ratio = estimate as f64 / cycles as f64;
@@ -384,6 +469,7 @@ struct SplitCase {
     /// Also run this (row 0) slot's vertex alone in each stage, on the
     /// memory the previous stage left, for its own cycles.
     time_slot: Option<usize>,
+    ty: Ty,
 }
 
 /// Cycles of one split case: the tile's cycles of each stage (all its
@@ -409,19 +495,36 @@ fn cut_row(groups: usize, nparts: usize, cut: Cut, rng: &mut Rng) -> Vec<(usize,
 
 /// A row's STAGE 1 partials as the kernel must form them: per slice, each
 /// group's four f16 summed exactly (in f64) and rounded to f32, added in
-/// f32 in group order from +0, then the tail elements.
-fn stage1_partials(x: &[u16], slices: &[(usize, usize)]) -> Vec<u32> {
+/// f32 in group order from +0, then the tail elements. f32 groups add as
+/// two pairs into two f32 lanes (lane i: elements i and i + 2 of each
+/// group, in order), joined exactly and rounded once, then the tail.
+fn stage1_partials(x: &[f64], slices: &[(usize, usize)], ty: Ty) -> Vec<u32> {
     slices
         .iter()
         .enumerate()
         .map(|(k, &(q0, quads))| {
-            let mut s = 0f32;
-            for g in x[4 * q0..4 * (q0 + quads)].chunks(4) {
-                s += g.iter().map(|&h| f16v(h)).sum::<f64>() as f32;
-            }
+            let groups = x[4 * q0..4 * (q0 + quads)].chunks(4);
+            let mut s = match ty {
+                Ty::F16 => {
+                    let mut s = 0f32;
+                    for g in groups {
+                        s += g.iter().sum::<f64>() as f32;
+                    }
+                    s
+                }
+                Ty::F32 => {
+                    let mut lanes = [0f32; 2];
+                    for g in groups {
+                        for (i, &v) in g.iter().enumerate() {
+                            lanes[i % 2] += v as f32;
+                        }
+                    }
+                    (lanes[0] as f64 + lanes[1] as f64) as f32
+                }
+            };
             if k + 1 == slices.len() {
                 for &t in &x[x.len() & !3..] {
-                    s += f16v(t) as f32;
+                    s += t as f32;
                 }
             }
             s.to_bits()
@@ -437,15 +540,18 @@ fn stage1_partials(x: &[u16], slices: &[(usize, usize)]) -> Vec<u32> {
 /// bit for bit against STAGE 0 on the same input, and every byte of the
 /// window outside the outputs, the scratch and the partials untouched.
 fn layernorm_split_case(case: &SplitCase) -> SplitCycles {
-    let cols = case.cols;
+    let (cols, ty) = (case.cols, case.ty);
+    let eb = ty.bytes();
+    // Bytes of one group of four.
+    let gb = 4 * eb as u32;
     let rows = case.nparts.len();
     let groups = cols / 4;
     let mut rng = Rng(case.seed);
     let label = format!(
-        "split layernorm cols {cols} nparts {:?} {:?} offset {} eps {} in place {}",
+        "split layernorm {ty:?} cols {cols} nparts {:?} {:?} offset {} eps {} in place {}",
         case.nparts, case.cut, case.offset, case.eps, case.in_place
     );
-    let (x, gamma, beta) = random_operands(&mut rng, rows, cols, case.offset, case.spread);
+    let (x, gamma, beta) = random_operands(&mut rng, (rows, cols), case.offset, case.spread, ty);
     let slices: Vec<Vec<(usize, usize)>> = case
         .nparts
         .iter()
@@ -454,7 +560,7 @@ fn layernorm_split_case(case: &SplitCase) -> SplitCycles {
 
     // Layout. A row of x takes its groups plus the over-read group, as
     // STAGE 0's test rows do; gamma likewise.
-    let row_bytes = cols.div_ceil(4) * 8 + 8;
+    let row_bytes = cols.div_ceil(4) * gb as usize + 8;
     let mut bump = Bump(SPLIT_BASE);
     let gamma_at = bump.take(row_bytes);
     let beta_at = bump.take(row_bytes);
@@ -481,10 +587,10 @@ fn layernorm_split_case(case: &SplitCase) -> SplitCycles {
         let o = (at - SPLIT_BASE) as usize;
         window[o..o + bytes.len()].copy_from_slice(bytes);
     };
-    put(gamma_at, &f16_bytes(&gamma));
-    put(beta_at, &f16_bytes(&beta));
+    put(gamma_at, &ty.encode(&gamma));
+    put(beta_at, &ty.encode(&beta));
     for r in 0..rows {
-        put(in_at[r], &f16_bytes(&x[r * cols..(r + 1) * cols]));
+        put(in_at[r], &ty.encode(&x[r * cols..(r + 1) * cols]));
     }
     let initial = window.clone();
     // The bytes the split stages may write.
@@ -494,7 +600,7 @@ fn layernorm_split_case(case: &SplitCase) -> SplitCycles {
         writable[o..o + len].iter_mut().for_each(|w| *w = true);
     };
     for r in 0..rows {
-        allow(out_at[r], 2 * cols);
+        allow(out_at[r], eb * cols);
         allow(scratch_at[r], 4 * cols);
         allow(parts_at[r], 8 * case.nparts[r]);
     }
@@ -509,13 +615,13 @@ fn layernorm_split_case(case: &SplitCase) -> SplitCycles {
                 .map(|(slot, &(q0, quads))| {
                     let tail = if slot + 1 == nparts { cols & 3 } else { 0 };
                     [
-                        in_at[r] + 8 * q0 as u32,
-                        out_at[r] + 8 * q0 as u32,
+                        in_at[r] + gb * q0 as u32,
+                        out_at[r] + gb * q0 as u32,
                         quads as u32,
                         tail as u32,
                         cols as u32,
-                        gamma_at + 8 * q0 as u32,
-                        beta_at + 8 * q0 as u32,
+                        gamma_at + gb * q0 as u32,
+                        beta_at + gb * q0 as u32,
                         case.eps.to_bits(),
                         scratch_at[r] + 16 * q0 as u32,
                         parts_at[r],
@@ -527,14 +633,14 @@ fn layernorm_split_case(case: &SplitCase) -> SplitCycles {
         })
         .collect();
     let launch = |state: &[u32; SPLIT_STATE_WORDS]| Launch {
-        entry: "layernorm_f16".into(),
+        entry: "layernorm".into(),
         state: state.to_vec(),
     };
     let run_stage = |stage: i64, groups: &[Vec<Launch>], window: &[u8]| {
-        let defines = [("STAGE", stage)];
+        let defines = ty.defines(stage);
         let (chip, cycles) = simulate(
             &[Kernel {
-                file: "layernorm_f16.S",
+                file: "layernorm.S",
                 defines: &defines,
             }],
             groups,
@@ -563,7 +669,7 @@ fn layernorm_split_case(case: &SplitCase) -> SplitCycles {
         cycles.step[stage - 1] = c;
         if stage == 1 {
             for r in 0..rows {
-                let want = stage1_partials(&x[r * cols..(r + 1) * cols], &slices[r]);
+                let want = stage1_partials(&x[r * cols..(r + 1) * cols], &slices[r], ty);
                 let o = (parts_at[r] - SPLIT_BASE) as usize;
                 let got: Vec<u32> = window[o..o + 4 * want.len()]
                     .chunks(4)
@@ -574,25 +680,18 @@ fn layernorm_split_case(case: &SplitCase) -> SplitCycles {
         }
     }
 
-    let xf: Vec<f64> = x.iter().map(|&h| f16v(h)).collect();
-    let gf: Vec<f64> = gamma.iter().map(|&h| f16v(h)).collect();
-    let bf: Vec<f64> = beta.iter().map(|&h| f16v(h)).collect();
-    let row_out = |r: usize| -> Vec<u16> {
+    let row_out = |r: usize| -> Vec<u8> {
         let o = (out_at[r] - SPLIT_BASE) as usize;
-        window[o..o + 2 * cols]
-            .chunks(2)
-            .map(|b| u16::from_le_bytes([b[0], b[1]]))
-            .collect()
+        window[o..o + eb * cols].to_vec()
     };
     for r in 0..rows {
         check_row(
             &label,
             r,
-            &xf[r * cols..(r + 1) * cols],
-            (&gf, &bf),
-            case.eps,
-            case.nparts[r],
-            &row_out(r),
+            &x[r * cols..(r + 1) * cols],
+            (&gamma, &beta),
+            (case.eps, case.nparts[r], ty),
+            &ty.decode(&row_out(r)),
         );
     }
     for (i, (&now, &was)) in window.iter().zip(&initial).enumerate() {
@@ -604,13 +703,14 @@ fn layernorm_split_case(case: &SplitCase) -> SplitCycles {
     }
 
     // STAGE 0 on the same input: one vertex over all rows.
+    let stage0 = ty.defines(0);
     let (chip, _) = simulate(
         &[Kernel {
-            file: "layernorm_f16.S",
-            defines: &[],
+            file: "layernorm.S",
+            defines: &stage0,
         }],
         &[vec![Launch {
-            entry: "layernorm_f16".into(),
+            entry: "layernorm".into(),
             state: vec![
                 in_at[0],
                 in_at.get(1).map_or(row_bytes as u32, |&a| a - in_at[0]),
@@ -628,7 +728,9 @@ fn layernorm_split_case(case: &SplitCase) -> SplitCycles {
     );
     for r in 0..rows {
         if case.nparts[r] == 1 {
-            let whole = read_f16(&chip, stage0_out + (r * row_bytes) as u32, cols);
+            let whole = chip
+                .peek(0, stage0_out + (r * row_bytes) as u32, (eb * cols) as u32)
+                .unwrap();
             assert_eq!(
                 row_out(r),
                 whole,
@@ -642,24 +744,27 @@ fn layernorm_split_case(case: &SplitCase) -> SplitCycles {
 #[test]
 fn layernorm_split_matches_f64_reference_and_stage0() {
     let mut seed = 100;
-    for cols in [1, 3, 4, 5, 19, 64, 1152, 1155] {
-        for (cut, in_place) in [
-            (Cut::Even, false),
-            (Cut::Random, true),
-            (Cut::Random, false),
-        ] {
-            seed += 1;
-            layernorm_split_case(&SplitCase {
-                cols,
-                nparts: vec![1, 2, 3, 4, 5, 6],
-                cut,
-                offset: 0.0,
-                spread: 3.0,
-                eps: 1e-6,
-                in_place,
-                seed,
-                time_slot: None,
-            });
+    for ty in [Ty::F16, Ty::F32] {
+        for cols in [1, 3, 4, 5, 19, 64, 1152, 1155] {
+            for (cut, in_place) in [
+                (Cut::Even, false),
+                (Cut::Random, true),
+                (Cut::Random, false),
+            ] {
+                seed += 1;
+                layernorm_split_case(&SplitCase {
+                    cols,
+                    nparts: vec![1, 2, 3, 4, 5, 6],
+                    cut,
+                    offset: 0.0,
+                    spread: 3.0,
+                    eps: 1e-6,
+                    in_place,
+                    seed,
+                    time_slot: None,
+                    ty,
+                });
+            }
         }
     }
 }
@@ -668,6 +773,12 @@ fn layernorm_split_matches_f64_reference_and_stage0() {
 fn layernorm_split_offsets_large_eps_and_mixed_rows() {
     // A mean far from zero, a large epsilon, and rows split differently
     // on one tile (vertices of one stage in several groups of six).
+    for ty in [Ty::F16, Ty::F32] {
+        split_offsets_large_eps_and_mixed_rows(ty);
+    }
+}
+
+fn split_offsets_large_eps_and_mixed_rows(ty: Ty) {
     layernorm_split_case(&SplitCase {
         cols: 1155,
         nparts: vec![6, 1, 6, 3],
@@ -678,6 +789,7 @@ fn layernorm_split_offsets_large_eps_and_mixed_rows() {
         in_place: true,
         seed: 201,
         time_slot: None,
+        ty,
     });
     layernorm_split_case(&SplitCase {
         cols: 77,
@@ -689,6 +801,7 @@ fn layernorm_split_offsets_large_eps_and_mixed_rows() {
         in_place: false,
         seed: 202,
         time_slot: None,
+        ty,
     });
     layernorm_split_case(&SplitCase {
         cols: 19,
@@ -700,6 +813,7 @@ fn layernorm_split_offsets_large_eps_and_mixed_rows() {
         in_place: false,
         seed: 203,
         time_slot: None,
+        ty,
     });
 }
 
@@ -718,7 +832,25 @@ fn layernorm_split_cycles_match_the_declared_formulas() {
         (3, 2, Cut::Even, 1),
     ];
     let mut outside = Vec::new();
-    for (i, &(cols, nparts, cut, slot)) in cases.iter().enumerate() {
+    for ty in [Ty::F16, Ty::F32] {
+        for (i, &(cols, nparts, cut, slot)) in cases.iter().enumerate() {
+            split_cycles_case(ty, (cols, nparts, cut, slot), 300 + i as u64, &mut outside);
+        }
+    }
+    assert!(
+        outside.is_empty(),
+        "declared cycles off by 3% or more:\n{}",
+        outside.join("\n")
+    );
+}
+
+fn split_cycles_case(
+    ty: Ty,
+    (cols, nparts, cut, slot): (usize, usize, Cut, usize),
+    seed: u64,
+    outside: &mut Vec<String>,
+) {
+    {
         let measured = layernorm_split_case(&SplitCase {
             cols,
             nparts: vec![nparts],
@@ -727,8 +859,9 @@ fn layernorm_split_cycles_match_the_declared_formulas() {
             spread: 3.0,
             eps: 1e-6,
             in_place: false,
-            seed: 300 + i as u64,
+            seed,
             time_slot: Some(slot),
+            ty,
         });
         let slices = cut_row(cols / 4, nparts, cut, &mut Rng(0));
         let vars = |s: usize| {
@@ -741,40 +874,35 @@ fn layernorm_split_cycles_match_the_declared_formulas() {
         };
         let mut declared_sum = 0;
         for stage in 1..=3 {
-            let defines = [("STAGE", stage as i64)];
-            let declared = declared_cycles("layernorm_f16.S", &defines, &vars(slot));
+            let defines = ty.defines(stage as i64);
+            let declared = declared_cycles("layernorm.S", &defines, &vars(slot));
             let slowest = (0..nparts)
-                .map(|s| declared_cycles("layernorm_f16.S", &defines, &vars(s)))
+                .map(|s| declared_cycles("layernorm.S", &defines, &vars(s)))
                 .max()
                 .unwrap();
             declared_sum += slowest;
             let alone = measured.alone[stage - 1];
             println!(
-                "layernorm_f16 STAGE={stage} COLS {cols} over {nparts}, slot {slot} alone: simulated {alone}, .cycles {declared}; all {nparts} vertices: simulated {}, slowest .cycles {slowest}",
+                "layernorm {ty:?} STAGE={stage} COLS {cols} over {nparts}, slot {slot} alone: simulated {alone}, .cycles {declared}; all {nparts} vertices: simulated {}, slowest .cycles {slowest}",
                 measured.step[stage - 1]
             );
             let ratio = declared as f64 / alone as f64;
             if !(0.97..1.03).contains(&ratio) {
                 outside.push(format!(
-                    "STAGE={stage} COLS {cols} NPARTS {nparts} slot {slot}: .cycles {declared} vs simulated {alone}"
+                    "{ty:?} STAGE={stage} COLS {cols} NPARTS {nparts} slot {slot}: .cycles {declared} vs simulated {alone}"
                 ));
             }
         }
         println!(
-            "layernorm_f16 split COLS {cols} over {nparts}: three stages simulated {} cycles, slowest .cycles summed {declared_sum}",
+            "layernorm {ty:?} split COLS {cols} over {nparts}: three stages simulated {} cycles, slowest .cycles summed {declared_sum}",
             measured.step.iter().sum::<u64>()
         );
     }
-    assert!(
-        outside.is_empty(),
-        "declared cycles off by 3% or more:\n{}",
-        outside.join("\n")
-    );
 }
 
 #[test]
 fn layernorm_stage_out_of_range_is_a_clear_error() {
-    let Err(err) = assemble("layernorm_f16.S", &[("STAGE", 4)]) else {
+    let Err(err) = assemble("layernorm.S", &[("STAGE", 4)]) else {
         panic!("STAGE=4 must not assemble");
     };
     assert!(

@@ -3,9 +3,16 @@
 # with mean and the biased variance var = sum_c (x - mean)^2 / COLS in f32;
 # only the output is f16 (round to nearest even).
 #
+# TYPE=32: x, GAMMA, BETA and y are f32 instead (every address, stride and
+# count below stays the same, elements are 4 bytes), and y is the f32 fused
+# multiply-add itself. The statistics are formed in the same order with
+# the same roundings, except that a group of four f32 adds as two pairs in
+# the two lanes of an f32 accumulator (`f32v2add`, joined by `f32v2hsum`
+# after the row), where an f16 group's `f16v4hsum` is exact.
+#
 # Any ROWS >= 1 and COLS >= 1: a row is COLS >> 2 groups of four (vector
 # path, `ld64`/`st64`) and then COLS & 3 single elements (scalar path,
-# `ld16`/`st16`).
+# `ld16`/`st16`; `ld32`/`st32` with TYPE=32).
 #
 # Vertex state (u32 words, byte offsets):
 #    0 IN      address of x[0, 0] (f16, 8-aligned, any region)
@@ -87,15 +94,56 @@
 # 8 bytes at GAMMA + 8 * QUADS (likewise within gamma or STAGE 0's gamma
 # over-read). Stage 1 reads only its slice. Their values are never used.
 
-        .kernel layernorm_f16
+        .kernel layernorm
         .param STAGE, 0
+        .param TYPE, 16
         .if STAGE < 0 || STAGE > 3
         .error "STAGE must be 0 (whole rows) or 1, 2, 3 (the three steps of a row split over several vertices)"
+        .endif
+        .if TYPE != 16 && TYPE != 32
+        .error "TYPE must be 16 (f16 rows, gamma, beta and output) or 32 (f32)"
         .endif
         .workers 6
 
 # The loops every stage shares, one definition each (the STAGE 0 passes
 # and the split stages run the same per-group code on a row or a slice).
+
+# Pass 1: the sum of $m5 groups and $m6 tail elements from the input walk
+# $m7 into $a2 (which starts at zero, as $a3 does). f16: each group's
+# `f16v4hsum` is added by the next group's first bundle (and once after the
+# loop). f32: the pairs add in the two lanes of $a2:3, each bundle adding
+# the pair that the previous one loaded (and once after the loop), so
+# $a0:1 must start at zero. The bundle after the loop also prepares $m9:
+# COLS (STAGE 0) or 4 * SLOT (STAGE 1).
+        .macro PASS1
+        .if TYPE == 32
+        rpt $m5, 2
+        { ld64 $a0:1, [$m7]+=8 ; f32v2add $a2:3, $a2:3, $a0:1 }
+        { ld64 $a0:1, [$m7]+=8 ; f32v2add $a2:3, $a2:3, $a0:1 }
+        .if STAGE == 0
+        { ld32 $m9, [$m0 + ST_COLS] ; f32v2add $a2:3, $a2:3, $a0:1 }
+        .else
+        { shl $m9, $m9, 2 ; f32v2add $a2:3, $a2:3, $a0:1 }
+        .endif
+        f32v2hsum $a2, $a2:3
+        rpt $m6, 2
+        ld32 $a0, [$m7]+=4
+        f32add $a2, $a2, $a0
+        .else
+        rpt $m5, 2
+        { ld64 $a0:1, [$m7]+=8 ; f32add $a2, $a2, $a3 }
+        f16v4hsum $a3, $a0:1
+        .if STAGE == 0
+        { ld32 $m9, [$m0 + ST_COLS] ; f32add $a2, $a2, $a3 }
+        .else
+        { shl $m9, $m9, 2 ; f32add $a2, $a2, $a3 }
+        .endif
+        rpt $m6, 3
+        ld16 $a0, [$m7]+=2
+        f16v2tof32 $a0:1, $a0
+        f32add $a2, $a2, $a0
+        .endif
+        .endm
 
 # Pass 2's loop: d = x - mean (the pair $a4:5) into the SCRATCH walk $m8
 # and the sum of d^2 into $a6 (two lanes joined after the groups), over
@@ -103,6 +151,20 @@
 # $a0:1 (the loop loads the next group in its last bundle), then $m6 tail
 # elements starting 8 bytes back.
         .macro PASS2_LOOP
+        .if TYPE == 32
+        # f32: each group is two pairs, the second loaded by the first
+        # bundle and the next group's first by the second.
+        rpt $m5, 4
+        { ld64 $a2:3, [$m7]+=8 ; f32v2sub $a8:9, $a0:1, $a4:5 }
+        { ld64 $a0:1, [$m7]+=8 ; f32v2sub $a10:11, $a2:3, $a4:5 }
+        { st64 $a8:9, [$m8]+=8 ; f32v2mac $a6:7, $a8:9, $a8:9 }
+        { st64 $a10:11, [$m8]+=8 ; f32v2mac $a6:7, $a10:11, $a10:11 }
+        { add $m7, $m7, -8 ; f32v2hsum $a6, $a6:7 }
+        rpt $m6, 3
+        ld32 $a0, [$m7]+=4
+        f32sub $a0, $a0, $a4
+        { st32 $a0, [$m8]+=4 ; f32mac $a6, $a0, $a0 }
+        .else
         rpt $m5, 6
         f16v2tof32 $a8:9, $a0
         f16v2tof32 $a10:11, $a1
@@ -116,6 +178,7 @@
         f16v2tof32 $a0:1, $a0
         f32sub $a0, $a0, $a4
         { st32 $a0, [$m8]+=4 ; f32mac $a6, $a0, $a0 }
+        .endif
         .endm
 
 # Pass 3: y = f16(d * r * gamma + beta) with r in the pair $a6:7, over $m5
@@ -126,6 +189,32 @@
 # the next group's third bundle, so the first group runs without a store
 # before the loop and the last store follows it.
         .macro PASS3
+        .if TYPE == 32
+        # f32: pair by pair, y = beta + (d * r) * gamma with beta as the
+        # accumulator; a pair's result is stored in the loop's third bundle,
+        # after the next pair's d and gamma are loaded, and the last after
+        # the loop ($m10 = pairs - 1).
+        brz $m5, pass3_tail\@
+        shl $m10, $m5, 1
+        add $m10, $m10, -1
+        ld64 $a0:1, [$m8]+=8
+        { ld64 $a8:9, [$m1]+=8 ; f32v2mul $a2:3, $a0:1, $a6:7 }
+        ld64 $a12:13, [$m14]+=8
+        rpt $m10, 4
+        { ld64 $a0:1, [$m8]+=8 ; f32v2mac $a12:13, $a2:3, $a8:9 }
+        { ld64 $a8:9, [$m1]+=8 ; f32v2mul $a2:3, $a0:1, $a6:7 }
+        st64 $a12:13, [$m7]+=8
+        ld64 $a12:13, [$m14]+=8
+        f32v2mac $a12:13, $a2:3, $a8:9
+        st64 $a12:13, [$m7]+=8
+pass3_tail\@:
+        rpt $m6, 5
+        ld32 $a0, [$m8]+=4
+        { ld32 $a8, [$m1]+=4 ; f32mul $a0, $a0, $a6 }
+        ld32 $a12, [$m14]+=4
+        f32mac $a12, $a0, $a8
+        st32 $a12, [$m7]+=4
+        .else
         brz $m5, pass3_tail\@
         ld64 $a0:1, [$m1]+=8
         { ld64 $a2:3, [$m14]+=8 ; f16v2tof32 $a8:9, $a0 }
@@ -161,6 +250,7 @@ pass3_tail\@:
         f32mac $a12, $a0, $a8
         f32v2tof16 $a14, $a12:13
         st16 $a14, [$m7]+=2
+        .endif
         .endm
 
         .if STAGE == 0
@@ -168,7 +258,15 @@ pass3_tail\@:
         # 10 in pass 3 (18 per group of four), and 4 + 4 + 7 per tail
         # element; without `%`: 18 * (COLS / 4) + 15 * (COLS % 4)
         # = 15 * COLS - 42 * (COLS / 4).
+        .if TYPE == 32
+        # TYPE=32: 2 slots per group in pass 1, 4 in pass 2 and 8 in pass 3
+        # (14 per group) and 2 + 3 + 5 per tail element, two more set-up
+        # slots in pass 1 and one more per row and tail element as TYPE=16
+        # has.
+        .cycles "6 * (13 + ROWS * (50 + 11 * COLS - 30 * (COLS / 4)))"
+        .else
         .cycles "6 * (13 + ROWS * (47 + 15 * COLS - 42 * (COLS / 4)))"
+        .endif
 
         .equ ST_IN, 0
         .equ ST_RS_IN, 4
@@ -189,9 +287,9 @@ pass3_tail\@:
 # $a14:15.
 
         .text
-        .globl layernorm_f16
-        .entry layernorm_f16
-layernorm_f16:
+        .globl layernorm
+        .entry layernorm
+layernorm:
         ld32 $m2, [$m0 + ST_IN]
         ld32 $m3, [$m0 + ST_OUT]
         ld32 $m4, [$m0 + ST_ROWS]
@@ -209,14 +307,12 @@ row:
         mov $m7, $m2
         setzi $a2, 0
         setzi $a3, 0
-        rpt $m5, 2
-        { ld64 $a0:1, [$m7]+=8 ; f32add $a2, $a2, $a3 }
-        f16v4hsum $a3, $a0:1
-        { ld32 $m9, [$m0 + ST_COLS] ; f32add $a2, $a2, $a3 }
-        rpt $m6, 3
-        ld16 $a0, [$m7]+=2
-        f16v2tof32 $a0:1, $a0
-        f32add $a2, $a2, $a0
+        .if TYPE == 32
+        # $a0:1 starts at zero (PASS1 adds it first).
+        setzi $a0, 0
+        setzi $a1, 0
+        .endif
+        PASS1
         mov $a15, $m9
         i32tof32 $a15, $a15
         f32recip $a15, $a15
@@ -267,17 +363,32 @@ row:
         .if STAGE == 1
         # 10 slots of set-up and exit, 2 per group of four, 3 per tail
         # element (STAGE 0's pass 1).
+        .if TYPE == 32
+        # TYPE=32: one slot more (the lanes' join), 2 per tail element.
+        .cycles "6 * (13 + 2 * QUADS + 2 * TAIL)"
+        .else
         .cycles "6 * (12 + 2 * QUADS + 3 * TAIL)"
+        .endif
         .elseif STAGE == 2
         # 17 slots of set-up and exit, 1 per partial, 6 per group, 4 per
         # tail element (STAGE 0's pass 2).
+        .if TYPE == 32
+        # TYPE=32: 4 slots per group, 3 per tail element.
+        .cycles "6 * (19 + NPARTS + 4 * QUADS + 3 * TAIL)"
+        .else
         .cycles "6 * (19 + NPARTS + 6 * QUADS + 4 * TAIL)"
+        .endif
         .else
         # 22 slots of set-up and exit, 1 per partial, 10 per group, 7 per
         # tail element (STAGE 0's pass 3); a slice without groups skips the
         # pipeline's 4 slots of fill and drain (1 / (QUADS + 1) is 1 only
         # for QUADS = 0).
+        .if TYPE == 32
+        # TYPE=32: 8 slots per group, 5 per tail element.
+        .cycles "6 * (24 + NPARTS + 8 * QUADS + 5 * TAIL - 4 * (1 / (QUADS + 1)))"
+        .else
         .cycles "6 * (24 + NPARTS + 10 * QUADS + 7 * TAIL - 4 * (1 / (QUADS + 1)))"
+        .endif
         .endif
 
         .equ SP_IN, 0
@@ -294,9 +405,9 @@ row:
         .equ SP_SLOT, 44
 
         .text
-        .globl layernorm_f16
-        .entry layernorm_f16
-layernorm_f16:
+        .globl layernorm
+        .entry layernorm
+layernorm:
         .if STAGE == 1
 # Registers: $m7 input walk, $m5 groups, $m6 tail elements, $m2 PARTS,
 # $m9 4 * SLOT; $a2 the slice's sum, $a3 the last group's sum.
@@ -307,14 +418,8 @@ layernorm_f16:
         ld32 $m9, [$m0 + SP_SLOT]
         # Pass 1 of STAGE 0 on the slice: each group's `f16v4hsum` is added
         # by the next group's first bundle (and once after the loop).
-        rpt $m5, 2
-        { ld64 $a0:1, [$m7]+=8 ; f32add $a2, $a2, $a3 }
-        f16v4hsum $a3, $a0:1
-        { shl $m9, $m9, 2 ; f32add $a2, $a2, $a3 }
-        rpt $m6, 3
-        ld16 $a0, [$m7]+=2
-        f16v2tof32 $a0:1, $a0
-        f32add $a2, $a2, $a0
+        # (A worker's $a0:1 starts at zero, as PASS1 needs.)
+        PASS1
         st32 $a2, [$m2 + $m9]
         exit
 
