@@ -191,12 +191,12 @@ const SM_SCRATCH_BYTES: u32 = 0x1000;
 
 /// Runs softmax_rows on `rows x cols` random inputs (spread `spread`)
 /// split over `workers`, checks every output against the f64 softmax and
-/// returns the compute cycles: f16 rows, or f32 rows (TYPE=32) checked against
-/// the f64 softmax of the f32 inputs within the f32 arithmetic's error:
-/// the argument `x s - m` is one fused multiply-add (at most `2^-24 (|x s|
-/// + |m|)` absolute, so relative in `e`), the sum `cols / 2 + 2` roundings
-/// per lane of at most `2^-24` of the sum, the reciprocal and the product
-/// one each.
+/// returns the compute cycles: f16 rows, or f32 rows (TYPE=32) checked
+/// against the f64 softmax of the f32 inputs within the f32 arithmetic's
+/// error. The argument `x s - m` is one fused multiply-add (at most
+/// `2^-24 (|x s| + |m|)` absolute, so relative in `e`); the sum has
+/// `cols / 2 + 2` roundings per lane of at most `2^-24` of the sum; the
+/// reciprocal and the product one each.
 fn softmax_case_of(
     f32_rows: bool,
     (rows, cols): (usize, usize),
