@@ -147,6 +147,12 @@ fn logs_like_the_seed() {
         .with_ansi(false)
         .finish();
     tracing::subscriber::with_default(subscriber, || {
+        // The other tests of this binary hit the same log callsites on
+        // their own threads, without a subscriber; one that registers a
+        // callsite first can leave it cached as uninteresting, and this
+        // test's log came out empty (a CI run in session 21). Rebuilding
+        // the interest cache here, with this subscriber in scope, asks it.
+        tracing::callsite::rebuild_interest_cache();
         let cache = KernelCache::open(cache_dir.path()).unwrap();
         cache
             .get_or_build(&KernelSpec::new(src.path().join("k.S"), "k"))
