@@ -123,6 +123,16 @@ impl AttentionBlock {
     pub fn dqv(&self) -> u32 {
         self.dv.div_ceil(4)
     }
+    /// Whether Q and V move transposed: a head of odd size over projections
+    /// starts mid-word in the projection's rows, which the exchange cannot
+    /// cut, so the projection tiles transpose their Q and V shards (each
+    /// head column a whole row, as K^T always is) and the attention tiles
+    /// transpose the runs they receive back into rows (`transpose_f16`
+    /// reads 2-aligned rows). Over host operands every home holds one
+    /// head in rows padded to words instead (`host_homes`).
+    pub fn staged(&self) -> bool {
+        self.host.is_none() && (self.d % 2 == 1 || self.dv % 2 == 1)
+    }
     /// Multiply-accumulates of Q K^T and P V over all heads.
     pub fn macs(&self) -> u64 {
         self.heads as u64 * self.sq as u64 * self.sk as u64 * (self.d + self.dv) as u64
@@ -292,12 +302,9 @@ pub fn recognise(graph: &Graph, groups: &[Group]) -> Result<Vec<AttentionBlock>,
         let (sq, d) = (qt.shape.dims()[1] as u32, qt.shape.dims()[2] as u32);
         let sk = kt.shape.dims()[1] as u32;
         let dv = vt.shape.dims()[2] as u32;
-        // Over inputs, an odd head size is lowered: every home holds one
-        // head in rows padded to whole words (`host_homes`).
-        if (!d.is_multiple_of(2) || !dv.is_multiple_of(2)) && host.is_none() {
-            let odd = if d % 2 != 0 { d } else { dv };
-            return Err(err(o, "attention", format!("head size {odd} is odd; the exchange moves 4-byte words, so heads must start on them (even head sizes are lowered, and odd ones over inputs)")));
-        }
+        // An odd head size is lowered: over inputs every home holds one
+        // head in rows padded to whole words (`host_homes`), over
+        // projections Q and V move transposed (`AttentionBlock::staged`).
         // The result: one merge_heads, a graph output; or the attention
         // value itself, a graph output read by nothing else.
         let u = users(graph, o);
@@ -466,6 +473,9 @@ impl AttentionPlan {
     /// The query ranges of the query blocks.
     pub fn query_ranges(&self, block: &AttentionBlock) -> Vec<(u32, u32)> {
         match self.layout {
+            // Received as runs of Q^T rows, staged query blocks start on
+            // even queries (4-byte words).
+            AttentionLayout::Rows if block.staged() => even_ranges(block.sq, self.query_blocks),
             AttentionLayout::Rows => ranges(block.sq, self.query_blocks),
             AttentionLayout::Columns => {
                 crate::attention_cols::query_ranges(block, self.query_blocks)
@@ -507,6 +517,13 @@ struct TileLayout {
     rs_p: u32,
     rs_o: u32,
     rs_out: u32,
+    /// With [`AttentionBlock::staged`]: the row strides of the received
+    /// Q^T (a row per head column, the block's queries) and V^T (the
+    /// split's keys), and their row counts; 0 rows otherwise.
+    rs_qt: u32,
+    rs_vt: u32,
+    qt_rows: u32,
+    vt_rows: u32,
 }
 
 impl TileLayout {
@@ -524,7 +541,17 @@ impl TileLayout {
             rs_p: block_cb * 32,
             rs_o: 16 * b.dqv() + 8,
             rs_out: 8 * b.dqv() + 8,
+            rs_qt: transposed_row_stride(rows),
+            rs_vt: transposed_row_stride(split_cb * 16),
+            qt_rows: if b.staged() { b.d } else { 0 },
+            vt_rows: if b.staged() { b.dv } else { 0 },
         }
+    }
+    fn qt_bytes(&self) -> u32 {
+        self.qt_rows * self.rs_qt
+    }
+    fn vt_bytes(&self) -> u32 {
+        self.vt_rows * self.rs_vt
     }
     fn q_bytes(&self) -> u32 {
         (self.rows + 2) * self.rs_q
@@ -551,6 +578,8 @@ impl TileLayout {
             (self.p_bytes(), true),
             (self.kt_bytes(b), false),
             (self.v_bytes(b), false),
+            (self.qt_bytes(), false),
+            (self.vt_bytes(), false),
         ])
     }
     /// Region 0: O, (m, l), factors, the output rows, scratch, and the
@@ -678,7 +707,21 @@ pub fn plan(
             .expect("splits");
         let mut seen = std::collections::BTreeSet::new();
         for qb in 1..=block.sq {
-            let rows = block.sq.div_ceil(qb);
+            // Staged odd heads take query blocks on even queries
+            // (`even_ranges`), at least two queries each so that every
+            // block is nonempty.
+            if block.staged() && qb > (block.sq / 2).max(1) {
+                break;
+            }
+            let rows = if block.staged() {
+                even_ranges(block.sq, qb)
+                    .iter()
+                    .map(|r| r.1 - r.0)
+                    .max()
+                    .unwrap_or(1)
+            } else {
+                block.sq.div_ceil(qb)
+            };
             // With fewer tiles than heads the heads run in rounds on the
             // same tiles (and only then: with a tile per head one round
             // is what the plans compare).
@@ -765,6 +808,10 @@ struct TileBuffers {
     q: usize,
     kt: usize,
     v: usize,
+    /// Staged odd heads (`AttentionBlock::staged`): the received Q^T and
+    /// V^T.
+    qt: Option<usize>,
+    vt: Option<usize>,
     s: usize,
     s2: usize,
     p: usize,
@@ -1082,6 +1129,16 @@ pub(crate) type HostHomes = (
     std::collections::BTreeSet<String>,
 );
 
+/// Splits `n` items into `parts` contiguous ranges whose starts are even,
+/// near-equal, dropping empty ones.
+fn even_ranges(n: u32, parts: u32) -> Vec<(u32, u32)> {
+    let cut = |i: u32| if i >= parts { n } else { (i * n / parts) & !1 };
+    (0..parts)
+        .map(|i| (cut(i), cut(i + 1)))
+        .filter(|(a, z)| z > a)
+        .collect()
+}
+
 /// The row stride of a shard of `rows` rows transposed by
 /// [`transpose_shard`]: each of its rows (a column of the shard) padded
 /// with zeros to 8 bytes.
@@ -1331,6 +1388,22 @@ fn lower_rows(
                     vec![],
                     "attention_operand",
                 )));
+                // Staged odd heads: the received Q^T and V^T, transposed
+                // into q and v after the exchange.
+                let staged = |role: &str, bytes: u32| {
+                    (bytes > 0).then(|| {
+                        scratch(spec(
+                            role,
+                            bytes,
+                            RegionReq::Interleaved,
+                            false,
+                            vec![],
+                            "attention_operand",
+                        ))
+                    })
+                };
+                let qt = staged("qt", lay.qt_bytes()).map(&mut push);
+                let vt = staged("vt", lay.vt_bytes()).map(&mut push);
                 let s = push(scratch(spec(
                     "s",
                     lay.c_bytes(),
@@ -1438,6 +1511,8 @@ fn lower_rows(
                             q,
                             kt,
                             v,
+                            qt,
+                            vt,
                             s,
                             s2,
                             p,
@@ -1493,6 +1568,48 @@ fn lower_rows(
         kt_src.insert(tile, (ktb, rs));
         prep_cycles = prep_cycles.max(cycles);
         prep.tiles.insert(tile, vertices);
+    }
+    // Staged odd heads: Q^T and V^T on their projections' tiles too, a
+    // step each (on few tiles one tile holds shards of several
+    // projections, and a step starts at most six vertices per tile).
+    let mut qt_src: BTreeMap<u32, (usize, u32)> = BTreeMap::new();
+    let mut vt_src: BTreeMap<u32, (usize, u32)> = BTreeMap::new();
+    let mut staged_preps = Vec::new();
+    if b.staged() {
+        for (g, what, src) in [(b.q, "q", &mut qt_src), (b.v, "v", &mut vt_src)] {
+            let mut step = compute_step(format!("transpose {name} {what} (staged odd heads)"));
+            let results: Vec<(u32, crate::lower::GroupResult)> = l
+                .group_results
+                .iter()
+                .filter(|((gg, _), _)| *gg == g)
+                .map(|(&(_, t), &r)| (t, r))
+                .collect();
+            for (tile, r) in results {
+                let buffer_name = format!("{name}.{what}_transposed");
+                if round > 0 {
+                    let i = l.buffers[&tile]
+                        .iter()
+                        .position(|x| x.name == buffer_name)
+                        .expect("the first round transposed the shard");
+                    src.insert(tile, (i, transposed_row_stride(r.rows.1 - r.rows.0)));
+                    continue;
+                }
+                let (tb, rs, vertices, cycles) = transpose_shard(
+                    l,
+                    tile,
+                    &r,
+                    &buffer_name,
+                    &what.to_uppercase(),
+                    &mut kernels.transpose,
+                )?;
+                src.insert(tile, (tb, rs));
+                step.estimated_cycles = step.estimated_cycles.max(cycles);
+                step.tiles.insert(tile, vertices);
+            }
+            if !step.tiles.is_empty() {
+                staged_preps.push(step);
+            }
+        }
     }
     prep.estimated_cycles = prep_cycles;
     // The fills of every attention tile: its ranges cut into six equal
@@ -1605,7 +1722,74 @@ fn lower_rows(
         }
     };
     for (&(g, tile), r) in &l.group_results {
-        if g == b.q {
+        if b.staged() && (g == b.q || g == b.v) {
+            // Staged odd heads: runs of a Q^T row's queries (cut at the
+            // query blocks, which start on even queries) to every split of
+            // their (head, query block), and of a V^T row's keys (cut at
+            // the splits) to every query block of their (head, split). The
+            // shard's rows start on even rows, so every run starts on a
+            // word; only a run that ends at the last, odd query or key
+            // takes the zero after it along.
+            let is_q = g == b.q;
+            let (src, rs) = if is_q { qt_src[&tile] } else { vt_src[&tile] };
+            let width = if is_q { d } else { dv };
+            let (r0, r1) = r.rows;
+            let cuts: Vec<(u32, u32)> = if is_q {
+                qranges.clone()
+            } else {
+                (0..splits)
+                    .map(|ks| {
+                        let (k0, n) = split_keys(ks);
+                        (k0, k0 + n)
+                    })
+                    .collect()
+            };
+            for (ci, &(p0, p1)) in cuts.iter().enumerate() {
+                let (a, z) = (r0.max(p0), r1.min(p1));
+                if a >= z {
+                    continue;
+                }
+                for c in 0..r.width {
+                    let gc = r.col0 + c;
+                    let (h, j) = (gc / width, gc % width);
+                    if !in_round(h) {
+                        continue;
+                    }
+                    let units: Vec<u32> = if is_q {
+                        (0..splits).map(|ks| unit_tile(h, ci as u32, ks)).collect()
+                    } else {
+                        (0..plan.query_blocks)
+                            .map(|qi| unit_tile(h, qi, ci as u32))
+                            .collect()
+                    };
+                    let destinations = units
+                        .into_iter()
+                        .map(|dst| {
+                            let t = &tiles[&dst];
+                            let (buffer, rs_t) = if is_q {
+                                (t.3.qt.expect("staged"), t.4.rs_qt)
+                            } else {
+                                (t.3.vt.expect("staged"), t.4.rs_vt)
+                            };
+                            BufferRef {
+                                tile: dst,
+                                buffer,
+                                offset: j * rs_t + (a - p0) * 2,
+                            }
+                        })
+                        .collect();
+                    transfers.push(BufferTransfer {
+                        source: BufferRef {
+                            tile,
+                            buffer: src,
+                            offset: c * rs + (a - r0) * 2,
+                        },
+                        destinations,
+                        bytes: round_up((z - a) * 2, 4),
+                    });
+                }
+            }
+        } else if g == b.q {
             // Q rows go to every split of their (head, query block).
             row_segments(&mut transfers, tile, r, d, &|row, h| {
                 let (qi, q0) = qblock_of(row);
@@ -1712,7 +1896,55 @@ fn lower_rows(
     if !prep.tiles.is_empty() {
         steps.push(prep);
     }
+    steps.extend(staged_preps);
     steps.extend([fill_step, xstep]);
+    if b.staged() {
+        // Staged odd heads: Q^T into Q's rows and V^T into V's rows, one
+        // `transpose_f16` vertex per range of queries or keys (at most
+        // three each, so the six run side by side).
+        let mut unstage = compute_step(format!("transpose q^T, v^T -> {name} rows"));
+        for (&tile, &(_, _, ks, ref t, lay)) in &tiles {
+            let keys = split_keys(ks).1;
+            let mut vertices = Vec::new();
+            let mut slowest = 0;
+            for (from, rs_from, rows_in, to, rs_to, cols) in [
+                (t.qt, lay.rs_qt, d, t.q, lay.rs_q, lay.rows),
+                (t.vt, lay.rs_vt, dv, t.v, lay.rs_v, keys),
+            ] {
+                let from = from.expect("staged");
+                for (c0, c1) in ranges(cols, cols.min(3)) {
+                    slowest = slowest.max(
+                        kernels
+                            .transpose
+                            .1
+                            .eval(&[("ROWS", rows_in as i64), ("COLS", (c1 - c0) as i64)]),
+                    );
+                    vertices.push(Vertex {
+                        kernel: kernels.transpose.0.clone(),
+                        state: vec![
+                            StateWord::Addr {
+                                buffer: from,
+                                offset: c0 * 2,
+                            },
+                            StateWord::Const(rs_from),
+                            StateWord::Addr {
+                                buffer: to,
+                                offset: c0 * rs_to,
+                            },
+                            StateWord::Const(rs_to),
+                            StateWord::Const(rows_in),
+                            StateWord::Const(c1 - c0),
+                        ],
+                    });
+                }
+            }
+            unstage.estimated_cycles = unstage
+                .estimated_cycles
+                .max(slowest + launch_cycles(vertices.len() as u64));
+            unstage.tiles.insert(tile, vertices);
+        }
+        steps.push(unstage);
+    }
     let offset_causal = b.sk - b.sq.min(b.sk);
     let split_blocks: Vec<Vec<(u32, u32)>> = (0..plan.key_splits.len())
         .map(|k| plan.blocks_of(k))
