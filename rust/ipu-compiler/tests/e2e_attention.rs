@@ -260,6 +260,15 @@ fn refusals_name_the_value() {
     let cache = tempfile::tempdir().unwrap();
     let head = "input x: f16[17, 76]\nparam wq: f16[76, 76]\nparam wk: f16[76, 76]\nparam wv: f16[76, 76]\nq = gemm(x, wq)\nk = gemm(x, wk)\nv = gemm(x, wv)\n";
     let cases = [
+        // Heads of odd size are lowered, but a later segment cannot read
+        // the merged result yet: each head's piece of a row starts
+        // mid-word on its tile.
+        (
+            "odd_head_into_gemm",
+            format!("model odd_head_into_gemm\n{head}param wo: f16[76, 76]\nqh = split_heads(q, heads=4)\nkh = split_heads(k, heads=4)\nvh = split_heads(v, heads=4)\no = attention(qh, kh, vh, causal=false)\ny = merge_heads(o)\nz = gemm(y, wo)\noutput z\n"),
+            "value `y` (exchange)",
+            "whole 4-byte words",
+        ),
         (
             "same_projection",
             format!("model same_projection\n{head}qh = split_heads(q, heads=4)\nkh = split_heads(k, heads=4)\nvh = split_heads(v, heads=4)\no = attention(qh, kh, qh, causal=false)\ny = merge_heads(o)\noutput y\n"),
