@@ -1196,7 +1196,7 @@ fn plan_and_lower(
     let share = if disjoint_groups {
         region1
     } else {
-        region1 / groups.len().max(1) as u64
+        region1.saturating_sub(limits.shared_region1_cut) / groups.len().max(1) as u64
     };
     let group_tiles = if disjoint_groups {
         (options.tiles / groups.len().max(1) as u32).max(1)
@@ -2497,6 +2497,11 @@ fn plan_segments(
 /// in segments taking B from its homes instead of keeping it resident
 /// (once; unless the options fix that choice).
 ///
+/// When those are spent and region 1 overflowed by less than a tenth of
+/// it, GEMMs that share their tiles plan again with the overflow taken off
+/// the region they split (`SegmentLimits::shared_region1_cut`, twice at
+/// most).
+///
 /// The report names every such retry (`retries`: the tile, region and
 /// bytes that overflowed and what the next attempt changed).
 pub fn compile(options: &CompileOptions) -> Result<CompileOutput, CompileError> {
@@ -2505,6 +2510,7 @@ pub fn compile(options: &CompileOptions) -> Result<CompileOutput, CompileError> 
         streamed_producers: true,
         resident_b: true,
         weight_joins: true,
+        shared_region1_cut: 0,
     };
     let mut retries: Vec<serde_json::Value> = Vec::new();
     // Region 1's fallbacks, in order: whole-K chain producers in segments
@@ -2590,7 +2596,33 @@ pub fn compile(options: &CompileOptions) -> Result<CompileOutput, CompileError> 
                     _ => return Err(e),
                 };
                 let Some(&(streamed_producers, resident_b, then)) = fallbacks.get(fallback) else {
-                    return Err(e);
+                    // The fallbacks are spent: when region 1 overflowed by
+                    // less than a tenth of it, GEMMs that share their
+                    // tiles plan again with the overflow, in whole memory
+                    // elements, taken off their shares (twice at most).
+                    let element = ipu_arch::INTERLEAVED_ELEMENT_BYTES as u64;
+                    match e {
+                        CompileError::OutOfMemory {
+                            region,
+                            needed,
+                            available,
+                            ..
+                        } if region.starts_with("region 1")
+                            && needed < available + available / 10
+                            && limits.shared_region1_cut < 2 * element =>
+                        {
+                            limits.shared_region1_cut +=
+                                (needed - available).div_ceil(element) * element;
+                            why["then"] = json!(format!(
+                                "GEMMs sharing their tiles split region 1 less {} bytes",
+                                limits.shared_region1_cut
+                            ));
+                            tracing::info!(%why, "compiling again");
+                            retries.push(why);
+                            continue;
+                        }
+                        e => return Err(e),
+                    }
                 };
                 fallback += 1;
                 (limits.streamed_producers, limits.resident_b) = (streamed_producers, resident_b);
@@ -2643,6 +2675,12 @@ struct SegmentLimits {
     /// Whether a model with several block segments plans them weighing
     /// the weight moves of their joins first ([`lower_segments`]).
     weight_joins: bool,
+    /// Region-1 bytes taken off the total that GEMMs sharing their tiles
+    /// split into equal shares: their element-exclusive buffers round up
+    /// to memory elements each, which equal byte shares do not see, so a
+    /// placement can overflow by a few elements where every plan fit its
+    /// share (an attention's three projections on two tiles).
+    shared_region1_cut: u64,
 }
 
 fn compile_with(
