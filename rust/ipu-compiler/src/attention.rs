@@ -1129,6 +1129,9 @@ pub(crate) type HostHomes = (
     std::collections::BTreeSet<String>,
 );
 
+/// Per tile, the (buffer, row stride) of a projection shard's transpose.
+type TransposedShards = BTreeMap<u32, (usize, u32)>;
+
 /// Splits `n` items into `parts` contiguous ranges whose starts are even,
 /// near-equal, dropping empty ones.
 fn even_ranges(n: u32, parts: u32) -> Vec<(u32, u32)> {
@@ -1530,88 +1533,75 @@ fn lower_rows(
         }
     }
 
-    // Step 1: K^T on the K projection's tiles; reset of the running state.
-    let mut prep = compute_step(format!("transpose {} (K^T)", graph.value(b.k_value).name));
-    let k_results: Vec<(u32, crate::lower::GroupResult)> = l
-        .group_results
-        .iter()
-        .filter(|((g, _), _)| *g == b.k)
-        .map(|(&(_, t), &r)| (t, r))
-        .collect();
-    // (tile, kT buffer, row stride) of each K shard.
-    let mut kt_src: BTreeMap<u32, (usize, u32)> = BTreeMap::new();
-    let mut prep_cycles = 0u64;
-    for &(tile, r) in &k_results {
-        if r.transposed {
-            // Written transposed by the host (`host_homes`).
-            kt_src.insert(tile, (r.buffer, r.row_stride));
-            continue;
+    // Step 1: K^T on the K projection's tiles (and, for staged odd heads,
+    // Q^T and V^T on theirs: a step each, since on few tiles one tile
+    // holds shards of several projections and a step starts at most six
+    // vertices per tile); reset of the running state. Returns the
+    // (buffer, row stride) of each shard's transpose by tile, and the step.
+    let mut transpose_group = |l: &mut Lowered,
+                               g: usize,
+                               what: &str,
+                               phase: String|
+     -> Result<(TransposedShards, Step), CompileError> {
+        let mut step = compute_step(phase);
+        let buffer_name = format!("{name}.{what}_transposed");
+        let results: Vec<(u32, crate::lower::GroupResult)> = l
+            .group_results
+            .iter()
+            .filter(|((gg, _), _)| *gg == g)
+            .map(|(&(_, t), &r)| (t, r))
+            .collect();
+        let mut src = BTreeMap::new();
+        for (tile, r) in results {
+            if r.transposed {
+                // Written transposed by the host (`host_homes`).
+                src.insert(tile, (r.buffer, r.row_stride));
+                continue;
+            }
+            if round > 0 {
+                // The first round's transpose.
+                let i = l.buffers[&tile]
+                    .iter()
+                    .position(|x| x.name == buffer_name)
+                    .expect("the first round transposed the shard");
+                src.insert(tile, (i, transposed_row_stride(r.rows.1 - r.rows.0)));
+                continue;
+            }
+            let (tb, rs, vertices, cycles) = transpose_shard(
+                l,
+                tile,
+                &r,
+                &buffer_name,
+                &what.to_uppercase(),
+                &mut kernels.transpose,
+            )?;
+            src.insert(tile, (tb, rs));
+            step.estimated_cycles = step.estimated_cycles.max(cycles);
+            step.tiles.insert(tile, vertices);
         }
-        if round > 0 {
-            // The first round's transpose.
-            let kt_name = format!("{name}.k_transposed");
-            let i = l.buffers[&tile]
-                .iter()
-                .position(|x| x.name == kt_name)
-                .expect("the first round transposed K");
-            kt_src.insert(tile, (i, transposed_row_stride(r.rows.1 - r.rows.0)));
-            continue;
-        }
-        let (ktb, rs, vertices, cycles) = transpose_shard(
-            l,
-            tile,
-            &r,
-            &format!("{name}.k_transposed"),
-            "K",
-            &mut kernels.transpose,
-        )?;
-        kt_src.insert(tile, (ktb, rs));
-        prep_cycles = prep_cycles.max(cycles);
-        prep.tiles.insert(tile, vertices);
-    }
-    // Staged odd heads: Q^T and V^T on their projections' tiles too, a
-    // step each (on few tiles one tile holds shards of several
-    // projections, and a step starts at most six vertices per tile).
-    let mut qt_src: BTreeMap<u32, (usize, u32)> = BTreeMap::new();
-    let mut vt_src: BTreeMap<u32, (usize, u32)> = BTreeMap::new();
+        Ok((src, step))
+    };
+    let (kt_src, prep) = transpose_group(
+        l,
+        b.k,
+        "k",
+        format!("transpose {} (K^T)", graph.value(b.k_value).name),
+    )?;
+    let mut qt_src = TransposedShards::new();
+    let mut vt_src = TransposedShards::new();
     let mut staged_preps = Vec::new();
     if b.staged() {
         for (g, what, src) in [(b.q, "q", &mut qt_src), (b.v, "v", &mut vt_src)] {
-            let mut step = compute_step(format!("transpose {name} {what} (staged odd heads)"));
-            let results: Vec<(u32, crate::lower::GroupResult)> = l
-                .group_results
-                .iter()
-                .filter(|((gg, _), _)| *gg == g)
-                .map(|(&(_, t), &r)| (t, r))
-                .collect();
-            for (tile, r) in results {
-                let buffer_name = format!("{name}.{what}_transposed");
-                if round > 0 {
-                    let i = l.buffers[&tile]
-                        .iter()
-                        .position(|x| x.name == buffer_name)
-                        .expect("the first round transposed the shard");
-                    src.insert(tile, (i, transposed_row_stride(r.rows.1 - r.rows.0)));
-                    continue;
-                }
-                let (tb, rs, vertices, cycles) = transpose_shard(
-                    l,
-                    tile,
-                    &r,
-                    &buffer_name,
-                    &what.to_uppercase(),
-                    &mut kernels.transpose,
-                )?;
-                src.insert(tile, (tb, rs));
-                step.estimated_cycles = step.estimated_cycles.max(cycles);
-                step.tiles.insert(tile, vertices);
-            }
-            if !step.tiles.is_empty() {
-                staged_preps.push(step);
-            }
+            let (transposed, step) = transpose_group(
+                l,
+                g,
+                what,
+                format!("transpose {name} {what} (staged odd heads)"),
+            )?;
+            *src = transposed;
+            staged_preps.push(step);
         }
     }
-    prep.estimated_cycles = prep_cycles;
     // The fills of every attention tile: its ranges cut into six equal
     // shares of items, one `fill64` vertex (a list of ranges) per worker.
     let mut fill_step = compute_step(format!("reset {name} state and padding"));
@@ -1721,29 +1711,21 @@ fn lower_rows(
             }
         }
     };
-    for (&(g, tile), r) in &l.group_results {
-        if b.staged() && (g == b.q || g == b.v) {
-            // Staged odd heads: runs of a Q^T row's queries (cut at the
-            // query blocks, which start on even queries) to every split of
-            // their (head, query block), and of a V^T row's keys (cut at
-            // the splits) to every query block of their (head, split). The
-            // shard's rows start on even rows, so every run starts on a
-            // word; only a run that ends at the last, odd query or key
-            // takes the zero after it along.
-            let is_q = g == b.q;
-            let (src, rs) = if is_q { qt_src[&tile] } else { vt_src[&tile] };
-            let width = if is_q { d } else { dv };
+    // Runs of a transposed shard's rows (one per result column, its
+    // elements the shard's rows: queries or keys), cut at `cuts` (query
+    // blocks or key splits, which start on even rows as the shard's rows
+    // do, so every run starts on a word; a run that ends at the last, odd
+    // row takes the zero after it along), each to `dests(head, cut)`: the
+    // (tile, buffer, row stride) of the head's transposed rows there.
+    let transposed_runs =
+        |transfers: &mut Vec<BufferTransfer>,
+         tile: u32,
+         r: &crate::lower::GroupResult,
+         (src, rs): (usize, u32),
+         width: u32,
+         cuts: &[(u32, u32)],
+         dests: &dyn Fn(u32, u32) -> Vec<(u32, usize, u32)>| {
             let (r0, r1) = r.rows;
-            let cuts: Vec<(u32, u32)> = if is_q {
-                qranges.clone()
-            } else {
-                (0..splits)
-                    .map(|ks| {
-                        let (k0, n) = split_keys(ks);
-                        (k0, k0 + n)
-                    })
-                    .collect()
-            };
             for (ci, &(p0, p1)) in cuts.iter().enumerate() {
                 let (a, z) = (r0.max(p0), r1.min(p1));
                 if a >= z {
@@ -1755,27 +1737,12 @@ fn lower_rows(
                     if !in_round(h) {
                         continue;
                     }
-                    let units: Vec<u32> = if is_q {
-                        (0..splits).map(|ks| unit_tile(h, ci as u32, ks)).collect()
-                    } else {
-                        (0..plan.query_blocks)
-                            .map(|qi| unit_tile(h, qi, ci as u32))
-                            .collect()
-                    };
-                    let destinations = units
+                    let destinations = dests(h, ci as u32)
                         .into_iter()
-                        .map(|dst| {
-                            let t = &tiles[&dst];
-                            let (buffer, rs_t) = if is_q {
-                                (t.3.qt.expect("staged"), t.4.rs_qt)
-                            } else {
-                                (t.3.vt.expect("staged"), t.4.rs_vt)
-                            };
-                            BufferRef {
-                                tile: dst,
-                                buffer,
-                                offset: j * rs_t + (a - p0) * 2,
-                            }
+                        .map(|(dst, buffer, rs_t)| BufferRef {
+                            tile: dst,
+                            buffer,
+                            offset: j * rs_t + (a - p0) * 2,
                         })
                         .collect();
                     transfers.push(BufferTransfer {
@@ -1789,6 +1756,54 @@ fn lower_rows(
                     });
                 }
             }
+        };
+    let split_cuts: Vec<(u32, u32)> = (0..splits)
+        .map(|ks| {
+            let (k0, n) = split_keys(ks);
+            (k0, k0 + n)
+        })
+        .collect();
+    for (&(g, tile), r) in &l.group_results {
+        if b.staged() && g == b.q {
+            // Staged odd heads: runs of a Q^T row's queries to every split
+            // of their (head, query block).
+            transposed_runs(
+                &mut transfers,
+                tile,
+                r,
+                qt_src[&tile],
+                d,
+                &qranges,
+                &|h, qi| {
+                    (0..splits)
+                        .map(|ks| {
+                            let dst = unit_tile(h, qi, ks);
+                            let t = &tiles[&dst];
+                            (dst, t.3.qt.expect("staged"), t.4.rs_qt)
+                        })
+                        .collect()
+                },
+            );
+        } else if b.staged() && g == b.v {
+            // Staged odd heads: runs of a V^T row's keys to every query
+            // block of their (head, split).
+            transposed_runs(
+                &mut transfers,
+                tile,
+                r,
+                vt_src[&tile],
+                dv,
+                &split_cuts,
+                &|h, ks| {
+                    (0..plan.query_blocks)
+                        .map(|qi| {
+                            let dst = unit_tile(h, qi, ks);
+                            let t = &tiles[&dst];
+                            (dst, t.3.vt.expect("staged"), t.4.rs_vt)
+                        })
+                        .collect()
+                },
+            );
         } else if g == b.q {
             // Q rows go to every split of their (head, query block).
             row_segments(&mut transfers, tile, r, d, &|row, h| {
@@ -1823,49 +1838,28 @@ fn lower_rows(
                     .collect()
             });
         } else if g == b.k {
-            // A K^T row's keys, cut at the splits (which start on multiples
-            // of 16 keys, and the shard's rows on even keys, so every run
-            // starts on a word; a run that ends at the last, odd key takes
-            // the zero after it along).
-            let (ktb, rs) = kt_src[&tile];
-            let (r0, r1) = r.rows;
-            for ks in 0..splits {
-                let (k0, n) = split_keys(ks);
-                let (a, z) = (r0.max(k0), r1.min(k0 + n));
-                if a >= z {
-                    continue;
-                }
-                let bytes = round_up((z - a) * 2, 4);
-                for c in 0..r.width {
-                    let gc = r.col0 + c;
-                    let (h, j) = (gc / d, gc % d);
-                    if !in_round(h) {
-                        continue;
-                    }
-                    let destinations = (0..plan.query_blocks)
+            // A K^T row's keys, cut at the splits, to every query block of
+            // their (head, split).
+            transposed_runs(
+                &mut transfers,
+                tile,
+                r,
+                kt_src[&tile],
+                d,
+                &split_cuts,
+                &|h, ks| {
+                    (0..plan.query_blocks)
                         .map(|qi| {
                             let dst = unit_tile(h, qi, ks);
                             let t = &tiles[&dst];
-                            BufferRef {
-                                tile: dst,
-                                buffer: t.3.kt,
-                                offset: j * t.4.rs_kt + (a - k0) * 2,
-                            }
+                            (dst, t.3.kt, t.4.rs_kt)
                         })
-                        .collect();
-                    transfers.push(BufferTransfer {
-                        source: BufferRef {
-                            tile,
-                            buffer: ktb,
-                            offset: c * rs + (a - r0) * 2,
-                        },
-                        destinations,
-                        bytes,
-                    });
-                }
-            }
+                        .collect()
+                },
+            );
         }
     }
+
     for t in &transfers {
         let aligned = t.bytes % 4 == 0
             && t.source.offset % 4 == 0
@@ -1893,10 +1887,11 @@ fn lower_rows(
     let nkb_s = dp / 16;
     let ncb_v = b.dvp() / 16;
     let mut steps = Vec::new();
-    if !prep.tiles.is_empty() {
-        steps.push(prep);
-    }
-    steps.extend(staged_preps);
+    steps.extend(
+        std::iter::once(prep)
+            .chain(staged_preps)
+            .filter(|s| !s.tiles.is_empty()),
+    );
     steps.extend([fill_step, xstep]);
     if b.staged() {
         // Staged odd heads: Q^T into Q's rows and V^T into V's rows, one

@@ -1262,8 +1262,8 @@ fn plan_and_lower(
             // f16 chain, accumulate in f32 for it (random fp8 MLPs with
             // hidden widths of 35 to 114 flipped activations so; see
             // `COARSE_GELU_MIN_READER_K` for its GELU).
-            let requantised_result = fp8_scale.is_none()
-                && requantised.contains(&graph.value(group.result()).name);
+            let requantised_value = requantised.contains(&graph.value(group.result()).name);
+            let requantised_result = fp8_scale.is_none() && requantised_value;
             let mode = match options.accumulation {
                 _ if f32_operands => AccumulationMode::F32,
                 Accumulation::F16 => AccumulationMode::F16,
@@ -1322,8 +1322,7 @@ fn plan_and_lower(
                     // cycles; max error 0.052 against atol 0.078), when
                     // the reading GEMM's sums are long enough
                     // ([`COARSE_GELU_MIN_READER_K`]).
-                    let coarse_reader = (group.feeds_gemm
-                        || requantised.contains(&graph.value(group.result()).name))
+                    let coarse_reader = (group.feeds_gemm || requantised_value)
                         && geometry.n >= COARSE_GELU_MIN_READER_K;
                     Some(reduce_request_f16_partials(library, group.epilogue(), coarse_reader))
                 } else {

@@ -197,7 +197,7 @@ const SM_SCRATCH_BYTES: u32 = 0x1000;
 /// `2^-24 (|x s| + |m|)` absolute, so relative in `e`); the sum has
 /// `cols / 2 + 2` roundings per lane of at most `2^-24` of the sum; the
 /// reciprocal and the product one each.
-fn softmax_case_of(
+fn softmax_case(
     f32_rows: bool,
     (rows, cols): (usize, usize),
     scale: f32,
@@ -301,12 +301,12 @@ fn softmax_rows_matches_f64_reference_on_edge_shapes() {
         for &(rows, cols) in &[(1, 1), (1, 3), (2, 4), (17, 19), (5, 72), (17, 729), (3, 6)] {
             for workers in [1, 6] {
                 let seed = (rows * 1000 + cols) as u64;
-                softmax_case_of(f32_rows, (rows, cols), 1.0, 4.0, workers, seed);
+                softmax_case(f32_rows, (rows, cols), 1.0, 4.0, workers, seed);
             }
         }
         // The attention scale and a wide spread (exponentials underflow to 0).
-        softmax_case_of(f32_rows, (17, 19), 1.0 / (72f32).sqrt(), 60.0, 3, 7);
-        softmax_case_of(f32_rows, (4, 33), 0.5, 30.0, 2, 8);
+        softmax_case(f32_rows, (17, 19), 1.0 / (72f32).sqrt(), 60.0, 3, 7);
+        softmax_case(f32_rows, (4, 33), 0.5, 30.0, 2, 8);
     }
 }
 
@@ -316,7 +316,7 @@ fn softmax_rows_cycles_against_bounds() {
         .into_iter()
         .flat_map(|t| [(6, 729), (48, 72), (17, 19)].iter().map(move |s| (t, s)))
     {
-        let cycles = softmax_case_of(f32_rows, (rows, cols), 1.0, 4.0, 6, 11);
+        let cycles = softmax_case(f32_rows, (rows, cols), 1.0, 4.0, 6, 11);
         let per_worker = rows.div_ceil(6) as u64;
         let defines: &[(&str, i64)] = if f32_rows { &[("TYPE", 32)] } else { &[] };
         let estimate = declared_cycles(
