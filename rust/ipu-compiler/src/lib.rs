@@ -8,7 +8,8 @@
 //!
 //! 1. [`load`]: parse and verify the graph; [`legalize`]: the device graph
 //!    (rank-2 GEMMs with untransposed operands) and where its host tensors
-//!    sit in the model's; refuse what cannot be lowered.
+//!    sit in the model's; refuse what cannot be lowered. [`widen`]: fp8
+//!    GEMMs that must not accumulate in f16 read their operands cast to f16.
 //! 2. [`plan`]: candidate plans per operation, cost model, Pareto beam, finalists.
 //! 3. [`map_tiles`]: shards to physical tiles (verified: one shard per tile).
 //! 4. [`lower`]: buffers, vertex calls and host placements per tile (verified:
@@ -52,6 +53,7 @@ pub mod rowwise;
 pub mod segment;
 pub mod storage;
 pub mod stream;
+pub mod widen;
 
 pub use error::CompileError;
 pub use library::KernelSource;
@@ -1241,7 +1243,7 @@ fn plan_and_lower(
                 return Err(CompileError::Unsupported {
                     value: result.name.clone(),
                     operation: "gemm".into(),
-                    reason: "an fp8 GEMM accumulates in f16 on the AMP; an f32 result of it is not lowered yet".into(),
+                    reason: "an fp8 GEMM accumulates in f16 on the AMP, and operands with scales outside -14..=8 cannot be widened to f16 (`widen`); an f32 result of it is not lowered".into(),
                 });
             }
             // How this GEMM accumulates (see [`Accumulation`]).
@@ -2529,17 +2531,46 @@ fn plan_segments(
 /// the region they split (`SegmentLimits::shared_region1_cut`, twice at
 /// most).
 ///
+/// When all of that leaves a model that widened fp8 GEMMs for precision
+/// ([`widen`]: under `accumulation=f32`, or short projections of attention
+/// scores) without a fit, it is compiled once more with those GEMMs on
+/// `gemm_fp8` (their f16 operand copies and the casts' segments take
+/// memory that tiny tile counts lack).
+///
 /// The report names every such retry (`retries`: the tile, region and
 /// bytes that overflowed and what the next attempt changed).
 pub fn compile(options: &CompileOptions) -> Result<CompileOutput, CompileError> {
+    let mut retries: Vec<serde_json::Value> = Vec::new();
+    match compile_with_fallbacks(options, true, &mut retries) {
+        Err(e @ (CompileError::OutOfMemory { .. } | CompileError::NoFeasiblePlan { .. }))
+            if optional_widening(options) =>
+        {
+            let why = json!({
+                "error": e.to_string(),
+                "then": "fp8 GEMMs widened for precision stay on gemm_fp8",
+            });
+            tracing::info!(%why, "compiling again");
+            retries.push(why);
+            compile_with_fallbacks(options, false, &mut retries)
+        }
+        r => r,
+    }
+}
+
+/// [`compile`]'s attempts with `widen_for_precision` fixed.
+fn compile_with_fallbacks(
+    options: &CompileOptions,
+    widen_for_precision: bool,
+    retries: &mut Vec<serde_json::Value>,
+) -> Result<CompileOutput, CompileError> {
     let mut limits = SegmentLimits {
         attention_region0: plan::STANDARD_BUDGET / 2,
         streamed_producers: true,
         resident_b: true,
         weight_joins: true,
         shared_region1_cut: 0,
+        widen_for_precision,
     };
-    let mut retries: Vec<serde_json::Value> = Vec::new();
     // Region 1's fallbacks, in order: whole-K chain producers in segments
     // (what the ViT block on 1400 tiles needs), then streamed producers
     // again but B from its homes (1100 and 1200 tiles, where whole-K
@@ -2564,7 +2595,7 @@ pub fn compile(options: &CompileOptions) -> Result<CompileOutput, CompileError> 
     .collect();
     let mut fallback = 0;
     loop {
-        match compile_with(options, limits, &retries) {
+        match compile_with(options, limits, retries) {
             // Plans that weigh their joins' weight moves hold other buffers
             // than those that assume resident weights (the streamed
             // projections' homes, for one): when they do not fit, the
@@ -2662,6 +2693,25 @@ pub fn compile(options: &CompileOptions) -> Result<CompileOutput, CompileError> 
     }
 }
 
+/// What `widen` widens under `limits`.
+fn widen_purpose(limits: SegmentLimits) -> widen::Purpose {
+    if limits.widen_for_precision {
+        widen::Purpose::All
+    } else {
+        widen::Purpose::F32Results
+    }
+}
+
+/// Whether `options.model` has fp8 GEMMs that `widen` widens for
+/// precision only (false when it does not load: its compile says why).
+fn optional_widening(options: &CompileOptions) -> bool {
+    load::load(&options.model)
+        .ok()
+        .and_then(|m| legalize::legalize(&m.graph).ok())
+        .and_then(|l| widen::widen(&l.graph, options.accumulation, widen::Purpose::All).ok())
+        .is_some_and(|w| w.gemms.iter().any(|g| g.reason != widen::F32_RESULT))
+}
+
 /// Whether `options.model` splits into several block segments (whose
 /// plans weigh their joins' weight moves, [`lower_segments`]); false when
 /// it does not load (its compile reports why).
@@ -2669,7 +2719,8 @@ fn several_block_segments(options: &CompileOptions) -> bool {
     load::load(&options.model)
         .ok()
         .and_then(|m| legalize::legalize(&m.graph).ok())
-        .and_then(|l| segment::split(&l.graph).ok())
+        .and_then(|l| widen::widen(&l.graph, options.accumulation, widen::Purpose::All).ok())
+        .and_then(|w| segment::split(&w.graph).ok())
         .is_some_and(|s| s.iter().filter(|s| s.kind == segment::Kind::Blocks).count() > 1)
 }
 
@@ -2708,6 +2759,9 @@ struct SegmentLimits {
     /// placement can overflow by a few elements where every plan fit its
     /// share (an attention's three projections on two tiles).
     shared_region1_cut: u64,
+    /// Whether `widen` widens fp8 GEMMs for precision, not only those
+    /// with an f32 result ([`widen::Purpose`]).
+    widen_for_precision: bool,
 }
 
 fn compile_with(
@@ -2726,7 +2780,14 @@ fn compile_with(
     }
     let model = phase("load", || load::load(&options.model))?;
     let legal = phase("legalize", || legalize::legalize(&model.graph))?;
-    let graph = &legal.graph;
+    let widened = phase("widen", || {
+        let w = widen::widen(&legal.graph, options.accumulation, widen_purpose(limits))?;
+        for g in &w.gemms {
+            tracing::info!(value = %g.value, k = g.k, reason = g.reason, "fp8 GEMM runs on gemm_f16 with its operands widened to f16");
+        }
+        Ok(w)
+    })?;
+    let graph = &widened.graph;
     let span = tracing::info_span!(
         "ipu_compiler.package.build",
         tile_count = options.tiles,
@@ -2768,6 +2829,13 @@ fn compile_with(
     // that legalize renamed, sliced or transposed are written and read at
     // their places in the model's tensors.
     legalize::restore_host_tensors(&mut lowered, &legal.host);
+    // The casts `widen` adds are not values of the model, so no checkpoint
+    // names them (the diagnosis compares model values with the reference).
+    if !widened.gemms.is_empty() {
+        lowered
+            .resident
+            .retain(|t| model.graph.lookup(&t.name).is_some());
+    }
 
     // Kernels each tile links, in request order; the supervisor runtime
     // (emit::runtime_request) is the one every tile links.
@@ -3004,6 +3072,9 @@ fn compile_with(
     // their packages, stay as they were).
     if !retries.is_empty() {
         report["retries"] = json!(retries);
+    }
+    if !widened.gemms.is_empty() {
+        report["widened_fp8_gemms"] = json!(widened.gemms);
     }
     // Likewise the parameters the initialize call copies.
     if !param_copies.copied.is_empty() || !param_copies.host_written.is_empty() {

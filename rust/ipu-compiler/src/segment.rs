@@ -187,12 +187,18 @@ pub fn split(graph: &Graph) -> Result<Vec<Segment>, CompileError> {
             }
             // A residual add reads both operands from one buffer, into which
             // only a segment input or a value read nowhere else is written.
+            // A row-wise segment lowers rows of one count: a result with
+            // other rows (the cast of a weight beside that of an activation,
+            // `crate::widen`) starts the next.
             (Some(Kind::Rowwise), Kind::Rowwise) => {
-                matches!(node.op, Op::Add)
+                let rows = |v: ValueId| graph.ty(v).shape.dims().first().copied();
+                let first = parts[current.expect("a current segment")].1[0];
+                (matches!(node.op, Op::Add)
                     && node
                         .args
                         .iter()
-                        .any(|&a| here(a) && (users[a.0 as usize].len() != 1 || is_output(a)))
+                        .any(|&a| here(a) && (users[a.0 as usize].len() != 1 || is_output(a))))
+                    || rows(node.result) != rows(graph.node(first).result)
             }
         };
         if cut {
