@@ -2702,13 +2702,37 @@ fn widen_purpose(limits: SegmentLimits) -> widen::Purpose {
     }
 }
 
+/// `widen`'s question to the kernel library: is there a cast of fp8 of
+/// this scale to f16?
+fn widen_casts(library: &mut KernelLibrary) -> impl FnMut(i8) -> bool + '_ {
+    |scale| {
+        library
+            .get(&rowwise::cast_request(8, 16, scale as i64))
+            .is_ok()
+    }
+}
+
+/// `graph` (a legalized model) as `widen` rewrites it for its first
+/// compile attempt; `None` when the kernel library does not open or the
+/// rewrite fails (the compile says why).
+fn widened_fully(options: &CompileOptions, graph: &ipu_graph::Graph) -> Option<widen::Widened> {
+    let mut library = KernelLibrary::open(&options.kernels).ok()?;
+    let widened = widen::widen(
+        graph,
+        options.accumulation,
+        widen::Purpose::All,
+        &mut widen_casts(&mut library),
+    );
+    widened.ok()
+}
+
 /// Whether `options.model` has fp8 GEMMs that `widen` widens for
 /// precision only (false when it does not load: its compile says why).
 fn optional_widening(options: &CompileOptions) -> bool {
     load::load(&options.model)
         .ok()
         .and_then(|m| legalize::legalize(&m.graph).ok())
-        .and_then(|l| widen::widen(&l.graph, options.accumulation, widen::Purpose::All).ok())
+        .and_then(|l| widened_fully(options, &l.graph))
         .is_some_and(|w| w.gemms.iter().any(|g| g.reason != widen::F32_RESULT))
 }
 
@@ -2719,7 +2743,7 @@ fn several_block_segments(options: &CompileOptions) -> bool {
     load::load(&options.model)
         .ok()
         .and_then(|m| legalize::legalize(&m.graph).ok())
-        .and_then(|l| widen::widen(&l.graph, options.accumulation, widen::Purpose::All).ok())
+        .and_then(|l| widened_fully(options, &l.graph))
         .and_then(|w| segment::split(&w.graph).ok())
         .is_some_and(|s| s.iter().filter(|s| s.kind == segment::Kind::Blocks).count() > 1)
 }
@@ -2780,8 +2804,14 @@ fn compile_with(
     }
     let model = phase("load", || load::load(&options.model))?;
     let legal = phase("legalize", || legalize::legalize(&model.graph))?;
+    let mut library = KernelLibrary::open(&options.kernels)?;
     let widened = phase("widen", || {
-        let w = widen::widen(&legal.graph, options.accumulation, widen_purpose(limits))?;
+        let w = widen::widen(
+            &legal.graph,
+            options.accumulation,
+            widen_purpose(limits),
+            &mut widen_casts(&mut library),
+        )?;
         for g in &w.gemms {
             tracing::info!(value = %g.value, k = g.k, reason = g.reason, "fp8 GEMM runs on gemm_f16 with its operands widened to f16");
         }
@@ -2794,17 +2824,25 @@ fn compile_with(
         operations = graph.nodes().len()
     );
     let _enter = span.enter();
-    let mut library = KernelLibrary::open(&options.kernels)?;
 
     let mut rowwise_reports = Vec::new();
     let SegmentLowered {
         mut lowered,
         tile_count,
         operation_reports,
-        would_help,
+        mut would_help,
         chain_choice,
         attention,
     } = lower_segments(graph, options, &mut library, &mut rowwise_reports, limits)?;
+    for (value, scale) in &widened.lacking_casts {
+        let cast = rowwise::cast_request(8, 16, *scale as i64);
+        tracing::info!(value = %value, kernel = %cast, "the kernel library lacks a specialisation that would help");
+        would_help.push(json!({
+            "kernel": cast.to_string(),
+            "value": value,
+            "why": "widens the operands of this short fp8 projection of attention scores to f16, so that it accumulates in f32 (`widen`); without it gemm_fp8 rounds to f16 every eight products",
+        }));
+    }
     // Parameters the plans hold more than once cross the host link once,
     // like the run call's inputs, and the initialize call copies them.
     let param_copies = if options.host_inputs == HostInputs::Once {

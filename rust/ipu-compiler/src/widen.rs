@@ -72,6 +72,10 @@ pub struct WidenedGemm {
 pub struct Widened {
     pub graph: Graph,
     pub gemms: Vec<WidenedGemm>,
+    /// GEMMs left on `gemm_fp8` for want of a `cast` FROM=8 TO=16
+    /// specialisation of an operand's scale in the kernel library (a Bazel
+    /// library holds the scales its BUILD file declares): (value, scale).
+    pub lacking_casts: Vec<(String, i8)>,
 }
 
 /// Why GEMM `result` of `graph` (fp8 operands `args`) is widened, if it is.
@@ -121,12 +125,19 @@ fn feeds_scores(graph: &Graph, v: ValueId) -> bool {
 /// Rewrites `graph` (the device graph, GEMMs of rank 2 with untransposed
 /// operands) as the module documentation says. A graph without a GEMM to
 /// widen is returned unchanged.
+/// `has_cast(scale)` says whether the kernel library has the cast of fp8 of
+/// that scale to f16: a GEMM widened only for precision needs it for both
+/// operands (else it stays on `gemm_fp8`, listed in `lacking_casts`); one
+/// with an f32 result is widened anyway, and the row-wise lowering names
+/// the missing kernel.
 pub fn widen(
     graph: &Graph,
     accumulation: Accumulation,
     purpose: Purpose,
+    has_cast: &mut dyn FnMut(i8) -> bool,
 ) -> Result<Widened, CompileError> {
     let mut gemms = Vec::new();
+    let mut lacking_casts = Vec::new();
     // Operands to widen, and the GEMM nodes that read them widened.
     let mut operands = std::collections::BTreeSet::new();
     let mut widened_nodes = std::collections::BTreeSet::new();
@@ -137,6 +148,20 @@ pub fn widen(
             continue;
         }
         if let Some(why) = reason(graph, node.result, &node.args, accumulation, purpose) {
+            let scales: Vec<i8> = node
+                .args
+                .iter()
+                .map(|&a| match graph.ty(a).dtype {
+                    DType::Fp8 { scale_log2 } => scale_log2,
+                    _ => unreachable!("reason() widens fp8 operands only"),
+                })
+                .collect();
+            if why != F32_RESULT {
+                if let Some(&lacking) = scales.iter().find(|&&sc| !has_cast(sc)) {
+                    lacking_casts.push((graph.value(node.result).name.clone(), lacking));
+                    continue;
+                }
+            }
             operands.extend(node.args.iter().copied());
             widened_nodes.insert(i);
             gemms.push(WidenedGemm {
@@ -150,6 +175,7 @@ pub fn widen(
         return Ok(Widened {
             graph: graph.clone(),
             gemms,
+            lacking_casts,
         });
     }
     let err = |v: ValueId, e: ipu_graph::GraphError| CompileError::Verifier {
@@ -206,7 +232,11 @@ pub fn widen(
             .collect::<Vec<_>>()
             .join("; "),
     })?;
-    Ok(Widened { graph: out, gemms })
+    Ok(Widened {
+        graph: out,
+        gemms,
+        lacking_casts,
+    })
 }
 
 #[cfg(test)]
@@ -221,7 +251,13 @@ mod tests {
 
     #[test]
     fn short_fp8_projections_of_scores_read_widened_operands() {
-        let w = widen(&parse(ATTENTION), Accumulation::Auto, Purpose::All).unwrap();
+        let w = widen(
+            &parse(ATTENTION),
+            Accumulation::Auto,
+            Purpose::All,
+            &mut |_| true,
+        )
+        .unwrap();
         let names: Vec<&str> = w.gemms.iter().map(|g| g.value.as_str()).collect();
         assert_eq!(names, ["q", "k"], "v's sum is not amplified by the scores");
         let g = &w.graph;
@@ -253,30 +289,73 @@ mod tests {
             .replace("[20, 24]", "[20, 256]")
             .replace("[24, 24]", "[256, 256]")
             .replace("heads=2", "heads=4");
-        assert!(widen(&parse(&long), Accumulation::Auto, Purpose::All)
+        assert!(
+            widen(&parse(&long), Accumulation::Auto, Purpose::All, &mut |_| {
+                true
+            })
             .unwrap()
             .gemms
-            .is_empty());
-        assert!(widen(&parse(ATTENTION), Accumulation::F16, Purpose::All)
-            .unwrap()
-            .gemms
-            .is_empty());
+            .is_empty()
+        );
+        assert!(widen(
+            &parse(ATTENTION),
+            Accumulation::F16,
+            Purpose::All,
+            &mut |_| true
+        )
+        .unwrap()
+        .gemms
+        .is_empty());
         let coarse = ATTENTION.replace("fp8<-4>", "fp8<9>");
-        assert!(widen(&parse(&coarse), Accumulation::F32, Purpose::All)
-            .unwrap()
-            .gemms
-            .is_empty());
+        assert!(widen(
+            &parse(&coarse),
+            Accumulation::F32,
+            Purpose::All,
+            &mut |_| true
+        )
+        .unwrap()
+        .gemms
+        .is_empty());
         // Forced f32 accumulation widens every fp8 GEMM whose scale fits.
-        let all = widen(&parse(ATTENTION), Accumulation::F32, Purpose::All).unwrap();
+        let all = widen(
+            &parse(ATTENTION),
+            Accumulation::F32,
+            Purpose::All,
+            &mut |_| true,
+        )
+        .unwrap();
         assert_eq!(all.gemms.len(), 3);
         assert!(all.gemms.iter().all(|g| g.reason == "accumulation=f32"));
+    }
+
+    #[test]
+    fn a_library_without_the_operands_casts_keeps_gemm_fp8_for_precision_only() {
+        // Only scale 0 has a cast: wq's and wk's fp8<-4> do not.
+        let w = widen(
+            &parse(ATTENTION),
+            Accumulation::Auto,
+            Purpose::All,
+            &mut |s| s == 0,
+        )
+        .unwrap();
+        assert!(w.gemms.is_empty());
+        assert_eq!(
+            w.lacking_casts,
+            [("q".to_string(), -4), ("k".to_string(), -4)]
+        );
+        let text = "model m\ninput a: fp8[8, 32]\nparam b: fp8<-4>[32, 16]\nc = gemm(a, b, out=f32)\noutput c\n";
+        let w = widen(&parse(text), Accumulation::Auto, Purpose::All, &mut |s| {
+            s == 0
+        })
+        .unwrap();
+        assert_eq!(w.gemms.len(), 1, "an f32 result needs the widening");
     }
 
     #[test]
     fn an_f32_result_is_widened_under_any_accumulation() {
         let text = "model m\ninput a: fp8[8, 32]\nparam b: fp8[32, 16]\nc = gemm(a, b, out=f32)\noutput c\n";
         for acc in [Accumulation::Auto, Accumulation::F16, Accumulation::F32] {
-            let w = widen(&parse(text), acc, Purpose::F32Results).unwrap();
+            let w = widen(&parse(text), acc, Purpose::F32Results, &mut |_| true).unwrap();
             assert_eq!(w.gemms.len(), 1);
             assert_eq!(w.gemms[0].reason, F32_RESULT);
             let g = &w.graph;
@@ -285,7 +364,7 @@ mod tests {
         // A graph with nothing to widen is the same graph.
         let plain =
             parse("model m\ninput a: fp8[8, 32]\nparam b: fp8[32, 16]\nc = gemm(a, b)\noutput c\n");
-        let w = widen(&plain, Accumulation::Auto, Purpose::All).unwrap();
+        let w = widen(&plain, Accumulation::Auto, Purpose::All, &mut |_| true).unwrap();
         assert_eq!(ipu_graph::print(&w.graph), ipu_graph::print(&plain));
     }
 }
