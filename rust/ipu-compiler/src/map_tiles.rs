@@ -1,10 +1,13 @@
 //! Phase `map_tiles`: which physical tile holds which shard.
 //!
 //! Shards of one operation are numbered row part major; the mapping assigns
-//! them to consecutive tiles from 0. With no exchange between shards (K is
-//! whole on each tile) the mapping affects nothing but the host placements;
-//! when operations exchange data, this is where mappings get screened by
-//! exchange load, as the seed's stack does.
+//! them to consecutive tiles from 0. No permutation is screened: under the
+//! machine model an exchange costs the same whichever tiles talk (no
+//! topology; a tile's send to itself holds both of its ports like any
+//! other transfer), so relabelling tiles cannot shorten a phase. Where a
+//! tile can use bytes it already holds without a transfer, the lowering
+//! places them (weight homes in their readers' order, resident B;
+//! docs/compiler.md, "Not yet").
 
 use crate::plan::GemmPlan;
 
