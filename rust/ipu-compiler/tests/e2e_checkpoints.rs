@@ -10,7 +10,7 @@
 //! (`VerifyOptions::check_checkpoints`, `ipu verify --checkpoints`), and
 //! requires every checkpoint and output to pass.
 
-use ipu_compiler::{compile, HostInputs};
+use ipu_compiler::{compile, Accumulation, HostInputs};
 use ipu_runtime::verify::{verify_package, VerifyOptions};
 use ipu_runtime::{DeviceOptions, FeedSpec, Generate, RunOptions};
 
@@ -86,4 +86,81 @@ fn segmented_model_checkpoints_hold_their_values() {
         HostInputs::Once,
     );
     assert!(names.contains(&"y".to_string()), "{names:?}");
+}
+
+/// The compositional check (`ipu_runtime::verify`) tells a model that
+/// amplifies allowed errors from an operation that is itself inaccurate.
+/// An f32 softmax of an f32 GEMM (random seed 131860): the GEMM's f32
+/// accumulation is within its tolerance, but a softmax turns its input's
+/// absolute error into relative error of its output, and one element ends
+/// outside the whole-graph tolerance; checked against the exact softmax of
+/// the device's own `h`, every value passes. A GEMM forced to accumulate
+/// K = 116 in one f16 chain with a fused GELU (random seed 125113): the
+/// chain's roundings are the GEMM's own error, so the check against the
+/// exact computation from the device's `ln` fails at `y`.
+#[test]
+fn compositional_check_tells_amplification_from_inaccuracy() {
+    let dir = tempfile::tempdir().unwrap();
+    let cache = tempfile::tempdir().unwrap();
+    let verify = |name: &str, text: &str, tiles: u32, accumulation, seed| {
+        let model = write_model(dir.path(), name, text);
+        let mut opts = options(&model, tiles, cache.path());
+        opts.accumulation = accumulation;
+        let out = compile(&opts).unwrap_or_else(|e| panic!("{name}: {e}"));
+        verify_package(
+            out.package,
+            &VerifyOptions {
+                run: RunOptions {
+                    device: DeviceOptions::simulator(tiles),
+                    feeds: FeedSpec {
+                        generate: Generate::Gaussian { seed },
+                        ..FeedSpec::default()
+                    },
+                    ..RunOptions::default()
+                },
+                diagnose: true,
+                check_checkpoints: false,
+            },
+        )
+        .unwrap()
+    };
+    let amplified = verify(
+        "softmax32",
+        "model softmax32\ninput x: f32[56, 132]\nparam g: f32[132]\nparam b: f32[132]\nparam w: f32[132, 132]\nln = layernorm(x, g, b, epsilon=1e-6)\nh = gemm(ln, w)\ny = softmax(h)\noutput y\n",
+        5,
+        Accumulation::Auto,
+        131860,
+    );
+    assert!(!amplified.passed(), "{amplified}");
+    assert!(amplified.passed_compositionally(), "{amplified}");
+    let checked: Vec<&str> = amplified
+        .compositional
+        .as_ref()
+        .unwrap()
+        .iter()
+        .map(|c| c.name.as_str())
+        .collect();
+    assert!(
+        checked.contains(&"h") && checked.contains(&"y"),
+        "{checked:?}"
+    );
+    assert!(
+        amplified.to_string().contains("compositional check passed"),
+        "{amplified}"
+    );
+    let inaccurate = verify(
+        "gelu16",
+        "model gelu16\ninput x: f16[51, 116]\nparam g: f16[116]\nparam b: f16[116]\nparam w: f16[116, 116]\nln = layernorm(x, g, b, epsilon=1e-6)\nh = gemm(ln, w)\ny = gelu(h)\noutput y\n",
+        8,
+        Accumulation::F16,
+        125113,
+    );
+    assert!(!inaccurate.passed(), "{inaccurate}");
+    assert!(!inaccurate.passed_compositionally(), "{inaccurate}");
+    assert!(
+        inaccurate
+            .to_string()
+            .contains("compositional check FAILED at y"),
+        "{inaccurate}"
+    );
 }

@@ -78,6 +78,11 @@ pub struct VerifyReport {
     pub diagnosis: Option<Diagnosis>,
     /// Why there is no diagnosis although an output failed.
     pub diagnosis_note: Option<String>,
+    /// When an output failed and checkpoints allowed it: the compositional
+    /// check ([`compositional`]), every checkpointed value and every output
+    /// against the exact computation from the nearest values the device
+    /// itself produced, in graph order.
+    pub compositional: Option<Vec<TensorCheck>>,
     /// With [`VerifyOptions::check_checkpoints`]: every checkpointed value
     /// of the `run` call in graph order, checked against the whole-graph
     /// reference.
@@ -94,6 +99,19 @@ impl VerifyReport {
             .iter()
             .chain(&self.checkpoints)
             .all(|o| o.comparison.passed())
+    }
+
+    /// Whether an output outside the whole-graph tolerance passed the
+    /// compositional check: every operation is within the tolerance of the
+    /// exact operation applied to the device's own operands, so the output
+    /// differs from the whole-graph reference only by how the model
+    /// amplifies errors its operands were allowed to have.
+    pub fn passed_compositionally(&self) -> bool {
+        !self.passed()
+            && self
+                .compositional
+                .as_ref()
+                .is_some_and(|c| c.iter().all(|t| t.comparison.passed()))
     }
 }
 
@@ -192,6 +210,27 @@ impl fmt::Display for VerifyReport {
             writeln!(f, "  checkpoints in order: {}", trail.join(" "))?;
         } else if let Some(note) = &self.diagnosis_note {
             writeln!(f, "no diagnosis: {note}")?;
+        }
+        if let Some(c) = &self.compositional {
+            let bad: Vec<&str> = c
+                .iter()
+                .filter(|t| !t.comparison.passed())
+                .map(|t| t.name.as_str())
+                .collect();
+            let checked: Vec<&str> = c.iter().map(|t| t.name.as_str()).collect();
+            if bad.is_empty() {
+                writeln!(
+                    f,
+                    "compositional check passed: each of {} is within the tolerance of the exact computation from the device's own values before it, so the whole-graph difference is the model amplifying errors its operands were allowed",
+                    checked.join(", ")
+                )?;
+            } else {
+                writeln!(
+                    f,
+                    "compositional check FAILED at {} (each checked against the exact computation from the device's own values before it)",
+                    bad.join(", ")
+                )?;
+            }
         }
         Ok(())
     }
@@ -361,6 +400,7 @@ pub fn verify_package(
         outputs,
         diagnosis: None,
         diagnosis_note: None,
+        compositional: None,
         checkpoints: Vec::new(),
         calls,
     };
@@ -410,6 +450,26 @@ pub fn verify_package(
     tracing::info!("an output is wrong; re-running with checkpoints after every operation");
     let (cp_out, _) = run_session(true)?;
     report.diagnosis = diagnose(&graph, &graph_feeds, &reference, cp, &cp_out.checkpoints)?;
+    let device_outputs: Vec<(&str, &Tensor, &[Placement], bool)> = run_call
+        .outputs
+        .iter()
+        .map(|t| {
+            (
+                t.name.as_str(),
+                &out.outputs[&t.name],
+                &t.placements[..],
+                t.transposed,
+            )
+        })
+        .collect();
+    report.compositional = Some(compositional(
+        &graph,
+        &graph_feeds,
+        cp,
+        &cp_out.checkpoints,
+        &device_outputs,
+        (reduction, &requantised),
+    )?);
     if report.diagnosis.is_none() {
         report.diagnosis_note = Some(
             "every checkpointed value is within tolerance; the error arises after the last checkpoint"
@@ -419,42 +479,156 @@ pub fn verify_package(
     Ok(report)
 }
 
-/// Re-evaluates the operation defining `value` on the device's operands.
+/// The compositional check. Each checkpointed value and each output is
+/// compared, under the graph's tolerance rule (`rule`: its longest
+/// reduction and re-quantisations, as the whole-graph check uses), with the
+/// exact computation of its ancestors back to the nearest values the device
+/// itself produced (checkpoints) or the host fed ([`nearest_reference`]).
+/// When every one passes, every operation (or run of operations between
+/// checkpoints) is as accurate as the rule asks of one operation on the
+/// operands it was given; an output can still be outside the whole-graph
+/// tolerance when the model amplifies its operands' allowed errors (a
+/// softmax turns an absolute error of its input into a relative error of
+/// its output; attention scores amplify their projections').
+fn compositional(
+    graph: &Graph,
+    feeds: &BTreeMap<String, Tensor>,
+    cp: &CallCheckpoints,
+    device_values: &BTreeMap<String, Tensor>,
+    outputs: &[(&str, &Tensor, &[Placement], bool)],
+    rule: (u64, &[f64]),
+) -> Result<Vec<TensorCheck>, RuntimeError> {
+    let mut checks = Vec::new();
+    for (i, v) in graph.values().iter().enumerate() {
+        let id = ipu_graph::ValueId(i as u32);
+        if !matches!(v.def, ValueDef::Node(_)) {
+            continue;
+        }
+        let (device, placements, transposed) =
+            if let Some(o) = outputs.iter().find(|o| o.0 == v.name) {
+                (o.1, o.2, o.3)
+            } else if let Some(e) = cp.values.iter().find(|e| e.value == v.name) {
+                (&device_values[&v.name], &e.placements[..], e.transposed)
+            } else {
+                continue;
+            };
+        let Some(reference) = nearest_reference(graph, id, feeds, device_values) else {
+            continue;
+        };
+        checks.push(check(
+            &v.name,
+            device,
+            &reference,
+            rule,
+            (placements, transposed),
+        )?);
+    }
+    Ok(checks)
+}
+
+/// `value` evaluated exactly from the nearest values before it that the
+/// device produced (`device_values`, its checkpoints) or the host fed
+/// (`feeds`): the subgraph of its ancestors back to those values.
+fn nearest_reference(
+    graph: &Graph,
+    value: ipu_graph::ValueId,
+    feeds: &BTreeMap<String, Tensor>,
+    device_values: &BTreeMap<String, Tensor>,
+) -> Option<Tensor> {
+    reference_from(graph, value, feeds, device_values, true)
+}
+
+/// `value` evaluated exactly from values the host fed or the device
+/// checkpointed: its own operation over its operands, and with `recurse`
+/// the operations of operands that are neither, back to ones that are.
+fn reference_from(
+    graph: &Graph,
+    value: ipu_graph::ValueId,
+    feeds: &BTreeMap<String, Tensor>,
+    device_values: &BTreeMap<String, Tensor>,
+    recurse: bool,
+) -> Option<Tensor> {
+    if !matches!(graph.value(value).def, ValueDef::Node(_)) {
+        return None;
+    }
+    let mut b = Nearest {
+        graph,
+        root: value,
+        feeds,
+        device_values,
+        recurse,
+        sub: Graph::new("nearest"),
+        sub_feeds: BTreeMap::new(),
+        done: BTreeMap::new(),
+    };
+    let id = b.add(value)?;
+    b.sub.add_output(id).ok()?;
+    let name = graph.value(value).name.clone();
+    ipu_reference::evaluate(&b.sub, &b.sub_feeds)
+        .ok()?
+        .remove(&name)
+}
+
+/// The subgraph [`nearest_reference`] builds.
+struct Nearest<'a> {
+    graph: &'a Graph,
+    /// The value checked: computed in the subgraph even when checkpointed.
+    root: ipu_graph::ValueId,
+    feeds: &'a BTreeMap<String, Tensor>,
+    device_values: &'a BTreeMap<String, Tensor>,
+    /// Whether operands neither fed nor checkpointed are computed too.
+    recurse: bool,
+    sub: Graph,
+    sub_feeds: BTreeMap<String, Tensor>,
+    /// Subgraph value of each graph value added so far.
+    done: BTreeMap<u32, ipu_graph::ValueId>,
+}
+
+impl Nearest<'_> {
+    /// Adds `v`: an input of the subgraph when the host fed it or the
+    /// device checkpointed it (the root excepted), else its operation over
+    /// its operands, added the same way.
+    fn add(&mut self, v: ipu_graph::ValueId) -> Option<ipu_graph::ValueId> {
+        if let Some(&id) = self.done.get(&v.0) {
+            return Some(id);
+        }
+        let value = self.graph.value(v);
+        let given = match value.def {
+            ValueDef::Input | ValueDef::Param => Some(self.feeds.get(&value.name)?),
+            ValueDef::Node(_) if v != self.root => self.device_values.get(&value.name),
+            ValueDef::Node(_) => None,
+        };
+        let id = match (given, value.def) {
+            (Some(t), _) => {
+                let id = self.sub.add_input(&value.name, value.ty.clone()).ok()?;
+                self.sub_feeds.insert(value.name.clone(), t.clone());
+                id
+            }
+            (None, ValueDef::Node(n)) if v == self.root || self.recurse => {
+                let node = self.graph.node(n);
+                let args = node
+                    .args
+                    .iter()
+                    .map(|&a| self.add(a))
+                    .collect::<Option<Vec<_>>>()?;
+                self.sub.add_op(&value.name, node.op.clone(), &args).ok()?
+            }
+            (None, _) => return None,
+        };
+        self.done.insert(v.0, id);
+        Some(id)
+    }
+}
+
+/// Re-evaluates the operation defining `value` on the device's operands
+/// (`None` unless every operand was checkpointed or fed by the host).
 fn local_reference(
     graph: &Graph,
     value: ipu_graph::ValueId,
     feeds: &BTreeMap<String, Tensor>,
     device_values: &BTreeMap<String, Tensor>,
 ) -> Option<Tensor> {
-    let ValueDef::Node(n) = graph.value(value).def else {
-        return None;
-    };
-    let node = graph.node(n);
-    let mut sub = Graph::new("local");
-    let mut sub_feeds = BTreeMap::new();
-    let mut args = Vec::new();
-    let mut seen: BTreeMap<u32, ipu_graph::ValueId> = BTreeMap::new();
-    for a in &node.args {
-        if let Some(&id) = seen.get(&a.0) {
-            args.push(id);
-            continue;
-        }
-        let v = graph.value(*a);
-        let tensor = match v.def {
-            ValueDef::Input | ValueDef::Param => feeds.get(&v.name)?,
-            ValueDef::Node(_) => device_values.get(&v.name)?,
-        };
-        let id = sub.add_input(&v.name, v.ty.clone()).ok()?;
-        sub_feeds.insert(v.name.clone(), tensor.clone());
-        seen.insert(a.0, id);
-        args.push(id);
-    }
-    let result = graph.value(value);
-    let r = sub.add_op(&result.name, node.op.clone(), &args).ok()?;
-    sub.add_output(r).ok()?;
-    ipu_reference::evaluate(&sub, &sub_feeds)
-        .ok()?
-        .remove(&result.name)
+    reference_from(graph, value, feeds, device_values, false)
 }
 
 fn diagnose(

@@ -74,6 +74,7 @@ fn a_broken_kernel_is_caught_and_localised() {
         first diverging operation: `z` = add(...) on tiles [1], kernel add_f32_short (recomputed from the device's own operands, it still differs)
           `z`: checks=16 mismatches=2 expected=[-0.306273, 5.963216] max_error=0.829743 at [1, 6] first_mismatch=[1, 6] device=0 reference=0.8297427296638489 cosine=0.996294
           checkpoints in order: y:ok z:BAD
+        compositional check FAILED at z (each checked against the exact computation from the device's own values before it)
     "#]]
     .assert_eq(&report.to_string());
 }
