@@ -1049,15 +1049,22 @@ fn plan_and_lower(
             if let Some(layout) = options.attention_layout {
                 attention_candidates.retain(|c| c.layout == layout);
             }
+            // A forced layout the block cannot take is the options' fault:
+            // say which option, which value and why.
             if options.attention_layout == Some(attention::AttentionLayout::Columns)
                 && k.columns.is_none()
             {
-                return Err(CompileError::NoFeasiblePlan {
-                    value: graph.value(b.attention).name.clone(),
-                    reason: if attention_cols::applies(b) {
-                        "the column attention layout needs the kernels colmax_f16 IN=32, softmax_cols IN=32, attention_cols_final, fill_rows and copy64, which the kernel library lacks".into()
+                let value = &graph.value(b.attention).name;
+                return Err(CompileError::Options {
+                    message: if attention_cols::applies(b) {
+                        format!("attention_layout=columns for `{value}`: the column layout needs the kernels colmax_f16 IN=32, softmax_cols IN=32, attention_cols_final, fill_rows and copy64, which the kernel library lacks")
                     } else {
-                        "the column attention layout takes non-causal attention with a head size that is a multiple of 4, the same for v".into()
+                        format!(
+                            "attention_layout=columns for `{value}`: the column layout takes non-causal attention whose q, k and v heads have one size, a multiple of 4; `{value}` is {} with heads of {} (v: {}); the row layout (attention_layout=rows or auto) takes it",
+                            if b.causal { "causal" } else { "non-causal" },
+                            b.d,
+                            b.dv
+                        )
                     },
                 });
             }

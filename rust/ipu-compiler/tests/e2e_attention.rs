@@ -296,6 +296,22 @@ fn refusals_name_the_value() {
             && e.contains("the column layout needs a tile per head (4 heads, 3 tiles"),
         "{e}"
     );
+    // A causal attention forced into the column layout: the option is at
+    // fault, and the error says why and what takes it.
+    let causal = cols.replace("causal=false", "causal=true");
+    let mut opts = options(
+        &write_model(dir.path(), "cols_causal", &causal),
+        8,
+        cache.path(),
+    );
+    opts.attention_layout = Some(ipu_compiler::attention::AttentionLayout::Columns);
+    let e = compile(&opts).err().expect("refused").to_string();
+    assert!(
+        e.starts_with("invalid compile options: attention_layout=columns for `o`")
+            && e.contains("`o` is causal with heads of 20 (v: 20)")
+            && e.contains("the row layout"),
+        "{e}"
+    );
     for (name, text, value, reason) in cases {
         let model = write_model(dir.path(), name, &text);
         let e = compile(&options(&model, 64, cache.path()))

@@ -441,6 +441,10 @@ fn check(case: &Case, dir: &std::path::Path) -> Outcome {
             return Outcome::Failed(format!("the compiler panicked: {}", message(&panic)))
         }
         Ok(Err(e @ CompileError::Unsupported { .. })) => return Outcome::Limitation(e.to_string()),
+        // A forced attention layout the model's attention cannot take.
+        Ok(Err(e @ CompileError::Options { .. })) if case.layout.is_some() => {
+            return Outcome::Limitation(e.to_string())
+        }
         // Attention has no plan for fewer tiles than heads, nor for a head
         // size the forced layout cannot take; the slices of a batched GEMM
         // with more slices than tiles share region 1 for the whole
