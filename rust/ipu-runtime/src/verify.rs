@@ -78,8 +78,9 @@ pub struct VerifyReport {
     pub diagnosis: Option<Diagnosis>,
     /// Why there is no diagnosis although an output failed.
     pub diagnosis_note: Option<String>,
-    /// When an output failed and checkpoints allowed it: the compositional
-    /// check ([`compositional`]), every checkpointed value and every output
+    /// When an output failed and checkpoints allowed it, or with
+    /// [`VerifyOptions::check_checkpoints`]: the compositional check
+    /// ([`compositional`]), every checkpointed value and every output
     /// against the exact computation from the nearest values the device
     /// itself produced, in graph order.
     pub compositional: Option<Vec<TensorCheck>>,
@@ -221,8 +222,13 @@ impl fmt::Display for VerifyReport {
             if bad.is_empty() {
                 writeln!(
                     f,
-                    "compositional check passed: each of {} is within the tolerance of the exact computation from the device's own values before it, so the whole-graph difference is the model amplifying errors its operands were allowed",
-                    checked.join(", ")
+                    "compositional check passed: each of {} is within the tolerance of the exact computation from the device's own values before it{}",
+                    checked.join(", "),
+                    if self.passed() {
+                        ""
+                    } else {
+                        ", so the whole-graph difference is the model amplifying errors its operands were allowed"
+                    }
                 )?;
             } else {
                 writeln!(
@@ -407,6 +413,18 @@ pub fn verify_package(
     let run_checkpoints = checkpoints
         .as_ref()
         .and_then(|c| c.calls.iter().find(|k| k.call == "run"));
+    let device_outputs: Vec<(&str, &Tensor, &[Placement], bool)> = run_call
+        .outputs
+        .iter()
+        .map(|t| {
+            (
+                t.name.as_str(),
+                &out.outputs[&t.name],
+                &t.placements[..],
+                t.transposed,
+            )
+        })
+        .collect();
     if options.check_checkpoints {
         let Some(cp) = run_checkpoints else {
             return Err(RuntimeError::Verify(format!(
@@ -436,6 +454,14 @@ pub fn verify_package(
             );
             report.checkpoints.push(c);
         }
+        report.compositional = Some(compositional(
+            &graph,
+            &graph_feeds,
+            cp,
+            &cp_out.checkpoints,
+            &device_outputs,
+            (reduction, &requantised),
+        )?);
     }
     if report.passed() || !options.diagnose {
         return Ok(report);
@@ -450,18 +476,6 @@ pub fn verify_package(
     tracing::info!("an output is wrong; re-running with checkpoints after every operation");
     let (cp_out, _) = run_session(true)?;
     report.diagnosis = diagnose(&graph, &graph_feeds, &reference, cp, &cp_out.checkpoints)?;
-    let device_outputs: Vec<(&str, &Tensor, &[Placement], bool)> = run_call
-        .outputs
-        .iter()
-        .map(|t| {
-            (
-                t.name.as_str(),
-                &out.outputs[&t.name],
-                &t.placements[..],
-                t.transposed,
-            )
-        })
-        .collect();
     report.compositional = Some(compositional(
         &graph,
         &graph_feeds,
