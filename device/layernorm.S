@@ -153,17 +153,26 @@
         .macro PASS2_LOOP
         .if TYPE == 32
         # f32: each group is two pairs, the second loaded by the first
-        # bundle and the next group's first by the second.
-        rpt $m5, 4
+        # bundle and the next group's first by the second. The sum of d
+        # goes into the pair $a12:13 (which starts at zero): the mean's own
+        # f32 rounding, u |mean|, is in every d, and a row whose spread is
+        # far below its mean would carry it into d / std amplified by
+        # |mean| / std; sum(d) / COLS is that rounding, which pass 3
+        # subtracts (the corrected two-pass algorithm).
+        rpt $m5, 6
         { ld64 $a2:3, [$m7]+=8 ; f32v2sub $a8:9, $a0:1, $a4:5 }
         { ld64 $a0:1, [$m7]+=8 ; f32v2sub $a10:11, $a2:3, $a4:5 }
         { st64 $a8:9, [$m8]+=8 ; f32v2mac $a6:7, $a8:9, $a8:9 }
         { st64 $a10:11, [$m8]+=8 ; f32v2mac $a6:7, $a10:11, $a10:11 }
+        f32v2add $a12:13, $a12:13, $a8:9
+        f32v2add $a12:13, $a12:13, $a10:11
         { add $m7, $m7, -8 ; f32v2hsum $a6, $a6:7 }
-        rpt $m6, 3
+        f32v2hsum $a12, $a12:13
+        rpt $m6, 4
         ld32 $a0, [$m7]+=4
         f32sub $a0, $a0, $a4
         { st32 $a0, [$m8]+=4 ; f32mac $a6, $a0, $a0 }
+        f32add $a12, $a12, $a0
         .else
         rpt $m5, 6
         f16v2tof32 $a8:9, $a0
@@ -181,6 +190,19 @@
         .endif
         .endm
 
+# TYPE=32, after pass 2: with $a6 = sum(d^2) / COLS, $a12 = sum(d) and
+# $a15 = 1 / COLS, c = sum(d) / COLS (the mean's rounding) into the pair
+# $a4:5 for pass 3, and $a6 = sum(d^2) / COLS - c^2, the variance about the
+# corrected mean (never below zero).
+        .macro CORRECT
+        f32mul $a12, $a12, $a15
+        f32mul $a13, $a12, $a12
+        f32sub $a6, $a6, $a13
+        setzi $a13, 0
+        f32max $a6, $a6, $a13
+        f32v2bcast $a4:5, $a12
+        .endm
+
 # Pass 3: y = f16(d * r * gamma + beta) with r in the pair $a6:7, over $m5
 # groups ($m10 = groups - 1) and $m6 tail elements: d from the SCRATCH walk
 # $m8, gamma from $m1, beta from $m14, y to the output walk $m7. gamma and
@@ -194,24 +216,26 @@
         # accumulator; a pair's result is stored in the loop's third bundle,
         # after the next pair's d and gamma are loaded, and the last after
         # the loop ($m10 = pairs - 1).
+        # d is corrected by the pair (c, c) in $a4:5 first (pass 2's sum
+        # of d over COLS), in the bundle after its load.
         brz $m5, pass3_tail\@
         shl $m10, $m5, 1
         add $m10, $m10, -1
         ld64 $a0:1, [$m8]+=8
-        { ld64 $a8:9, [$m1]+=8 ; f32v2mul $a2:3, $a0:1, $a6:7 }
-        ld64 $a12:13, [$m14]+=8
+        { ld64 $a8:9, [$m1]+=8 ; f32v2sub $a0:1, $a0:1, $a4:5 }
+        { ld64 $a12:13, [$m14]+=8 ; f32v2mul $a2:3, $a0:1, $a6:7 }
         rpt $m10, 4
         { ld64 $a0:1, [$m8]+=8 ; f32v2mac $a12:13, $a2:3, $a8:9 }
-        { ld64 $a8:9, [$m1]+=8 ; f32v2mul $a2:3, $a0:1, $a6:7 }
-        st64 $a12:13, [$m7]+=8
+        { ld64 $a8:9, [$m1]+=8 ; f32v2sub $a0:1, $a0:1, $a4:5 }
+        { st64 $a12:13, [$m7]+=8 ; f32v2mul $a2:3, $a0:1, $a6:7 }
         ld64 $a12:13, [$m14]+=8
         f32v2mac $a12:13, $a2:3, $a8:9
         st64 $a12:13, [$m7]+=8
 pass3_tail\@:
         rpt $m6, 5
         ld32 $a0, [$m8]+=4
-        { ld32 $a8, [$m1]+=4 ; f32mul $a0, $a0, $a6 }
-        ld32 $a12, [$m14]+=4
+        { ld32 $a8, [$m1]+=4 ; f32sub $a0, $a0, $a4 }
+        { ld32 $a12, [$m14]+=4 ; f32mul $a0, $a0, $a6 }
         f32mac $a12, $a0, $a8
         st32 $a12, [$m7]+=4
         .else
@@ -259,11 +283,12 @@ pass3_tail\@:
         # element; without `%`: 18 * (COLS / 4) + 15 * (COLS % 4)
         # = 15 * COLS - 42 * (COLS / 4).
         .if TYPE == 32
-        # TYPE=32: 2 slots per group in pass 1, 4 in pass 2 and 8 in pass 3
-        # (14 per group) and 2 + 3 + 5 per tail element, two more set-up
-        # slots in pass 1 and one more per row and tail element as TYPE=16
+        # TYPE=32: 2 slots per group in pass 1, 6 in pass 2 (with the sum
+        # of d) and 8 in pass 3 (16 per group) and 2 + 4 + 5 per tail
+        # element, two more set-up slots in pass 1, eight for the
+        # corrected mean and one more per row and tail element as TYPE=16
         # has.
-        .cycles "6 * (13 + ROWS * (50 + 11 * COLS - 30 * (COLS / 4)))"
+        .cycles "6 * (13 + ROWS * (60 + 12 * COLS - 32 * (COLS / 4)))"
         .else
         .cycles "6 * (13 + ROWS * (47 + 15 * COLS - 42 * (COLS / 4)))"
         .endif
@@ -326,9 +351,16 @@ row:
         mov $m8, $m11
         setzi $a6, 0
         setzi $a7, 0
+        .if TYPE == 32
+        setzi $a12, 0
+        setzi $a13, 0
+        .endif
         ld64 $a0:1, [$m7]+=8
         PASS2_LOOP
         { ld32 $a14, [$m0 + ST_EPS] ; f32mul $a6, $a6, $a15 }
+        .if TYPE == 32
+        CORRECT
+        .endif
         f32add $a6, $a6, $a14
         f32rsqrt $a6, $a6
         f32v2bcast $a6:7, $a6
@@ -373,8 +405,9 @@ row:
         # 17 slots of set-up and exit, 1 per partial, 6 per group, 4 per
         # tail element (STAGE 0's pass 2).
         .if TYPE == 32
-        # TYPE=32: 4 slots per group, 3 per tail element.
-        .cycles "6 * (19 + NPARTS + 4 * QUADS + 3 * TAIL)"
+        # TYPE=32: 6 slots per group and 4 per tail element (with the sum of
+        # d), 4 more to join its lanes and store it.
+        .cycles "6 * (23 + NPARTS + 6 * QUADS + 4 * TAIL)"
         .else
         .cycles "6 * (19 + NPARTS + 6 * QUADS + 4 * TAIL)"
         .endif
@@ -384,8 +417,9 @@ row:
         # pipeline's 4 slots of fill and drain (1 / (QUADS + 1) is 1 only
         # for QUADS = 0).
         .if TYPE == 32
-        # TYPE=32: 8 slots per group, 5 per tail element.
-        .cycles "6 * (24 + NPARTS + 8 * QUADS + 5 * TAIL - 4 * (1 / (QUADS + 1)))"
+        # TYPE=32: 8 slots per group, 5 per tail element; the sums of d
+        # (1 per partial) and the corrected mean, 9 more.
+        .cycles "6 * (33 + 2 * NPARTS + 8 * QUADS + 5 * TAIL - 4 * (1 / (QUADS + 1)))"
         .else
         .cycles "6 * (24 + NPARTS + 10 * QUADS + 7 * TAIL - 4 * (1 / (QUADS + 1)))"
         .endif
@@ -450,6 +484,12 @@ layernorm:
         # bytes back.
         PASS2_LOOP
         st32 $a6, [$m2 + $m9]
+        .if TYPE == 32
+        # The slice's sum of d at PARTS[2 NPARTS + SLOT].
+        shl $m10, $m4, 2
+        add $m10, $m10, $m9
+        st32 $a12, [$m2 + $m10]
+        .endif
         exit
 
         .else
@@ -470,6 +510,14 @@ layernorm:
         { ld32 $a14, [$m0 + SP_EPS] ; i32tof32 $a15, $a15 }
         { ld32 $m7, [$m0 + SP_OUT] ; f32recip $a15, $a15 }
         { ld32 $m8, [$m0 + SP_SCRATCH] ; f32mul $a6, $a2, $a15 }
+        .if TYPE == 32
+        # D = +0 + PARTS[2 NPARTS] + ..., the slices' sums of d, as V.
+        setzi $a3, 0
+        rpt $m4, 1
+        { ld32 $a3, [$m2]+=4 ; f32add $a12, $a12, $a3 }
+        f32add $a12, $a12, $a3
+        CORRECT
+        .endif
         { ld32 $m1, [$m0 + SP_GAMMA] ; f32add $a6, $a6, $a14 }
         { ld32 $m14, [$m0 + SP_BETA] ; f32rsqrt $a6, $a6 }
         { ld32 $m5, [$m0 + SP_QUADS] ; f32v2bcast $a6:7, $a6 }

@@ -130,8 +130,11 @@ pub fn layernorm_request(stage: i64, ty: i64) -> KernelRequest {
 }
 
 /// Bytes of one row's partial sums in a split layer norm: the sums of x,
-/// then the sums of d^2, one f32 per slice each.
-const LN_PARTS_BYTES: u32 = 2 * 4 * ipu_arch::WORKER_CONTEXTS;
+/// then the sums of d^2, one f32 per slice each, and for f32 rows the sums
+/// of d too (the corrected mean, device/layernorm.S).
+fn ln_parts_bytes(f32_rows: bool) -> u32 {
+    (if f32_rows { 3 } else { 2 }) * 4 * ipu_arch::WORKER_CONTEXTS
+}
 
 /// Slices of each row of a layer norm on a tile with `rows` rows of
 /// `quads` groups of four: the workers a row can have to itself, at most
@@ -520,6 +523,9 @@ pub fn lower(
     // A layer norm whose tiles hold at most three rows can give each row
     // two or more workers (STAGE 1-3); their partial sums need a few bytes
     // per row.
+    let ln_parts_bytes = ln_parts_bytes(ops.iter().any(|o| {
+        matches!(o.work, Work::LayerNorm { .. }) && graph.ty(o.result).dtype == DType::F32
+    }));
     let ln_parts = (ops.iter().any(|o| matches!(o.work, Work::LayerNorm { .. }))
         && 2 * per_tile <= ipu_arch::WORKER_CONTEXTS)
         .then(|| {
@@ -529,7 +535,7 @@ pub fn lower(
                 eb: 1,
                 sections: 1,
                 vector: true,
-                slack: per_tile * LN_PARTS_BYTES,
+                slack: per_tile * ln_parts_bytes,
                 category: "rowwise_scratch",
             });
             plan.len() - 1
@@ -668,7 +674,7 @@ pub fn lower(
                                         },
                                         StateWord::Addr {
                                             buffer: parts,
-                                            offset: r * LN_PARTS_BYTES,
+                                            offset: r * ln_parts_bytes,
                                         },
                                         StateWord::Const(slices),
                                         StateWord::Const(j as u32),
