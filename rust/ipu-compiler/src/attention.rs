@@ -886,29 +886,11 @@ pub(crate) fn transpose_shard(
     let mut slowest = 0;
     let vertices = parts
         .iter()
-        .map(|&(c0, c1)| {
-            slowest = slowest.max(
-                transpose
-                    .1
-                    .eval(&[("ROWS", mt as i64), ("COLS", (c1 - c0) as i64)]),
-            );
-            Vertex {
-                kernel: transpose.0.clone(),
-                state: vec![
-                    StateWord::Addr {
-                        buffer: r.buffer,
-                        offset: c0 * 2,
-                    },
-                    StateWord::Const(r.row_stride),
-                    StateWord::Addr {
-                        buffer: tb,
-                        offset: c0 * rs,
-                    },
-                    StateWord::Const(rs),
-                    StateWord::Const(mt),
-                    StateWord::Const(c1 - c0),
-                ],
-            }
+        .map(|&cols| {
+            let (v, cycles) =
+                transpose_vertex(transpose, (r.buffer, r.row_stride), (tb, rs), mt, cols);
+            slowest = slowest.max(cycles);
+            v
         })
         .collect();
     Ok((
@@ -917,6 +899,39 @@ pub(crate) fn transpose_shard(
         vertices,
         slowest + launch_cycles(parts.len() as u64),
     ))
+}
+
+/// One `transpose_f16` vertex: columns `c0..c1` of the f16 matrix of
+/// `rows` rows in `(buffer, row stride)` `from` become rows `c0..c1` of `to`;
+/// with its estimated cycles.
+fn transpose_vertex(
+    transpose: &mut (KernelRequest, FormulaCost),
+    (from, rs_from): (usize, u32),
+    (to, rs_to): (usize, u32),
+    rows: u32,
+    (c0, c1): (u32, u32),
+) -> (Vertex, u64) {
+    let cycles = transpose
+        .1
+        .eval(&[("ROWS", rows as i64), ("COLS", (c1 - c0) as i64)]);
+    let vertex = Vertex {
+        kernel: transpose.0.clone(),
+        state: vec![
+            StateWord::Addr {
+                buffer: from,
+                offset: c0 * 2,
+            },
+            StateWord::Const(rs_from),
+            StateWord::Addr {
+                buffer: to,
+                offset: c0 * rs_to,
+            },
+            StateWord::Const(rs_to),
+            StateWord::Const(rows),
+            StateWord::Const(c1 - c0),
+        ],
+    };
+    (vertex, cycles)
 }
 
 /// Rows of one home of a host operand ([`host_homes`]) unless a third of
@@ -1907,30 +1922,16 @@ fn lower_rows(
                 (t.vt, lay.rs_vt, dv, t.v, lay.rs_v, keys),
             ] {
                 let from = from.expect("staged");
-                for (c0, c1) in ranges(cols, cols.min(3)) {
-                    slowest = slowest.max(
-                        kernels
-                            .transpose
-                            .1
-                            .eval(&[("ROWS", rows_in as i64), ("COLS", (c1 - c0) as i64)]),
+                for range in ranges(cols, cols.min(3)) {
+                    let (v, cycles) = transpose_vertex(
+                        &mut kernels.transpose,
+                        (from, rs_from),
+                        (to, rs_to),
+                        rows_in,
+                        range,
                     );
-                    vertices.push(Vertex {
-                        kernel: kernels.transpose.0.clone(),
-                        state: vec![
-                            StateWord::Addr {
-                                buffer: from,
-                                offset: c0 * 2,
-                            },
-                            StateWord::Const(rs_from),
-                            StateWord::Addr {
-                                buffer: to,
-                                offset: c0 * rs_to,
-                            },
-                            StateWord::Const(rs_to),
-                            StateWord::Const(rows_in),
-                            StateWord::Const(c1 - c0),
-                        ],
-                    });
+                    slowest = slowest.max(cycles);
+                    vertices.push(v);
                 }
             }
             unstage.estimated_cycles = unstage
