@@ -126,6 +126,16 @@ pub enum ProfileCommand {
         #[arg(long)]
         top: Option<usize>,
     },
+    /// Write a self-contained HTML view of a profile: the calls, a BSP
+    /// timeline and per-tile view of every call, cycles by operation,
+    /// kernel, phase and tile, memory per tile by region and category.
+    Html {
+        /// The profile (.ipuprofile) written by `ipu run --profile`.
+        profile: PathBuf,
+        /// Where to write the page (default: the profile's path with `.html`).
+        #[arg(short, long)]
+        output: Option<PathBuf>,
+    },
 }
 
 fn package_tiles(path: &std::path::Path) -> Result<u32, String> {
@@ -177,22 +187,44 @@ pub fn verify(args: VerifyArgs) -> Result<(), String> {
 pub fn profile(command: ProfileCommand) -> Result<(), String> {
     match command {
         ProfileCommand::Query { profile, by, top } => {
-            let by = match by.as_str() {
-                "kernel" => GroupBy::Kernel,
-                "operation" => GroupBy::Operation,
-                "phase" => GroupBy::Phase,
-                "call" => GroupBy::Call,
-                "step" => GroupBy::Step,
-                "tile" => GroupBy::Tile,
-                other => {
-                    return Err(format!(
-                        "--by {other:?}: expected kernel, operation, phase, call, step or tile"
-                    ))
-                }
-            };
+            let by: GroupBy = by.parse().map_err(|e| format!("--by: {e}"))?;
             let profile = Profile::read(&profile).map_err(|e| e.to_string())?;
             print!("{}", ipu_runtime::profile::render(&profile.query(by, top)));
             Ok(())
         }
+        ProfileCommand::Html { profile, output } => {
+            let output = output.unwrap_or_else(|| profile.with_extension("html"));
+            if output == profile {
+                return Err(format!(
+                    "{}: the HTML page would replace the profile; name another --output",
+                    output.display()
+                ));
+            }
+            let page = ipu_runtime::profile::html::render_html(
+                &Profile::read(&profile).map_err(|e| e.to_string())?,
+            );
+            write_replacing(&output, page.as_bytes())?;
+            println!("wrote {} ({} bytes)", output.display(), page.len());
+            Ok(())
+        }
     }
+}
+
+/// Writes `bytes` to `path` through a temporary file in the same directory
+/// and a rename, so that a failed write leaves any earlier file whole.
+fn write_replacing(path: &std::path::Path, bytes: &[u8]) -> Result<(), String> {
+    let dir = match path.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d.to_path_buf(),
+        _ => PathBuf::from("."),
+    };
+    let name = path
+        .file_name()
+        .ok_or_else(|| format!("{}: not a file path", path.display()))?;
+    let temporary = dir.join(format!(".{}.partial", name.to_string_lossy()));
+    std::fs::write(&temporary, bytes)
+        .and_then(|()| std::fs::rename(&temporary, path))
+        .map_err(|e| {
+            let _ = std::fs::remove_file(&temporary);
+            format!("{}: {e}", path.display())
+        })
 }

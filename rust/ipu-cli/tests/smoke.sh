@@ -32,4 +32,15 @@ grep -q "host_inputs=sideways: expected once or replicated" "$work/err" || { ech
 if "$ipu" compile "$src" -o "$work/p.ipupkg" --option no_such=1 2>"$work/err"; then echo "an unknown option must fail"; exit 1; fi
 grep -q "known options are .*host_inputs" "$work/err" || { echo "the error must list the known options: $(cat "$work/err")"; exit 1; }
 [[ ! -e "$work/p.ipupkg" ]] || { echo "a refused compile wrote a package"; exit 1; }
+# The HTML view of a profile names a profile it cannot read, and never
+# writes over the profile itself.
+if "$ipu" profile html "$work/none.ipuprofile" 2>"$work/err"; then echo "a missing profile must fail"; exit 1; fi
+grep -q "none.ipuprofile" "$work/err" || { echo "the error must name the profile: $(cat "$work/err")"; exit 1; }
+echo '{}' >"$work/p.json"
+if "$ipu" profile html "$work/p.json" -o "$work/p.json" 2>"$work/err"; then echo "html over its own profile must fail"; exit 1; fi
+grep -q "would replace the profile" "$work/err" || { echo "the error must say why: $(cat "$work/err")"; exit 1; }
+[[ "$(cat "$work/p.json")" == "{}" ]] || { echo "the profile was overwritten"; exit 1; }
+if "$ipu" profile html "$work/p.json" -o "$work/p.html" 2>"$work/err"; then echo "a file that is no profile must fail"; exit 1; fi
+grep -q "p.json: not an ipuprofile" "$work/err" || { echo "the error must name the file: $(cat "$work/err")"; exit 1; }
+[[ ! -e "$work/p.html" ]] || { echo "a refused profile wrote a page"; exit 1; }
 echo "ipu smoke: ok ($cycles cycles)"

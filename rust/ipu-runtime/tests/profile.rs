@@ -5,6 +5,7 @@
 mod common;
 
 use expect_test::expect;
+use ipu_runtime::profile::html::grouped;
 use ipu_runtime::profile::{render, GroupBy, Profile};
 use ipu_runtime::{run, DeviceOptions, FeedSpec, Generate, RunOptions};
 
@@ -175,4 +176,101 @@ fn bad_profile_files_are_refused() {
         )),
         "{e}"
     );
+}
+
+/// Checks that every element of `page` is closed in order (the page is
+/// written as XHTML-compatible markup: void elements end with `/>`), and
+/// returns the number of elements.
+fn balanced_elements(page: &str) -> usize {
+    let mut open: Vec<&str> = Vec::new();
+    let mut count = 0;
+    let mut rest = page;
+    while let Some(i) = rest.find('<') {
+        rest = &rest[i + 1..];
+        let end = rest.find('>').expect("a tag is closed");
+        let tag = &rest[..end];
+        rest = &rest[end + 1..];
+        if tag.starts_with('!') {
+            continue;
+        }
+        if let Some(name) = tag.strip_prefix('/') {
+            let top = open
+                .pop()
+                .unwrap_or_else(|| panic!("</{name}> closes nothing"));
+            assert_eq!(top, name, "</{name}> closes <{top}>");
+        } else {
+            count += 1;
+            let name = tag.split([' ', '/']).next().unwrap();
+            assert!(!name.is_empty(), "an empty tag: <{tag}>");
+            if !tag.ends_with('/') {
+                open.push(name);
+            }
+        }
+    }
+    assert!(open.is_empty(), "left open: {open:?}");
+    count
+}
+
+#[test]
+fn the_html_view_shows_every_call_step_group_and_memory_total() {
+    let (p, dir) = profile_of(common::Options::default());
+    let page = ipu_runtime::profile::html::render_html(&p);
+    assert!(balanced_elements(&page) > 50);
+    // The same profile, read back from its file, gives the same page.
+    let again = Profile::read(&dir.path().join("p.ipuprofile")).unwrap();
+    assert_eq!(ipu_runtime::profile::html::render_html(&again), page);
+    for c in &p.calls {
+        assert!(
+            page.contains(&format!("<tr><td class=\"k\">{}</td>", c.call)),
+            "call {}",
+            c.call
+        );
+    }
+    for s in &p.steps {
+        let tooltip = format!(
+            "step {} ({} step {}, {}): {} cycles",
+            s.index,
+            s.call,
+            s.call_step,
+            s.kind,
+            grouped(s.end_cycle - s.start_cycle)
+        );
+        assert!(page.contains(&tooltip), "{tooltip}");
+    }
+    for by in [GroupBy::Operation, GroupBy::Kernel, GroupBy::Phase] {
+        for row in p.query(by, None) {
+            assert!(
+                page.contains(&format!(
+                    "<tr><td class=\"k\">{}</td><td>{}</td>",
+                    row.key,
+                    grouped(row.cycles)
+                )),
+                "{by:?} row {}",
+                row.key
+            );
+        }
+    }
+    // Each region's total row adds up the profile's memory entries.
+    for region in ["region0", "region1"] {
+        let total: u64 = p
+            .memory
+            .iter()
+            .filter(|m| m.region == region)
+            .map(|m| m.bytes)
+            .sum();
+        if total == 0 {
+            continue;
+        }
+        let at = page.find(&format!("<h3>{region}")).unwrap();
+        let row = &page[at..][page[at..].find("<th class=\"k\">all</th>").unwrap()..];
+        let figure = row["<th class=\"k\">all</th><th>".len()..]
+            .split('<')
+            .next()
+            .unwrap();
+        assert_eq!(
+            figure.replace(',', "").parse::<u64>().unwrap(),
+            total,
+            "{region}"
+        );
+    }
 }

@@ -2,7 +2,8 @@
 //! cycles per BSP step split into compute, sync, exchange and host; steps
 //! attributed to calls, manifest phases, operations and kernels where the
 //! package says; memory per tile by region and category. And the query API
-//! (group by kernel, operation, phase, call, step or tile; top N).
+//! (group by kernel, operation, phase, call, step or tile; top N), and an
+//! HTML view of all of it (`html`).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Write as _;
@@ -15,6 +16,8 @@ use serde::{Deserialize, Serialize};
 
 use crate::members::{self, KernelTiles};
 use crate::{RuntimeError, Session};
+
+pub mod html;
 
 /// The value of [`Profile::format`].
 pub const FORMAT: &str = "ipuprofile";
