@@ -1,13 +1,15 @@
 # Final normalisation of flash attention: out[i, :] = f16(O[i, :] * recip(l[i]))
 # with O the f32 accumulator and l the running sum left by
 # device/attention_online.S after the last K/V block (f32 reciprocal, f32
-# product, one rounding to f16, nearest even).
+# product, one rounding to f16, nearest even). OUT=32 (f32 attention)
+# stores the f32 products, four bundles per group of four columns.
 #
 # Vertex state (u32 words, byte offsets):
 #    0 O      address of O[0, 0] (f32 [ROWS, 4*DQ], 8-aligned)
 #    4 RS_O   O row stride in bytes (multiple of 8)
 #    8 ML     address of the (m, l) f32 pairs (8-aligned); only l is read
-#   12 OUT    address of out[0, 0] (f16, 8-aligned); may alias O's rows
+#   12 OUT    address of out[0, 0] (f16, or f32 with OUT=32; 8-aligned); may
+#             alias O's rows
 #             (each group of four is read before it is written)
 #   16 RS_OUT output row stride in bytes (multiple of 8)
 #   20 ROWS   rows (>= 1)
@@ -18,8 +20,15 @@
 # issues such a row (with causal masking the first block always holds key 0).
 
         .kernel attention_final
+        .param OUT, 16
         .workers 6
+        .if OUT == 16
         .cycles "6 * (10 + ROWS * (10 + 6 * DQ))"
+        .elseif OUT == 32
+        .cycles "6 * (10 + ROWS * (10 + 4 * DQ))"
+        .else
+        .error "OUT must be 16 (f16 result) or 32 (f32 result)"
+        .endif
 
         .equ ST_O, 0
         .equ ST_RS_O, 4
@@ -49,6 +58,13 @@ row:
         f32v2bcast $a6:7, $a6
         mov $m12, $m2
         mov $m13, $m3
+        .if OUT == 32
+        rpt $m5, 4
+        ld64 $a0:1, [$m12]+=8
+        { ld64 $a2:3, [$m12]+=8 ; f32v2mul $a0:1, $a0:1, $a6:7 }
+        { st64 $a0:1, [$m13]+=8 ; f32v2mul $a2:3, $a2:3, $a6:7 }
+        st64 $a2:3, [$m13]+=8
+        .else
         rpt $m5, 6
         ld64 $a0:1, [$m12]+=8
         { ld64 $a2:3, [$m12]+=8 ; f32v2mul $a0:1, $a0:1, $a6:7 }
@@ -56,6 +72,7 @@ row:
         f32v2tof16 $a8, $a0:1
         f32v2tof16 $a9, $a2:3
         st64 $a8:9, [$m13]+=8
+        .endif
         add $m2, $m2, $m7
         add $m3, $m3, $m8
         brnzdec $m4, row

@@ -17,7 +17,15 @@
 # columns (two conversions, two macs; the loads pair with them).
 #
 # S = Q K^T is produced before this vertex by gemm_f16 with ACC=32 (f32
-# scores; docs/kernels.md, "Attention kernels").
+# scores; docs/kernels.md, "Attention kernels"), or by gemm_f32 for f32
+# attention.
+#
+# VT=32 (with PV=0 only): V is f32 (f32 attention). Each key then costs 3
+# bundles per four head columns instead of 4: the p pair and V's two f32
+# pairs load in three bundles (one memory access each) and the two macs
+# ride in them; no conversions. The first mac of a quad folds in zero
+# times the p pair left in $a10:11 by the row's p loop or the previous
+# quad (finite: exponentials), as in the f16 loop.
 #
 # Causal masking (.param CAUSAL=1): key K0 + j is visible to query Q0 + i iff
 # K0 + j <= Q0 + i, so row i uses the first nk = clamp(Q0 + i - K0 + 1, 0, BK)
@@ -29,9 +37,9 @@
 #    0 S      address of S[0, 0]: raw scores Q K^T of this block, f32,
 #             4-aligned (8-aligned with PV=1)
 #    4 RS_S   S row stride in bytes (multiple of 4; of 8 with PV=1)
-#    8 V      address of V[0, 0]: f16 [BK, 4*DQ], 8-aligned, head columns
-#             padded to a multiple of 4 with zeros
-#   12 RS_V   V row stride in bytes (multiple of 8, >= 8*DQ)
+#    8 V      address of V[0, 0]: f16 [BK, 4*DQ] (VT=32: f32), 8-aligned,
+#             head columns padded to a multiple of 4 with zeros
+#   12 RS_V   V row stride in bytes (multiple of 8, >= 8*DQ; VT=32: 16*DQ)
 #   16 O      address of O[0, 0]: f32 [ROWS, 4*DQ], 8-aligned
 #   20 RS_O   O row stride in bytes (multiple of 8)
 #   24 ML     address of the running state: ROWS pairs (m, l) of f32, 8-aligned
@@ -70,11 +78,20 @@
         .kernel attention_online
         .param CAUSAL, 0
         .param PV, 0
+        .param VT, 16
         .workers 6
         .if CAUSAL != 0 && CAUSAL != 1
         .error "CAUSAL must be 0 (all keys) or 1 (key index <= query index)"
         .endif
-        .if PV == 0
+        .if VT != 16 && VT != 32
+        .error "VT must be 16 (f16 V) or 32 (f32 V)"
+        .endif
+        .if VT == 32 && PV != 0
+        .error "VT=32 (f32 V) needs PV=0: P V on the vector unit"
+        .endif
+        .if PV == 0 && VT == 32
+        .cycles "6 * (8 + ROWS * (26 + 7 * BK + DQ * (13 + 3 * BK)))"
+        .elseif PV == 0
         .cycles "6 * (8 + ROWS * (26 + 7 * BK + DQ * (12 + 4 * BK)))"
         .elseif PV == 1
         .cycles "6 * (12 + ROWS * (54 + 3 * BK + (BKP - BK)))"
@@ -253,6 +270,31 @@ tail_done:
         ld32 $m9, [$m0 + ST_V]
         mov $m14, $m3
         add $m10, $m6, -1
+        .if VT == 32
+        # f32 V: $m12 walks the quad's low pair down the column, $m5 its
+        # high pair; per key the p pair, the low and the high V pair load
+        # in three bundles and the high mac of key j runs in the first
+        # bundle of key j + 1 (reads before writes: it sees p_j while the
+        # bundle loads p_(j+1)).
+quad32:
+        mov $m12, $m9
+        add $m5, $m9, 8
+        ld32 $m13, [$m0 + ST_PBUF]
+        ld64 $a2:3, [$m14 + 0]
+        { ld64 $a6:7, [$m14 + 8] ; f32v2mul $a2:3, $a2:3, $a12:13 }
+        { setzi $a4, 0 ; f32v2mul $a6:7, $a6:7, $a12:13 }
+        setzi $a5, 0
+        rpt $m11, 3
+        { ld64 $a10:11, [$m13]+=8 ; f32v2mac $a6:7, $a4:5, $a10:11 }
+        ld64 $a0:1, [$m12]+=$m8
+        { ld64 $a4:5, [$m5]+=$m8 ; f32v2mac $a2:3, $a0:1, $a10:11 }
+        f32v2mac $a6:7, $a4:5, $a10:11
+        st64 $a2:3, [$m14]+=8
+        { st64 $a6:7, [$m14]+=8 ; nop }
+        add $m9, $m9, 16
+        brnzdec $m10, quad32
+        br next_row
+        .endif
 quad:
         mov $m12, $m9
         ld32 $m13, [$m0 + ST_PBUF]

@@ -364,6 +364,9 @@ struct AttentionCase {
     q0: usize,
     workers: usize,
     seed: u64,
+    /// f32 V and result (attention_online VT=32, attention_final OUT=32):
+    /// f32 attention.
+    f32: bool,
 }
 
 /// Runs attention_online over every K/V block and then attention_final,
@@ -378,6 +381,12 @@ fn attention_case(case: &AttentionCase) -> u64 {
     // Scores as the f32 output of gemm_f16 ACC=32 would hold them: the f64
     // product of f16 inputs rounded to f32.
     let (q, k, v) = random_qkv(&mut rng, nq, nk, d);
+    // V's values: the f16 draws, or f32 values with all their bits.
+    let vf: Vec<f32> = if case.f32 {
+        (0..nk * d).map(|_| rng.uniform(-1.0, 1.0) as f32).collect()
+    } else {
+        v.iter().map(|&b| f16_bits_to_f32(b)).collect()
+    };
     let s: Vec<f32> = (0..nq * nk)
         .map(|ij| {
             let (i, j) = (ij / nk, ij % nk);
@@ -391,13 +400,18 @@ fn attention_case(case: &AttentionCase) -> u64 {
     let blocks: Vec<(usize, usize)> = (0..nk.div_ceil(case.block))
         .map(|b| (b * case.block, ((b + 1) * case.block).min(nk)))
         .collect();
-    let rs_v = 8 * dq + 8;
+    let eb = if case.f32 { 4 } else { 2 };
+    let rs_v = 4 * eb * dq + 8;
     let rs_o = 16 * dq + 8;
-    let rs_out = 8 * dq + 8;
+    let rs_out = 4 * eb * dq + 8;
     let mut memory = Vec::new();
     let mut v_bytes = vec![0u8; nk * rs_v];
     for j in 0..nk {
-        let row = f16_bytes(&v[j * d..(j + 1) * d]);
+        let row = if case.f32 {
+            f32_bytes(&vf[j * d..(j + 1) * d])
+        } else {
+            f16_bytes(&v[j * d..(j + 1) * d])
+        };
         v_bytes[j * rs_v..j * rs_v + row.len()].copy_from_slice(&row);
     }
     memory.push((AT_V, v_bytes));
@@ -461,15 +475,16 @@ fn attention_case(case: &AttentionCase) -> u64 {
             })
             .collect(),
     );
-    let causal = [("CAUSAL", case.causal as i64)];
+    let online = [("CAUSAL", case.causal as i64), ("VT", 8 * eb as i64)];
+    let final_ = [("OUT", 8 * eb as i64)];
     let (chip, total_cycles) = simulate(
-        &[("attention_online.S", &causal), ("attention_final.S", &[])],
+        &[("attention_online.S", &online), ("attention_final.S", &final_)],
         &groups,
         &memory,
     );
     let label = format!(
-        "attention q={nq} k={nk} d={d} block={} causal={} q0={} workers={}",
-        case.block, case.causal, case.q0, case.workers
+        "attention q={nq} k={nk} d={d} block={} causal={} q0={} workers={} f32={}",
+        case.block, case.causal, case.q0, case.workers, case.f32
     );
     let ml_got = read_f32(&chip, AT_ML, 2 * nq);
     for i in 0..nq {
@@ -485,22 +500,33 @@ fn attention_case(case: &AttentionCase) -> u64 {
             (gm - m).abs() <= 1e-5 * m.abs().max(1.0) && (gl - l).abs() <= 1e-5 * l,
             "{label}: row {i}: (m, l) = ({gm}, {gl}), f64 reference ({m}, {l})"
         );
-        let out = read_f16(&chip, AT_OUT + (i * rs_out) as u32, 4 * dq);
-        for c in 0..d {
-            let want: f64 = t
-                .iter()
-                .map(|&(j, x)| (x - m).exp() * f16v(v[j * d + c]))
-                .sum::<f64>()
-                / l;
-            let g = f16v(out[c]);
-            assert!(
-                within_f16_tolerance(g, want),
-                "{label}: out[{i}, {c}] = {g} ({:#06x}), f64 reference {want}",
-                out[c]
-            );
+        let out: Vec<f64> = if case.f32 {
+            read_f32(&chip, AT_OUT + (i * rs_out) as u32, 4 * dq)
+                .into_iter()
+                .map(f64::from)
+                .collect()
+        } else {
+            read_f16(&chip, AT_OUT + (i * rs_out) as u32, 4 * dq)
+                .into_iter()
+                .map(f16v)
+                .collect()
+        };
+        for (c, &g) in out.iter().enumerate().take(d) {
+            let terms = t.iter().map(|&(j, x)| ((x - m).exp(), vf[j * d + c] as f64));
+            let want: f64 = terms.clone().map(|(p, v)| p * v).sum::<f64>() / l;
+            // f32 results: the f32 exponentials, sums and products err by a
+            // few units of 2^-24 of the terms' magnitude (one f16 rounding
+            // would be 2^-11 of the value).
+            let magnitude: f64 = terms.map(|(p, v)| p * v.abs()).sum::<f64>() / l;
+            let within = if case.f32 {
+                (g - want).abs() <= 1e-5 * magnitude
+            } else {
+                within_f16_tolerance(g, want)
+            };
+            assert!(within, "{label}: out[{i}, {c}] = {g}, f64 reference {want}");
         }
         for (c, &h) in out.iter().enumerate().skip(d) {
-            assert_eq!(h, 0, "{label}: padding column out[{i}, {c}] must be zero");
+            assert_eq!(h, 0.0, "{label}: padding column out[{i}, {c}] must be zero");
         }
     }
     total_cycles
@@ -519,17 +545,20 @@ fn flash_attention_matches_f64_reference_on_edge_shapes() {
     ] {
         for causal in [false, true] {
             for workers in [1, 6] {
-                seed += 1;
-                attention_case(&AttentionCase {
-                    queries,
-                    keys,
-                    head,
-                    block,
-                    causal,
-                    q0: 0,
-                    workers,
-                    seed,
-                });
+                for f32 in [false, true] {
+                    seed += 1;
+                    attention_case(&AttentionCase {
+                        queries,
+                        keys,
+                        head,
+                        block,
+                        causal,
+                        q0: 0,
+                        workers,
+                        seed,
+                        f32,
+                    });
+                }
             }
         }
     }
@@ -540,16 +569,19 @@ fn causal_offsets_skip_fully_masked_rows_of_a_block() {
     // Queries 20..37 against keys 0..57 in blocks of 19: the third block
     // (keys 38..56) is invisible to every row, the second partly visible.
     for q0 in [0, 5, 20] {
-        attention_case(&AttentionCase {
-            queries: 17,
-            keys: 57,
-            head: 72,
-            block: 19,
-            causal: true,
-            q0,
-            workers: 4,
-            seed: 100 + q0 as u64,
-        });
+        for f32 in [false, true] {
+            attention_case(&AttentionCase {
+                queries: 17,
+                keys: 57,
+                head: 72,
+                block: 19,
+                causal: true,
+                q0,
+                workers: 4,
+                seed: 100 + q0 as u64,
+                f32,
+            });
+        }
     }
 }
 
@@ -557,7 +589,14 @@ fn causal_offsets_skip_fully_masked_rows_of_a_block() {
 fn flash_attention_cycles_against_bounds() {
     // One K/V block's update = (run with two equal blocks) - (run with one):
     // the supervisor launch and the final normalisation cancel out.
-    for &(queries, block, head) in &[(24, 64, 72), (17, 19, 72), (12, 128, 72)] {
+    for &(queries, block, head, f32) in &[
+        (24, 64, 72, false),
+        (17, 19, 72, false),
+        (12, 128, 72, false),
+        (24, 64, 72, true),
+        (17, 19, 72, true),
+        (12, 128, 18, true),
+    ] {
         let run = |blocks: usize| {
             attention_case(&AttentionCase {
                 queries,
@@ -568,15 +607,17 @@ fn flash_attention_cycles_against_bounds() {
                 q0: 0,
                 workers: 6,
                 seed: 5,
+                f32,
             })
         };
         let (one, two) = (run(1), run(2));
         let update = two - one;
         let rows = queries.div_ceil(6) as u64;
         let (bk, dq) = (block as u64, head.div_ceil(4) as u64);
+        let vt = if f32 { 32 } else { 16 };
         let estimate = declared_cycles(
             "attention_online.S",
-            &[("CAUSAL", 0)],
+            &[("CAUSAL", 0), ("VT", vt)],
             &[("ROWS", rows), ("BK", bk), ("DQ", dq)],
         );
         // Lower bounds for one update: the P V MACs at the AMP's f32-
@@ -586,7 +627,7 @@ fn flash_attention_cycles_against_bounds() {
         let exps = (queries * block) as u64;
         let bound = (macs / 32).max(exps / 2);
         println!(
-            "attention_online q={queries} block={block} d={head}: simulated {update} cycles per block, .cycles {estimate}, lower bound {bound} (MAC/32 = {}, exp/2 = {}); whole run with one block {one}",
+            "attention_online VT={vt} q={queries} block={block} d={head}: simulated {update} cycles per block, .cycles {estimate}, lower bound {bound} (MAC/32 = {}, exp/2 = {}); whole run with one block {one}",
             macs / 32,
             exps / 2
         );
@@ -911,11 +952,20 @@ fn invalid_causal_parameter_is_a_clear_assembly_error() {
 
 #[test]
 fn final_normalisation_alone() {
-    // Random O and l (l > 0), six workers: out = f16(O * recip(l)).
-    for &(rows, head) in &[(17usize, 19usize), (12, 72), (1, 1)] {
+    // Random O and l (l > 0), six workers: out = f16(O * recip(l)), or
+    // with OUT=32 the f32 product.
+    for &(rows, head, out32) in &[
+        (17usize, 19usize, false),
+        (12, 72, false),
+        (1, 1, false),
+        (17, 19, true),
+        (12, 72, true),
+        (1, 1, true),
+    ] {
         let mut rng = Rng((rows * 100 + head) as u64);
         let dq = head.div_ceil(4);
-        let (rs_o, rs_out) = (16 * dq + 8, 8 * dq + 8);
+        let eb = if out32 { 4 } else { 2 };
+        let (rs_o, rs_out) = (16 * dq + 8, 4 * eb * dq + 8);
         let o: Vec<f32> = (0..rows * 4 * dq)
             .map(|i| {
                 if i % (4 * dq) < head {
@@ -948,7 +998,7 @@ fn final_normalisation_alone() {
             })
             .collect();
         let (chip, cycles) = simulate(
-            &[("attention_final.S", &[])],
+            &[("attention_final.S", &[("OUT", 8 * eb as i64)])],
             &[launches],
             &[
                 (AT_O, o_mem),
@@ -957,22 +1007,38 @@ fn final_normalisation_alone() {
             ],
         );
         for i in 0..rows {
-            let out = read_f16(&chip, AT_OUT + (i * rs_out) as u32, 4 * dq);
-            for c in 0..4 * dq {
+            let out: Vec<f64> = if out32 {
+                read_f32(&chip, AT_OUT + (i * rs_out) as u32, 4 * dq)
+                    .into_iter()
+                    .map(f64::from)
+                    .collect()
+            } else {
+                read_f16(&chip, AT_OUT + (i * rs_out) as u32, 4 * dq)
+                    .into_iter()
+                    .map(f16v)
+                    .collect()
+            };
+            for (c, &g) in out.iter().enumerate() {
                 let want = o[i * 4 * dq + c] as f64 / l[i] as f64;
-                let g = f16v(out[c]);
+                // f32: a reciprocal and a product, each rounded once.
+                let within = if out32 {
+                    (g - want).abs() <= want.abs() * 3.0 * f32::EPSILON as f64
+                } else {
+                    within_f16_tolerance(g, want)
+                };
                 assert!(
-                    within_f16_tolerance(g, want),
-                    "final {rows}x{head}: out[{i}, {c}] = {g}, f64 reference {want}"
+                    within,
+                    "final {rows}x{head} OUT={}: out[{i}, {c}] = {g}, f64 reference {want}",
+                    8 * eb
                 );
             }
         }
         let estimate = declared_cycles(
             "attention_final.S",
-            &[],
+            &[("OUT", 8 * eb as i64)],
             &[("ROWS", rows.div_ceil(6) as u64), ("DQ", dq as u64)],
         );
-        println!("attention_final {rows}x{head}: simulated {cycles} cycles, .cycles {estimate}");
+        println!("attention_final OUT={} {rows}x{head}: simulated {cycles} cycles, .cycles {estimate}", 8 * eb);
         let ratio = estimate as f64 / cycles as f64;
         assert!(
             (0.7..1.2).contains(&ratio),

@@ -1,7 +1,8 @@
-//! device/transpose_f16.S on one simulated tile: random f16 bit patterns
-//! (every bit pattern, NaNs included, must be copied unchanged), edge and
-//! workload shapes, row strides with odd element counts (so that output rows
-//! start at every 2-byte alignment mod 8), input and output in either
+//! device/transpose_f16.S and device/transpose_f32.S on one simulated tile:
+//! random f16 and f32 bit patterns (every bit pattern, NaNs included, must
+//! be copied unchanged), edge and workload shapes, row strides with odd
+//! element counts (so that output rows start at every element alignment mod
+//! 8), input and output in either
 //! memory region, one vertex or six vertices on column ranges. Every output
 //! element is checked, and every other byte of the output area (row padding
 //! and guard bytes before and after the matrix) must keep its poison value;
@@ -34,16 +35,27 @@ fn ranges(n: usize, parts: usize) -> Vec<(usize, usize)> {
         .collect()
 }
 
-/// Assembles transpose_f16 and a supervisor that starts one vertex per
-/// state (concurrently, then `wsync`), links them, loads `memory` and runs
-/// one tile to its exit. Returns the chip and the tile's compute cycles.
-fn simulate(states: &[Vec<u32>], memory: &[(u32, Vec<u8>)]) -> (Chip, u64) {
+/// The kernel that transposes elements of `eb` bytes.
+fn kernel(eb: usize) -> &'static str {
+    match eb {
+        2 => "transpose_f16",
+        4 => "transpose_f32",
+        _ => panic!("no transpose of {eb}-byte elements"),
+    }
+}
+
+/// Assembles the transpose of `eb`-byte elements and a supervisor that
+/// starts one vertex per state (concurrently, then `wsync`), links them,
+/// loads `memory` and runs one tile to its exit. Returns the chip and the
+/// tile's compute cycles.
+fn simulate(eb: usize, states: &[Vec<u32>], memory: &[(u32, Vec<u8>)]) -> (Chip, u64) {
+    let name = kernel(eb);
     assert!(states.len() <= 6, "at most six workers");
     let mut sup = String::from("        .text\n        .globl main\nmain:\n");
     let mut data = String::from("        .data\n        .align 4\n");
     for (n, state) in states.iter().enumerate() {
         sup.push_str(&format!(
-            "        setzi $m2, transpose_f16\n        setzi $m3, st{n}\n        run $m2, $m3\n"
+            "        setzi $m2, {name}\n        setzi $m3, st{n}\n        run $m2, $m3\n"
         ));
         let words: Vec<String> = state.iter().map(|w| w.to_string()).collect();
         data.push_str(&format!("st{n}: .word {}\n", words.join(", ")));
@@ -58,7 +70,7 @@ fn simulate(states: &[Vec<u32>], memory: &[(u32, Vec<u8>)]) -> (Chip, u64) {
     )
     .unwrap_or_else(|e| panic!("{e}"));
     let kernel = ipu_asm::assemble_file(
-        &device_dir().join("transpose_f16.S"),
+        &device_dir().join(format!("{name}.S")),
         &ipu_asm::Options::default(),
     )
     .unwrap_or_else(|e| panic!("{e}"));
@@ -68,7 +80,7 @@ fn simulate(states: &[Vec<u32>], memory: &[(u32, Vec<u8>)]) -> (Chip, u64) {
             object: prog.object,
         },
         ipu_link::Input {
-            name: "transpose_f16.S.o".into(),
+            name: format!("{name}.S.o"),
             object: kernel.object,
         },
     ];
@@ -101,16 +113,13 @@ fn simulate(states: &[Vec<u32>], memory: &[(u32, Vec<u8>)]) -> (Chip, u64) {
 
 /// The kernel's declared `.cycles` formula (from the assembled object's
 /// metadata) evaluated by the compiler's own evaluator.
-fn declared_cycles(rows: usize, cols: usize) -> u64 {
+fn declared_cycles(eb: usize, rows: usize, cols: usize) -> u64 {
     let assembly = ipu_asm::assemble_file(
-        &device_dir().join("transpose_f16.S"),
+        &device_dir().join(format!("{}.S", kernel(eb))),
         &ipu_asm::Options::default(),
     )
     .unwrap_or_else(|e| panic!("{e}"));
-    let formula = assembly
-        .metadata
-        .cycles
-        .expect("transpose_f16 declares .cycles");
+    let formula = assembly.metadata.cycles.expect("the kernel declares .cycles");
     let vars: std::collections::BTreeMap<&str, i64> =
         [("ROWS", rows as i64), ("COLS", cols as i64)].into();
     ipu_compiler::formula::evaluate(&formula, &vars)
@@ -133,9 +142,19 @@ const GUARD: usize = 16;
 /// Runs the transpose of a random `rows x cols` matrix split over
 /// `vertices` column ranges, checks the output, its untouched padding and
 /// guards and the unchanged input, and returns the compute cycles.
-fn transpose_case(rows: usize, cols: usize, vertices: usize, lay: Layout, seed: u64) -> u64 {
-    let what = format!("transpose {rows}x{cols} on {vertices} vertices, {lay:x?}");
-    assert!(lay.rs_in >= 2 * cols && lay.rs_out >= 2 * rows, "{what}");
+fn transpose_case(
+    eb: usize,
+    rows: usize,
+    cols: usize,
+    vertices: usize,
+    lay: Layout,
+    seed: u64,
+) -> u64 {
+    let what = format!(
+        "{} {rows}x{cols} on {vertices} vertices, {lay:x?}",
+        kernel(eb)
+    );
+    assert!(lay.rs_in >= eb * cols && lay.rs_out >= eb * rows, "{what}");
     let mut rng = Rng(seed);
     // The whole input area is random, padding included: a kernel reading a
     // wrong element copies a wrong value.
@@ -150,7 +169,7 @@ fn transpose_case(rows: usize, cols: usize, vertices: usize, lay: Layout, seed: 
         .into_iter()
         .map(|(c0, c1)| {
             vec![
-                lay.input + 2 * c0 as u32,
+                lay.input + (eb * c0) as u32,
                 lay.rs_in as u32,
                 lay.output + (c0 * lay.rs_out) as u32,
                 lay.rs_out as u32,
@@ -160,15 +179,16 @@ fn transpose_case(rows: usize, cols: usize, vertices: usize, lay: Layout, seed: 
         })
         .collect();
     let (chip, cycles) = simulate(
+        eb,
         &states,
         &[(lay.input, input.clone()), (out_area, poison.clone())],
     );
     let mut want = poison;
     for r in 0..rows {
         for c in 0..cols {
-            let src = r * lay.rs_in + 2 * c;
-            let dst = GUARD + c * lay.rs_out + 2 * r;
-            want[dst..dst + 2].copy_from_slice(&input[src..src + 2]);
+            let src = r * lay.rs_in + eb * c;
+            let dst = GUARD + c * lay.rs_out + eb * r;
+            want[dst..dst + eb].copy_from_slice(&input[src..src + eb]);
         }
     }
     let got = chip.peek(0, out_area, want.len() as u32).unwrap();
@@ -178,8 +198,8 @@ fn transpose_case(rows: usize, cols: usize, vertices: usize, lay: Layout, seed: 
             format!("guard byte at output offset {off}")
         } else {
             let (c, b) = (off as usize / lay.rs_out, off as usize % lay.rs_out);
-            if b < 2 * rows {
-                format!("out[{c}, {}] byte {}", b / 2, b % 2)
+            if b < eb * rows {
+                format!("out[{c}, {}] byte {}", b / eb, b % eb)
             } else {
                 format!("padding of output row {c}, byte {b}")
             }
@@ -204,20 +224,22 @@ const R0: u32 = 0x60000;
 const R1: u32 = 0x90000;
 
 /// Layouts with odd element strides (padding after every row) and starts
-/// at every alignment mod 8, the output in region 1 and in region 0.
-fn odd_layouts(rows: usize, cols: usize) -> Vec<Layout> {
-    let odd = |n: usize, pad: usize| 2 * ((n + pad) | 1);
+/// at every element alignment mod 8, the output in region 1 and in region 0.
+fn odd_layouts(eb: usize, rows: usize, cols: usize) -> Vec<Layout> {
+    let odd = |n: usize, pad: usize| eb * ((n + pad) | 1);
+    // Starts 2 or 6 mod 8 for f16 elements, 4 mod 8 for f32.
+    let (a, b) = if eb == 2 { (2, 6) } else { (4, 4) };
     vec![
         Layout {
-            input: R0 + 2,
+            input: R0 + a,
             rs_in: odd(cols, 2),
-            output: R1 + 6,
+            output: R1 + b,
             rs_out: odd(rows, 1),
         },
         Layout {
             input: R1 + 4,
             rs_in: odd(cols, 0),
-            output: R0 + 0x8000 + 2,
+            output: R0 + 0x8000 + a,
             rs_out: odd(rows, 4),
         },
         Layout {
@@ -230,12 +252,12 @@ fn odd_layouts(rows: usize, cols: usize) -> Vec<Layout> {
 }
 
 /// The compiler's usual placement: rows of whole 8-byte groups, 8-aligned.
-fn aligned_layout(rows: usize, cols: usize) -> Layout {
+fn aligned_layout(eb: usize, rows: usize, cols: usize) -> Layout {
     Layout {
         input: R0,
-        rs_in: (2 * cols).div_ceil(8) * 8,
+        rs_in: (eb * cols).div_ceil(8) * 8,
         output: R1,
-        rs_out: (2 * rows).div_ceil(8) * 8,
+        rs_out: (eb * rows).div_ceil(8) * 8,
     }
 }
 
@@ -243,18 +265,21 @@ const SHAPES: [(usize, usize); 6] = [(1, 1), (1, 7), (7, 1), (17, 19), (61, 48),
 
 #[test]
 fn every_element_moves_and_nothing_else_is_written() {
-    for (i, &(rows, cols)) in SHAPES.iter().enumerate() {
-        let mut layouts = odd_layouts(rows, cols);
-        layouts.push(aligned_layout(rows, cols));
-        for (j, &lay) in layouts.iter().enumerate() {
-            for vertices in [1, 6] {
-                transpose_case(
-                    rows,
-                    cols,
-                    vertices,
-                    lay,
-                    (100 * i + 10 * j + vertices) as u64,
-                );
+    for eb in [2, 4] {
+        for (i, &(rows, cols)) in SHAPES.iter().enumerate() {
+            let mut layouts = odd_layouts(eb, rows, cols);
+            layouts.push(aligned_layout(eb, rows, cols));
+            for (j, &lay) in layouts.iter().enumerate() {
+                for vertices in [1, 6] {
+                    transpose_case(
+                        eb,
+                        rows,
+                        cols,
+                        vertices,
+                        lay,
+                        (1000 * eb + 100 * i + 10 * j + vertices) as u64,
+                    );
+                }
             }
         }
     }
@@ -272,26 +297,28 @@ fn every_row_count_mod_four_and_every_output_alignment() {
                 output: R1 + shift,
                 rs_out: 2 * rows + 2 * (rows % 3),
             };
-            transpose_case(rows, 5, 2, lay, (rows * 10) as u64 + shift as u64);
+            transpose_case(2, rows, 5, 2, lay, (rows * 10) as u64 + shift as u64);
         }
     }
 }
 
 #[test]
 fn cycles_against_declared_formula_and_bound() {
-    for &(rows, cols) in &[(61usize, 48usize), (16, 72)] {
-        let cycles = transpose_case(rows, cols, 6, aligned_layout(rows, cols), 7);
-        let estimate = declared_cycles(rows, cols.div_ceil(6));
-        // Lower bound: every element is read and written once (4 bytes of
-        // memory traffic), a bundle makes at most one access of at most
-        // 8 bytes and six workers issue at most one bundle per tile cycle:
-        // elements / 2 cycles. The ld16 method itself needs 5 bundles per
-        // 4 elements: 1.25 cycles per element on the tile.
+    for &(eb, rows, cols) in &[(2, 61usize, 48usize), (2, 16, 72), (4, 61, 48), (4, 19, 72)] {
+        let cycles = transpose_case(eb, rows, cols, 6, aligned_layout(eb, rows, cols), 7);
+        let estimate = declared_cycles(eb, rows, cols.div_ceil(6));
+        // Lower bound: every element is read and written once, a bundle
+        // makes at most one access of at most 8 bytes and six workers
+        // issue at most one bundle per tile cycle: elements * 2 * eb / 8
+        // cycles. transpose_f16's ld16 method itself needs 5 bundles per 4
+        // elements (1.25 cycles per element on the tile), transpose_f32's
+        // 2 bundles per element.
         let elements = (rows * cols) as u64;
-        let bound = elements / 2;
+        let bound = elements * eb as u64 / 4;
+        let method = if eb == 2 { elements * 5 / 4 } else { elements * 2 };
         println!(
-            "transpose_f16 {rows}x{cols}, 6 vertices: simulated {cycles} cycles, .cycles {estimate}, lower bound {bound} (elements / 2), ld16 method {} (1.25 per element)",
-            elements * 5 / 4
+            "{} {rows}x{cols}, 6 vertices: simulated {cycles} cycles, .cycles {estimate}, lower bound {bound} (one 8-byte access per cycle), the method's {method}",
+            kernel(eb)
         );
         assert!(cycles >= bound);
         // The simulated figure also holds the supervisor's six launches
