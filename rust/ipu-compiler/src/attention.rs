@@ -69,6 +69,10 @@ pub struct AttentionBlock {
     pub sk: u32,
     pub causal: bool,
     pub scale: f32,
+    /// f32 attention (q, k, v and the result f32): the scores on
+    /// `gemm_f32`, P V on the vector unit in `attention_online` (PV=0,
+    /// VT=32), an f32 result; else f16.
+    pub f32: bool,
     /// The attention value (`[H, Sq, D]`).
     pub attention: ValueId,
     /// The merged result (`[Sq, H * D]`), a graph output.
@@ -89,22 +93,43 @@ pub struct AttentionBlock {
 }
 
 /// Host byte offset of element (row `r`, column `c`) of the merged view
-/// `[rows, heads * d]` of an f16 value laid out merged or, when
-/// `heads_major`, as `[heads, rows, d]` (column `c` is column `c % d` of
-/// head `c / d`).
-pub fn view_offset(heads_major: bool, rows: u32, heads: u32, d: u32, r: u32, c: u32) -> u64 {
-    if heads_major {
-        (((c / d) as u64 * rows as u64 + r as u64) * d as u64 + (c % d) as u64) * 2
+/// `[rows, heads * d]` of a value of `eb`-byte elements laid out merged
+/// or, when `heads_major`, as `[heads, rows, d]` (column `c` is column
+/// `c % d` of head `c / d`).
+pub fn view_offset(
+    heads_major: bool,
+    eb: u32,
+    (rows, heads, d): (u32, u32, u32),
+    r: u32,
+    c: u32,
+) -> u64 {
+    let element = if heads_major {
+        ((c / d) as u64 * rows as u64 + r as u64) * d as u64 + (c % d) as u64
     } else {
-        (r as u64 * heads as u64 * d as u64 + c as u64) * 2
-    }
+        r as u64 * heads as u64 * d as u64 + c as u64
+    };
+    element * eb as u64
 }
 
 impl AttentionBlock {
     /// Host byte offset of the result's query `r`, merged column `c`
     /// (a run of columns within one head is contiguous either way).
     pub fn result_offset(&self, r: u32, c: u32) -> u64 {
-        view_offset(self.heads_major_result, self.sq, self.heads, self.dv, r, c)
+        view_offset(
+            self.heads_major_result,
+            self.eb(),
+            (self.sq, self.heads, self.dv),
+            r,
+            c,
+        )
+    }
+    /// Bytes of one element of q, k, v and the result.
+    pub fn eb(&self) -> u32 {
+        if self.f32 {
+            4
+        } else {
+            2
+        }
     }
     /// The head size padded to the AMP's 16 (the scores GEMM's K).
     pub fn dp(&self) -> u32 {
@@ -131,7 +156,7 @@ impl AttentionBlock {
     /// reads 2-aligned rows). Over host operands every home holds one
     /// head in rows padded to words instead (`host_homes`).
     pub fn staged(&self) -> bool {
-        self.host.is_none() && (self.d % 2 == 1 || self.dv % 2 == 1)
+        self.host.is_none() && !self.f32 && (self.d % 2 == 1 || self.dv % 2 == 1)
     }
     /// Multiply-accumulates of Q K^T and P V over all heads.
     pub fn macs(&self) -> u64 {
@@ -285,11 +310,11 @@ pub fn recognise(graph: &Graph, groups: &[Group]) -> Result<Vec<AttentionBlock>,
         let qt = &graph.value(node.args[0]).ty;
         let kt = &graph.value(node.args[1]).ty;
         let vt = &graph.value(node.args[2]).ty;
-        if qt.dtype != DType::F16 {
+        if !matches!(qt.dtype, DType::F16 | DType::F32) {
             return Err(err(
                 o,
                 "attention",
-                format!("q is {}; attention is lowered for f16", qt.dtype),
+                format!("q is {}; attention is lowered for f16 and f32", qt.dtype),
             ));
         }
         if qt.shape.rank() != 3 {
@@ -342,6 +367,7 @@ pub fn recognise(graph: &Graph, groups: &[Group]) -> Result<Vec<AttentionBlock>,
             sk,
             causal,
             scale: scale.unwrap_or(1.0 / (d as f64).sqrt()) as f32,
+            f32: qt.dtype == DType::F32,
             attention: o,
             result: y,
             k_value,
@@ -390,12 +416,30 @@ pub fn kernel_requests(block: &AttentionBlock) -> [KernelRequest; 7] {
         source: source.into(),
         params: params.iter().map(|(k, v)| (k.to_string(), *v)).collect(),
     };
+    let causal = ("CAUSAL", block.causal as i64);
+    if block.f32 {
+        // f32: the scores on gemm_f32, P V in f32 on the vector unit
+        // inside the online update (no P, no P V GEMM, no merge).
+        return [
+            req("gemm_f32", "gemm_f32.S", &[]),
+            req(
+                "attention_online",
+                "attention_online.S",
+                &[causal, ("PV", 0), ("VT", 32)],
+            ),
+            req("attention_merge", "attention_merge.S", &[]),
+            req("attention_final", "attention_final.S", &[("OUT", 32)]),
+            req("fill64", "fill64.S", &[]),
+            req("transpose_f32", "transpose_f32.S", &[]),
+            req("attention_combine", "attention_combine.S", &[]),
+        ];
+    }
     [
         req("gemm_f16", "gemm_f16.S", &[("ACC", 32)]),
         req(
             "attention_online",
             "attention_online.S",
-            &[("CAUSAL", block.causal as i64), ("PV", 1)],
+            &[causal, ("PV", 1)],
         ),
         req("attention_merge", "attention_merge.S", &[]),
         req("attention_final", "attention_final.S", &[]),
@@ -509,6 +553,11 @@ impl AttentionPlan {
 struct TileLayout {
     rows: u32,
     split_cb: u32,
+    /// Column blocks of the widest key block.
+    block_cb: u32,
+    /// f32 attention: no P, no P V GEMM; each online vertex's p scratch
+    /// holds a block's keys.
+    f32: bool,
     rs_q: u32,
     rs_kt: u32,
     rs_v: u32,
@@ -530,19 +579,22 @@ impl TileLayout {
     /// `block_cb`: column blocks of the widest key block; `split_cb`: of
     /// the widest key split.
     fn new(b: &AttentionBlock, rows: u32, block_cb: u32, split_cb: u32) -> TileLayout {
+        let eb = b.eb();
         TileLayout {
             rows,
             split_cb,
-            rs_q: b.dp() * 2,
-            rs_kt: split_cb * 32,
-            rs_v: b.dvp() * 2,
+            block_cb,
+            f32: b.f32,
+            rs_q: b.dp() * eb,
+            rs_kt: split_cb * 16 * eb,
+            rs_v: b.dvp() * eb,
             rs_s: block_cb * 16 * 4,
             rs_pv: b.dvp() * 4,
             rs_p: block_cb * 32,
             rs_o: 16 * b.dqv() + 8,
-            rs_out: 8 * b.dqv() + 8,
-            rs_qt: transposed_row_stride(rows),
-            rs_vt: transposed_row_stride(split_cb * 16),
+            rs_out: 4 * eb * b.dqv() + 8,
+            rs_qt: transposed_row_stride(rows, 2),
+            rs_vt: transposed_row_stride(split_cb * 16, 2),
             qt_rows: if b.staged() { b.d } else { 0 },
             vt_rows: if b.staged() { b.dv } else { 0 },
         }
@@ -565,13 +617,35 @@ impl TileLayout {
     /// Both C buffers serve the scores GEMM and then the P V GEMM: a zero
     /// header, two junk rows, the rows, two drain rows.
     fn c_bytes(&self) -> u32 {
-        C_HEADER + (self.rows + 4) * self.rs_s.max(self.rs_pv)
+        let widest = if self.f32 {
+            self.rs_s
+        } else {
+            self.rs_s.max(self.rs_pv)
+        };
+        C_HEADER + (self.rows + 4) * widest
     }
+    /// P (f16 only: f32 attention keeps p in the online vertex's scratch).
     fn p_bytes(&self) -> u32 {
-        (self.rows + 2) * self.rs_p
+        if self.f32 {
+            0
+        } else {
+            (self.rows + 2) * self.rs_p
+        }
+    }
+    /// Each online vertex's scratch: (-m', -m') with P V on the AMP, the
+    /// block's p values as f32 pairs with P V on the vector unit (f32).
+    fn pbuf_bytes(&self) -> u32 {
+        if self.f32 {
+            8 * 16 * self.block_cb
+        } else {
+            8
+        }
+    }
+    fn scratch_bytes(&self) -> u32 {
+        self.rows.min(ipu_arch::WORKER_CONTEXTS) * self.pbuf_bytes()
     }
     fn region1(&self, b: &AttentionBlock) -> Option<u64> {
-        crate::storage::region1_footprint(&[
+        let buffers: Vec<(u32, bool)> = [
             (self.q_bytes(), true),
             (self.c_bytes(), true),
             (self.c_bytes(), true),
@@ -580,14 +654,24 @@ impl TileLayout {
             (self.v_bytes(b), false),
             (self.qt_bytes(), false),
             (self.vt_bytes(), false),
-        ])
+        ]
+        .into_iter()
+        .filter(|&(bytes, _)| bytes > 0)
+        .collect();
+        crate::storage::region1_footprint(&buffers)
     }
     /// Region 0: O, (m, l), factors, the output rows, scratch, and the
     /// other splits' states a combining tile receives.
     fn region0(&self, splits: u32) -> u64 {
         let r = self.rows as u64;
         let state = r * self.rs_o as u64 + 8 * r;
-        state * splits as u64 + 4 * r + r * self.rs_out as u64 + 64
+        // f16: the online vertices' (-m', -m') pairs and slack, 64 bytes.
+        let scratch = if self.f32 {
+            self.scratch_bytes() as u64 + 16
+        } else {
+            64
+        };
+        state * splits as u64 + 4 * r + r * self.rs_out as u64 + scratch
     }
 }
 
@@ -630,6 +714,11 @@ fn compute_cycles(
             ("DQ", dq),
         ]);
         steps.push(online + launch_cycles(row_parts.len() as u64));
+        if b.f32 {
+            // P V ran inside the online update: no P V GEMM, no merge.
+            steps.extend([0, 0]);
+            continue;
+        }
         let vcols = ranges(b.dvp() / 16, (b.dvp() / 16).min(6));
         let vwidest = vcols.iter().map(|c| c.1 - c.0).max().unwrap_or(0) as i64;
         let pv = k
@@ -744,8 +833,9 @@ pub fn plan(
                 // Every attention tile receives its split's K^T and V and
                 // its Q rows; with splits, a combine exchange and steps.
                 let keys = (split_cb * 16).min(block.sk) as u64;
+                let eb = block.eb() as u64;
                 let received =
-                    keys * (block.d + block.dv) as u64 * 2 + rows as u64 * block.d as u64 * 2;
+                    keys * (block.d + block.dv) as u64 * eb + rows as u64 * block.d as u64 * eb;
                 let mut exchange = ipu_arch::SYNC_CYCLES
                     + received.div_ceil(ipu_arch::EXCHANGE_RECV_BYTES_PER_CYCLE as u64);
                 if splits > 1 {
@@ -814,7 +904,8 @@ struct TileBuffers {
     vt: Option<usize>,
     s: usize,
     s2: usize,
-    p: usize,
+    /// P, the A operand of the P V GEMM (f16 attention only).
+    p: Option<usize>,
     o: usize,
     ml: usize,
     alpha: usize,
@@ -842,32 +933,33 @@ fn row_vertices(
         .collect()
 }
 
-/// Transposes a projection's result shard on its tile (`transpose_f16`,
-/// one vertex per range of columns) into a new buffer `buffer_name` whose
-/// rows (the shard's columns) are padded with zeros to 8 bytes, so that the
-/// exchange moves runs of the shard's rows in 4-byte words. `what` names
-/// the projection in the error for a shard starting on an odd row. Returns
-/// the buffer, its row stride, the vertices and their estimated cycles.
+/// Transposes a projection's result shard of `eb`-byte elements on its
+/// tile (`transpose_f16` or `transpose_f32`, one vertex per range of
+/// columns) into a new buffer `buffer_name` whose rows (the shard's
+/// columns) are padded with zeros to 8 bytes, so that the exchange moves
+/// runs of the shard's rows in 4-byte words. `what` names the projection
+/// in the error for an f16 shard starting on an odd row. Returns the
+/// buffer, its row stride, the vertices and their estimated cycles.
 pub(crate) fn transpose_shard(
     l: &mut Lowered,
     tile: u32,
-    r: &crate::lower::GroupResult,
+    (r, eb): (&crate::lower::GroupResult, u32),
     buffer_name: &str,
     what: &str,
     transpose: &mut (KernelRequest, FormulaCost),
 ) -> Result<(usize, u32, Vec<Vertex>, u64), CompileError> {
     let (r0, r1) = r.rows;
     let mt = r1 - r0;
-    if r0 % 2 != 0 {
+    if eb == 2 && r0 % 2 != 0 {
         return Err(CompileError::Verifier {
             phase: "lower",
             message: format!("{what} projection rows on tile {tile} start at odd row {r0}"),
         });
     }
-    let rs = transposed_row_stride(mt);
+    let rs = transposed_row_stride(mt, eb);
     let bufs = l.buffers.get_mut(&tile).expect("projection tiles exist");
     let zero: Vec<(u32, u32)> = (0..r.width)
-        .map(|c| (c * rs + mt * 2, (c + 1) * rs))
+        .map(|c| (c * rs + mt * eb, (c + 1) * rs))
         .filter(|z| z.0 < z.1)
         .collect();
     bufs.push(BufferSpec {
@@ -888,7 +980,7 @@ pub(crate) fn transpose_shard(
         .iter()
         .map(|&cols| {
             let (v, cycles) =
-                transpose_vertex(transpose, (r.buffer, r.row_stride), (tb, rs), mt, cols);
+                transpose_vertex(transpose, eb, (r.buffer, r.row_stride), (tb, rs), mt, cols);
             slowest = slowest.max(cycles);
             v
         })
@@ -901,11 +993,12 @@ pub(crate) fn transpose_shard(
     ))
 }
 
-/// One `transpose_f16` vertex: columns `c0..c1` of the f16 matrix of
-/// `rows` rows in `(buffer, row stride)` `from` become rows `c0..c1` of `to`;
-/// with its estimated cycles.
+/// One `transpose_f16` (`eb` = 2) or `transpose_f32` (4) vertex: columns
+/// `c0..c1` of the matrix of `rows` rows in `(buffer, row stride)` `from`
+/// become rows `c0..c1` of `to`; with its estimated cycles.
 fn transpose_vertex(
     transpose: &mut (KernelRequest, FormulaCost),
+    eb: u32,
     (from, rs_from): (usize, u32),
     (to, rs_to): (usize, u32),
     rows: u32,
@@ -919,7 +1012,7 @@ fn transpose_vertex(
         state: vec![
             StateWord::Addr {
                 buffer: from,
-                offset: c0 * 2,
+                offset: c0 * eb,
             },
             StateWord::Const(rs_from),
             StateWord::Addr {
@@ -993,6 +1086,7 @@ pub(crate) fn host_homes(
         }
         let rows = if role == "q" { block.sq } else { block.sk };
         let d = if role == "v" { block.dv } else { block.d };
+        let eb = block.eb();
         // A value every role of which wants it transposed is written so.
         let transposed = (0..3).all(|j| values[j] != value || transposed_roles[j]);
         // A head of odd size, written as rows, is a home of its own, its
@@ -1000,7 +1094,7 @@ pub(crate) fn host_homes(
         // moves it whole; its row pieces are then counted per head (at
         // most one home of an operand per tile), and it needs a tile per
         // head.
-        let home_per_head = d % 2 != 0 && !transposed;
+        let home_per_head = eb == 2 && d % 2 != 0 && !transposed;
         if home_per_head && block.heads > tile_count {
             return Err(CompileError::NoFeasiblePlan {
                 value: graph.value(block.attention).name.clone(),
@@ -1049,9 +1143,9 @@ pub(crate) fn host_homes(
                 // rows) of whole 8-byte words as `transpose_shard` writes
                 // them; the padding is zero from load and never written.
                 let (lines, line_bytes) = if transposed {
-                    (width, (r1 - r0) * 2)
+                    (width, (r1 - r0) * eb)
                 } else {
-                    (r1 - r0, width * 2)
+                    (r1 - r0, width * eb)
                 };
                 let row_stride = round_up(line_bytes, if transposed { 8 } else { 4 });
                 let tile = (first + home) % tile_count;
@@ -1075,15 +1169,15 @@ pub(crate) fn host_homes(
                 let placements: Vec<HostPlacement> = if transposed {
                     // The host writes the tensor transposed (its last two
                     // axes swapped): column c of the merged view, either
-                    // layout, is the run of rows at (c * rows + r) * 2.
+                    // layout, is the run of rows at (c * rows + r) * eb.
                     transposed_tensors.insert(v.name.clone());
                     (h0 * d..h1 * d)
                         .map(|c| HostPlacement {
                             tile,
                             buffer,
                             buffer_offset: (c - h0 * d) * row_stride,
-                            host_offset: (c as u64 * rows as u64 + r0 as u64) * 2,
-                            bytes: (r1 - r0) * 2,
+                            host_offset: (c as u64 * rows as u64 + r0 as u64) * eb as u64,
+                            bytes: (r1 - r0) * eb,
                         })
                         .collect()
                 } else {
@@ -1098,16 +1192,15 @@ pub(crate) fn host_homes(
                                 HostPlacement {
                                     tile,
                                     buffer,
-                                    buffer_offset: (r - r0) * row_stride + (h - h0) * d * 2,
+                                    buffer_offset: (r - r0) * row_stride + (h - h0) * d * eb,
                                     host_offset: view_offset(
                                         heads_major,
-                                        rows,
-                                        block.heads,
-                                        d,
+                                        eb,
+                                        (rows, block.heads, d),
                                         r,
                                         h * d,
                                     ),
-                                    bytes: d * 2,
+                                    bytes: d * eb,
                                 },
                             );
                         }
@@ -1157,11 +1250,11 @@ fn even_ranges(n: u32, parts: u32) -> Vec<(u32, u32)> {
         .collect()
 }
 
-/// The row stride of a shard of `rows` rows transposed by
-/// [`transpose_shard`]: each of its rows (a column of the shard) padded
-/// with zeros to 8 bytes.
-fn transposed_row_stride(rows: u32) -> u32 {
-    round_up(rows * 2, 8)
+/// The row stride of a shard of `rows` rows of `eb`-byte elements
+/// transposed by [`transpose_shard`]: each of its rows (a column of the
+/// shard) padded with zeros to 8 bytes.
+fn transposed_row_stride(rows: u32, eb: u32) -> u32 {
+    round_up(rows * eb, 8)
 }
 
 /// One range to fill: (buffer, offset, bytes, lo, hi).
@@ -1438,14 +1531,16 @@ fn lower_rows(
                     vec![],
                     "attention_scores",
                 )));
-                let p = push(scratch(spec(
-                    "p",
-                    lay.p_bytes(),
-                    RegionReq::Interleaved,
-                    true,
-                    vec![],
-                    "attention_scores",
-                )));
+                let p = (!b.f32).then(|| {
+                    push(scratch(spec(
+                        "p",
+                        lay.p_bytes(),
+                        RegionReq::Interleaved,
+                        true,
+                        vec![],
+                        "attention_scores",
+                    )))
+                });
                 let o = push(spec(
                     "o",
                     rows * lay.rs_o,
@@ -1486,7 +1581,7 @@ fn lower_rows(
                 ));
                 let scratch = push(spec(
                     "scratch",
-                    8 * rows.min(6),
+                    lay.scratch_bytes(),
                     RegionReq::Standard,
                     false,
                     vec![],
@@ -1579,13 +1674,16 @@ fn lower_rows(
                     .iter()
                     .position(|x| x.name == buffer_name)
                     .expect("the first round transposed the shard");
-                src.insert(tile, (i, transposed_row_stride(r.rows.1 - r.rows.0)));
+                src.insert(
+                    tile,
+                    (i, transposed_row_stride(r.rows.1 - r.rows.0, b.eb())),
+                );
                 continue;
             }
             let (tb, rs, vertices, cycles) = transpose_shard(
                 l,
                 tile,
-                &r,
+                (&r, b.eb()),
                 &buffer_name,
                 &what.to_uppercase(),
                 &mut kernels.transpose,
@@ -1629,8 +1727,10 @@ fn lower_rows(
             (t.q, 0, lay.q_bytes(), 0, 0),
             (t.s, 0, C_HEADER, 0, 0),
             (t.s2, 0, C_HEADER, 0, 0),
-            (t.p, rows * lay.rs_p, 2 * lay.rs_p, 0, 0),
         ];
+        if let Some(p) = t.p {
+            ranges_to_fill.push((p, rows * lay.rs_p, 2 * lay.rs_p, 0, 0));
+        }
         if dp > d {
             ranges_to_fill.push((t.kt, d * lay.rs_kt, (dp - d) * lay.rs_kt, 0, 0));
         }
@@ -1691,6 +1791,8 @@ fn lower_rows(
             })
             .expect("the splits cover the keys")
     };
+    // Bytes of an element of q, k and v.
+    let eb = b.eb();
     // Rows of a projection's result cut at head boundaries, each segment to
     // `dests(row, head)` (buffer offsets of the head's column 0 there).
     let row_segments = |transfers: &mut Vec<BufferTransfer>,
@@ -1706,7 +1808,7 @@ fn lower_rows(
                 let destinations = dests(row, h)
                     .into_iter()
                     .map(|x| BufferRef {
-                        offset: x.offset + (s0 - h * d) * 2,
+                        offset: x.offset + (s0 - h * d) * eb,
                         ..x
                     })
                     .collect();
@@ -1714,14 +1816,14 @@ fn lower_rows(
                     source: BufferRef {
                         tile,
                         buffer: r.buffer,
-                        offset: (row - r.rows.0) * r.row_stride + (s0 - r.col0) * 2,
+                        offset: (row - r.rows.0) * r.row_stride + (s0 - r.col0) * eb,
                     },
                     destinations,
                     // A whole head of odd size takes the zero padding
                     // after it along (`host_homes`: a home of one such
                     // head has rows padded to words; the destinations'
                     // rows are padded to 16 columns).
-                    bytes: round_up((s1 - s0) * 2, 4),
+                    bytes: round_up((s1 - s0) * eb, 4),
                 });
             }
         }
@@ -1757,17 +1859,17 @@ fn lower_rows(
                         .map(|(dst, buffer, rs_t)| BufferRef {
                             tile: dst,
                             buffer,
-                            offset: j * rs_t + (a - p0) * 2,
+                            offset: j * rs_t + (a - p0) * eb,
                         })
                         .collect();
                     transfers.push(BufferTransfer {
                         source: BufferRef {
                             tile,
                             buffer: src,
-                            offset: c * rs + (a - r0) * 2,
+                            offset: c * rs + (a - r0) * eb,
                         },
                         destinations,
-                        bytes: round_up((z - a) * 2, 4),
+                        bytes: round_up((z - a) * eb, 4),
                     });
                 }
             }
@@ -1925,6 +2027,7 @@ fn lower_rows(
                 for range in ranges(cols, cols.min(3)) {
                     let (v, cycles) = transpose_vertex(
                         &mut kernels.transpose,
+                        2,
                         (from, rs_from),
                         (to, rs_to),
                         rows_in,
@@ -2019,7 +2122,7 @@ fn lower_rows(
                             lay.rs_q,
                             StateWord::Addr {
                                 buffer: t.kt,
-                                offset: (local + g0) * 32,
+                                offset: (local + g0) * 16 * eb,
                             },
                             lay.rs_kt,
                             lay.rs_s,
@@ -2061,11 +2164,15 @@ fn lower_rows(
                         StateWord::Const(k0),
                         StateWord::Addr {
                             buffer: t.scratch,
-                            offset: 8 * w,
+                            offset: lay.pbuf_bytes() * w,
                         },
-                        StateWord::Addr {
-                            buffer: t.p,
-                            offset: r0 * lay.rs_p,
+                        // P, RS_P, BKP (PV=1 only: f32 attention has no P).
+                        match t.p {
+                            Some(p) => StateWord::Addr {
+                                buffer: p,
+                                offset: r0 * lay.rs_p,
+                            },
+                            None => StateWord::Const(0),
                         },
                         StateWord::Const(lay.rs_p),
                         StateWord::Const(nb * 16),
@@ -2076,6 +2183,10 @@ fn lower_rows(
                     ]
                 }),
             );
+            let Some(p) = t.p else {
+                // f32: P V ran inside the online update.
+                continue;
+            };
             let vcols = ranges(ncb_v, ncb_v.min(6));
             pv.tiles.insert(
                 tile,
@@ -2084,7 +2195,7 @@ fn lower_rows(
                     .map(|&(g0, g1)| {
                         gemm(
                             StateWord::Addr {
-                                buffer: t.p,
+                                buffer: p,
                                 offset: 0,
                             },
                             lay.rs_p,
@@ -2137,7 +2248,10 @@ fn lower_rows(
         on.estimated_cycles = per_step[2];
         pv.estimated_cycles = per_step[3];
         mg.estimated_cycles = per_step[4];
-        steps.extend([sg, on, pv, mg]);
+        steps.extend([sg, on]);
+        if !b.f32 {
+            steps.extend([pv, mg]);
+        }
     }
     // Key splits: the other splits' (O, (m, l)) move to split 0 in one
     // exchange step, and split 0 folds them in one after the other.
@@ -2270,7 +2384,7 @@ fn lower_rows(
                 buffer: t.out,
                 buffer_offset: r * lay.rs_out,
                 host_offset: b.result_offset(q0 + r, h * dv),
-                bytes: dv * 2,
+                bytes: dv * eb,
             });
         }
     }

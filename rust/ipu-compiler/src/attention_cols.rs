@@ -128,9 +128,10 @@ pub const FORMULA_VARS: [&[&str]; 7] = [
     &["BYTES"],
 ];
 
-/// Whether `block` can take the column layout.
+/// Whether `block` can take the column layout (f16, non-causal, one head
+/// size that is a multiple of 4).
 pub fn applies(block: &AttentionBlock) -> bool {
-    !block.causal && block.d.is_multiple_of(4) && block.dv == block.d
+    !block.f32 && !block.causal && block.d.is_multiple_of(4) && block.dv == block.d
 }
 
 /// The query ranges of `qb` query blocks (even boundaries: Q^T moves runs
@@ -1023,7 +1024,7 @@ pub fn lower(
         let (tb, rs, vertices, cycles) = crate::attention::transpose_shard(
             l,
             tile,
-            &r,
+            (&r, 2),
             &format!("{name}.{what}_transposed"),
             if g == b.q { "Q" } else { "V" },
             transpose,
@@ -1642,6 +1643,7 @@ mod tests {
             sk: 729,
             causal: false,
             scale: 1.0 / 72f32.sqrt(),
+            f32: false,
             attention: ValueId(0),
             result: ValueId(1),
             k_value: ValueId(2),

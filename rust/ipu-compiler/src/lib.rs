@@ -1060,8 +1060,9 @@ fn plan_and_lower(
                         format!("attention_layout=columns for `{value}`: the column layout needs the kernels colmax_f16 IN=32, softmax_cols IN=32, attention_cols_final, fill_rows and copy64, which the kernel library lacks")
                     } else {
                         format!(
-                            "attention_layout=columns for `{value}`: the column layout takes non-causal attention whose q, k and v heads have one size, a multiple of 4; `{value}` is {} with heads of {} (v: {}); the row layout (attention_layout=rows or auto) takes it",
+                            "attention_layout=columns for `{value}`: the column layout takes non-causal f16 attention whose q, k and v heads have one size, a multiple of 4; `{value}` is {} {} with heads of {} (v: {}); the row layout (attention_layout=rows or auto) takes it",
                             if b.causal { "causal" } else { "non-causal" },
+                            if b.f32 { "f32" } else { "f16" },
                             b.d,
                             b.dv
                         )

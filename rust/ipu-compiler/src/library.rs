@@ -95,7 +95,9 @@ pub struct LoadedKernel {
     pub request: KernelRequest,
     pub object: Object,
     pub metadata: KernelMetadata,
-    /// Where the object came from (a path), for messages and the report.
+    /// Where the object came from, for messages and the report: the index's
+    /// object path, or `kernel cache:<key>/kernel.o` (the entry under the
+    /// cache's root, which differs between machines).
     pub origin: String,
 }
 
@@ -319,11 +321,19 @@ impl KernelLibrary {
                         searched: device_dir.join(&request.source).display().to_string(),
                     });
                 }
+                // The cache's root differs between machines and users, its
+                // entries' keys (digests of the source, includes and
+                // parameters) do not; the origin goes into the package's
+                // report, which must be the same bytes anywhere.
+                let origin = match artifact.object_path.strip_prefix(cache.root()) {
+                    Ok(entry) => format!("kernel cache:{}", entry.display()),
+                    Err(_) => artifact.object_path.display().to_string(),
+                };
                 Ok(LoadedKernel {
                     request: request.clone(),
                     object: artifact.object,
                     metadata: artifact.metadata,
-                    origin: artifact.object_path.display().to_string(),
+                    origin,
                 })
             }
         }

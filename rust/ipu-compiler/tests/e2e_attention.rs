@@ -58,6 +58,50 @@ fn causal_attention_small_on_64_tiles() {
     check_attention(&ran);
 }
 
+/// f32 attention (row layout: gemm_f32 scores, P V in f32 on the vector
+/// unit, an f32 result) against the reference's f32 rule: the 64-tile
+/// model; causal attention with key splits and key blocks; heads of odd
+/// size (19: whole words in f32, no staging); fewer tiles than heads
+/// (rounds); and attention over host inputs, each with its estimate
+/// within 10%.
+#[test]
+fn f32_attention_matches_the_reference() {
+    let ran = compile_and_run(&root().join("models/attention_small_f32.ipug"), 64, 3);
+    check_attention(&ran);
+    let dir = tempfile::tempdir().unwrap();
+    let projected = |name: &str, sq: u32, sk: u32, width: u32, heads: u32, causal: bool| {
+        format!("model {name}\ninput x: f32[{sq}, {width}]\ninput mem: f32[{sk}, {width}]\nparam wq: f32[{width}, {width}]\nparam wk: f32[{width}, {width}]\nparam wv: f32[{width}, {width}]\nq = gemm(x, wq)\nk = gemm(mem, wk)\nv = gemm(mem, wv)\nqh = split_heads(q, heads={heads})\nkh = split_heads(k, heads={heads})\nvh = split_heads(v, heads={heads})\no = attention(qh, kh, vh, causal={causal})\ny = merge_heads(o)\noutput y\n")
+    };
+    // (name, queries, keys, width, heads, causal, tiles, what to check)
+    let cases = [
+        ("splits", 8, 600, 48, 2, true, 64, "key splits"),
+        ("odd", 17, 23, 76, 4, false, 64, ""),
+        ("rounds", 17, 19, 72, 4, false, 3, "rounds"),
+    ];
+    for (name, sq, sk, width, heads, causal, tiles, what) in cases {
+        let model = write_model(
+            dir.path(),
+            name,
+            &projected(name, sq, sk, width, heads, causal),
+        );
+        let ran = compile_and_run(&model, tiles, 21);
+        check_attention(&ran);
+        let chosen = &ran.compile.report["attention"]["chosen"];
+        assert_eq!(chosen["layout"], "rows", "{chosen:#}");
+        match what {
+            "key splits" => assert!(
+                chosen["key_splits"].as_array().unwrap().len() > 1,
+                "{chosen:#}"
+            ),
+            "rounds" => assert!(chosen["rounds"].as_u64().unwrap_or(1) > 1, "{chosen:#}"),
+            _ => {}
+        }
+    }
+    let host = "model host32\ninput q: f32[17, 72]\ninput k: f32[19, 72]\ninput v: f32[19, 72]\nqh = split_heads(q, heads=4)\nkh = split_heads(k, heads=4)\nvh = split_heads(v, heads=4)\no = attention(qh, kh, vh, causal=true)\ny = merge_heads(o)\noutput y\n";
+    let ran = compile_and_run(&write_model(dir.path(), "host32", host), 64, 23);
+    check_attention(&ran);
+}
+
 #[test]
 fn cross_attention_small_on_64_tiles() {
     let ran = compile_and_run(&root().join("models/attention_cross_small.ipug"), 64, 7);
@@ -308,8 +352,20 @@ fn refusals_name_the_value() {
     let e = compile(&opts).err().expect("refused").to_string();
     assert!(
         e.starts_with("invalid compile options: attention_layout=columns for `o`")
-            && e.contains("`o` is causal with heads of 20 (v: 20)")
+            && e.contains("`o` is causal f16 with heads of 20 (v: 20)")
             && e.contains("the row layout"),
+        "{e}"
+    );
+    // f32 attention takes the row layout only.
+    let mut opts = options(
+        &write_model(dir.path(), "cols_f32", &cols.replace("f16", "f32")),
+        8,
+        cache.path(),
+    );
+    opts.attention_layout = Some(ipu_compiler::attention::AttentionLayout::Columns);
+    let e = compile(&opts).err().expect("refused").to_string();
+    assert!(
+        e.contains("`o` is non-causal f32 with heads of 20 (v: 20)"),
         "{e}"
     );
     for (name, text, value, reason) in cases {

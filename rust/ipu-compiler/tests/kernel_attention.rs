@@ -478,7 +478,10 @@ fn attention_case(case: &AttentionCase) -> u64 {
     let online = [("CAUSAL", case.causal as i64), ("VT", 8 * eb as i64)];
     let final_ = [("OUT", 8 * eb as i64)];
     let (chip, total_cycles) = simulate(
-        &[("attention_online.S", &online), ("attention_final.S", &final_)],
+        &[
+            ("attention_online.S", &online),
+            ("attention_final.S", &final_),
+        ],
         &groups,
         &memory,
     );
@@ -512,7 +515,9 @@ fn attention_case(case: &AttentionCase) -> u64 {
                 .collect()
         };
         for (c, &g) in out.iter().enumerate().take(d) {
-            let terms = t.iter().map(|&(j, x)| ((x - m).exp(), vf[j * d + c] as f64));
+            let terms = t
+                .iter()
+                .map(|&(j, x)| ((x - m).exp(), vf[j * d + c] as f64));
             let want: f64 = terms.clone().map(|(p, v)| p * v).sum::<f64>() / l;
             // f32 results: the f32 exponentials, sums and products err by a
             // few units of 2^-24 of the terms' magnitude (one f16 rounding
@@ -1038,7 +1043,10 @@ fn final_normalisation_alone() {
             &[("OUT", 8 * eb as i64)],
             &[("ROWS", rows.div_ceil(6) as u64), ("DQ", dq as u64)],
         );
-        println!("attention_final OUT={} {rows}x{head}: simulated {cycles} cycles, .cycles {estimate}", 8 * eb);
+        println!(
+            "attention_final OUT={} {rows}x{head}: simulated {cycles} cycles, .cycles {estimate}",
+            8 * eb
+        );
         let ratio = estimate as f64 / cycles as f64;
         assert!(
             (0.7..1.2).contains(&ratio),

@@ -119,7 +119,10 @@ fn declared_cycles(eb: usize, rows: usize, cols: usize) -> u64 {
         &ipu_asm::Options::default(),
     )
     .unwrap_or_else(|e| panic!("{e}"));
-    let formula = assembly.metadata.cycles.expect("the kernel declares .cycles");
+    let formula = assembly
+        .metadata
+        .cycles
+        .expect("the kernel declares .cycles");
     let vars: std::collections::BTreeMap<&str, i64> =
         [("ROWS", rows as i64), ("COLS", cols as i64)].into();
     ipu_compiler::formula::evaluate(&formula, &vars)
@@ -315,7 +318,11 @@ fn cycles_against_declared_formula_and_bound() {
         // 2 bundles per element.
         let elements = (rows * cols) as u64;
         let bound = elements * eb as u64 / 4;
-        let method = if eb == 2 { elements * 5 / 4 } else { elements * 2 };
+        let method = if eb == 2 {
+            elements * 5 / 4
+        } else {
+            elements * 2
+        };
         println!(
             "{} {rows}x{cols}, 6 vertices: simulated {cycles} cycles, .cycles {estimate}, lower bound {bound} (one 8-byte access per cycle), the method's {method}",
             kernel(eb)
