@@ -434,15 +434,17 @@ pub fn kernel_requests(block: &AttentionBlock) -> [KernelRequest; 7] {
             req("attention_combine", "attention_combine.S", &[]),
         ];
     }
+    // The f16 requests name VT and OUT too: a library holds both
+    // specialisations, and a request must tell them apart.
     [
         req("gemm_f16", "gemm_f16.S", &[("ACC", 32)]),
         req(
             "attention_online",
             "attention_online.S",
-            &[causal, ("PV", 1)],
+            &[causal, ("PV", 1), ("VT", 16)],
         ),
         req("attention_merge", "attention_merge.S", &[]),
-        req("attention_final", "attention_final.S", &[]),
+        req("attention_final", "attention_final.S", &[("OUT", 16)]),
         req("fill64", "fill64.S", &[]),
         req("transpose_f16", "transpose_f16.S", &[]),
         req("attention_combine", "attention_combine.S", &[]),
