@@ -61,6 +61,21 @@ fn two_layer_vit_on_the_simulator() {
     );
 }
 
+/// A layer stack written as a `repeat` block (three ViT blocks, each with
+/// its own weights): the parser expands it into the layers' statements,
+/// which compile into segments like the written-out two-layer model; the
+/// host sees each layer's parameters by their `name.i`.
+#[test]
+fn repeated_layers_on_the_simulator() {
+    let path = root().join("models/vit_layers_small.ipug");
+    let graph = ipu_graph::parse_file(&path).unwrap();
+    for name in ["wq.0", "wq.2", "b2.1", "h.1"] {
+        assert!(graph.lookup(name).is_some(), "{name}");
+    }
+    let ran = compile_and_run(&path, 64, 29);
+    assert_estimate_within(&ran, 0.10, "vit_layers_small");
+}
+
 /// Row-wise shapes and chains: widths that are no multiple of four, a
 /// GELU of a GEMM result that is itself an output, a bias add of a host
 /// input, a residual add whose operand is computed in its segment, and a

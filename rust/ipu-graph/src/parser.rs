@@ -3,6 +3,12 @@
 //! The parser builds the graph through the [`Graph`] builder, so every
 //! statement is type-checked as it is read and an error points at the exact
 //! file, line and column of the statement at fault.
+//!
+//! A `repeat` block is expanded as it is read: its body's statements are
+//! replayed once per iteration with the names they define renamed
+//! (`name.i`) and the carried values threaded from one iteration to the
+//! next, so the graph holds plain SSA statements and every later phase
+//! (verifier, reference, compiler) sees an ordinary model.
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -12,8 +18,8 @@ use crate::lexer::{lex_line, Token, TokenKind};
 use crate::ops::{Op, TypeError, DEFAULT_LAYERNORM_EPSILON};
 use crate::types::{DType, Shape, TensorType};
 
-/// Words that start a declaration and so cannot name values.
-pub const KEYWORDS: [&str; 4] = ["model", "input", "param", "output"];
+/// Words that start a declaration or a block and so cannot name values.
+pub const KEYWORDS: [&str; 6] = ["model", "input", "param", "output", "repeat", "end"];
 
 /// Operation names the parser knows (`matmul` is another name for `gemm`).
 pub const OPERATIONS: [&str; 10] = [
@@ -109,6 +115,29 @@ pub enum ParseErrorKind {
     DuplicateOutput(String),
     /// The file declares no output.
     NoOutputs,
+    /// A `repeat` block without its `end`.
+    UnclosedRepeat,
+    /// `end` outside a `repeat` block.
+    EndWithoutRepeat,
+    /// A statement a `repeat` body may not hold (`model`, `input`,
+    /// `output` or another `repeat`).
+    NotInRepeat {
+        /// The statement's keyword.
+        what: String,
+        /// Line of the open `repeat`.
+        repeat_line: usize,
+    },
+    /// A carried value that an iteration of the body does not define.
+    CarryNotDefined(String),
+    /// An error in one iteration of a `repeat` body.
+    InRepeat {
+        /// 0-based iteration.
+        iteration: usize,
+        /// Line of the `repeat` statement.
+        repeat_line: usize,
+        /// The error.
+        error: Box<ParseErrorKind>,
+    },
 }
 
 /// A parse error with its location.
@@ -176,6 +205,24 @@ impl fmt::Display for ParseErrorKind {
             ),
             DuplicateOutput(name) => write!(f, "`{name}` is already an output"),
             NoOutputs => write!(f, "the model declares no output (add `output NAME`)"),
+            UnclosedRepeat => write!(f, "this `repeat` block has no `end`"),
+            EndWithoutRepeat => write!(f, "`end` without a `repeat` block"),
+            NotInRepeat { what, repeat_line } => write!(
+                f,
+                "a repeat body holds params and operations only, not `{what}` (the repeat at line {repeat_line} is open: declare inputs and outputs outside the block, close it with `end`; blocks do not nest)"
+            ),
+            CarryNotDefined(name) => write!(
+                f,
+                "the repeat body does not define the carried value `{name}` (one statement `{name} = ...` gives the next iteration's `{name}`)"
+            ),
+            InRepeat {
+                iteration,
+                repeat_line,
+                error,
+            } => write!(
+                f,
+                "{error} (in iteration {iteration} of the repeat at line {repeat_line})"
+            ),
         }
     }
 }
@@ -201,14 +248,54 @@ pub fn parse(file: &str, text: &str) -> Result<Graph, ParseError> {
         model_at: (0, 0),
         defined_at: BTreeMap::new(),
         outputs: 0,
+        frame: None,
     };
+    let mut block: Option<RepeatBlock> = None;
     for (index, line) in text.lines().enumerate() {
         parser.line = index + 1;
         let tokens = lex_line(line)
             .map_err(|e| parser.error(e.column, ParseErrorKind::UnexpectedCharacter(e.found)))?;
-        if tokens.len() > 1 {
-            parser.statement(&tokens)?;
+        if tokens.len() <= 1 {
+            continue;
         }
+        let word = match &tokens[0].kind {
+            TokenKind::Ident(w) => w.as_str(),
+            _ => "",
+        };
+        match (block.as_mut(), word) {
+            (None, "repeat") => block = Some(parser.repeat_header(&tokens)?),
+            (None, "end") => {
+                return Err(parser.error(tokens[0].column, ParseErrorKind::EndWithoutRepeat))
+            }
+            (None, _) => parser.statement(&tokens)?,
+            (Some(_), "end") => {
+                let mut cur = Cursor {
+                    tokens: &tokens,
+                    pos: 1,
+                };
+                parser.end(&mut cur)?;
+                let b = block.take().expect("matched above");
+                parser.expand(b)?;
+            }
+            (Some(b), "repeat" | "model" | "input" | "output") => {
+                return Err(parser.error(
+                    tokens[0].column,
+                    ParseErrorKind::NotInRepeat {
+                        what: word.to_string(),
+                        repeat_line: b.line,
+                    },
+                ))
+            }
+            (Some(b), _) => b.body.push((index + 1, tokens)),
+        }
+    }
+    if let Some(b) = block {
+        return Err(ParseError {
+            file: file.to_string(),
+            line: b.line,
+            column: b.column,
+            kind: ParseErrorKind::UnclosedRepeat,
+        });
     }
     let end_line = text.lines().count().max(1);
     match parser.graph {
@@ -235,6 +322,57 @@ struct Parser<'a> {
     model_at: (usize, usize),
     defined_at: BTreeMap<String, (usize, usize)>,
     outputs: usize,
+    /// The iteration of a `repeat` body being replayed.
+    frame: Option<Frame>,
+}
+
+/// A `repeat N carry a = x, b = y` block as read, before expansion.
+struct RepeatBlock {
+    line: usize,
+    column: usize,
+    count: usize,
+    /// (carried name, the outer value it starts from).
+    carries: Vec<(String, String)>,
+    /// The body's statements: (line, tokens).
+    body: Vec<(usize, Vec<Token>)>,
+    /// Names the body defines (other than the carried ones).
+    defines: std::collections::BTreeSet<String>,
+}
+
+/// How names read in one iteration of a `repeat` body.
+struct Frame {
+    iteration: usize,
+    count: usize,
+    /// Each carried name and the graph value it names now.
+    carries: BTreeMap<String, String>,
+    /// Carried names the iteration has defined so far.
+    carried_defined: std::collections::BTreeSet<String>,
+    /// A carried value being defined by the current statement: (name, its
+    /// new graph name), applied once the statement has read its operands.
+    pending: Option<(String, String)>,
+    defines: std::collections::BTreeSet<String>,
+}
+
+impl Frame {
+    /// The graph name of `name` used in this iteration.
+    fn use_name(&self, name: &str) -> String {
+        if let Some(current) = self.carries.get(name) {
+            current.clone()
+        } else if self.defines.contains(name) {
+            format!("{name}.{}", self.iteration)
+        } else {
+            name.to_string()
+        }
+    }
+    /// The graph name of `name` defined in this iteration: `name.i`, and
+    /// for a carried value the name itself in the last iteration.
+    fn def_name(&self, name: &str) -> String {
+        if self.carries.contains_key(name) && self.iteration + 1 == self.count {
+            name.to_string()
+        } else {
+            format!("{name}.{}", self.iteration)
+        }
+    }
 }
 
 /// A cursor over one line's tokens.
@@ -396,15 +534,151 @@ impl<'a> Parser<'a> {
         }
     }
 
-    fn value_name(&self, cur: &mut Cursor) -> Result<(String, usize), ParseError> {
+    fn value_name(&mut self, cur: &mut Cursor) -> Result<(String, usize), ParseError> {
         let (name, column) = self.ident(cur, "a value name")?;
         if KEYWORDS.contains(&name.as_str()) || name == "true" || name == "false" {
             return Err(self.error(column, ParseErrorKind::ReservedName(name)));
         }
+        // In a repeat body the name is the iteration's own.
+        let name = match self.frame.as_mut() {
+            Some(frame) => {
+                let renamed = frame.def_name(&name);
+                if frame.carries.contains_key(&name) {
+                    if !frame.carried_defined.insert(name.clone()) {
+                        return Err(self.error(
+                            column,
+                            ParseErrorKind::Redefinition {
+                                previous: self.defined_at.get(&renamed).copied().unwrap_or((0, 0)),
+                                name,
+                            },
+                        ));
+                    }
+                    // The carried name reads as the new value only after
+                    // this statement (`h = add(h, m)` reads the old one).
+                    frame.pending = Some((name, renamed.clone()));
+                }
+                renamed
+            }
+            None => name,
+        };
         if let Some(&previous) = self.defined_at.get(&name) {
             return Err(self.error(column, ParseErrorKind::Redefinition { name, previous }));
         }
         Ok((name, column))
+    }
+
+    /// Reads `repeat N carry a = x, b = y`.
+    fn repeat_header(&self, tokens: &[Token]) -> Result<RepeatBlock, ParseError> {
+        if self.graph.is_none() {
+            return Err(self.error(tokens[0].column, ParseErrorKind::MissingModel));
+        }
+        let mut cur = Cursor { tokens, pos: 1 };
+        let t = cur.next();
+        let count = match &t.kind {
+            TokenKind::Number(n) => match n.parse::<usize>() {
+                Ok(c) if c >= 1 => c,
+                _ => {
+                    return Err(self.error(
+                        t.column,
+                        ParseErrorKind::BadAttributeValue {
+                            name: "repeat count".into(),
+                            expected: "a whole number of at least 1",
+                            found: n.clone(),
+                        },
+                    ))
+                }
+            },
+            _ => return Err(self.expected(t, "the repeat count")),
+        };
+        let t = cur.next();
+        if t.kind != TokenKind::Ident("carry".into()) {
+            return Err(self.expected(t, "`carry NAME = VALUE`"));
+        }
+        let mut carries: Vec<(String, String)> = Vec::new();
+        loop {
+            let (name, column) = self.ident(&mut cur, "a carried value name")?;
+            if KEYWORDS.contains(&name.as_str()) || name == "true" || name == "false" {
+                return Err(self.error(column, ParseErrorKind::ReservedName(name)));
+            }
+            if let Some(&previous) = self.defined_at.get(&name) {
+                return Err(self.error(column, ParseErrorKind::Redefinition { name, previous }));
+            }
+            if carries.iter().any(|(c, _)| *c == name) {
+                return Err(self.error(column, ParseErrorKind::DuplicateAttribute(name)));
+            }
+            self.punct(&mut cur, '=')?;
+            let (init, init_column) = self.ident(&mut cur, "the value it starts from")?;
+            self.lookup(&init, init_column)?;
+            carries.push((name, init));
+            let t = cur.next();
+            match t.kind {
+                TokenKind::Punct(',') => continue,
+                TokenKind::End => break,
+                _ => return Err(self.expected(t, "`,` or end of line")),
+            }
+        }
+        Ok(RepeatBlock {
+            line: self.line,
+            column: tokens[0].column,
+            count,
+            carries,
+            body: Vec::new(),
+            defines: Default::default(),
+        })
+    }
+
+    /// Replays a repeat body once per iteration.
+    fn expand(&mut self, mut block: RepeatBlock) -> Result<(), ParseError> {
+        // The names the body defines: the first word of an operation
+        // statement and the name of a param.
+        for (_, tokens) in &block.body {
+            let name = match (&tokens[0].kind, tokens.get(1).map(|t| &t.kind)) {
+                (TokenKind::Ident(w), Some(TokenKind::Ident(n))) if w == "param" => n,
+                (TokenKind::Ident(n), _) => n,
+                _ => continue,
+            };
+            if !block.carries.iter().any(|(c, _)| c == name) {
+                block.defines.insert(name.clone());
+            }
+        }
+        let mut carries: BTreeMap<String, String> = block.carries.iter().cloned().collect();
+        for iteration in 0..block.count {
+            self.frame = Some(Frame {
+                iteration,
+                count: block.count,
+                carries: carries.clone(),
+                carried_defined: Default::default(),
+                pending: None,
+                defines: block.defines.clone(),
+            });
+            let in_repeat = |e: ParseError| ParseError {
+                kind: ParseErrorKind::InRepeat {
+                    iteration,
+                    repeat_line: block.line,
+                    error: Box::new(e.kind),
+                },
+                ..e
+            };
+            for (line, tokens) in &block.body {
+                self.line = *line;
+                self.statement(tokens).map_err(in_repeat)?;
+            }
+            let frame = self.frame.take().expect("set above");
+            if let Some((name, _)) = block
+                .carries
+                .iter()
+                .find(|(c, _)| !frame.carried_defined.contains(c))
+            {
+                return Err(ParseError {
+                    file: self.file.to_string(),
+                    line: block.line,
+                    column: block.column,
+                    kind: ParseErrorKind::CarryNotDefined(name.clone()),
+                });
+            }
+            carries = frame.carries;
+        }
+        Ok(())
     }
 
     fn defined(
@@ -417,6 +691,11 @@ impl<'a> Parser<'a> {
             Ok(id) => {
                 self.defined_at
                     .insert(name.to_string(), (self.line, column));
+                if let Some(frame) = self.frame.as_mut() {
+                    if let Some((carried, renamed)) = frame.pending.take() {
+                        frame.carries.insert(carried, renamed);
+                    }
+                }
                 Ok(id)
             }
             Err(GraphError::ZeroDimension { ty, .. }) => {
@@ -433,9 +712,13 @@ impl<'a> Parser<'a> {
     }
 
     fn lookup(&self, name: &str, column: usize) -> Result<ValueId, ParseError> {
+        let graph_name = match &self.frame {
+            Some(frame) => frame.use_name(name),
+            None => name.to_string(),
+        };
         self.graph
             .as_ref()
-            .and_then(|g| g.lookup(name))
+            .and_then(|g| g.lookup(&graph_name))
             .ok_or_else(|| self.error(column, ParseErrorKind::Undefined(name.to_string())))
     }
 
