@@ -53,12 +53,15 @@
 #   52 PBUF   scratch, 8-aligned, this vertex's own: with PV=0 8*BK bytes
 #             (p_j as f32 pairs (p_j, p_j), rewritten for every row); with
 #             PV=1 8 bytes (the pair (-m', -m') that the p loop reloads)
-#   56 P      address of P[0, 0], f16 [ROWS, BKP] (PV=1 only): the A operand
+#   56 P      address of P[0, 0], f16 [ROWS, BKP] (PT=32: f32; PV=1 only), 8-aligned: the A operand
 #             of gemm_f16 ACC=32 for P V
 #   60 RS_P   P row stride in bytes (PV=1 only)
 #   64 BKP    keys padded for the GEMM (>= BK; PV=1 only): P[i, nk..BKP] = 0
 #   68 ALPHA  address of ROWS f32 rescaling factors a (PV=1 only), for
 #             attention_merge: O = O * a + (P V)
+#
+# PT=32 (with PV=1 only; f32 attention): P is f32 [ROWS, BKP] for gemm_f32,
+# each pair of p stored as it is, in the same bundles (no conversion).
 #
 # PV=1 (P V on the AMP): the vertex updates (m, l), writes p rounded to f16
 # into P (masked and padding keys as zeros; a row with no visible key gets
@@ -79,6 +82,7 @@
         .param CAUSAL, 0
         .param PV, 0
         .param VT, 16
+        .param PT, 16
         .workers 6
         .if CAUSAL != 0 && CAUSAL != 1
         .error "CAUSAL must be 0 (all keys) or 1 (key index <= query index)"
@@ -88,6 +92,12 @@
         .endif
         .if VT == 32 && PV != 0
         .error "VT=32 (f32 V) needs PV=0: P V on the vector unit"
+        .endif
+        .if PT != 16 && PT != 32
+        .error "PT must be 16 (f16 P for gemm_f16) or 32 (f32 P for gemm_f32)"
+        .endif
+        .if PT == 32 && PV != 1
+        .error "PT=32 (f32 P) needs PV=1: P V on the AMP"
         .endif
         .if PV == 0 && VT == 32
         .cycles "6 * (8 + ROWS * (26 + 7 * BK + DQ * (13 + 3 * BK)))"
@@ -214,6 +224,15 @@ max_done:
         f32v2mac $a2:3, $a0:1, $a8:9
         f32v2exp $a10:11, $a2:3
         add $m5, $m5, -1
+        .if PT == 32
+        # f32 P: the pair is stored as it is (no conversion).
+        rpt $m5, 4
+        ld64 $a2:3, [$m10]
+        { ld64 $a0:1, [$m12]+=8 ; f32v2add $a6:7, $a6:7, $a10:11 }
+        { st64 $a10:11, [$m13]+=8 ; f32v2mac $a2:3, $a0:1, $a8:9 }
+        f32v2exp $a10:11, $a2:3
+        { st64 $a10:11, [$m13]+=8 ; f32v2add $a6:7, $a6:7, $a10:11 }
+        .else
         rpt $m5, 4
         { ld64 $a2:3, [$m10] ; f32v2tof16 $a4, $a10:11 }
         { ld64 $a0:1, [$m12]+=8 ; f32v2add $a6:7, $a6:7, $a10:11 }
@@ -221,6 +240,7 @@ max_done:
         f32v2exp $a10:11, $a2:3
         f32v2tof16 $a4, $a10:11
         { st32 $a4, [$m13]+=4 ; f32v2add $a6:7, $a6:7, $a10:11 }
+        .endif
 pairs_done:
         f32v2hsum $a0, $a6:7
         f32add $a14, $a14, $a0
@@ -230,14 +250,23 @@ pairs_done:
         ld32 $a0, [$m12]+=4
         f32mac $a2, $a0, $a12
         f32exp $a0, $a2
+        .if PT == 32
+        { st32 $a0, [$m13]+=4 ; f32add $a14, $a14, $a0 }
+        .else
         f32v2tof16 $a1, $a0:1
         { st16 $a1, [$m13]+=2 ; f32add $a14, $a14, $a0 }
+        .endif
 tail_done:
         ld32 $m5, [$m0 + ST_BKP]
         sub $m5, $m5, $m11
         setzi $a9, 0
+        .if PT == 32
+        rpt $m5, 1
+        st32 $a9, [$m13]+=4
+        .else
         rpt $m5, 1
         st16 $a9, [$m13]+=2
+        .endif
         mov $a0, $a13
         mov $a1, $a14
         st64 $a0:1, [$m7]+=8
@@ -320,8 +349,13 @@ skip_row:
         mov $m13, $m9
         ld32 $m5, [$m0 + ST_BKP]
         setzi $a9, 0
+        .if PT == 32
+        rpt $m5, 1
+        st32 $a9, [$m13]+=4
+        .else
         rpt $m5, 1
         st16 $a9, [$m13]+=2
+        .endif
         sethi $a15, 0x3F800
         st32 $a15, [$m14]+=4
         .endif

@@ -69,9 +69,9 @@ pub struct AttentionBlock {
     pub sk: u32,
     pub causal: bool,
     pub scale: f32,
-    /// f32 attention (q, k, v and the result f32): the scores on
-    /// `gemm_f32`, P V on the vector unit in `attention_online` (PV=0,
-    /// VT=32), an f32 result; else f16.
+    /// f32 attention (q, k, v and the result f32): the scores and P V on
+    /// `gemm_f32` with f32 P (`attention_online` PT=32), an f32 result;
+    /// else f16.
     pub f32: bool,
     /// The attention value (`[H, Sq, D]`).
     pub attention: ValueId,
@@ -418,14 +418,13 @@ pub fn kernel_requests(block: &AttentionBlock) -> [KernelRequest; 7] {
     };
     let causal = ("CAUSAL", block.causal as i64);
     if block.f32 {
-        // f32: the scores on gemm_f32, P V in f32 on the vector unit
-        // inside the online update (no P, no P V GEMM, no merge).
+        // f32: the scores and P V on gemm_f32, P in f32.
         return [
             req("gemm_f32", "gemm_f32.S", &[]),
             req(
                 "attention_online",
                 "attention_online.S",
-                &[causal, ("PV", 0), ("VT", 32)],
+                &[causal, ("PV", 1), ("PT", 32)],
             ),
             req("attention_merge", "attention_merge.S", &[]),
             req("attention_final", "attention_final.S", &[("OUT", 32)]),
@@ -434,14 +433,14 @@ pub fn kernel_requests(block: &AttentionBlock) -> [KernelRequest; 7] {
             req("attention_combine", "attention_combine.S", &[]),
         ];
     }
-    // The f16 requests name VT and OUT too: a library holds both
+    // The f16 requests name PT and OUT too: a library holds both
     // specialisations, and a request must tell them apart.
     [
         req("gemm_f16", "gemm_f16.S", &[("ACC", 32)]),
         req(
             "attention_online",
             "attention_online.S",
-            &[causal, ("PV", 1), ("VT", 16)],
+            &[causal, ("PV", 1), ("PT", 16)],
         ),
         req("attention_merge", "attention_merge.S", &[]),
         req("attention_final", "attention_final.S", &[("OUT", 16)]),
@@ -555,11 +554,7 @@ impl AttentionPlan {
 struct TileLayout {
     rows: u32,
     split_cb: u32,
-    /// Column blocks of the widest key block.
-    block_cb: u32,
-    /// f32 attention: no P, no P V GEMM; each online vertex's p scratch
-    /// holds a block's keys.
-    f32: bool,
+
     rs_q: u32,
     rs_kt: u32,
     rs_v: u32,
@@ -585,14 +580,12 @@ impl TileLayout {
         TileLayout {
             rows,
             split_cb,
-            block_cb,
-            f32: b.f32,
             rs_q: b.dp() * eb,
             rs_kt: split_cb * 16 * eb,
             rs_v: b.dvp() * eb,
             rs_s: block_cb * 16 * 4,
             rs_pv: b.dvp() * 4,
-            rs_p: block_cb * 32,
+            rs_p: block_cb * 16 * eb,
             rs_o: 16 * b.dqv() + 8,
             rs_out: 4 * eb * b.dqv() + 8,
             rs_qt: transposed_row_stride(rows, 2),
@@ -619,35 +612,13 @@ impl TileLayout {
     /// Both C buffers serve the scores GEMM and then the P V GEMM: a zero
     /// header, two junk rows, the rows, two drain rows.
     fn c_bytes(&self) -> u32 {
-        let widest = if self.f32 {
-            self.rs_s
-        } else {
-            self.rs_s.max(self.rs_pv)
-        };
-        C_HEADER + (self.rows + 4) * widest
+        C_HEADER + (self.rows + 4) * self.rs_s.max(self.rs_pv)
     }
-    /// P (f16 only: f32 attention keeps p in the online vertex's scratch).
     fn p_bytes(&self) -> u32 {
-        if self.f32 {
-            0
-        } else {
-            (self.rows + 2) * self.rs_p
-        }
-    }
-    /// Each online vertex's scratch: (-m', -m') with P V on the AMP, the
-    /// block's p values as f32 pairs with P V on the vector unit (f32).
-    fn pbuf_bytes(&self) -> u32 {
-        if self.f32 {
-            8 * 16 * self.block_cb
-        } else {
-            8
-        }
-    }
-    fn scratch_bytes(&self) -> u32 {
-        self.rows.min(ipu_arch::WORKER_CONTEXTS) * self.pbuf_bytes()
+        (self.rows + 2) * self.rs_p
     }
     fn region1(&self, b: &AttentionBlock) -> Option<u64> {
-        let buffers: Vec<(u32, bool)> = [
+        crate::storage::region1_footprint(&[
             (self.q_bytes(), true),
             (self.c_bytes(), true),
             (self.c_bytes(), true),
@@ -656,24 +627,14 @@ impl TileLayout {
             (self.v_bytes(b), false),
             (self.qt_bytes(), false),
             (self.vt_bytes(), false),
-        ]
-        .into_iter()
-        .filter(|&(bytes, _)| bytes > 0)
-        .collect();
-        crate::storage::region1_footprint(&buffers)
+        ])
     }
     /// Region 0: O, (m, l), factors, the output rows, scratch, and the
     /// other splits' states a combining tile receives.
     fn region0(&self, splits: u32) -> u64 {
         let r = self.rows as u64;
         let state = r * self.rs_o as u64 + 8 * r;
-        // f16: the online vertices' (-m', -m') pairs and slack, 64 bytes.
-        let scratch = if self.f32 {
-            self.scratch_bytes() as u64 + 16
-        } else {
-            64
-        };
-        state * splits as u64 + 4 * r + r * self.rs_out as u64 + scratch
+        state * splits as u64 + 4 * r + r * self.rs_out as u64 + 64
     }
 }
 
@@ -716,11 +677,6 @@ fn compute_cycles(
             ("DQ", dq),
         ]);
         steps.push(online + launch_cycles(row_parts.len() as u64));
-        if b.f32 {
-            // P V ran inside the online update: no P V GEMM, no merge.
-            steps.extend([0, 0]);
-            continue;
-        }
         let vcols = ranges(b.dvp() / 16, (b.dvp() / 16).min(6));
         let vwidest = vcols.iter().map(|c| c.1 - c.0).max().unwrap_or(0) as i64;
         let pv = k
@@ -906,8 +862,7 @@ struct TileBuffers {
     vt: Option<usize>,
     s: usize,
     s2: usize,
-    /// P, the A operand of the P V GEMM (f16 attention only).
-    p: Option<usize>,
+    p: usize,
     o: usize,
     ml: usize,
     alpha: usize,
@@ -1533,16 +1488,14 @@ fn lower_rows(
                     vec![],
                     "attention_scores",
                 )));
-                let p = (!b.f32).then(|| {
-                    push(scratch(spec(
-                        "p",
-                        lay.p_bytes(),
-                        RegionReq::Interleaved,
-                        true,
-                        vec![],
-                        "attention_scores",
-                    )))
-                });
+                let p = push(scratch(spec(
+                    "p",
+                    lay.p_bytes(),
+                    RegionReq::Interleaved,
+                    true,
+                    vec![],
+                    "attention_scores",
+                )));
                 let o = push(spec(
                     "o",
                     rows * lay.rs_o,
@@ -1583,7 +1536,7 @@ fn lower_rows(
                 ));
                 let scratch = push(spec(
                     "scratch",
-                    lay.scratch_bytes(),
+                    8 * rows.min(6),
                     RegionReq::Standard,
                     false,
                     vec![],
@@ -1729,10 +1682,8 @@ fn lower_rows(
             (t.q, 0, lay.q_bytes(), 0, 0),
             (t.s, 0, C_HEADER, 0, 0),
             (t.s2, 0, C_HEADER, 0, 0),
+            (t.p, rows * lay.rs_p, 2 * lay.rs_p, 0, 0),
         ];
-        if let Some(p) = t.p {
-            ranges_to_fill.push((p, rows * lay.rs_p, 2 * lay.rs_p, 0, 0));
-        }
         if dp > d {
             ranges_to_fill.push((t.kt, d * lay.rs_kt, (dp - d) * lay.rs_kt, 0, 0));
         }
@@ -2166,15 +2117,11 @@ fn lower_rows(
                         StateWord::Const(k0),
                         StateWord::Addr {
                             buffer: t.scratch,
-                            offset: lay.pbuf_bytes() * w,
+                            offset: 8 * w,
                         },
-                        // P, RS_P, BKP (PV=1 only: f32 attention has no P).
-                        match t.p {
-                            Some(p) => StateWord::Addr {
-                                buffer: p,
-                                offset: r0 * lay.rs_p,
-                            },
-                            None => StateWord::Const(0),
+                        StateWord::Addr {
+                            buffer: t.p,
+                            offset: r0 * lay.rs_p,
                         },
                         StateWord::Const(lay.rs_p),
                         StateWord::Const(nb * 16),
@@ -2185,10 +2132,6 @@ fn lower_rows(
                     ]
                 }),
             );
-            let Some(p) = t.p else {
-                // f32: P V ran inside the online update.
-                continue;
-            };
             let vcols = ranges(ncb_v, ncb_v.min(6));
             pv.tiles.insert(
                 tile,
@@ -2197,13 +2140,13 @@ fn lower_rows(
                     .map(|&(g0, g1)| {
                         gemm(
                             StateWord::Addr {
-                                buffer: p,
+                                buffer: t.p,
                                 offset: 0,
                             },
                             lay.rs_p,
                             StateWord::Addr {
                                 buffer: t.v,
-                                offset: local * 16 * lay.rs_v + g0 * 32,
+                                offset: local * 16 * lay.rs_v + g0 * 16 * eb,
                             },
                             lay.rs_v,
                             lay.rs_pv,
@@ -2250,10 +2193,7 @@ fn lower_rows(
         on.estimated_cycles = per_step[2];
         pv.estimated_cycles = per_step[3];
         mg.estimated_cycles = per_step[4];
-        steps.extend([sg, on]);
-        if !b.f32 {
-            steps.extend([pv, mg]);
-        }
+        steps.extend([sg, on, pv, mg]);
     }
     // Key splits: the other splits' (O, (m, l)) move to split 0 in one
     // exchange step, and split 0 folds them in one after the other.

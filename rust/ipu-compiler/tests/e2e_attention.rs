@@ -58,8 +58,8 @@ fn causal_attention_small_on_64_tiles() {
     check_attention(&ran);
 }
 
-/// f32 attention (row layout: gemm_f32 scores, P V in f32 on the vector
-/// unit, an f32 result) against the reference's f32 rule: the 64-tile
+/// f32 attention (row layout: the scores and P V on gemm_f32 with f32 P,
+/// an f32 result) against the reference's f32 rule: the 64-tile
 /// model; causal attention with key splits and key blocks; heads of odd
 /// size (19: whole words in f32, no staging); fewer tiles than heads
 /// (rounds); and attention over host inputs, each with its estimate

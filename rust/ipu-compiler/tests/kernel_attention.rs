@@ -670,7 +670,11 @@ const E2_VB: u32 = 0xD8000;
 /// dimension padded with zeros to a multiple of 16), then attention_online
 /// reading S straight from the GEMM's C buffer; at the end attention_final.
 /// Checked against the f64 attention of the f16 inputs (no f32 rounding of
-/// the scores in the reference). Returns the compute cycles.
+/// the scores in the reference). With `f32` the same for f32 attention:
+/// f32 Q, K and V, the scores and (PV=1) P V on gemm_f32 with f32 P
+/// (`attention_online` PT=32), or P V on the vector unit (VT=32), and an
+/// f32 result (`attention_final` OUT=32). Returns the compute cycles.
+#[allow(clippy::too_many_arguments)]
 fn attention_end_to_end(
     queries: usize,
     keys: usize,
@@ -678,6 +682,7 @@ fn attention_end_to_end(
     block: usize,
     causal: bool,
     pv_on_amp: bool,
+    f32: bool,
     seed: u64,
 ) -> u64 {
     let mut rng = Rng(seed);
@@ -686,12 +691,36 @@ fn attention_end_to_end(
     let dp = d.div_ceil(16) * 16;
     let scale = 1.0 / (d as f32).sqrt();
     let (q, k, v) = random_qkv(&mut rng, nq, nk, d);
+    // The values: the f16 draws, or f32 values with all their bits.
+    let (q, k, v): (Vec<f32>, Vec<f32>, Vec<f32>) = if f32 {
+        let mut draw = |n: usize, r: f64| {
+            (0..n)
+                .map(|_| rng.uniform(-r, r) as f32)
+                .collect::<Vec<f32>>()
+        };
+        (draw(nq * d, 2.0), draw(nk * d, 2.0), draw(nk * d, 1.0))
+    } else {
+        let values = |x: &[u16]| x.iter().map(|&b| f16_bits_to_f32(b)).collect::<Vec<f32>>();
+        (values(&q), values(&k), values(&v))
+    };
+    let eb = if f32 { 4 } else { 2 };
+    // Bytes of values in the run's element type (f16 values convert back
+    // to their own bits).
+    let bytes = |x: &[f32]| -> Vec<u8> {
+        if f32 {
+            f32_bytes(x)
+        } else {
+            let bits: Vec<u16> = x.iter().map(|&y| f64_to_f16_bits(y as f64)).collect();
+            f16_bytes(&bits)
+        }
+    };
+    let gemm = if f32 { "gemm_f32" } else { "gemm_f16" };
 
     // A = Q, rows padded to dp with zeros, two spare rows after the last.
-    let rs_a = dp * 2;
+    let rs_a = dp * eb;
     let mut a_mem = vec![0u8; (nq + 2) * rs_a];
     for i in 0..nq {
-        let row = f16_bytes(&q[i * d..(i + 1) * d]);
+        let row = bytes(&q[i * d..(i + 1) * d]);
         a_mem[i * rs_a..i * rs_a + row.len()].copy_from_slice(&row);
     }
     let nkb = dp / 16;
@@ -703,12 +732,16 @@ fn attention_end_to_end(
     // K block 0 writes `first`; choosing it by the parity of NKB puts the
     // last K block's result in GE_CA whatever the head size.
     let last = GE_CA;
-    let rs_v = 8 * dq + 8;
+    let rs_v = 4 * eb * dq + 8;
     let rs_o = 16 * dq + 8;
-    let rs_out = 8 * dq + 8;
+    let rs_out = 4 * eb * dq + 8;
+    assert!(
+        nk * rs_v <= (E2_O - E2_V) as usize,
+        "V ({nk} rows of {rs_v} bytes) overflows its test area"
+    );
     let mut v_mem = vec![0u8; nk * rs_v];
     for j in 0..nk {
-        let row = f16_bytes(&v[j * d..(j + 1) * d]);
+        let row = bytes(&v[j * d..(j + 1) * d]);
         v_mem[j * rs_v..j * rs_v + row.len()].copy_from_slice(&row);
     }
     let ml: Vec<f32> = (0..nq).flat_map(|_| [f32::NEG_INFINITY, 0.0]).collect();
@@ -726,7 +759,7 @@ fn attention_end_to_end(
     let mut vb_addr = E2_VB;
     // P rows (PV=1): keys padded to 16 for the GEMM, two spare zero rows.
     let bkp_max = block.div_ceil(16) * 16;
-    let rs_p = bkp_max * 2;
+    let rs_p = bkp_max * eb;
     memory.push((E2_P, vec![0u8; (nq + 2) * rs_p]));
     for k0 in (0..nk).step_by(block) {
         let k1 = (k0 + block).min(nk);
@@ -734,11 +767,11 @@ fn attention_end_to_end(
         let ncb = bk.div_ceil(16);
         let bkp = ncb * 16;
         // B = K^T of this block: [dp, 16 * ncb], zero padded.
-        let rs_b = ncb * 32;
+        let rs_b = ncb * 16 * eb;
         let mut b_mem = vec![0u8; dp * rs_b];
         for j in k0..k1 {
             for c in 0..d {
-                b_mem[c * rs_b + 2 * (j - k0)..][..2].copy_from_slice(&k[j * d + c].to_le_bytes());
+                b_mem[c * rs_b + eb * (j - k0)..][..eb].copy_from_slice(&bytes(&[k[j * d + c]]));
             }
         }
         memory.push((b_addr, b_mem));
@@ -751,11 +784,11 @@ fn attention_end_to_end(
         groups.push(
             (0..ncb)
                 .map(|cb| Launch {
-                    entry: "gemm_f16",
+                    entry: gemm,
                     state: vec![
                         GE_A,
                         rs_a as u32,
-                        b_addr + (cb * 32) as u32,
+                        b_addr + (cb * 16 * eb) as u32,
                         rs_b as u32,
                         first + c_row0 + (cb * 64) as u32,
                         second + c_row0 + (cb * 64) as u32,
@@ -801,10 +834,10 @@ fn attention_end_to_end(
         if pv_on_amp {
             // PV = P V on gemm_f16 ACC=32, one vertex per column block of
             // 16 head columns; B = V of the block padded to [bkp, dp].
-            let rs_vb = dp * 2;
+            let rs_vb = dp * eb;
             let mut vb = vec![0u8; bkp * rs_vb];
             for j in k0..k1 {
-                let row = f16_bytes(&v[j * d..(j + 1) * d]);
+                let row = bytes(&v[j * d..(j + 1) * d]);
                 vb[(j - k0) * rs_vb..(j - k0) * rs_vb + row.len()].copy_from_slice(&row);
             }
             memory.push((vb_addr, vb));
@@ -819,11 +852,11 @@ fn attention_end_to_end(
             groups.push(
                 (0..dp / 16)
                     .map(|cb| Launch {
-                        entry: "gemm_f16",
+                        entry: gemm,
                         state: vec![
                             E2_P,
                             rs_p as u32,
-                            vb_addr + (cb * 32) as u32,
+                            vb_addr + (cb * 16 * eb) as u32,
                             rs_vb as u32,
                             first_v + cv_row0 + (cb * 64) as u32,
                             second_v + cv_row0 + (cb * 64) as u32,
@@ -874,43 +907,72 @@ fn attention_end_to_end(
             })
             .collect(),
     );
-    let causal_def = [("CAUSAL", causal as i64), ("PV", pv_on_amp as i64)];
+    // f32: V in f32 for the vector unit (VT=32) or P in f32 for gemm_f32
+    // (PT=32).
+    let wide = 8 * eb as i64;
+    let online = [
+        ("CAUSAL", causal as i64),
+        ("PV", pv_on_amp as i64),
+        (if pv_on_amp { "PT" } else { "VT" }, wide),
+    ];
+    let gemm_file: (&str, &[(&str, i64)]) = if f32 {
+        ("gemm_f32.S", &[])
+    } else {
+        ("gemm_f16.S", &[("ACC", 32)])
+    };
     let (chip, cycles) = simulate(
         &[
-            ("gemm_f16.S", &[("ACC", 32)]),
-            ("attention_online.S", &causal_def),
-            ("attention_final.S", &[]),
+            gemm_file,
+            ("attention_online.S", &online),
+            ("attention_final.S", &[("OUT", wide)]),
             ("attention_merge.S", &[]),
         ],
         &groups,
         &memory,
     );
     // PV=1 rounds p to f16 before the product: at most 2^-11 of
-    // sum_j p_j |v_j| / l <= 2^-11 (|v| <= 1) more error.
-    let extra = if pv_on_amp { 1.0 / 2048.0 } else { 0.0 };
+    // sum_j p_j |v_j| / l <= 2^-11 (|v| <= 1) more error (none with f32 P).
+    let extra = if pv_on_amp && !f32 { 1.0 / 2048.0 } else { 0.0 };
     for i in 0..nq {
         let s: Vec<(usize, f64)> = (0..nk)
             .filter(|&j| !causal || j <= i)
             .map(|j| {
                 let dot: f64 = (0..d)
-                    .map(|c| f16v(q[i * d + c]) * f16v(k[j * d + c]))
+                    .map(|c| q[i * d + c] as f64 * k[j * d + c] as f64)
                     .sum();
                 (j, dot * scale as f64)
             })
             .collect();
         let m = s.iter().map(|x| x.1).fold(f64::NEG_INFINITY, f64::max);
         let l: f64 = s.iter().map(|x| (x.1 - m).exp()).sum();
-        let out = read_f16(&chip, E2_OUT + (i * rs_out) as u32, d);
-        for c in 0..d {
-            let want = s
-                .iter()
-                .map(|&(j, x)| (x - m).exp() * f16v(v[j * d + c]))
-                .sum::<f64>()
-                / l;
-            let g = f16v(out[c]);
+        let out: Vec<f64> = if f32 {
+            read_f32(&chip, E2_OUT + (i * rs_out) as u32, d)
+                .into_iter()
+                .map(f64::from)
+                .collect()
+        } else {
+            read_f16(&chip, E2_OUT + (i * rs_out) as u32, d)
+                .into_iter()
+                .map(f16v)
+                .collect()
+        };
+        for (c, &g) in out.iter().enumerate() {
+            let terms = s.iter().map(|&(j, x)| ((x - m).exp(), v[j * d + c] as f64));
+            let want = terms.clone().map(|(p, v)| p * v).sum::<f64>() / l;
+            // f32: the scores' f32 sums (relative 2^-24 sqrt(D) of
+            // sum |q k|, which exp turns into relative error of p) and the
+            // f32 sums of p and p v; well inside 10^-5 of the terms'
+            // magnitude at these sizes, where one f16 rounding is 5 10^-4.
+            let magnitude = terms.map(|(p, v)| p * v.abs()).sum::<f64>() / l;
+            let within = if f32 {
+                (g - want).abs() <= 1e-5 * magnitude
+            } else {
+                within_f16_tolerance(g, want)
+                    || (g - want).abs() <= want.abs() / 2048.0 + 1.0 / 16384.0 + extra
+            };
             assert!(
-                within_f16_tolerance(g, want) || (g - want).abs() <= want.abs() / 2048.0 + 1.0 / 16384.0 + extra,
-                "end to end q={nq} k={nk} d={d} block={block} causal={causal} pv_on_amp={pv_on_amp}: out[{i}, {c}] = {g}, f64 reference {want}"
+                within,
+                "end to end q={nq} k={nk} d={d} block={block} causal={causal} pv_on_amp={pv_on_amp} f32={f32}: out[{i}, {c}] = {g}, f64 reference {want}"
             );
         }
     }
@@ -927,16 +989,19 @@ fn scores_on_gemm_f16_feed_the_online_update() {
     ] {
         for causal in [false, true] {
             for pv_on_amp in [false, true] {
-                let cycles = attention_end_to_end(
-                    queries,
-                    keys,
-                    head,
-                    block,
-                    causal,
-                    pv_on_amp,
-                    (queries * keys + head) as u64,
-                );
-                println!("end to end q={queries} k={keys} d={head} block={block} causal={causal} pv_on_amp={pv_on_amp}: {cycles} cycles");
+                for f32 in [false, true] {
+                    let cycles = attention_end_to_end(
+                        queries,
+                        keys,
+                        head,
+                        block,
+                        causal,
+                        pv_on_amp,
+                        f32,
+                        (queries * keys + head) as u64,
+                    );
+                    println!("end to end q={queries} k={keys} d={head} block={block} causal={causal} pv_on_amp={pv_on_amp} f32={f32}: {cycles} cycles");
+                }
             }
         }
     }
@@ -1059,25 +1124,39 @@ fn final_normalisation_alone() {
 fn pv_on_the_amp_is_faster_per_block() {
     // Cycles of one K/V block (S on gemm_f16, the online update and, with
     // PV=1, the P V GEMM and the merge) = run with two blocks - run with one.
-    let (queries, block, head) = (24, 64, 72);
-    let per_block = |pv_on_amp: bool| {
-        let run = |blocks: usize| {
-            attention_end_to_end(queries, blocks * block, head, block, false, pv_on_amp, 3)
+    // And the same for f32 attention (S and P V on gemm_f32, 16 MAC/cycle)
+    // in blocks of 32 keys (two blocks of f32 V rows fill the test's area).
+    for (queries, block, head, f32) in [(24, 64, 72, false), (24, 32, 72, true)] {
+        let per_block = |pv_on_amp: bool| {
+            let run = |blocks: usize| {
+                attention_end_to_end(
+                    queries,
+                    blocks * block,
+                    head,
+                    block,
+                    false,
+                    pv_on_amp,
+                    f32,
+                    3,
+                )
+            };
+            run(2) - run(1)
         };
-        run(2) - run(1)
-    };
-    let (vector, amp) = (per_block(false), per_block(true));
-    // Lower bound of one block: Q K^T and P V at the AMP's f32-accumulating
-    // rate (32 MAC/cycle) with the head padded to 80.
-    let bound = (2 * queries * block * 80 / 32) as u64;
-    println!(
-        "one block q={queries} block={block} d={head}: PV=0 (vector unit) {vector} cycles, PV=1 (AMP) {amp} cycles, lower bound {bound}"
-    );
-    assert!(amp >= bound && vector >= bound);
-    assert!(
-        amp < vector,
-        "P V on the AMP ({amp}) must beat the vector unit ({vector})"
-    );
+        let (vector, amp) = (per_block(false), per_block(true));
+        // Lower bound of one block: Q K^T and P V at the AMP's rate with
+        // f32 accumulation (32 MAC/cycle from f16, 16 from f32) with the
+        // head padded to 80.
+        let rate = if f32 { 16 } else { 32 };
+        let bound = (2 * queries * block * 80 / rate) as u64;
+        println!(
+            "one block q={queries} block={block} d={head} f32={f32}: PV=0 (vector unit) {vector} cycles, PV=1 (AMP) {amp} cycles, lower bound {bound}"
+        );
+        assert!(amp >= bound && vector >= bound);
+        assert!(
+            amp < vector,
+            "P V on the AMP ({amp}) must beat the vector unit ({vector})"
+        );
+    }
 }
 
 #[test]
