@@ -2317,7 +2317,9 @@ fn lower_segments(
     rowwise_reports: &mut Vec<serde_json::Value>,
     limits: SegmentLimits,
 ) -> Result<SegmentLowered, CompileError> {
-    let segments = phase("segment", || segment::split(graph))?;
+    let segments = phase("segment", || {
+        segment::split(graph, limits.split_attention_projections)
+    })?;
     let input_homes = options.host_inputs == HostInputs::Once;
     if let [only] = segments.as_slice() {
         if only.kind == segment::Kind::Blocks {
@@ -2578,6 +2580,7 @@ fn compile_with_fallbacks(
         weight_joins: true,
         shared_region1_cut: 0,
         widen_for_precision,
+        split_attention_projections: false,
     };
     // Region 1's fallbacks, in order: whole-K chain producers in segments
     // (what the ViT block on 1400 tiles needs), then streamed producers
@@ -2604,6 +2607,22 @@ fn compile_with_fallbacks(
     let mut fallback = 0;
     loop {
         match compile_with(options, limits, retries) {
+            // No attention plan leaves the projections room: they go to a
+            // segment of their own, and the attention reads q, k and v
+            // from it as device inputs.
+            Err(CompileError::NoFeasiblePlan { value, reason })
+                if !limits.split_attention_projections
+                    && reason.contains("leaves tiles on which the projections fit") =>
+            {
+                limits.split_attention_projections = true;
+                let why = json!({
+                    "value": value,
+                    "error": reason,
+                    "then": "the attention and its projections plan as segments of their own",
+                });
+                tracing::info!(%why, "compiling again");
+                retries.push(why);
+            }
             // Plans that weigh their joins' weight moves hold other buffers
             // than those that assume resident weights (the streamed
             // projections' homes, for one): when they do not fit, the
@@ -2752,7 +2771,7 @@ fn several_block_segments(options: &CompileOptions) -> bool {
         .ok()
         .and_then(|m| legalize::legalize(&m.graph).ok())
         .and_then(|l| widened_fully(options, &l.graph))
-        .and_then(|w| segment::split(&w.graph).ok())
+        .and_then(|w| segment::split(&w.graph, false).ok())
         .is_some_and(|s| s.iter().filter(|s| s.kind == segment::Kind::Blocks).count() > 1)
 }
 
@@ -2794,6 +2813,11 @@ struct SegmentLimits {
     /// Whether `widen` widens fp8 GEMMs for precision, not only those
     /// with an f32 result ([`widen::Purpose`]).
     widen_for_precision: bool,
+    /// Whether an attention block and its projections go to segments of
+    /// their own (`segment::split`): when no attention plan leaves the
+    /// projections room beside it (f32 SigLIP attention: an f32
+    /// projection on a third of the tiles needs most of region 1).
+    split_attention_projections: bool,
 }
 
 fn compile_with(

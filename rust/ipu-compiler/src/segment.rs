@@ -140,7 +140,9 @@ fn kind_of(graph: &Graph, epilogues: &BTreeSet<NodeId>, n: NodeId) -> Kind {
 
 /// Splits `graph` into segments (see the module documentation). A graph
 /// that is one block segment is returned as that one segment, unchanged.
-pub fn split(graph: &Graph) -> Result<Vec<Segment>, CompileError> {
+/// `split_projections` also cuts between an attention block and the GEMM
+/// projections it reads, and between GEMMs that are not a chain.
+pub fn split(graph: &Graph, split_projections: bool) -> Result<Vec<Segment>, CompileError> {
     let epilogues = epilogue_nodes(graph);
     let users = graph.all_users();
     let is_output = |v: ValueId| graph.outputs().contains(&v);
@@ -148,8 +150,9 @@ pub fn split(graph: &Graph) -> Result<Vec<Segment>, CompileError> {
     let mut parts: Vec<(Kind, Vec<NodeId>)> = Vec::new();
     // The segment that defines each value computed so far.
     let mut defined_in: BTreeMap<ValueId, usize> = BTreeMap::new();
-    // Whether the current segment holds an attention block.
+    // Whether the current segment holds an attention block, a GEMM.
     let mut has_attention = false;
+    let mut has_gemm = false;
     for i in 0..graph.nodes().len() {
         let id = NodeId(i as u32);
         let node = graph.node(id);
@@ -169,6 +172,21 @@ pub fn split(graph: &Graph) -> Result<Vec<Segment>, CompileError> {
             (Some(Kind::Blocks), Kind::Blocks)
                 if has_attention
                     && matches!(node.op, Op::SplitHeads { .. } | Op::Attention { .. }) =>
+            {
+                true
+            }
+            // With `split_projections` an attention's projections end
+            // their segment: the attention then reads q, k and v as device
+            // inputs in a segment of its own, whose region 1 the
+            // projections do not share (`compile`'s fallback when no
+            // attention plan leaves the projections room).
+            // Each projection, too (a GEMM that does not continue a chain
+            // of its segment): a segment of one GEMM has all of region 1
+            // and may stream K, where GEMMs side by side share it.
+            (Some(Kind::Blocks), Kind::Blocks)
+                if split_projections
+                    && (matches!(node.op, Op::SplitHeads { .. }) && has_gemm
+                        || matches!(node.op, Op::Gemm { .. }) && !here(node.args[0])) =>
             {
                 true
             }
@@ -204,8 +222,10 @@ pub fn split(graph: &Graph) -> Result<Vec<Segment>, CompileError> {
         if cut {
             parts.push((kind, Vec::new()));
             has_attention = false;
+            has_gemm = false;
         }
         has_attention |= matches!(node.op, Op::Attention { .. });
+        has_gemm |= matches!(node.op, Op::Gemm { .. });
         let last = parts.len() - 1;
         parts[last].1.push(id);
         defined_in.insert(node.result, last);
@@ -1090,7 +1110,7 @@ mod tests {
         let graph = ipu_graph::parse("m.ipug", text).unwrap();
         let names: Vec<String> = requantised_values(&graph).into_iter().collect();
         assert_eq!(names, ["g"]);
-        let segments = split(&graph).unwrap();
+        let segments = split(&graph, false).unwrap();
         let carrying: Vec<Vec<String>> = segments
             .iter()
             .map(|s| s.requantised.iter().cloned().collect())
@@ -1171,7 +1191,7 @@ mod tests {
 
     fn kinds(text: &str) -> Vec<(Kind, Vec<String>, Vec<String>)> {
         let g = ipu_graph::parse("t.ipug", text).unwrap();
-        split(&g)
+        split(&g, false)
             .unwrap()
             .into_iter()
             .map(|s| {
@@ -1184,6 +1204,48 @@ mod tests {
                 (s.kind, names, s.device_inputs)
             })
             .collect()
+    }
+
+    /// `compile`'s fallback for an attention whose plans leave its
+    /// projections no room: each projection and the attention get a
+    /// segment of their own, the attention reading q, k and v as device
+    /// inputs.
+    #[test]
+    fn split_projections_gives_each_projection_and_the_attention_a_segment() {
+        let text = std::fs::read_to_string(
+            std::path::Path::new(&std::env::var("CARGO_MANIFEST_DIR").unwrap())
+                .join("../../models/attention_small.ipug"),
+        )
+        .unwrap();
+        let g = ipu_graph::parse("t.ipug", &text).unwrap();
+        assert_eq!(split(&g, false).unwrap().len(), 1);
+        let summary: Vec<String> = split(&g, true)
+            .unwrap()
+            .iter()
+            .map(|s| {
+                let names: Vec<String> = s
+                    .graph
+                    .nodes()
+                    .iter()
+                    .map(|n| s.graph.value(n.result).name.clone())
+                    .collect();
+                format!(
+                    "{:?} {} <- [{}]",
+                    s.kind,
+                    names.join(" "),
+                    s.device_inputs.join(" ")
+                )
+            })
+            .collect();
+        assert_eq!(
+            summary,
+            [
+                "Blocks q <- []",
+                "Blocks k <- []",
+                "Blocks v <- []",
+                "Blocks qh kh vh o y <- [q k v]",
+            ]
+        );
     }
 
     #[test]

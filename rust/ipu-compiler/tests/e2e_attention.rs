@@ -102,6 +102,29 @@ fn f32_attention_matches_the_reference() {
     check_attention(&ran);
 }
 
+/// An f32 attention whose projections find no room beside any of its
+/// plans (64 tokens of width 1024, 16 heads of 64, on 64 tiles: an f32
+/// projection of 1024 x 1024 wants most of a tile's region 1): `compile`
+/// gives each projection and the attention a segment of their own, the
+/// attention reading q, k and v from the joins (f32 SigLIP attention
+/// compiles this way on 1472 tiles).
+#[test]
+fn f32_projections_that_do_not_fit_beside_the_attention_get_segments() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = write_model(
+        dir.path(),
+        "fb",
+        "model fb\ninput x: f32[64, 1024]\nparam wq: f32[1024, 1024]\nparam wk: f32[1024, 1024]\nparam wv: f32[1024, 1024]\nq = gemm(x, wq)\nk = gemm(x, wk)\nv = gemm(x, wv)\nqh = split_heads(q, heads=16)\nkh = split_heads(k, heads=16)\nvh = split_heads(v, heads=16)\no = attention(qh, kh, vh, causal=false)\ny = merge_heads(o)\noutput y\n",
+    );
+    let ran = compile_and_run(&model, 64, 31);
+    let retries = ran.compile.report["retries"].to_string();
+    assert!(
+        retries.contains("the attention and its projections plan as segments of their own"),
+        "{retries}"
+    );
+    assert_estimate_within(&ran, 0.10, "fb");
+}
+
 #[test]
 fn cross_attention_small_on_64_tiles() {
     let ran = compile_and_run(&root().join("models/attention_cross_small.ipug"), 64, 7);
