@@ -346,18 +346,44 @@ pub fn bsp_steps(call: &crate::lower::CallProgram) -> Vec<&[crate::lower::Step]>
     out
 }
 
-/// `schedule.json`: per call, one entry per BSP step ([`bsp_steps`]) with
-/// the graph value its first step computes, its steps' phases and the
-/// kernels that ran on which tiles, so that a profile attributes each
-/// step's cycles (docs/profile-format.md).
+/// The cost model's cycles of one BSP step: its compute steps on the
+/// slowest tile (each tile runs the steps it has vertices in, one after
+/// the other), then its exchange step; the call's last step also pays the
+/// final host sync. Summed over the run call's steps this is the report's
+/// `run_compute` estimate (the timeline of `estimated_run_cycles`).
+fn bsp_step_estimate(group: &[crate::lower::Step], last: bool) -> u64 {
+    let mut per_tile: BTreeMap<u32, u64> = BTreeMap::new();
+    let mut exchange = 0;
+    for s in group {
+        if s.exchange.is_some() {
+            exchange += s.estimated_cycles;
+        } else {
+            for &tile in s.tiles.keys() {
+                *per_tile.entry(tile).or_default() += s.estimated_cycles;
+            }
+        }
+    }
+    let compute = per_tile.values().copied().max().unwrap_or(0);
+    compute + exchange + if last { ipu_arch::SYNC_CYCLES } else { 0 }
+}
+
+/// `schedule.json` (format 2): per call, one entry per BSP step
+/// ([`bsp_steps`]) with the graph value its first step computes, its
+/// steps' phases, the kernels that ran on which tiles and the cost model's
+/// cycles ([`bsp_step_estimate`]), so that a profile attributes each
+/// step's cycles and sets them beside the estimate
+/// (docs/profile-format.md).
 pub fn schedule(l: &Lowered) -> Value {
     let calls: Vec<Value> = l
         .calls
         .iter()
         .map(|call| {
-            let steps: Vec<Value> = bsp_steps(call)
+            let groups = bsp_steps(call);
+            let count = groups.len();
+            let steps: Vec<Value> = groups
                 .into_iter()
-                .map(|group| {
+                .enumerate()
+                .map(|(k, group)| {
                     let mut step = serde_json::Map::new();
                     if let Some(first) = group.first() {
                         step.insert("operation".into(), json!(first.operation));
@@ -377,13 +403,17 @@ pub fn schedule(l: &Lowered) -> Value {
                     };
                     step.insert("phase".into(), json!(phase));
                     step.insert("kernels".into(), Value::Array(kernels_of(group)));
+                    step.insert(
+                        "estimated_cycles".into(),
+                        json!(bsp_step_estimate(group, k + 1 == count)),
+                    );
                     Value::Object(step)
                 })
                 .collect();
             json!({"call": call.name, "steps": steps})
         })
         .collect();
-    json!({"format_version": 1, "calls": calls})
+    json!({"format_version": 2, "calls": calls})
 }
 
 /// A tile's symbols sorted by address: (address, size, name).

@@ -519,6 +519,14 @@ fn profiles_attribute_every_step() {
     let run_call = profile.calls.iter().find(|c| c.call == "run").unwrap();
     let lengths: u64 = run.iter().map(|s| s.end_cycle - s.start_cycle).sum();
     assert_eq!(lengths, run_call.device_cycles);
+    // Every step carries the cost model's estimate (schedule.json format
+    // 2), and the run's add up to the compile report's estimate.
+    let estimates: Vec<u64> = run.iter().map(|s| s.estimated_cycles.unwrap()).collect();
+    assert_eq!(
+        estimates.iter().sum::<u64>(),
+        out.estimated_compute_cycles,
+        "{estimates:?}"
+    );
     // The first step runs the first layer norm, then joins its rows.
     assert!(
         run[0].phase.as_ref().unwrap().starts_with("layernorm n1"),

@@ -215,7 +215,7 @@ pub fn checkpoints(package: &Package, graph: &Graph) -> Result<Option<Checkpoint
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Schedule {
-    /// 1.
+    /// 1, or 2 with each step's estimated cycles.
     pub format_version: u32,
     /// Per call.
     pub calls: Vec<CallSchedule>,
@@ -244,6 +244,9 @@ pub struct ScheduledStep {
     /// Kernels run in the step's compute phase.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub kernels: Vec<KernelTiles>,
+    /// The compiler's estimate of the step's cycles (format 2).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub estimated_cycles: Option<u64>,
 }
 
 /// Parses `schedule.json`.
@@ -253,11 +256,12 @@ pub fn schedule(package: &Package) -> Result<Option<Schedule>, RuntimeError> {
         return Ok(None);
     };
     let s: Schedule = serde_json::from_slice(bytes).map_err(|e| bad(m, e.to_string()))?;
-    if s.format_version != 1 {
+    // Format 2 added each step's estimated cycles.
+    if !(1..=2).contains(&s.format_version) {
         return Err(bad(
             m,
             format!(
-                "unsupported format_version {} (expected 1)",
+                "unsupported format_version {} (expected 1 or 2)",
                 s.format_version
             ),
         ));

@@ -176,6 +176,20 @@ fn bad_profile_files_are_refused() {
         )),
         "{e}"
     );
+    // Version 1 (before the steps' estimates) still reads; a later one
+    // does not.
+    let (p, _dir) = profile_of(common::Options::default());
+    let mut json: serde_json::Value = serde_json::from_str(&p.to_json()).unwrap();
+    json["version"] = 1.into();
+    std::fs::write(&path, json.to_string()).unwrap();
+    assert_eq!(Profile::read(&path).unwrap().version, 1);
+    json["version"] = 3.into();
+    std::fs::write(&path, json.to_string()).unwrap();
+    let e = Profile::read(&path).unwrap_err().to_string();
+    assert!(
+        e.contains("version 3 is not ipuprofile version 1 to 2"),
+        "{e}"
+    );
 }
 
 /// Checks that every element of `page` is closed in order (the page is

@@ -213,6 +213,7 @@ pub fn render_html(p: &Profile) -> String {
     ] {
         query_table(&mut h, title, note, &p.query(by, top));
     }
+    estimates(&mut h, p);
     memory(&mut h, p);
     step_table(&mut h, p);
     if !p.notes.is_empty() {
@@ -518,7 +519,93 @@ fn step_tooltip(s: &ProfileStep) -> String {
     if host > 0 {
         let _ = write!(t, "\nhost link: {} cycles", grouped(host));
     }
+    if let Some(e) = s.estimated_cycles {
+        let _ = write!(
+            t,
+            "\nestimate: {} cycles ({} against the simulator's {} device cycles)",
+            grouped(e),
+            error_text(e, device_cycles(s)),
+            grouped(device_cycles(s))
+        );
+    }
     escape(&t)
+}
+
+/// A step's device cycles: its length less the host link time at a host
+/// sync (the chip waits for the host there; the estimate counts device
+/// time only, as the calls' device cycles do).
+fn device_cycles(s: &ProfileStep) -> u64 {
+    let host = s.host.iter().copied().max().unwrap_or(0);
+    (s.end_cycle - s.start_cycle).saturating_sub(host)
+}
+
+/// The estimate's error against `simulated` as a signed percentage.
+fn error_text(estimate: u64, simulated: u64) -> String {
+    if simulated == 0 {
+        return "-".into();
+    }
+    format!(
+        "{:+.1}%",
+        (estimate as f64 - simulated as f64) * 100.0 / simulated as f64
+    )
+}
+
+/// The compiler's estimates (`schedule.json` format 2) beside the
+/// simulated cycles, by call and by operation.
+fn estimates(h: &mut String, p: &Profile) {
+    if p.steps.iter().all(|s| s.estimated_cycles.is_none()) {
+        return;
+    }
+    let _ = writeln!(
+        h,
+        "<h2>Estimate against the simulator</h2>\n<p class=\"note\">The compiler's cost model \
+         per BSP step (the slowest tile's compute steps, the exchange, and the call's final \
+         host sync) summed over the steps that have an estimate, beside those steps' \
+         simulated device cycles (a host sync's host link time left out).</p>"
+    );
+    for (what, key) in [
+        (
+            "call",
+            &(|s: &ProfileStep| s.call.clone()) as &dyn Fn(&ProfileStep) -> String,
+        ),
+        ("operation", &|s: &ProfileStep| {
+            s.operation.clone().unwrap_or_else(|| "(none)".into())
+        }),
+    ] {
+        let mut rows: Vec<(String, u64, u64, usize)> = Vec::new();
+        for s in p.steps.iter() {
+            let Some(e) = s.estimated_cycles else {
+                continue;
+            };
+            let k = key(s);
+            let i = match rows.iter().position(|r| r.0 == k) {
+                Some(i) => i,
+                None => {
+                    rows.push((k, 0, 0, 0));
+                    rows.len() - 1
+                }
+            };
+            rows[i].1 += e;
+            rows[i].2 += device_cycles(s);
+            rows[i].3 += 1;
+        }
+        let _ = writeln!(
+            h,
+            "<table>\n<tr><th class=\"k\">{what}</th><th>steps</th><th>estimated</th>\
+             <th>simulated</th><th>error</th></tr>"
+        );
+        for (k, e, sim, n) in rows {
+            let _ = writeln!(
+                h,
+                "<tr><td class=\"k\">{}</td><td>{n}</td><td>{}</td><td>{}</td><td>{}</td></tr>",
+                escape(&k),
+                grouped(e),
+                grouped(sim),
+                error_text(e, sim)
+            );
+        }
+        let _ = writeln!(h, "</table>");
+    }
 }
 
 fn query_table(h: &mut String, title: &str, note: &str, rows: &[QueryRow]) {
@@ -719,7 +806,7 @@ fn step_table(h: &mut String, p: &Profile) {
     let _ = writeln!(
         h,
         "<h2>Steps</h2>\n<table>\n<tr><th>step</th><th class=\"k\">call</th><th>kind</th>\
-         <th>start</th><th>cycles</th><th>slowest compute (tile)</th><th>exchange</th>\
+         <th>start</th><th>cycles</th><th>estimate</th><th>slowest compute (tile)</th><th>exchange</th>\
          <th>words received (most)</th><th>instructions</th><th class=\"k\">operation</th>\
          <th class=\"k\">kernels</th><th class=\"k\">phase</th></tr>"
     );
@@ -734,7 +821,7 @@ fn step_table(h: &mut String, p: &Profile) {
             .collect();
         let _ = writeln!(
             h,
-            "<tr><td>{}</td><td class=\"k\">{} {}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td>\
+            "<tr><td>{}</td><td class=\"k\">{} {}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td>\
              <td>{}</td><td>{}</td><td>{}</td><td class=\"k\">{}</td><td class=\"k\">{}</td><td class=\"k\">{}</td></tr>",
             s.index,
             escape(&s.call),
@@ -742,6 +829,13 @@ fn step_table(h: &mut String, p: &Profile) {
             escape(&s.kind),
             grouped(s.start_cycle),
             grouped(s.end_cycle - s.start_cycle),
+            s.estimated_cycles
+                .map(|e| format!(
+                    "{} ({})",
+                    grouped(e),
+                    error_text(e, device_cycles(s))
+                ))
+                .unwrap_or_default(),
             slowest,
             grouped(s.exchange.iter().copied().max().unwrap_or(0)),
             grouped(s.words_received.iter().copied().max().unwrap_or(0)),
@@ -799,6 +893,7 @@ mod tests {
                 kernel: "gemm_f16".into(),
                 tiles: vec![0, 1],
             }],
+            estimated_cycles: Some(900),
             compute: compute.to_vec(),
             sync: (0..n)
                 .map(|t| {
@@ -870,6 +965,21 @@ mod tests {
             assert!(page.contains(rect), "{rect} missing");
         }
         assert!(!page.contains("y=\"64.0\""), "the idle tile has bars");
+    }
+
+    #[test]
+    fn estimates_stand_beside_the_simulated_cycles() {
+        let page = render_html(&profile());
+        assert!(page.contains(
+            "estimate: 900 cycles (-10.0% against the simulator&#39;s 1,000 device cycles)"
+        ));
+        assert!(page.contains(
+            "<tr><td class=\"k\">run</td><td>1</td><td>900</td><td>1,000</td><td>-10.0%</td></tr>"
+        ));
+        assert!(page.contains("<td>900 (-10.0%)</td>"));
+        let mut p = profile();
+        p.steps[0].estimated_cycles = None;
+        assert!(!render_html(&p).contains("Estimate against the simulator"));
     }
 
     #[test]

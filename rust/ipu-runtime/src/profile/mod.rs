@@ -21,8 +21,9 @@ pub mod html;
 
 /// The value of [`Profile::format`].
 pub const FORMAT: &str = "ipuprofile";
-/// The profile format version.
-pub const VERSION: u32 = 1;
+/// The profile format version written: 2 added each step's
+/// `estimated_cycles`; version 1 files still read.
+pub const VERSION: u32 = 2;
 
 /// A whole profile.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -102,6 +103,10 @@ pub struct ProfileStep {
     /// Kernels run and their tiles.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub kernels: Vec<KernelTiles>,
+    /// The compiler's estimate of the step's cycles (from `schedule.json`
+    /// format 2).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub estimated_cycles: Option<u64>,
     /// Compute cycles per tile.
     pub compute: Vec<u64>,
     /// Sync cycles per tile (waiting for the slowest tile plus the sync itself).
@@ -259,6 +264,7 @@ impl Profile {
                 phase: None,
                 operation: None,
                 kernels: Vec::new(),
+                estimated_cycles: None,
                 compute: tiles.iter().map(|t| t.compute_cycles).collect(),
                 sync: tiles
                     .iter()
@@ -334,6 +340,7 @@ impl Profile {
                     }
                     step.operation = e.operation.clone();
                     step.kernels = e.kernels.clone();
+                    step.estimated_cycles = e.estimated_cycles;
                 }
             }
             calls.push(ProfileCall {
@@ -413,11 +420,11 @@ impl Profile {
             path: path.display().to_string(),
             message: format!("not an ipuprofile: {e}"),
         })?;
-        if p.format != FORMAT || p.version != VERSION {
+        if p.format != FORMAT || !(1..=VERSION).contains(&p.version) {
             return Err(RuntimeError::Profile {
                 path: path.display().to_string(),
                 message: format!(
-                    "format `{}` version {} is not {FORMAT} version {VERSION}",
+                    "format `{}` version {} is not {FORMAT} version 1 to {VERSION}",
                     p.format, p.version
                 ),
             });
