@@ -21,6 +21,11 @@ use crate::types::{DType, Shape, TensorType};
 /// Words that start a declaration or a block and so cannot name values.
 pub const KEYWORDS: [&str; 6] = ["model", "input", "param", "output", "repeat", "end"];
 
+/// The most iterations a `repeat` block may have: the block is expanded
+/// into the graph, so a count is a size, and a typo of a few digits must
+/// be an error, not a graph of billions of nodes.
+pub const MAX_REPEAT: usize = 4096;
+
 /// Operation names the parser knows (`matmul` is another name for `gemm`).
 pub const OPERATIONS: [&str; 10] = [
     "add",
@@ -576,13 +581,13 @@ impl<'a> Parser<'a> {
         let t = cur.next();
         let count = match &t.kind {
             TokenKind::Number(n) => match n.parse::<usize>() {
-                Ok(c) if c >= 1 => c,
+                Ok(c) if (1..=MAX_REPEAT).contains(&c) => c,
                 _ => {
                     return Err(self.error(
                         t.column,
                         ParseErrorKind::BadAttributeValue {
                             name: "repeat count".into(),
-                            expected: "a whole number of at least 1",
+                            expected: "a whole number from 1 to 4096",
                             found: n.clone(),
                         },
                     ))
