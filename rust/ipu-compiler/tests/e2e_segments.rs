@@ -527,6 +527,13 @@ fn profiles_attribute_every_step() {
         out.estimated_compute_cycles,
         "{estimates:?}"
     );
+    // The query groups them with the steps' device cycles.
+    let by_call = profile.query(ipu_runtime::profile::GroupBy::Call, None);
+    let run_row = by_call.iter().find(|r| r.key == "run").unwrap();
+    assert_eq!(
+        run_row.estimated,
+        Some((out.estimated_compute_cycles, run_call.device_cycles))
+    );
     // The first step runs the first layer norm, then joins its rows.
     assert!(
         run[0].phase.as_ref().unwrap().starts_with("layernorm n1"),

@@ -517,6 +517,14 @@ impl Profile {
                     let a = rows.entry(key).or_default();
                     a.cycles += wall;
                     a.steps += 1;
+                    if let Some(e) = s.estimated_cycles {
+                        // Beside the step's device cycles: its length less
+                        // the host link time at a host sync.
+                        let host = s.host.iter().copied().max().unwrap_or(0);
+                        let (est, device) = a.estimated.get_or_insert((0, 0));
+                        *est += e;
+                        *device += wall.saturating_sub(host);
+                    }
                     for t in tiles {
                         a.add_tile(s, t);
                     }
@@ -534,6 +542,7 @@ impl Profile {
                 host: a.host,
                 steps: a.steps,
                 tiles: a.tiles.len() as u64,
+                estimated: a.estimated,
             })
             .collect();
         out.sort_by(|a, b| b.cycles.cmp(&a.cycles).then_with(|| a.key.cmp(&b.key)));
@@ -553,6 +562,7 @@ struct Acc {
     host: u64,
     steps: u64,
     tiles: BTreeSet<usize>,
+    estimated: Option<(u64, u64)>,
 }
 
 impl Acc {
@@ -624,12 +634,18 @@ pub struct QueryRow {
     pub steps: u64,
     /// Distinct tiles with nonzero cycles in the group.
     pub tiles: u64,
+    /// For call, phase, operation and step groups whose steps carry the
+    /// compiler's estimates (`schedule.json` format 2): (the estimates
+    /// summed, those steps' device cycles: their lengths less the host
+    /// link time at host syncs).
+    pub estimated: Option<(u64, u64)>,
 }
 
 /// A fixed-width table of query rows. The group column is as wide as its
 /// longest key (at least 32 characters): a BSP step's phase names every
 /// lowered step it runs, and a fixed width would push its figures out of
-/// their columns.
+/// their columns. Rows with estimates add the estimate and its error
+/// against the steps' device cycles.
 pub fn render(rows: &[QueryRow]) -> String {
     let w = rows
         .iter()
@@ -638,17 +654,35 @@ pub fn render(rows: &[QueryRow]) -> String {
         .unwrap_or(0)
         .max(32);
     let mut out = String::new();
-    let _ = writeln!(
+    // The estimate columns only when some row has an estimate.
+    let estimates = rows.iter().any(|r| r.estimated.is_some());
+    let _ = write!(
         out,
         "{:<w$} {:>12} {:>14} {:>14} {:>14} {:>14} {:>6} {:>6}",
         "group", "cycles", "compute", "sync", "exchange", "host", "steps", "tiles"
     );
+    if estimates {
+        let _ = write!(out, " {:>12} {:>8}", "estimated", "error");
+    }
+    out.push('\n');
     for r in rows {
-        let _ = writeln!(
+        let _ = write!(
             out,
             "{:<w$} {:>12} {:>14} {:>14} {:>14} {:>14} {:>6} {:>6}",
             r.key, r.cycles, r.compute, r.sync, r.exchange, r.host, r.steps, r.tiles
         );
+        if let Some((e, device)) = r.estimated {
+            let error = if device == 0 {
+                "-".to_string()
+            } else {
+                format!(
+                    "{:+.1}%",
+                    (e as f64 - device as f64) * 100.0 / device as f64
+                )
+            };
+            let _ = write!(out, " {:>12} {:>8}", e, error);
+        }
+        out.push('\n');
     }
     out
 }
