@@ -1,6 +1,8 @@
 //! `ipu compile MODEL -o PKG`: the graph compiler's front end.
 
-use ipu_compiler::{Accumulation, CompileOptions, HostInputs, KernelSource, SearchBudget};
+use ipu_compiler::{
+    Accumulation, CompileOptions, HostInputs, KernelSource, RepeatLowering, SearchBudget,
+};
 use std::path::PathBuf;
 
 #[derive(clap::Args)]
@@ -28,7 +30,8 @@ pub struct CompileArgs {
     /// stream_b (auto, homes, resident: where a streamed GEMM's B lives),
     /// host_inputs (once: an input the program holds more than once is
     /// written once and copied on the device; replicated: the host writes
-    /// every copy).
+    /// every copy), repeat (loop: a `repeat` block compiled once and run
+    /// as a device loop; expand: every iteration compiled on its own).
     #[arg(long = "option", value_name = "KEY=VALUE")]
     options: Vec<String>,
 }
@@ -109,9 +112,16 @@ fn apply_options(compile: &mut CompileOptions, options: &[String]) -> Result<(),
                     _ => return Err(format!("--option host_inputs={value}: expected once or replicated")),
                 }
             }
+            "repeat" => {
+                compile.repeat = match value {
+                    "loop" => RepeatLowering::Loop,
+                    "expand" => RepeatLowering::Expand,
+                    _ => return Err(format!("--option repeat={value}: expected loop or expand")),
+                }
+            }
             _ => {
                 return Err(format!(
-                    "unknown --option {key:?}: known options are beam_width, finalists, max_candidates, accumulation, attention_layout, stream_b, host_inputs"
+                    "unknown --option {key:?}: known options are beam_width, finalists, max_candidates, accumulation, attention_layout, stream_b, host_inputs, repeat"
                 ))
             }
         }

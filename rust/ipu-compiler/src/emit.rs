@@ -112,6 +112,9 @@ pub fn program_table(l: &Lowered, tile: u32, storage: &TileStorage) -> ProgramTa
         // Whether workers started by an earlier record may still run.
         let mut running = false;
         for (si, step) in call.steps.iter().enumerate() {
+            // A rerun names the vertex states of the step it runs again
+            // (its exchange table is that step's buffer already).
+            let state_step = call.reruns.get(&si).copied().unwrap_or(si);
             if let Some(x) = &step.exchange {
                 // Every tile takes part in the sync, with or without
                 // descriptors; the table is a buffer whose contents `link`
@@ -140,18 +143,20 @@ pub fn program_table(l: &Lowered, tile: u32, storage: &TileStorage) -> ProgramTa
                     && labels.len() < ipu_arch::WORKER_CONTEXTS as usize
                     && vertices[vi].kernel.symbol() == entry
                 {
-                    let label = format!("vs_{ci}_{si}_{vi}");
-                    let words = vertices[vi]
-                        .state
-                        .iter()
-                        .map(|w| match *w {
-                            StateWord::Const(c) => c,
-                            StateWord::Addr { buffer, offset } => {
-                                storage.addresses[buffer] + offset
-                            }
-                        })
-                        .collect();
-                    states.push((label.clone(), words));
+                    let label = format!("vs_{ci}_{state_step}_{vi}");
+                    if state_step == si {
+                        let words = vertices[vi]
+                            .state
+                            .iter()
+                            .map(|w| match *w {
+                                StateWord::Const(c) => c,
+                                StateWord::Addr { buffer, offset } => {
+                                    storage.addresses[buffer] + offset
+                                }
+                            })
+                            .collect();
+                        states.push((label.clone(), words));
+                    }
                     labels.push(label);
                     vi += 1;
                 }

@@ -44,6 +44,7 @@ pub mod legalize;
 pub mod library;
 pub mod link;
 pub mod load;
+pub mod loops;
 pub mod lower;
 pub mod map_tiles;
 pub mod package;
@@ -88,6 +89,23 @@ pub struct CompileOptions {
     pub attention_layout: Option<attention::AttentionLayout>,
     /// How the host writes inputs that the program holds more than once.
     pub host_inputs: HostInputs,
+    /// How a `repeat` block is compiled.
+    pub repeat: RepeatLowering,
+}
+
+/// How `compile` lowers a model's `repeat` block ([`loops`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum RepeatLowering {
+    /// The body compiled once and run as a device loop: its code, vertex
+    /// states and exchange tables placed once, each iteration's weights
+    /// copied from a weight stack. A block that cannot loop (see
+    /// [`loops::template`]), or a loop that finds no fit, is compiled
+    /// iteration by iteration, and the report says why.
+    #[default]
+    Loop,
+    /// Every iteration compiled and placed on its own, as the expanded
+    /// graph reads.
+    Expand,
 }
 
 /// How the host writes a model input that the program holds more than
@@ -120,6 +138,7 @@ impl CompileOptions {
             accumulation: Accumulation::Auto,
             attention_layout: None,
             host_inputs: HostInputs::Once,
+            repeat: RepeatLowering::Loop,
         }
     }
 }
@@ -2316,9 +2335,12 @@ fn lower_segments(
     library: &mut KernelLibrary,
     rowwise_reports: &mut Vec<serde_json::Value>,
     limits: SegmentLimits,
+    template: Option<&loops::Template>,
 ) -> Result<SegmentLowered, CompileError> {
+    let no_cuts = Default::default();
+    let cuts = template.map_or(&no_cuts, |t| &t.cuts);
     let segments = phase("segment", || {
-        segment::split(graph, limits.split_attention_projections)
+        segment::split(graph, limits.split_attention_projections, cuts)
     })?;
     let input_homes = options.host_inputs == HostInputs::Once;
     if let [only] = segments.as_slice() {
@@ -2331,11 +2353,25 @@ fn lower_segments(
             };
             let mut r = plan_and_lower(graph, options, library, None, context)?;
             // Inputs held more than once are written once and copied by
-            // an exchange step: the join of the one segment does that.
-            if input_homes && segment::holds_an_input_twice(&r.lowered) {
+            // an exchange step: the join of the one segment does that (and
+            // moves a loop body's weights from their homes when asked).
+            if input_homes && segment::holds_an_input_twice(&r.lowered) || limits.loop_weight_homes
+            {
                 let tiles = r.lowered.tile_count;
+                let moves = if limits.loop_weight_homes {
+                    segment::ParamMoves::Interleaved
+                } else {
+                    segment::ParamMoves::Resident
+                };
                 r.lowered = phase("join", || {
-                    let l = segment::join(graph, &segments, vec![r.lowered], tiles, false, true)?;
+                    let l = segment::join(
+                        graph,
+                        &segments,
+                        vec![r.lowered],
+                        tiles,
+                        moves,
+                        input_homes,
+                    )?;
                     verifier("join", lower::verify(&l))?;
                     Ok(l)
                 })?;
@@ -2375,7 +2411,9 @@ fn lower_segments(
     // their weight joins are tried resident too: their buffers are often
     // smaller (streamed projections), and a join that moves nothing costs
     // less than they assumed.
-    let (resident, moved) = if !assume_joined {
+    let (resident, moved) = if limits.loop_weight_homes {
+        (vec![], planned)
+    } else if !assume_joined {
         (vec![planned.clone()], planned)
     } else if lower_bound_exceeded(&planned) {
         (vec![], planned)
@@ -2393,7 +2431,14 @@ fn lower_segments(
         // settles most models without the resident join, which schedules
         // every exchange step before its overflow shows.
         for r in resident.into_iter().filter(|r| !lower_bound_exceeded(r)) {
-            let l = segment::join(graph, &segments, r.parts.clone(), tiles, false, input_homes)?;
+            let l = segment::join(
+                graph,
+                &segments,
+                r.parts.clone(),
+                tiles,
+                segment::ParamMoves::Resident,
+                input_homes,
+            )?;
             match segment::first_overflow(&l) {
                 None => {
                     verifier("join", lower::verify(&l))?;
@@ -2411,7 +2456,11 @@ fn lower_segments(
             &segments,
             moved.parts.clone(),
             tiles,
-            true,
+            if limits.loop_weight_homes {
+                segment::ParamMoves::Interleaved
+            } else {
+                segment::ParamMoves::Unzeroed
+            },
             input_homes,
         )?;
         verifier("join", lower::verify(&l))?;
@@ -2551,7 +2600,39 @@ fn plan_segments(
 /// bytes that overflowed and what the next attempt changed).
 pub fn compile(options: &CompileOptions) -> Result<CompileOutput, CompileError> {
     let mut retries: Vec<serde_json::Value> = Vec::new();
-    match compile_with_fallbacks(options, true, &mut retries) {
+    if options.repeat == RepeatLowering::Loop && has_repeat(options) {
+        match compile_widening(options, true, &mut retries) {
+            Err(
+                e @ (CompileError::OutOfMemory { .. }
+                | CompileError::NoFeasiblePlan { .. }
+                | CompileError::Verifier { phase: "loop", .. }),
+            ) => {
+                let why = json!({
+                    "error": e.to_string(),
+                    "then": "the repeat block is compiled iteration by iteration",
+                });
+                tracing::info!(%why, "compiling again");
+                retries.push(why);
+            }
+            r => return r,
+        }
+    }
+    compile_widening(options, false, &mut retries)
+}
+
+/// Whether `options.model` has a `repeat` block (false when it does not
+/// load: its compile reports why).
+fn has_repeat(options: &CompileOptions) -> bool {
+    load::load(&options.model).is_ok_and(|m| !m.repeats.is_empty())
+}
+
+/// [`compile`] with the device loop on or off.
+fn compile_widening(
+    options: &CompileOptions,
+    device_loop: bool,
+    retries: &mut Vec<serde_json::Value>,
+) -> Result<CompileOutput, CompileError> {
+    match compile_with_fallbacks(options, true, device_loop, retries) {
         Err(e @ (CompileError::OutOfMemory { .. } | CompileError::NoFeasiblePlan { .. }))
             if optional_widening(options) =>
         {
@@ -2561,7 +2642,7 @@ pub fn compile(options: &CompileOptions) -> Result<CompileOutput, CompileError> 
             });
             tracing::info!(%why, "compiling again");
             retries.push(why);
-            compile_with_fallbacks(options, false, &mut retries)
+            compile_with_fallbacks(options, false, device_loop, retries)
         }
         r => r,
     }
@@ -2571,6 +2652,7 @@ pub fn compile(options: &CompileOptions) -> Result<CompileOutput, CompileError> 
 fn compile_with_fallbacks(
     options: &CompileOptions,
     widen_for_precision: bool,
+    device_loop: bool,
     retries: &mut Vec<serde_json::Value>,
 ) -> Result<CompileOutput, CompileError> {
     let mut limits = SegmentLimits {
@@ -2581,6 +2663,8 @@ fn compile_with_fallbacks(
         shared_region1_cut: 0,
         widen_for_precision,
         split_attention_projections: false,
+        device_loop,
+        loop_weight_homes: false,
     };
     // Region 1's fallbacks, in order: whole-K chain producers in segments
     // (what the ViT block on 1400 tiles needs), then streamed producers
@@ -2607,6 +2691,27 @@ fn compile_with_fallbacks(
     let mut fallback = 0;
     loop {
         match compile_with(options, limits, retries) {
+            // A loop's weight stacks hold every iteration's copy of the
+            // buffers the host writes: when they do not fit beside
+            // resident weights, the body's weights move from one-copy
+            // homes (whose stacks are a share of the weights per tile).
+            Err(e @ CompileError::OutOfMemory { .. })
+                if limits.device_loop && !limits.loop_weight_homes =>
+            {
+                limits.loop_weight_homes = true;
+                // Streamed GEMMs' B likewise (a resident B keeps the
+                // zeros of its padding from load time, so the join does
+                // not move it, and its stack would hold every copy).
+                if b_free {
+                    limits.resident_b = false;
+                }
+                let why = json!({
+                    "error": e.to_string(),
+                    "then": "the loop's weights move from their homes, whose copies the weight stacks hold",
+                });
+                tracing::info!(%why, "compiling again");
+                retries.push(why);
+            }
             // No attention plan leaves the projections room: they go to a
             // segment of their own, and the attention reads q, k and v
             // from it as device inputs.
@@ -2771,7 +2876,7 @@ fn several_block_segments(options: &CompileOptions) -> bool {
         .ok()
         .and_then(|m| legalize::legalize(&m.graph).ok())
         .and_then(|l| widened_fully(options, &l.graph))
-        .and_then(|w| segment::split(&w.graph, false).ok())
+        .and_then(|w| segment::split(&w.graph, false, &Default::default()).ok())
         .is_some_and(|s| s.iter().filter(|s| s.kind == segment::Kind::Blocks).count() > 1)
 }
 
@@ -2818,6 +2923,13 @@ struct SegmentLimits {
     /// projections room beside it (f32 SigLIP attention: an f32
     /// projection on a third of the tiles needs most of region 1).
     split_attention_projections: bool,
+    /// Whether a `repeat` block is compiled once and run as a device loop
+    /// ([`loops`]).
+    device_loop: bool,
+    /// Whether the joins move a loop body's weights from their homes
+    /// even where they could stay resident, so that the weight stacks
+    /// mirror the homes (one copy of each weight spread over the tiles).
+    loop_weight_homes: bool,
 }
 
 fn compile_with(
@@ -2850,6 +2962,23 @@ fn compile_with(
         Ok(w)
     })?;
     let graph = &widened.graph;
+    // A repeat block compiled once: the plans see the template (the body's
+    // first iteration between the statements around the block).
+    let template = if !limits.device_loop {
+        None
+    } else if widened.graph != model.graph {
+        tracing::info!("the repeat block is compiled iteration by iteration: legalize or widen changed the graph");
+        None
+    } else {
+        model.repeats.first().and_then(|r| match loops::template(graph, r) {
+            Ok(t) => Some(t),
+            Err(why) => {
+                tracing::info!(line = r.line, %why, "the repeat block is compiled iteration by iteration");
+                None
+            }
+        })
+    };
+    let planned_graph = template.as_ref().map_or(graph, |t| &t.graph);
     let span = tracing::info_span!(
         "ipu_compiler.package.build",
         tile_count = options.tiles,
@@ -2865,7 +2994,26 @@ fn compile_with(
         mut would_help,
         chain_choice,
         attention,
-    } = lower_segments(graph, options, &mut library, &mut rowwise_reports, limits)?;
+    } = lower_segments(
+        planned_graph,
+        options,
+        &mut library,
+        &mut rowwise_reports,
+        limits,
+        template.as_ref(),
+    )?;
+    let loop_report = match &template {
+        Some(t) => Some(phase("loop", || {
+            let segments =
+                segment::split(planned_graph, limits.split_attention_projections, &t.cuts)?;
+            let body = loops::body_steps(&lowered, &segments, t);
+            let u = loops::unroll(&mut lowered, t, body, graph, &mut library)?;
+            verifier("loop", lower::verify(&lowered))?;
+            tracing::info!(report = %u.report, "the repeat block runs as a device loop");
+            Ok(u.report)
+        })?),
+        None => None,
+    };
     for (value, scale) in &widened.lacking_casts {
         let cast = rowwise::cast_request(8, 16, *scale as i64);
         tracing::info!(value = %value, kernel = %cast, "the kernel library lacks a specialisation that would help");
@@ -2978,8 +3126,11 @@ fn compile_with(
         // must pass ipu-exchange's independent checker before any code is
         // emitted from them.
         for call in &lowered.calls {
-            for step in &call.steps {
+            for (si, step) in call.steps.iter().enumerate() {
                 let Some(x) = &step.exchange else { continue };
+                if call.reruns.contains_key(&si) {
+                    continue;
+                }
                 let summary =
                     exchange::verify_placed(x, |t, b| out[&t].addresses[b]).map_err(|e| {
                         CompileError::Verifier {
@@ -3026,7 +3177,13 @@ fn compile_with(
                 let tables = lowered
                     .calls
                     .iter()
-                    .flat_map(|c| &c.steps)
+                    .flat_map(|c| {
+                        c.steps
+                            .iter()
+                            .enumerate()
+                            .filter(|(si, _)| !c.reruns.contains_key(si))
+                            .map(|(_, s)| s)
+                    })
                     .filter_map(|s| s.exchange.as_ref())
                     .map(|x| {
                         (
@@ -3145,6 +3302,9 @@ fn compile_with(
     }
     if !widened.gemms.is_empty() {
         report["widened_fp8_gemms"] = json!(widened.gemms);
+    }
+    if let Some(l) = loop_report {
+        report["device_loop"] = l;
     }
     // Likewise the parameters the initialize call copies.
     if !param_copies.copied.is_empty() || !param_copies.host_written.is_empty() {

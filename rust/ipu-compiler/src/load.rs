@@ -10,10 +10,14 @@ use std::path::Path;
 pub struct Model {
     pub graph: Graph,
     pub text: String,
+    /// The model's `repeat` blocks, as the parser expanded them into
+    /// `graph` ([`crate::loops`] may compile one as a device loop).
+    pub repeats: Vec<ipu_graph::Repeat>,
 }
 
 pub fn load(path: &Path) -> Result<Model, CompileError> {
-    let graph = ipu_graph::parse_file(path).map_err(|message| CompileError::Model { message })?;
+    let (graph, repeats) = ipu_graph::parse_file_with_repeats(path)
+        .map_err(|message| CompileError::Model { message })?;
     if let Err(errors) = ipu_graph::verify(&graph) {
         let message = errors
             .iter()
@@ -23,5 +27,9 @@ pub fn load(path: &Path) -> Result<Model, CompileError> {
         return Err(CompileError::Model { message });
     }
     let text = ipu_graph::print(&graph);
-    Ok(Model { graph, text })
+    Ok(Model {
+        graph,
+        text,
+        repeats,
+    })
 }

@@ -142,7 +142,15 @@ pub struct Step {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct CallProgram {
     pub name: String,
+    /// The steps in the order the call runs them.
     pub steps: Vec<Step>,
+    /// Steps that run an earlier step of the call again (a device loop's
+    /// later iterations, [`crate::loops`]): step index -> the index of the
+    /// step whose vertex states and exchange tables it reuses. Such a step
+    /// is a copy of that step (only its `operation` names the iteration's
+    /// value), so every phase that reads steps sees the call as it runs,
+    /// and the ones that lay out memory (`emit_code`, `link`) skip it.
+    pub reruns: BTreeMap<usize, usize>,
 }
 
 /// Bytes `host_offset..+bytes` of a host tensor at `buffer_offset` of a tile buffer.
@@ -184,6 +192,9 @@ pub struct Lowered {
     /// dimensions swapped, as the manifest's `transposed` says): GEMM
     /// operands the model transposes (`legalize`).
     pub transposed_host: std::collections::BTreeSet<String>,
+    /// For a joined program ([`crate::segment::join`]), each segment's steps
+    /// in the run call: `start..end`, its input exchange step included.
+    pub segment_steps: Vec<std::ops::Range<usize>>,
 }
 
 /// A group's compact result on one tile: rows `rows` and columns
@@ -865,10 +876,12 @@ impl Lowered {
                 CallProgram {
                     name: "initialize".into(),
                     steps: initialize,
+                    reruns: BTreeMap::new(),
                 },
                 CallProgram {
                     name: "run".into(),
                     steps: run,
+                    reruns: BTreeMap::new(),
                 },
             ],
             io: vec![
@@ -878,6 +891,7 @@ impl Lowered {
             resident: order(tensors.resident),
             group_results: BTreeMap::new(),
             transposed_host: Default::default(),
+            segment_steps: Vec::new(),
         }
     }
 }
@@ -984,6 +998,28 @@ pub(crate) fn reduce_vertices(
 /// buffers and stay inside them; GEMM states have the kernel's word count;
 /// every host tensor's placements cover its bytes (outputs exactly once).
 pub fn verify(l: &Lowered) -> Result<(), String> {
+    for call in &l.calls {
+        for (&step, &of) in &call.reruns {
+            let (Some(s), Some(o)) = (call.steps.get(step), call.steps.get(of)) else {
+                return Err(format!(
+                    "call `{}`: step {step} reruns step {of}, and the call has {} steps",
+                    call.name,
+                    call.steps.len()
+                ));
+            };
+            let same_exchange = match (&s.exchange, &o.exchange) {
+                (Some(a), Some(b)) => a.table_buffers == b.table_buffers,
+                (None, None) => true,
+                _ => false,
+            };
+            if of >= step || call.reruns.contains_key(&of) || s.tiles != o.tiles || !same_exchange {
+                return Err(format!(
+                    "call `{}`: step {step} (`{}`) is not a rerun of the earlier step {of} (`{}`)",
+                    call.name, s.phase, o.phase
+                ));
+            }
+        }
+    }
     for call in &l.calls {
         for step in &call.steps {
             for (tile, vertices) in &step.tiles {

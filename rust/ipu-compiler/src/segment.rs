@@ -141,8 +141,14 @@ fn kind_of(graph: &Graph, epilogues: &BTreeSet<NodeId>, n: NodeId) -> Kind {
 /// Splits `graph` into segments (see the module documentation). A graph
 /// that is one block segment is returned as that one segment, unchanged.
 /// `split_projections` also cuts between an attention block and the GEMM
-/// projections it reads, and between GEMMs that are not a chain.
-pub fn split(graph: &Graph, split_projections: bool) -> Result<Vec<Segment>, CompileError> {
+/// projections it reads, and between GEMMs that are not a chain. A segment
+/// also starts at every node of `cuts` (the ends of a loop body,
+/// [`crate::loops`]).
+pub fn split(
+    graph: &Graph,
+    split_projections: bool,
+    cuts: &BTreeSet<NodeId>,
+) -> Result<Vec<Segment>, CompileError> {
     let epilogues = epilogue_nodes(graph);
     let users = graph.all_users();
     let is_output = |v: ValueId| graph.outputs().contains(&v);
@@ -219,7 +225,7 @@ pub fn split(graph: &Graph, split_projections: bool) -> Result<Vec<Segment>, Com
                     || rows(node.result) != rows(graph.node(first).result)
             }
         };
-        if cut {
+        if cut || cuts.contains(&id) {
             parts.push((kind, Vec::new()));
             has_attention = false;
             has_gemm = false;
@@ -678,11 +684,27 @@ fn home(
     out
 }
 
+/// Which parameter copies [`join`] moves from one-copy homes at the start
+/// of their segment.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ParamMoves {
+    /// None: every copy is written by the host and stays.
+    Resident,
+    /// Interleaved copies that need no zeros at load (so that the
+    /// segments' weight buffers share memory).
+    Unzeroed,
+    /// Every interleaved copy; those with zero padding stay persistent,
+    /// their zeros from load time, and only their bytes move. A device
+    /// loop's weights ([`crate::loops`]): its weight stacks then mirror
+    /// the homes, one copy of each weight, not every replica.
+    Interleaved,
+}
+
 /// Joins the segments' programs (each lowered with `tile_count` tiles) into
 /// one, with an exchange step before each segment that moves its device
-/// inputs from where earlier segments left them (and, with
-/// `stream_params`, its GEMM weights from their one copy spread over all
-/// tiles, so that the segments' weight buffers share memory; with
+/// inputs from where earlier segments left them (and, per `stream_params`,
+/// its GEMM weights from their one copy spread over all tiles, so that the
+/// segments' weight buffers share memory; with
 /// `input_homes`, its host inputs from their one copy: the first segment
 /// that holds an input once is where the host writes it, and an input no
 /// segment holds once gets a home spread over all tiles).
@@ -691,7 +713,7 @@ pub fn join(
     segments: &[Segment],
     parts: Vec<Lowered>,
     tile_count: u32,
-    stream_params: bool,
+    stream_params: ParamMoves,
     input_homes: bool,
 ) -> Result<Lowered, CompileError> {
     let transposed_host: BTreeSet<String> = parts
@@ -739,7 +761,9 @@ pub fn join(
             .lookup(name)
             .is_some_and(|v| graph.outputs().contains(&v))
     };
+    let mut segment_steps = Vec::new();
     for (si, (segment, part)) in segments.iter().zip(parts).enumerate() {
+        let segment_start = run_steps.len();
         if part.tile_count != tile_count {
             return Err(CompileError::Verifier {
                 phase: "segment",
@@ -878,13 +902,15 @@ pub fn join(
             // Written once, by the initialize call.
             let mut placements: Vec<HostPlacement> =
                 t.placements.iter().map(|p| remap.placement(p)).collect();
-            if stream_params {
-                // Interleaved copies that need no zeros at load come from the
-                // parameter's home by exchange at the start of the segment.
+            if stream_params != ParamMoves::Resident {
+                // Interleaved copies (that need no zeros at load, unless
+                // every interleaved copy moves) come from the parameter's
+                // home by exchange at the start of the segment.
                 let (moved, kept): (Vec<HostPlacement>, Vec<HostPlacement>) =
                     placements.into_iter().partition(|p| {
                         let b = &buffers[&p.tile][p.buffer];
-                        b.region == crate::lower::RegionReq::Interleaved && b.zero.is_empty()
+                        b.region == crate::lower::RegionReq::Interleaved
+                            && (b.zero.is_empty() || stream_params == ParamMoves::Interleaved)
                     });
                 placements = kept;
                 if !moved.is_empty() {
@@ -960,6 +986,7 @@ pub fn join(
             let placements = t.placements.iter().map(|p| remap.placement(p)).collect();
             resident.insert(t.name.clone(), HostTensor { placements, ..t });
         }
+        segment_steps.push(segment_start..run_steps.len());
     }
     // Lifetimes: persistent buffers and those that must be zero at load
     // live for the whole program; every other buffer of a segment lives
@@ -1018,6 +1045,7 @@ pub fn join(
     // so: the join copies bytes by their host offsets, which follow the
     // same order on both sides.
     joined.transposed_host = transposed_host;
+    joined.segment_steps = segment_steps;
     Ok(joined)
 }
 
@@ -1110,7 +1138,7 @@ mod tests {
         let graph = ipu_graph::parse("m.ipug", text).unwrap();
         let names: Vec<String> = requantised_values(&graph).into_iter().collect();
         assert_eq!(names, ["g"]);
-        let segments = split(&graph, false).unwrap();
+        let segments = split(&graph, false, &BTreeSet::new()).unwrap();
         let carrying: Vec<Vec<String>> = segments
             .iter()
             .map(|s| s.requantised.iter().cloned().collect())
@@ -1191,7 +1219,7 @@ mod tests {
 
     fn kinds(text: &str) -> Vec<(Kind, Vec<String>, Vec<String>)> {
         let g = ipu_graph::parse("t.ipug", text).unwrap();
-        split(&g, false)
+        split(&g, false, &BTreeSet::new())
             .unwrap()
             .into_iter()
             .map(|s| {
@@ -1218,8 +1246,8 @@ mod tests {
         )
         .unwrap();
         let g = ipu_graph::parse("t.ipug", &text).unwrap();
-        assert_eq!(split(&g, false).unwrap().len(), 1);
-        let summary: Vec<String> = split(&g, true)
+        assert_eq!(split(&g, false, &BTreeSet::new()).unwrap().len(), 1);
+        let summary: Vec<String> = split(&g, true, &BTreeSet::new())
             .unwrap()
             .iter()
             .map(|s| {
@@ -1412,6 +1440,7 @@ mod tests {
                 vec![],
             )],
             resident: vec![],
+            segment_steps: vec![],
             group_results: BTreeMap::new(),
             transposed_host: Default::default(),
         };

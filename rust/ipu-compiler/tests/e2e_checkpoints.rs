@@ -17,35 +17,6 @@ use ipu_runtime::{DeviceOptions, FeedSpec, Generate, RunOptions};
 mod common;
 use common::*;
 
-fn check_every_checkpoint(
-    model: &std::path::Path,
-    tiles: u32,
-    host_inputs: HostInputs,
-) -> Vec<String> {
-    let cache = tempfile::tempdir().unwrap();
-    let mut opts = options(model, tiles, cache.path());
-    opts.host_inputs = host_inputs;
-    let out = compile(&opts).unwrap_or_else(|e| panic!("{}: {e}", model.display()));
-    let report = verify_package(
-        out.package,
-        &VerifyOptions {
-            run: RunOptions {
-                device: DeviceOptions::simulator(tiles),
-                feeds: FeedSpec {
-                    generate: Generate::Gaussian { seed: 3 },
-                    ..FeedSpec::default()
-                },
-                ..RunOptions::default()
-            },
-            diagnose: true,
-            check_checkpoints: true,
-        },
-    )
-    .unwrap_or_else(|e| panic!("{}: {e}", model.display()));
-    assert!(report.passed(), "{}:\n{report}", model.display());
-    report.checkpoints.iter().map(|c| c.name.clone()).collect()
-}
-
 /// Projections then attention in two buffer phases on the same tiles: the
 /// host input's rows (K = 64 needs no padding, so they are phase-1
 /// scratch) share memory with the attention's phase-2 buffers. Written by

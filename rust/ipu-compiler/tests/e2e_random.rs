@@ -8,7 +8,8 @@
 //! not; a layer norm feeding a GEMM and a row-wise operation; a batched
 //! GEMM; attention over host inputs; a pre-norm encoder block; attention
 //! over fp8 projections; a chain of three GEMMs; a pre-norm MLP with a
-//! residual), compiled for a random tile count
+//! residual, or a `repeat` stack of two or three of them), compiled for a
+//! random tile count
 //! with random planner options, run with seeded Gaussian inputs and
 //! compared with the reference under the documented tolerance.
 //!
@@ -301,13 +302,45 @@ fn generate(seed: u64) -> Case {
             // A pre-norm MLP with a residual: row-wise segments around a
             // GEMM chain.
             let (rows, w, hidden) = (r.range(1, 60), 2 * r.range(1, 100), 2 * r.range(1, 200));
+            // Half of them a stack of two or three such layers written as
+            // a `repeat` block (drawn last, so the one-layer models stay
+            // what they were).
+            let layers = if chance(&mut r, 0.5) {
+                1
+            } else {
+                r.range(2, 3)
+            };
             writeln!(m, "input x: f16[{rows}, {w}]").unwrap();
-            writeln!(m, "param g: f16[{w}]\nparam b: f16[{w}]").unwrap();
-            writeln!(m, "param w1: f16[{w}, {hidden}]\nparam b1: f16[{hidden}]").unwrap();
-            writeln!(m, "param w2: f16[{hidden}, {w}]\nparam b2: f16[{w}]").unwrap();
-            m.push_str("n = layernorm(x, g, b, epsilon=1e-6)\n");
-            m.push_str("h0 = gemm(n, w1)\nh1 = add(h0, b1)\nh2 = gelu(h1)\n");
-            m.push_str("o0 = gemm(h2, w2)\no1 = add(o0, b2)\ny = add(x, o1)\noutput y\n");
+            let (indent, x) = if layers > 1 {
+                writeln!(m, "repeat {layers} carry s = x").unwrap();
+                ("  ", "s")
+            } else {
+                ("", "x")
+            };
+            let mut body = String::new();
+            writeln!(body, "param g: f16[{w}]\nparam b: f16[{w}]").unwrap();
+            writeln!(
+                body,
+                "param w1: f16[{w}, {hidden}]\nparam b1: f16[{hidden}]"
+            )
+            .unwrap();
+            writeln!(body, "param w2: f16[{hidden}, {w}]\nparam b2: f16[{w}]").unwrap();
+            writeln!(body, "n = layernorm({x}, g, b, epsilon=1e-6)").unwrap();
+            body.push_str("h0 = gemm(n, w1)\nh1 = add(h0, b1)\nh2 = gelu(h1)\n");
+            body.push_str("o0 = gemm(h2, w2)\no1 = add(o0, b2)\n");
+            if layers > 1 {
+                body.push_str("s = add(s, o1)\n");
+            } else {
+                body.push_str("y = add(x, o1)\n");
+            }
+            for line in body.lines() {
+                writeln!(m, "{indent}{line}").unwrap();
+            }
+            m.push_str(if layers > 1 {
+                "end\noutput s\n"
+            } else {
+                "output y\n"
+            });
         }
         "attention_fp8" => {
             // fp8 projections of an input quantised on the device.

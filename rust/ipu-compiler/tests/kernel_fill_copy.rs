@@ -298,3 +298,101 @@ fn fill_rows_fills_the_items_of_every_row() {
         "declared {declared} vs simulated {cycles}"
     );
 }
+
+/// device/copy64_list.S: one vertex per worker, each with a list of ranges
+/// of sizes from zero up (both copy paths among them); every destination
+/// byte checked, the poisoned gaps between the ranges untouched; the
+/// cycles against `.cycles` and the 8 B/cycle store bound.
+#[test]
+fn copy64_list_copies_every_range_of_every_list() {
+    let mut rng = Rng(7);
+    // Per worker: (source, destination, bytes); sources in interleaved
+    // elements of their own (the fast path) except one range per list
+    // whose source and destination share an element (the slow path).
+    let sizes = [0u32, 8, 24, 800, 2048, 16];
+    let mut lists: Vec<Vec<(u32, u32, u32)>> = Vec::new();
+    let mut inits: Vec<(u32, Vec<u8>)> = Vec::new();
+    let mut expected: Vec<(u32, Vec<u8>)> = Vec::new();
+    for w in 0..6u32 {
+        let mut list = Vec::new();
+        let mut src = 0x80000 + 0x4000 * w;
+        let mut dst = 0xB0000 + 0x4000 * w;
+        for (k, &bytes) in sizes.iter().enumerate() {
+            let data: Vec<u8> = (0..bytes).map(|_| rng.next_u64() as u8).collect();
+            // The third range of each list copies within the source's element.
+            let d = if k == 2 { src + 0x1000 } else { dst };
+            inits.push((src, data.clone()));
+            inits.push((d - GUARD, vec![POISON; (bytes + 2 * GUARD) as usize]));
+            expected.push((d, data));
+            list.push((src, d, bytes));
+            src += bytes + 64;
+            if k != 2 {
+                dst += bytes + 2 * GUARD;
+            }
+        }
+        lists.push(list);
+    }
+    let launches: Vec<Launch> = lists
+        .iter()
+        .map(|list| {
+            let mut state = vec![list.len() as u32];
+            for &(s, d, b) in list {
+                state.extend([s, d, b]);
+            }
+            Launch {
+                entry: "copy64_list".into(),
+                state,
+            }
+        })
+        .collect();
+    let (chip, cycles) = simulate(
+        &[Kernel {
+            file: "copy64_list.S",
+            defines: &[],
+        }],
+        &[launches],
+        &inits,
+    );
+    for (d, data) in &expected {
+        assert_eq!(
+            &chip.peek(0, *d, data.len() as u32).unwrap(),
+            data,
+            "range at {d:#x}"
+        );
+        let before = chip.peek(0, d - GUARD, GUARD).unwrap();
+        let after = chip.peek(0, d + data.len() as u32, GUARD).unwrap();
+        assert!(
+            before.iter().chain(after.iter()).all(|&b| b == POISON),
+            "bytes around the range at {d:#x} changed"
+        );
+    }
+    let per_worker: u32 = sizes.iter().sum();
+    let declared = declared_cycles(
+        "copy64_list.S",
+        &[],
+        &[("N", sizes.len() as u64), ("BYTES", per_worker as u64)],
+    );
+    let bound = (6 * per_worker / 8) as u64;
+    println!(
+        "copy64_list 6 lists of {} ranges, {per_worker} bytes each: simulated {cycles} cycles, .cycles {declared}, bound {bound}",
+        sizes.len()
+    );
+    assert!(cycles >= bound);
+    assert!(
+        (declared as f64) > 0.85 * cycles as f64 && (declared as f64) < 1.2 * cycles as f64,
+        "declared {declared} vs simulated {cycles}"
+    );
+    // An empty list writes nothing.
+    let (chip, _) = simulate(
+        &[Kernel {
+            file: "copy64_list.S",
+            defines: &[],
+        }],
+        &[vec![Launch {
+            entry: "copy64_list".into(),
+            state: vec![0],
+        }]],
+        &[(0x90000, vec![POISON; 64])],
+    );
+    assert_eq!(chip.peek(0, 0x90000, 64).unwrap(), vec![POISON; 64]);
+}

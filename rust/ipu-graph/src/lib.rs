@@ -32,7 +32,9 @@ mod verify;
 
 pub use graph::{is_identifier, Graph, GraphError, Node, NodeId, Value, ValueDef, ValueId};
 pub use ops::{gemm_operand_dims, infer, Op, TypeError, DEFAULT_LAYERNORM_EPSILON};
-pub use parser::{parse, ParseError, ParseErrorKind, KEYWORDS, OPERATIONS};
+pub use parser::{
+    parse, parse_with_repeats, ParseError, ParseErrorKind, Repeat, KEYWORDS, OPERATIONS,
+};
 pub use printer::print;
 pub use types::{broadcast_shapes, DType, DTypeParseError, Shape, TensorType};
 pub use verify::{verify, VerifyError};
@@ -44,6 +46,14 @@ pub fn parse_file(path: &std::path::Path) -> Result<Graph, String> {
     let text = std::fs::read_to_string(path)
         .map_err(|e| format!("{}: cannot read: {e}", path.display()))?;
     parse(&path.display().to_string(), &text).map_err(|e| e.to_string())
+}
+
+/// Reads and parses a `.ipug` file with its `repeat` blocks; errors name
+/// the file.
+pub fn parse_file_with_repeats(path: &std::path::Path) -> Result<(Graph, Vec<Repeat>), String> {
+    let text = std::fs::read_to_string(path)
+        .map_err(|e| format!("{}: cannot read: {e}", path.display()))?;
+    parse_with_repeats(&path.display().to_string(), &text).map_err(|e| e.to_string())
 }
 
 /// A human-readable table of a graph's values, FLOP and bytes, used by the

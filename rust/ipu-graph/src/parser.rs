@@ -246,6 +246,30 @@ impl std::error::Error for ParseError {}
 
 /// Parses `.ipug` text. `file` is used only in error messages.
 pub fn parse(file: &str, text: &str) -> Result<Graph, ParseError> {
+    parse_with_repeats(file, text).map(|(graph, _)| graph)
+}
+
+/// One `repeat` block as the parser expanded it: which graph values each
+/// iteration defined, so that a compiler may compile the body once and run
+/// it in a loop instead of placing every iteration on its own. The graph
+/// itself holds only the expanded statements.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Repeat {
+    /// Line of the `repeat` statement.
+    pub line: usize,
+    /// The number of iterations.
+    pub count: usize,
+    /// Each carried value: its name in the body (the graph name of the last
+    /// iteration's value) and the graph value the first iteration reads.
+    pub carries: Vec<(String, String)>,
+    /// Per iteration, the graph names of the values its statements define
+    /// (params and operation results), in body order: entry `j` of every
+    /// iteration is the same statement.
+    pub defined: Vec<Vec<String>>,
+}
+
+/// Like [`parse`], and also returns the `repeat` blocks in text order.
+pub fn parse_with_repeats(file: &str, text: &str) -> Result<(Graph, Vec<Repeat>), ParseError> {
     let mut parser = Parser {
         file,
         line: 0,
@@ -254,6 +278,7 @@ pub fn parse(file: &str, text: &str) -> Result<Graph, ParseError> {
         defined_at: BTreeMap::new(),
         outputs: 0,
         frame: None,
+        repeats: Vec::new(),
     };
     let mut block: Option<RepeatBlock> = None;
     for (index, line) in text.lines().enumerate() {
@@ -316,7 +341,7 @@ pub fn parse(file: &str, text: &str) -> Result<Graph, ParseError> {
             column: 1,
             kind: ParseErrorKind::NoOutputs,
         }),
-        Some(graph) => Ok(graph),
+        Some(graph) => Ok((graph, parser.repeats)),
     }
 }
 
@@ -329,6 +354,8 @@ struct Parser<'a> {
     outputs: usize,
     /// The iteration of a `repeat` body being replayed.
     frame: Option<Frame>,
+    /// The blocks expanded so far.
+    repeats: Vec<Repeat>,
 }
 
 /// A `repeat N carry a = x, b = y` block as read, before expansion.
@@ -647,7 +674,9 @@ impl<'a> Parser<'a> {
             }
         }
         let mut carries: BTreeMap<String, String> = block.carries.iter().cloned().collect();
+        let mut defined = Vec::new();
         for iteration in 0..block.count {
+            let first_value = self.graph.as_ref().map_or(0, |g| g.values().len());
             self.frame = Some(Frame {
                 iteration,
                 count: block.count,
@@ -682,7 +711,25 @@ impl<'a> Parser<'a> {
                 });
             }
             carries = frame.carries;
+            // Every statement of the body defines one graph value, so the
+            // values added by this iteration are its definitions in order.
+            let graph = self
+                .graph
+                .as_ref()
+                .expect("a repeat follows the model line");
+            defined.push(
+                graph.values()[first_value..]
+                    .iter()
+                    .map(|v| v.name.clone())
+                    .collect(),
+            );
         }
+        self.repeats.push(Repeat {
+            line: block.line,
+            count: block.count,
+            carries: block.carries.clone(),
+            defined,
+        });
         Ok(())
     }
 

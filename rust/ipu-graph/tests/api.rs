@@ -142,3 +142,34 @@ fn arch_peak_is_the_one_summary_uses() {
         1
     );
 }
+
+#[test]
+fn repeat_blocks_report_each_iterations_definitions() {
+    let text = "model m\ninput x: f16[2, 4]\nrepeat 3 carry h = x\n  param w: f16[4, 4]\n  a = gemm(h, w)\n  h = add(a, h)\nend\noutput h\n";
+    let (g, repeats) = ipu_graph::parse_with_repeats("m.ipug", text).unwrap();
+    assert_eq!(g, ipu_graph::parse("m.ipug", text).unwrap());
+    let [r] = repeats.as_slice() else {
+        panic!("one repeat block: {repeats:?}")
+    };
+    assert_eq!((r.line, r.count), (3, 3));
+    assert_eq!(r.carries, vec![("h".to_string(), "x".to_string())]);
+    let names: Vec<String> = r.defined.iter().map(|d| d.join(" ")).collect();
+    assert_eq!(names, ["w.0 a.0 h.0", "w.1 a.1 h.1", "w.2 a.2 h"]);
+    // Entry j of every iteration is the same statement.
+    for d in &r.defined {
+        let ops: Vec<String> = d
+            .iter()
+            .map(|n| {
+                format!("{:?}", g.value(g.lookup(n).unwrap()).def)
+                    .chars()
+                    .take(4)
+                    .collect()
+            })
+            .collect();
+        assert_eq!(ops[0], "Para");
+        assert_eq!(ops[1], "Node");
+    }
+    let (_, none) =
+        ipu_graph::parse_with_repeats("m.ipug", "model m\ninput x: f16[2]\noutput x\n").unwrap();
+    assert!(none.is_empty());
+}

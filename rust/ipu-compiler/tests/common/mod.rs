@@ -274,3 +274,38 @@ pub fn run_repeatedly(opts: &CompileOptions, seeds: &[u64]) -> CompileOutput {
     }
     out
 }
+
+/// Compiles `model` for `tiles` with `host_inputs`, verifies it on the
+/// simulator with every checkpoint checked against the whole-graph
+/// reference (Gaussian seed 3), requires every checkpoint and output to
+/// pass, and returns the checkpoints' names.
+pub fn check_every_checkpoint(
+    model: &Path,
+    tiles: u32,
+    host_inputs: ipu_compiler::HostInputs,
+) -> Vec<String> {
+    use ipu_runtime::verify::{verify_package, VerifyOptions};
+    use ipu_runtime::{DeviceOptions, FeedSpec, Generate, RunOptions};
+    let cache = tempfile::tempdir().unwrap();
+    let mut opts = options(model, tiles, cache.path());
+    opts.host_inputs = host_inputs;
+    let out = compile(&opts).unwrap_or_else(|e| panic!("{}: {e}", model.display()));
+    let report = verify_package(
+        out.package,
+        &VerifyOptions {
+            run: RunOptions {
+                device: DeviceOptions::simulator(tiles),
+                feeds: FeedSpec {
+                    generate: Generate::Gaussian { seed: 3 },
+                    ..FeedSpec::default()
+                },
+                ..RunOptions::default()
+            },
+            diagnose: true,
+            check_checkpoints: true,
+        },
+    )
+    .unwrap_or_else(|e| panic!("{}: {e}", model.display()));
+    assert!(report.passed(), "{}:\n{report}", model.display());
+    report.checkpoints.iter().map(|c| c.name.clone()).collect()
+}

@@ -1,0 +1,233 @@
+//! Device loops (crate `loops`): a `repeat` block compiled once and run
+//! as a loop of its body, each iteration's weights copied from its slot of
+//! the weight stack and the carried value moved back by an exchange step.
+//! Every case runs on the simulator and is compared with ipu-reference;
+//! the loop's package is compared with the expanded one
+//! (`RepeatLowering::Expand`) for what it saves.
+
+use ipu_compiler::{compile, CompileOutput, RepeatLowering};
+
+mod common;
+use common::*;
+
+/// Bytes of `category` in `region` on `tile`, from the compile report.
+fn memory(out: &CompileOutput, tile: u64, region: &str, category: &str) -> u64 {
+    out.report["memory"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|m| m["tile"] == tile && m["region"] == region && m["category"] == category)
+        .map(|m| m["bytes"].as_u64().unwrap())
+        .sum()
+}
+
+/// Region-1 bytes summed over every tile.
+fn region1_total(out: &CompileOutput) -> u64 {
+    out.report["memory"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|m| m["region"] == "region1")
+        .map(|m| m["bytes"].as_u64().unwrap())
+        .sum()
+}
+
+/// Three small ViT blocks: the loop verifies like the expanded model,
+/// with the body's code, vertex states and exchange tables placed once,
+/// every iteration's parameters in the host interface, and the estimate
+/// within 10%.
+#[test]
+fn vit_layers_run_as_a_device_loop() {
+    let model = root().join("models/vit_layers_small.ipug");
+    let ran = compile_and_run(&model, 64, 29);
+    let out = &ran.compile;
+    let l = &out.report["device_loop"];
+    assert_eq!(l["count"], 3, "{l}");
+    assert_eq!(l["carries"], serde_json::json!(["h"]));
+    assert!(l["weight_bytes_per_iteration_max_tile"].as_u64().unwrap() > 0);
+    assert_estimate_within(&ran, 0.10, "vit_layers_small as a loop");
+    let init = call(out, "initialize");
+    let names: Vec<&str> = init.inputs.iter().map(|t| t.name.as_str()).collect();
+    for name in ["ln1_g.0", "wq.1", "b2.2"] {
+        assert!(names.contains(&name), "{name} in {names:?}");
+    }
+    // The run's BSP steps: three iterations of the body, each after its
+    // weight copy, two back edges between them.
+    let phases: Vec<&str> = run_call(out)
+        .phases
+        .iter()
+        .map(|p| p.name.as_str())
+        .collect();
+    let copies = phases
+        .iter()
+        .filter(|p| p.starts_with("loop: weights of iteration"))
+        .count();
+    let back_edges = phases
+        .iter()
+        .filter(|p| p.starts_with("loop: h to the next iteration"))
+        .count();
+    assert_eq!((copies, back_edges), (3, 2), "{phases:?}");
+
+    let cache = tempfile::tempdir().unwrap();
+    let mut opts = options(&model, 64, cache.path());
+    opts.repeat = RepeatLowering::Expand;
+    let expanded = compile(&opts).unwrap();
+    assert!(expanded.report.get("device_loop").is_none());
+    let (code, code_expanded) = (
+        memory(out, 0, "region0", "code_and_state"),
+        memory(&expanded, 0, "region0", "code_and_state"),
+    );
+    let (tables, tables_expanded) = (
+        memory(out, 0, "region0", "exchange_tables"),
+        memory(&expanded, 0, "region0", "exchange_tables"),
+    );
+    println!(
+        "tile 0: code and states {code} B (expanded {code_expanded}), exchange tables {tables} B (expanded {tables_expanded}); region 1 over all tiles {} B (expanded {})",
+        region1_total(out),
+        region1_total(&expanded)
+    );
+    assert!(code < code_expanded && tables < tables_expanded);
+    assert!(region1_total(out) < region1_total(&expanded));
+}
+
+/// The same package called again: every run starts from the host's input
+/// and the first iteration's weights, whatever the last run left.
+#[test]
+fn a_loop_runs_again_from_its_start() {
+    let cache = tempfile::tempdir().unwrap();
+    let opts = options(
+        &root().join("models/vit_layers_small.ipug"),
+        16,
+        cache.path(),
+    );
+    let out = run_repeatedly(&opts, &[5, 6, 5]);
+    assert!(out.report.get("device_loop").is_some());
+}
+
+/// A loop between statements: its carry starts from a value computed
+/// before the block (exported by a segment, so the back edge writes the
+/// segment's result), a statement after the block reads the carry and an
+/// input read before it, and the body is a pre-norm MLP whose weights
+/// are biases, layer norm parameters and GEMM operands of odd sizes.
+/// Checkpoints name the last iteration's values.
+#[test]
+fn a_loop_between_statements_with_checkpoints() {
+    let dir = tempfile::tempdir().unwrap();
+    let text = "model loop_mid\ninput x: f16[13, 40]\nparam g0: f16[40]\nparam b0: f16[40]\ns0 = layernorm(x, g0, b0, epsilon=1e-6)\nrepeat 4 carry s = s0\n  param g: f16[40]\n  param b: f16[40]\n  param w1: f16[40, 70]\n  param b1: f16[70]\n  param w2: f16[70, 40]\n  n = layernorm(s, g, b, epsilon=1e-6)\n  h0 = gemm(n, w1)\n  h1 = add(h0, b1)\n  h = gelu(h1)\n  o = gemm(h, w2)\n  s = add(s, o)\nend\ny = add(s, x)\noutput y\n";
+    let model = write_model(dir.path(), "loop_mid", text);
+    for tiles in [64, 5] {
+        let ran = compile_and_run(&model, tiles, 41);
+        let l = &ran.compile.report["device_loop"];
+        assert_eq!(l["count"], 4, "{tiles} tiles: {l}");
+        assert_estimate_within(&ran, 0.15, "loop_mid");
+    }
+    let names = check_every_checkpoint(&model, 16, ipu_compiler::HostInputs::Once);
+    let names: Vec<&str> = names.iter().map(String::as_str).collect();
+    // The body's values hold the last iteration's (`n.3`), and where the
+    // carry started (`s0`) the back edge left the one before (`s.2`);
+    // every iteration's parameters stay in their slots.
+    for name in ["n.3", "o.3", "s.2", "s", "y", "w1.0", "w2.3"] {
+        assert!(names.contains(&name), "{name} in {names:?}");
+    }
+    for name in ["n.0", "n.2", "o.1", "s0"] {
+        assert!(!names.contains(&name), "{name} in {names:?}");
+    }
+}
+
+/// Blocks that cannot loop are compiled iteration by iteration, and the
+/// log says why: a statement after the block that reads the value the
+/// carry starts from (the back edge overwrites it), and one that reads a
+/// value of an iteration other than the last.
+#[test]
+fn blocks_that_cannot_loop_are_expanded() {
+    let dir = tempfile::tempdir().unwrap();
+    let cases = [
+        (
+            "start_read_after",
+            "model start_read_after\ninput x: f16[6, 16]\nparam g0: f16[16]\nparam b0: f16[16]\ns0 = layernorm(x, g0, b0, epsilon=1e-6)\nrepeat 2 carry s = s0\n  param w: f16[16, 16]\n  o = gemm(s, w)\n  s = add(s, o)\nend\ny = add(s, s0)\noutput y\n",
+        ),
+        (
+            "reads_an_iteration",
+            "model reads_an_iteration\ninput x: f16[6, 16]\nrepeat 3 carry s = x\n  param w: f16[16, 16]\n  o = gemm(s, w)\n  s = add(s, o)\nend\ny = add(s, o.1)\noutput y\n",
+        ),
+    ];
+    for (name, text) in cases {
+        let model = write_model(dir.path(), name, text);
+        let ran = compile_and_run(&model, 8, 3);
+        assert!(
+            ran.compile.report.get("device_loop").is_none(),
+            "{name}: {}",
+            ran.compile.report["device_loop"]
+        );
+    }
+}
+
+/// Eight small ViT layers on eight tiles: expanded, every layer's code,
+/// vertex states and tables overflow region 0; as a loop they are placed
+/// once and the weight stacks fit, and the package verifies.
+#[test]
+fn a_loop_fits_where_the_expansion_does_not() {
+    let dir = tempfile::tempdir().unwrap();
+    let text = std::fs::read_to_string(root().join("models/vit_layers_small.ipug"))
+        .unwrap()
+        .replace("repeat 3 carry", "repeat 8 carry");
+    let model = write_model(dir.path(), "vit_layers_8", &text);
+    let cache = tempfile::tempdir().unwrap();
+    let mut opts = options(&model, 8, cache.path());
+    opts.repeat = RepeatLowering::Expand;
+    match compile(&opts) {
+        Err(ipu_compiler::CompileError::OutOfMemory { region, .. }) => {
+            assert!(region.starts_with("region 0"), "{region}")
+        }
+        Err(e) => panic!("expanded: {e}"),
+        Ok(_) => panic!("the expanded eight layers fit eight tiles: pick a harder case"),
+    }
+    let ran = compile_and_run(&model, 8, 12);
+    assert_eq!(ran.compile.report["device_loop"]["count"], 8);
+    assert_estimate_within(&ran, 0.10, "eight layers as a loop");
+}
+
+/// A body that is one GEMM (the template is one block segment, compiled
+/// without segments' joins), on one, three and 64 tiles.
+#[test]
+fn a_gemm_loop_without_segments() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = write_model(
+        dir.path(),
+        "gemm_loop",
+        "model gemm_loop\ninput x: f16[20, 48]\nrepeat 5 carry s = x\n  param w: f16[48, 48]\n  s = gemm(s, w)\nend\noutput s\n",
+    );
+    for tiles in [1, 3, 64] {
+        let ran = compile_and_run(&model, tiles, 8);
+        assert_eq!(
+            ran.compile.report["device_loop"]["count"], 5,
+            "{tiles} tiles"
+        );
+        assert_estimate_within(&ran, 0.15, "gemm_loop");
+    }
+}
+
+/// Two pre-norm MLP layers on five tiles (random seed 210650): every tile
+/// holds both of a layer's padded weights (98 KB each), so stacks of those
+/// replicas overflow, and the expansion overflows region 1; with the
+/// weights moved from their homes (zero-padded B buffers included, kept
+/// persistent) the stacks hold one copy and the loop fits.
+#[test]
+fn a_loop_with_its_weights_in_homes() {
+    let dir = tempfile::tempdir().unwrap();
+    let text = "model mlp_layers\ninput x: f16[55, 118]\nrepeat 2 carry s = x\n  param g: f16[118]\n  param b: f16[118]\n  param w1: f16[118, 380]\n  param b1: f16[380]\n  param w2: f16[380, 118]\n  param b2: f16[118]\n  n = layernorm(s, g, b, epsilon=1e-6)\n  h0 = gemm(n, w1)\n  h1 = add(h0, b1)\n  h2 = gelu(h1)\n  o0 = gemm(h2, w2)\n  o1 = add(o0, b2)\n  s = add(s, o1)\nend\noutput s\n";
+    let model = write_model(dir.path(), "mlp_layers", text);
+    let ran = compile_and_run(&model, 5, 650);
+    let report = &ran.compile.report;
+    assert_eq!(report["device_loop"]["count"], 2);
+    let retries = report["retries"].to_string();
+    assert!(retries.contains("move from their homes"), "{retries}");
+    assert_estimate_within(&ran, 0.10, "mlp_layers");
+    let cache = tempfile::tempdir().unwrap();
+    let mut opts = options(&model, 5, cache.path());
+    opts.repeat = RepeatLowering::Expand;
+    assert!(matches!(
+        compile(&opts),
+        Err(ipu_compiler::CompileError::OutOfMemory { .. })
+    ));
+}
