@@ -5,17 +5,21 @@
 #
 # Vertex state (u32 words, byte offsets):
 #    0 N      ranges (>= 0)
-#    4 + 12 i, for range i, as copy64's state:
-#        SRC    address of the first byte to copy (8-aligned)
+#    4 OFFSET address of a word added to every SRC (a device loop's
+#             weight-stack offset, which the supervisor's rt_loop zeroes
+#             and rt_next advances by a slot per iteration; a multiple of 8)
+#    8 + 12 i, for range i, as copy64's state:
+#        SRC    address of the first byte to copy (8-aligned), before OFFSET
 #        DST    address of the first byte written (8-aligned)
 #        BYTES  bytes to copy (a multiple of 8, >= 0)
 # Each range is copied as copy64 copies one (the same two paths, chosen per
-# range by the same element test), in list order.
+# range by the same element test), in list order. So one vertex state
+# serves every iteration of a loop.
 
         .kernel copy64_list
         .workers 6
         # BYTES is the list's total; the fast path, per vertex.
-        .cycles "6 * (3 + 30 * N + BYTES / 8)"
+        .cycles "6 * (5 + 31 * N + BYTES / 8)"
 
         .text
         .globl copy64_list
@@ -23,15 +27,18 @@
 
         .include "copy_element.inc"
 
-# $m1 ranges left, $m2 the range walk; then as copy64: $m4 source walk, $m5
+# $m1 ranges left, $m2 the range walk, $m13 the offset; then as copy64: $m4 source walk, $m5
 # destination walk, $m6 the (unused) stride register, $m3 the 8-byte
 # units, $m7..$m11 keys.
 copy64_list:
         ld32 $m1, [$m0 + 0]
-        add $m2, $m0, 4
+        ld32 $m13, [$m0 + 4]
+        ld32 $m13, [$m13]
+        add $m2, $m0, 8
         brz $m1, list_done
 list_range:
         ld32 $m4, [$m2 + 0]
+        add $m4, $m4, $m13
         ld32 $m5, [$m2 + 4]
         ld32 $m3, [$m2 + 8]
         add $m2, $m2, 12

@@ -38,6 +38,16 @@
 #       a checkpoint stop: `hsync` only when the command had bit 31 set
 #   rt_end[_w]: (nothing)
 #       end of the call: back to the idle `hsync`
+#   rt_loop: COUNT, COUNTER, OFFSET
+#       a device loop starts (docs/runtime.md): COUNT into the record's
+#       own COUNTER word, zero into the word at address OFFSET (the loop's
+#       weight-stack offset, which copy64_list vertices add to their
+#       sources); workers that run on are not waited for
+#   rt_next: OFFSET, DELTA, COUNTER, BODY
+#       the end of the loop's body: DELTA added to the word at OFFSET,
+#       the word at COUNTER decremented, and while it is not zero the next
+#       record is the one at BODY (the body's first); must follow a record
+#       after which no worker runs (an exchange)
 #
 # Table header (at rt_program):
 #    0 COMMAND  address of the command word (manifest.host.command_address)
@@ -56,6 +66,7 @@
         .globl rt_run1, rt_run2, rt_run3, rt_run4, rt_run5, rt_run6
         .globl rt_run1_w, rt_run2_w, rt_run3_w, rt_run4_w, rt_run5_w, rt_run6_w
         .globl rt_exchange, rt_exchange_w, rt_stop, rt_stop_w, rt_end, rt_end_w
+        .globl rt_loop, rt_next
 
 rt_main:
         setzi $m0, rt_program
@@ -212,3 +223,35 @@ rt_stop_w:
         STOP 1, rt_stop_w_skip
 rt_stop:
         STOP 0, rt_stop_skip
+
+# A device loop (docs/runtime.md, "Device loops"). The loop's state lives
+# in memory (the COUNTER word of its rt_loop record, the OFFSET word), so
+# the handlers keep no register across records and loops cost the table
+# two records whatever their count.
+rt_loop:
+        ld32 $m1, [$m13 + 0]
+        ld32 $m2, [$m13 + 8]
+        ld32 $m3, [$m13 + 12]
+        st32 $m1, [$m13 + 4]
+        st32 $m15, [$m2]
+        add $m13, $m13, 16
+        br $m3
+
+rt_next:
+        ld32 $m2, [$m13 + 0]
+        ld32 $m1, [$m13 + 4]
+        ld32 $m4, [$m2]
+        add $m4, $m4, $m1
+        st32 $m4, [$m2]
+        ld32 $m2, [$m13 + 8]
+        ld32 $m1, [$m2]
+        add $m1, $m1, -1
+        st32 $m1, [$m2]
+        brz $m1, rt_next_out
+        ld32 $m13, [$m13 + 12]
+        ld32 $m3, [$m13]+=4
+        br $m3
+rt_next_out:
+        ld32 $m3, [$m13 + 16]
+        add $m13, $m13, 20
+        br $m3

@@ -63,6 +63,25 @@ pub enum Record {
     Stop { wait: bool },
     /// The call's end: back to the idle `hsync`.
     End { wait: bool },
+    /// A device loop starts: `count` into the record's own counter word
+    /// (labelled `counter`), zero into the word at `offset` (an address or
+    /// a label). Workers that still run are not waited for.
+    Loop {
+        count: u32,
+        counter: String,
+        offset: String,
+    },
+    /// The end of a device loop's body: `delta` added to the word at
+    /// `offset`, the `counter` word decremented, and while it is not zero
+    /// the next record is the one labelled `body`. No worker may run.
+    Next {
+        offset: String,
+        delta: u32,
+        counter: String,
+        body: String,
+    },
+    /// A label for the next record (no words): a loop body's first.
+    Label(String),
 }
 
 impl Record {
@@ -73,6 +92,9 @@ impl Record {
             Record::Exchange { wait, .. } => ("rt_exchange".to_string(), *wait),
             Record::Stop { wait } => ("rt_stop".to_string(), *wait),
             Record::End { wait } => ("rt_end".to_string(), *wait),
+            Record::Loop { .. } => ("rt_loop".to_string(), false),
+            Record::Next { .. } => ("rt_next".to_string(), false),
+            Record::Label(_) => (String::new(), false),
         };
         if wait {
             format!("{name}_w")
@@ -88,7 +110,21 @@ impl Record {
                 .chain(states.iter().cloned())
                 .collect(),
             Record::Exchange { table, count, .. } => vec![format!("{table:#x}"), count.to_string()],
-            Record::Stop { .. } | Record::End { .. } => Vec::new(),
+            Record::Stop { .. } | Record::End { .. } | Record::Label(_) => Vec::new(),
+            Record::Loop { count, offset, .. } => {
+                vec![count.to_string(), "0".into(), offset.clone()]
+            }
+            Record::Next {
+                offset,
+                delta,
+                counter,
+                body,
+            } => vec![
+                offset.clone(),
+                delta.to_string(),
+                counter.clone(),
+                body.clone(),
+            ],
         }
     }
 }
@@ -111,7 +147,55 @@ pub fn program_table(l: &Lowered, tile: u32, storage: &TileStorage) -> ProgramTa
         let mut records = Vec::new();
         // Whether workers started by an earlier record may still run.
         let mut running = false;
+        // The `rt_next` records of open loops, by the step they precede.
+        let mut loop_ends: Vec<(usize, Record)> = Vec::new();
+        // Steps in a device loop's later periods are not emitted: the
+        // loop's records run the first period again.
+        let mut skip_to = 0;
         for (si, step) in call.steps.iter().enumerate() {
+            if si < skip_to {
+                continue;
+            }
+            if let Some((k, lp)) = call.loops.iter().enumerate().find(|(_, l)| l.start == si) {
+                let counter = format!("loop_count_{ci}_{k}");
+                let offset = match lp.offsets.get(&tile) {
+                    Some(&(buffer, _)) => format!("{:#x}", storage.addresses[buffer]),
+                    None => {
+                        let label = format!("loop_offset_{ci}_{k}");
+                        states.push((label.clone(), vec![0]));
+                        label
+                    }
+                };
+                records.push(Record::Loop {
+                    count: lp.count,
+                    counter: counter.clone(),
+                    offset: offset.clone(),
+                });
+                let body = format!("loop_body_{ci}_{k}");
+                records.push(Record::Label(body.clone()));
+                loop_ends.push((
+                    lp.start + lp.period,
+                    Record::Next {
+                        offset,
+                        delta: lp.offsets.get(&tile).map_or(0, |o| o.1),
+                        counter,
+                        body,
+                    },
+                ));
+            }
+            if let Some(i) = loop_ends.iter().position(|(at, _)| *at == si) {
+                let (_, next) = loop_ends.remove(i);
+                records.push(next);
+                let lp = call
+                    .loops
+                    .iter()
+                    .find(|l| l.start + l.period == si)
+                    .expect("a loop ends here");
+                skip_to = lp.start + lp.period * lp.count as usize;
+                if si < skip_to {
+                    continue;
+                }
+            }
             // A rerun names the vertex states of the step it runs again
             // (its exchange table is that step's buffer already).
             let state_step = call.reruns.get(&si).copied().unwrap_or(si);
@@ -169,6 +253,10 @@ pub fn program_table(l: &Lowered, tile: u32, storage: &TileStorage) -> ProgramTa
             }
             running = true;
         }
+        if let Some(i) = loop_ends.iter().position(|(at, _)| *at == call.steps.len()) {
+            records.push(loop_ends.remove(i).1);
+            running = false;
+        }
         records.push(Record::End { wait: running });
         calls.push((call.name.clone(), records));
     }
@@ -196,6 +284,15 @@ pub fn verify(t: &ProgramTable) -> Result<(), String> {
                         ));
                     }
                     running = true;
+                }
+                Record::Label(_) | Record::Loop { .. } => {}
+                Record::Next { .. } => {
+                    if running {
+                        return Err(format!(
+                            "{}: `rt_next` follows a compute group, whose workers may still run",
+                            at(ri)
+                        ));
+                    }
                 }
                 Record::Exchange { wait, .. } | Record::Stop { wait } | Record::End { wait } => {
                     if running && !wait {
@@ -241,8 +338,26 @@ pub fn table_text(t: &ProgramTable) -> String {
     for (ci, (name, records)) in t.calls.iter().enumerate() {
         let _ = writeln!(s, "# call {ci}: {name}\ncall_{ci}:");
         for r in records {
-            let words: Vec<String> = std::iter::once(r.handler()).chain(r.operands()).collect();
-            let _ = writeln!(s, "        .word {}", words.join(", "));
+            match r {
+                Record::Label(label) => {
+                    let _ = writeln!(s, "{label}:");
+                }
+                // The loop's counter word is the record's second operand.
+                Record::Loop {
+                    count,
+                    counter,
+                    offset,
+                } => {
+                    let _ = writeln!(s, "        .word {}, {count}", r.handler());
+                    let _ = writeln!(s, "{counter}: .word 0");
+                    let _ = writeln!(s, "        .word {offset}");
+                }
+                _ => {
+                    let words: Vec<String> =
+                        std::iter::once(r.handler()).chain(r.operands()).collect();
+                    let _ = writeln!(s, "        .word {}", words.join(", "));
+                }
+            }
         }
     }
     for (label, words) in &t.states {

@@ -417,6 +417,7 @@ pub fn unroll(
         *at += bytes;
     }
     let mut stack_of: BTreeMap<u32, usize> = BTreeMap::new();
+    let mut offset_of: BTreeMap<u32, usize> = BTreeMap::new();
     for (&tile, &slot) in &slot_bytes {
         let bufs = l.buffers.get_mut(&tile).expect("tiles below tile_count");
         let mut zero = Vec::new();
@@ -446,6 +447,20 @@ pub fn unroll(
             lifetime: None,
         });
         stack_of.insert(tile, bufs.len() - 1);
+        // The word copy64_list adds to its sources: the slot's offset,
+        // which the loop's records zero and advance.
+        bufs.push(BufferSpec {
+            name: "loop.offset".into(),
+            bytes: 4,
+            align: 4,
+            region: RegionReq::Standard,
+            exclusive_element: false,
+            zero: vec![],
+            category: "loop_weights".into(),
+            scratch: None,
+            lifetime: None,
+        });
+        offset_of.insert(tile, bufs.len() - 1);
     }
     // Every iteration's parameters go to their slot.
     for i in 0..count {
@@ -511,19 +526,26 @@ pub fn unroll(
         bins.retain(|b| !b.is_empty());
         shares.insert(tile, bins);
     }
-    let mut copy_step = |i: usize| -> Option<Step> {
+    // One step serves every iteration: its sources are slot 0's, plus the
+    // offset word that the loop advances by a slot per iteration.
+    let copy_step = {
         let mut tiles = BTreeMap::new();
         let mut slowest = 0;
         for (&tile, bins) in &shares {
-            let base = i as u32 * slot_bytes[&tile];
             let mut vertices = Vec::new();
             for bin in bins {
-                let mut state = vec![StateWord::Const(bin.len() as u32)];
+                let mut state = vec![
+                    StateWord::Const(bin.len() as u32),
+                    StateWord::Addr {
+                        buffer: offset_of[&tile],
+                        offset: 0,
+                    },
+                ];
                 for &(b, off, bytes) in bin {
                     state.extend([
                         StateWord::Addr {
                             buffer: stack_of[&tile],
-                            offset: base + slot_of[&(tile, b)].0 + off,
+                            offset: slot_of[&(tile, b)].0 + off,
                         },
                         StateWord::Addr {
                             buffer: b,
@@ -543,13 +565,17 @@ pub fn unroll(
             tiles.insert(tile, vertices);
         }
         (!tiles.is_empty()).then(|| Step {
-            operation: t.defined[i][t.params[0]].clone(),
-            phase: format!("loop: weights of iteration {i}"),
+            operation: t.defined[0][t.params[0]].clone(),
+            phase: "loop: weights of the iteration".into(),
             tiles,
             estimated_cycles: slowest,
             exchange: None,
         })
     };
+
+    let copy_cycles = copy_step.as_ref().map_or(0, |s| s.estimated_cycles);
+    // The back edge is followed by the loop's `rt_next` record.
+    back_edge.estimated_cycles += NEXT_RECORD_CYCLES;
 
     // The run call: before the block, the iterations, after it.
     let run = &mut l.calls[1];
@@ -560,37 +586,49 @@ pub fn unroll(
     let tail = suffix.split_off(body.end);
     let body_steps = suffix.split_off(body.start);
     steps.extend(suffix);
-    let mut first_of: Vec<usize> = Vec::new();
-    let mut back_edge_at = None;
-    let copy_cycles = copy_step(0).map_or(0, |s| s.estimated_cycles);
+    // The iterations: [copy, body, back edge] for all but the last, which
+    // is [copy, body]. The first period is the loop's; the others rerun
+    // its steps (and the last iteration's steps rerun them too: those the
+    // tile program runs after the loop).
+    let loop_start = steps.len();
+    let period: Vec<Step> = copy_step
+        .iter()
+        .cloned()
+        .chain(body_steps)
+        .chain(std::iter::once(back_edge.clone()))
+        .collect();
+    let copy_steps = copy_step.is_some() as usize;
     for i in 0..count {
-        steps.extend(copy_step(i));
-        for (k, s) in body_steps.iter().enumerate() {
+        let last_iteration = i + 1 == count;
+        for (k, s) in period.iter().enumerate() {
+            if last_iteration && k + 1 == period.len() {
+                break;
+            }
             let mut s = s.clone();
-            if let Some(name) = t.name_in(&s.operation, i) {
+            if k < copy_steps {
+                s.operation = t.defined[i][t.params[0]].clone();
+                s.phase = format!("loop: weights of iteration {i}");
+            } else if let Some(name) = t.name_in(&s.operation, i) {
                 s.operation = name.to_string();
             }
-            if i == 0 {
-                first_of.push(steps.len());
-            } else {
-                reruns.insert(steps.len(), first_of[k]);
+            if i > 0 {
+                reruns.insert(steps.len(), loop_start + k);
             }
             steps.push(s);
         }
-        if i + 1 < count {
-            match back_edge_at {
-                None => back_edge_at = Some(steps.len()),
-                Some(at) => {
-                    reruns.insert(steps.len(), at);
-                }
-            }
-            steps.push(back_edge.clone());
-        }
     }
     steps.extend(tail);
-    back_edge.operation = first_op;
     run.steps = steps;
     run.reruns = reruns;
+    run.loops = vec![crate::lower::DeviceLoop {
+        start: loop_start,
+        period: period.len(),
+        count: (count - 1) as u32,
+        offsets: offset_of
+            .iter()
+            .map(|(&tile, &b)| (tile, (b, slot_bytes[&tile])))
+            .collect(),
+    }];
 
     // The values the body computes hold the last iteration's at the end of
     // the run; a carried value's start holds the one before.
@@ -623,6 +661,10 @@ pub fn unroll(
 /// Bytes `offset..offset + bytes` of a tile's buffer `buffer`, copied by
 /// one `copy64_list` range: (buffer, offset, bytes).
 type Piece = (usize, u32, u32);
+
+/// Cycles of the supervisor's `rt_next` record (14 bundles, one every 6
+/// cycles), which follows each back edge in the loop.
+const NEXT_RECORD_CYCLES: u64 = 6 * 14;
 
 /// The scheduling label of the back edge's exchange step (labels seed the
 /// scheduler's tie-breaking; the join numbers its steps from 0).

@@ -151,6 +151,25 @@ pub struct CallProgram {
     /// value), so every phase that reads steps sees the call as it runs,
     /// and the ones that lay out memory (`emit_code`, `link`) skip it.
     pub reruns: BTreeMap<usize, usize>,
+    /// Device loops: runs of steps that repeat a period of steps, emitted
+    /// as one copy of the period between the supervisor's `rt_loop` and
+    /// `rt_next` records ([`crate::loops`]).
+    pub loops: Vec<DeviceLoop>,
+}
+
+/// Steps `start..start + period * count` of a call: `count` periods, the
+/// later ones reruns of the first, which ends with an exchange step. The
+/// tile program runs the first period `count` times, and after each adds
+/// `delta` to the word at byte 0 of buffer `offset` (`copy64_list`
+/// vertices add that word to their sources: a weight stack's slot).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DeviceLoop {
+    pub start: usize,
+    pub period: usize,
+    pub count: u32,
+    /// Per tile: (the offset word's buffer, the bytes it advances per
+    /// period); tiles without one get a scratch word in their table.
+    pub offsets: BTreeMap<u32, (usize, u32)>,
 }
 
 /// Bytes `host_offset..+bytes` of a host tensor at `buffer_offset` of a tile buffer.
@@ -877,11 +896,13 @@ impl Lowered {
                     name: "initialize".into(),
                     steps: initialize,
                     reruns: BTreeMap::new(),
+                    loops: Vec::new(),
                 },
                 CallProgram {
                     name: "run".into(),
                     steps: run,
                     reruns: BTreeMap::new(),
+                    loops: Vec::new(),
                 },
             ],
             io: vec![
@@ -1018,6 +1039,31 @@ pub fn verify(l: &Lowered) -> Result<(), String> {
                     call.name, s.phase, o.phase
                 ));
             }
+        }
+        let mut after = 0;
+        for lp in &call.loops {
+            let end = lp.start + lp.period * lp.count as usize;
+            let ends_with_exchange = lp.period > 0
+                && call
+                    .steps
+                    .get(lp.start + lp.period - 1)
+                    .is_some_and(|s| s.exchange.is_some());
+            if lp.start < after || end > call.steps.len() || lp.count == 0 || !ends_with_exchange {
+                return Err(format!(
+                    "call `{}`: loop of steps {}..{end} ({} periods of {}) overlaps another, leaves the call or does not end with an exchange",
+                    call.name, lp.start, lp.count, lp.period
+                ));
+            }
+            for i in lp.start + lp.period..end {
+                let first = lp.start + (i - lp.start) % lp.period;
+                if call.reruns.get(&i) != Some(&first) {
+                    return Err(format!(
+                        "call `{}`: step {i} of a loop is not a rerun of step {first} of its first period",
+                        call.name
+                    ));
+                }
+            }
+            after = end;
         }
     }
     for call in &l.calls {

@@ -33,7 +33,8 @@ fn region1_total(out: &CompileOutput) -> u64 {
 }
 
 /// Three small ViT blocks: the loop verifies like the expanded model,
-/// with the body's code, vertex states and exchange tables placed once,
+/// with the body's code, vertex states and exchange tables placed once
+/// (as many bytes for eight layers as for three),
 /// every iteration's parameters in the host interface, and the estimate
 /// within 10%.
 #[test]
@@ -88,6 +89,26 @@ fn vit_layers_run_as_a_device_loop() {
     );
     assert!(code < code_expanded && tables < tables_expanded);
     assert!(region1_total(out) < region1_total(&expanded));
+    // Eight layers: the loop's records are written once, so the code,
+    // vertex states and program table take what three layers take.
+    let dir = tempfile::tempdir().unwrap();
+    let text = std::fs::read_to_string(&model)
+        .unwrap()
+        .replace("repeat 3 carry", "repeat 8 carry");
+    let eight = compile(&options(
+        &write_model(dir.path(), "vit_layers_8", &text),
+        64,
+        cache.path(),
+    ))
+    .unwrap();
+    assert_eq!(eight.report["device_loop"]["count"], 8);
+    for tile in [0, 17, 63] {
+        assert_eq!(
+            memory(&eight, tile, "region0", "code_and_state"),
+            memory(out, tile, "region0", "code_and_state"),
+            "tile {tile}"
+        );
+    }
 }
 
 /// The same package called again: every run starts from the host's input

@@ -300,7 +300,8 @@ fn fill_rows_fills_the_items_of_every_row() {
 }
 
 /// device/copy64_list.S: one vertex per worker, each with a list of ranges
-/// of sizes from zero up (both copy paths among them); every destination
+/// of sizes from zero up (both copy paths among them), the sources offset
+/// by the word the state points at; every destination
 /// byte checked, the poisoned gaps between the ranges untouched; the
 /// cycles against `.cycles` and the 8 B/cycle store bound.
 #[test]
@@ -332,12 +333,16 @@ fn copy64_list_copies_every_range_of_every_list() {
         }
         lists.push(list);
     }
+    // The sources are given 0x100 below their place, and the offset word
+    // (at OFFSET_WORD) adds it back.
+    const OFFSET_WORD: u32 = 0x70000;
+    inits.push((OFFSET_WORD, 0x100u32.to_le_bytes().to_vec()));
     let launches: Vec<Launch> = lists
         .iter()
         .map(|list| {
-            let mut state = vec![list.len() as u32];
+            let mut state = vec![list.len() as u32, OFFSET_WORD];
             for &(s, d, b) in list {
-                state.extend([s, d, b]);
+                state.extend([s - 0x100, d, b]);
             }
             Launch {
                 entry: "copy64_list".into(),
@@ -390,7 +395,7 @@ fn copy64_list_copies_every_range_of_every_list() {
         }],
         &[vec![Launch {
             entry: "copy64_list".into(),
-            state: vec![0],
+            state: vec![0, 0x70000],
         }]],
         &[(0x90000, vec![POISON; 64])],
     );

@@ -3,7 +3,9 @@
 //! checkpoint flag) and both step kinds (compute groups with and without
 //! waiting, exchange steps whose `xtab` must issue at the scheduled offset),
 //! executed by the simulator from the program tables that `emit` writes.
-//! The workers are real kernels (fill32, copy64); the host only writes the
+//! Device loops (`rt_loop`, `rt_next`) run their body the given number of
+//! times and advance the weight-stack offset that copy64_list adds.
+//! The workers are real kernels (fill32, copy64, copy64_list); the host only writes the
 //! command word and memory at `hsync`s and reads results back.
 
 use ipu_compiler::attention::launch_cycles;
@@ -41,7 +43,12 @@ fn load(table: &ProgramTable, memory: &[(u32, Vec<u8>)]) -> Chip {
         name: "table.o".into(),
         object: prog.object,
     }];
-    for file in [emit::RUNTIME_SOURCE, "fill32.S", "copy64.S"] {
+    for file in [
+        emit::RUNTIME_SOURCE,
+        "fill32.S",
+        "copy64.S",
+        "copy64_list.S",
+    ] {
         inputs.push(ipu_link::Input {
             name: file.into(),
             object: assemble(file).object,
@@ -398,5 +405,74 @@ fn launch_costs_match_the_cost_model() {
             after.abs_diff(model) <= 6,
             "n = {n}: {after} after an exchange, not {model}"
         );
+    }
+}
+
+/// A device loop of `count` periods: each copies 64 bytes from slot k of a
+/// stack (`copy64_list`, its source advanced by the offset word) and ends
+/// with an exchange step; the loop's records zero the offset, advance it by
+/// a slot per period and branch back while periods remain. Called twice:
+/// the second call starts from slot 0 again.
+#[test]
+fn device_loops_run_their_body_count_times() {
+    const STACK: u32 = 0x9_0000;
+    const OFFSET: u32 = 0x7_0000;
+    for count in [1u32, 3] {
+        let table = ProgramTable {
+            tile: 0,
+            calls: vec![(
+                "run".into(),
+                vec![
+                    run(false, "fill32", &["fd"]),
+                    Record::Loop {
+                        count,
+                        counter: "lc".into(),
+                        offset: format!("{OFFSET:#x}"),
+                    },
+                    Record::Label("lb".into()),
+                    run(true, "copy64_list", &["cl"]),
+                    Record::Exchange {
+                        wait: true,
+                        table: TABLE,
+                        count: 0,
+                    },
+                    Record::Next {
+                        offset: format!("{OFFSET:#x}"),
+                        delta: 64,
+                        counter: "lc".into(),
+                        body: "lb".into(),
+                    },
+                    Record::End { wait: false },
+                ],
+            )],
+            states: vec![
+                fill("fd", C, 16, 0xEE),
+                ("cl".into(), vec![1, OFFSET, STACK, C, 64]),
+            ],
+        };
+        let slots: Vec<u32> = (0..4u32).flat_map(|k| [k + 1; 16]).collect();
+        let mut chip = load(
+            &table,
+            &[(STACK, bytes(&slots)), (OFFSET, bytes(&[0xDEAD]))],
+        );
+        for call in 0..2 {
+            let before = chip.steps().len();
+            assert_eq!(command(&mut chip, 0), Stop::HostSync);
+            let exchanges = chip.steps()[before..]
+                .iter()
+                .filter(|s| s.tiles[0].exchange_cycles > 0)
+                .count();
+            assert_eq!(
+                exchanges, count as usize,
+                "call {call}: one exchange per period"
+            );
+            assert_eq!(
+                words(&chip, C, 16),
+                vec![count; 16],
+                "call {call}: the last period copied slot {}",
+                count - 1
+            );
+            assert_eq!(words(&chip, OFFSET, 1), vec![64 * count], "call {call}");
+        }
     }
 }
