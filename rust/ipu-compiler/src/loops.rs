@@ -586,10 +586,10 @@ pub fn unroll(
     let tail = suffix.split_off(body.end);
     let body_steps = suffix.split_off(body.start);
     steps.extend(suffix);
-    // The iterations: [copy, body, back edge] for all but the last, which
-    // is [copy, body]. The first period is the loop's; the others rerun
-    // its steps (and the last iteration's steps rerun them too: those the
-    // tile program runs after the loop).
+    // The iterations: [copy, body, back edge] each (the last back edge
+    // moves the final carry to the start's place too, which is cheaper
+    // than a second copy of the body's records after the loop). The first
+    // period is the loop's; the others rerun its steps.
     let loop_start = steps.len();
     let period: Vec<Step> = copy_step
         .iter()
@@ -599,11 +599,7 @@ pub fn unroll(
         .collect();
     let copy_steps = copy_step.is_some() as usize;
     for i in 0..count {
-        let last_iteration = i + 1 == count;
         for (k, s) in period.iter().enumerate() {
-            if last_iteration && k + 1 == period.len() {
-                break;
-            }
             let mut s = s.clone();
             if k < copy_steps {
                 s.operation = t.defined[i][t.params[0]].clone();
@@ -623,7 +619,7 @@ pub fn unroll(
     run.loops = vec![crate::lower::DeviceLoop {
         start: loop_start,
         period: period.len(),
-        count: (count - 1) as u32,
+        count: count as u32,
         offsets: offset_of
             .iter()
             .map(|(&tile, &b)| (tile, (b, slot_bytes[&tile])))
@@ -631,13 +627,14 @@ pub fn unroll(
     }];
 
     // The values the body computes hold the last iteration's at the end of
-    // the run; a carried value's start holds the one before.
+    // the run; a carried value's start holds the final carry, which its
+    // own placements name already.
     let last = count - 1;
+    l.resident
+        .retain(|r| !t.carries.iter().any(|c| c.start == r.name));
     for r in &mut l.resident {
         if let Some(name) = t.name_in(&r.name, last) {
             r.name = name.to_string();
-        } else if let Some(c) = t.carries.iter().find(|c| c.start == r.name) {
-            r.name = t.defined[last - 1][c.entry].clone();
         }
     }
     l.resident
