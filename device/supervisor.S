@@ -41,8 +41,8 @@
 #   rt_loop: COUNT, COUNTER, OFFSET
 #       a device loop starts (docs/runtime.md): COUNT into the record's
 #       own COUNTER word, zero into the word at address OFFSET (the loop's
-#       weight-stack offset, which copy64_list vertices add to their
-#       sources); workers that run on are not waited for
+#       index, from which copy64_list vertices pick their weight-stack
+#       slots); workers that run on are not waited for
 #   rt_next: OFFSET, DELTA, COUNTER, BODY
 #       the end of the loop's body: DELTA added to the word at OFFSET,
 #       the word at COUNTER decremented, and while it is not zero the next

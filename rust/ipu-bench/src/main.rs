@@ -6,9 +6,10 @@
 //!   host reference; prints the compile time, the simulated device cycles
 //!   against the compute bound, the estimate's error and the simulator's
 //!   throughput (tile-instructions per second, wall time).
-//! - `ipu-bench siglip-mlp|siglip-mlp-fp8|siglip-attention-fp8|vit-block
+//! - `ipu-bench siglip-mlp|siglip-mlp-fp8|siglip-attention-fp8|vit-block|vit-layers
 //!   [tiles]`: the same for the SigLIP MLP, its fp8 variant, the fp8
-//!   SigLIP attention and the SigLIP encoder block (`MODEL_BENCHES`).
+//!   SigLIP attention, the SigLIP encoder block and two of them as a device
+//!   loop (`MODEL_BENCHES`).
 //! - `ipu-bench gemm4096 [tiles]`: compiles the 4096^3 f16 GEMM (f16
 //!   accumulation, K streamed through the tiles), simulates it and prints
 //!   its fraction of the f16 peak.
@@ -316,7 +317,7 @@ struct ModelBench {
 
 /// The models `ipu-bench NAME` measures besides the SigLIP attention and
 /// the 4096^3 GEMM.
-const MODEL_BENCHES: [(&str, ModelBench); 4] = [
+const MODEL_BENCHES: [(&str, ModelBench); 5] = [
     (
         "siglip-mlp",
         ModelBench {
@@ -346,6 +347,14 @@ const MODEL_BENCHES: [(&str, ModelBench); 4] = [
         ModelBench {
             file: "vit_block.ipug",
             title: "SigLIP encoder block (layernorm, Q/K/V, attention, out projection, residual, layernorm, MLP, residual)",
+            anchor: None,
+        },
+    ),
+    (
+        "vit-layers",
+        ModelBench {
+            file: "vit_layers.ipug",
+            title: "Two SigLIP encoder blocks as a device loop (repeat 2 of vit-block)",
             anchor: None,
         },
     ),

@@ -416,27 +416,31 @@ pub fn unroll(
         slot_of.insert((tile, b), (*at, bytes));
         *at += bytes;
     }
-    let mut stack_of: BTreeMap<u32, usize> = BTreeMap::new();
-    let mut offset_of: BTreeMap<u32, usize> = BTreeMap::new();
-    for (&tile, &slot) in &slot_bytes {
+    // One stack per weight buffer (so that storage may place each where
+    // it fits, region 0 or above region 1's buffers), slot i of it at
+    // i times the buffer's bytes.
+    let mut stack_of: BTreeMap<(u32, usize), usize> = BTreeMap::new();
+    let mut index_of: BTreeMap<u32, usize> = BTreeMap::new();
+    for (&(tile, b), &(_, slot)) in &slot_of {
         let bufs = l.buffers.get_mut(&tile).expect("tiles below tile_count");
-        let mut zero = Vec::new();
-        for i in 0..count as u32 {
-            for (&(t2, b), &(off, _)) in slot_of.range((tile, 0)..=(tile, usize::MAX)) {
-                debug_assert_eq!(t2, tile);
-                for &(s, e) in &bufs[b].zero {
-                    zero.push((i * slot + off + s, i * slot + off + e));
-                }
-            }
-        }
+        let zero = (0..count as u32)
+            .flat_map(|i| {
+                bufs[b]
+                    .zero
+                    .iter()
+                    .map(move |&(s, e)| (i * slot + s, i * slot + e))
+            })
+            .collect();
         let bytes = (slot as u64) * count as u64;
         let bytes = u32::try_from(bytes).map_err(|_| {
             verifier(format!(
-                "tile {tile}: the weight stack of {count} iterations needs {bytes} bytes"
+                "tile {tile}: the weight stack of `{}` for {count} iterations needs {bytes} bytes",
+                bufs[b].name
             ))
         })?;
+        let name = format!("{}.stack", bufs[b].name);
         bufs.push(BufferSpec {
-            name: "loop.weights".into(),
+            name,
             bytes,
             align: 8,
             region: RegionReq::Any,
@@ -446,21 +450,23 @@ pub fn unroll(
             scratch: None,
             lifetime: None,
         });
-        stack_of.insert(tile, bufs.len() - 1);
-        // The word copy64_list adds to its sources: the slot's offset,
-        // which the loop's records zero and advance.
-        bufs.push(BufferSpec {
-            name: "loop.offset".into(),
-            bytes: 4,
-            align: 4,
-            region: RegionReq::Standard,
-            exclusive_element: false,
-            zero: vec![],
-            category: "loop_weights".into(),
-            scratch: None,
-            lifetime: None,
+        stack_of.insert((tile, b), bufs.len() - 1);
+        // The iteration's index, which copy64_list multiplies by each
+        // range's stride and the loop's records zero and advance.
+        index_of.entry(tile).or_insert_with(|| {
+            bufs.push(BufferSpec {
+                name: "loop.index".into(),
+                bytes: 4,
+                align: 4,
+                region: RegionReq::Standard,
+                exclusive_element: false,
+                zero: vec![],
+                category: "loop_weights".into(),
+                scratch: None,
+                lifetime: None,
+            });
+            bufs.len() - 1
         });
-        offset_of.insert(tile, bufs.len() - 1);
     }
     // Every iteration's parameters go to their slot.
     for i in 0..count {
@@ -470,10 +476,8 @@ pub fn unroll(
                 .iter()
                 .map(|q| HostPlacement {
                     tile: q.tile,
-                    buffer: stack_of[&q.tile],
-                    buffer_offset: i as u32 * slot_bytes[&q.tile]
-                        + slot_of[&(q.tile, q.buffer)].0
-                        + q.buffer_offset,
+                    buffer: stack_of[&(q.tile, q.buffer)],
+                    buffer_offset: i as u32 * slot_of[&(q.tile, q.buffer)].1 + q.buffer_offset,
                     host_offset: q.host_offset,
                     bytes: q.bytes,
                 })
@@ -537,16 +541,17 @@ pub fn unroll(
                 let mut state = vec![
                     StateWord::Const(bin.len() as u32),
                     StateWord::Addr {
-                        buffer: offset_of[&tile],
+                        buffer: index_of[&tile],
                         offset: 0,
                     },
                 ];
                 for &(b, off, bytes) in bin {
                     state.extend([
                         StateWord::Addr {
-                            buffer: stack_of[&tile],
-                            offset: slot_of[&(tile, b)].0 + off,
+                            buffer: stack_of[&(tile, b)],
+                            offset: off,
                         },
+                        StateWord::Const(slot_of[&(tile, b)].1),
                         StateWord::Addr {
                             buffer: b,
                             offset: off,
@@ -620,10 +625,7 @@ pub fn unroll(
         start: loop_start,
         period: period.len(),
         count: count as u32,
-        offsets: offset_of
-            .iter()
-            .map(|(&tile, &b)| (tile, (b, slot_bytes[&tile])))
-            .collect(),
+        offsets: index_of.iter().map(|(&tile, &b)| (tile, (b, 1))).collect(),
     }];
 
     // The values the body computes hold the last iteration's at the end of

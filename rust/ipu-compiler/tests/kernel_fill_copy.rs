@@ -300,8 +300,8 @@ fn fill_rows_fills_the_items_of_every_row() {
 }
 
 /// device/copy64_list.S: one vertex per worker, each with a list of ranges
-/// of sizes from zero up (both copy paths among them), the sources offset
-/// by the word the state points at; every destination
+/// of sizes from zero up (both copy paths among them), each source its
+/// stack's slot k for the index k the state points at; every destination
 /// byte checked, the poisoned gaps between the ranges untouched; the
 /// cycles against `.cycles` and the 8 B/cycle store bound.
 #[test]
@@ -333,16 +333,18 @@ fn copy64_list_copies_every_range_of_every_list() {
         }
         lists.push(list);
     }
-    // The sources are given 0x100 below their place, and the offset word
-    // (at OFFSET_WORD) adds it back.
-    const OFFSET_WORD: u32 = 0x70000;
-    inits.push((OFFSET_WORD, 0x100u32.to_le_bytes().to_vec()));
+    // Iteration k = 3 of a loop: each source is given as slot 0 of a
+    // stack whose slots are 0x40 * (its range's position + 1) bytes apart,
+    // three slots below its place.
+    const INDEX_WORD: u32 = 0x70000;
+    inits.push((INDEX_WORD, 3u32.to_le_bytes().to_vec()));
     let launches: Vec<Launch> = lists
         .iter()
         .map(|list| {
-            let mut state = vec![list.len() as u32, OFFSET_WORD];
-            for &(s, d, b) in list {
-                state.extend([s - 0x100, d, b]);
+            let mut state = vec![list.len() as u32, INDEX_WORD];
+            for (r, &(s, d, b)) in list.iter().enumerate() {
+                let stride = 0x40 * (r as u32 + 1);
+                state.extend([s - 3 * stride, stride, d, b]);
             }
             Launch {
                 entry: "copy64_list".into(),

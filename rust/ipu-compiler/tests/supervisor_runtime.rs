@@ -409,9 +409,9 @@ fn launch_costs_match_the_cost_model() {
 }
 
 /// A device loop of `count` periods: each copies 64 bytes from slot k of a
-/// stack (`copy64_list`, its source advanced by the offset word) and ends
-/// with an exchange step; the loop's records zero the offset, advance it by
-/// a slot per period and branch back while periods remain. Called twice:
+/// stack (`copy64_list`, its source slot chosen by the index word) and
+/// ends with an exchange step; the loop's records zero the index, advance
+/// it by one per period and branch back while periods remain. Called twice:
 /// the second call starts from slot 0 again.
 #[test]
 fn device_loops_run_their_body_count_times() {
@@ -438,7 +438,7 @@ fn device_loops_run_their_body_count_times() {
                     },
                     Record::Next {
                         offset: format!("{OFFSET:#x}"),
-                        delta: 64,
+                        delta: 1,
                         counter: "lc".into(),
                         body: "lb".into(),
                     },
@@ -447,7 +447,7 @@ fn device_loops_run_their_body_count_times() {
             )],
             states: vec![
                 fill("fd", C, 16, 0xEE),
-                ("cl".into(), vec![1, OFFSET, STACK, C, 64]),
+                ("cl".into(), vec![1, OFFSET, STACK, 64, C, 64]),
             ],
         };
         let slots: Vec<u32> = (0..4u32).flat_map(|k| [k + 1; 16]).collect();
@@ -472,7 +472,7 @@ fn device_loops_run_their_body_count_times() {
                 "call {call}: the last period copied slot {}",
                 count - 1
             );
-            assert_eq!(words(&chip, OFFSET, 1), vec![64 * count], "call {call}");
+            assert_eq!(words(&chip, OFFSET, 1), vec![count], "call {call}");
         }
     }
 }
