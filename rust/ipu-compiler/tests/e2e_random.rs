@@ -8,8 +8,9 @@
 //! not; a layer norm feeding a GEMM and a row-wise operation; a batched
 //! GEMM; attention over host inputs; a pre-norm encoder block; attention
 //! over fp8 projections; a chain of three GEMMs; a pre-norm MLP with a
-//! residual, or a `repeat` stack of two or three of them), compiled for a
-//! random tile count
+//! residual, or a `repeat` stack of two or three of them, starting from
+//! the input or from a value computed before the block, compiled as a
+//! device loop), compiled for a random tile count
 //! with random planner options, run with seeded Gaussian inputs and
 //! compared with the reference under the documented tolerance.
 //!
@@ -311,11 +312,23 @@ fn generate(seed: u64) -> Case {
                 r.range(2, 3)
             };
             writeln!(m, "input x: f16[{rows}, {w}]").unwrap();
-            let (indent, x) = if layers > 1 {
-                writeln!(m, "repeat {layers} carry s = x").unwrap();
-                ("  ", "s")
+            // A stack starts from the input or, half the time, from a
+            // value computed before it (the loop's back edge then writes
+            // that value's buffers), and may end with a residual add of
+            // the input after the block.
+            let (indent, x, suffix) = if layers > 1 {
+                let (prefix, suffix) = (chance(&mut r, 0.5), chance(&mut r, 0.5));
+                if prefix {
+                    m.push_str(
+                        "x0 = gelu(x)
+",
+                    );
+                }
+                let start = if prefix { "x0" } else { "x" };
+                writeln!(m, "repeat {layers} carry s = {start}").unwrap();
+                ("  ", "s", suffix)
             } else {
-                ("", "x")
+                ("", "x", false)
             };
             let mut body = String::new();
             writeln!(body, "param g: f16[{w}]\nparam b: f16[{w}]").unwrap();
@@ -336,7 +349,9 @@ fn generate(seed: u64) -> Case {
             for line in body.lines() {
                 writeln!(m, "{indent}{line}").unwrap();
             }
-            m.push_str(if layers > 1 {
+            m.push_str(if layers > 1 && suffix {
+                "end\ny = add(s, x)\noutput y\n"
+            } else if layers > 1 {
                 "end\noutput s\n"
             } else {
                 "output y\n"
