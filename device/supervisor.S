@@ -38,13 +38,13 @@
 #       a checkpoint stop: `hsync` only when the command had bit 31 set
 #   rt_end[_w]: (nothing)
 #       end of the call: back to the idle `hsync`
-#   rt_loop: COUNT, COUNTER, OFFSET
+#   rt_loop: COUNT, COUNTER, INDEX
 #       a device loop starts (docs/runtime.md): COUNT into the record's
-#       own COUNTER word, zero into the word at address OFFSET (the loop's
+#       own COUNTER word, zero into the word at address INDEX (the loop's
 #       index, from which copy64_list vertices pick their weight-stack
 #       slots); workers that run on are not waited for
-#   rt_next: OFFSET, DELTA, COUNTER, BODY
-#       the end of the loop's body: DELTA added to the word at OFFSET,
+#   rt_next: INDEX, DELTA, COUNTER, BODY
+#       the end of the loop's body: DELTA added to the word at INDEX,
 #       the word at COUNTER decremented, and while it is not zero the next
 #       record is the one at BODY (the body's first); must follow a record
 #       after which no worker runs (an exchange)
@@ -225,7 +225,7 @@ rt_stop:
         STOP 0, rt_stop_skip
 
 # A device loop (docs/runtime.md, "Device loops"). The loop's state lives
-# in memory (the COUNTER word of its rt_loop record, the OFFSET word), so
+# in memory (the COUNTER word of its rt_loop record, the INDEX word), so
 # the handlers keep no register across records and loops cost the table
 # two records whatever their count.
 rt_loop:

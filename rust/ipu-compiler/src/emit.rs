@@ -64,18 +64,18 @@ pub enum Record {
     /// The call's end: back to the idle `hsync`.
     End { wait: bool },
     /// A device loop starts: `count` into the record's own counter word
-    /// (labelled `counter`), zero into the word at `offset` (an address or
-    /// a label). Workers that still run are not waited for.
+    /// (labelled `counter`), zero into the loop's index word at `index` (an
+    /// address or a label). Workers that still run are not waited for.
     Loop {
         count: u32,
         counter: String,
-        offset: String,
+        index: String,
     },
     /// The end of a device loop's body: `delta` added to the word at
-    /// `offset`, the `counter` word decremented, and while it is not zero
+    /// `index`, the `counter` word decremented, and while it is not zero
     /// the next record is the one labelled `body`. No worker may run.
     Next {
-        offset: String,
+        index: String,
         delta: u32,
         counter: String,
         body: String,
@@ -111,16 +111,16 @@ impl Record {
                 .collect(),
             Record::Exchange { table, count, .. } => vec![format!("{table:#x}"), count.to_string()],
             Record::Stop { .. } | Record::End { .. } | Record::Label(_) => Vec::new(),
-            Record::Loop { count, offset, .. } => {
-                vec![count.to_string(), "0".into(), offset.clone()]
+            Record::Loop { count, index, .. } => {
+                vec![count.to_string(), "0".into(), index.clone()]
             }
             Record::Next {
-                offset,
+                index,
                 delta,
                 counter,
                 body,
             } => vec![
-                offset.clone(),
+                index.clone(),
                 delta.to_string(),
                 counter.clone(),
                 body.clone(),
@@ -158,10 +158,10 @@ pub fn program_table(l: &Lowered, tile: u32, storage: &TileStorage) -> ProgramTa
             }
             if let Some((k, lp)) = call.loops.iter().enumerate().find(|(_, l)| l.start == si) {
                 let counter = format!("loop_count_{ci}_{k}");
-                let offset = match lp.offsets.get(&tile) {
-                    Some(&(buffer, _)) => format!("{:#x}", storage.addresses[buffer]),
+                let index = match lp.index.get(&tile) {
+                    Some(&buffer) => format!("{:#x}", storage.addresses[buffer]),
                     None => {
-                        let label = format!("loop_offset_{ci}_{k}");
+                        let label = format!("loop_index_{ci}_{k}");
                         states.push((label.clone(), vec![0]));
                         label
                     }
@@ -169,15 +169,15 @@ pub fn program_table(l: &Lowered, tile: u32, storage: &TileStorage) -> ProgramTa
                 records.push(Record::Loop {
                     count: lp.count,
                     counter: counter.clone(),
-                    offset: offset.clone(),
+                    index: index.clone(),
                 });
                 let body = format!("loop_body_{ci}_{k}");
                 records.push(Record::Label(body.clone()));
                 loop_ends.push((
                     lp.start + lp.period,
                     Record::Next {
-                        offset,
-                        delta: lp.offsets.get(&tile).map_or(0, |o| o.1),
+                        index,
+                        delta: 1,
                         counter,
                         body,
                     },
@@ -346,11 +346,11 @@ pub fn table_text(t: &ProgramTable) -> String {
                 Record::Loop {
                     count,
                     counter,
-                    offset,
+                    index,
                 } => {
                     let _ = writeln!(s, "        .word {}, {count}", r.handler());
                     let _ = writeln!(s, "{counter}: .word 0");
-                    let _ = writeln!(s, "        .word {offset}");
+                    let _ = writeln!(s, "        .word {index}");
                 }
                 _ => {
                     let words: Vec<String> =

@@ -782,6 +782,9 @@ pub(crate) struct SegmentLowered {
     pub chain_choice: Option<serde_json::Value>,
     /// The attention plan's report entry, when the graph has attention.
     pub attention: Option<serde_json::Value>,
+    /// With a loop template, the body's steps in the run call
+    /// ([`loops::body_steps`]).
+    pub loop_body: Option<std::ops::Range<usize>>,
 }
 
 /// One GEMM's setup for planning: geometry, kernel requests (product,
@@ -1188,6 +1191,7 @@ fn plan_and_lower(
             Ok(l)
         })?;
         return Ok(SegmentLowered {
+            loop_body: None,
             lowered,
             tile_count,
             operation_reports,
@@ -2299,6 +2303,7 @@ fn plan_and_lower(
         .zip(attention_plan.as_ref())
         .map(|(b, p)| attention_report(graph, b, p, &attention_candidates, options));
     Ok(SegmentLowered {
+        loop_body: None,
         lowered,
         tile_count,
         operation_reports,
@@ -2376,6 +2381,7 @@ fn lower_segments(
                     Ok(l)
                 })?;
             }
+            r.loop_body = template.map(|t| loops::body_steps(&r.lowered, &segments, t));
             return Ok(r);
         }
     }
@@ -2475,7 +2481,9 @@ fn lower_segments(
         rowwise,
     } = chosen;
     rowwise_reports.extend(rowwise);
+    let loop_body = template.map(|t| loops::body_steps(&lowered, &segments, t));
     Ok(SegmentLowered {
+        loop_body,
         lowered,
         tile_count: tiles,
         operation_reports,
@@ -2994,6 +3002,7 @@ fn compile_with(
         mut would_help,
         chain_choice,
         attention,
+        loop_body,
     } = lower_segments(
         planned_graph,
         options,
@@ -3004,9 +3013,9 @@ fn compile_with(
     )?;
     let loop_report = match &template {
         Some(t) => Some(phase("loop", || {
-            let segments =
-                segment::split(planned_graph, limits.split_attention_projections, &t.cuts)?;
-            let body = loops::body_steps(&lowered, &segments, t);
+            let body = loop_body
+                .clone()
+                .expect("lower_segments finds a template's body");
             let u = loops::unroll(&mut lowered, t, body, graph, &mut library)?;
             verifier("loop", lower::verify(&lowered))?;
             tracing::info!(report = %u.report, "the repeat block runs as a device loop");

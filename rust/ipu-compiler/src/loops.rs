@@ -11,31 +11,31 @@
 //! ends of the body so that the body is whole segments.
 //!
 //! [`unroll`] then makes that one compiled body the loop of the run call:
-//! - every parameter of the body gets a *weight stack* on each tile that
-//!   holds it: one slot per iteration mirroring the buffers the host writes
-//!   for the first iteration (resident weights, or their one-copy homes
-//!   when the join moves weights), into which the host writes every
-//!   iteration's parameters; each iteration starts with `copy64` steps from
-//!   its slot into those buffers;
-//! - the body's steps run once per iteration: the later iterations' steps
-//!   are *reruns* ([`crate::lower::CallProgram::reruns`]) that reuse the
-//!   first iteration's vertex states and exchange tables, so code, states
-//!   and tables are placed once whatever the count (only the program
-//!   table's records grow, a few words per step and iteration);
-//! - between iterations a *back edge* exchange step moves each carried
-//!   value from where the body leaves it to where the body reads its
-//!   starting value (the first iteration's input, host-written or
-//!   exported by the statements before the block), so the next iteration
-//!   reads its carry exactly as the first read its start.
+//! - every buffer the host writes for the first iteration's parameters
+//!   (resident weights, or their one-copy homes when the joins move
+//!   weights) gets a *weight stack*, one slot per iteration, into which the
+//!   host writes every iteration's parameters; each iteration starts with
+//!   one `copy64_list` step from slot k into those buffers;
+//! - the run call lists every iteration's steps, [copy, body, back edge],
+//!   the later ones *reruns* of the first's
+//!   ([`crate::lower::CallProgram::reruns`]), and all of them are one
+//!   [`crate::lower::DeviceLoop`], which `emit_code` writes once between
+//!   the supervisor's `rt_loop` and `rt_next` records: code, vertex
+//!   states, exchange tables and program table do not grow with the count;
+//! - the *back edge* exchange step moves each carried value from where the
+//!   body leaves it to where the body reads its starting value (the first
+//!   iteration's input, host-written or exported by the statements before
+//!   the block), so the next iteration reads its carry exactly as the
+//!   first read its start.
 //!
 //! Invariants: the steps of iteration `i` are those of iteration 0 in the
 //! same order (checked by `lower::verify`); a body parameter's buffers hold
-//! nothing but its bytes and zeros (checked here), so copying whole buffers
-//! from the slot restores exactly what the host would have written; the
-//! carried value's start is read by nothing after the block and is not a
-//! parameter or an output, since the back edge overwrites it; values the
-//! body computes keep the last iteration's names (checkpoints and profiles
-//! name them as the model does).
+//! nothing but its bytes, zeros and padding (checked here), so copying its
+//! bytes and zero ranges from the slot restores what the host would have
+//! written; the carried value's start is read by nothing after the block
+//! and is not a parameter or an output, since the back edge overwrites it;
+//! values the body computes keep the last iteration's names (checkpoints
+//! and profiles name them as the model does).
 
 use crate::error::CompileError;
 use crate::library::{KernelLibrary, KernelRequest};
@@ -370,9 +370,8 @@ pub fn unroll(
         }
         first_params.push((j, p));
     }
-    // Slot layout per tile: (tile, buffer) -> (offset in the slot, bytes copied).
-    let mut slot_of: BTreeMap<(u32, usize), (u32, u32)> = BTreeMap::new();
-    let mut slot_bytes: BTreeMap<u32, u32> = BTreeMap::new();
+    // Each weight buffer's slot bytes (its size, rounded to 8-byte words).
+    let mut slot_of: BTreeMap<(u32, usize), u32> = BTreeMap::new();
     for (&(tile, b), ranges) in &held {
         let spec = &mut l.buffers.get_mut(&tile).expect("tiles below tile_count")[b];
         if spec.scratch.is_some() || spec.lifetime.is_some() {
@@ -411,17 +410,14 @@ pub fn unroll(
         // copy64 moves multiples of 8 bytes between 8-aligned addresses.
         spec.bytes = spec.bytes.div_ceil(8) * 8;
         spec.align = spec.align.max(8);
-        let bytes = spec.bytes;
-        let at = slot_bytes.entry(tile).or_default();
-        slot_of.insert((tile, b), (*at, bytes));
-        *at += bytes;
+        slot_of.insert((tile, b), spec.bytes);
     }
     // One stack per weight buffer (so that storage may place each where
     // it fits, region 0 or above region 1's buffers), slot i of it at
     // i times the buffer's bytes.
     let mut stack_of: BTreeMap<(u32, usize), usize> = BTreeMap::new();
     let mut index_of: BTreeMap<u32, usize> = BTreeMap::new();
-    for (&(tile, b), &(_, slot)) in &slot_of {
+    for (&(tile, b), &slot) in &slot_of {
         let bufs = l.buffers.get_mut(&tile).expect("tiles below tile_count");
         let zero = (0..count as u32)
             .flat_map(|i| {
@@ -477,7 +473,7 @@ pub fn unroll(
                 .map(|q| HostPlacement {
                     tile: q.tile,
                     buffer: stack_of[&(q.tile, q.buffer)],
-                    buffer_offset: i as u32 * slot_of[&(q.tile, q.buffer)].1 + q.buffer_offset,
+                    buffer_offset: i as u32 * slot_of[&(q.tile, q.buffer)] + q.buffer_offset,
                     host_offset: q.host_offset,
                     bytes: q.bytes,
                 })
@@ -530,8 +526,8 @@ pub fn unroll(
         bins.retain(|b| !b.is_empty());
         shares.insert(tile, bins);
     }
-    // One step serves every iteration: its sources are slot 0's, plus the
-    // offset word that the loop advances by a slot per iteration.
+    // One step serves every iteration: each range reads slot k of its
+    // stack, k the tile's index word, which the loop advances by one.
     let copy_step = {
         let mut tiles = BTreeMap::new();
         let mut slowest = 0;
@@ -551,7 +547,7 @@ pub fn unroll(
                             buffer: stack_of[&(tile, b)],
                             offset: off,
                         },
-                        StateWord::Const(slot_of[&(tile, b)].1),
+                        StateWord::Const(slot_of[&(tile, b)]),
                         StateWord::Addr {
                             buffer: b,
                             offset: off,
@@ -625,7 +621,7 @@ pub fn unroll(
         start: loop_start,
         period: period.len(),
         count: count as u32,
-        offsets: index_of.iter().map(|(&tile, &b)| (tile, (b, 1))).collect(),
+        index: index_of,
     }];
 
     // The values the body computes hold the last iteration's at the end of
@@ -642,6 +638,10 @@ pub fn unroll(
     l.resident
         .sort_by_key(|r| model.lookup(&r.name).map(|v| v.0));
 
+    let mut slot_bytes: BTreeMap<u32, u32> = BTreeMap::new();
+    for (&(tile, _), &bytes) in &slot_of {
+        *slot_bytes.entry(tile).or_default() += bytes;
+    }
     let weights_max = slot_bytes.values().copied().max().unwrap_or(0);
     let report = json!({
         "line": t.line,

@@ -159,17 +159,17 @@ pub struct CallProgram {
 
 /// Steps `start..start + period * count` of a call: `count` periods, the
 /// later ones reruns of the first, which ends with an exchange step. The
-/// tile program runs the first period `count` times, and after each adds
-/// `delta` to the word at byte 0 of buffer `offset` (`copy64_list`
-/// vertices add that word to their sources: a weight stack's slot).
+/// tile program runs the first period `count` times with an index word
+/// k = 0, 1, ... (`copy64_list` vertices read slot k of their weight
+/// stacks).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct DeviceLoop {
     pub start: usize,
     pub period: usize,
     pub count: u32,
-    /// Per tile: (the offset word's buffer, the bytes it advances per
-    /// period); tiles without one get a scratch word in their table.
-    pub offsets: BTreeMap<u32, (usize, u32)>,
+    /// Per tile: the buffer of its index word; tiles without one get a
+    /// scratch word in their table.
+    pub index: BTreeMap<u32, usize>,
 }
 
 /// Bytes `host_offset..+bytes` of a host tensor at `buffer_offset` of a tile buffer.

@@ -416,7 +416,7 @@ fn launch_costs_match_the_cost_model() {
 #[test]
 fn device_loops_run_their_body_count_times() {
     const STACK: u32 = 0x9_0000;
-    const OFFSET: u32 = 0x7_0000;
+    const INDEX: u32 = 0x7_0000;
     for count in [1u32, 3] {
         let table = ProgramTable {
             tile: 0,
@@ -427,7 +427,7 @@ fn device_loops_run_their_body_count_times() {
                     Record::Loop {
                         count,
                         counter: "lc".into(),
-                        offset: format!("{OFFSET:#x}"),
+                        index: format!("{INDEX:#x}"),
                     },
                     Record::Label("lb".into()),
                     run(true, "copy64_list", &["cl"]),
@@ -437,7 +437,7 @@ fn device_loops_run_their_body_count_times() {
                         count: 0,
                     },
                     Record::Next {
-                        offset: format!("{OFFSET:#x}"),
+                        index: format!("{INDEX:#x}"),
                         delta: 1,
                         counter: "lc".into(),
                         body: "lb".into(),
@@ -447,14 +447,11 @@ fn device_loops_run_their_body_count_times() {
             )],
             states: vec![
                 fill("fd", C, 16, 0xEE),
-                ("cl".into(), vec![1, OFFSET, STACK, 64, C, 64]),
+                ("cl".into(), vec![1, INDEX, STACK, 64, C, 64]),
             ],
         };
         let slots: Vec<u32> = (0..4u32).flat_map(|k| [k + 1; 16]).collect();
-        let mut chip = load(
-            &table,
-            &[(STACK, bytes(&slots)), (OFFSET, bytes(&[0xDEAD]))],
-        );
+        let mut chip = load(&table, &[(STACK, bytes(&slots)), (INDEX, bytes(&[0xDEAD]))]);
         for call in 0..2 {
             let before = chip.steps().len();
             assert_eq!(command(&mut chip, 0), Stop::HostSync);
@@ -472,7 +469,7 @@ fn device_loops_run_their_body_count_times() {
                 "call {call}: the last period copied slot {}",
                 count - 1
             );
-            assert_eq!(words(&chip, OFFSET, 1), vec![count], "call {call}");
+            assert_eq!(words(&chip, INDEX, 1), vec![count], "call {call}");
         }
     }
 }
