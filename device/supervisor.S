@@ -36,6 +36,9 @@
 #       prologue's two `setzi`), then `xend`
 #   rt_stop[_w]: (nothing)
 #       a checkpoint stop: `hsync` only when the command had bit 31 set
+#   rt_host[_w]: (nothing)
+#       a host stop: `hsync` on every run; the host writes the stop's
+#       inputs (docs/host-protocol.md, "Host stops")
 #   rt_end[_w]: (nothing)
 #       end of the call: back to the idle `hsync`
 #   rt_loop: COUNT, COUNTER, INDEX
@@ -66,6 +69,7 @@
         .globl rt_run1, rt_run2, rt_run3, rt_run4, rt_run5, rt_run6
         .globl rt_run1_w, rt_run2_w, rt_run3_w, rt_run4_w, rt_run5_w, rt_run6_w
         .globl rt_exchange, rt_exchange_w, rt_stop, rt_stop_w, rt_end, rt_end_w
+        .globl rt_host, rt_host_w
         .globl rt_loop, rt_next
 
 rt_main:
@@ -223,6 +227,23 @@ rt_stop_w:
         STOP 1, rt_stop_w_skip
 rt_stop:
         STOP 0, rt_stop_skip
+
+# A host stop (docs/host-protocol.md, "Host stops"): an `hsync` on every
+# run, at which the host writes the inputs of the stop, such as a device
+# loop's weights for its next iteration, and resumes the device.
+        .macro HOST wait
+        ld32 $m3, [$m13]+=4
+        .if \wait
+        wsync
+        .endif
+        hsync
+        br $m3
+        .endm
+
+rt_host_w:
+        HOST 1
+rt_host:
+        HOST 0
 
 # A device loop (docs/runtime.md, "Device loops"). The loop's state lives
 # in memory (the COUNTER word of its rt_loop record, the INDEX word), so

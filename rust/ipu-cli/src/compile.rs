@@ -119,9 +119,18 @@ fn apply_options(compile: &mut CompileOptions, options: &[String]) -> Result<(),
                     _ => return Err(format!("--option repeat={value}: expected loop or expand")),
                 }
             }
+            "loop_weights" => {
+                use ipu_compiler::loops::LoopWeights;
+                compile.loop_weights = match value {
+                    "auto" => None,
+                    "stack" => Some(LoopWeights::Stacked),
+                    "stream" => Some(LoopWeights::Streamed),
+                    _ => return Err(format!("--option loop_weights={value}: expected auto, stack or stream")),
+                }
+            }
             _ => {
                 return Err(format!(
-                    "unknown --option {key:?}: known options are beam_width, finalists, max_candidates, accumulation, attention_layout, stream_b, host_inputs, repeat"
+                    "unknown --option {key:?}: known options are beam_width, finalists, max_candidates, accumulation, attention_layout, stream_b, host_inputs, repeat, loop_weights"
                 ))
             }
         }

@@ -1361,6 +1361,7 @@ fn lower_rows(
         tiles: BTreeMap::new(),
         estimated_cycles: 0,
         exchange: None,
+        host_stop: false,
     };
     // q and k's head size (the scores' K) and v's (O's columns).
     let (d, dp, dv, dq) = (b.d, b.dp(), b.dv, b.dqv());

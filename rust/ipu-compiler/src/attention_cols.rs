@@ -832,6 +832,7 @@ pub fn lower(
         tiles: BTreeMap::new(),
         estimated_cycles: 0,
         exchange: None,
+        host_stop: false,
     };
     let d = b.d;
     let qranges = plan.query_ranges(b);

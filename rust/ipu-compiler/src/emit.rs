@@ -61,6 +61,9 @@ pub enum Record {
     /// emits none yet (`checkpoints.json` lists no stops); the runtime and
     /// this format support them so that adding stops needs no device change.
     Stop { wait: bool },
+    /// A host stop: an `hsync` on every run, at which the host writes the
+    /// inputs of the stop (a device loop's streamed weights).
+    Host { wait: bool },
     /// The call's end: back to the idle `hsync`.
     End { wait: bool },
     /// A device loop starts: `count` into the record's own counter word
@@ -91,6 +94,7 @@ impl Record {
             Record::Run { wait, states, .. } => (format!("rt_run{}", states.len()), *wait),
             Record::Exchange { wait, .. } => ("rt_exchange".to_string(), *wait),
             Record::Stop { wait } => ("rt_stop".to_string(), *wait),
+            Record::Host { wait } => ("rt_host".to_string(), *wait),
             Record::End { wait } => ("rt_end".to_string(), *wait),
             Record::Loop { .. } => ("rt_loop".to_string(), false),
             Record::Next { .. } => ("rt_next".to_string(), false),
@@ -110,7 +114,9 @@ impl Record {
                 .chain(states.iter().cloned())
                 .collect(),
             Record::Exchange { table, count, .. } => vec![format!("{table:#x}"), count.to_string()],
-            Record::Stop { .. } | Record::End { .. } | Record::Label(_) => Vec::new(),
+            Record::Stop { .. } | Record::Host { .. } | Record::End { .. } | Record::Label(_) => {
+                Vec::new()
+            }
             Record::Loop { count, index, .. } => {
                 vec![count.to_string(), "0".into(), index.clone()]
             }
@@ -212,6 +218,11 @@ pub fn program_table(l: &Lowered, tile: u32, storage: &TileStorage) -> ProgramTa
                 running = false;
                 continue;
             }
+            if step.host_stop {
+                records.push(Record::Host { wait: running });
+                running = false;
+                continue;
+            }
             let Some(vertices) = step.tiles.get(&tile).filter(|v| !v.is_empty()) else {
                 continue;
             };
@@ -294,7 +305,10 @@ pub fn verify(t: &ProgramTable) -> Result<(), String> {
                         ));
                     }
                 }
-                Record::Exchange { wait, .. } | Record::Stop { wait } | Record::End { wait } => {
+                Record::Exchange { wait, .. }
+                | Record::Stop { wait }
+                | Record::Host { wait }
+                | Record::End { wait } => {
                     if running && !wait {
                         return Err(format!(
                             "{}: `{}` follows a compute group without waiting for its workers",

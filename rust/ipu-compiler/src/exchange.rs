@@ -120,6 +120,7 @@ pub fn program_step(
         tiles: BTreeMap::new(),
         estimated_cycles: step_cycles(&x.figures),
         exchange: Some(x),
+        host_stop: false,
     })
 }
 

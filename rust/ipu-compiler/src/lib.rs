@@ -91,6 +91,10 @@ pub struct CompileOptions {
     pub host_inputs: HostInputs,
     /// How a `repeat` block is compiled.
     pub repeat: RepeatLowering,
+    /// Where a device loop finds each iteration's weights; `None` lets
+    /// `compile` choose: weight stacks on the chip, or the host streams
+    /// them when the stacks do not fit ([`loops::LoopWeights`]).
+    pub loop_weights: Option<loops::LoopWeights>,
 }
 
 /// How `compile` lowers a model's `repeat` block ([`loops`]).
@@ -139,6 +143,7 @@ impl CompileOptions {
             attention_layout: None,
             host_inputs: HostInputs::Once,
             repeat: RepeatLowering::Loop,
+            loop_weights: None,
         }
     }
 }
@@ -751,7 +756,7 @@ fn timeline_cycles(l: &lower::Lowered) -> u64 {
         .filter(|c| c.name == "run")
         .flat_map(|c| &c.steps)
     {
-        if step.exchange.is_some() {
+        if step.ends_bsp_step() {
             let start = clock.iter().copied().max().unwrap_or(0);
             clock.fill(start + step.estimated_cycles);
         } else {
@@ -2663,6 +2668,8 @@ fn compile_with_fallbacks(
     device_loop: bool,
     retries: &mut Vec<serde_json::Value>,
 ) -> Result<CompileOutput, CompileError> {
+    let streamed = options.loop_weights == Some(loops::LoopWeights::Streamed);
+    let b_free = options.search.stream_b_resident.is_none();
     let mut limits = SegmentLimits {
         attention_region0: plan::STANDARD_BUDGET / 2,
         streamed_producers: true,
@@ -2672,14 +2679,20 @@ fn compile_with_fallbacks(
         widen_for_precision,
         split_attention_projections: false,
         device_loop,
-        loop_weight_homes: false,
+        // Streamed weights cross the host link, which moves a thirtieth of
+        // what the exchange moves in a cycle: one copy of each weight, in
+        // its homes, and the joins move them on the chip.
+        loop_weight_homes: streamed,
+        loop_weights: options.loop_weights.unwrap_or_default(),
     };
+    if streamed && b_free {
+        limits.resident_b = false;
+    }
     // Region 1's fallbacks, in order: whole-K chain producers in segments
     // (what the ViT block on 1400 tiles needs), then streamed producers
     // again but B from its homes (1100 and 1200 tiles, where whole-K
     // producers find no plan), then both. B's fallbacks only when the
     // options leave that choice to the compiler.
-    let b_free = options.search.stream_b_resident.is_none();
     let fallbacks: Vec<(bool, bool, &str)> = [
         (false, true, "chain producers in segments keep K whole"),
         (
@@ -2715,7 +2728,25 @@ fn compile_with_fallbacks(
                 }
                 let why = json!({
                     "error": e.to_string(),
-                    "then": "the loop's weights move from their homes, whose copies the weight stacks hold",
+                    "then": match limits.loop_weights {
+                        loops::LoopWeights::Stacked => "the loop's weights move from their homes, whose copies the weight stacks hold",
+                        loops::LoopWeights::Streamed => "the loop's weights move from their homes, which the host writes",
+                    },
+                });
+                tracing::info!(%why, "compiling again");
+                retries.push(why);
+            }
+            // Weight stacks that do not fit even as copies of the homes:
+            // the host streams every iteration's weights into the homes.
+            Err(e @ CompileError::OutOfMemory { .. })
+                if limits.device_loop
+                    && limits.loop_weights == loops::LoopWeights::Stacked
+                    && options.loop_weights.is_none() =>
+            {
+                limits.loop_weights = loops::LoopWeights::Streamed;
+                let why = json!({
+                    "error": e.to_string(),
+                    "then": "the host streams each iteration's weights into their homes",
                 });
                 tracing::info!(%why, "compiling again");
                 retries.push(why);
@@ -2938,6 +2969,8 @@ struct SegmentLimits {
     /// even where they could stay resident, so that the weight stacks
     /// mirror the homes (one copy of each weight spread over the tiles).
     loop_weight_homes: bool,
+    /// Where the loop finds each iteration's weights.
+    loop_weights: loops::LoopWeights,
 }
 
 fn compile_with(
@@ -3016,7 +3049,14 @@ fn compile_with(
             let body = loop_body
                 .clone()
                 .expect("lower_segments finds a template's body");
-            let u = loops::unroll(&mut lowered, t, body, graph, &mut library)?;
+            let u = loops::unroll(
+                &mut lowered,
+                t,
+                body,
+                graph,
+                &mut library,
+                limits.loop_weights,
+            )?;
             verifier("loop", lower::verify(&lowered))?;
             tracing::info!(report = %u.report, "the repeat block runs as a device loop");
             Ok(u.report)

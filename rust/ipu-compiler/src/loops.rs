@@ -293,6 +293,7 @@ pub fn unroll(
     body: Range<usize>,
     model: &Graph,
     library: &mut KernelLibrary,
+    weights: LoopWeights,
 ) -> Result<Unrolled, CompileError> {
     let count = t.count;
     let tile_count = l.tile_count;
@@ -349,10 +350,10 @@ pub fn unroll(
         }
     }
 
-    // The weight stacks: per tile, the buffers the host writes for the
-    // first iteration's parameters, in one slot per iteration.
+    // Per tile, the buffers the host writes for the first iteration's
+    // parameters (the weight stacks hold them once per iteration, or the
+    // host writes them at every iteration).
     let body_params: BTreeSet<&str> = t.params.iter().map(|&j| t.defined[0][j].as_str()).collect();
-    let mut copies: BTreeMap<(u32, usize), Vec<(u32, u32)>> = BTreeMap::new();
     let mut params = std::mem::take(&mut l.io[0].0);
     let mut held: BTreeMap<(u32, usize), Vec<(u32, u32)>> = BTreeMap::new();
     let mut first_params = Vec::new();
@@ -370,9 +371,121 @@ pub fn unroll(
         }
         first_params.push((j, p));
     }
+    let WeightSteps {
+        first_step,
+        index: index_of,
+        report: weights_report,
+        streamed,
+    } = match weights {
+        LoopWeights::Streamed => stream_weights(l, t, &held, params, first_params, model)?,
+        LoopWeights::Stacked => stack_weights(
+            l,
+            t,
+            &held,
+            &body_params,
+            params,
+            first_params,
+            model,
+            library,
+        )?,
+    };
+
+    // The back edge is followed by the loop's `rt_next` record.
+    back_edge.estimated_cycles += NEXT_RECORD_CYCLES;
+
+    // The run call: before the block, the iterations, after it.
+    let run = &mut l.calls[1];
+    let old = std::mem::take(&mut run.steps);
+    let mut steps: Vec<Step> = Vec::new();
+    let mut reruns = BTreeMap::new();
+    let mut suffix = old;
+    let tail = suffix.split_off(body.end);
+    let body_steps = suffix.split_off(body.start);
+    steps.extend(suffix);
+    // The iterations: [weights, body, back edge] each (the last back edge
+    // moves the final carry to the start's place too, which is cheaper
+    // than a second copy of the body's records after the loop). The first
+    // period is the loop's; the others rerun its steps.
+    let loop_start = steps.len();
+    let period: Vec<Step> = first_step
+        .iter()
+        .cloned()
+        .chain(body_steps)
+        .chain(std::iter::once(back_edge.clone()))
+        .collect();
+    let weight_steps = first_step.len();
+    for i in 0..count {
+        for (k, s) in period.iter().enumerate() {
+            let mut s = s.clone();
+            if k < weight_steps {
+                s.operation = t.defined[i][t.params[0]].clone();
+                s.phase = format!("{} {i}", s.phase);
+            } else if let Some(name) = t.name_in(&s.operation, i) {
+                s.operation = name.to_string();
+            }
+            if i > 0 {
+                reruns.insert(steps.len(), loop_start + k);
+            }
+            steps.push(s);
+        }
+    }
+    steps.extend(tail);
+    run.steps = steps;
+    run.reruns = reruns;
+    run.loops = vec![crate::lower::DeviceLoop {
+        start: loop_start,
+        period: period.len(),
+        count: count as u32,
+        index: index_of,
+    }];
+    run.streamed = streamed;
+
+    // The values the body computes hold the last iteration's at the end of
+    // the run; a carried value's start holds the final carry, which its
+    // own placements name already.
+    let last = count - 1;
+    l.resident
+        .retain(|r| !t.carries.iter().any(|c| c.start == r.name));
+    for r in &mut l.resident {
+        if let Some(name) = t.name_in(&r.name, last) {
+            r.name = name.to_string();
+        }
+    }
+    l.resident
+        .sort_by_key(|r| model.lookup(&r.name).map(|v| v.0));
+
+    let mut report = json!({
+        "line": t.line,
+        "count": count,
+        "body_steps": body.len(),
+        "carries": carried,
+        "estimated_back_edge_cycles": back_edge.estimated_cycles,
+    });
+    for (k, v) in weights_report {
+        report[k] = v;
+    }
+    Ok(Unrolled { report })
+}
+
+/// The first step of every iteration with weight stacks (the copy step),
+/// the loop's index buffers and the report's figures; moves the body's
+/// parameters from `params` into every iteration's stack slot.
+#[allow(clippy::too_many_arguments)]
+fn stack_weights(
+    l: &mut Lowered,
+    t: &Template,
+    held: &BTreeMap<(u32, usize), Vec<(u32, u32)>>,
+    body_params: &BTreeSet<&str>,
+    mut params: Vec<HostTensor>,
+    first_params: Vec<(usize, HostTensor)>,
+    model: &Graph,
+    library: &mut KernelLibrary,
+) -> Result<WeightSteps, CompileError> {
+    let count = t.count;
+    let mut copies: BTreeMap<(u32, usize), Vec<(u32, u32)>> = BTreeMap::new();
     // Each weight buffer's slot bytes (its size, rounded to 8-byte words).
     let mut slot_of: BTreeMap<(u32, usize), u32> = BTreeMap::new();
-    for (&(tile, b), ranges) in &held {
+    for (&(tile, b), ranges) in held {
         let spec = &mut l.buffers.get_mut(&tile).expect("tiles below tile_count")[b];
         if spec.scratch.is_some() || spec.lifetime.is_some() {
             return Err(verifier(format!(
@@ -463,6 +576,35 @@ pub fn unroll(
             });
             bufs.len() - 1
         });
+    }
+    // A lower bound before storage: the stacks and every buffer that
+    // lives for the whole program cannot share memory, so a deep stack
+    // that leaves no room fails here, without the work of placing it
+    // (and `compile` streams the weights instead).
+    let available =
+        (ipu_arch::SRAM_END - ipu_arch::SRAM_BASE) as u64 - crate::storage::COMMAND_RESERVE as u64;
+    for &tile in index_of.keys() {
+        let bufs = &l.buffers[&tile];
+        let whole: Vec<&BufferSpec> = bufs
+            .iter()
+            .filter(|b| b.scratch.is_none() && b.lifetime.is_none())
+            .collect();
+        let needed: u64 = whole.iter().map(|b| b.bytes as u64).sum();
+        if needed > available {
+            let mut largest: Vec<(String, u64)> = whole
+                .iter()
+                .map(|b| (b.name.clone(), b.bytes as u64))
+                .collect();
+            largest.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
+            largest.truncate(5);
+            return Err(CompileError::OutOfMemory {
+                tile,
+                region: "tile memory (the loop's weight stacks and the buffers that live for the whole program)",
+                needed,
+                available,
+                largest,
+            });
+        }
     }
     // Every iteration's parameters go to their slot.
     for i in 0..count {
@@ -567,94 +709,154 @@ pub fn unroll(
         }
         (!tiles.is_empty()).then(|| Step {
             operation: t.defined[0][t.params[0]].clone(),
-            phase: "loop: weights of the iteration".into(),
+            phase: "loop: weights of iteration".into(),
             tiles,
             estimated_cycles: slowest,
             exchange: None,
+            host_stop: false,
         })
     };
 
     let copy_cycles = copy_step.as_ref().map_or(0, |s| s.estimated_cycles);
-    // The back edge is followed by the loop's `rt_next` record.
-    back_edge.estimated_cycles += NEXT_RECORD_CYCLES;
-
-    // The run call: before the block, the iterations, after it.
-    let run = &mut l.calls[1];
-    let old = std::mem::take(&mut run.steps);
-    let mut steps: Vec<Step> = Vec::new();
-    let mut reruns = BTreeMap::new();
-    let mut suffix = old;
-    let tail = suffix.split_off(body.end);
-    let body_steps = suffix.split_off(body.start);
-    steps.extend(suffix);
-    // The iterations: [copy, body, back edge] each (the last back edge
-    // moves the final carry to the start's place too, which is cheaper
-    // than a second copy of the body's records after the loop). The first
-    // period is the loop's; the others rerun its steps.
-    let loop_start = steps.len();
-    let period: Vec<Step> = copy_step
-        .iter()
-        .cloned()
-        .chain(body_steps)
-        .chain(std::iter::once(back_edge.clone()))
-        .collect();
-    let copy_steps = copy_step.is_some() as usize;
-    for i in 0..count {
-        for (k, s) in period.iter().enumerate() {
-            let mut s = s.clone();
-            if k < copy_steps {
-                s.operation = t.defined[i][t.params[0]].clone();
-                s.phase = format!("loop: weights of iteration {i}");
-            } else if let Some(name) = t.name_in(&s.operation, i) {
-                s.operation = name.to_string();
-            }
-            if i > 0 {
-                reruns.insert(steps.len(), loop_start + k);
-            }
-            steps.push(s);
-        }
-    }
-    steps.extend(tail);
-    run.steps = steps;
-    run.reruns = reruns;
-    run.loops = vec![crate::lower::DeviceLoop {
-        start: loop_start,
-        period: period.len(),
-        count: count as u32,
-        index: index_of,
-    }];
-
-    // The values the body computes hold the last iteration's at the end of
-    // the run; a carried value's start holds the final carry, which its
-    // own placements name already.
-    let last = count - 1;
-    l.resident
-        .retain(|r| !t.carries.iter().any(|c| c.start == r.name));
-    for r in &mut l.resident {
-        if let Some(name) = t.name_in(&r.name, last) {
-            r.name = name.to_string();
-        }
-    }
-    l.resident
-        .sort_by_key(|r| model.lookup(&r.name).map(|v| v.0));
-
     let mut slot_bytes: BTreeMap<u32, u32> = BTreeMap::new();
     for (&(tile, _), &bytes) in &slot_of {
         *slot_bytes.entry(tile).or_default() += bytes;
     }
     let weights_max = slot_bytes.values().copied().max().unwrap_or(0);
-    let report = json!({
-        "line": t.line,
-        "count": count,
-        "body_steps": body.len(),
-        "carries": carried,
-        "weight_stack_tiles": slot_bytes.len(),
-        "weight_bytes_per_iteration_max_tile": weights_max,
-        "weight_stack_bytes_max_tile": weights_max as u64 * count as u64,
-        "estimated_copy_cycles_per_iteration": copy_cycles,
-        "estimated_back_edge_cycles": back_edge.estimated_cycles,
-    });
-    Ok(Unrolled { report })
+    let report = vec![
+        ("weights", json!("stacked")),
+        ("weight_stack_tiles", json!(slot_bytes.len())),
+        ("weight_bytes_per_iteration_max_tile", json!(weights_max)),
+        (
+            "weight_stack_bytes_max_tile",
+            json!(weights_max as u64 * count as u64),
+        ),
+        ("estimated_copy_cycles_per_iteration", json!(copy_cycles)),
+    ];
+    Ok(WeightSteps {
+        first_step: copy_step.into_iter().collect(),
+        index: index_of,
+        report,
+        streamed: Vec::new(),
+    })
+}
+
+/// The first step of every iteration with streamed weights: a host stop
+/// at which the host writes the iteration's parameters into the places
+/// the first iteration's have (so no stacks and no copies: each run
+/// moves every iteration's weights over the host link, which the stop's
+/// cycles count).
+fn stream_weights(
+    l: &mut Lowered,
+    t: &Template,
+    held: &BTreeMap<(u32, usize), Vec<(u32, u32)>>,
+    mut params: Vec<HostTensor>,
+    first_params: Vec<(usize, HostTensor)>,
+    model: &Graph,
+) -> Result<WeightSteps, CompileError> {
+    for &(tile, b) in held.keys() {
+        let spec = &l.buffers[&tile][b];
+        // The host writes the weights before the body's first step, so
+        // they must stay put for the whole body.
+        if spec.scratch.is_some() || spec.lifetime.is_some() {
+            return Err(verifier(format!(
+                "tile {tile}: buffer `{}` holds a parameter of the body but lives only in part of the run",
+                spec.name
+            )));
+        }
+    }
+    params.sort_by_key(|p| model.lookup(&p.name).map(|v| v.0));
+    l.io[0].0 = params;
+    // The host writes one copy of every byte (the layer norms' parameters
+    // and biases are on many tiles) and an exchange step copies it to the
+    // others, as `param_copies` does for the initialize call: the host
+    // link moves 4 bytes a cycle for the whole chip's 4 per tile.
+    let (js, mut tensors): (Vec<usize>, Vec<HostTensor>) = first_params.into_iter().unzip();
+    let mut copied = crate::param_copies::ParamCopies::default();
+    let transfers = crate::param_copies::plan_copies(&mut tensors, &mut copied);
+    let bytes: u64 = tensors
+        .iter()
+        .flat_map(|p| &p.placements)
+        .map(|q| q.bytes as u64)
+        .sum();
+    let mut streamed = Vec::new();
+    for i in 0..t.count {
+        for (j, p) in js.iter().zip(&tensors) {
+            streamed.push((
+                i as u32 + 1,
+                HostTensor {
+                    name: t.defined[i][*j].clone(),
+                    ty: p.ty.clone(),
+                    placements: p.placements.clone(),
+                },
+            ));
+        }
+    }
+    let host = ipu_arch::host_transfer_cycles(bytes, ipu_arch::CLOCK_HZ_C600);
+    let mut steps = vec![Step {
+        operation: t.defined[0][t.params[0]].clone(),
+        phase: "loop: the host writes the weights of iteration".into(),
+        tiles: BTreeMap::new(),
+        estimated_cycles: ipu_arch::SYNC_CYCLES + host + HOST_RECORD_CYCLES,
+        exchange: None,
+        host_stop: true,
+    }];
+    let copy_cycles = if transfers.is_empty() {
+        0
+    } else {
+        // Whole jobs, as for the initialize call's copies: the tables
+        // stay in region 0 for the whole program.
+        let mut x = crate::exchange::schedule_with(l.tile_count, transfers, LOOP_LABEL + 1, true)?;
+        crate::exchange::attach_tables(&mut x, &mut l.buffers, "loop.param_xtab");
+        let cycles = crate::exchange::step_cycles(&x.figures);
+        steps.push(Step {
+            operation: t.defined[0][t.params[0]].clone(),
+            phase: "loop: copies of the streamed weights of iteration".into(),
+            tiles: BTreeMap::new(),
+            estimated_cycles: cycles,
+            exchange: Some(x),
+            host_stop: false,
+        });
+        cycles
+    };
+    let report = vec![
+        ("weights", json!("streamed")),
+        ("streamed_bytes_per_iteration", json!(bytes)),
+        (
+            "estimated_host_stop_cycles_per_iteration",
+            json!(steps[0].estimated_cycles),
+        ),
+        ("copied_on_device", json!(copied.copied)),
+        ("estimated_copy_cycles_per_iteration", json!(copy_cycles)),
+    ];
+    Ok(WeightSteps {
+        first_step: steps,
+        index: BTreeMap::new(),
+        report,
+        streamed,
+    })
+}
+
+/// What starts every iteration: its step (the weights' copy or host stop),
+/// the loop's index buffer per tile, the report's figures and the inputs
+/// the host writes at the host stops.
+struct WeightSteps {
+    first_step: Vec<Step>,
+    index: BTreeMap<u32, usize>,
+    report: Vec<(&'static str, serde_json::Value)>,
+    streamed: Vec<(u32, HostTensor)>,
+}
+
+/// Where a device loop's body finds each iteration's parameters.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum LoopWeights {
+    /// In weight stacks on the chip, one slot per iteration, copied into
+    /// place by a `copy64_list` step that starts each iteration.
+    #[default]
+    Stacked,
+    /// Written by the host at a host stop that starts each iteration:
+    /// any depth fits, at the host link's rate.
+    Streamed,
 }
 
 /// Bytes `offset..offset + bytes` of a tile's buffer `buffer`, copied by
@@ -664,6 +866,10 @@ type Piece = (usize, u32, u32);
 /// Cycles of the supervisor's `rt_next` record (14 bundles, one every 6
 /// cycles), which follows each back edge in the loop.
 const NEXT_RECORD_CYCLES: u64 = 6 * 14;
+
+/// Cycles of the supervisor's `rt_host` record besides its `hsync` (a load
+/// and a branch).
+const HOST_RECORD_CYCLES: u64 = 6 * 2;
 
 /// The scheduling label of the back edge's exchange step (labels seed the
 /// scheduler's tie-breaking; the join numbers its steps from 0).

@@ -136,10 +136,23 @@ pub struct Step {
     /// An exchange step (then `tiles` is empty): every tile runs `sync`,
     /// `xtab` of its table, `xend`.
     pub exchange: Option<ExchangeStep>,
+    /// A host stop (then `tiles` is empty and there is no exchange): every
+    /// tile waits for its workers and runs `hsync`, where the host writes
+    /// the call's inputs of this stop ([`CallProgram::streamed`]) and
+    /// resumes the device. Like an exchange it ends a BSP step.
+    pub host_stop: bool,
+}
+
+impl Step {
+    /// Whether the step ends a BSP step: an exchange (its sync) or a host
+    /// stop (its `hsync`).
+    pub fn ends_bsp_step(&self) -> bool {
+        self.exchange.is_some() || self.host_stop
+    }
 }
 
 /// The program of one call.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq)]
 pub struct CallProgram {
     pub name: String,
     /// The steps in the order the call runs them.
@@ -155,6 +168,11 @@ pub struct CallProgram {
     /// as one copy of the period between the supervisor's `rt_loop` and
     /// `rt_next` records ([`crate::loops`]).
     pub loops: Vec<DeviceLoop>,
+    /// Inputs the host writes at the call's host stops: (stop, tensor),
+    /// stop k being the call's k-th host-stop step counted from 1 as the
+    /// call runs (a device loop's weights streamed per iteration,
+    /// [`crate::loops`]). Different stops' tensors may share placements.
+    pub streamed: Vec<(u32, HostTensor)>,
 }
 
 /// Steps `start..start + period * count` of a call: `count` periods, the
@@ -408,6 +426,7 @@ pub fn lower(
                 - pg.plan.estimate.reduce_cycles
                 - pg.plan.estimate.copy_cycles,
             exchange: None,
+            host_stop: false,
         };
         // The A buffer of each consumer tile of an exchanged hand-off.
         let mut a_buffers: BTreeMap<u32, usize> = BTreeMap::new();
@@ -417,6 +436,7 @@ pub fn lower(
             tiles: BTreeMap::new(),
             estimated_cycles: pg.plan.estimate.reduce_cycles,
             exchange: None,
+            host_stop: false,
         };
         let mut fill_step = Step {
             operation: result_name.clone(),
@@ -424,6 +444,7 @@ pub fn lower(
             tiles: BTreeMap::new(),
             estimated_cycles: pg.scratch_fill.as_ref().map_or(0, |f| f.1),
             exchange: None,
+            host_stop: false,
         };
         let host_tensor = |id| HostTensor {
             name: graph.value(id).name.clone(),
@@ -897,12 +918,14 @@ impl Lowered {
                     steps: initialize,
                     reruns: BTreeMap::new(),
                     loops: Vec::new(),
+                    streamed: Vec::new(),
                 },
                 CallProgram {
                     name: "run".into(),
                     steps: run,
                     reruns: BTreeMap::new(),
                     loops: Vec::new(),
+                    streamed: Vec::new(),
                 },
             ],
             io: vec![
@@ -1132,8 +1155,45 @@ pub fn verify(l: &Lowered) -> Result<(), String> {
             }
         }
     }
+    for call in &l.calls {
+        let stops = call.steps.iter().filter(|s| s.host_stop).count() as u32;
+        if let Some(s) = call
+            .steps
+            .iter()
+            .find(|s| s.host_stop && (!s.tiles.is_empty() || s.exchange.is_some()))
+        {
+            return Err(format!(
+                "call `{}`: host stop `{}` runs vertices or an exchange",
+                call.name, s.phase
+            ));
+        }
+        if let Some((stop, t)) = call
+            .streamed
+            .iter()
+            .find(|(stop, _)| !(1..=stops).contains(stop))
+        {
+            return Err(format!(
+                "call `{}`: `{}` is written at host stop {stop} of {stops}",
+                call.name, t.name
+            ));
+        }
+    }
     let resident: (Vec<HostTensor>, Vec<HostTensor>) = (Vec::new(), l.resident.clone());
-    for (ins, outs) in l.io.iter().chain(std::iter::once(&resident)) {
+    let streamed: Vec<(Vec<HostTensor>, Vec<HostTensor>)> = l
+        .calls
+        .iter()
+        .map(|c| {
+            (
+                c.streamed.iter().map(|(_, t)| t.clone()).collect(),
+                Vec::new(),
+            )
+        })
+        .collect();
+    for (ins, outs) in
+        l.io.iter()
+            .chain(std::iter::once(&resident))
+            .chain(&streamed)
+    {
         for (t, exactly_once) in ins
             .iter()
             .map(|t| (t, false))

@@ -61,6 +61,7 @@ fn stream(l: &Lowered, t: &HostTensor, storage: &BTreeMap<u32, TileStorage>) -> 
         shape: t.ty.shape.dims().to_vec(),
         placements: placements(t, storage),
         transposed: l.transposed_host.contains(&t.name),
+        stop: 0,
     }
 }
 
@@ -95,15 +96,16 @@ pub fn info(
             // ends it: an exchange, or for the last step (which ends with
             // the call's final host sync) its last compute phase, else the
             // transfer to the host, else the last phase of the call.
-            let last = call.steps.iter().rposition(|s| s.exchange.is_some());
+            let last = call.steps.iter().rposition(|s| s.ends_bsp_step());
             let tail_compute = call.steps.len() > last.map_or(0, |i| i + 1);
             for (i, step) in call.steps.iter().enumerate() {
-                let ends_step =
-                    step.exchange.is_some() || (tail_compute && i + 1 == call.steps.len());
+                let ends_step = step.ends_bsp_step() || (tail_compute && i + 1 == call.steps.len());
                 phases.push(CallPhase {
                     name: step.phase.clone(),
                     kind: if step.exchange.is_some() {
                         PhaseKind::Exchange
+                    } else if step.host_stop {
+                        PhaseKind::HostToDevice
                     } else {
                         PhaseKind::Compute
                     },
@@ -127,8 +129,16 @@ pub fn info(
             StreamingCall {
                 name: call.name.clone(),
                 phases,
-                inputs: ins.iter().map(|t| stream(l, t, storage)).collect(),
+                inputs: ins
+                    .iter()
+                    .map(|t| stream(l, t, storage))
+                    .chain(call.streamed.iter().map(|(stop, t)| StreamTensor {
+                        stop: *stop,
+                        ..stream(l, t, storage)
+                    }))
+                    .collect(),
                 outputs: outs.iter().map(|t| stream(l, t, storage)).collect(),
+                host_stops: call.steps.iter().filter(|s| s.host_stop).count() as u32,
             }
         })
         .collect();
@@ -329,7 +339,7 @@ fn overwritten_by_run(l: &Lowered, storage: &BTreeMap<u32, TileStorage>) -> Vec<
 }
 
 /// The call's lowered steps grouped by BSP step: every exchange step ends
-/// one (its sync starts the exchange phase), and the steps after the last
+/// one (its sync starts the exchange phase), as does every host stop, and the steps after the last
 /// exchange form the last one, which ends with the call's final host sync
 /// (empty when the call ends with an exchange or has no steps). This is how
 /// the tile programs run them (docs/runtime.md), so a profile's steps match.
@@ -337,7 +347,7 @@ pub fn bsp_steps(call: &crate::lower::CallProgram) -> Vec<&[crate::lower::Step]>
     let mut out = Vec::new();
     let mut first = 0;
     for (i, step) in call.steps.iter().enumerate() {
-        if step.exchange.is_some() {
+        if step.ends_bsp_step() {
             out.push(&call.steps[first..=i]);
             first = i + 1;
         }
@@ -355,7 +365,7 @@ fn bsp_step_estimate(group: &[crate::lower::Step], last: bool) -> u64 {
     let mut per_tile: BTreeMap<u32, u64> = BTreeMap::new();
     let mut exchange = 0;
     for s in group {
-        if s.exchange.is_some() {
+        if s.ends_bsp_step() {
             exchange += s.estimated_cycles;
         } else {
             for &tile in s.tiles.keys() {

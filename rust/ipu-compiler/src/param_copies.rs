@@ -64,9 +64,41 @@ pub fn copy_on_device(l: &mut Lowered) -> Result<ParamCopies, CompileError> {
             .sum()
     };
     report.host_bytes_before = host_bytes(l);
+    let transfers = plan_copies(&mut l.io[call].0, &mut report);
+    report.host_bytes_after = host_bytes(l);
+    if transfers.is_empty() {
+        return Ok(report);
+    }
+    report.transfers = transfers.len();
+    // Whole jobs: pieces would multiply the descriptors that
+    // MAX_TABLE_ENTRIES bounds (the step runs once, at initialize).
+    let mut x = exchange::schedule_with(l.tile_count, transfers, l.exchange_steps(), true)?;
+    exchange::attach_tables(&mut x, &mut l.buffers, "xtab_init");
+    report.step_cycles = exchange::step_cycles(&x.figures);
+    let step = Step {
+        operation: "initialize".into(),
+        phase: format!("copy parameters {}", report.copied.join(", ")),
+        tiles: BTreeMap::new(),
+        estimated_cycles: report.step_cycles,
+        exchange: Some(x),
+        host_stop: false,
+    };
+    l.calls[call].steps.insert(0, step);
+    Ok(report)
+}
+
+/// Keeps one host copy of every byte of each of `tensors` (their
+/// placements shrink to it) and returns the transfers that copy it to the
+/// other placements, recording in `report` which parameters were copied
+/// and which stay host-written (see the module documentation; also the
+/// streamed weights of a device loop, crate::loops).
+pub(crate) fn plan_copies(
+    tensors: &mut [crate::lower::HostTensor],
+    report: &mut ParamCopies,
+) -> Vec<BufferTransfer> {
     let mut entries: BTreeMap<u32, u32> = BTreeMap::new();
     let mut transfers: Vec<BufferTransfer> = Vec::new();
-    for t in l.io[call].0.iter_mut() {
+    for t in tensors.iter_mut() {
         let (sources, moved) = split_copies(&t.placements);
         if moved.is_empty() {
             if sources.len() < t.placements.len() {
@@ -112,25 +144,7 @@ pub fn copy_on_device(l: &mut Lowered) -> Result<ParamCopies, CompileError> {
         t.placements.retain(|p| !gone.contains(p));
         report.copied.push(t.name.clone());
     }
-    report.host_bytes_after = host_bytes(l);
-    if transfers.is_empty() {
-        return Ok(report);
-    }
-    report.transfers = transfers.len();
-    // Whole jobs: pieces would multiply the descriptors that
-    // MAX_TABLE_ENTRIES bounds (the step runs once, at initialize).
-    let mut x = exchange::schedule_with(l.tile_count, transfers, l.exchange_steps(), true)?;
-    exchange::attach_tables(&mut x, &mut l.buffers, "xtab_init");
-    report.step_cycles = exchange::step_cycles(&x.figures);
-    let step = Step {
-        operation: "initialize".into(),
-        phase: format!("copy parameters {}", report.copied.join(", ")),
-        tiles: BTreeMap::new(),
-        estimated_cycles: report.step_cycles,
-        exchange: Some(x),
-    };
-    l.calls[call].steps.insert(0, step);
-    Ok(report)
+    transfers
 }
 
 /// Splits a parameter's placements into the host's copy (the first

@@ -200,6 +200,7 @@ fn compute_step(operation: String, phase: String) -> Step {
         tiles: BTreeMap::new(),
         estimated_cycles: 0,
         exchange: None,
+        host_stop: false,
     }
 }
 

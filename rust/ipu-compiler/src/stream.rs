@@ -1291,6 +1291,7 @@ pub fn lower(
             tiles: BTreeMap::new(),
             estimated_cycles: *cycles,
             exchange: None,
+            host_stop: false,
         };
         for t in work.values() {
             step.tiles.insert(
@@ -1371,6 +1372,7 @@ pub fn lower(
             tiles: BTreeMap::new(),
             estimated_cycles: 0,
             exchange: None,
+            host_stop: false,
         };
         for (&(i, j, l), t) in &work {
             let (b0, b1) = chunk(t.part, ch, s);
@@ -1504,6 +1506,7 @@ pub fn lower(
         tiles: BTreeMap::new(),
         estimated_cycles: 0,
         exchange: None,
+        host_stop: false,
     };
     let kind_of = |id| graph.value(id).def == ipu_graph::ValueDef::Param;
     let host_tensor = |id| HostTensor {
@@ -2065,6 +2068,7 @@ mod tests {
                 tiles: BTreeMap::new(),
                 estimated_cycles: 0,
                 exchange: None,
+                host_stop: false,
             })
         };
         let merged = merge(vec![

@@ -252,3 +252,78 @@ fn a_loop_with_its_weights_in_homes() {
         Err(ipu_compiler::CompileError::OutOfMemory { .. })
     ));
 }
+
+/// Streamed weights (`LoopWeights::Streamed`): no weight stacks; each
+/// iteration starts with a host stop at which the host writes that
+/// iteration's parameters into their homes, counted in the run's device
+/// cycles. The package verifies, runs again from its start, and its
+/// estimate stays within 10%.
+#[test]
+fn a_loop_with_streamed_weights() {
+    use ipu_compiler::loops::LoopWeights;
+    let model = root().join("models/vit_layers_small.ipug");
+    let cache = tempfile::tempdir().unwrap();
+    let mut opts = options(&model, 16, cache.path());
+    opts.loop_weights = Some(LoopWeights::Streamed);
+    let out = run_repeatedly(&opts, &[7, 8]);
+    let l = &out.report["device_loop"];
+    assert_eq!(l["weights"], "streamed", "{l}");
+    assert!(l.get("weight_stack_bytes_max_tile").is_none(), "{l}");
+    let run = run_call(&out);
+    assert_eq!(run.host_stops, 3);
+    let stop_of = |name: &str| {
+        run.inputs
+            .iter()
+            .find(|t| t.name == name)
+            .map(|t| t.stop)
+            .unwrap_or_else(|| panic!("`{name}` is not a run input"))
+    };
+    assert_eq!(
+        (
+            stop_of("x"),
+            stop_of("wq.0"),
+            stop_of("wq.1"),
+            stop_of("b2.2")
+        ),
+        (0, 1, 2, 3)
+    );
+    // Every iteration's weights land where the first iteration's do.
+    let at = |name: &str| {
+        let t = run.inputs.iter().find(|t| t.name == name).unwrap();
+        t.placements.clone()
+    };
+    assert_eq!(at("w1.0"), at("w1.2"));
+    let init = call(&out, "initialize");
+    assert!(
+        !init.inputs.iter().any(|t| t.name.starts_with("wq.")),
+        "{:?}",
+        init.inputs.iter().map(|t| &t.name).collect::<Vec<_>>()
+    );
+    assert!(
+        memory(&out, 0, "region0", "loop_weights") + memory(&out, 0, "region1", "loop_weights")
+            == 0
+    );
+    opts.loop_weights = Some(LoopWeights::Streamed);
+    let ran = run_with(&opts, |g| ipu_reference::random::gaussian_feeds(g, 9), true).0;
+    assert_estimate_within(&ran, 0.10, "vit_layers_small with streamed weights");
+}
+
+/// Weight stacks that cannot fit (six 128 KB layers on one tile) make
+/// `compile` stream the weights, and the report names the retry.
+#[test]
+fn deep_stacks_stream_their_weights() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = write_model(
+        dir.path(),
+        "deep_gemms",
+        "model deep_gemms\ninput x: f16[16, 256]\nrepeat 6 carry s = x\n  param w: f16[256, 256]\n  s = gemm(s, w)\nend\noutput s\n",
+    );
+    let ran = compile_and_run(&model, 1, 21);
+    let report = &ran.compile.report;
+    assert_eq!(report["device_loop"]["count"], 6);
+    assert_eq!(report["device_loop"]["weights"], "streamed");
+    let retries = report["retries"].to_string();
+    assert!(retries.contains("host streams"), "{retries}");
+    assert!(retries.contains("weight stacks"), "{retries}");
+    assert_estimate_within(&ran, 0.10, "deep_gemms");
+}

@@ -42,6 +42,7 @@
 mod common;
 
 use ipu_compiler::attention::AttentionLayout;
+use ipu_compiler::loops::LoopWeights;
 use ipu_compiler::{compile, Accumulation, CompileError, HostInputs};
 use ipu_reference::{compare, evaluate, random, Tolerance};
 use ipu_rng::SplitMix64;
@@ -58,6 +59,8 @@ struct Case {
     layout: Option<AttentionLayout>,
     stream_b_resident: Option<bool>,
     host_inputs: HostInputs,
+    /// For a `repeat` stack, where its loop's weights come from.
+    loop_weights: Option<LoopWeights>,
 }
 
 impl Case {
@@ -85,6 +88,13 @@ impl Case {
         }
         if self.host_inputs == HostInputs::Replicated {
             s.push_str(" --option host_inputs=replicated");
+        }
+        if let Some(w) = self.loop_weights {
+            let w = match w {
+                LoopWeights::Stacked => "stack",
+                LoopWeights::Streamed => "stream",
+            };
+            write!(s, " --option loop_weights={w}").unwrap();
         }
         s
     }
@@ -448,6 +458,10 @@ fn generate(seed: u64) -> Case {
     } else {
         HostInputs::Once
     };
+    // Drawn last and only for stacks, so that the other cases of a seed
+    // stay what they were.
+    let loop_weights = (m.contains("\nrepeat ") && chance(&mut r, 0.3))
+        .then(|| pick(&mut r, &[LoopWeights::Stacked, LoopWeights::Streamed]));
     Case {
         seed,
         family,
@@ -457,6 +471,7 @@ fn generate(seed: u64) -> Case {
         layout,
         stream_b_resident,
         host_inputs,
+        loop_weights,
     }
 }
 
@@ -483,6 +498,7 @@ fn check(case: &Case, dir: &std::path::Path) -> Outcome {
     opts.attention_layout = case.layout;
     opts.search.stream_b_resident = case.stream_b_resident;
     opts.host_inputs = case.host_inputs;
+    opts.loop_weights = case.loop_weights;
     let compiled = std::panic::catch_unwind(|| compile(&opts));
     let out = match compiled {
         Err(panic) => {

@@ -34,7 +34,7 @@ fn gemm_small_on_four_tiles() {
                 .word call_1
         # call 0: initialize
         call_0:
-                .word rt_exchange, 0x4c790, 48
+                .word rt_exchange, 0x4c7b0, 48
                 .word rt_end
         # call 1: run
         call_1:

@@ -239,6 +239,18 @@ fn validate_info(info: &PackageInfo) -> Result<(), PackageError> {
                 }
                 validate_tensor(info, t, direction == "output")
                     .map_err(|why| invalid(format!("{at}: {why}")))?;
+                if direction == "output" && t.stop != 0 {
+                    return Err(invalid(format!(
+                        "{at}: an output has host stop {} (outputs are read after the call)",
+                        t.stop
+                    )));
+                }
+                if t.stop > call.host_stops {
+                    return Err(invalid(format!(
+                        "{at}: host stop {} of a call with {} host stops",
+                        t.stop, call.host_stops
+                    )));
+                }
             }
         }
     }

@@ -50,6 +50,16 @@ pub struct StreamingCall {
     pub inputs: Vec<StreamTensor>,
     /// Tensors the host reads back.
     pub outputs: Vec<StreamTensor>,
+    /// Host stops: `hsync`s the call executes on every run before its
+    /// final one, at which the host writes the inputs of that stop
+    /// ([`StreamTensor::stop`]) and resumes the device (a device loop's
+    /// weights streamed per iteration). Absent when zero.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub host_stops: u32,
+}
+
+fn is_zero(n: &u32) -> bool {
+    *n == 0
 }
 
 /// One phase of a call.
@@ -105,6 +115,12 @@ pub struct StreamTensor {
     /// on the device. Absent when false.
     #[serde(default, skip_serializing_if = "is_false")]
     pub transposed: bool,
+    /// For an input: the host stop of its call at which the host writes
+    /// it (1 to the call's `host_stops`), or 0 (absent) for before the
+    /// call. Inputs of different stops may share placements (each stop's
+    /// tensor replaces the previous one). Outputs are read after the call.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub stop: u32,
 }
 
 fn is_false(b: &bool) -> bool {

@@ -12,6 +12,15 @@ fn round_trip_is_lossless_and_deterministic() {
     assert_eq!(bytes, p.to_bytes().unwrap(), "same package, same bytes");
     assert_eq!(&bytes[..4], &[0x28, 0xB5, 0x2F, 0xFD], "a zstd frame");
     assert_eq!(Package::from_bytes(&bytes).unwrap(), p);
+    // Host stops and the inputs written at them survive the round trip.
+    let mut q = p.clone();
+    q.info.calls[1].host_stops = 2;
+    let mut again = q.info.calls[1].inputs[0].clone();
+    again.name = "x.1".into();
+    again.stop = 2;
+    q.info.calls[1].inputs.push(again);
+    let bytes = q.to_bytes().unwrap();
+    assert_eq!(Package::from_bytes(&bytes).unwrap(), q);
 }
 
 #[test]
@@ -334,6 +343,13 @@ fn invalid_packages_are_refused() {
     p.info.calls[1].inputs[0].transposed = true;
     cases.push(("transposed vector", p));
     let mut p = base.clone();
+    p.info.calls[1].inputs[0].stop = 1;
+    cases.push(("input at a missing host stop", p));
+    let mut p = base.clone();
+    p.info.calls[1].host_stops = 1;
+    p.info.calls[1].outputs[0].stop = 1;
+    cases.push(("output at a host stop", p));
+    let mut p = base.clone();
     p.info.calls[1].name = "initialize".into();
     cases.push(("repeated call", p));
     let mut p = base.clone();
@@ -365,6 +381,8 @@ fn invalid_packages_are_refused() {
             "output placed twice: manifest.json: call `run` output `y`: bytes 8..16 are placed more than once (an output's bytes must come from one tile)",
             "placement beyond SRAM: manifest.json: call `run` output `y`: placement 3 on tile 3 at 0xe7ff8..+16 lies outside tile SRAM 0x4c000..0xe8000",
             "transposed vector: manifest.json: call `run` input `x`: shape [32] is transposed but has fewer than two dimensions",
+            "input at a missing host stop: manifest.json: call `run` input `x`: host stop 1 of a call with 0 host stops",
+            "output at a host stop: manifest.json: call `run` output `y`: an output has host stop 1 (outputs are read after the call)",
             "repeated call: manifest.json: call name `initialize` is empty or repeated",
             "config tile: manifest.json: config write 1 (EXCHANGE_TABLE) targets tile 4, beyond tile_count 4",
             "entry in region 1: member `tiles/0002.img`: entry pc 0x80000 is outside region 0, the only region instructions are fetched from",

@@ -27,6 +27,9 @@ pub struct CallCycles {
     pub host_in_cycles: u64,
     /// Host link cycles for the outputs (charged when the device next resumes).
     pub host_out_cycles: u64,
+    /// Host link cycles of the inputs written at the call's host stops,
+    /// which `device_cycles` includes: the device waits for them.
+    pub host_stream_cycles: u64,
     /// Index of the call's first BSP step in [`Device::steps`].
     pub first_step: usize,
     /// One past the call's last BSP step (the final host sync).
@@ -224,6 +227,30 @@ impl Session {
         Ok((t, moved))
     }
 
+    /// Writes the inputs of `call` that the host writes at host stop
+    /// `stop` (0: before the call) and returns their bytes.
+    fn write_inputs(
+        &mut self,
+        call: &ipu_package::StreamingCall,
+        inputs: &BTreeMap<String, Tensor>,
+        stop: u32,
+    ) -> Result<u64, RuntimeError> {
+        let mut moved = 0u64;
+        for t in call.inputs.iter().filter(|t| t.stop == stop) {
+            let mut data = inputs[&t.name].to_bytes();
+            // The host rearranges a tensor the device holds transposed.
+            if t.transposed {
+                data = ipu_package::transposed_order(&data, &t.shape, t.dtype.size_bytes());
+            }
+            for p in &t.placements {
+                let range = p.offset as usize..p.offset as usize + p.bytes as usize;
+                self.device.write(p.tile, p.address, &data[range])?;
+                moved += p.bytes as u64;
+            }
+        }
+        Ok(moved)
+    }
+
     fn call_inner(
         &mut self,
         name: &str,
@@ -295,19 +322,7 @@ impl Session {
         );
         let first_step = self.device.steps().len();
         let cycles_before = self.device.cycles();
-        let mut bytes_in = 0u64;
-        for t in &call.inputs {
-            let mut data = inputs[&t.name].to_bytes();
-            // The host rearranges a tensor the device holds transposed.
-            if t.transposed {
-                data = ipu_package::transposed_order(&data, &t.shape, t.dtype.size_bytes());
-            }
-            for p in &t.placements {
-                let range = p.offset as usize..p.offset as usize + p.bytes as usize;
-                self.device.write(p.tile, p.address, &data[range])?;
-                bytes_in += p.bytes as u64;
-            }
-        }
+        let mut bytes_in = self.write_inputs(&call, inputs, 0)?;
         let word = command.to_le_bytes();
         for tile in 0..self.package.info.tile_count {
             self.device
@@ -315,6 +330,23 @@ impl Session {
             bytes_in += 4;
         }
         self.charge(bytes_in);
+        // Host stops come first: at each the host writes the stop's inputs
+        // (a device loop's next weights) and resumes the device, which
+        // waits for them, so their transfer counts in the device cycles.
+        for stop in 1..=call.host_stops {
+            match self.device.run()? {
+                DeviceStop::HostSync => {}
+                DeviceStop::Exited => {
+                    self.finished = true;
+                    return Err(RuntimeError::Protocol(format!(
+                        "the device exited during call `{name}` at host stop {stop} of {}",
+                        call.host_stops
+                    )));
+                }
+            }
+            let moved = self.write_inputs(&call, inputs, stop)?;
+            self.charge(moved);
+        }
         let stops = checkpoints.map_or(0, |(c, _)| c.stops);
         let mut values = BTreeMap::new();
         for stop in 1..=stops + 1 {
@@ -366,6 +398,18 @@ impl Session {
             checkpoint: checkpoints.is_some(),
             device_cycles: (after - cycles_before).saturating_sub(host_in_cycles),
             host_in_cycles,
+            host_stream_cycles: (1..=call.host_stops)
+                .map(|stop| {
+                    let bytes = call
+                        .inputs
+                        .iter()
+                        .filter(|t| t.stop == stop)
+                        .flat_map(|t| &t.placements)
+                        .map(|p| p.bytes as u64)
+                        .sum();
+                    ipu_arch::host_transfer_cycles(bytes, clock)
+                })
+                .sum(),
             host_out_cycles: ipu_arch::host_transfer_cycles(bytes_out, clock),
             first_step,
             end_step: self.device.steps().len(),
@@ -374,6 +418,7 @@ impl Session {
             call = name,
             device_cycles = cycles.device_cycles,
             host_in_cycles = cycles.host_in_cycles,
+            host_stream_cycles = cycles.host_stream_cycles,
             host_out_cycles = cycles.host_out_cycles,
             bsp_steps = cycles.steps(),
             "streaming host exchange call finished"

@@ -154,9 +154,17 @@ impl fmt::Display for VerifyReport {
             if self.passed() { "passed" } else { "FAILED" }
         )?;
         for c in self.calls.iter().filter(|c| !c.checkpoint) {
+            let streamed = if c.host_stream_cycles > 0 {
+                format!(
+                    ", {} at the call's host stops, in the device cycles",
+                    c.host_stream_cycles
+                )
+            } else {
+                String::new()
+            };
             writeln!(
                 f,
-                "call `{}`: {} device cycles (host link: {} cycles in, {} out)",
+                "call `{}`: {} device cycles (host link: {} cycles in, {} out{streamed})",
                 c.call, c.device_cycles, c.host_in_cycles, c.host_out_cycles
             )?;
         }

@@ -44,6 +44,7 @@ pub fn sample() -> Package {
             })
             .collect(),
         transposed: false,
+        stop: 0,
     };
     let w = StreamTensor {
         name: "w".into(),
@@ -59,6 +60,7 @@ pub fn sample() -> Package {
             })
             .collect(),
         transposed: false,
+        stop: 0,
     };
     let y = StreamTensor {
         name: "y".into(),
@@ -73,6 +75,7 @@ pub fn sample() -> Package {
             })
             .collect(),
         transposed: false,
+        stop: 0,
     };
     let phase = |name: &str, kind, steps, cycles| CallPhase {
         name: name.into(),
@@ -94,6 +97,7 @@ pub fn sample() -> Package {
                     phases: vec![phase("upload weights", PhaseKind::HostToDevice, 1, None)],
                     inputs: vec![w],
                     outputs: vec![],
+                    host_stops: 0,
                 },
                 StreamingCall {
                     name: "run".into(),
@@ -104,6 +108,7 @@ pub fn sample() -> Package {
                     ],
                     inputs: vec![x],
                     outputs: vec![y],
+                    host_stops: 0,
                 },
             ],
             config_writes: vec![

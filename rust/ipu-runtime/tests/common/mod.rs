@@ -160,6 +160,7 @@ fn rows(name: &str, address: u32, tiles: u32) -> StreamTensor {
             })
             .collect(),
         transposed: false,
+        stop: 0,
     }
 }
 
@@ -272,6 +273,7 @@ pub fn package(o: Options) -> Package {
                     phases: vec![phase("upload parameters", PhaseKind::HostToDevice)],
                     inputs: vec![rows("b", B, 2)],
                     outputs: vec![],
+                    host_stops: 0,
                 },
                 StreamingCall {
                     name: "run".to_string(),
@@ -281,6 +283,7 @@ pub fn package(o: Options) -> Package {
                     ],
                     inputs: vec![rows("x", X, 2)],
                     outputs: vec![rows("z", Z, 2)],
+                    host_stops: 0,
                 },
             ],
             config_writes: vec![ipu_package::ConfigWrite {
