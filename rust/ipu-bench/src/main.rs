@@ -6,10 +6,11 @@
 //!   host reference; prints the compile time, the simulated device cycles
 //!   against the compute bound, the estimate's error and the simulator's
 //!   throughput (tile-instructions per second, wall time).
-//! - `ipu-bench siglip-mlp|siglip-mlp-fp8|siglip-attention-fp8|vit-block|vit-layers|vit-encoder
+//! - `ipu-bench siglip-mlp|siglip-mlp-fp8|siglip-attention-fp8|vit-block|vit-layers|vit-encoder|vit-encoder-fp8
 //!   [tiles]`: the same for the SigLIP MLP, its fp8 variant, the fp8
 //!   SigLIP attention, the SigLIP encoder block, two of them as a device
-//!   loop and the 27-layer encoder with streamed weights (`MODEL_BENCHES`).
+//!   loop and the 27-layer encoder with streamed f16 or fp8 weights
+//!   (`MODEL_BENCHES`).
 //! - `ipu-bench gemm4096 [tiles]`: compiles the 4096^3 f16 GEMM (f16
 //!   accumulation, K streamed through the tiles), simulates it and prints
 //!   its fraction of the f16 peak.
@@ -357,7 +358,7 @@ struct ModelBench {
 
 /// The models `ipu-bench NAME` measures besides the SigLIP attention and
 /// the 4096^3 GEMM.
-const MODEL_BENCHES: [(&str, ModelBench); 6] = [
+const MODEL_BENCHES: [(&str, ModelBench); 7] = [
     (
         "siglip-mlp",
         ModelBench {
@@ -403,6 +404,14 @@ const MODEL_BENCHES: [(&str, ModelBench); 6] = [
         ModelBench {
             file: "vit_encoder.ipug",
             title: "The SigLIP So400m encoder: 27 layers as a device loop, weights streamed by the host",
+            anchor: None,
+        },
+    ),
+    (
+        "vit-encoder-fp8",
+        ModelBench {
+            file: "vit_encoder_fp8.ipug",
+            title: "The SigLIP So400m encoder with fp8 weights: 27 layers as a device loop, weights streamed by the host",
             anchor: None,
         },
     ),

@@ -1358,7 +1358,7 @@ fn lower_rows(
     let compute_step = |phase: String| Step {
         operation: name.clone(),
         phase,
-        tiles: BTreeMap::new(),
+        tiles: Default::default(),
         estimated_cycles: 0,
         exchange: None,
         host_stop: false,
@@ -1646,7 +1646,7 @@ fn lower_rows(
             )?;
             src.insert(tile, (tb, rs));
             step.estimated_cycles = step.estimated_cycles.max(cycles);
-            step.tiles.insert(tile, vertices);
+            std::sync::Arc::make_mut(&mut step.tiles).insert(tile, vertices);
         }
         Ok((src, step))
     };
@@ -1704,7 +1704,7 @@ fn lower_rows(
         fill_step.estimated_cycles = fill_step
             .estimated_cycles
             .max(slowest + launch_cycles(vertices.len() as u64));
-        fill_step.tiles.insert(
+        std::sync::Arc::make_mut(&mut fill_step.tiles).insert(
             tile,
             vertices
                 .into_iter()
@@ -1994,7 +1994,7 @@ fn lower_rows(
             unstage.estimated_cycles = unstage
                 .estimated_cycles
                 .max(slowest + launch_cycles(vertices.len() as u64));
-            unstage.tiles.insert(tile, vertices);
+            std::sync::Arc::make_mut(&mut unstage.tiles).insert(tile, vertices);
         }
         steps.push(unstage);
     }
@@ -2064,7 +2064,7 @@ fn lower_rows(
                 }
             };
             let cols = ranges(nb, nb.min(6));
-            sg.tiles.insert(
+            std::sync::Arc::make_mut(&mut sg.tiles).insert(
                 tile,
                 cols.iter()
                     .map(|&(g0, g1)| {
@@ -2087,7 +2087,7 @@ fn lower_rows(
                     })
                     .collect(),
             );
-            on.tiles.insert(
+            std::sync::Arc::make_mut(&mut on.tiles).insert(
                 tile,
                 row_vertices(rows, &kernels.online.0, |w, r0, r1| {
                     vec![
@@ -2134,7 +2134,7 @@ fn lower_rows(
                 }),
             );
             let vcols = ranges(ncb_v, ncb_v.min(6));
-            pv.tiles.insert(
+            std::sync::Arc::make_mut(&mut pv.tiles).insert(
                 tile,
                 vcols
                     .iter()
@@ -2158,7 +2158,7 @@ fn lower_rows(
                     })
                     .collect(),
             );
-            mg.tiles.insert(
+            std::sync::Arc::make_mut(&mut mg.tiles).insert(
                 tile,
                 row_vertices(rows, &kernels.merge.0, |_, r0, r1| {
                     vec![
@@ -2249,7 +2249,7 @@ fn lower_rows(
                     continue;
                 }
                 let (o2, ml2) = t.others[j as usize - 1];
-                cs.tiles.insert(
+                std::sync::Arc::make_mut(&mut cs.tiles).insert(
                     tile,
                     row_vertices(lay.rows, &kernels.combine.0, |_, r0, r1| {
                         vec![
@@ -2298,7 +2298,7 @@ fn lower_rows(
         }
         let rows = lay.rows;
         let q0 = qranges[qi as usize].0;
-        fin.tiles.insert(
+        std::sync::Arc::make_mut(&mut fin.tiles).insert(
             tile,
             row_vertices(rows, &kernels.final_.0, |_, r0, r1| {
                 vec![

@@ -829,7 +829,7 @@ pub fn lower(
     let compute_step = |phase: String| Step {
         operation: name.clone(),
         phase,
-        tiles: BTreeMap::new(),
+        tiles: Default::default(),
         estimated_cycles: 0,
         exchange: None,
         host_stop: false,
@@ -1037,7 +1037,7 @@ pub fn lower(
             &mut prep
         };
         step.estimated_cycles = step.estimated_cycles.max(cycles);
-        step.tiles.insert(tile, vertices);
+        std::sync::Arc::make_mut(&mut step.tiles).insert(tile, vertices);
     }
 
     // Step 2: the fills and the K rows' head padding.
@@ -1049,7 +1049,7 @@ pub fn lower(
         fill_step.estimated_cycles = fill_step
             .estimated_cycles
             .max(slowest + launch_cycles(vertices.len() as u64));
-        fill_step.tiles.insert(
+        std::sync::Arc::make_mut(&mut fill_step.tiles).insert(
             tile,
             vertices
                 .into_iter()
@@ -1064,7 +1064,7 @@ pub fn lower(
             pad_step.estimated_cycles = pad_step
                 .estimated_cycles
                 .max(slowest + launch_cycles(pads.len() as u64));
-            pad_step.tiles.insert(
+            std::sync::Arc::make_mut(&mut pad_step.tiles).insert(
                 tile,
                 pads.into_iter()
                     .map(|state| Vertex {
@@ -1303,7 +1303,7 @@ pub fn lower(
         };
         let (stg, sts, stl) = &s.st;
         let nkb = s.dp / 16;
-        st.tiles.insert(
+        std::sync::Arc::make_mut(&mut st.tiles).insert(
             tile,
             sts.row_groups
                 .iter()
@@ -1318,7 +1318,7 @@ pub fn lower(
         let quads = s.quads();
         let jobs = s.st_jobs();
         let groups = jobs.len() as u32;
-        cm.tiles.insert(
+        std::sync::Arc::make_mut(&mut cm.tiles).insert(
             tile,
             jobs.iter()
                 .enumerate()
@@ -1340,7 +1340,7 @@ pub fn lower(
                 })
                 .collect(),
         );
-        sm.tiles.insert(
+        std::sync::Arc::make_mut(&mut sm.tiles).insert(
             tile,
             jobs.iter()
                 .enumerate()
@@ -1398,7 +1398,7 @@ pub fn lower(
                 }
             }
         }
-        pv.tiles.insert(tile, pv_vertices);
+        std::sync::Arc::make_mut(&mut pv.tiles).insert(tile, pv_vertices);
         let own = s.combine_ranges(splits, plan.distributed_combine)[at.ks as usize];
         let moves = match s.ot_copies(own) {
             Some(copies) => copies
@@ -1427,7 +1427,7 @@ pub fn lower(
                 None,
             ),
         };
-        rd.tiles.insert(tile, moves);
+        std::sync::Arc::make_mut(&mut rd.tiles).insert(tile, moves);
     }
     let mut steps = Vec::new();
     for step in [prep, prep_v] {
@@ -1544,7 +1544,7 @@ pub fn lower(
         let split_bytes = s.state_slot((d0, d1));
         let rs_out = s.rs_out((d0, d1));
         fin.estimated_cycles = fin.estimated_cycles.max(cycles);
-        fin.tiles.insert(
+        std::sync::Arc::make_mut(&mut fin.tiles).insert(
             tile,
             vertices
                 .iter()

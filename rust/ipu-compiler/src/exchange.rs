@@ -28,6 +28,7 @@ use crate::plan::GemmPlan;
 use crate::CompileError;
 use ipu_exchange::{Descriptor, Destination, Phase, Transfer};
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
 /// Bytes at `offset` of buffer `buffer` (an index into the tile's buffers) on `tile`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
@@ -65,11 +66,14 @@ pub type SyntheticLayout = BTreeMap<(u32, usize), (u32, u32)>;
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ExchangeStep {
     pub tiles: u32,
-    pub transfers: Vec<BufferTransfer>,
+    /// The transfers, layout and tables are shared, not copied, by the
+    /// steps that rerun this one (a device loop's later iterations:
+    /// 27 SigLIP layers would otherwise hold 27 copies of every table).
+    pub transfers: Arc<Vec<BufferTransfer>>,
     /// Synthetic `[base, end)` of every (tile, buffer) the step touches.
-    pub layout: SyntheticLayout,
+    pub layout: Arc<SyntheticLayout>,
     /// Per tile (index = tile), descriptors with synthetic addresses.
-    pub tables: Vec<Vec<Descriptor>>,
+    pub tables: Arc<Vec<Vec<Descriptor>>>,
     pub figures: ExchangeFigures,
     /// Per tile, the buffer that holds its resolved table in the tile image
     /// ([`attach_tables`]); the supervisor's `xtab` reads it there.
@@ -117,7 +121,7 @@ pub fn program_step(
     Ok(crate::lower::Step {
         operation,
         phase,
-        tiles: BTreeMap::new(),
+        tiles: Default::default(),
         estimated_cycles: step_cycles(&x.figures),
         exchange: Some(x),
         host_stop: false,
@@ -306,9 +310,9 @@ pub fn schedule_with(
     };
     Ok(ExchangeStep {
         tiles,
-        transfers,
-        layout,
-        tables: compiled.lowered.tables,
+        transfers: Arc::new(transfers),
+        layout: Arc::new(layout),
+        tables: Arc::new(compiled.lowered.tables),
         figures,
         table_buffers: BTreeMap::new(),
     })
@@ -469,11 +473,11 @@ mod tests {
         let mut step = small_step();
         assert!(verify_placed(&step, placed).is_ok());
         let tile = (0..3).find(|&t| !step.tables[t].is_empty()).unwrap();
-        step.tables[tile][0].start += 1;
+        Arc::make_mut(&mut step.tables)[tile][0].start += 1;
         let err = verify_placed(&step, placed).unwrap_err();
         assert!(err.contains(&format!("tile {tile}")), "{err}");
         let mut step = small_step();
-        step.tables[1].pop();
+        Arc::make_mut(&mut step.tables)[1].pop();
         assert!(verify_placed(&step, placed).is_err());
     }
 
@@ -481,7 +485,7 @@ mod tests {
     fn synthetic_buffers_never_touch() {
         let step = small_step();
         let mut prev: Option<(u32, u32)> = None;
-        for (&(tile, _), &(s, e)) in &step.layout {
+        for (&(tile, _), &(s, e)) in step.layout.iter() {
             if let Some((pt, pe)) = prev {
                 if pt == tile {
                     assert!(s >= pe + 16);

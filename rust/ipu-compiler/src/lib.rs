@@ -2614,20 +2614,39 @@ fn plan_segments(
 pub fn compile(options: &CompileOptions) -> Result<CompileOutput, CompileError> {
     let mut retries: Vec<serde_json::Value> = Vec::new();
     if options.repeat == RepeatLowering::Loop && has_repeat(options) {
-        match compile_widening(options, true, &mut retries) {
-            Err(
-                e @ (CompileError::OutOfMemory { .. }
-                | CompileError::NoFeasiblePlan { .. }
-                | CompileError::Verifier { phase: "loop", .. }),
-            ) => {
-                let why = json!({
-                    "error": e.to_string(),
-                    "then": "the repeat block is compiled iteration by iteration",
-                });
-                tracing::info!(%why, "compiling again");
-                retries.push(why);
+        // Weight stacks with every fallback, then (when the options leave
+        // the choice) the host streaming the weights, then the expansion.
+        let streamed = CompileOptions {
+            loop_weights: Some(loops::LoopWeights::Streamed),
+            ..options.clone()
+        };
+        let attempts: Vec<(&CompileOptions, &str)> = if options.loop_weights.is_none() {
+            vec![
+                (options, "the host streams the loop's weights"),
+                (
+                    &streamed,
+                    "the repeat block is compiled iteration by iteration",
+                ),
+            ]
+        } else {
+            vec![(
+                options,
+                "the repeat block is compiled iteration by iteration",
+            )]
+        };
+        for (opts, then) in attempts {
+            match compile_widening(opts, true, &mut retries) {
+                Err(
+                    e @ (CompileError::OutOfMemory { .. }
+                    | CompileError::NoFeasiblePlan { .. }
+                    | CompileError::Verifier { phase: "loop", .. }),
+                ) => {
+                    let why = json!({"error": e.to_string(), "then": then});
+                    tracing::info!(%why, "compiling again");
+                    retries.push(why);
+                }
+                r => return r,
             }
-            r => return r,
         }
     }
     compile_widening(options, false, &mut retries)
@@ -2732,21 +2751,6 @@ fn compile_with_fallbacks(
                         loops::LoopWeights::Stacked => "the loop's weights move from their homes, whose copies the weight stacks hold",
                         loops::LoopWeights::Streamed => "the loop's weights move from their homes, which the host writes",
                     },
-                });
-                tracing::info!(%why, "compiling again");
-                retries.push(why);
-            }
-            // Weight stacks that do not fit even as copies of the homes:
-            // the host streams every iteration's weights into the homes.
-            Err(e @ CompileError::OutOfMemory { .. })
-                if limits.device_loop
-                    && limits.loop_weights == loops::LoopWeights::Stacked
-                    && options.loop_weights.is_none() =>
-            {
-                limits.loop_weights = loops::LoopWeights::Streamed;
-                let why = json!({
-                    "error": e.to_string(),
-                    "then": "the host streams each iteration's weights into their homes",
                 });
                 tracing::info!(%why, "compiling again");
                 retries.push(why);
@@ -3056,6 +3060,10 @@ fn compile_with(
                 graph,
                 &mut library,
                 limits.loop_weights,
+                // Stacks of the homes that cannot fit stream at once (a deep
+                // stack would otherwise go through every fallback first);
+                // stacks of resident weights first try the homes.
+                options.loop_weights.is_none() && limits.loop_weight_homes,
             )?;
             verifier("loop", lower::verify(&lowered))?;
             tracing::info!(report = %u.report, "the repeat block runs as a device loop");
@@ -3226,13 +3234,7 @@ fn compile_with(
                 let tables = lowered
                     .calls
                     .iter()
-                    .flat_map(|c| {
-                        c.steps
-                            .iter()
-                            .enumerate()
-                            .filter(|(si, _)| !c.reruns.contains_key(si))
-                            .map(|(_, s)| s)
-                    })
+                    .flat_map(|c| c.first_runs())
                     .filter_map(|s| s.exchange.as_ref())
                     .map(|x| {
                         (

@@ -294,6 +294,7 @@ pub fn unroll(
     model: &Graph,
     library: &mut KernelLibrary,
     weights: LoopWeights,
+    stream_on_overflow: bool,
 ) -> Result<Unrolled, CompileError> {
     let count = t.count;
     let tile_count = l.tile_count;
@@ -371,6 +372,20 @@ pub fn unroll(
         }
         first_params.push((j, p));
     }
+    // Stacks that cannot fit: the host streams the weights of the same
+    // plan instead (`compile` would otherwise plan the model again).
+    let mut streamed_because = None;
+    let weights = match weights {
+        LoopWeights::Stacked if stream_on_overflow => match stacks_fit(l, &held, count) {
+            Ok(()) => LoopWeights::Stacked,
+            Err(e) => {
+                tracing::info!(error = %e, "the weight stacks do not fit; the host streams the loop's weights");
+                streamed_because = Some(e.to_string());
+                LoopWeights::Streamed
+            }
+        },
+        w => w,
+    };
     let WeightSteps {
         first_step,
         index: index_of,
@@ -464,6 +479,9 @@ pub fn unroll(
     for (k, v) in weights_report {
         report[k] = v;
     }
+    if let Some(why) = streamed_because {
+        report["streamed_because"] = json!(why);
+    }
     Ok(Unrolled { report })
 }
 
@@ -482,6 +500,7 @@ fn stack_weights(
     library: &mut KernelLibrary,
 ) -> Result<WeightSteps, CompileError> {
     let count = t.count;
+    stacks_fit(l, held, count)?;
     let mut copies: BTreeMap<(u32, usize), Vec<(u32, u32)>> = BTreeMap::new();
     // Each weight buffer's slot bytes (its size, rounded to 8-byte words).
     let mut slot_of: BTreeMap<(u32, usize), u32> = BTreeMap::new();
@@ -576,35 +595,6 @@ fn stack_weights(
             });
             bufs.len() - 1
         });
-    }
-    // A lower bound before storage: the stacks and every buffer that
-    // lives for the whole program cannot share memory, so a deep stack
-    // that leaves no room fails here, without the work of placing it
-    // (and `compile` streams the weights instead).
-    let available =
-        (ipu_arch::SRAM_END - ipu_arch::SRAM_BASE) as u64 - crate::storage::COMMAND_RESERVE as u64;
-    for &tile in index_of.keys() {
-        let bufs = &l.buffers[&tile];
-        let whole: Vec<&BufferSpec> = bufs
-            .iter()
-            .filter(|b| b.scratch.is_none() && b.lifetime.is_none())
-            .collect();
-        let needed: u64 = whole.iter().map(|b| b.bytes as u64).sum();
-        if needed > available {
-            let mut largest: Vec<(String, u64)> = whole
-                .iter()
-                .map(|b| (b.name.clone(), b.bytes as u64))
-                .collect();
-            largest.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
-            largest.truncate(5);
-            return Err(CompileError::OutOfMemory {
-                tile,
-                region: "tile memory (the loop's weight stacks and the buffers that live for the whole program)",
-                needed,
-                available,
-                largest,
-            });
-        }
     }
     // Every iteration's parameters go to their slot.
     for i in 0..count {
@@ -710,7 +700,7 @@ fn stack_weights(
         (!tiles.is_empty()).then(|| Step {
             operation: t.defined[0][t.params[0]].clone(),
             phase: "loop: weights of iteration".into(),
-            tiles,
+            tiles: std::sync::Arc::new(tiles),
             estimated_cycles: slowest,
             exchange: None,
             host_stop: false,
@@ -739,6 +729,48 @@ fn stack_weights(
         report,
         streamed: Vec::new(),
     })
+}
+
+/// A lower bound before storage: the weight stacks (`count` slots of each
+/// buffer in `held`, rounded to 8-byte words) and every buffer that lives
+/// for the whole program cannot share memory, so stacks that leave a tile
+/// no room fail here, without the work of placing them.
+fn stacks_fit(
+    l: &Lowered,
+    held: &BTreeMap<(u32, usize), Vec<(u32, u32)>>,
+    count: usize,
+) -> Result<(), CompileError> {
+    let available =
+        (ipu_arch::SRAM_END - ipu_arch::SRAM_BASE) as u64 - crate::storage::COMMAND_RESERVE as u64;
+    let tiles: BTreeSet<u32> = held.keys().map(|&(tile, _)| tile).collect();
+    for tile in tiles {
+        let mut whole: Vec<(String, u64)> = Vec::new();
+        for (b, spec) in l.buffers[&tile].iter().enumerate() {
+            if spec.scratch.is_some() || spec.lifetime.is_some() {
+                continue;
+            }
+            if held.contains_key(&(tile, b)) {
+                let slot = spec.bytes.div_ceil(8) as u64 * 8;
+                whole.push((spec.name.clone(), slot));
+                whole.push((format!("{}.stack", spec.name), slot * count as u64));
+            } else {
+                whole.push((spec.name.clone(), spec.bytes as u64));
+            }
+        }
+        let needed: u64 = whole.iter().map(|w| w.1).sum();
+        if needed > available {
+            whole.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
+            whole.truncate(5);
+            return Err(CompileError::OutOfMemory {
+                tile,
+                region: "tile memory (the loop's weight stacks and the buffers that live for the whole program)",
+                needed,
+                available,
+                largest: whole,
+            });
+        }
+    }
+    Ok(())
 }
 
 /// The first step of every iteration with streamed weights: a host stop
@@ -796,7 +828,7 @@ fn stream_weights(
     let mut steps = vec![Step {
         operation: t.defined[0][t.params[0]].clone(),
         phase: "loop: the host writes the weights of iteration".into(),
-        tiles: BTreeMap::new(),
+        tiles: Default::default(),
         estimated_cycles: ipu_arch::SYNC_CYCLES + host + HOST_RECORD_CYCLES,
         exchange: None,
         host_stop: true,
@@ -812,7 +844,7 @@ fn stream_weights(
         steps.push(Step {
             operation: t.defined[0][t.params[0]].clone(),
             phase: "loop: copies of the streamed weights of iteration".into(),
-            tiles: BTreeMap::new(),
+            tiles: Default::default(),
             estimated_cycles: cycles,
             exchange: Some(x),
             host_stop: false,

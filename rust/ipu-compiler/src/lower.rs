@@ -23,6 +23,7 @@ use crate::plan::GemmPlan;
 use crate::CompileError;
 use ipu_graph::{DType, Graph, TensorType};
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
 /// Which memory a buffer needs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
@@ -130,7 +131,10 @@ pub struct Step {
     pub operation: String,
     /// Free text, e.g. "gemm c".
     pub phase: String,
-    pub tiles: BTreeMap<u32, Vec<Vertex>>,
+    /// The vertices each tile runs; shared, not copied, by the steps that
+    /// rerun this one (a device loop's later iterations), since a deep
+    /// loop would otherwise copy every vertex state once per iteration.
+    pub tiles: Arc<BTreeMap<u32, Vec<Vertex>>>,
     /// The cost model's cycles for the step (slowest tile).
     pub estimated_cycles: u64,
     /// An exchange step (then `tiles` is empty): every tile runs `sync`,
@@ -173,6 +177,18 @@ pub struct CallProgram {
     /// call runs (a device loop's weights streamed per iteration,
     /// [`crate::loops`]). Different stops' tensors may share placements.
     pub streamed: Vec<(u32, HostTensor)>,
+}
+
+impl CallProgram {
+    /// The call's steps that are not reruns (each step's vertices and
+    /// exchange tables once).
+    pub fn first_runs(&self) -> impl Iterator<Item = &Step> {
+        self.steps
+            .iter()
+            .enumerate()
+            .filter(|(i, _)| !self.reruns.contains_key(i))
+            .map(|(_, s)| s)
+    }
 }
 
 /// Steps `start..start + period * count` of a call: `count` periods, the
@@ -421,7 +437,7 @@ pub fn lower(
             } else {
                 format!("gemm {value} (epilogue {})", fused.join(", "))
             },
-            tiles: BTreeMap::new(),
+            tiles: Default::default(),
             estimated_cycles: pg.plan.estimate.compute_cycles
                 - pg.plan.estimate.reduce_cycles
                 - pg.plan.estimate.copy_cycles,
@@ -433,7 +449,7 @@ pub fn lower(
         let mut reduce_step = Step {
             operation: result_name.clone(),
             phase: format!("reduce {result_name}"),
-            tiles: BTreeMap::new(),
+            tiles: Default::default(),
             estimated_cycles: pg.plan.estimate.reduce_cycles,
             exchange: None,
             host_stop: false,
@@ -441,7 +457,7 @@ pub fn lower(
         let mut fill_step = Step {
             operation: result_name.clone(),
             phase: format!("zero {value} C headers"),
-            tiles: BTreeMap::new(),
+            tiles: Default::default(),
             estimated_cycles: pg.scratch_fill.as_ref().map_or(0, |f| f.1),
             exchange: None,
             host_stop: false,
@@ -564,8 +580,7 @@ pub fn lower(
             tile_bufs.push(c_spec("c_partial", "gemm_partials"));
             let it = tile_bufs.len() - 1;
             if let Some((fill, _)) = &pg.scratch_fill {
-                fill_step
-                    .tiles
+                std::sync::Arc::make_mut(&mut fill_step.tiles)
                     .insert(shard.tile, vec![c_header_fill(fill, [ic, it])]);
             }
             // The fused bias: the tile's columns, padding zero so that padded
@@ -634,7 +649,7 @@ pub fn lower(
                     }
                 }
             }
-            step.tiles.insert(shard.tile, vertices);
+            std::sync::Arc::make_mut(&mut step.tiles).insert(shard.tile, vertices);
 
             // f32 accumulation: sum the K groups' partials (and convert to
             // f16 for an f16 result) into the compact result buffer `d`.
@@ -702,7 +717,7 @@ pub fn lower(
                     },
                 );
                 let reduces = reduce_vertices(&reduce, &g, (&layout, &split), (ic, id), dst, bias);
-                reduce_step.tiles.insert(shard.tile, reduces);
+                std::sync::Arc::make_mut(&mut reduce_step.tiles).insert(shard.tile, reduces);
             }
 
             // Host placements: A rows (host operands), B rows of the tile's
@@ -1052,11 +1067,14 @@ pub fn verify(l: &Lowered) -> Result<(), String> {
                 ));
             };
             let same_exchange = match (&s.exchange, &o.exchange) {
-                (Some(a), Some(b)) => a.table_buffers == b.table_buffers,
+                (Some(a), Some(b)) => {
+                    a.table_buffers == b.table_buffers && Arc::ptr_eq(&a.tables, &b.tables)
+                }
                 (None, None) => true,
                 _ => false,
             };
-            if of >= step || call.reruns.contains_key(&of) || s.tiles != o.tiles || !same_exchange {
+            let same_tiles = Arc::ptr_eq(&s.tiles, &o.tiles) || s.tiles == o.tiles;
+            if of >= step || call.reruns.contains_key(&of) || !same_tiles || !same_exchange {
                 return Err(format!(
                     "call `{}`: step {step} (`{}`) is not a rerun of the earlier step {of} (`{}`)",
                     call.name, s.phase, o.phase
@@ -1090,8 +1108,9 @@ pub fn verify(l: &Lowered) -> Result<(), String> {
         }
     }
     for call in &l.calls {
-        for step in &call.steps {
-            for (tile, vertices) in &step.tiles {
+        // A rerun runs the vertices of the step it reruns, checked there.
+        for step in call.first_runs() {
+            for (tile, vertices) in step.tiles.iter() {
                 let bufs = l
                     .buffers
                     .get(tile)
@@ -1125,9 +1144,9 @@ pub fn verify(l: &Lowered) -> Result<(), String> {
         }
     }
     for call in &l.calls {
-        for step in &call.steps {
+        for step in call.first_runs() {
             let Some(x) = &step.exchange else { continue };
-            for t in &x.transfers {
+            for t in x.transfers.iter() {
                 for r in std::iter::once(&t.source).chain(&t.destinations) {
                     let b = l
                         .buffers

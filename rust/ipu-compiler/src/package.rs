@@ -160,7 +160,7 @@ pub fn info(
 fn kernels_of<'s>(steps: impl IntoIterator<Item = &'s crate::lower::Step>) -> Vec<Value> {
     let mut by_kernel: BTreeMap<String, std::collections::BTreeSet<u32>> = BTreeMap::new();
     for step in steps {
-        for (tile, vertices) in &step.tiles {
+        for (tile, vertices) in step.tiles.iter() {
             for v in vertices {
                 by_kernel
                     .entry(v.kernel.entry.clone())
@@ -417,6 +417,9 @@ pub fn schedule(l: &Lowered) -> Value {
                         "estimated_cycles".into(),
                         json!(bsp_step_estimate(group, k + 1 == count)),
                     );
+                    if group.last().is_some_and(|s| s.host_stop) {
+                        step.insert("host_stop".into(), json!(true));
+                    }
                     Value::Object(step)
                 })
                 .collect();

@@ -78,7 +78,7 @@ pub fn copy_on_device(l: &mut Lowered) -> Result<ParamCopies, CompileError> {
     let step = Step {
         operation: "initialize".into(),
         phase: format!("copy parameters {}", report.copied.join(", ")),
-        tiles: BTreeMap::new(),
+        tiles: Default::default(),
         estimated_cycles: report.step_cycles,
         exchange: Some(x),
         host_stop: false,

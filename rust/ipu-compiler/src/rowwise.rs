@@ -197,7 +197,7 @@ fn compute_step(operation: String, phase: String) -> Step {
     Step {
         operation,
         phase,
-        tiles: BTreeMap::new(),
+        tiles: Default::default(),
         estimated_cycles: 0,
         exchange: None,
         host_stop: false,
@@ -691,7 +691,7 @@ pub fn lower(
                         step.estimated_cycles = step
                             .estimated_cycles
                             .max(slowest + launch_cycles(vertices.len() as u64));
-                        step.tiles.insert(t, vertices);
+                        std::sync::Arc::make_mut(&mut step.tiles).insert(t, vertices);
                     }
                     estimated += step.estimated_cycles;
                     steps.push(step);
@@ -911,7 +911,7 @@ pub fn lower(
             step.estimated_cycles = step
                 .estimated_cycles
                 .max(slowest + launch_cycles(vertices.len() as u64));
-            step.tiles.insert(t, vertices);
+            std::sync::Arc::make_mut(&mut step.tiles).insert(t, vertices);
         }
         reports.push(json!({
             "value": name(op.result),

@@ -337,7 +337,7 @@ impl Remap<'_> {
         if self.is_identity() {
             return s;
         }
-        for (&tile, vertices) in s.tiles.iter_mut() {
+        for (&tile, vertices) in std::sync::Arc::make_mut(&mut s.tiles).iter_mut() {
             for v in vertices {
                 for w in v.state.iter_mut() {
                     if let StateWord::Addr { buffer, .. } = w {
@@ -347,17 +347,18 @@ impl Remap<'_> {
             }
         }
         if let Some(x) = s.exchange.as_mut() {
-            for t in x.transfers.iter_mut() {
+            for t in std::sync::Arc::make_mut(&mut x.transfers).iter_mut() {
                 t.source = self.reference(&t.source);
                 for d in t.destinations.iter_mut() {
                     *d = self.reference(d);
                 }
             }
-            x.layout = x
-                .layout
-                .iter()
-                .map(|(&(tile, b), &span)| ((tile, self.buffer(tile, b)), span))
-                .collect();
+            x.layout = std::sync::Arc::new(
+                x.layout
+                    .iter()
+                    .map(|(&(tile, b), &span)| ((tile, self.buffer(tile, b)), span))
+                    .collect(),
+            );
             for (tile, b) in x.table_buffers.iter_mut() {
                 *b = self.buffer(*tile, *b);
             }

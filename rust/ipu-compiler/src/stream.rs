@@ -1288,13 +1288,13 @@ pub fn lower(
         let mut step = Step {
             operation: result_name.clone(),
             phase: format!("zero {value} C headers"),
-            tiles: BTreeMap::new(),
+            tiles: Default::default(),
             estimated_cycles: *cycles,
             exchange: None,
             host_stop: false,
         };
         for t in work.values() {
-            step.tiles.insert(
+            std::sync::Arc::make_mut(&mut step.tiles).insert(
                 t.tile,
                 vec![crate::lower::c_header_fill(fill, [t.c, t.c_partial])],
             );
@@ -1369,7 +1369,7 @@ pub fn lower(
         let mut step = Step {
             operation: result_name.clone(),
             phase: format!("gemm {value} chunk {s}"),
-            tiles: BTreeMap::new(),
+            tiles: Default::default(),
             estimated_cycles: 0,
             exchange: None,
             host_stop: false,
@@ -1447,7 +1447,7 @@ pub fn lower(
             step.estimated_cycles =
                 step.estimated_cycles
                     .max(step_compute(pg.costs, &t.split, b1 - b0));
-            step.tiles.insert(t.tile, vertices);
+            std::sync::Arc::make_mut(&mut step.tiles).insert(t.tile, vertices);
         }
         sink.steps.push(Pending::Compute(step));
     }
@@ -1503,7 +1503,7 @@ pub fn lower(
     let mut reduce_step = Step {
         operation: result_name.clone(),
         phase: format!("reduce {result_name}"),
-        tiles: BTreeMap::new(),
+        tiles: Default::default(),
         estimated_cycles: 0,
         exchange: None,
         host_stop: false,
@@ -1628,7 +1628,7 @@ pub fn lower(
                 reduce_step.estimated_cycles = reduce_step
                     .estimated_cycles
                     .max(slowest + supervisor_cycles(reduces.len() as u64));
-                reduce_step.tiles.insert(t.tile, reduces);
+                std::sync::Arc::make_mut(&mut reduce_step.tiles).insert(t.tile, reduces);
                 if pg.transposed_result {
                     transposed_results.push((
                         t.tile,
@@ -1678,7 +1678,7 @@ pub fn lower(
             reduce_step.estimated_cycles = reduce_step
                 .estimated_cycles
                 .max(reduce_cycles + supervisor_cycles(reduces.len() as u64));
-            reduce_step.tiles.insert(t.tile, reduces);
+            std::sync::Arc::make_mut(&mut reduce_step.tiles).insert(t.tile, reduces);
             delivered.push((0, mt, d, 0, lay.rs_d()));
         } else {
             for (gi, &(lr0, lr1)) in t.split.row_groups.iter().enumerate() {
@@ -2065,7 +2065,7 @@ mod tests {
             Pending::Compute(Step {
                 operation: "g".into(),
                 phase: "c".into(),
-                tiles: BTreeMap::new(),
+                tiles: Default::default(),
                 estimated_cycles: 0,
                 exchange: None,
                 host_stop: false,

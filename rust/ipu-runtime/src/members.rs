@@ -247,6 +247,11 @@ pub struct ScheduledStep {
     /// The compiler's estimate of the step's cycles (format 2).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub estimated_cycles: Option<u64>,
+    /// Whether the step ends at a host stop (docs/host-protocol.md), whose
+    /// host-link cycles are part of the call's device cycles and of the
+    /// estimate. Absent when false.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub host_stop: bool,
 }
 
 /// Parses `schedule.json`.

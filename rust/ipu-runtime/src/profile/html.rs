@@ -535,8 +535,7 @@ fn step_tooltip(s: &ProfileStep) -> String {
 /// sync (the chip waits for the host there; the estimate counts device
 /// time only, as the calls' device cycles do).
 fn device_cycles(s: &ProfileStep) -> u64 {
-    let host = s.host.iter().copied().max().unwrap_or(0);
-    (s.end_cycle - s.start_cycle).saturating_sub(host)
+    s.device_cycles()
 }
 
 /// The estimate's error against `simulated` as a signed percentage.
@@ -894,6 +893,7 @@ mod tests {
                 tiles: vec![0, 1],
             }],
             estimated_cycles: Some(900),
+            host_stop: false,
             compute: compute.to_vec(),
             sync: (0..n)
                 .map(|t| {

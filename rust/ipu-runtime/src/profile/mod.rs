@@ -107,6 +107,11 @@ pub struct ProfileStep {
     /// format 2).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub estimated_cycles: Option<u64>,
+    /// Whether the step ends at a host stop, whose host link cycles count
+    /// in the call's device cycles (from `schedule.json`). Absent when
+    /// false.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub host_stop: bool,
     /// Compute cycles per tile.
     pub compute: Vec<u64>,
     /// Sync cycles per tile (waiting for the slowest tile plus the sync itself).
@@ -121,6 +126,20 @@ pub struct ProfileStep {
     pub words_sent: Vec<u64>,
     /// Words received per tile.
     pub words_received: Vec<u64>,
+}
+
+impl ProfileStep {
+    /// The step's device cycles: its length less the host link time at a
+    /// host sync, except at a host stop, where the device waits for the
+    /// host's writes within the call.
+    pub fn device_cycles(&self) -> u64 {
+        let host = if self.host_stop {
+            0
+        } else {
+            self.host.iter().copied().max().unwrap_or(0)
+        };
+        (self.end_cycle - self.start_cycle).saturating_sub(host)
+    }
 }
 
 /// Bytes of one tile in one region and category.
@@ -265,6 +284,7 @@ impl Profile {
                 operation: None,
                 kernels: Vec::new(),
                 estimated_cycles: None,
+                host_stop: false,
                 compute: tiles.iter().map(|t| t.compute_cycles).collect(),
                 sync: tiles
                     .iter()
@@ -341,6 +361,7 @@ impl Profile {
                     step.operation = e.operation.clone();
                     step.kernels = e.kernels.clone();
                     step.estimated_cycles = e.estimated_cycles;
+                    step.host_stop = e.host_stop;
                 }
             }
             calls.push(ProfileCall {
@@ -518,12 +539,9 @@ impl Profile {
                     a.cycles += wall;
                     a.steps += 1;
                     if let Some(e) = s.estimated_cycles {
-                        // Beside the step's device cycles: its length less
-                        // the host link time at a host sync.
-                        let host = s.host.iter().copied().max().unwrap_or(0);
                         let (est, device) = a.estimated.get_or_insert((0, 0));
                         *est += e;
-                        *device += wall.saturating_sub(host);
+                        *device += s.device_cycles();
                     }
                     for t in tiles {
                         a.add_tile(s, t);
