@@ -374,17 +374,29 @@ pub fn unroll(
     }
     // Stacks that cannot fit: the host streams the weights of the same
     // plan instead (`compile` would otherwise plan the model again).
+    // Copied or written before the body's first step, the weights must
+    // stay put for the whole body.
+    for &(tile, b) in held.keys() {
+        let spec = &l.buffers[&tile][b];
+        if spec.scratch.is_some() || spec.lifetime.is_some() {
+            return Err(verifier(format!(
+                "tile {tile}: buffer `{}` holds a parameter of the body but lives only in part of the run",
+                spec.name
+            )));
+        }
+    }
     let mut streamed_because = None;
     let weights = match weights {
-        LoopWeights::Stacked if stream_on_overflow => match stacks_fit(l, &held, count) {
+        LoopWeights::Stacked => match stacks_fit(l, &held, count) {
             Ok(()) => LoopWeights::Stacked,
+            Err(e) if !stream_on_overflow => return Err(e),
             Err(e) => {
                 tracing::info!(error = %e, "the weight stacks do not fit; the host streams the loop's weights");
                 streamed_because = Some(e.to_string());
                 LoopWeights::Streamed
             }
         },
-        w => w,
+        LoopWeights::Streamed => LoopWeights::Streamed,
     };
     let WeightSteps {
         first_step,
@@ -392,7 +404,7 @@ pub fn unroll(
         report: weights_report,
         streamed,
     } = match weights {
-        LoopWeights::Streamed => stream_weights(l, t, &held, params, first_params, model)?,
+        LoopWeights::Streamed => stream_weights(l, t, params, first_params, model)?,
         LoopWeights::Stacked => stack_weights(
             l,
             t,
@@ -500,18 +512,11 @@ fn stack_weights(
     library: &mut KernelLibrary,
 ) -> Result<WeightSteps, CompileError> {
     let count = t.count;
-    stacks_fit(l, held, count)?;
     let mut copies: BTreeMap<(u32, usize), Vec<(u32, u32)>> = BTreeMap::new();
     // Each weight buffer's slot bytes (its size, rounded to 8-byte words).
     let mut slot_of: BTreeMap<(u32, usize), u32> = BTreeMap::new();
     for (&(tile, b), ranges) in held {
         let spec = &mut l.buffers.get_mut(&tile).expect("tiles below tile_count")[b];
-        if spec.scratch.is_some() || spec.lifetime.is_some() {
-            return Err(verifier(format!(
-                "tile {tile}: buffer `{}` holds a parameter of the body but lives only in part of the run",
-                spec.name
-            )));
-        }
         // The copies restore the parameters' bytes and the zeros the
         // kernels rely on, in 8-byte words (copy64), so nothing else may
         // live in the buffer (other bytes are padding nothing writes).
@@ -781,22 +786,10 @@ fn stacks_fit(
 fn stream_weights(
     l: &mut Lowered,
     t: &Template,
-    held: &BTreeMap<(u32, usize), Vec<(u32, u32)>>,
     mut params: Vec<HostTensor>,
     first_params: Vec<(usize, HostTensor)>,
     model: &Graph,
 ) -> Result<WeightSteps, CompileError> {
-    for &(tile, b) in held.keys() {
-        let spec = &l.buffers[&tile][b];
-        // The host writes the weights before the body's first step, so
-        // they must stay put for the whole body.
-        if spec.scratch.is_some() || spec.lifetime.is_some() {
-            return Err(verifier(format!(
-                "tile {tile}: buffer `{}` holds a parameter of the body but lives only in part of the run",
-                spec.name
-            )));
-        }
-    }
     params.sort_by_key(|p| model.lookup(&p.name).map(|v| v.0));
     l.io[0].0 = params;
     // The host writes one copy of every byte (the layer norms' parameters

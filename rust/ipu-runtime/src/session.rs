@@ -322,6 +322,7 @@ impl Session {
         );
         let first_step = self.device.steps().len();
         let cycles_before = self.device.cycles();
+        let clock = self.device.clock_hz();
         let mut bytes_in = self.write_inputs(&call, inputs, 0)?;
         let word = command.to_le_bytes();
         for tile in 0..self.package.info.tile_count {
@@ -333,6 +334,7 @@ impl Session {
         // Host stops come first: at each the host writes the stop's inputs
         // (a device loop's next weights) and resumes the device, which
         // waits for them, so their transfer counts in the device cycles.
+        let mut host_stream_cycles = 0;
         for stop in 1..=call.host_stops {
             match self.device.run()? {
                 DeviceStop::HostSync => {}
@@ -346,6 +348,7 @@ impl Session {
             }
             let moved = self.write_inputs(&call, inputs, stop)?;
             self.charge(moved);
+            host_stream_cycles += ipu_arch::host_transfer_cycles(moved, clock);
         }
         let stops = checkpoints.map_or(0, |(c, _)| c.stops);
         let mut values = BTreeMap::new();
@@ -391,25 +394,13 @@ impl Session {
             outputs.insert(t.name.clone(), tensor);
         }
         self.charge(bytes_out);
-        let clock = self.device.clock_hz();
         let host_in_cycles = ipu_arch::host_transfer_cycles(bytes_in, clock);
         let cycles = CallCycles {
             call: name.to_string(),
             checkpoint: checkpoints.is_some(),
             device_cycles: (after - cycles_before).saturating_sub(host_in_cycles),
             host_in_cycles,
-            host_stream_cycles: (1..=call.host_stops)
-                .map(|stop| {
-                    let bytes = call
-                        .inputs
-                        .iter()
-                        .filter(|t| t.stop == stop)
-                        .flat_map(|t| &t.placements)
-                        .map(|p| p.bytes as u64)
-                        .sum();
-                    ipu_arch::host_transfer_cycles(bytes, clock)
-                })
-                .sum(),
+            host_stream_cycles,
             host_out_cycles: ipu_arch::host_transfer_cycles(bytes_out, clock),
             first_step,
             end_step: self.device.steps().len(),
