@@ -162,6 +162,21 @@ pub fn program_table(l: &Lowered, tile: u32, storage: &TileStorage) -> ProgramTa
             if si < skip_to {
                 continue;
             }
+            // A loop that ends here closes before one that starts here
+            // (the streamed iterations' loop right after the stacked ones').
+            if let Some(i) = loop_ends.iter().position(|(at, _)| *at == si) {
+                let (_, next) = loop_ends.remove(i);
+                records.push(next);
+                let lp = call
+                    .loops
+                    .iter()
+                    .find(|l| l.start + l.period == si)
+                    .expect("a loop ends here");
+                skip_to = lp.start + lp.period * lp.count as usize;
+                if si < skip_to {
+                    continue;
+                }
+            }
             if let Some((k, lp)) = call.loops.iter().enumerate().find(|(_, l)| l.start == si) {
                 let counter = format!("loop_count_{ci}_{k}");
                 let index = match lp.index.get(&tile) {
@@ -188,19 +203,6 @@ pub fn program_table(l: &Lowered, tile: u32, storage: &TileStorage) -> ProgramTa
                         body,
                     },
                 ));
-            }
-            if let Some(i) = loop_ends.iter().position(|(at, _)| *at == si) {
-                let (_, next) = loop_ends.remove(i);
-                records.push(next);
-                let lp = call
-                    .loops
-                    .iter()
-                    .find(|l| l.start + l.period == si)
-                    .expect("a loop ends here");
-                skip_to = lp.start + lp.period * lp.count as usize;
-                if si < skip_to {
-                    continue;
-                }
             }
             // A rerun names the vertex states of the step it runs again
             // (its exchange table is that step's buffer already).

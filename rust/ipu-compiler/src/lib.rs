@@ -2652,6 +2652,51 @@ pub fn compile(options: &CompileOptions) -> Result<CompileOutput, CompileError> 
     compile_widening(options, false, &mut retries)
 }
 
+/// Kernels `tile` links, in request order; the supervisor runtime
+/// (`emit::runtime_request`) is the one every tile links.
+fn tile_kernels(l: &lower::Lowered, tile: u32) -> Vec<KernelRequest> {
+    let mut v: Vec<KernelRequest> = l
+        .calls
+        .iter()
+        .flat_map(|c| &c.steps)
+        .filter_map(|s| s.tiles.get(&tile))
+        .flatten()
+        .map(|v| v.kernel.clone())
+        .chain(std::iter::once(emit::runtime_request()))
+        .collect();
+    v.sort();
+    v.dedup();
+    v
+}
+
+/// The loaded objects of [`tile_kernels`] (all loaded before storage).
+fn loaded_kernels<'a>(
+    library: &'a KernelLibrary,
+    l: &lower::Lowered,
+    tile: u32,
+) -> Vec<&'a library::LoadedKernel> {
+    tile_kernels(l, tile)
+        .iter()
+        .map(|r| {
+            library
+                .loaded(r)
+                .expect("every tile's kernels were loaded before storage")
+        })
+        .collect()
+}
+
+/// Bytes of one slot of the weight stacks on `tile`, of a loop whose
+/// stacks hold `stacked` iterations (0 when the tile has none).
+fn stack_slots(l: &lower::Lowered, tile: u32, stacked: usize) -> u64 {
+    l.buffers.get(&tile).map_or(0, |bufs| {
+        bufs.iter()
+            .filter(|b| b.category == "loop_weights" && b.name.ends_with(".stack"))
+            .map(|b| b.bytes as u64)
+            .sum::<u64>()
+            / stacked.max(1) as u64
+    })
+}
+
 /// Whether `options.model` has a `repeat` block (false when it does not
 /// load: its compile reports why).
 fn has_repeat(options: &CompileOptions) -> bool {
@@ -3048,29 +3093,6 @@ fn compile_with(
         limits,
         template.as_ref(),
     )?;
-    let loop_report = match &template {
-        Some(t) => Some(phase("loop", || {
-            let body = loop_body
-                .clone()
-                .expect("lower_segments finds a template's body");
-            let u = loops::unroll(
-                &mut lowered,
-                t,
-                body,
-                graph,
-                &mut library,
-                limits.loop_weights,
-                // Stacks of the homes that cannot fit stream at once (a deep
-                // stack would otherwise go through every fallback first);
-                // stacks of resident weights first try the homes.
-                options.loop_weights.is_none() && limits.loop_weight_homes,
-            )?;
-            verifier("loop", lower::verify(&lowered))?;
-            tracing::info!(report = %u.report, "the repeat block runs as a device loop");
-            Ok(u.report)
-        })?),
-        None => None,
-    };
     for (value, scale) in &widened.lacking_casts {
         let cast = rowwise::cast_request(8, 16, *scale as i64);
         tracing::info!(value = %value, kernel = %cast, "the kernel library lacks a specialisation that would help");
@@ -3080,134 +3102,191 @@ fn compile_with(
             "why": "widens the operands of this short fp8 projection of attention scores to f16, so that it accumulates in f32 (`widen`); without it gemm_fp8 rounds to f16 every eight products",
         }));
     }
-    // Parameters the plans hold more than once cross the host link once,
-    // like the run call's inputs, and the initialize call copies them.
-    let param_copies = if options.host_inputs == HostInputs::Once {
-        phase("param_copies", || {
-            let r = param_copies::copy_on_device(&mut lowered)?;
-            verifier("param_copies", lower::verify(&lowered))?;
-            tracing::info!(
-                copied = r.copied.len(),
-                host_written = r.host_written.len(),
-                host_bytes_before = r.host_bytes_before,
-                host_bytes_after = r.host_bytes_after,
-                transfers = r.transfers,
-                step_cycles = r.step_cycles,
-                "parameters written once by the host and copied by the initialize call"
-            );
-            Ok(r)
-        })?
-    } else {
-        param_copies::ParamCopies::default()
-    };
-    // The package's host interface is the model's: device host tensors
-    // that legalize renamed, sliced or transposed are written and read at
-    // their places in the model's tensors.
-    legalize::restore_host_tensors(&mut lowered, &legal.host);
-    // The casts `widen` adds are not values of the model, so no checkpoint
-    // names them (the diagnosis compares model values with the reference).
-    if !widened.gemms.is_empty() {
-        lowered
-            .resident
-            .retain(|t| model.graph.lookup(&t.name).is_some());
-    }
-
-    // Kernels each tile links, in request order; the supervisor runtime
-    // (emit::runtime_request) is the one every tile links.
-    let tile_kernels = |tile: u32| -> Vec<KernelRequest> {
-        let mut v: Vec<KernelRequest> = lowered
-            .calls
-            .iter()
-            .flat_map(|c| &c.steps)
-            .filter_map(|s| s.tiles.get(&tile))
-            .flatten()
-            .map(|v| v.kernel.clone())
-            .chain(std::iter::once(emit::runtime_request()))
-            .collect();
-        v.sort();
-        v.dedup();
-        v
-    };
-
+    // A loop whose weight stacks hold only some iterations (the bound
+    // before storage leaves out scratch buffers and the streamed
+    // iterations' tables) compiles from the loop phase again with fewer
+    // slots when storage finds no room for them on a tile.
+    let before_loop = template.as_ref().map(|_| lowered.clone());
+    // `None`: stacks on their weights' tiles when the bound finds room;
+    // `Some(n)`: at most n iterations' stacks, spread over the tiles.
+    let mut stack_cap: Option<usize> = None;
+    let mut loop_retries: Vec<serde_json::Value> = Vec::new();
     let mut exchange_reports: Vec<serde_json::Value> = Vec::new();
-    // Every kernel any tile links, loaded once: the per-tile work of
-    // place_storage and link then runs on all cores and only reads the
-    // library (each tile's result depends on that tile alone, and errors are
-    // reported for the lowest tile, so the output stays deterministic).
-    for tile in lowered.buffers.keys() {
-        for r in tile_kernels(*tile) {
-            library.get(&r)?;
+    let (loop_report, param_copies, storage) = loop {
+        let loop_report = match &template {
+            Some(t) => Some(phase("loop", || {
+                let body = loop_body
+                    .clone()
+                    .expect("lower_segments finds a template's body");
+                let u = loops::unroll(
+                    &mut lowered,
+                    t,
+                    body,
+                    graph,
+                    &mut library,
+                    loops::WeightChoice {
+                        weights: limits.loop_weights,
+                        // Stacks of the homes that cannot fit spread and
+                        // stream at once (a deep stack would otherwise go
+                        // through every fallback first); stacks of
+                        // resident weights first try the homes.
+                        stream_on_overflow: options.loop_weights.is_none()
+                            && limits.loop_weight_homes,
+                        stack_cap,
+                    },
+                )?;
+                verifier("loop", lower::verify(&lowered))?;
+                tracing::info!(report = %u.report, "the repeat block runs as a device loop");
+                Ok(u.report)
+            })?),
+            None => None,
+        };
+        // Parameters the plans hold more than once cross the host link once,
+        // like the run call's inputs, and the initialize call copies them.
+        let param_copies = if options.host_inputs == HostInputs::Once {
+            phase("param_copies", || {
+                let r = param_copies::copy_on_device(&mut lowered)?;
+                verifier("param_copies", lower::verify(&lowered))?;
+                tracing::info!(
+                    copied = r.copied.len(),
+                    host_written = r.host_written.len(),
+                    host_bytes_before = r.host_bytes_before,
+                    host_bytes_after = r.host_bytes_after,
+                    transfers = r.transfers,
+                    step_cycles = r.step_cycles,
+                    "parameters written once by the host and copied by the initialize call"
+                );
+                Ok(r)
+            })?
+        } else {
+            param_copies::ParamCopies::default()
+        };
+        // The package's host interface is the model's: device host tensors
+        // that legalize renamed, sliced or transposed are written and read at
+        // their places in the model's tensors.
+        legalize::restore_host_tensors(&mut lowered, &legal.host);
+        // The casts `widen` adds are not values of the model, so no checkpoint
+        // names them (the diagnosis compares model values with the reference).
+        if !widened.gemms.is_empty() {
+            lowered
+                .resident
+                .retain(|t| model.graph.lookup(&t.name).is_some());
         }
-    }
-    let kernels_of = |tile: u32| -> Vec<&library::LoadedKernel> {
-        tile_kernels(tile)
-            .iter()
-            .map(|r| {
-                library
-                    .loaded(r)
-                    .expect("every tile's kernels were loaded above")
-            })
-            .collect()
-    };
-    let storage = phase("place_storage", || {
-        let code_sizes = link::CodeSizes::default();
-        let mut out = BTreeMap::new();
-        let tiles: Vec<(&u32, &Vec<lower::BufferSpec>)> = lowered.buffers.iter().collect();
-        let placed: Vec<Result<storage::TileStorage, CompileError>> = tiles
-            .par_iter()
-            .map(|&(&tile, bufs)| {
-                // A dry-run link with every buffer at address 0 sizes the code
-                // and states: their size does not depend on the addresses.
-                let dummy = storage::TileStorage {
-                    tile,
-                    code_end: 0,
-                    addresses: vec![0; bufs.len()],
-                };
-                let text = emit::tile_program(&lowered, tile, &dummy).map_err(|message| {
-                    CompileError::Verifier {
-                        phase: "emit_code",
-                        message,
-                    }
-                })?;
-                let code_bytes = code_sizes.get(tile, &text, &kernels_of(tile))?;
-                let s = storage::place(tile, bufs, code_bytes)?;
-                verifier("place_storage", storage::validate(&s, bufs))?;
-                Ok(s)
-            })
-            .collect();
-        for s in placed {
-            let s = s?;
-            out.insert(s.tile, s);
-        }
-        // Every exchange step's tables, resolved to the placed addresses,
-        // must pass ipu-exchange's independent checker before any code is
-        // emitted from them.
-        for call in &lowered.calls {
-            for (si, step) in call.steps.iter().enumerate() {
-                let Some(x) = &step.exchange else { continue };
-                if call.reruns.contains_key(&si) {
-                    continue;
-                }
-                let summary =
-                    exchange::verify_placed(x, |t, b| out[&t].addresses[b]).map_err(|e| {
-                        CompileError::Verifier {
-                            phase: "place_storage",
-                            message: format!("exchange step `{}`: {e}", step.phase),
-                        }
-                    })?;
-                let f = &x.figures;
-                exchange_reports.push(json!({
-                    "call": call.name,
-                    "step": step.phase,
-                    "figures": f,
-                    "estimated_cycles": step.estimated_cycles,
-                    "checked": {"descriptors": summary.descriptors, "horizon": summary.horizon, "words_delivered": summary.words_delivered},
-                }));
+
+        // Every kernel any tile links, loaded once: the per-tile work of
+        // place_storage and link then runs on all cores and only reads the
+        // library (each tile's result depends on that tile alone, and errors are
+        // reported for the lowest tile, so the output stays deterministic).
+        for tile in lowered.buffers.keys() {
+            for r in tile_kernels(&lowered, *tile) {
+                library.get(&r)?;
             }
         }
-        Ok(out)
-    })?;
+        let kernels_of = |tile: u32| loaded_kernels(&library, &lowered, tile);
+        let placed = phase("place_storage", || {
+            let code_sizes = link::CodeSizes::default();
+            let mut out = BTreeMap::new();
+            let tiles: Vec<(&u32, &Vec<lower::BufferSpec>)> = lowered.buffers.iter().collect();
+            let placed: Vec<Result<storage::TileStorage, CompileError>> = tiles
+                .par_iter()
+                .map(|&(&tile, bufs)| {
+                    // A dry-run link with every buffer at address 0 sizes the code
+                    // and states: their size does not depend on the addresses.
+                    let dummy = storage::TileStorage {
+                        tile,
+                        code_end: 0,
+                        addresses: vec![0; bufs.len()],
+                    };
+                    let text = emit::tile_program(&lowered, tile, &dummy).map_err(|message| {
+                        CompileError::Verifier {
+                            phase: "emit_code",
+                            message,
+                        }
+                    })?;
+                    let code_bytes = code_sizes.get(tile, &text, &kernels_of(tile))?;
+                    let s = storage::place(tile, bufs, code_bytes)?;
+                    verifier("place_storage", storage::validate(&s, bufs))?;
+                    Ok(s)
+                })
+                .collect();
+            for s in placed {
+                let s = s?;
+                out.insert(s.tile, s);
+            }
+            // Every exchange step's tables, resolved to the placed addresses,
+            // must pass ipu-exchange's independent checker before any code is
+            // emitted from them.
+            for call in &lowered.calls {
+                for (si, step) in call.steps.iter().enumerate() {
+                    let Some(x) = &step.exchange else { continue };
+                    if call.reruns.contains_key(&si) {
+                        continue;
+                    }
+                    let summary =
+                        exchange::verify_placed(x, |t, b| out[&t].addresses[b]).map_err(|e| {
+                            CompileError::Verifier {
+                                phase: "place_storage",
+                                message: format!("exchange step `{}`: {e}", step.phase),
+                            }
+                        })?;
+                    let f = &x.figures;
+                    exchange_reports.push(json!({
+                        "call": call.name,
+                        "step": step.phase,
+                        "figures": f,
+                        "estimated_cycles": step.estimated_cycles,
+                        "checked": {"descriptors": summary.descriptors, "horizon": summary.horizon, "words_delivered": summary.words_delivered},
+                    }));
+                }
+            }
+            Ok(out)
+        });
 
+        let stacked = loop_report
+            .as_ref()
+            .and_then(|r| r["stacked_iterations"].as_u64())
+            .unwrap_or(0) as usize;
+        let spread = loop_report
+            .as_ref()
+            .is_some_and(|r| r["weight_stacks"] == "spread");
+        // Only when the options leave the weights' place to the compiler.
+        let retry = options.loop_weights.is_none() && limits.loop_weight_homes;
+        match placed {
+            Err(CompileError::OutOfMemory {
+                tile,
+                needed,
+                available,
+                ..
+            }) if retry && stacked > 0 && stack_slots(&lowered, tile, stacked) > 0 => {
+                let then = if spread {
+                    let slots = stack_slots(&lowered, tile, stacked);
+                    // The overflow's slots, but at most half of them at a
+                    // time: a region that overflows may have room for fewer.
+                    let fewer = (needed.saturating_sub(available).div_ceil(slots).max(1) as usize)
+                        .min(stacked.div_ceil(2));
+                    let cap = stacked.saturating_sub(fewer);
+                    stack_cap = Some(cap);
+                    format!("the weight stacks hold {cap} iterations instead of {stacked}")
+                } else {
+                    stack_cap = Some(stacked);
+                    "the weight stacks spread over the tiles with room".to_string()
+                };
+                let why = json!({
+                    "tile": tile,
+                    "needed_bytes": needed,
+                    "available_bytes": available,
+                    "then": then,
+                });
+                tracing::info!(%why, "compiling again from the loop phase");
+                loop_retries.push(why);
+                lowered = before_loop.clone().expect("a loop has its lowered program");
+                exchange_reports.clear();
+            }
+            placed => break (loop_report, param_copies, placed?),
+        }
+    };
+
+    let kernels_of = |tile: u32| loaded_kernels(&library, &lowered, tile);
     let programs = phase("emit_code", || {
         let tiles: Vec<u32> = lowered.buffers.keys().copied().collect();
         tiles
@@ -3318,7 +3397,7 @@ fn compile_with(
     let linked_kernels: std::collections::BTreeSet<KernelRequest> = lowered
         .buffers
         .keys()
-        .flat_map(|&t| tile_kernels(t))
+        .flat_map(|&t| tile_kernels(&lowered, t))
         .collect();
     let kernels_used: Vec<serde_json::Value> = library
         .used()
@@ -3348,8 +3427,8 @@ fn compile_with(
     });
     // Only a compile that retried names its retries (other reports, and so
     // their packages, stay as they were).
-    if !retries.is_empty() {
-        report["retries"] = json!(retries);
+    if !retries.is_empty() || !loop_retries.is_empty() {
+        report["retries"] = json!(retries.iter().chain(&loop_retries).collect::<Vec<_>>());
     }
     if !widened.gemms.is_empty() {
         report["widened_fp8_gemms"] = json!(widened.gemms);

@@ -26,10 +26,18 @@
 //!   body leaves it to where the body reads its starting value (the first
 //!   iteration's input, host-written or exported by the statements before
 //!   the block), so the next iteration reads its carry exactly as the
-//!   first read its start.
+//!   first read its start;
+//! - when the stacks of every iteration cannot fit on their weights'
+//!   tiles, `spread_weights` stacks one copy of each weight byte, in
+//!   items of at most 4 KB, on the tiles with room (an exchange step sends
+//!   the items on other tiles to their buffers) for as many iterations as
+//!   fit, and `stream_weights` has the host write the rest's weights at
+//!   host stops: two device loops, the second's body reruns of the
+//!   first's (docs/compiler.md, "Device loops").
 //!
-//! Invariants: the steps of iteration `i` are those of iteration 0 in the
-//! same order (checked by `lower::verify`); a body parameter's buffers hold
+//! Invariants: the steps of iteration `i` run those of the first
+//! iteration of its device loop, and the body's those of iteration 0, in
+//! the same order (checked by `lower::verify`); a body parameter's buffers hold
 //! nothing but its bytes, zeros and padding (checked here), so copying its
 //! bytes and zero ranges from the slot restores what the host would have
 //! written; the carried value's start is read by nothing after the block
@@ -293,9 +301,13 @@ pub fn unroll(
     body: Range<usize>,
     model: &Graph,
     library: &mut KernelLibrary,
-    weights: LoopWeights,
-    stream_on_overflow: bool,
+    choice: WeightChoice,
 ) -> Result<Unrolled, CompileError> {
+    let WeightChoice {
+        weights,
+        stream_on_overflow,
+        stack_cap,
+    } = choice;
     let count = t.count;
     let tile_count = l.tile_count;
     // The back edge: each carried value from the body's result into the
@@ -385,37 +397,70 @@ pub fn unroll(
             )));
         }
     }
+    // How many iterations the weight stacks hold: all of them, on the
+    // tiles of their weight buffers; or (when those cannot fit and the
+    // options let the compiler choose) as many as fit spread over the
+    // tiles with room, the host streaming the rest's weights.
     let mut streamed_because = None;
-    let weights = match weights {
-        LoopWeights::Stacked => match stacks_fit(l, &held, count) {
-            Ok(()) => LoopWeights::Stacked,
-            Err(e) if !stream_on_overflow => return Err(e),
-            Err(e) => {
-                tracing::info!(error = %e, "the weight stacks do not fit; the host streams the loop's weights");
-                streamed_because = Some(e.to_string());
-                LoopWeights::Streamed
+    let (stacked, spread) = match weights {
+        LoopWeights::Stacked => {
+            let (_, overflow) = stack_depth(l, &held, count);
+            match (overflow, stack_cap) {
+                (None, None) => (count, false),
+                (Some(e), _) if !stream_on_overflow => return Err(e),
+                (overflow, cap) => {
+                    let why = match (overflow, cap) {
+                        (Some(e), _) => e.to_string(),
+                        (None, Some(cap)) if cap < count => format!(
+                            "storage found room for the weight stacks of {cap} iterations only"
+                        ),
+                        (None, _) => "storage found no room for the weight stacks on the tiles of their weights".to_string(),
+                    };
+                    streamed_because = Some(why);
+                    (count.min(cap.unwrap_or(count)), true)
+                }
             }
-        },
-        LoopWeights::Streamed => LoopWeights::Streamed,
+        }
+        LoopWeights::Streamed => (0, false),
     };
-    let WeightSteps {
-        first_step,
-        index: index_of,
-        report: weights_report,
-        streamed,
-    } = match weights {
-        LoopWeights::Streamed => stream_weights(l, t, params, first_params, model)?,
-        LoopWeights::Stacked => stack_weights(
+    let (stacked, stacked_steps) = if spread {
+        match spread_weights(
+            l,
+            t,
+            &body_params,
+            &mut params,
+            &first_params,
+            stacked,
+            library,
+        )? {
+            Some((w, stacked)) => (stacked, Some(w)),
+            None => (0, None),
+        }
+    } else if stacked > 0 {
+        let w = stack_weights(
             l,
             t,
             &held,
             &body_params,
-            params,
-            first_params,
-            model,
+            &mut params,
+            first_params.clone(),
+            stacked,
             library,
-        )?,
+        )?;
+        (stacked, Some(w))
+    } else {
+        (0, None)
     };
+    if let Some(why) = &streamed_because {
+        tracing::info!(error = %why, stacked, "the weight stacks do not fit on the tiles of their weights; the stacks spread over the tiles with room hold the first iterations' weights and the host streams the rest");
+    }
+    let streamed_steps = if stacked < count {
+        Some(stream_weights(l, t, first_params, stacked)?)
+    } else {
+        None
+    };
+    params.sort_by_key(|p| model.lookup(&p.name).map(|v| v.0));
+    l.io[0].0 = params;
 
     // The back edge is followed by the loop's `rt_next` record.
     back_edge.estimated_cycles += NEXT_RECORD_CYCLES;
@@ -431,40 +476,67 @@ pub fn unroll(
     steps.extend(suffix);
     // The iterations: [weights, body, back edge] each (the last back edge
     // moves the final carry to the start's place too, which is cheaper
-    // than a second copy of the body's records after the loop). The first
-    // period is the loop's; the others rerun its steps.
-    let loop_start = steps.len();
-    let period: Vec<Step> = first_step
-        .iter()
-        .cloned()
-        .chain(body_steps)
-        .chain(std::iter::once(back_edge.clone()))
-        .collect();
-    let weight_steps = first_step.len();
-    for i in 0..count {
-        for (k, s) in period.iter().enumerate() {
-            let mut s = s.clone();
-            if k < weight_steps {
-                s.operation = t.defined[i][t.params[0]].clone();
-                s.phase = format!("{} {i}", s.phase);
-            } else if let Some(name) = t.name_in(&s.operation, i) {
-                s.operation = name.to_string();
+    // than a second copy of the body's records after the loop). The
+    // stacked iterations are one device loop and the streamed ones
+    // another; each loop's first period is emitted and its later periods
+    // rerun it, and the streamed loop's body reruns the stacked loop's
+    // (one set of vertex states and exchange tables for both).
+    let mut loops = Vec::new();
+    let mut streamed = Vec::new();
+    // The first run of each body step and of the back edge, once emitted.
+    let mut body_runs: Option<usize> = None;
+    let parts = [
+        stacked_steps.map(|w| (0..stacked, w)),
+        streamed_steps.map(|w| (stacked..count, w)),
+    ];
+    let mut weights_report = Vec::new();
+    for (iterations, w) in parts.into_iter().flatten() {
+        let WeightSteps {
+            first_step,
+            index,
+            report,
+            streamed: stops,
+        } = w;
+        weights_report.extend(report);
+        streamed.extend(stops);
+        let start = steps.len();
+        let weight_steps = first_step.len();
+        let period: Vec<Step> = first_step
+            .into_iter()
+            .chain(body_steps.iter().cloned())
+            .chain(std::iter::once(back_edge.clone()))
+            .collect();
+        for i in iterations.clone() {
+            for (k, s) in period.iter().enumerate() {
+                let mut s = s.clone();
+                if k < weight_steps {
+                    s.operation = t.defined[i][t.params[0]].clone();
+                    s.phase = format!("{} {i}", s.phase);
+                } else if let Some(name) = t.name_in(&s.operation, i) {
+                    s.operation = name.to_string();
+                }
+                let first_run = match body_runs {
+                    Some(b) if k >= weight_steps => b + (k - weight_steps),
+                    _ => start + k,
+                };
+                if first_run != steps.len() {
+                    reruns.insert(steps.len(), first_run);
+                }
+                steps.push(s);
             }
-            if i > 0 {
-                reruns.insert(steps.len(), loop_start + k);
-            }
-            steps.push(s);
         }
+        body_runs.get_or_insert(start + weight_steps);
+        loops.push(crate::lower::DeviceLoop {
+            start,
+            period: period.len(),
+            count: iterations.len() as u32,
+            index,
+        });
     }
     steps.extend(tail);
     run.steps = steps;
     run.reruns = reruns;
-    run.loops = vec![crate::lower::DeviceLoop {
-        start: loop_start,
-        period: period.len(),
-        count: count as u32,
-        index: index_of,
-    }];
+    run.loops = loops;
     run.streamed = streamed;
 
     // The values the body computes hold the last iteration's at the end of
@@ -484,6 +556,12 @@ pub fn unroll(
     let mut report = json!({
         "line": t.line,
         "count": count,
+        "weights": match stacked {
+            0 => "streamed",
+            s if s == count => "stacked",
+            _ => "stacked, then streamed",
+        },
+        "stacked_iterations": stacked,
         "body_steps": body.len(),
         "carries": carried,
         "estimated_back_edge_cycles": back_edge.estimated_cycles,
@@ -491,40 +569,146 @@ pub fn unroll(
     for (k, v) in weights_report {
         report[k] = v;
     }
+    if spread {
+        report["weight_stacks"] = json!("spread");
+    }
     if let Some(why) = streamed_because {
-        report["streamed_because"] = json!(why);
+        // Why the stacks left their weights' tiles, and (when they hold
+        // fewer than every iteration) why the host streams the rest.
+        report[if stacked < count {
+            "streamed_because"
+        } else {
+            "spread_because"
+        }] = json!(why);
     }
     Ok(Unrolled { report })
 }
 
-/// The first step of every iteration with weight stacks (the copy step),
-/// the loop's index buffers and the report's figures; moves the body's
-/// parameters from `params` into every iteration's stack slot.
+/// The first step of every iteration with weight stacks on the tiles of
+/// their weight buffers (the copy step), the loop's index buffers and the
+/// report's figures; moves the body's parameters from `first_params` into
+/// the stack slots of iterations `0..count` (into `params`).
 #[allow(clippy::too_many_arguments)]
 fn stack_weights(
     l: &mut Lowered,
     t: &Template,
     held: &BTreeMap<(u32, usize), Vec<(u32, u32)>>,
     body_params: &BTreeSet<&str>,
-    mut params: Vec<HostTensor>,
+    params: &mut Vec<HostTensor>,
     first_params: Vec<(usize, HostTensor)>,
-    model: &Graph,
+    count: usize,
     library: &mut KernelLibrary,
 ) -> Result<WeightSteps, CompileError> {
-    let count = t.count;
-    let mut copies: BTreeMap<(u32, usize), Vec<(u32, u32)>> = BTreeMap::new();
-    // Each weight buffer's slot bytes (its size, rounded to 8-byte words).
-    let mut slot_of: BTreeMap<(u32, usize), u32> = BTreeMap::new();
+    let images = weight_images(l, held, body_params, params)?;
+    let items = stack_items(&images, None);
+    let home: Vec<StackPlace> = items
+        .iter()
+        .map(|i| StackPlace {
+            tile: i.home.0,
+            bin: 0,
+            remote: false,
+        })
+        .collect();
+    let stacks = build_stacks(l, t, &items, &home, params, &first_params, count)?;
+    let (copy_step, copy_cycles) = copy_step(t, &stacks, library)?;
+    let mut slot_bytes: BTreeMap<u32, u32> = BTreeMap::new();
+    for (&(tile, _), image) in &images {
+        *slot_bytes.entry(tile).or_default() += image.slot;
+    }
+    let weights_max = slot_bytes.values().copied().max().unwrap_or(0);
+    let report = vec![
+        ("weight_stack_tiles", json!(slot_bytes.len())),
+        ("weight_bytes_per_iteration_max_tile", json!(weights_max)),
+        (
+            "weight_stack_bytes_max_tile",
+            json!(weights_max as u64 * count as u64),
+        ),
+        (
+            "estimated_stack_copy_cycles_per_iteration",
+            json!(copy_cycles),
+        ),
+    ];
+    Ok(WeightSteps {
+        first_step: copy_step.into_iter().collect(),
+        index: stacks.index,
+        report,
+        streamed: Vec::new(),
+    })
+}
+
+/// What a weight buffer's stack restores each iteration: its slot bytes
+/// (the buffer's size, rounded to 8-byte words) and the 8-byte-word
+/// ranges of it that hold parameter bytes or zeros the kernels read.
+struct WeightImage {
+    slot: u32,
+    ranges: Vec<(u32, u32)>,
+}
+
+/// The bytes `base..base + len` of a weight buffer `home` (tile, buffer)
+/// that one stack holds, slot k of it at k times `len`, and the ranges of
+/// the buffer (inside those bytes) that it restores.
+struct StackItem {
+    home: (u32, usize),
+    base: u32,
+    len: u32,
+    ranges: Vec<(u32, u32)>,
+}
+
+/// The stack items of `images`: one per weight buffer, or with `chunk`,
+/// its ranges cut into pieces of at most `chunk` bytes (a multiple of 8),
+/// which fill the room of other tiles more evenly.
+fn stack_items(images: &BTreeMap<(u32, usize), WeightImage>, chunk: Option<u32>) -> Vec<StackItem> {
+    let mut items = Vec::new();
+    for (&home, image) in images {
+        match chunk {
+            None => items.push(StackItem {
+                home,
+                base: 0,
+                len: image.slot,
+                ranges: image.ranges.clone(),
+            }),
+            Some(chunk) => {
+                for &(s, e) in &image.ranges {
+                    let mut at = s;
+                    while at < e {
+                        let len = chunk.min(e - at);
+                        items.push(StackItem {
+                            home,
+                            base: at,
+                            len,
+                            ranges: vec![(at, at + len)],
+                        });
+                        at += len;
+                    }
+                }
+            }
+        }
+    }
+    items
+}
+
+/// The images of the weight buffers in `held` (per buffer, the byte
+/// ranges the body's parameters occupy), after checking that each holds
+/// nothing but the body's parameters; rounds the buffers to 8-byte words,
+/// which `copy64_list` moves.
+fn weight_images(
+    l: &mut Lowered,
+    held: &BTreeMap<(u32, usize), Vec<(u32, u32)>>,
+    body_params: &BTreeSet<&str>,
+    params: &[HostTensor],
+) -> Result<BTreeMap<(u32, usize), WeightImage>, CompileError> {
+    let mut images = BTreeMap::new();
     for (&(tile, b), ranges) in held {
+        let others = l.io.iter().flat_map(|(i, o)| i.iter().chain(o));
+        let other = others.chain(&l.resident).chain(params).find(|h| {
+            !body_params.contains(h.name.as_str())
+                && h.placements.iter().any(|q| (q.tile, q.buffer) == (tile, b))
+        });
         let spec = &mut l.buffers.get_mut(&tile).expect("tiles below tile_count")[b];
         // The copies restore the parameters' bytes and the zeros the
         // kernels rely on, in 8-byte words (copy64), so nothing else may
         // live in the buffer (other bytes are padding nothing writes).
-        let others = l.io.iter().flat_map(|(i, o)| i.iter().chain(o));
-        if let Some(other) = others.chain(&l.resident).chain(&params).find(|h| {
-            !body_params.contains(h.name.as_str())
-                && h.placements.iter().any(|q| (q.tile, q.buffer) == (tile, b))
-        }) {
+        if let Some(other) = other {
             return Err(verifier(format!(
                 "tile {tile}: buffer `{}` holds a parameter of the body and `{}`",
                 spec.name, other.name
@@ -543,78 +727,250 @@ fn stack_weights(
                 _ => merged.push((s, e)),
             }
         }
-        copies.insert((tile, b), merged);
-        // copy64 moves multiples of 8 bytes between 8-aligned addresses.
         spec.bytes = spec.bytes.div_ceil(8) * 8;
         spec.align = spec.align.max(8);
-        slot_of.insert((tile, b), spec.bytes);
+        images.insert(
+            (tile, b),
+            WeightImage {
+                slot: spec.bytes,
+                ranges: merged,
+            },
+        );
     }
-    // One stack per weight buffer (so that storage may place each where
-    // it fits, region 0 or above region 1's buffers), slot i of it at
-    // i times the buffer's bytes.
-    let mut stack_of: BTreeMap<(u32, usize), usize> = BTreeMap::new();
-    let mut index_of: BTreeMap<u32, usize> = BTreeMap::new();
-    for (&(tile, b), &slot) in &slot_of {
+    Ok(images)
+}
+
+/// Where the stack of a weight buffer lives: on `tile`, and when that is
+/// not the buffer's own tile (`remote`), its slot is copied into a
+/// staging buffer there, which an exchange step sends to the weight
+/// buffer.
+#[derive(Clone, Copy, Debug)]
+struct StackPlace {
+    tile: u32,
+    /// The region it was given room in (0 or 1): storage places buffers
+    /// that may go anywhere in region 0 until one does not fit and every
+    /// later one in region 1, so a tile's region-0 stacks come first.
+    bin: usize,
+    remote: bool,
+}
+
+/// The stacks of a loop's weight buffers as built by [`build_stacks`].
+struct Stacks {
+    /// Per stack tile: the `copy64_list` ranges of each iteration
+    /// (stack buffer, slot stride, destination buffer, offset, bytes).
+    ranges: BTreeMap<u32, Vec<CopyRange>>,
+    /// Per stack tile, its index word's buffer.
+    index: BTreeMap<u32, usize>,
+    /// The staging buffers' moves to the weight buffers.
+    transfers: Vec<crate::exchange::BufferTransfer>,
+}
+
+/// The stack of the bytes `base..base + len` of a weight buffer: buffer
+/// `buffer` of tile `tile`.
+#[derive(Clone, Copy, Debug)]
+struct StackOf {
+    base: u32,
+    len: u32,
+    tile: u32,
+    buffer: usize,
+}
+
+/// One range of a `copy64_list` vertex: `bytes` bytes at `from_offset` of
+/// slot k of stack buffer `from` (slots `stride` bytes apart) into buffer
+/// `to` at `to_offset`.
+#[derive(Clone, Copy, Debug)]
+struct CopyRange {
+    from: usize,
+    from_offset: u32,
+    stride: u32,
+    to: usize,
+    to_offset: u32,
+    bytes: u32,
+}
+
+/// Adds the stacks of `items` where `place` says (slots for iterations
+/// `0..count`), their staging buffers and index words; moves every
+/// stacked iteration's parameters (`first_params` renamed per iteration)
+/// into its slots, in `params`.
+fn build_stacks(
+    l: &mut Lowered,
+    t: &Template,
+    items: &[StackItem],
+    place: &[StackPlace],
+    params: &mut Vec<HostTensor>,
+    first_params: &[(usize, HostTensor)],
+    count: usize,
+) -> Result<Stacks, CompileError> {
+    let mut stacks = Stacks {
+        ranges: BTreeMap::new(),
+        index: BTreeMap::new(),
+        transfers: Vec::new(),
+    };
+    let push = |l: &mut Lowered, tile: u32, spec: BufferSpec| {
         let bufs = l.buffers.get_mut(&tile).expect("tiles below tile_count");
+        bufs.push(spec);
+        bufs.len() - 1
+    };
+    // Per weight buffer, its items' stacks.
+    let mut stack_of: BTreeMap<(u32, usize), Vec<StackOf>> = BTreeMap::new();
+    let mut order: Vec<usize> = (0..items.len()).collect();
+    order.sort_by_key(|&i| place[i].bin);
+    for i in order {
+        let (item, at) = (&items[i], place[i]);
+        let (tile, b) = item.home;
+        let (base, len) = (item.base, item.len);
+        let (name, zero_of) = {
+            let spec = &l.buffers[&tile][b];
+            let name = if len == spec.bytes {
+                spec.name.clone()
+            } else {
+                format!("{}@{base}", spec.name)
+            };
+            let zero: Vec<(u32, u32)> = spec
+                .zero
+                .iter()
+                .map(|&(s, e)| (s.max(base), e.min(base + len)))
+                .filter(|&(s, e)| s < e)
+                .map(|(s, e)| (s - base, e - base))
+                .collect();
+            (name, zero)
+        };
+        // One stack per item (so that storage may place each where it
+        // fits, region 0 or above region 1's buffers), slot i of it at i
+        // times the item's bytes.
         let zero = (0..count as u32)
             .flat_map(|i| {
-                bufs[b]
-                    .zero
+                zero_of
                     .iter()
-                    .map(move |&(s, e)| (i * slot + s, i * slot + e))
+                    .map(move |&(s, e)| (i * len + s, i * len + e))
             })
             .collect();
-        let bytes = (slot as u64) * count as u64;
-        let bytes = u32::try_from(bytes).map_err(|_| {
+        let bytes = u32::try_from(len as u64 * count as u64).map_err(|_| {
             verifier(format!(
-                "tile {tile}: the weight stack of `{}` for {count} iterations needs {bytes} bytes",
-                bufs[b].name
+                "tile {tile}: the weight stack of `{name}` for {count} iterations needs more than 4 GiB"
             ))
         })?;
-        let name = format!("{}.stack", bufs[b].name);
-        bufs.push(BufferSpec {
-            name,
-            bytes,
-            align: 8,
-            region: RegionReq::Any,
-            exclusive_element: false,
-            zero,
-            category: "loop_weights".into(),
-            scratch: None,
-            lifetime: None,
-        });
-        stack_of.insert((tile, b), bufs.len() - 1);
-        // The iteration's index, which copy64_list multiplies by each
-        // range's stride and the loop's records zero and advance.
-        index_of.entry(tile).or_insert_with(|| {
-            bufs.push(BufferSpec {
-                name: "loop.index".into(),
-                bytes: 4,
-                align: 4,
-                region: RegionReq::Standard,
+        let stack = push(
+            l,
+            at.tile,
+            BufferSpec {
+                name: format!("{name}.stack"),
+                bytes,
+                align: 8,
+                region: RegionReq::Any,
                 exclusive_element: false,
-                zero: vec![],
+                zero,
                 category: "loop_weights".into(),
                 scratch: None,
                 lifetime: None,
-            });
-            bufs.len() - 1
+            },
+        );
+        stack_of.entry((tile, b)).or_default().push(StackOf {
+            base,
+            len,
+            tile: at.tile,
+            buffer: stack,
         });
+        // The iteration's index, which copy64_list multiplies by each
+        // range's stride and the loop's records zero and advance.
+        if let std::collections::btree_map::Entry::Vacant(entry) = stacks.index.entry(at.tile) {
+            let index = push(
+                l,
+                at.tile,
+                BufferSpec {
+                    name: "loop.index".into(),
+                    bytes: 4,
+                    align: 4,
+                    region: RegionReq::Standard,
+                    exclusive_element: false,
+                    zero: vec![],
+                    category: "loop_weights".into(),
+                    scratch: None,
+                    lifetime: None,
+                },
+            );
+            entry.insert(index);
+        }
+        // A stack on another tile is copied into a staging buffer there,
+        // which the exchange sends to the weight buffer.
+        let (to, to_base) = match at.remote {
+            false => (b, 0),
+            true => {
+                let staging = push(
+                    l,
+                    at.tile,
+                    BufferSpec {
+                        name: format!("{name}.staging"),
+                        bytes: len,
+                        align: 8,
+                        region: RegionReq::Any,
+                        exclusive_element: false,
+                        zero: vec![],
+                        category: "loop_weights".into(),
+                        scratch: None,
+                        lifetime: None,
+                    },
+                );
+                for &(s, e) in &item.ranges {
+                    stacks.transfers.push(crate::exchange::BufferTransfer {
+                        source: crate::exchange::BufferRef {
+                            tile: at.tile,
+                            buffer: staging,
+                            offset: s - base,
+                        },
+                        destinations: vec![crate::exchange::BufferRef {
+                            tile,
+                            buffer: b,
+                            offset: s,
+                        }],
+                        bytes: e - s,
+                    });
+                }
+                (staging, base)
+            }
+        };
+        stacks
+            .ranges
+            .entry(at.tile)
+            .or_default()
+            .extend(item.ranges.iter().map(|&(s, e)| CopyRange {
+                from: stack,
+                from_offset: s - base,
+                stride: len,
+                to,
+                to_offset: s - to_base,
+                bytes: e - s,
+            }));
     }
-    // Every iteration's parameters go to their slot.
+    // Every stacked iteration's parameters go to their slots (a placement
+    // that spans several items is cut at their bounds).
     for i in 0..count {
-        for (j, p) in &first_params {
-            let placements = p
-                .placements
-                .iter()
-                .map(|q| HostPlacement {
-                    tile: q.tile,
-                    buffer: stack_of[&(q.tile, q.buffer)],
-                    buffer_offset: i as u32 * slot_of[&(q.tile, q.buffer)] + q.buffer_offset,
-                    host_offset: q.host_offset,
-                    bytes: q.bytes,
-                })
-                .collect();
+        for (j, p) in first_params {
+            let mut placements = Vec::new();
+            for q in &p.placements {
+                let Some(parts) = stack_of.get(&(q.tile, q.buffer)) else {
+                    continue;
+                };
+                let (qs, qe) = (q.buffer_offset, q.buffer_offset + q.bytes);
+                for &StackOf {
+                    base,
+                    len,
+                    tile,
+                    buffer,
+                } in parts
+                {
+                    let (s, e) = (qs.max(base), qe.min(base + len));
+                    if s < e {
+                        placements.push(HostPlacement {
+                            tile,
+                            buffer,
+                            buffer_offset: i as u32 * len + (s - base),
+                            host_offset: q.host_offset + (s - qs) as u64,
+                            bytes: e - s,
+                        });
+                    }
+                }
+            }
             params.push(HostTensor {
                 name: t.defined[i][*j].clone(),
                 ty: p.ty.clone(),
@@ -622,12 +978,19 @@ fn stack_weights(
             });
         }
     }
-    params.sort_by_key(|p| model.lookup(&p.name).map(|v| v.0));
-    l.io[0].0 = params;
+    Ok(stacks)
+}
 
-    // The copy step of each iteration: per tile, six `copy64_list`
-    // vertices, each an equal share of the tile's bytes (the ranges cut
-    // where a share ends).
+/// The copy step of each iteration: per stack tile, six `copy64_list`
+/// vertices, each an equal share of the tile's bytes (the ranges cut
+/// where a share ends); one step serves every iteration, each range
+/// reading slot k of its stack, k the tile's index word, which the loop
+/// advances by one. Also its estimated cycles.
+fn copy_step(
+    t: &Template,
+    stacks: &Stacks,
+    library: &mut KernelLibrary,
+) -> Result<(Option<Step>, u64), CompileError> {
     let copy = KernelRequest {
         entry: "copy64_list".into(),
         source: "copy64_list.S".into(),
@@ -635,121 +998,326 @@ fn stack_weights(
     };
     let mut cost = crate::kernel_formula(library, &copy, &["N", "BYTES"])?;
     let workers = ipu_arch::WORKER_CONTEXTS;
-    // Per tile, per worker: (buffer, offset, bytes) pieces.
-    let mut shares: BTreeMap<u32, Vec<Vec<Piece>>> = BTreeMap::new();
-    let mut by_tile: BTreeMap<u32, Vec<Piece>> = BTreeMap::new();
-    for (&(tile, b), ranges) in &copies {
-        by_tile
-            .entry(tile)
-            .or_default()
-            .extend(ranges.iter().map(|&(s, e)| (b, s, e - s)));
-    }
-    for (tile, ranges) in by_tile {
-        let total: u32 = ranges.iter().map(|r| r.2).sum();
+    let mut tiles = BTreeMap::new();
+    let mut slowest = 0;
+    for (&tile, ranges) in &stacks.ranges {
+        let total: u32 = ranges.iter().map(|r| r.bytes).sum();
         let share = total.div_ceil(workers * 8) * 8;
-        let mut bins: Vec<Vec<Piece>> = vec![Vec::new()];
+        let mut bins: Vec<Vec<CopyRange>> = vec![Vec::new()];
         let mut room = share;
-        for (b, mut at, mut left) in ranges {
+        for r in ranges {
+            let (mut done, mut left) = (0, r.bytes);
             while left > 0 {
                 if room == 0 {
                     bins.push(Vec::new());
                     room = share;
                 }
                 let n = left.min(room);
-                bins.last_mut().expect("one bin").push((b, at, n));
-                (at, left, room) = (at + n, left - n, room - n);
+                bins.last_mut().expect("one bin").push(CopyRange {
+                    from_offset: r.from_offset + done,
+                    to_offset: r.to_offset + done,
+                    bytes: n,
+                    ..*r
+                });
+                (done, left, room) = (done + n, left - n, room - n);
             }
         }
         bins.retain(|b| !b.is_empty());
-        shares.insert(tile, bins);
-    }
-    // One step serves every iteration: each range reads slot k of its
-    // stack, k the tile's index word, which the loop advances by one.
-    let copy_step = {
-        let mut tiles = BTreeMap::new();
-        let mut slowest = 0;
-        for (&tile, bins) in &shares {
-            let mut vertices = Vec::new();
-            for bin in bins {
-                let mut state = vec![
-                    StateWord::Const(bin.len() as u32),
+        let mut vertices = Vec::new();
+        for bin in bins {
+            let mut state = vec![
+                StateWord::Const(bin.len() as u32),
+                StateWord::Addr {
+                    buffer: stacks.index[&tile],
+                    offset: 0,
+                },
+            ];
+            for r in &bin {
+                state.extend([
                     StateWord::Addr {
-                        buffer: index_of[&tile],
-                        offset: 0,
+                        buffer: r.from,
+                        offset: r.from_offset,
                     },
-                ];
-                for &(b, off, bytes) in bin {
-                    state.extend([
-                        StateWord::Addr {
-                            buffer: stack_of[&(tile, b)],
-                            offset: off,
-                        },
-                        StateWord::Const(slot_of[&(tile, b)]),
-                        StateWord::Addr {
-                            buffer: b,
-                            offset: off,
-                        },
-                        StateWord::Const(bytes),
-                    ]);
-                }
-                let bytes: u32 = bin.iter().map(|p| p.2).sum();
-                slowest =
-                    slowest.max(cost.eval(&[("N", bin.len() as i64), ("BYTES", bytes as i64)]));
-                vertices.push(Vertex {
-                    kernel: copy.clone(),
-                    state,
-                });
+                    StateWord::Const(r.stride),
+                    StateWord::Addr {
+                        buffer: r.to,
+                        offset: r.to_offset,
+                    },
+                    StateWord::Const(r.bytes),
+                ]);
             }
-            tiles.insert(tile, vertices);
+            let bytes: u32 = bin.iter().map(|r| r.bytes).sum();
+            slowest = slowest.max(cost.eval(&[("N", bin.len() as i64), ("BYTES", bytes as i64)]));
+            vertices.push(Vertex {
+                kernel: copy.clone(),
+                state,
+            });
         }
-        (!tiles.is_empty()).then(|| Step {
-            operation: t.defined[0][t.params[0]].clone(),
-            phase: "loop: weights of iteration".into(),
-            tiles: std::sync::Arc::new(tiles),
-            estimated_cycles: slowest,
-            exchange: None,
-            host_stop: false,
-        })
-    };
+        tiles.insert(tile, vertices);
+    }
+    let step = (!tiles.is_empty()).then(|| Step {
+        operation: t.defined[0][t.params[0]].clone(),
+        phase: "loop: weights of iteration".into(),
+        tiles: std::sync::Arc::new(tiles),
+        estimated_cycles: slowest,
+        exchange: None,
+        host_stop: false,
+    });
+    Ok((step, slowest))
+}
 
-    let copy_cycles = copy_step.as_ref().map_or(0, |s| s.estimated_cycles);
-    let mut slot_bytes: BTreeMap<u32, u32> = BTreeMap::new();
-    for (&(tile, _), &bytes) in &slot_of {
-        *slot_bytes.entry(tile).or_default() += bytes;
+/// Weight stacks spread over the tiles with room, for the first of a
+/// loop's iterations when the stacks of every iteration cannot fit on the
+/// tiles of their weight buffers: the stacks hold one copy of each
+/// weight byte (`param_copies::plan_copies`; an exchange copies the
+/// replicated ones), each on its weight buffer's tile when that tile has
+/// room and otherwise on the tile with the most, from whose staging
+/// buffer the exchange sends it. The number of iterations stacked is the
+/// most (up to `most`) for which every stack finds room by a probe of
+/// storage; `None` when not even one does.
+#[allow(clippy::too_many_arguments)]
+fn spread_weights(
+    l: &mut Lowered,
+    t: &Template,
+    body_params: &BTreeSet<&str>,
+    params: &mut Vec<HostTensor>,
+    first_params: &[(usize, HostTensor)],
+    most: usize,
+    library: &mut KernelLibrary,
+) -> Result<Option<(WeightSteps, usize)>, CompileError> {
+    use rayon::prelude::*;
+    let (js, mut tensors): (Vec<usize>, Vec<HostTensor>) = first_params.iter().cloned().unzip();
+    let mut copied = crate::param_copies::ParamCopies::default();
+    let replicas = crate::param_copies::plan_copies(&mut tensors, &mut copied);
+    let mut written: BTreeMap<(u32, usize), Vec<(u32, u32)>> = BTreeMap::new();
+    for q in tensors.iter().flat_map(|p| &p.placements) {
+        written
+            .entry((q.tile, q.buffer))
+            .or_default()
+            .push((q.buffer_offset, q.buffer_offset + q.bytes));
+    }
+    // The room each tile's regions leave beside its buffers, by a probe
+    // of storage with an allowance for the code and the loop's tables.
+    let rooms: BTreeMap<u32, [u64; 2]> = l
+        .buffers
+        .par_iter()
+        .map(|(&tile, bufs)| (tile, storage_room(tile, bufs)))
+        .collect();
+    let before = l.buffers.clone();
+    let images = weight_images(l, &written, body_params, params)?;
+    let items = stack_items(&images, Some(STACK_CHUNK));
+    let feasible = |count: usize| place_stacks(&items, &rooms, count);
+    // The most iterations whose stacks find room (fewer never need more).
+    let (mut lo, mut hi) = (0, most);
+    while lo < hi {
+        let mid = (lo + hi).div_ceil(2);
+        if feasible(mid).is_some() {
+            lo = mid;
+        } else {
+            hi = mid - 1;
+        }
+    }
+    let count = lo;
+    let Some(place) = (count > 0).then(|| feasible(count)).flatten() else {
+        l.buffers = before;
+        return Ok(None);
+    };
+    let one_copy: Vec<(usize, HostTensor)> = js.into_iter().zip(tensors).collect();
+    let stacks = build_stacks(l, t, &items, &place, params, &one_copy, count)?;
+    let (copy_step, copy_cycles) = copy_step(t, &stacks, library)?;
+    // An exchange step moves the staged items to their weight buffers;
+    // then one copies the replicated weights from the one copy, as for
+    // the streamed iterations.
+    let remote = place.iter().filter(|p| p.remote).count();
+    let mut steps: Vec<Step> = copy_step.into_iter().collect();
+    let mut exchange_cycles = 0;
+    for (transfers, label, tables, phase) in [
+        (
+            stacks.transfers,
+            LOOP_LABEL + 2,
+            "loop.stack_xtab",
+            "loop: stacked weights to their places, iteration",
+        ),
+        (
+            replicas,
+            LOOP_LABEL + 3,
+            "loop.stack_param_xtab",
+            "loop: copies of the stacked weights of iteration",
+        ),
+    ] {
+        if transfers.is_empty() {
+            continue;
+        }
+        let mut x = crate::exchange::schedule_with(l.tile_count, transfers, label, true)?;
+        crate::exchange::attach_tables(&mut x, &mut l.buffers, tables);
+        let cycles = crate::exchange::step_cycles(&x.figures);
+        exchange_cycles += cycles;
+        steps.push(Step {
+            operation: t.defined[0][t.params[0]].clone(),
+            phase: phase.into(),
+            tiles: Default::default(),
+            estimated_cycles: cycles,
+            exchange: Some(x),
+            host_stop: false,
+        });
+    }
+    let mut slot_bytes: BTreeMap<u32, u64> = BTreeMap::new();
+    for (item, at) in items.iter().zip(&place) {
+        *slot_bytes.entry(at.tile).or_default() += item.len as u64;
     }
     let weights_max = slot_bytes.values().copied().max().unwrap_or(0);
     let report = vec![
-        ("weights", json!("stacked")),
         ("weight_stack_tiles", json!(slot_bytes.len())),
         ("weight_bytes_per_iteration_max_tile", json!(weights_max)),
         (
             "weight_stack_bytes_max_tile",
-            json!(weights_max as u64 * count as u64),
+            json!(weights_max * count as u64),
         ),
-        ("estimated_copy_cycles_per_iteration", json!(copy_cycles)),
+        ("weight_stack_items_on_other_tiles", json!(remote)),
+        ("weight_stack_items", json!(items.len())),
+        (
+            "estimated_stack_copy_cycles_per_iteration",
+            json!(copy_cycles),
+        ),
+        (
+            "estimated_stack_exchange_cycles_per_iteration",
+            json!(exchange_cycles),
+        ),
     ];
-    Ok(WeightSteps {
-        first_step: copy_step.into_iter().collect(),
-        index: index_of,
-        report,
-        streamed: Vec::new(),
-    })
+    Ok(Some((
+        WeightSteps {
+            first_step: steps,
+            index: stacks.index,
+            report,
+            streamed: Vec::new(),
+        },
+        count,
+    )))
 }
 
-/// A lower bound before storage: the weight stacks (`count` slots of each
+/// Code and vertex states that a probe of storage assumes a tile has
+/// (the most a tile of the 27-layer encoder has is 22 KB): the program
+/// is emitted only after storage.
+const CODE_ALLOWANCE: u32 = 32 * 1024;
+
+/// Region-0 bytes a probe keeps free for the exchange tables of the
+/// loop's weight steps, which are built after it.
+const TABLE_ALLOWANCE: u64 = 6 * 1024;
+
+/// Bytes that buffers placed after `bufs` could take on `tile`, in region
+/// 0 and above region 1's buffers (where `storage::place` puts buffers
+/// that may go anywhere), by placing `bufs` with [`CODE_ALLOWANCE`].
+fn storage_room(tile: u32, bufs: &[BufferSpec]) -> [u64; 2] {
+    use ipu_arch::{REGION1_BASE, REGION1_END};
+    let Ok(placed) = crate::storage::place(tile, bufs, CODE_ALLOWANCE) else {
+        return [0, 0];
+    };
+    let (mut r0, mut r1) = (placed.code_end as u64, REGION1_BASE as u64);
+    // Once a buffer that may go anywhere spills to region 1, storage puts
+    // every later one there too.
+    let mut spilled = false;
+    for (b, &at) in bufs.iter().zip(&placed.addresses) {
+        let end = at as u64 + b.bytes as u64;
+        if at >= REGION1_BASE {
+            r1 = r1.max(end);
+            spilled |= b.region == RegionReq::Any;
+        } else {
+            r0 = r0.max(end);
+        }
+    }
+    let room0 = if spilled {
+        0
+    } else {
+        (crate::storage::COMMAND_ADDRESS as u64).saturating_sub(r0 + TABLE_ALLOWANCE)
+    };
+    [room0, (REGION1_END as u64).saturating_sub(r1)]
+}
+
+/// Where the stack of `count` slots of each of `items` goes, or `None` if
+/// some find no room: the largest first, each on its weight buffer's tile
+/// when a region there has room for it, else (with a staging buffer of
+/// one slot beside it) on the tile whose region has the most room.
+fn place_stacks(
+    items: &[StackItem],
+    rooms: &BTreeMap<u32, [u64; 2]>,
+    count: usize,
+) -> Option<Vec<StackPlace>> {
+    use std::cmp::Reverse;
+    use std::collections::BinaryHeap;
+    let mut room = rooms.clone();
+    let mut largest: BinaryHeap<(u64, Reverse<u32>, Reverse<usize>)> = room
+        .iter()
+        .flat_map(|(&tile, r)| (0..2).map(move |bin| (r[bin], Reverse(tile), Reverse(bin))))
+        .collect();
+    let mut order: Vec<usize> = (0..items.len()).collect();
+    order.sort_by_key(|&i| (Reverse(items[i].len), i));
+    let mut place = vec![None; items.len()];
+    for i in order {
+        let item = &items[i];
+        let tile = item.home.0;
+        let local = item.len as u64 * count as u64;
+        let own = room.get_mut(&tile)?;
+        let bin = if own[0] >= own[1] { 0 } else { 1 };
+        if own[bin] >= local {
+            own[bin] -= local;
+            largest.push((own[bin], Reverse(tile), Reverse(bin)));
+            place[i] = Some(StackPlace {
+                tile,
+                bin,
+                remote: false,
+            });
+            continue;
+        }
+        let remote = local + item.len as u64;
+        loop {
+            let (r, Reverse(other), Reverse(bin)) = largest.pop()?;
+            let current = room[&other][bin];
+            if current != r {
+                // A stale entry: the tile's room changed since.
+                largest.push((current, Reverse(other), Reverse(bin)));
+                continue;
+            }
+            if r < remote {
+                return None;
+            }
+            let left = r - remote;
+            room.get_mut(&other).expect("a tile with room")[bin] = left;
+            largest.push((left, Reverse(other), Reverse(bin)));
+            place[i] = Some(StackPlace {
+                tile: other,
+                bin,
+                remote: true,
+            });
+            break;
+        }
+    }
+    place.into_iter().collect()
+}
+
+/// The most bytes of a weight buffer that one spread stack item holds: a
+/// small multiple of 8, so that the items fill the room of many tiles.
+const STACK_CHUNK: u32 = 4096;
+
+/// How many iterations' slots the weight stacks can hold (at most
+/// `count`), by a lower bound before storage: the stacks (slots of each
 /// buffer in `held`, rounded to 8-byte words) and every buffer that lives
-/// for the whole program cannot share memory, so stacks that leave a tile
-/// no room fail here, without the work of placing them.
-fn stacks_fit(
+/// for the whole program cannot share memory, so slots beyond the room it
+/// leaves fail here, without the work of placing them. With fewer than
+/// `count`, also the error that `count` slots would give (the tile with
+/// the fewest and its largest consumers).
+fn stack_depth(
     l: &Lowered,
     held: &BTreeMap<(u32, usize), Vec<(u32, u32)>>,
     count: usize,
-) -> Result<(), CompileError> {
+) -> (usize, Option<CompileError>) {
     let available =
         (ipu_arch::SRAM_END - ipu_arch::SRAM_BASE) as u64 - crate::storage::COMMAND_RESERVE as u64;
     let tiles: BTreeSet<u32> = held.keys().map(|&(tile, _)| tile).collect();
+    let mut depth = count;
+    let mut overflow = None;
     for tile in tiles {
         let mut whole: Vec<(String, u64)> = Vec::new();
+        let mut slots = 0;
         for (b, spec) in l.buffers[&tile].iter().enumerate() {
             if spec.scratch.is_some() || spec.lifetime.is_some() {
                 continue;
@@ -757,16 +1325,23 @@ fn stacks_fit(
             if held.contains_key(&(tile, b)) {
                 let slot = spec.bytes.div_ceil(8) as u64 * 8;
                 whole.push((spec.name.clone(), slot));
+                slots += slot;
                 whole.push((format!("{}.stack", spec.name), slot * count as u64));
             } else {
                 whole.push((spec.name.clone(), spec.bytes as u64));
             }
         }
         let needed: u64 = whole.iter().map(|w| w.1).sum();
-        if needed > available {
+        if needed <= available {
+            continue;
+        }
+        let fixed = needed - slots * count as u64;
+        let fits = (available.saturating_sub(fixed) / slots.max(1)) as usize;
+        if fits < depth || overflow.is_none() {
+            depth = depth.min(fits);
             whole.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
             whole.truncate(5);
-            return Err(CompileError::OutOfMemory {
+            overflow = Some(CompileError::OutOfMemory {
                 tile,
                 region: "tile memory (the loop's weight stacks and the buffers that live for the whole program)",
                 needed,
@@ -775,7 +1350,7 @@ fn stacks_fit(
             });
         }
     }
-    Ok(())
+    (depth, overflow)
 }
 
 /// The first step of every iteration with streamed weights: a host stop
@@ -786,12 +1361,9 @@ fn stacks_fit(
 fn stream_weights(
     l: &mut Lowered,
     t: &Template,
-    mut params: Vec<HostTensor>,
     first_params: Vec<(usize, HostTensor)>,
-    model: &Graph,
+    first: usize,
 ) -> Result<WeightSteps, CompileError> {
-    params.sort_by_key(|p| model.lookup(&p.name).map(|v| v.0));
-    l.io[0].0 = params;
     // The host writes one copy of every byte (the layer norms' parameters
     // and biases are on many tiles) and an exchange step copies it to the
     // others, as `param_copies` does for the initialize call: the host
@@ -805,10 +1377,10 @@ fn stream_weights(
         .map(|q| q.bytes as u64)
         .sum();
     let mut streamed = Vec::new();
-    for i in 0..t.count {
+    for i in first..t.count {
         for (j, p) in js.iter().zip(&tensors) {
             streamed.push((
-                i as u32 + 1,
+                (i - first) as u32 + 1,
                 HostTensor {
                     name: t.defined[i][*j].clone(),
                     ty: p.ty.clone(),
@@ -845,14 +1417,16 @@ fn stream_weights(
         cycles
     };
     let report = vec![
-        ("weights", json!("streamed")),
         ("streamed_bytes_per_iteration", json!(bytes)),
         (
             "estimated_host_stop_cycles_per_iteration",
             json!(steps[0].estimated_cycles),
         ),
         ("copied_on_device", json!(copied.copied)),
-        ("estimated_copy_cycles_per_iteration", json!(copy_cycles)),
+        (
+            "estimated_replica_copy_cycles_per_iteration",
+            json!(copy_cycles),
+        ),
     ];
     Ok(WeightSteps {
         first_step: steps,
@@ -872,6 +1446,20 @@ struct WeightSteps {
     streamed: Vec<(u32, HostTensor)>,
 }
 
+/// What [`unroll`] may do with a loop's weights.
+#[derive(Clone, Copy, Debug)]
+pub struct WeightChoice {
+    /// Stacked (with the fallbacks below) or streamed.
+    pub weights: LoopWeights,
+    /// Whether stacks that cannot fit on their weights' tiles spread over
+    /// the tiles with room, the host streaming what does not fit there
+    /// (else they are an error).
+    pub stream_on_overflow: bool,
+    /// `Some(n)`: the stacks spread over the tiles at once and hold at
+    /// most n iterations (after storage found no room for more).
+    pub stack_cap: Option<usize>,
+}
+
 /// Where a device loop's body finds each iteration's parameters.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum LoopWeights {
@@ -883,10 +1471,6 @@ pub enum LoopWeights {
     /// any depth fits, at the host link's rate.
     Streamed,
 }
-
-/// Bytes `offset..offset + bytes` of a tile's buffer `buffer`, copied by
-/// one `copy64_list` range: (buffer, offset, bytes).
-type Piece = (usize, u32, u32);
 
 /// Cycles of the supervisor's `rt_next` record (14 bundles, one every 6
 /// cycles), which follows each back edge in the loop.

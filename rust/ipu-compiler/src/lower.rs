@@ -1095,9 +1095,12 @@ pub fn verify(l: &Lowered) -> Result<(), String> {
                     call.name, lp.start, lp.count, lp.period
                 ));
             }
+            // A later period runs what its first period runs (which may
+            // itself rerun an earlier loop's steps).
+            let runs = |i: usize| call.reruns.get(&i).copied().unwrap_or(i);
             for i in lp.start + lp.period..end {
                 let first = lp.start + (i - lp.start) % lp.period;
-                if call.reruns.get(&i) != Some(&first) {
+                if !call.reruns.contains_key(&i) || runs(i) != runs(first) {
                     return Err(format!(
                         "call `{}`: step {i} of a loop is not a rerun of step {first} of its first period",
                         call.name

@@ -319,8 +319,9 @@ fn a_loop_with_streamed_weights() {
     assert_estimate_within(&ran, 0.10, "vit_layers_small with streamed weights");
 }
 
-/// Weight stacks that cannot fit (six 128 KB layers on one tile) make
-/// `unroll` stream the weights of the same plan, and the report says why.
+/// Weight stacks that cannot fit (six 128 KB layers on one tile) keep as
+/// many iterations' weights as the tile has room for, and the host
+/// streams the rest; the report says why.
 #[test]
 fn deep_stacks_stream_their_weights() {
     let dir = tempfile::tempdir().unwrap();
@@ -330,10 +331,59 @@ fn deep_stacks_stream_their_weights() {
         "model deep_gemms\ninput x: f16[16, 256]\nrepeat 6 carry s = x\n  param w: f16[256, 256]\n  s = gemm(s, w)\nend\noutput s\n",
     );
     let ran = compile_and_run(&model, 1, 21);
-    let report = &ran.compile.report;
-    assert_eq!(report["device_loop"]["count"], 6);
-    assert_eq!(report["device_loop"]["weights"], "streamed");
-    let why = report["device_loop"]["streamed_because"].to_string();
+    let l = &ran.compile.report["device_loop"];
+    assert_eq!(l["count"], 6);
+    assert_eq!(l["weights"], "stacked, then streamed", "{l}");
+    let stacked = l["stacked_iterations"].as_u64().unwrap();
+    assert!((1..6).contains(&stacked), "{l}");
+    assert_eq!(run_call(&ran.compile).host_stops as u64, 6 - stacked);
+    let why = l["streamed_because"].to_string();
     assert!(why.contains("weight stacks"), "{why}");
     assert_estimate_within(&ran, 0.10, "deep_gemms");
+}
+
+/// Stacks spread over the tiles: 32 small ViT layers on 8 tiles do not
+/// fit as weight stacks on their weights' tiles, so the stacks hold one
+/// copy of each weight byte wherever a tile has room (some on other tiles
+/// than their weights, which an exchange step sends them to), and the
+/// host streams the weights of the iterations that find no room. The
+/// package verifies, runs again from its start, gives bit for bit the
+/// outputs of the same model with every iteration's weights streamed, and
+/// its estimate is within 10%.
+#[test]
+fn deep_stacks_spread_over_the_tiles() {
+    use ipu_compiler::loops::LoopWeights;
+    let dir = tempfile::tempdir().unwrap();
+    let text = std::fs::read_to_string(root().join("models/vit_layers_small.ipug"))
+        .unwrap()
+        .replace("repeat 3 ", "repeat 32 ");
+    let model = write_model(dir.path(), "vit_layers_32", &text);
+    let cache = tempfile::tempdir().unwrap();
+    let mut opts = options(&model, 8, cache.path());
+    let out = run_repeatedly(&opts, &[3, 4]);
+    let l = &out.report["device_loop"];
+    assert_eq!(l["weight_stacks"], "spread", "{l}");
+    let stacked = l["stacked_iterations"].as_u64().unwrap();
+    assert!((1..32).contains(&stacked), "{l}");
+    assert!(
+        l["weight_stack_items_on_other_tiles"].as_u64().unwrap() > 0,
+        "{l}"
+    );
+    assert_eq!(run_call(&out).host_stops as u64, 32 - stacked);
+    // The stacked iterations' weights are written by the initialize call,
+    // once per byte: the layer norms' parameters are copied on the chip.
+    let init = call(&out, "initialize");
+    assert!(init.inputs.iter().any(|t| t.name == "ln1_g.0"));
+    assert!(!init.inputs.iter().any(|t| t.name == "ln1_g.31"));
+    let feeds = |g: &ipu_graph::Graph| ipu_reference::random::gaussian_feeds(g, 9);
+    let (spread, spread_outputs) = run_with(&opts, feeds, true);
+    assert_estimate_within(&spread, 0.10, "32 layers with spread stacks");
+    opts.loop_weights = Some(LoopWeights::Streamed);
+    let (streamed, streamed_outputs) = run_with(&opts, feeds, false);
+    assert_eq!(
+        streamed.compile.report["device_loop"]["stacked_iterations"],
+        0
+    );
+    assert_eq!(spread_outputs, streamed_outputs);
+    assert!(spread.run_device_cycles < streamed.run_device_cycles);
 }
