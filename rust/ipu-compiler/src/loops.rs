@@ -29,7 +29,7 @@
 //!   first read its start;
 //! - when the stacks of every iteration cannot fit on their weights'
 //!   tiles, `spread_weights` stacks one copy of each weight byte, in
-//!   items of at most 4 KB, on the tiles with room (an exchange step sends
+//!   items of at most 1 KB, on the tiles with room (an exchange step sends
 //!   the items on other tiles to their buffers) for as many iterations as
 //!   fit, and `stream_weights` has the host write the rest's weights at
 //!   host stops: two device loops, the second's body reruns of the
@@ -1175,6 +1175,17 @@ fn spread_weights(
         ),
         ("weight_stack_items_on_other_tiles", json!(remote)),
         ("weight_stack_items", json!(items.len())),
+        // Why the stacks hold no more: the room the probe found on all
+        // tiles, and what one more iteration takes (its items' bytes,
+        // and a staging slot for those on other tiles).
+        (
+            "weight_stack_room_bytes",
+            json!(rooms.values().map(|r| r[0] + r[1]).sum::<u64>()),
+        ),
+        (
+            "weight_stack_bytes_per_iteration",
+            json!(items.iter().map(|i| i.len as u64).sum::<u64>()),
+        ),
         (
             "estimated_stack_copy_cycles_per_iteration",
             json!(copy_cycles),
@@ -1295,8 +1306,12 @@ fn place_stacks(
 }
 
 /// The most bytes of a weight buffer that one spread stack item holds: a
-/// small multiple of 8, so that the items fill the room of many tiles.
-const STACK_CHUNK: u32 = 4096;
+/// small multiple of 8, so that the items fill the room of many tiles
+/// (a region's room left over by whole items is lost: the 27-layer
+/// encoder's stacks held 22 fp8 layers with 4 KB items, 24 with 2 KB and
+/// 25 with 1 KB, whose exchange step is estimated at 17,404 cycles a
+/// layer against 17,164 with 4 KB).
+const STACK_CHUNK: u32 = 1024;
 
 /// How many iterations' slots the weight stacks can hold (at most
 /// `count`), by a lower bound before storage: the stacks (slots of each

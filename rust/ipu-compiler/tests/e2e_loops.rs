@@ -387,3 +387,28 @@ fn deep_stacks_spread_over_the_tiles() {
     assert_eq!(spread_outputs, streamed_outputs);
     assert!(spread.run_device_cycles < streamed.run_device_cycles);
 }
+
+/// Stacks that pass the bound but that storage cannot place on their
+/// weights' tiles (twelve 512 KB layers on 16 tiles: each tile's stacks
+/// are one buffer too large for a region) spread in 4 KB items, which
+/// fit: every iteration stays on the chip, with no host stop.
+#[test]
+fn stacks_storage_cannot_place_spread_in_items() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = write_model(
+        dir.path(),
+        "wide_gemms",
+        "model wide_gemms\ninput x: f16[16, 512]\nrepeat 12 carry s = x\n  param w: f16[512, 512]\n  s = gemm(s, w)\nend\noutput s\n",
+    );
+    let ran = compile_and_run(&model, 16, 22);
+    let report = &ran.compile.report;
+    let l = &report["device_loop"];
+    assert_eq!(l["weights"], "stacked", "{l}");
+    assert_eq!(l["weight_stacks"], "spread", "{l}");
+    assert_eq!(l["stacked_iterations"], 12, "{l}");
+    assert!(l["spread_because"].to_string().contains("storage"), "{l}");
+    let retries = report["retries"].to_string();
+    assert!(retries.contains("spread over the tiles"), "{retries}");
+    assert_eq!(run_call(&ran.compile).host_stops, 0);
+    assert_estimate_within(&ran, 0.10, "wide_gemms");
+}
