@@ -3110,6 +3110,12 @@ fn compile_with(
     // `None`: stacks on their weights' tiles when the bound finds room;
     // `Some(n)`: at most n iterations' stacks, spread over the tiles.
     let mut stack_cap: Option<usize> = None;
+    // Stacks of the homes that cannot fit spread and stream at once (a
+    // deep stack would otherwise go through every fallback first), and
+    // stacks storage cannot place compile again from the loop phase; only
+    // when the options leave the weights' place to the compiler. Stacks
+    // of resident weights first try the homes.
+    let may_spread = options.loop_weights.is_none() && limits.loop_weight_homes;
     let mut loop_retries: Vec<serde_json::Value> = Vec::new();
     let mut exchange_reports: Vec<serde_json::Value> = Vec::new();
     let (loop_report, param_copies, storage) = loop {
@@ -3126,12 +3132,7 @@ fn compile_with(
                     &mut library,
                     loops::WeightChoice {
                         weights: limits.loop_weights,
-                        // Stacks of the homes that cannot fit spread and
-                        // stream at once (a deep stack would otherwise go
-                        // through every fallback first); stacks of
-                        // resident weights first try the homes.
-                        stream_on_overflow: options.loop_weights.is_none()
-                            && limits.loop_weight_homes,
+                        stream_on_overflow: may_spread,
                         stack_cap,
                     },
                 )?;
@@ -3249,15 +3250,13 @@ fn compile_with(
         let spread = loop_report
             .as_ref()
             .is_some_and(|r| r["weight_stacks"] == "spread");
-        // Only when the options leave the weights' place to the compiler.
-        let retry = options.loop_weights.is_none() && limits.loop_weight_homes;
         match placed {
             Err(CompileError::OutOfMemory {
                 tile,
                 needed,
                 available,
                 ..
-            }) if retry && stacked > 0 && stack_slots(&lowered, tile, stacked) > 0 => {
+            }) if may_spread && stacked > 0 && stack_slots(&lowered, tile, stacked) > 0 => {
                 let then = if spread {
                     let slots = stack_slots(&lowered, tile, stacked);
                     // The overflow's slots, but at most half of them at a

@@ -404,7 +404,7 @@ pub fn unroll(
     let mut streamed_because = None;
     let (stacked, spread) = match weights {
         LoopWeights::Stacked => {
-            let (_, overflow) = stack_depth(l, &held, count);
+            let overflow = stacks_fit(l, &held, count).err();
             match (overflow, stack_cap) {
                 (None, None) => (count, false),
                 (Some(e), _) if !stream_on_overflow => return Err(e),
@@ -600,13 +600,13 @@ fn stack_weights(
     library: &mut KernelLibrary,
 ) -> Result<WeightSteps, CompileError> {
     let images = weight_images(l, held, body_params, params)?;
+    round_to_words(l, &images);
     let items = stack_items(&images, None);
     let home: Vec<StackPlace> = items
         .iter()
         .map(|i| StackPlace {
             tile: i.home.0,
             bin: 0,
-            remote: false,
         })
         .collect();
     let stacks = build_stacks(l, t, &items, &home, params, &first_params, count)?;
@@ -689,10 +689,10 @@ fn stack_items(images: &BTreeMap<(u32, usize), WeightImage>, chunk: Option<u32>)
 
 /// The images of the weight buffers in `held` (per buffer, the byte
 /// ranges the body's parameters occupy), after checking that each holds
-/// nothing but the body's parameters; rounds the buffers to 8-byte words,
-/// which `copy64_list` moves.
+/// nothing but the body's parameters; the slots are the buffers rounded
+/// to 8-byte words, which `copy64_list` moves ([`round_to_words`]).
 fn weight_images(
-    l: &mut Lowered,
+    l: &Lowered,
     held: &BTreeMap<(u32, usize), Vec<(u32, u32)>>,
     body_params: &BTreeSet<&str>,
     params: &[HostTensor],
@@ -704,7 +704,7 @@ fn weight_images(
             !body_params.contains(h.name.as_str())
                 && h.placements.iter().any(|q| (q.tile, q.buffer) == (tile, b))
         });
-        let spec = &mut l.buffers.get_mut(&tile).expect("tiles below tile_count")[b];
+        let spec = &l.buffers[&tile][b];
         // The copies restore the parameters' bytes and the zeros the
         // kernels rely on, in 8-byte words (copy64), so nothing else may
         // live in the buffer (other bytes are padding nothing writes).
@@ -727,12 +727,10 @@ fn weight_images(
                 _ => merged.push((s, e)),
             }
         }
-        spec.bytes = spec.bytes.div_ceil(8) * 8;
-        spec.align = spec.align.max(8);
         images.insert(
             (tile, b),
             WeightImage {
-                slot: spec.bytes,
+                slot: spec.bytes.div_ceil(8) * 8,
                 ranges: merged,
             },
         );
@@ -740,10 +738,19 @@ fn weight_images(
     Ok(images)
 }
 
-/// Where the stack of a weight buffer lives: on `tile`, and when that is
-/// not the buffer's own tile (`remote`), its slot is copied into a
-/// staging buffer there, which an exchange step sends to the weight
-/// buffer.
+/// Rounds the weight buffers of `images` to their slots, whole 8-byte
+/// words at 8-aligned addresses, which `copy64_list` moves.
+fn round_to_words(l: &mut Lowered, images: &BTreeMap<(u32, usize), WeightImage>) {
+    for (&(tile, b), image) in images {
+        let spec = &mut l.buffers.get_mut(&tile).expect("tiles below tile_count")[b];
+        spec.bytes = image.slot;
+        spec.align = spec.align.max(8);
+    }
+}
+
+/// Where the stack of a weight buffer's item lives: on `tile`, and when
+/// that is not the buffer's own tile, its slot is copied into a staging
+/// buffer there, which an exchange step sends to the weight buffer.
 #[derive(Clone, Copy, Debug)]
 struct StackPlace {
     tile: u32,
@@ -751,13 +758,11 @@ struct StackPlace {
     /// that may go anywhere in region 0 until one does not fit and every
     /// later one in region 1, so a tile's region-0 stacks come first.
     bin: usize,
-    remote: bool,
 }
 
 /// The stacks of a loop's weight buffers as built by [`build_stacks`].
 struct Stacks {
-    /// Per stack tile: the `copy64_list` ranges of each iteration
-    /// (stack buffer, slot stride, destination buffer, offset, bytes).
+    /// Per stack tile: the `copy64_list` ranges of each iteration.
     ranges: BTreeMap<u32, Vec<CopyRange>>,
     /// Per stack tile, its index word's buffer.
     index: BTreeMap<u32, usize>,
@@ -893,9 +898,9 @@ fn build_stacks(
         }
         // A stack on another tile is copied into a staging buffer there,
         // which the exchange sends to the weight buffer.
-        let (to, to_base) = match at.remote {
-            false => (b, 0),
-            true => {
+        let (to, to_base) = match at.tile == tile {
+            true => (b, 0),
+            false => {
                 let staging = push(
                     l,
                     at.tile,
@@ -1103,7 +1108,6 @@ fn spread_weights(
         .par_iter()
         .map(|(&tile, bufs)| (tile, storage_room(tile, bufs)))
         .collect();
-    let before = l.buffers.clone();
     let images = weight_images(l, &written, body_params, params)?;
     let items = stack_items(&images, Some(STACK_CHUNK));
     let feasible = |count: usize| place_stacks(&items, &rooms, count);
@@ -1119,48 +1123,42 @@ fn spread_weights(
     }
     let count = lo;
     let Some(place) = (count > 0).then(|| feasible(count)).flatten() else {
-        l.buffers = before;
         return Ok(None);
     };
+    round_to_words(l, &images);
     let one_copy: Vec<(usize, HostTensor)> = js.into_iter().zip(tensors).collect();
     let stacks = build_stacks(l, t, &items, &place, params, &one_copy, count)?;
     let (copy_step, copy_cycles) = copy_step(t, &stacks, library)?;
     // An exchange step moves the staged items to their weight buffers;
     // then one copies the replicated weights from the one copy, as for
     // the streamed iterations.
-    let remote = place.iter().filter(|p| p.remote).count();
+    let remote = items
+        .iter()
+        .zip(&place)
+        .filter(|(item, at)| at.tile != item.home.0)
+        .count();
     let mut steps: Vec<Step> = copy_step.into_iter().collect();
-    let mut exchange_cycles = 0;
-    for (transfers, label, tables, phase) in [
-        (
-            stacks.transfers,
-            LOOP_LABEL + 2,
-            "loop.stack_xtab",
-            "loop: stacked weights to their places, iteration",
-        ),
-        (
-            replicas,
-            LOOP_LABEL + 3,
-            "loop.stack_param_xtab",
-            "loop: copies of the stacked weights of iteration",
-        ),
-    ] {
-        if transfers.is_empty() {
-            continue;
-        }
-        let mut x = crate::exchange::schedule_with(l.tile_count, transfers, label, true)?;
-        crate::exchange::attach_tables(&mut x, &mut l.buffers, tables);
-        let cycles = crate::exchange::step_cycles(&x.figures);
-        exchange_cycles += cycles;
-        steps.push(Step {
-            operation: t.defined[0][t.params[0]].clone(),
-            phase: phase.into(),
-            tiles: Default::default(),
-            estimated_cycles: cycles,
-            exchange: Some(x),
-            host_stop: false,
-        });
-    }
+    steps.extend(weight_exchange(
+        l,
+        t,
+        stacks.transfers,
+        LOOP_LABEL + 2,
+        "loop.stack_xtab",
+        "loop: stacked weights to their places, iteration",
+    )?);
+    steps.extend(weight_exchange(
+        l,
+        t,
+        replicas,
+        LOOP_LABEL + 3,
+        "loop.stack_param_xtab",
+        "loop: copies of the stacked weights of iteration",
+    )?);
+    let exchange_cycles: u64 = steps
+        .iter()
+        .filter(|s| s.exchange.is_some())
+        .map(|s| s.estimated_cycles)
+        .sum();
     let mut slot_bytes: BTreeMap<u32, u64> = BTreeMap::new();
     for (item, at) in items.iter().zip(&place) {
         *slot_bytes.entry(at.tile).or_default() += item.len as u64;
@@ -1204,6 +1202,33 @@ fn spread_weights(
         },
         count,
     )))
+}
+
+/// The exchange step of a loop's weight steps that makes `transfers`
+/// (none when there are none), scheduled as whole jobs as for the
+/// initialize call's copies, its tables (`tables`) in region 0 for the
+/// whole program.
+fn weight_exchange(
+    l: &mut Lowered,
+    t: &Template,
+    transfers: Vec<crate::exchange::BufferTransfer>,
+    label: u32,
+    tables: &str,
+    phase: &str,
+) -> Result<Option<Step>, CompileError> {
+    if transfers.is_empty() {
+        return Ok(None);
+    }
+    let mut x = crate::exchange::schedule_with(l.tile_count, transfers, label, true)?;
+    crate::exchange::attach_tables(&mut x, &mut l.buffers, tables);
+    Ok(Some(Step {
+        operation: t.defined[0][t.params[0]].clone(),
+        phase: phase.into(),
+        tiles: Default::default(),
+        estimated_cycles: crate::exchange::step_cycles(&x.figures),
+        exchange: Some(x),
+        host_stop: false,
+    }))
 }
 
 /// Code and vertex states that a probe of storage assumes a tile has
@@ -1272,11 +1297,7 @@ fn place_stacks(
         if own[bin] >= local {
             own[bin] -= local;
             largest.push((own[bin], Reverse(tile), Reverse(bin)));
-            place[i] = Some(StackPlace {
-                tile,
-                bin,
-                remote: false,
-            });
+            place[i] = Some(StackPlace { tile, bin });
             continue;
         }
         let remote = local + item.len as u64;
@@ -1294,11 +1315,7 @@ fn place_stacks(
             let left = r - remote;
             room.get_mut(&other).expect("a tile with room")[bin] = left;
             largest.push((left, Reverse(other), Reverse(bin)));
-            place[i] = Some(StackPlace {
-                tile: other,
-                bin,
-                remote: true,
-            });
+            place[i] = Some(StackPlace { tile: other, bin });
             break;
         }
     }
@@ -1313,26 +1330,20 @@ fn place_stacks(
 /// layer against 17,164 with 4 KB).
 const STACK_CHUNK: u32 = 1024;
 
-/// How many iterations' slots the weight stacks can hold (at most
-/// `count`), by a lower bound before storage: the stacks (slots of each
+/// A lower bound before storage: the weight stacks (`count` slots of each
 /// buffer in `held`, rounded to 8-byte words) and every buffer that lives
-/// for the whole program cannot share memory, so slots beyond the room it
-/// leaves fail here, without the work of placing them. With fewer than
-/// `count`, also the error that `count` slots would give (the tile with
-/// the fewest and its largest consumers).
-fn stack_depth(
+/// for the whole program cannot share memory, so stacks that leave a tile
+/// no room fail here, without the work of placing them.
+fn stacks_fit(
     l: &Lowered,
     held: &BTreeMap<(u32, usize), Vec<(u32, u32)>>,
     count: usize,
-) -> (usize, Option<CompileError>) {
+) -> Result<(), CompileError> {
     let available =
         (ipu_arch::SRAM_END - ipu_arch::SRAM_BASE) as u64 - crate::storage::COMMAND_RESERVE as u64;
     let tiles: BTreeSet<u32> = held.keys().map(|&(tile, _)| tile).collect();
-    let mut depth = count;
-    let mut overflow = None;
     for tile in tiles {
         let mut whole: Vec<(String, u64)> = Vec::new();
-        let mut slots = 0;
         for (b, spec) in l.buffers[&tile].iter().enumerate() {
             if spec.scratch.is_some() || spec.lifetime.is_some() {
                 continue;
@@ -1340,23 +1351,16 @@ fn stack_depth(
             if held.contains_key(&(tile, b)) {
                 let slot = spec.bytes.div_ceil(8) as u64 * 8;
                 whole.push((spec.name.clone(), slot));
-                slots += slot;
                 whole.push((format!("{}.stack", spec.name), slot * count as u64));
             } else {
                 whole.push((spec.name.clone(), spec.bytes as u64));
             }
         }
         let needed: u64 = whole.iter().map(|w| w.1).sum();
-        if needed <= available {
-            continue;
-        }
-        let fixed = needed - slots * count as u64;
-        let fits = (available.saturating_sub(fixed) / slots.max(1)) as usize;
-        if fits < depth || overflow.is_none() {
-            depth = depth.min(fits);
+        if needed > available {
             whole.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
             whole.truncate(5);
-            overflow = Some(CompileError::OutOfMemory {
+            return Err(CompileError::OutOfMemory {
                 tile,
                 region: "tile memory (the loop's weight stacks and the buffers that live for the whole program)",
                 needed,
@@ -1365,7 +1369,7 @@ fn stack_depth(
             });
         }
     }
-    (depth, overflow)
+    Ok(())
 }
 
 /// The first step of every iteration with streamed weights: a host stop
@@ -1413,24 +1417,16 @@ fn stream_weights(
         exchange: None,
         host_stop: true,
     }];
-    let copy_cycles = if transfers.is_empty() {
-        0
-    } else {
-        // Whole jobs, as for the initialize call's copies: the tables
-        // stay in region 0 for the whole program.
-        let mut x = crate::exchange::schedule_with(l.tile_count, transfers, LOOP_LABEL + 1, true)?;
-        crate::exchange::attach_tables(&mut x, &mut l.buffers, "loop.param_xtab");
-        let cycles = crate::exchange::step_cycles(&x.figures);
-        steps.push(Step {
-            operation: t.defined[0][t.params[0]].clone(),
-            phase: "loop: copies of the streamed weights of iteration".into(),
-            tiles: Default::default(),
-            estimated_cycles: cycles,
-            exchange: Some(x),
-            host_stop: false,
-        });
-        cycles
-    };
+    let copies = weight_exchange(
+        l,
+        t,
+        transfers,
+        LOOP_LABEL + 1,
+        "loop.param_xtab",
+        "loop: copies of the streamed weights of iteration",
+    )?;
+    let copy_cycles = copies.as_ref().map_or(0, |s| s.estimated_cycles);
+    steps.extend(copies);
     let report = vec![
         ("streamed_bytes_per_iteration", json!(bytes)),
         (
