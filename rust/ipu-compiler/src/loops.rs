@@ -29,8 +29,9 @@
 //!   first read its start;
 //! - when the stacks of every iteration cannot fit on their weights'
 //!   tiles, `spread_weights` stacks one copy of each weight byte, in
-//!   items of at most 1 KB, on the tiles with room (an exchange step sends
-//!   the items on other tiles to their buffers) for as many iterations as
+//!   items cut to fit the room of their own tile first and then of the
+//!   tiles with the most (an exchange step sends the items on other
+//!   tiles to their buffers) for as many iterations as
 //!   fit, and `stream_weights` has the host write the rest's weights at
 //!   host stops: two device loops, the second's body reruns of the
 //!   first's (docs/compiler.md, "Device loops").
@@ -601,7 +602,7 @@ fn stack_weights(
 ) -> Result<WeightSteps, CompileError> {
     let images = weight_images(l, held, body_params, params)?;
     round_to_words(l, &images);
-    let items = stack_items(&images, None);
+    let items = stack_items(&images);
     let home: Vec<StackPlace> = items
         .iter()
         .map(|i| StackPlace {
@@ -654,37 +655,17 @@ struct StackItem {
     ranges: Vec<(u32, u32)>,
 }
 
-/// The stack items of `images`: one per weight buffer, or with `chunk`,
-/// its ranges cut into pieces of at most `chunk` bytes (a multiple of 8),
-/// which fill the room of other tiles more evenly.
-fn stack_items(images: &BTreeMap<(u32, usize), WeightImage>, chunk: Option<u32>) -> Vec<StackItem> {
-    let mut items = Vec::new();
-    for (&home, image) in images {
-        match chunk {
-            None => items.push(StackItem {
-                home,
-                base: 0,
-                len: image.slot,
-                ranges: image.ranges.clone(),
-            }),
-            Some(chunk) => {
-                for &(s, e) in &image.ranges {
-                    let mut at = s;
-                    while at < e {
-                        let len = chunk.min(e - at);
-                        items.push(StackItem {
-                            home,
-                            base: at,
-                            len,
-                            ranges: vec![(at, at + len)],
-                        });
-                        at += len;
-                    }
-                }
-            }
-        }
-    }
-    items
+/// The stack items of `images`: one per weight buffer, the whole of it.
+fn stack_items(images: &BTreeMap<(u32, usize), WeightImage>) -> Vec<StackItem> {
+    images
+        .iter()
+        .map(|(&home, image)| StackItem {
+            home,
+            base: 0,
+            len: image.slot,
+            ranges: image.ranges.clone(),
+        })
+        .collect()
 }
 
 /// The images of the weight buffers in `held` (per buffer, the byte
@@ -1109,8 +1090,7 @@ fn spread_weights(
         .map(|(&tile, bufs)| (tile, storage_room(tile, bufs)))
         .collect();
     let images = weight_images(l, &written, body_params, params)?;
-    let items = stack_items(&images, Some(STACK_CHUNK));
-    let feasible = |count: usize| place_stacks(&items, &rooms, count);
+    let feasible = |count: usize| place_stacks(&images, &rooms, count);
     // The most iterations whose stacks find room (fewer never need more).
     let (mut lo, mut hi) = (0, most);
     while lo < hi {
@@ -1122,7 +1102,7 @@ fn spread_weights(
         }
     }
     let count = lo;
-    let Some(place) = (count > 0).then(|| feasible(count)).flatten() else {
+    let Some((items, place)) = (count > 0).then(|| feasible(count)).flatten() else {
         return Ok(None);
     };
     round_to_words(l, &images);
@@ -1269,66 +1249,88 @@ fn storage_room(tile: u32, bufs: &[BufferSpec]) -> [u64; 2] {
     [room0, (REGION1_END as u64).saturating_sub(r1)]
 }
 
-/// Where the stack of `count` slots of each of `items` goes, or `None` if
-/// some find no room: the largest first, each on its weight buffer's tile
-/// when a region there has room for it, else (with a staging buffer of
-/// one slot beside it) on the tile whose region has the most room.
+/// The stack items of `images` for `count` iterations and where each
+/// goes, or `None` if some bytes find no room. Items are cut to fit the
+/// room they go to: first each weight buffer's ranges on its own tile, as
+/// much as its regions hold (no staging, no exchange), then what is left
+/// on the tiles whose regions have the most room, each item with a
+/// staging buffer of one slot beside its stack. Cutting to fit loses at
+/// most a few words of a region's room, where whole items of a fixed size
+/// lost up to an item's stack in every region (1 KB items for 25
+/// iterations left 22 MB of the 27-layer fp8 encoder's 447 MB unused).
 fn place_stacks(
-    items: &[StackItem],
+    images: &BTreeMap<(u32, usize), WeightImage>,
     rooms: &BTreeMap<u32, [u64; 2]>,
     count: usize,
-) -> Option<Vec<StackPlace>> {
+) -> Option<(Vec<StackItem>, Vec<StackPlace>)> {
     use std::cmp::Reverse;
     use std::collections::BinaryHeap;
-    let mut room = rooms.clone();
+    let count = count as u64;
+    // Each region keeps a few words free for what storage adds beside the
+    // stacks after the probe (the loop's 4-byte index word and its
+    // alignment).
+    let mut room: BTreeMap<u32, [u64; 2]> = rooms
+        .iter()
+        .map(|(&tile, r)| (tile, r.map(|b| b.saturating_sub(BIN_MARGIN))))
+        .collect();
+    // The most whole words of which `copies` copies fit in `bytes`.
+    let words = |bytes: u64, copies: u64| bytes / copies / 8 * 8;
+    let (mut items, mut place) = (Vec::new(), Vec::new());
+    let mut left: Vec<((u32, usize), u32, u32)> = Vec::new();
+    for (&home, image) in images {
+        let own = room.get_mut(&home.0)?;
+        for &(s, e) in &image.ranges {
+            let mut at = s;
+            while at < e {
+                let bin = if own[0] >= own[1] { 0 } else { 1 };
+                let len = (e - at).min(words(own[bin], count) as u32);
+                if len == 0 {
+                    break;
+                }
+                own[bin] -= len as u64 * count;
+                items.push(StackItem {
+                    home,
+                    base: at,
+                    len,
+                    ranges: vec![(at, at + len)],
+                });
+                place.push(StackPlace { tile: home.0, bin });
+                at += len;
+            }
+            if at < e {
+                left.push((home, at, e));
+            }
+        }
+    }
     let mut largest: BinaryHeap<(u64, Reverse<u32>, Reverse<usize>)> = room
         .iter()
         .flat_map(|(&tile, r)| (0..2).map(move |bin| (r[bin], Reverse(tile), Reverse(bin))))
         .collect();
-    let mut order: Vec<usize> = (0..items.len()).collect();
-    order.sort_by_key(|&i| (Reverse(items[i].len), i));
-    let mut place = vec![None; items.len()];
-    for i in order {
-        let item = &items[i];
-        let tile = item.home.0;
-        let local = item.len as u64 * count as u64;
-        let own = room.get_mut(&tile)?;
-        let bin = if own[0] >= own[1] { 0 } else { 1 };
-        if own[bin] >= local {
-            own[bin] -= local;
-            largest.push((own[bin], Reverse(tile), Reverse(bin)));
-            place[i] = Some(StackPlace { tile, bin });
-            continue;
-        }
-        let remote = local + item.len as u64;
-        loop {
+    for (home, mut at, e) in left {
+        while at < e {
             let (r, Reverse(other), Reverse(bin)) = largest.pop()?;
-            let current = room[&other][bin];
-            if current != r {
-                // A stale entry: the tile's room changed since.
-                largest.push((current, Reverse(other), Reverse(bin)));
-                continue;
-            }
-            if r < remote {
+            let len = (e - at).min(words(r, count + 1) as u32);
+            if len == 0 {
                 return None;
             }
-            let left = r - remote;
-            room.get_mut(&other).expect("a tile with room")[bin] = left;
-            largest.push((left, Reverse(other), Reverse(bin)));
-            place[i] = Some(StackPlace { tile: other, bin });
-            break;
+            let r = r - len as u64 * (count + 1);
+            room.get_mut(&other).expect("a tile with room")[bin] = r;
+            largest.push((r, Reverse(other), Reverse(bin)));
+            items.push(StackItem {
+                home,
+                base: at,
+                len,
+                ranges: vec![(at, at + len)],
+            });
+            place.push(StackPlace { tile: other, bin });
+            at += len;
         }
     }
-    place.into_iter().collect()
+    Some((items, place))
 }
 
-/// The most bytes of a weight buffer that one spread stack item holds: a
-/// small multiple of 8, so that the items fill the room of many tiles
-/// (a region's room left over by whole items is lost: the 27-layer
-/// encoder's stacks held 22 fp8 layers with 4 KB items, 24 with 2 KB and
-/// 25 with 1 KB, whose exchange step is estimated at 17,404 cycles a
-/// layer against 17,164 with 4 KB).
-const STACK_CHUNK: u32 = 1024;
+/// Bytes of each region's room that [`place_stacks`] leaves free.
+const BIN_MARGIN: u64 = 64;
 
 /// A lower bound before storage: the weight stacks (`count` slots of each
 /// buffer in `held`, rounded to 8-byte words) and every buffer that lives
@@ -1494,3 +1496,112 @@ const HOST_RECORD_CYCLES: u64 = 6 * 2;
 /// The scheduling label of the back edge's exchange step (labels seed the
 /// scheduler's tie-breaking; the join numbers its steps from 0).
 const LOOP_LABEL: u32 = 0x100_0000;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// An independent check of a [`place_stacks`] result: the items cover
+    /// every image's ranges exactly once, in whole words but at a range's
+    /// end, and no region holds more than its room less the margin, each
+    /// item taking `count` slots and, away from its weight buffer's tile,
+    /// one staging slot more.
+    fn check(
+        images: &BTreeMap<(u32, usize), WeightImage>,
+        rooms: &BTreeMap<u32, [u64; 2]>,
+        count: usize,
+        (items, place): &(Vec<StackItem>, Vec<StackPlace>),
+    ) {
+        assert_eq!(items.len(), place.len());
+        let mut covered: BTreeMap<(u32, usize), Vec<(u32, u32)>> = BTreeMap::new();
+        let mut used: BTreeMap<(u32, usize), u64> = BTreeMap::new();
+        for (item, at) in items.iter().zip(place) {
+            assert_eq!(item.ranges, vec![(item.base, item.base + item.len)]);
+            assert!(item.len > 0);
+            let image = &images[&item.home];
+            let (s, e) = (item.base, item.base + item.len);
+            let range = image
+                .ranges
+                .iter()
+                .find(|r| r.0 <= s && e <= r.1)
+                .unwrap_or_else(|| panic!("item {s}..{e} outside the ranges of {:?}", item.home));
+            assert!(item.len % 8 == 0 || e == range.1, "item {s}..{e}");
+            covered.entry(item.home).or_default().push((s, e));
+            let slots = count as u64 + u64::from(at.tile != item.home.0);
+            *used.entry((at.tile, at.bin)).or_default() += item.len as u64 * slots;
+        }
+        for (home, image) in images {
+            let mut c = covered.remove(home).unwrap_or_default();
+            c.sort();
+            let mut merged: Vec<(u32, u32)> = Vec::new();
+            for (s, e) in c {
+                match merged.last_mut() {
+                    Some(last) if last.1 == s => last.1 = e,
+                    Some(last) => {
+                        assert!(last.1 < s, "{home:?}: items overlap at {s}");
+                        merged.push((s, e));
+                    }
+                    None => merged.push((s, e)),
+                }
+            }
+            assert_eq!(merged, image.ranges, "{home:?}");
+        }
+        for ((tile, bin), bytes) in used {
+            assert!(
+                bytes + BIN_MARGIN <= rooms[&tile][bin],
+                "tile {tile} region {bin}: {bytes} bytes in {}",
+                rooms[&tile][bin]
+            );
+        }
+    }
+
+    /// Random weight buffers (8-aligned ranges) and rooms: every placement
+    /// passes [`check`], and a count that finds no room needs more than
+    /// the rooms hold less what cutting to fit may lose (the margin and
+    /// under a word per copy in each region): fixed-size items lost up to
+    /// an item's stack per region.
+    #[test]
+    fn stacks_cut_to_fit_their_rooms() {
+        let mut rng = ipu_rng::SplitMix64(27);
+        for case in 0..200 {
+            let tiles = rng.range(1, 12) as u32;
+            let mut images = BTreeMap::new();
+            let mut rooms = BTreeMap::new();
+            for tile in 0..tiles {
+                rooms.insert(tile, [rng.range(0, 60_000), rng.range(0, 120_000)]);
+                for b in 0..rng.range(0, 3) as usize {
+                    let mut ranges = Vec::new();
+                    let mut at = 0u32;
+                    for _ in 0..rng.range(1, 3) {
+                        at += 8 * rng.range(0, 100) as u32;
+                        let end = at + 8 * rng.range(1, 800) as u32;
+                        ranges.push((at, end));
+                        at = end + 8;
+                    }
+                    images.insert((tile, b), WeightImage { slot: at, ranges });
+                }
+            }
+            let total: u64 = images
+                .values()
+                .flat_map(|i| &i.ranges)
+                .map(|r| (r.1 - r.0) as u64)
+                .sum();
+            let room: u64 = rooms.values().map(|r| r[0] + r[1]).sum();
+            let regions = 2 * rooms.len() as u64;
+            for count in 1..=12usize {
+                match place_stacks(&images, &rooms, count) {
+                    Some(placed) => check(&images, &rooms, count, &placed),
+                    None => {
+                        let c = count as u64;
+                        assert!(
+                            total * (c + 1) + regions * (BIN_MARGIN + 8 * (c + 1)) > room,
+                            "case {case}, {count} iterations: {total} bytes each found no room in {room}"
+                        );
+                        // Fewer never need more.
+                        assert!(place_stacks(&images, &rooms, count + 1).is_none());
+                    }
+                }
+            }
+        }
+    }
+}
