@@ -35,6 +35,14 @@
 #   28 QUADS    groups of 4 elements per row (>= 1)
 #   32 BIAS     address of the bias of column 0 (f16; f32 with OUT=32;
 #               8-aligned; EPI 1 and 2)
+#   36 OWN      PAIRS=1 only: the address of partial 0's row 0 (RS_SRC
+#               apart like the others), or 0: partial 0 at SRC. With OWN,
+#               partials 1..P-1 stay at SRC + p * SECTION and SRC's slot 0
+#               is never read: a reduce-scatter leaves the tile's own piece
+#               where its GEMM wrote it instead of copying it into the
+#               gather. OWN needs the two-partial path's placement (below)
+#               and OWN = SRC mod 16 in region 1; a vertex given OWN where
+#               that path cannot run faults (a load from address 0).
 #
 # Sums run in f32 in partial order (p = 0, 1, ...), one rounding per add,
 # then one conversion: each group of four costs about 2P + 7 bundles (IN=16:
@@ -107,16 +115,18 @@
         .elseif ACC == 16
         # ACC=16 TR=0 EPI=0 PAIRS=1, for partials in region 1 with SECTION = 8 mod
         # 16 and the result in region 0 (the compiler's layout): two
-        # partials per load for P <= 8 (S = 0): 64 bundles of checks,
-        # set-up, dispatch, prologue, drain and launch; QUADS (P - 1)
+        # partials per load for P <= 8 (S = 0): 80 bundles of checks,
+        # set-up, dispatch, prologue, drain and launch (16 of them for
+        # OWN, taken without a branch so that both kinds of vertex cost
+        # the same); QUADS (P - 1)
         # bundles per row (P = 1: QUADS, 1 / P being 1 only for P = 1), and
         # 2 more (rpt and brnzdec) when QUADS >= 3 (1 - 1 / (QUADS / 3 + 1)
         # is 1 for QUADS >= 3, else 0). P > 8 (S = 1) keeps the generic
-        # loop, after the 21 bundles of the checks. Other layouts take the
-        # one-load path, whose cost (21 bundles more than before the
-        # two-partial path: 6 * (50 + ROWS * (2 + QUADS * (P + 1))) for P
+        # loop, after the 35 bundles of the checks. Other layouts take the
+        # one-load path, whose cost (35 bundles more than before the
+        # two-partial path: 6 * (64 + ROWS * (2 + QUADS * (P + 1))) for P
         # <= 8) this formula does not describe.
-        .cycles "6 * (((2 * P) / (P + 9)) * (56 + ROWS * (5 + QUADS * (P + 3))) + (1 - ((2 * P) / (P + 9))) * (64 + ROWS * (QUADS * (P - 1 + 1 / P) + 2 * (1 - 1 / (QUADS / 3 + 1)))))"
+        .cycles "6 * (((2 * P) / (P + 9)) * (70 + ROWS * (5 + QUADS * (P + 3))) + (1 - ((2 * P) / (P + 9))) * (80 + ROWS * (QUADS * (P - 1 + 1 / P) + 2 * (1 - 1 / (QUADS / 3 + 1)))))"
         .elseif TR == 1 && EPI == 0
         .cycles "6 * (26 + ROWS * (6 + QUADS * (4 * P + 6)))"
         .elseif TR == 1 && EPI == 1
@@ -160,6 +170,8 @@
         .equ ST_ROWS, 24
         .equ ST_QUADS, 28
         .equ ST_BIAS, 32
+        # PAIRS=1 only: partial 0's own address (see the state words above).
+        .equ ST_OWN, 36
 
 # GELU of the f32 pair \x in place; temporaries $a0:3 and $a12:13, the
 # constant pairs at $m0 (c1, sqrt(2/pi), 1, 0.5).
@@ -616,10 +628,12 @@ reduce_f32:
         add $m13, $m9, -1
         mul $m13, $m13, $m8
         shl $m5, $m10, 3
+        .if PAIRS == 0
         sub $m0, $mzero, $m13
         add $m0, $m0, 8
         sub $m1, $m11, $m5
         sub $m1, $m1, $m13
+        .endif
         .if TR == 1
         # $m7 = 2 - (4 QUADS - 1) RS_DST.
         shl $m7, $m10, 2
@@ -647,6 +661,22 @@ reduce_f32:
         # before that path existed.
         add $m14, $m9, -1
         shr $m14, $m14, 3
+        # OWN (when not 0) in region 1 and in the bank partial 0 would
+        # have at SRC (OWN = SRC mod 16), so that partials 0 and 1 never
+        # share a bank of one element. $m0 stays the state pointer until
+        # the set-up ($m13 is free here: lo replaces it below).
+        # Branch-free, so that OWN = 0 and OWN != 0 cost the same and one
+        # formula describes both ($m1 is free until the set-up).
+        ld32 $m6, [$m0 + ST_OWN]
+        xor $m13, $m6, $m2
+        and $m13, $m13, 15
+        shr $m1, $m6, 19
+        xor $m1, $m1, 1
+        or $m13, $m13, $m1
+        cmpne $m1, $m6, $mzero
+        sub $m1, $mzero, $m1
+        and $m13, $m13, $m1
+        or $m14, $m14, $m13
         and $m6, $m8, 15
         xor $m6, $m6, 8
         or $m14, $m14, $m6
@@ -666,6 +696,20 @@ reduce_f32:
         shr $m6, $m6, 19
         or $m14, $m14, $m6
         brz $m14, acc16f_setup
+        # The one-load path reads partial 0 at SRC: a vertex given OWN
+        # where the two-partial path cannot run faults here (a load from
+        # address 0, outside tile memory) rather than sum the wrong
+        # partial. Then G and $m1 as the entry computes them for PAIRS=0.
+        ld32 $m6, [$m0 + ST_OWN]
+        brz $m6, acc16f_one_load
+        ld32 $m6, [$mzero + 0]
+acc16f_one_load:
+        add $m13, $m9, -1
+        mul $m13, $m13, $m8
+        sub $m0, $mzero, $m13
+        add $m0, $m0, 8
+        sub $m1, $m11, $m5
+        sub $m1, $m1, $m13
         .endif
         .endif
         mov $m6, $m2
@@ -954,13 +998,29 @@ acc16f_single_\P:
 # walks, QUADS - 3, then a branch through acc16f_table to the code of
 # (QUADS class, P).
 acc16f_setup:
-        shl $m14, $m7, 16
-        or $m7, $m14, $m13
+        # OWN, then G = 8 - (P-1) SECTION and $m1 = lo - (P-1) SECTION as
+        # the entry computes them for PAIRS=0 ($m0 is the state pointer
+        # until here).
+        ld32 $m14, [$m0 + ST_OWN]
+        add $m6, $m9, -1
+        mul $m6, $m6, $m8
+        sub $m0, $mzero, $m6
+        add $m0, $m0, 8
+        sub $m1, $m13, $m6
+        shl $m6, $m7, 16
+        or $m7, $m6, $m13
         add $m5, $m8, $m8
         add $m0, $m0, $m5
         add $m11, $m1, $m5
         add $m6, $m2, $m5
-        mov $m1, $m2
+        # Partial 0's walk: OWN when given, else SRC, without a branch
+        # (partial 1 is at SRC + SECTION either way, partials 2.. from SRC
+        # + 2 SECTION).
+        cmpne $m1, $m14, $mzero
+        sub $m1, $mzero, $m1
+        sub $m14, $m14, $m2
+        and $m14, $m14, $m1
+        add $m1, $m2, $m14
         add $m2, $m2, $m8
         min $m14, $m10, 2
         add $m10, $m10, -2

@@ -207,6 +207,84 @@ fn c_partial_bytes(layout: &ShardLayout, kp: u32, section: u32) -> u32 {
     layout.c_bytes().max(gather)
 }
 
+/// The reduce of one tile's piece of a reduce-scatter: its slowest
+/// vertex's formula cycles, its vertices' (row range, column-block range),
+/// the kernel when not the planned one (`reduce_f32` PAIRS=1), and, when
+/// that kernel reads the tile's own piece in `c` (state word OWN), the
+/// row group of `c` that holds the piece.
+#[derive(Clone)]
+struct PieceReduce {
+    slowest: u64,
+    parts: Vec<ReducePart>,
+    kernel: Option<crate::library::KernelRequest>,
+    own_group: Option<u32>,
+}
+
+/// [`PieceReduce`] of K part `l`'s piece on tile `t`: two partials per
+/// load where its formula says that is faster for this piece (its
+/// sections are 8 mod 16 apart, `gather_section`, and its result rows in
+/// region 0), reading the own piece in `c` when its rows lie in one row
+/// group there (rows of one row group are `rs_c` apart; the gather's
+/// sections and `c` are both 16-aligned in region 1, as OWN needs).
+fn piece_reduce(
+    pg: &mut crate::lower::PlannedGemm,
+    g: &GemmGeometry,
+    t: &TileWork,
+    kp: u32,
+    l: u32,
+) -> PieceReduce {
+    let mt = t.rows.1 - t.rows.0;
+    let nct = t.cols.1 - t.cols.0;
+    let piece = pieces(mt, kp, g.row_align)[l as usize];
+    let rows_here = piece.1 - piece.0;
+    // (Without a formula every vertex costs its elements.)
+    let row_align = if pg.transposed_result {
+        crate::TRANSPOSED_REDUCE_ROW_ALIGN
+    } else {
+        1
+    };
+    let (slowest, parts) = reduce_parts(rows_here, nct, kp, pg.costs.reduce.as_mut(), row_align);
+    let mut chosen = PieceReduce {
+        slowest,
+        parts,
+        kernel: None,
+        own_group: None,
+    };
+    if rows_here == 0 {
+        return chosen;
+    }
+    if let Some((pairs, formula)) = pg.reduce_pairs.as_mut() {
+        let (fast, fast_parts) = reduce_parts(rows_here, nct, kp, Some(formula), 1);
+        if pg.costs.reduce.is_some() && fast < chosen.slowest {
+            let own_group = t
+                .split
+                .row_groups
+                .iter()
+                .position(|&(g0, g1)| g0 <= piece.0 && piece.1 <= g1)
+                .map(|gi| gi as u32);
+            chosen = PieceReduce {
+                slowest: fast,
+                parts: fast_parts,
+                kernel: Some(pairs.clone()),
+                own_group,
+            };
+        }
+    }
+    chosen
+}
+
+/// The gather section of K part `src`'s piece on the tile of K part `own_l`:
+/// its own index, or with `own` (the tile reads its own piece in `c`) the
+/// other K parts in K order from section 1, which `reduce_f32` PAIRS=1
+/// reads after the own piece (partial 0).
+fn gather_slot(src: u32, own_l: u32, own: bool) -> u32 {
+    if own && src < own_l {
+        src + 1
+    } else {
+        src
+    }
+}
+
 /// One reduce vertex of a piece: (row range, column-block range).
 type ReducePart = ((u32, u32), (u32, u32));
 
@@ -1456,8 +1534,22 @@ pub fn lower(
         .iter()
         .all(|(key, &b)| b == work[&(key.0, key.1, key.2)].c));
 
+    // Each tile's reduce vertices, chosen before the reduce-scatter: the
+    // vertices that load two partials at once (`reduce_f32` PAIRS=1) read
+    // the tile's own piece where its GEMM left it (state word OWN), so
+    // the exchange does not copy it into the gather.
+    let reduces: BTreeMap<(u32, u32, u32), PieceReduce> = if kp > 1 {
+        work.iter()
+            .map(|(&key, t)| (key, piece_reduce(pg, &g, t, kp, key.2)))
+            .collect()
+    } else {
+        BTreeMap::new()
+    };
+
     // With several K parts: the reduce-scatter of the partials into each
-    // tile's dead `c_partial`, its sections after the C header.
+    // tile's dead `c_partial`, its sections after the C header (section p
+    // holds K part p's piece; with OWN, the other K parts' pieces in K
+    // order from section 1, see [`gather_slot`]).
     let gather_base = crate::gemm::C_HEADER;
     if kp > 1 {
         let mut transfers = Vec::new();
@@ -1466,9 +1558,14 @@ pub fn lower(
             let mt = t.rows.1 - t.rows.0;
             let piece = pieces(mt, kp, g.row_align)[l as usize];
             let section = gather_section(&g, mt, kp, lay.rs_c);
+            let own = reduces[&(i, j, l)].own_group.is_some();
             // Rows of the piece, per row group of every source (rows of one
             // row group are contiguous in `c`).
             for src_l in 0..kp {
+                if own && src_l == l {
+                    continue;
+                }
+                let slot = gather_slot(src_l, l, own);
                 let src = &work[&(i, j, src_l)];
                 for (gi, &(g0, g1)) in src.split.row_groups.iter().enumerate() {
                     let (r0, r1) = (g0.max(piece.0), g1.min(piece.1));
@@ -1484,7 +1581,7 @@ pub fn lower(
                         destinations: vec![BufferRef {
                             tile: t.tile,
                             buffer: t.c_partial,
-                            offset: gather_base + src_l * section + (r0 - piece.0) * lay.rs_c,
+                            offset: gather_base + slot * section + (r0 - piece.0) * lay.rs_c,
                         }],
                         bytes: (r1 - r0) * lay.rs_c,
                     });
@@ -1574,27 +1671,24 @@ pub fn lower(
                     lifetime: None,
                 });
                 let d = bufs.len() - 1;
-                let mut reduces = Vec::new();
-                // (Without a formula every vertex costs its elements.)
-                let row_align = if pg.transposed_result {
-                    crate::TRANSPOSED_REDUCE_ROW_ALIGN
-                } else {
-                    1
-                };
-                let (mut slowest, mut parts) =
-                    reduce_parts(rows_here, nct, kp, pg.costs.reduce.as_mut(), row_align);
-                // Two partials per load where its formula says that is
-                // faster for this piece (its sections are 8 mod 16 apart,
-                // `gather_section`, and its result rows in region 0).
-                let mut kernel = reduce.clone();
-                if let Some((pairs, formula)) = pg.reduce_pairs.as_mut() {
-                    let (fast, fast_parts) = reduce_parts(rows_here, nct, kp, Some(formula), 1);
-                    if pg.costs.reduce.is_some() && fast < slowest {
-                        (slowest, parts, kernel) = (fast, fast_parts, pairs.clone());
-                    }
-                }
+                let mut vertices = Vec::new();
+                let PieceReduce {
+                    slowest,
+                    parts,
+                    kernel,
+                    own_group,
+                } = reduces[&(i, j, l)].clone();
+                let kernel = kernel.unwrap_or_else(|| reduce.clone());
                 for ((q0, q1), (cb0, cb1)) in parts {
-                    reduces.push(Vertex {
+                    // PAIRS=1 reads a tenth word: the own piece's address
+                    // in `c` (its rows in one row group, `rs_c` apart), or
+                    // 0 when the gather holds it too.
+                    let own_word = own_group.map(|gi| StateWord::Addr {
+                        buffer: t.c,
+                        offset: lay.c_row(0, gi, piece.0 + q0) + cb0 * 16 * g.out_bytes(),
+                    });
+                    let pairs = kernel.params.get("PAIRS") == Some(&1);
+                    vertices.push(Vertex {
                         kernel: kernel.clone(),
                         state: vec![
                             StateWord::Addr {
@@ -1622,13 +1716,16 @@ pub fn lower(
                                 },
                                 None => StateWord::Const(0),
                             },
-                        ],
+                        ]
+                        .into_iter()
+                        .chain(pairs.then(|| own_word.unwrap_or(StateWord::Const(0))))
+                        .collect(),
                     });
                 }
                 reduce_step.estimated_cycles = reduce_step
                     .estimated_cycles
-                    .max(slowest + supervisor_cycles(reduces.len() as u64));
-                std::sync::Arc::make_mut(&mut reduce_step.tiles).insert(t.tile, reduces);
+                    .max(slowest + supervisor_cycles(vertices.len() as u64));
+                std::sync::Arc::make_mut(&mut reduce_step.tiles).insert(t.tile, vertices);
                 if pg.transposed_result {
                     transposed_results.push((
                         t.tile,

@@ -390,6 +390,10 @@ struct Place {
     /// last row ends where tile memory ends (0xE8000): a read past it
     /// faults in the simulator (`src_region1` must be set).
     src_at_end: bool,
+    /// Partial 0 at [`OWN`] (state word OWN, PAIRS=1: a tile's own piece
+    /// where a reduce-scatter left it), partials 1.. at SRC + p SECTION,
+    /// and SRC's slot 0 filled with NaNs that must not be read.
+    own: bool,
 }
 
 /// The compiler's placement of an ACC=16 TR=0 gather: partials in region 1
@@ -400,11 +404,16 @@ const FAST: Place = Place {
     dst_region1: false,
     split_columns: false,
     src_at_end: false,
+    own: false,
 };
 
 /// Where [`Layout::RowsAt`] puts the partials in region 1: 8- but not
 /// 16-aligned, at the start of an interleaved element.
 const SRC1: u32 = 0x8_0008;
+/// Where [`Place::own`] puts partial 0: region 1, in another element than
+/// the partials from [`SRC1`] and in the bank partial 0 would have there
+/// (OWN = SRC mod 16, as the kernel requires).
+const OWN: u32 = 0xC_0008;
 /// Where [`Layout::RowsAt`] puts a result in region 1 (after the largest
 /// partials the tests place from [`SRC1`]).
 const DST1: u32 = 0xE_0000;
@@ -601,6 +610,15 @@ fn run_in16_result(case: Case16) -> (u64, Vec<Vec<u32>>) {
         Layout::ColumnsAt { split, .. } => split as usize,
         _ => 1,
     };
+    // The placed-rows layouts exercise the two-partials-per-load object
+    // (PAIRS=1): its fast path where the placement allows, its one-load
+    // fallback where not.
+    let pairs = acc16 && epi == 0 && matches!(layout, Layout::RowsAt(_));
+    let own = match layout {
+        Layout::RowsAt(place) => place.own,
+        _ => false,
+    };
+    assert!(!own || pairs, "{case:?}: OWN is a word of PAIRS=1 only");
     let elements = (quads * 4) as usize;
     let at = |p: u32, r: u32, e: usize| ((p * rows + r) as usize) * elements + e;
     let partial_values: Vec<u16> = (0..partials as usize * rows as usize * elements)
@@ -610,11 +628,18 @@ fn run_in16_result(case: Case16) -> (u64, Vec<Vec<u32>>) {
         .map(|_| f32_to_f16_bits(rng.uniform(-2.0, 2.0) as f32))
         .collect();
     let mut src = vec![0u8; (section * partials) as usize];
+    let mut own_bytes = vec![0u8; if own { (rows * rs_src) as usize } else { 0 }];
     for p in 0..partials {
         for r in 0..rows {
             for e in 0..elements {
+                let value = partial_values[at(p, r, e)].to_le_bytes();
                 let byte = (p * section + r * rs_src) as usize + 2 * e;
-                src[byte..byte + 2].copy_from_slice(&partial_values[at(p, r, e)].to_le_bytes());
+                if own && p == 0 {
+                    own_bytes[(r * rs_src) as usize + 2 * e..][..2].copy_from_slice(&value);
+                    src[byte..byte + 2].copy_from_slice(&0xFFFFu16.to_le_bytes());
+                } else {
+                    src[byte..byte + 2].copy_from_slice(&value);
+                }
             }
         }
     }
@@ -625,6 +650,13 @@ fn run_in16_result(case: Case16) -> (u64, Vec<Vec<u32>>) {
         src_end <= dst - GUARD_LEAD || dst + dst_bytes <= src_base,
         "{case:?}: the partials overlap the result"
     );
+    assert!(
+        !own || (src_end <= OWN
+            && (OWN + rows * rs_src <= dst - GUARD_LEAD || dst + dst_bytes <= OWN)),
+        "{case:?}: partial 0 at OWN overlaps the other partials or the result"
+    );
+    // PAIRS=1 reads a tenth word: partial 0's own address, or 0.
+    let own_word = |offset: u32| if own { OWN + offset } else { 0 };
     let launches: Vec<Launch> = match layout {
         Layout::RowsAt(Place {
             split_columns: true,
@@ -643,7 +675,10 @@ fn run_in16_result(case: Case16) -> (u64, Vec<Vec<u32>>) {
                     rows,
                     (q1 - q0) as u32,
                     BIAS + 8 * q0 as u32,
-                ],
+                ]
+                .into_iter()
+                .chain(pairs.then(|| own_word(8 * q0 as u32)))
+                .collect(),
             })
             .collect(),
         _ => ranges_aligned(rows as usize, workers as usize, split)
@@ -660,7 +695,10 @@ fn run_in16_result(case: Case16) -> (u64, Vec<Vec<u32>>) {
                     (r1 - r0) as u32,
                     quads,
                     BIAS,
-                ],
+                ]
+                .into_iter()
+                .chain(pairs.then(|| own_word(r0 as u32 * rs_src)))
+                .collect(),
             })
             .collect(),
     };
@@ -668,10 +706,6 @@ fn run_in16_result(case: Case16) -> (u64, Vec<Vec<u32>>) {
         !acc16 || (!out32 && (epi == 0 || (epi <= 2 && !layout.transposed()))),
         "ACC=16 stores the f16 sum, EPI 1 and 2 untransposed"
     );
-    // The placed-rows layouts exercise the two-partials-per-load object
-    // (PAIRS=1): its fast path where the placement allows, its one-load
-    // fallback where not.
-    let pairs = acc16 && epi == 0 && matches!(layout, Layout::RowsAt(_));
     let defines = [
         ("IN", 16),
         ("OUT", if out32 { 32 } else { 16 }),
@@ -688,6 +722,7 @@ fn run_in16_result(case: Case16) -> (u64, Vec<Vec<u32>>) {
         &[launches],
         &[
             (src_base, src),
+            (OWN, own_bytes),
             (BIAS, kernel_common::f16_bytes(&bias)),
             (
                 dst - GUARD_LEAD,
@@ -1688,6 +1723,63 @@ fn acc16_rows_two_partials_per_load_against_one_load() {
         }
     }
     assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
+/// Partial 0 from its own address (state word OWN, PAIRS=1): the tile's
+/// own piece of a reduce-scatter read where its GEMM left it, so that the
+/// exchange need not copy it into the gather. Every P from 1 to 8, each
+/// class of QUADS, one vertex or six splitting the rows or the columns,
+/// the partials in one element or spread over several: bit for bit against
+/// the host emulation (partial 0 first, SRC's slot 0 full of NaNs that
+/// must not be read), and one-vertex runs within 3% of the declared
+/// formula.
+#[test]
+fn acc16_rows_partial_zero_from_its_own_address() {
+    let mut outside = Vec::new();
+    let mut i = 0u32;
+    for partials in 1..=8 {
+        for (rows, quads) in [(1, 1), (3, 2), (7, 3), (13, 5), (21, 8), (4, 16)] {
+            let (workers, split_columns) = [(1, false), (6, false), (6, true)][(i % 3) as usize];
+            let place = Place {
+                split_columns,
+                own: true,
+                ..[FAST, FAST_SPREAD][(i / 3 % 2) as usize]
+            };
+            let seed = 71000 + i as u64;
+            let cycles = run_in16(rows_case(rows, quads, partials, workers, place, seed));
+            if workers == 1 {
+                check_formula(
+                    &mut outside,
+                    format!("ACC=16 TR=0 OWN rows={rows} quads={quads} P={partials} {place:?}"),
+                    &[("IN", 16), ("ACC", 16), ("TR", 0), ("PAIRS", 1)],
+                    (rows, quads, partials),
+                    cycles,
+                );
+            }
+            i += 1;
+        }
+    }
+    assert_formulas_hold(&outside);
+}
+
+/// OWN where the two-partial path cannot run (SECTION a multiple of 16:
+/// the one-load path, which reads partial 0 at SRC) is a broken contract:
+/// the vertex faults instead of summing the NaNs at SRC.
+#[test]
+#[should_panic(expected = "4-byte access at 0x0 is outside tile SRAM")]
+fn acc16_rows_own_partial_off_the_fast_path_faults() {
+    run_in16(rows_case(
+        5,
+        3,
+        4,
+        1,
+        Place {
+            section_pad: 16,
+            own: true,
+            ..FAST
+        },
+        5,
+    ));
 }
 
 #[test]
