@@ -255,13 +255,21 @@ fn piece_reduce(
     }
     if let Some((pairs, formula)) = pg.reduce_pairs.as_mut() {
         let (fast, fast_parts) = reduce_parts(rows_here, nct, kp, Some(formula), 1);
-        if pg.costs.reduce.is_some() && fast < chosen.slowest {
-            let own_group = t
-                .split
-                .row_groups
-                .iter()
-                .position(|&(g0, g1)| g0 <= piece.0 && piece.1 <= g1)
-                .map(|gi| gi as u32);
+        let own_group = t
+            .split
+            .row_groups
+            .iter()
+            .position(|&(g0, g1)| g0 <= piece.0 && piece.1 <= g1)
+            .map(|gi| gi as u32);
+        // Reading the own piece in `c` also spares the reduce-scatter the
+        // piece's words, received at 4 bytes a cycle before the reduce
+        // starts: the plain vertex costs them too.
+        let self_transfer = if own_group.is_some() {
+            (rows_here * t.layout.rs_c).div_ceil(4) as u64
+        } else {
+            0
+        };
+        if pg.costs.reduce.is_some() && fast < chosen.slowest + self_transfer {
             chosen = PieceReduce {
                 slowest: fast,
                 parts: fast_parts,
