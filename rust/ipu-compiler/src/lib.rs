@@ -2669,6 +2669,41 @@ fn tile_kernels(l: &lower::Lowered, tile: u32) -> Vec<KernelRequest> {
     v
 }
 
+/// Loads every kernel any tile of `l` links, once, so that the per-tile
+/// work after it (on all cores) only reads the library.
+pub(crate) fn load_tile_kernels(
+    l: &lower::Lowered,
+    library: &mut KernelLibrary,
+) -> Result<(), CompileError> {
+    for tile in l.buffers.keys() {
+        for r in tile_kernels(l, *tile) {
+            library.get(&r)?;
+        }
+    }
+    Ok(())
+}
+
+/// Bytes of `tile`'s code and vertex states, by a dry-run link with every
+/// buffer at address 0 (their size does not depend on the addresses); the
+/// tile's kernels must be loaded ([`load_tile_kernels`]). `phase` names
+/// the phase a program the emitter rejects is reported for.
+pub(crate) fn dry_run_code_bytes(
+    l: &lower::Lowered,
+    tile: u32,
+    library: &KernelLibrary,
+    sizes: &link::CodeSizes,
+    phase: &'static str,
+) -> Result<u32, CompileError> {
+    let dummy = storage::TileStorage {
+        tile,
+        code_end: 0,
+        addresses: vec![0; l.buffers[&tile].len()],
+    };
+    let text = emit::tile_program(l, tile, &dummy)
+        .map_err(|message| CompileError::Verifier { phase, message })?;
+    sizes.get(tile, &text, &loaded_kernels(library, l, tile))
+}
+
 /// The loaded objects of [`tile_kernels`] (all loaded before storage).
 fn loaded_kernels<'a>(
     library: &'a KernelLibrary,
@@ -3178,12 +3213,7 @@ fn compile_with(
         // place_storage and link then runs on all cores and only reads the
         // library (each tile's result depends on that tile alone, and errors are
         // reported for the lowest tile, so the output stays deterministic).
-        for tile in lowered.buffers.keys() {
-            for r in tile_kernels(&lowered, *tile) {
-                library.get(&r)?;
-            }
-        }
-        let kernels_of = |tile: u32| loaded_kernels(&library, &lowered, tile);
+        load_tile_kernels(&lowered, &mut library)?;
         let placed = phase("place_storage", || {
             let code_sizes = link::CodeSizes::default();
             let mut out = BTreeMap::new();
@@ -3191,20 +3221,8 @@ fn compile_with(
             let placed: Vec<Result<storage::TileStorage, CompileError>> = tiles
                 .par_iter()
                 .map(|&(&tile, bufs)| {
-                    // A dry-run link with every buffer at address 0 sizes the code
-                    // and states: their size does not depend on the addresses.
-                    let dummy = storage::TileStorage {
-                        tile,
-                        code_end: 0,
-                        addresses: vec![0; bufs.len()],
-                    };
-                    let text = emit::tile_program(&lowered, tile, &dummy).map_err(|message| {
-                        CompileError::Verifier {
-                            phase: "emit_code",
-                            message,
-                        }
-                    })?;
-                    let code_bytes = code_sizes.get(tile, &text, &kernels_of(tile))?;
+                    let code_bytes =
+                        dry_run_code_bytes(&lowered, tile, &library, &code_sizes, "emit_code")?;
                     let s = storage::place(tile, bufs, code_bytes)?;
                     verifier("place_storage", storage::validate(&s, bufs))?;
                     Ok(s)

@@ -1086,17 +1086,13 @@ fn spread_weights(
     // of storage with the body's code and states (a dry-run link, as
     // place_storage sizes them), an allowance for what the loop adds to
     // them, and one for the loop's tables.
-    for tile in l.buffers.keys() {
-        for r in crate::tile_kernels(l, *tile) {
-            library.get(&r)?;
-        }
-    }
+    crate::load_tile_kernels(l, library)?;
     let code_sizes = crate::link::CodeSizes::default();
     let rooms: BTreeMap<u32, [u64; 2]> = l
         .buffers
         .par_iter()
         .map(|(&tile, bufs)| {
-            let code = body_code_bytes(l, tile, library, &code_sizes)?;
+            let code = crate::dry_run_code_bytes(l, tile, library, &code_sizes, "loop")?;
             Ok((tile, storage_room(tile, bufs, code + LOOP_CODE_ALLOWANCE)))
         })
         .collect::<Result<_, CompileError>>()?;
@@ -1230,28 +1226,6 @@ fn weight_exchange(
 /// fixed 32 KB that this replaced left the f16 encoder 17.6 MB less room,
 /// and a seventh layer none).
 const LOOP_CODE_ALLOWANCE: u32 = 4 * 1024;
-
-/// Bytes of code and vertex states of `tile`'s program before the loop's
-/// steps, by a dry-run link (every buffer at address 0: the sizes do not
-/// depend on the addresses).
-fn body_code_bytes(
-    l: &Lowered,
-    tile: u32,
-    library: &KernelLibrary,
-    sizes: &crate::link::CodeSizes,
-) -> Result<u32, CompileError> {
-    let dummy = crate::storage::TileStorage {
-        tile,
-        code_end: 0,
-        addresses: vec![0; l.buffers[&tile].len()],
-    };
-    let text =
-        crate::emit::tile_program(l, tile, &dummy).map_err(|message| CompileError::Verifier {
-            phase: "loop",
-            message,
-        })?;
-    sizes.get(tile, &text, &crate::loaded_kernels(library, l, tile))
-}
 
 /// Region-0 bytes a probe keeps free for the exchange tables of the
 /// loop's weight steps, which are built after it.

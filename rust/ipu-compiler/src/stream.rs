@@ -212,7 +212,6 @@ fn c_partial_bytes(layout: &ShardLayout, kp: u32, section: u32) -> u32 {
 /// the kernel when not the planned one (`reduce_f32` PAIRS=1), and, when
 /// that kernel reads the tile's own piece in `c` (state word OWN), the
 /// row group of `c` that holds the piece.
-#[derive(Clone)]
 struct PieceReduce {
     slowest: u64,
     parts: Vec<ReducePart>,
@@ -220,7 +219,8 @@ struct PieceReduce {
     own_group: Option<u32>,
 }
 
-/// [`PieceReduce`] of K part `l`'s piece on tile `t`: two partials per
+/// [`PieceReduce`] of K part `l`'s piece on tile `t` (no vertices for an
+/// empty piece): two partials per
 /// load where its formula says that is faster for this piece (its
 /// sections are 8 mod 16 apart, `gather_section`, and its result rows in
 /// region 0), reading the own piece in `c` when its rows lie in one row
@@ -237,22 +237,23 @@ fn piece_reduce(
     let nct = t.cols.1 - t.cols.0;
     let piece = pieces(mt, kp, g.row_align)[l as usize];
     let rows_here = piece.1 - piece.0;
-    // (Without a formula every vertex costs its elements.)
-    let row_align = if pg.transposed_result {
-        crate::TRANSPOSED_REDUCE_ROW_ALIGN
-    } else {
-        1
-    };
-    let (slowest, parts) = reduce_parts(rows_here, nct, kp, pg.costs.reduce.as_mut(), row_align);
     let mut chosen = PieceReduce {
-        slowest,
-        parts,
+        slowest: 0,
+        parts: Vec::new(),
         kernel: None,
         own_group: None,
     };
     if rows_here == 0 {
         return chosen;
     }
+    // (Without a formula every vertex costs its elements.)
+    let row_align = if pg.transposed_result {
+        crate::TRANSPOSED_REDUCE_ROW_ALIGN
+    } else {
+        1
+    };
+    (chosen.slowest, chosen.parts) =
+        reduce_parts(rows_here, nct, kp, pg.costs.reduce.as_mut(), row_align);
     if let Some((pairs, formula)) = pg.reduce_pairs.as_mut() {
         let (fast, fast_parts) = reduce_parts(rows_here, nct, kp, Some(formula), 1);
         let own_group = t
@@ -1546,7 +1547,7 @@ pub fn lower(
     // vertices that load two partials at once (`reduce_f32` PAIRS=1) read
     // the tile's own piece where its GEMM left it (state word OWN), so
     // the exchange does not copy it into the gather.
-    let reduces: BTreeMap<(u32, u32, u32), PieceReduce> = if kp > 1 {
+    let mut reduces: BTreeMap<(u32, u32, u32), PieceReduce> = if kp > 1 {
         work.iter()
             .map(|(&key, t)| (key, piece_reduce(pg, &g, t, kp, key.2)))
             .collect()
@@ -1685,17 +1686,21 @@ pub fn lower(
                     parts,
                     kernel,
                     own_group,
-                } = reduces[&(i, j, l)].clone();
+                } = reduces
+                    .remove(&(i, j, l))
+                    .expect("every tile's reduce chosen above");
+                // PAIRS=1 (the only kernel `piece_reduce` picks instead of
+                // the planned one) reads a tenth word.
+                let pairs = kernel.is_some();
                 let kernel = kernel.unwrap_or_else(|| reduce.clone());
                 for ((q0, q1), (cb0, cb1)) in parts {
-                    // PAIRS=1 reads a tenth word: the own piece's address
-                    // in `c` (its rows in one row group, `rs_c` apart), or
-                    // 0 when the gather holds it too.
+                    // That word: the own piece's address in `c` (its rows
+                    // in one row group, `rs_c` apart), or 0 when the
+                    // gather holds it too.
                     let own_word = own_group.map(|gi| StateWord::Addr {
                         buffer: t.c,
                         offset: lay.c_row(0, gi, piece.0 + q0) + cb0 * 16 * g.out_bytes(),
                     });
-                    let pairs = kernel.params.get("PAIRS") == Some(&1);
                     vertices.push(Vertex {
                         kernel: kernel.clone(),
                         state: vec![
