@@ -35,14 +35,16 @@
 #   28 QUADS    groups of 4 elements per row (>= 1)
 #   32 BIAS     address of the bias of column 0 (f16; f32 with OUT=32;
 #               8-aligned; EPI 1 and 2)
-#   36 OWN      PAIRS=1 only: the address of partial 0's row 0 (RS_SRC
+#   36 OWN      PAIRS=1 or OWN=1 only: the address of partial 0's row 0 (RS_SRC
 #               apart like the others), or 0: partial 0 at SRC. With OWN,
 #               partials 1..P-1 stay at SRC + p * SECTION and SRC's slot 0
 #               is never read: a reduce-scatter leaves the tile's own piece
 #               where its GEMM wrote it instead of copying it into the
-#               gather. OWN needs the two-partial path's placement (below)
-#               and OWN = SRC mod 16 in region 1; a vertex given OWN where
-#               that path cannot run faults (a load from address 0).
+#               gather. PAIRS=1: OWN needs the two-partial path's
+#               placement (below) and OWN = SRC mod 16 in region 1; a
+#               vertex given OWN where that path cannot run faults (a load
+#               from address 0). OWN=1 (ACC=16 TR=1): any 8-aligned OWN,
+#               2 <= P <= 8, else the same fault.
 #
 # Sums run in f32 in partial order (p = 0, 1, ...), one rounding per add,
 # then one conversion: each group of four costs about 2P + 7 bundles (IN=16:
@@ -71,6 +73,7 @@
         .param TR, 0
         .param ACC, 32
         .param PAIRS, 0
+        .param OWN, 0
         .workers 6
         .if OUT != 16 && OUT != 32
         .error "OUT must be 16 (f16 result) or 32 (f32 result)"
@@ -90,6 +93,9 @@
         .if (PAIRS != 0 && PAIRS != 1) || (PAIRS == 1 && (ACC != 16 || EPI != 0 || TR != 0))
         .error "PAIRS must be 0 or 1, and PAIRS=1 (two partials per load) needs ACC=16, EPI=0 and TR=0"
         .endif
+        .if (OWN != 0 && OWN != 1) || (OWN == 1 && (ACC != 16 || EPI != 0 || TR != 1))
+        .error "OWN must be 0 or 1, and OWN=1 (partial 0 at state word OWN) needs ACC=16, EPI=0 and TR=1 (PAIRS=1 reads OWN without it)"
+        .endif
         # ACC=16: the step (2 * P) / (P + 9) is 0 for P <= 8 (unrolled
         # groups: P + 1 or P + 4 bundles, TR=0 with two partials per load
         # P - 1) and 1 for every larger P (the generic loop: P + 3 bundles
@@ -108,8 +114,14 @@
         # one-row path at QUADS (P + 4) + 2 each; when B > 0, 9 more for the
         # four-row path's prologue and drain, and 3 more when t > 0 too (the
         # way from it to the one-row path). 1 - 1 / (X + 1) is 1 for X > 0,
-        # else 0. P > 8 (S = 1) keeps the generic one-row loop.
+        # else 0. P > 8 (S = 1) keeps the generic one-row loop. OWN=1: 18
+        # bundles more at the entry (the walk's start, E, the steps and the
+        # check), with or without OWN.
+        .if OWN == 1
+        .cycles "6 * (((2 * P) / (P + 9)) * (53 + ROWS * (5 + QUADS * (P + 6))) + (1 - ((2 * P) / (P + 9))) * (65 + (ROWS - 4 * (ROWS / 4)) * (2 + QUADS * (P + 4)) + (1 - 1 / ((ROWS / 4) + 1)) * (9 + 3 * (1 - 1 / ((ROWS - 4 * (ROWS / 4)) + 1))) + (ROWS / 4) * (2 + QUADS * (4 * P + 4))))"
+        .else
         .cycles "6 * (((2 * P) / (P + 9)) * (35 + ROWS * (5 + QUADS * (P + 6))) + (1 - ((2 * P) / (P + 9))) * (47 + (ROWS - 4 * (ROWS / 4)) * (2 + QUADS * (P + 4)) + (1 - 1 / ((ROWS / 4) + 1)) * (9 + 3 * (1 - 1 / ((ROWS - 4 * (ROWS / 4)) + 1))) + (ROWS / 4) * (2 + QUADS * (4 * P + 4))))"
+        .endif
         .elseif ACC == 16 && PAIRS == 0
         .cycles "6 * (29 + 6 * ((2 * P) / (P + 9)) + ROWS * (2 + 3 * ((2 * P) / (P + 9)) + QUADS * (P + 1 + 2 * ((2 * P) / (P + 9)))))"
         .elseif ACC == 16
@@ -236,8 +248,12 @@
 # The final add beside the read-ahead of the next partial 0 (the add reads
 # $a2:3 before the load writes it).
         .macro ACC16_FINAL_ADD_LOAD P
-        .if \P == 2
+        .if \P == 2 && OWN == 1
+        { ld64 $a2:3, [$m2]+=$m6 ; f16v4add $a4:5, $a2:3, $a0:1 }
+        .elseif \P == 2
         { ld64 $a2:3, [$m2]+=$m8 ; f16v4add $a4:5, $a2:3, $a0:1 }
+        .elseif OWN == 1
+        { ld64 $a2:3, [$m2]+=$m6 ; f16v4add $a4:5, $a4:5, $a0:1 }
         .else
         { ld64 $a2:3, [$m2]+=$m8 ; f16v4add $a4:5, $a4:5, $a0:1 }
         .endif
@@ -410,7 +426,7 @@ acc16_first_\P:
 # (stepping by \wstep), group g + 1's rows x, y, z, w up to that row's
 # partial P - 2, group g's H packs and stores (column 3 stepping by
 # \cstep), group g + 1's L packs. \w is the partial walk.
-        .macro TR4_BODY P, w, wstep, cstep
+        .macro TR4_BODY P, w, wstep, cstep, e
         .if \P == 1
         { ld64 $a8:9, [\w]+=\wstep ; pack16hi $a14, $a3, $a5 }
         { ld64 $a2:3, [\w]+=$m5 ; pack16lo $a5, $a6, $a8 }
@@ -422,23 +438,23 @@ acc16_first_\P:
         { st64 $a14:15, [$m3]+=\cstep ; pack16lo $a12, $a3, $a5 }
         .elseif \P == 2
         { ld64 $a0:1, [\w]+=\wstep ; pack16hi $a14, $a3, $a5 }
-        { ld64 $a2:3, [\w]+=$m8 ; f16v4add $a8:9, $a8:9, $a0:1 }
+        { ld64 $a2:3, [\w]+=\e ; f16v4add $a8:9, $a8:9, $a0:1 }
         { ld64 $a0:1, [\w]+=$m5 ; pack16lo $a5, $a6, $a8 }
         { st64 $a4:5, [$m3]+=$m12 ; pack16hi $a11, $a6, $a8 }
         { st64 $a10:11, [$m3]+=$m12 ; f16v4add $a2:3, $a2:3, $a0:1 }
-        { ld64 $a4:5, [\w]+=$m8 ; pack16lo $a13, $a7, $a9 }
+        { ld64 $a4:5, [\w]+=\e ; pack16lo $a13, $a7, $a9 }
         { ld64 $a0:1, [\w]+=$m5 ; pack16hi $a15, $a7, $a9 }
-        { ld64 $a6:7, [\w]+=$m8 ; f16v4add $a4:5, $a4:5, $a0:1 }
+        { ld64 $a6:7, [\w]+=\e ; f16v4add $a4:5, $a4:5, $a0:1 }
         { ld64 $a0:1, [\w]+=$m5 ; pack16hi $a10, $a2, $a4 }
         { st64 $a12:13, [$m3]+=$m12 ; pack16lo $a4, $a2, $a4 }
-        { ld64 $a8:9, [\w]+=$m8 ; f16v4add $a6:7, $a6:7, $a0:1 }
+        { ld64 $a8:9, [\w]+=\e ; f16v4add $a6:7, $a6:7, $a0:1 }
         { st64 $a14:15, [$m3]+=\cstep ; pack16lo $a12, $a3, $a5 }
         .else
         # Group g's w row: its last partial, its final add beside x's
         # partial 0 of group g + 1; then x's partials with group g's H0, H1
         # (columns 0 and 1 complete and stored), H2.
         { ld64 $a0:1, [\w]+=\wstep ; f16v4add $a8:9, $a8:9, $a0:1 }
-        { ld64 $a2:3, [\w]+=$m8 ; f16v4add $a8:9, $a8:9, $a0:1 }
+        { ld64 $a2:3, [\w]+=\e ; f16v4add $a8:9, $a8:9, $a0:1 }
         { ld64 $a0:1, [\w]+=$m8 ; pack16lo $a5, $a6, $a8 }
         { st64 $a4:5, [$m3]+=$m12 ; pack16hi $a11, $a6, $a8 }
         { st64 $a10:11, [$m3]+=$m12 ; f16v4add $a2:3, $a2:3, $a0:1 }
@@ -449,18 +465,18 @@ acc16_first_\P:
         TR4_ADDS $a2:3, \w, \P - 4, 1
         .endif
         # y's partials, H3 (group g's z and w sums are free after it).
-        { ld64 $a4:5, [\w]+=$m8 ; f16v4add $a2:3, $a2:3, $a0:1 }
+        { ld64 $a4:5, [\w]+=\e ; f16v4add $a2:3, $a2:3, $a0:1 }
         { ld64 $a0:1, [\w]+=$m8 ; pack16hi $a15, $a7, $a9 }
         TR4_ADDS $a4:5, \w, \P - 3, 1
         # z's partials; y's sum is final: L1, then L0 over y's low word
         # beside the store of group g's column 2.
-        { ld64 $a6:7, [\w]+=$m8 ; f16v4add $a4:5, $a4:5, $a0:1 }
+        { ld64 $a6:7, [\w]+=\e ; f16v4add $a4:5, $a4:5, $a0:1 }
         { ld64 $a0:1, [\w]+=$m8 ; pack16hi $a10, $a2, $a4 }
         { st64 $a12:13, [$m3]+=$m12 ; pack16lo $a4, $a2, $a4 }
         TR4_ADDS $a6:7, \w, \P - 3, 1
         # w's partials up to P - 2; group g's column 3 stored before L3
         # overwrites its low word.
-        { ld64 $a8:9, [\w]+=$m8 ; f16v4add $a6:7, $a6:7, $a0:1 }
+        { ld64 $a8:9, [\w]+=\e ; f16v4add $a6:7, $a6:7, $a0:1 }
         { st64 $a14:15, [$m3]+=\cstep ; pack16lo $a12, $a3, $a5 }
         { ld64 $a0:1, [\w]+=$m8 ; pack16hi $a14, $a3, $a5 }
         TR4_ADDS $a8:9, \w, \P - 3, 0
@@ -471,7 +487,7 @@ acc16_first_\P:
 # 0 in $a2:3, up to the start of a loop body: the body without the
 # previous group's H packs and stores, whose main slots set $m4 (the rows
 # after the blocks) and $m11 (the column-3 step of a block row's end).
-        .macro TR4_PROLOGUE P, w
+        .macro TR4_PROLOGUE P, w, e
         .if \P == 1
         ld64 $a4:5, [\w]+=$m5
         { ld64 $a6:7, [\w]+=$m5 ; pack16hi $a10, $a2, $a4 }
@@ -479,23 +495,23 @@ acc16_first_\P:
         { add $m11, $m7, 6 ; pack16lo $a12, $a3, $a5 }
         .elseif \P == 2
         ld64 $a0:1, [\w]+=$m5
-        { ld64 $a4:5, [\w]+=$m8 ; f16v4add $a2:3, $a2:3, $a0:1 }
+        { ld64 $a4:5, [\w]+=\e ; f16v4add $a2:3, $a2:3, $a0:1 }
         ld64 $a0:1, [\w]+=$m5
-        { ld64 $a6:7, [\w]+=$m8 ; f16v4add $a4:5, $a4:5, $a0:1 }
+        { ld64 $a6:7, [\w]+=\e ; f16v4add $a4:5, $a4:5, $a0:1 }
         { ld64 $a0:1, [\w]+=$m5 ; pack16hi $a10, $a2, $a4 }
-        { ld64 $a8:9, [\w]+=$m8 ; f16v4add $a6:7, $a6:7, $a0:1 }
+        { ld64 $a8:9, [\w]+=\e ; f16v4add $a6:7, $a6:7, $a0:1 }
         { and $m4, $m11, 3 ; pack16lo $a4, $a2, $a4 }
         { add $m11, $m7, 6 ; pack16lo $a12, $a3, $a5 }
         .else
         ld64 $a0:1, [\w]+=$m8
         TR4_ADDS $a2:3, \w, \P - 3, 1
-        { ld64 $a4:5, [\w]+=$m8 ; f16v4add $a2:3, $a2:3, $a0:1 }
+        { ld64 $a4:5, [\w]+=\e ; f16v4add $a2:3, $a2:3, $a0:1 }
         ld64 $a0:1, [\w]+=$m8
         TR4_ADDS $a4:5, \w, \P - 3, 1
-        { ld64 $a6:7, [\w]+=$m8 ; f16v4add $a4:5, $a4:5, $a0:1 }
+        { ld64 $a6:7, [\w]+=\e ; f16v4add $a4:5, $a4:5, $a0:1 }
         { ld64 $a0:1, [\w]+=$m8 ; pack16hi $a10, $a2, $a4 }
         TR4_ADDS $a6:7, \w, \P - 3, 1
-        { ld64 $a8:9, [\w]+=$m8 ; f16v4add $a6:7, $a6:7, $a0:1 }
+        { ld64 $a8:9, [\w]+=\e ; f16v4add $a6:7, $a6:7, $a0:1 }
         { and $m4, $m11, 3 ; pack16lo $a4, $a2, $a4 }
         { ld64 $a0:1, [\w]+=$m8 ; pack16lo $a12, $a3, $a5 }
         { add $m11, $m7, 6 ; pack16hi $a14, $a3, $a5 }
@@ -534,25 +550,27 @@ acc16_first_\P:
 # path, which exits through $m14.
         .macro TR4_ROWS P
         .if \P == 1
-        TR4_ROWS_W \P, $m6
+        TR4_ROWS_W \P, $m6, $m8
+        .elseif OWN == 1
+        TR4_ROWS_W \P, $m2, $m6
         .else
-        TR4_ROWS_W \P, $m2
+        TR4_ROWS_W \P, $m2, $m8
         .endif
         .endm
 
-        .macro TR4_ROWS_W P, w
+        .macro TR4_ROWS_W P, w, e
 acc16_tr_row_\P:
-        TR4_BODY \P, \w, $m1, $m11
+        TR4_BODY \P, \w, $m1, $m11, \e
 acc16_tr_first_\P:
         rpt $m10, 4 * \P + 4
-        TR4_BODY \P, \w, $m13, $m12
+        TR4_BODY \P, \w, $m13, $m12, \e
         brnzdec $m9, acc16_tr_row_\P
         TR4_DRAIN \P, \w
         brnzdec $m4, acc16_tr_tail_\P
         exit
 acc16_tr_tail_\P:
         .if \P > 1
-        ld64 $a2:3, [$m2]+=$m8
+        ld64 $a2:3, [$m2]+=\e
         .endif
         br acc16_first_\P
 acc16_tr_fast_\P:
@@ -561,10 +579,10 @@ acc16_tr_fast_\P:
         # P = 1: x's partial 0 is its last; the walk steps to row y.
         ld64 $a2:3, [\w]+=$m5
         .else
-        ld64 $a2:3, [\w]+=$m8
+        ld64 $a2:3, [\w]+=\e
         .endif
 acc16_tr_pre_\P:
-        TR4_PROLOGUE \P, \w
+        TR4_PROLOGUE \P, \w, \e
         brnzdec $m9, acc16_tr_first_\P
         .endm
 
@@ -628,6 +646,34 @@ reduce_f32:
         add $m13, $m9, -1
         mul $m13, $m13, $m8
         shl $m5, $m10, 3
+        .if OWN == 1
+        # OWN (TR=1): partial 0 of every row at OWN + row * RS_SRC instead
+        # of SRC + row * RS_SRC. D = OWN - SRC (0 when OWN is 0) moves the
+        # walk's start, and every step that arrives at a partial 0 (from
+        # partial P-1: G and the row steps, which all subtract (P-1)
+        # SECTION) gains D: $m13 = (P-1) SECTION - D. The step that leaves
+        # a partial 0 for partial 1 is E = SECTION - D ($m6, kept from
+        # here; P = 1 walks $m6 from SRC instead, chosen below). All of it
+        # branch-free, so that both kinds of vertex cost the same. A vertex
+        # given OWN with P outside 2..8 faults (a load from address 0):
+        # P = 1 has nothing to gather, and the generic loop for P > 8 steps
+        # its partials without E. $m1 is free until the set-up below.
+        ld32 $m6, [$m0 + ST_OWN]
+        cmpne $m1, $m6, $mzero
+        sub $m1, $mzero, $m1
+        sub $m6, $m6, $m2
+        and $m6, $m6, $m1
+        add $m14, $m9, -2
+        cmpult $m14, $m14, 7
+        xor $m14, $m14, 1
+        and $m14, $m14, $m1
+        add $m14, $m14, -1
+        and $m14, $m14, $m2
+        ld32 $m14, [$m14 + 0]
+        add $m2, $m2, $m6
+        sub $m13, $m13, $m6
+        sub $m6, $m8, $m6
+        .endif
         .if PAIRS == 0
         sub $m0, $mzero, $m13
         add $m0, $m0, 8
@@ -712,10 +758,22 @@ acc16f_one_load:
         sub $m1, $m1, $m13
         .endif
         .endif
+        .if OWN == 1
+        # $m6: P = 1's walk ($m2, at SRC) for P = 1, else E.
+        cmpeq $m14, $m9, 1
+        sub $m5, $m2, $m6
+        mul $m5, $m5, $m14
+        add $m6, $m6, $m5
+        .else
         mov $m6, $m2
+        .endif
         # The first row's partial 0 (P = 1 walks $m6 instead), then the
         # branch to the rows of this P.
+        .if OWN == 1
+        ld64 $a2:3, [$m2]+=$m6
+        .else
         ld64 $a2:3, [$m2]+=$m8
+        .endif
         .if TR == 1
         ACC16_TR_DISPATCH
         .else

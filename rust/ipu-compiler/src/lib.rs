@@ -291,27 +291,38 @@ pub(crate) fn reduce_kernel_f16_partials(epilogue: i64) -> KernelRequest {
             ("IN".to_string(), 16),
             ("OUT".to_string(), 16),
             ("TR".to_string(), 0),
-            // PAIRS=1 (two partials per load, ACC=16 EPI=0 only) is
-            // requested for streamed gathers alone (`pairs_request`).
+            // PAIRS=1 (two partials per load, ACC=16 EPI=0 only) and
+            // OWN=1 (partial 0 at its own address, ACC=16 TR=1) are
+            // requested for streamed gathers alone (`own_request`).
             ("PAIRS".to_string(), 0),
+            ("OWN".to_string(), 0),
         ]
         .into_iter()
         .collect(),
     }
 }
 
-/// The f16-sum request loading two partials per `ld2x64st64`
-/// (`reduce_f32` ACC=16 PAIRS=1) in place of `request` when that is the
-/// plain f16 sum: for a streamed GEMM's reduce-scatter, whose gathered f16
-/// partials sit 8 mod 16 bytes apart in region 1 (`stream::gather_section`)
-/// and whose result rows are in region 0 (docs/kernels.md, "Two partials
-/// per load"). `None` for any other reduce.
-fn pairs_request(request: &KernelRequest) -> Option<KernelRequest> {
-    (*request == reduce_kernel_f16_sum()).then(|| {
-        let mut pairs = request.clone();
-        pairs.params.insert("PAIRS".into(), 1);
-        pairs
-    })
+/// The f16-sum request that reads partial 0 at its own address (state word
+/// OWN) in place of `request`, for a streamed GEMM's reduce-scatter, which
+/// then leaves each tile's own piece where its GEMM wrote it: for the plain
+/// f16 sum, the object loading two partials per `ld2x64st64` (`reduce_f32`
+/// ACC=16 PAIRS=1; the gathered partials sit 8 mod 16 bytes apart in
+/// region 1, `stream::gather_section`, the result rows in region 0;
+/// docs/kernels.md, "Two partials per load"), and for the transposed f16
+/// sum its OWN=1 twin (ACC=16 TR=1 OWN=1). `None` for any other reduce.
+fn own_request(request: &KernelRequest) -> Option<KernelRequest> {
+    let sum = reduce_kernel_f16_sum();
+    let transposed_sum = transposed_reduce_request(&sum)?;
+    let key = if *request == sum {
+        "PAIRS"
+    } else if *request == transposed_sum {
+        "OWN"
+    } else {
+        return None;
+    };
+    let mut own = request.clone();
+    own.params.insert(key.into(), 1);
+    Some(own)
 }
 
 /// The vertex that sums f16 partials in f16 (`reduce_f32` ACC=16, no
@@ -2230,18 +2241,20 @@ fn plan_and_lower(
             }
         }
     }
-    // A streamed GEMM whose K parts' f16 partials are reduce-scattered
-    // (and stored untransposed) may sum them with two partials per load
-    // (`reduce_f32` PAIRS=1), tile by tile where its formula is the faster
-    // (`lower::PlannedGemm::reduce_pairs`; 4096^3 GEMM 1,066,589 ->
-    // 1,060,841 cycles). The plan was chosen with the one-load formula,
-    // an upper bound.
-    let pairs: Vec<Option<(library::KernelRequest, gemm::FormulaCost)>> = planned
+    // A streamed GEMM whose K parts' f16 partials are reduce-scattered may
+    // sum them with the object that reads each tile's own piece where its
+    // GEMM left it (`own_request`: two partials per load, `reduce_f32`
+    // PAIRS=1, untransposed; OWN=1 transposed), tile by tile where its
+    // formula beats the plain object's and the self-transfer it spares
+    // (`lower::PlannedGemm::reduce_own`; 4096^3 GEMM 1,066,589 ->
+    // 1,050,407 cycles). The plan was chosen with the plain formula and
+    // the self-transfers, an upper bound.
+    let owns: Vec<Option<(library::KernelRequest, gemm::FormulaCost)>> = planned
         .iter()
         .zip(&operation_reports)
         .map(|((geometry, (_, reduce), _, _, _, _), report)| {
             let streamed_parts = report.chosen.stream.is_some_and(|s| s.k_parts > 1);
-            let request = reduce.as_ref().and_then(pairs_request)?;
+            let request = reduce.as_ref().and_then(own_request)?;
             if !streamed_parts || geometry.acc32 {
                 return None;
             }
@@ -2264,7 +2277,7 @@ fn plan_and_lower(
                         map,
                         kernel: request.clone(),
                         reduce_kernel: reduce.clone(),
-                        reduce_pairs: None,
+                        reduce_own: None,
                         costs,
                         a_by_exchange: false,
                         result_in_place: true,
@@ -2280,11 +2293,11 @@ fn plan_and_lower(
             .iter_mut()
             .zip(&a_by_exchange)
             .zip(&transposed)
-            .zip(&pairs)
+            .zip(&owns)
         {
             g.a_by_exchange = x;
             g.transposed_result = t;
-            g.reduce_pairs = p.clone();
+            g.reduce_own = p.clone();
         }
         // A producer whose consumer receives its result by exchange keeps
         // the result in standard memory.

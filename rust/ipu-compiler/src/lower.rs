@@ -278,10 +278,12 @@ pub struct PlannedGemm<'a> {
     /// The reduce kernel (f32 accumulation only).
     pub reduce_kernel: Option<KernelRequest>,
     /// For a streamed reduce-scatter of f16 partials: the object that
-    /// loads two partials per `ld2x64st64` (`reduce_f32` PAIRS=1) with its
-    /// formula; a tile's reduce takes it when its formula is the faster
-    /// (its fixed cost is higher, so small pieces keep `reduce_kernel`).
-    pub reduce_pairs: Option<(KernelRequest, crate::gemm::FormulaCost)>,
+    /// reads partial 0 at its own address (state word OWN: `reduce_f32`
+    /// PAIRS=1, which also loads two partials per `ld2x64st64`, or the
+    /// transposed OWN=1) with its formula; a tile's reduce takes it when
+    /// its formula beats `reduce_kernel`'s and the self-transfer it spares
+    /// (its fixed cost is higher, so small pieces may keep `reduce_kernel`).
+    pub reduce_own: Option<(KernelRequest, crate::gemm::FormulaCost)>,
     pub costs: &'a mut crate::gemm::GemmCosts,
     /// A chained GEMM whose A rows arrive by an exchange step from the
     /// producer's tiles (its own plan), rather than staying on the tiles of

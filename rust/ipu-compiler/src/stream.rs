@@ -209,7 +209,7 @@ fn c_partial_bytes(layout: &ShardLayout, kp: u32, section: u32) -> u32 {
 
 /// The reduce of one tile's piece of a reduce-scatter: its slowest
 /// vertex's formula cycles, its vertices' (row range, column-block range),
-/// the kernel when not the planned one (`reduce_f32` PAIRS=1), and, when
+/// the kernel when not the planned one (`reduce_f32` PAIRS=1 or OWN=1), and, when
 /// that kernel reads the tile's own piece in `c` (state word OWN), the
 /// row group of `c` that holds the piece.
 struct PieceReduce {
@@ -219,13 +219,20 @@ struct PieceReduce {
     own_group: Option<u32>,
 }
 
+/// The most partials `reduce_f32` reads with partial 0 at OWN.
+const OWN_MAX_PARTIALS: u32 = 8;
+
 /// [`PieceReduce`] of K part `l`'s piece on tile `t` (no vertices for an
-/// empty piece): two partials per
-/// load where its formula says that is faster for this piece (its
-/// sections are 8 mod 16 apart, `gather_section`, and its result rows in
-/// region 0), reading the own piece in `c` when its rows lie in one row
-/// group there (rows of one row group are `rs_c` apart; the gather's
-/// sections and `c` are both 16-aligned in region 1, as OWN needs).
+/// empty piece): the object that reads the own piece in `c`
+/// ([`crate::lower::PlannedGemm::reduce_own`]) where its formula says that
+/// is faster for this piece, counting the self-transfer it spares, and
+/// with OWN when the piece's rows lie in one row group there (rows of one
+/// row group are `rs_c` apart; the gather's sections and `c` are both
+/// 16-aligned in region 1, as PAIRS=1's OWN needs) and 2 to 8 K parts
+/// sum. Untransposed, that object (PAIRS=1) also loads two partials per
+/// load where the placement allows (its sections are 8 mod 16 apart,
+/// `gather_section`, and its result rows in region 0), so it may pay
+/// without OWN too.
 fn piece_reduce(
     pg: &mut crate::lower::PlannedGemm,
     g: &GemmGeometry,
@@ -254,14 +261,22 @@ fn piece_reduce(
     };
     (chosen.slowest, chosen.parts) =
         reduce_parts(rows_here, nct, kp, pg.costs.reduce.as_mut(), row_align);
-    if let Some((pairs, formula)) = pg.reduce_pairs.as_mut() {
-        let (fast, fast_parts) = reduce_parts(rows_here, nct, kp, Some(formula), 1);
+    if let Some((own_kernel, formula)) = pg.reduce_own.as_mut() {
+        // Both objects read OWN only with 2 to 8 partials (their unrolled
+        // paths; a vertex given OWN beyond them faults).
         let own_group = t
             .split
             .row_groups
             .iter()
             .position(|&(g0, g1)| g0 <= piece.0 && piece.1 <= g1)
+            .filter(|_| (2..=OWN_MAX_PARTIALS).contains(&kp))
             .map(|gi| gi as u32);
+        // The transposed object (OWN=1) differs from the plain one only in
+        // reading OWN: without it, it costs more for nothing.
+        if pg.transposed_result && own_group.is_none() {
+            return chosen;
+        }
+        let (fast, fast_parts) = reduce_parts(rows_here, nct, kp, Some(formula), row_align);
         // Reading the own piece in `c` also spares the reduce-scatter the
         // piece's words, received at 4 bytes a cycle before the reduce
         // starts: the plain vertex costs them too.
@@ -274,7 +289,7 @@ fn piece_reduce(
             chosen = PieceReduce {
                 slowest: fast,
                 parts: fast_parts,
-                kernel: Some(pairs.clone()),
+                kernel: Some(own_kernel.clone()),
                 own_group,
             };
         }
@@ -1689,9 +1704,9 @@ pub fn lower(
                 } = reduces
                     .remove(&(i, j, l))
                     .expect("every tile's reduce chosen above");
-                // PAIRS=1 (the only kernel `piece_reduce` picks instead of
-                // the planned one) reads a tenth word.
-                let pairs = kernel.is_some();
+                // PAIRS=1 and OWN=1 (the only kernels `piece_reduce` picks
+                // instead of the planned one) read a tenth word.
+                let own_word_present = kernel.is_some();
                 let kernel = kernel.unwrap_or_else(|| reduce.clone());
                 for ((q0, q1), (cb0, cb1)) in parts {
                     // That word: the own piece's address in `c` (its rows
@@ -1731,7 +1746,7 @@ pub fn lower(
                             },
                         ]
                         .into_iter()
-                        .chain(pairs.then(|| own_word.unwrap_or(StateWord::Const(0))))
+                        .chain(own_word_present.then(|| own_word.unwrap_or(StateWord::Const(0))))
                         .collect(),
                     });
                 }

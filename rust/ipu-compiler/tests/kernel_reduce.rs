@@ -351,12 +351,32 @@ enum Layout {
     /// 8) or back to back (`tight`: RS_DST = 2 ROWS, a multiple of 8 only
     /// when ROWS is a multiple of 4); vertices split the rows into ranges
     /// that start on multiples of `split` (the compiler's split: 4).
-    ColumnsAt { lead: u32, tight: bool, split: u32 },
+    ///
+    /// `own`: the OWN word of the `OWN=1` object ([`OwnTr`]).
+    ColumnsAt {
+        lead: u32,
+        tight: bool,
+        split: u32,
+        own: OwnTr,
+    },
     /// TR=0: result rows as [`Layout::Rows`], with the partials, their
     /// sections and the result placed by `Place` (ACC=16's `ld2x64st64`
     /// path needs the partials in region 1 with SECTION = 8 mod 16 and the
     /// result in region 0; other placements take the one-load path).
     RowsAt(Place),
+}
+
+/// ACC=16 TR=1's partial 0 (state word OWN of the `OWN=1` object: a tile's
+/// own piece of a transposed reduce-scatter where its GEMM left it).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum OwnTr {
+    /// The `OWN=0` object, whose state has no OWN word.
+    Off,
+    /// The `OWN=1` object with OWN = 0: partial 0 at SRC.
+    Zero,
+    /// The `OWN=1` object with partial 0 at [`OWN`] (partials 1.. at SRC +
+    /// p SECTION, SRC's slot 0 filled with NaNs that must not be read).
+    At,
 }
 
 impl Layout {
@@ -614,11 +634,23 @@ fn run_in16_result(case: Case16) -> (u64, Vec<Vec<u32>>) {
     // (PAIRS=1): its fast path where the placement allows, its one-load
     // fallback where not.
     let pairs = acc16 && epi == 0 && matches!(layout, Layout::RowsAt(_));
+    let own_tr = match layout {
+        Layout::ColumnsAt { own, .. } => own,
+        _ => OwnTr::Off,
+    };
+    assert!(
+        own_tr == OwnTr::Off || acc16,
+        "{case:?}: OWN=1 needs ACC=16"
+    );
     let own = match layout {
         Layout::RowsAt(place) => place.own,
-        _ => false,
+        _ => own_tr == OwnTr::At,
     };
-    assert!(!own || pairs, "{case:?}: OWN is a word of PAIRS=1 only");
+    assert!(
+        !own || pairs || own_tr == OwnTr::At,
+        "{case:?}: OWN is a word of PAIRS=1 and OWN=1 only"
+    );
+    let own_word_present = pairs || own_tr != OwnTr::Off;
     let elements = (quads * 4) as usize;
     let at = |p: u32, r: u32, e: usize| ((p * rows + r) as usize) * elements + e;
     let partial_values: Vec<u16> = (0..partials as usize * rows as usize * elements)
@@ -655,7 +687,7 @@ fn run_in16_result(case: Case16) -> (u64, Vec<Vec<u32>>) {
             && (OWN + rows * rs_src <= dst - GUARD_LEAD || dst + dst_bytes <= OWN)),
         "{case:?}: partial 0 at OWN overlaps the other partials or the result"
     );
-    // PAIRS=1 reads a tenth word: partial 0's own address, or 0.
+    // PAIRS=1 and OWN=1 read a tenth word: partial 0's own address, or 0.
     let own_word = |offset: u32| if own { OWN + offset } else { 0 };
     let launches: Vec<Launch> = match layout {
         Layout::RowsAt(Place {
@@ -677,7 +709,7 @@ fn run_in16_result(case: Case16) -> (u64, Vec<Vec<u32>>) {
                     BIAS + 8 * q0 as u32,
                 ]
                 .into_iter()
-                .chain(pairs.then(|| own_word(8 * q0 as u32)))
+                .chain(own_word_present.then(|| own_word(8 * q0 as u32)))
                 .collect(),
             })
             .collect(),
@@ -697,7 +729,7 @@ fn run_in16_result(case: Case16) -> (u64, Vec<Vec<u32>>) {
                     BIAS,
                 ]
                 .into_iter()
-                .chain(pairs.then(|| own_word(r0 as u32 * rs_src)))
+                .chain(own_word_present.then(|| own_word(r0 as u32 * rs_src)))
                 .collect(),
             })
             .collect(),
@@ -713,6 +745,7 @@ fn run_in16_result(case: Case16) -> (u64, Vec<Vec<u32>>) {
         ("TR", if layout.transposed() { 1 } else { 0 }),
         ("ACC", if acc16 { 16 } else { 32 }),
         ("PAIRS", pairs as i64),
+        ("OWN", (own_tr != OwnTr::Off) as i64),
     ];
     let (chip, cycles) = simulate(
         &[Kernel {
@@ -935,11 +968,13 @@ fn tr_stores_the_in16_result_transposed_bit_exactly() {
                     lead: 4,
                     tight: false,
                     split: 4,
+                    own: OwnTr::Off,
                 },
                 Layout::ColumnsAt {
                     lead: 6,
                     tight: true,
                     split: 1,
+                    own: OwnTr::Off,
                 },
             ] {
                 for workers in [1, 6] {
@@ -1224,6 +1259,7 @@ fn acc16_tr_four_row_blocks_bit_exactly() {
                         lead: 2 * (i % 4),
                         tight: i / 4 % 2 == 1,
                         split,
+                        own: OwnTr::Off,
                     },
                     seed: 50000 + i as u64,
                     ..Case16::acc16(rows, quads, partials)
@@ -1255,6 +1291,7 @@ fn acc16_tr_four_row_blocks_on_specials() {
                     lead,
                     tight: false,
                     split,
+                    own: OwnTr::Off,
                 },
                 seed: 57000 + partials as u64 * 10 + lead as u64,
                 ..Case16::acc16(rows, quads, partials)
@@ -1284,6 +1321,7 @@ fn acc16_tr_four_row_cycles_match_the_declared_formula() {
                             lead: 0,
                             tight,
                             split: 1,
+                            own: OwnTr::Off,
                         },
                         seed: 3,
                         ..Case16::acc16(rows, quads, partials)
@@ -1300,6 +1338,97 @@ fn acc16_tr_four_row_cycles_match_the_declared_formula() {
         }
     }
     assert_formulas_hold(&outside);
+}
+
+/// ACC=16 TR=1 with partial 0 from its own address (`OWN=1`, state word
+/// OWN: a transposed reduce-scatter reads the tile's own piece where its
+/// GEMM left it). Every P from 2 to 8, ROWS 1..13 and 61, QUADS 1..5 and
+/// 16, in rotation element (0, 0) 8-aligned or 2, 4, 6 mod 8 (head rows on
+/// the one-row path), padded or back-to-back columns, one vertex or six
+/// (row ranges from multiples of 4, or anywhere): bit for bit against the
+/// host emulation with SRC's slot 0 full of NaNs that must not be read.
+/// The same object with OWN = 0 sums partial 0 at SRC for every P (1..10,
+/// 13, 17: the generic loop too). One-vertex runs in the compiler's layout
+/// within 3% of the declared formula, with and without OWN.
+#[test]
+fn acc16_tr_partial_zero_from_its_own_address() {
+    let mut outside = Vec::new();
+    let mut i = 0u32;
+    for partials in (1..=10).chain([13, 17]) {
+        for rows in (1..=13).chain([61]) {
+            for quads in [1, 2, 3, 4, 5, 16] {
+                let (workers, split) = [(1, 1), (6, 4), (6, 1)][(i / 8 % 3) as usize];
+                let own = if (2..=8).contains(&partials) && !i.is_multiple_of(3) {
+                    OwnTr::At
+                } else {
+                    OwnTr::Zero
+                };
+                let lead = if workers == 1 && i.is_multiple_of(5) {
+                    0
+                } else {
+                    2 * (i % 4)
+                };
+                let tight = i / 4 % 2 == 1 && rows % 4 == 0;
+                let simulated = run_in16(Case16 {
+                    workers,
+                    layout: Layout::ColumnsAt {
+                        lead,
+                        tight,
+                        split,
+                        own,
+                    },
+                    seed: 81000 + i as u64,
+                    ..Case16::acc16(rows, quads, partials)
+                });
+                if workers == 1 && lead == 0 {
+                    check_formula(
+                        &mut outside,
+                        format!(
+                            "ACC=16 TR=1 OWN=1 rows={rows} quads={quads} P={partials} {own:?} tight={tight}"
+                        ),
+                        &[("IN", 16), ("ACC", 16), ("TR", 1), ("OWN", 1)],
+                        (rows, quads, partials),
+                        simulated,
+                    );
+                }
+                i += 1;
+            }
+        }
+    }
+    assert_formulas_hold(&outside);
+}
+
+/// A transposed OWN vertex the kernel cannot serve (P = 1: nothing to
+/// gather; P > 8: the generic loop, which steps without OWN) faults rather
+/// than sum the NaNs at SRC.
+#[test]
+fn acc16_tr_own_partial_outside_two_to_eight_partials_faults() {
+    for partials in [1, 9] {
+        let run = std::panic::catch_unwind(|| {
+            run_in16(Case16 {
+                layout: Layout::ColumnsAt {
+                    lead: 0,
+                    tight: false,
+                    split: 1,
+                    own: OwnTr::At,
+                },
+                seed: 9,
+                ..Case16::acc16(8, 2, partials)
+            })
+        });
+        let message = run
+            .err()
+            .and_then(|e| {
+                e.downcast_ref::<String>()
+                    .cloned()
+                    .or_else(|| e.downcast_ref::<&str>().map(|s| s.to_string()))
+            })
+            .unwrap_or_default();
+        assert!(
+            message.contains("4-byte access at 0x0 is outside tile SRAM"),
+            "P={partials}: expected the deliberate fault, got {message:?}"
+        );
+    }
 }
 
 /// The ACC=16 formulas against the simulator (one vertex): the sum alone
@@ -1393,6 +1522,7 @@ fn acc16_cost_on_the_attention_shape() {
         lead: 0,
         tight: false,
         split: 4,
+        own: OwnTr::Off,
     };
     let mut acc16_cycles = Vec::new();
     for (layout, tr, split) in [(Layout::RowsAt(FAST), 0, 1), (compilers_split, 1, 4)] {
