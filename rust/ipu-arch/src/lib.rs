@@ -143,6 +143,18 @@ pub fn compute_bound_cycles(flop: u64, tiles: u32) -> u64 {
     flop.div_ceil(per_cycle)
 }
 
+/// The compute lower bound of a program whose f16 products run partly at
+/// the f16-accumulation rate ([`AMP_MACS_F16_F16`] a tile cycle) and
+/// partly at the f32-accumulation rate ([`AMP_MACS_F16_F32`]): products a
+/// result's precision keeps in f32 accumulation cannot run at the f16
+/// peak, so this floor, not [`compute_bound_cycles`], is what such a
+/// program can approach.
+pub fn mixed_accumulation_bound_cycles(f16_acc_macs: u64, f32_acc_macs: u64, tiles: u32) -> u64 {
+    let tiles = tiles as u64;
+    f16_acc_macs.div_ceil(tiles * AMP_MACS_F16_F16 as u64)
+        + f32_acc_macs.div_ceil(tiles * AMP_MACS_F16_F32 as u64)
+}
+
 /// A lower bound on the cycles of any BSP program that computes the f16
 /// GEMM `[m, k] x [k, n]` on `tiles` tiles at the f16 AMP peak, with f16
 /// operands and f16 partial sums (2 bytes each), when the operands' and the
@@ -189,6 +201,23 @@ pub mod calibration {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn mixed_accumulation_bound_runs_f32_accumulated_products_at_half_rate() {
+        // SigLIP attention: the projections at the f16 peak (30,809
+        // cycles), the attention's S and P V at the f32-accumulation rate
+        // (25,995): 56,804, where the f16 peak alone gives 43,806.
+        let f16 = 3 * 729 * 1152 * 1152;
+        let f32 = 2 * 16 * 729 * 729 * 72;
+        assert_eq!(
+            mixed_accumulation_bound_cycles(f16, f32, TILES_PER_CHIP),
+            30_809 + 25_995
+        );
+        assert_eq!(
+            mixed_accumulation_bound_cycles(f16 + f32, 0, TILES_PER_CHIP),
+            compute_bound_cycles(2 * (f16 + f32), TILES_PER_CHIP)
+        );
+    }
 
     #[test]
     fn gemm_bsp_bound_adds_the_receive_bound_to_the_compute_bound() {

@@ -363,6 +363,17 @@ fn siglip(tiles: u32) -> Result<(), String> {
         m.tile_count,
         m.cycles as f64 / m.compute_bound as f64
     );
+    // The attention's two GEMMs accumulate in f32 (an f16 score misses the
+    // tolerance: docs/compiler.md, "Column layout"), at half the f16 rate;
+    // the projections' bounded f16 chains run at the peak. The shapes are
+    // the model's (models/siglip_attention.ipug).
+    let projections = 3 * 729 * 1152 * 1152;
+    let attention = 2 * 16 * 729 * 729 * 72;
+    let floor = ipu_arch::mixed_accumulation_bound_cycles(projections, attention, tiles);
+    println!(
+        "  precision floor:     {floor} (the projections at the f16 AMP peak, the attention's S and P V at the f32-accumulation rate its tolerance needs; ratio {:.2})",
+        m.cycles as f64 / floor as f64
+    );
     m.print_common();
     if !m.verification.0 {
         return Err("verification failed".into());

@@ -2394,6 +2394,7 @@ fn lower_segments(
                         tiles,
                         moves,
                         input_homes,
+                        None,
                     )?;
                     verifier("join", lower::verify(&l))?;
                     Ok(l)
@@ -2462,6 +2463,7 @@ fn lower_segments(
                 tiles,
                 segment::ParamMoves::Resident,
                 input_homes,
+                None,
             )?;
             match segment::first_overflow(&l) {
                 None => {
@@ -2475,18 +2477,45 @@ fn lower_segments(
             }
         }
         tracing::info!("streaming the segments' weights from their homes");
-        let l = segment::join(
-            graph,
-            &segments,
-            moved.parts.clone(),
-            tiles,
-            if limits.loop_weight_homes {
-                segment::ParamMoves::Interleaved
-            } else {
-                segment::ParamMoves::Unzeroed
-            },
-            input_homes,
-        )?;
+        let moves = if limits.loop_weight_homes {
+            segment::ParamMoves::Interleaved
+        } else {
+            segment::ParamMoves::Unzeroed
+        };
+        let join_moved = |zero_fill| {
+            segment::join(
+                graph,
+                &segments,
+                moved.parts.clone(),
+                tiles,
+                moves,
+                input_homes,
+                zero_fill,
+            )
+        };
+        let mut l = join_moved(None)?;
+        // Buffers that need zeros live for the whole program: when that
+        // overflows, each segment zeroes its own at its start instead, so
+        // that they share memory with the other segments' (the packages
+        // that fit keep their zeros from load time, and their cycles).
+        if let Some(overflow) = segment::first_overflow(&l) {
+            let request = library::KernelRequest {
+                entry: "fill64".into(),
+                source: "fill64.S".into(),
+                params: BTreeMap::new(),
+            };
+            if let Ok(formula) = kernel_formula(library, &request, &["N", "COUNT"]) {
+                let mut fill = (request, formula);
+                let refilled = join_moved(Some(&mut fill))?;
+                if segment::first_overflow(&refilled).is_none() {
+                    tracing::info!(
+                        %overflow,
+                        "the segments zero their buffers' padding at their start, so that those buffers share memory"
+                    );
+                    l = refilled;
+                }
+            }
+        }
         verifier("join", lower::verify(&l))?;
         Ok((l, moved))
     })?;

@@ -709,6 +709,16 @@ pub enum ParamMoves {
 /// `input_homes`, its host inputs from their one copy: the first segment
 /// that holds an input once is where the host writes it, and an input no
 /// segment holds once gets a home spread over all tiles).
+///
+/// With `zero_fill` (the `fill64` kernel and its formula), a segment's
+/// buffers that need zeros (padding a GEMM multiplies: a padded A, the
+/// drain rows of an exchanged A) and that neither the host writes nor
+/// another segment reads are zeroed by a fill step at the start of their
+/// segment instead of holding their zeros from load time, so that they
+/// share memory with the other segments' buffers like every other buffer
+/// of a segment (without it they live for the whole program: expanded
+/// iterations of a stack of MLP layers on a few tiles held every layer's
+/// A buffers at once and overflowed region 1).
 pub fn join(
     graph: &Graph,
     segments: &[Segment],
@@ -716,6 +726,7 @@ pub fn join(
     tile_count: u32,
     stream_params: ParamMoves,
     input_homes: bool,
+    zero_fill: Option<&mut (crate::library::KernelRequest, crate::gemm::FormulaCost)>,
 ) -> Result<Lowered, CompileError> {
     let transposed_host: BTreeSet<String> = parts
         .iter()
@@ -989,6 +1000,50 @@ pub fn join(
         }
         segment_steps.push(segment_start..run_steps.len());
     }
+    if let Some(fill) = zero_fill {
+        let host_written: BTreeSet<(u32, usize)> = params
+            .values()
+            .chain(inputs.values())
+            .chain(outputs.values())
+            .chain(resident.values())
+            .flat_map(|t| t.placements.iter().map(|p| (p.tile, p.buffer)))
+            .chain(homes.values().flatten().map(|p| (p.tile, p.buffer)))
+            .collect();
+        let mut fills: BTreeMap<u32, BTreeMap<u32, Vec<FillRange>>> = BTreeMap::new();
+        for (&tile, bufs) in buffers.iter_mut() {
+            for (i, b) in bufs.iter_mut().enumerate() {
+                let key = (tile, i);
+                let Some(&si) = segment_of.get(&key) else {
+                    continue;
+                };
+                let refillable = b.region == crate::lower::RegionReq::Interleaved
+                    && !b.zero.is_empty()
+                    && b.scratch.is_none()
+                    && b.align >= 8
+                    && !persistent.contains(&key)
+                    && !host_written.contains(&key)
+                    && b.zero
+                        .iter()
+                        .all(|&(a, z)| a % 8 == 0 && z % 8 == 0 && a < z);
+                if refillable {
+                    let ranges = fills.entry(si).or_default().entry(tile).or_default();
+                    ranges.extend(b.zero.drain(..).map(|(a, z)| (i, a, z)));
+                }
+            }
+        }
+        // Each segment's fill step goes before its first step (its
+        // device inputs' exchange writes around the zeros it sets), the
+        // later segments' steps one further on.
+        for (&si, tiles) in fills.iter().rev() {
+            let step = zero_fill_step(fill, si, tiles);
+            let at = segment_steps[si as usize].start;
+            run_steps.insert(at, step);
+            segment_steps[si as usize].end += 1;
+            for r in &mut segment_steps[si as usize + 1..] {
+                *r = r.start + 1..r.end + 1;
+            }
+        }
+    }
     // Lifetimes: persistent buffers and those that must be zero at load
     // live for the whole program; every other buffer of a segment lives
     // only while it runs, so segments share memory.
@@ -1048,6 +1103,81 @@ pub fn join(
     joined.transposed_host = transposed_host;
     joined.segment_steps = segment_steps;
     Ok(joined)
+}
+
+/// A byte range `[start, end)` of a tile's buffer to zero: (buffer, start,
+/// end).
+type FillRange = (usize, u32, u32);
+
+/// The step that zeroes segment `si`'s refilled ranges (see [`join`]):
+/// on each tile the ranges' 8-byte items cut into at most six `fill64`
+/// vertices of near-equal items.
+fn zero_fill_step(
+    fill: &mut (crate::library::KernelRequest, crate::gemm::FormulaCost),
+    si: u32,
+    tiles: &BTreeMap<u32, Vec<FillRange>>,
+) -> Step {
+    let workers = ipu_arch::WORKER_CONTEXTS as u64;
+    let mut estimated = 0;
+    let mut vertices_of = BTreeMap::new();
+    for (&tile, ranges) in tiles {
+        let items: u64 = ranges.iter().map(|&(_, a, z)| ((z - a) / 8) as u64).sum();
+        let per = items.div_ceil(workers).max(1);
+        // (vertex, its ranges as (buffer, first item offset, items)).
+        let mut vertices: Vec<Vec<(usize, u32, u32)>> = vec![Vec::new()];
+        let mut room = per;
+        for &(buffer, a, z) in ranges {
+            let mut at = a;
+            while at < z {
+                if room == 0 {
+                    vertices.push(Vec::new());
+                    room = per;
+                }
+                let n = (((z - at) / 8) as u64).min(room) as u32;
+                vertices
+                    .last_mut()
+                    .expect("one vertex at least")
+                    .push((buffer, at, n));
+                at += 8 * n;
+                room -= n as u64;
+            }
+        }
+        let mut slowest = 0;
+        let built: Vec<crate::lower::Vertex> = vertices
+            .into_iter()
+            .filter(|v| !v.is_empty())
+            .map(|v| {
+                let count: u32 = v.iter().map(|r| r.2).sum();
+                slowest = slowest.max(
+                    fill.1
+                        .eval(&[("N", v.len() as i64), ("COUNT", count as i64)]),
+                );
+                let mut state = vec![StateWord::Const(v.len() as u32)];
+                for (buffer, offset, items) in v {
+                    state.extend([
+                        StateWord::Addr { buffer, offset },
+                        StateWord::Const(items),
+                        StateWord::Const(0),
+                        StateWord::Const(0),
+                    ]);
+                }
+                crate::lower::Vertex {
+                    kernel: fill.0.clone(),
+                    state,
+                }
+            })
+            .collect();
+        estimated = estimated.max(slowest + crate::plan::supervisor_cycles(built.len() as u64));
+        vertices_of.insert(tile, built);
+    }
+    Step {
+        operation: format!("segment {si}"),
+        phase: format!("zero segment {si}'s padding"),
+        tiles: std::sync::Arc::new(vertices_of),
+        estimated_cycles: estimated,
+        exchange: None,
+        host_stop: false,
+    }
 }
 
 /// Whether the run call of `l` holds some host input more than once (or
@@ -1125,6 +1255,73 @@ pub fn first_overflow(l: &Lowered) -> Option<CompileError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The step that zeroes a segment's padding: every 8-byte item of
+    /// every range once, in at most six vertices per tile whose items
+    /// differ by at most one vertex's share, with the fill kernel's
+    /// formula for the slowest.
+    #[test]
+    fn zero_fill_steps_cover_every_item_once_in_six_vertices() {
+        let mut fill = (
+            crate::library::KernelRequest {
+                entry: "fill64".into(),
+                source: "fill64.S".into(),
+                params: Default::default(),
+            },
+            crate::gemm::FormulaCost::new("6 * (3 + 8 * N + COUNT)".into()),
+        );
+        let mut rng = ipu_rng::SplitMix64(41);
+        for _ in 0..200 {
+            let mut tiles: BTreeMap<u32, Vec<FillRange>> = BTreeMap::new();
+            for tile in 0..(1 + rng.next_u64() % 4) as u32 {
+                let ranges = (0..1 + rng.next_u64() % 5)
+                    .map(|i| {
+                        let a = 8 * (rng.next_u64() % 50) as u32;
+                        (i as usize, a, a + 8 * (1 + rng.next_u64() % 700) as u32)
+                    })
+                    .collect();
+                tiles.insert(tile, ranges);
+            }
+            let step = zero_fill_step(&mut fill, 3, &tiles);
+            assert!(step.phase.contains("segment 3"));
+            for (tile, ranges) in &tiles {
+                let vertices = &step.tiles[tile];
+                assert!(!vertices.is_empty() && vertices.len() <= 6);
+                let mut items: BTreeMap<(usize, u32), u32> = BTreeMap::new();
+                let mut counts = Vec::new();
+                for v in vertices {
+                    let StateWord::Const(n) = v.state[0] else {
+                        panic!("N first")
+                    };
+                    assert_eq!(v.state.len(), 1 + 4 * n as usize);
+                    let mut count = 0;
+                    for r in v.state[1..].chunks(4) {
+                        let (StateWord::Addr { buffer, offset }, StateWord::Const(c)) =
+                            (&r[0], &r[1])
+                        else {
+                            panic!("ADDR, COUNT")
+                        };
+                        assert_eq!((&r[2], &r[3]), (&StateWord::Const(0), &StateWord::Const(0)));
+                        for j in 0..*c {
+                            *items.entry((*buffer, offset + 8 * j)).or_default() += 1;
+                        }
+                        count += c;
+                    }
+                    counts.push(count);
+                }
+                let mut want: BTreeMap<(usize, u32), u32> = BTreeMap::new();
+                for &(b, a, z) in ranges {
+                    for at in (a..z).step_by(8) {
+                        *want.entry((b, at)).or_default() += 1;
+                    }
+                }
+                assert_eq!(items, want, "tile {tile}: every item once");
+                let per = counts.iter().max().unwrap();
+                assert!(counts[..counts.len() - 1].iter().all(|c| c == per));
+            }
+            assert!(step.estimated_cycles > 0 && step.exchange.is_none());
+        }
+    }
 
     /// Re-quantised values: read only by casts to fp8, and not outputs.
     /// The fp8 MLP's GELU output is one (its only reader casts it to

@@ -579,3 +579,60 @@ fn segment_chain_streams_its_producer() {
     assert!(schedule.contains("zero h C headers"), "the fill step runs");
     assert_estimate_within(&ran, 0.1, "ln_mlp_stream");
 }
+
+/// Buffers that need zeros (a padded A, an exchanged A's drain rows) live
+/// for the whole program when the image writes their zeros at load. Three
+/// MLP layers compiled iteration by iteration on 8 tiles (random model
+/// 254252: `y` reads `x` after the block, so no device loop) held every
+/// layer's A buffers at once, in memory elements of their own, and
+/// overflowed region 1 by 39 KB even with the weights moved from their
+/// homes. The join then has each segment zero those buffers at its start
+/// (a `fill64` step before its device inputs' exchange), so that they
+/// share memory with the other segments'. The package loads onto a
+/// simulator whose memory is full of NaNs, so that a zero the fill step
+/// missed would show in the outputs.
+#[test]
+fn segments_zero_their_buffers_padding_when_it_cannot_stay_from_load() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = write_model(
+        dir.path(),
+        "mlp_stack_expanded",
+        "model mlp_stack_expanded\ninput x: f16[59, 132]\nrepeat 3 carry s = x\n\
+         param g: f16[132]\nparam b: f16[132]\nparam w1: f16[132, 386]\nparam b1: f16[386]\n\
+         param w2: f16[386, 132]\nparam b2: f16[132]\n\
+         n = layernorm(s, g, b, epsilon=1e-6)\nh0 = gemm(n, w1)\nh1 = add(h0, b1)\n\
+         h2 = gelu(h1)\no0 = gemm(h2, w2)\no1 = add(o0, b2)\ns = add(s, o1)\nend\n\
+         y = add(s, x)\noutput y\n",
+    );
+    let mut opts = options(&model, 8, dir.path());
+    opts.accumulation = ipu_compiler::Accumulation::F16;
+    opts.loop_weights = Some(ipu_compiler::loops::LoopWeights::Stacked);
+    let out = ipu_compiler::compile(&opts).unwrap_or_else(|e| panic!("{e}"));
+    let schedule: serde_json::Value =
+        serde_json::from_slice(&out.package.members["schedule.json"]).unwrap();
+    let zeroing = schedule["calls"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .flat_map(|c| c["steps"].as_array().unwrap())
+        .filter(|s| s["phase"].as_str().unwrap().contains("padding"))
+        .count();
+    assert!(
+        zeroing >= 3,
+        "steps that zero a segment's padding: {zeroing}"
+    );
+    let (pkg, graph, mut session) = load_onto(&out, Some(0xFF));
+    let feeds = random::gaussian_feeds(&graph, 254252);
+    let pick = |call: &str| call_feeds(&pkg, &feeds, call);
+    session.call("initialize", &pick("initialize")).unwrap();
+    let reference = ipu_reference::evaluate(&graph, &feeds).unwrap();
+    let k = ipu_graph::analysis::max_reduction_length(&graph);
+    // Twice: the second run starts from what the first left in memory.
+    for _ in 0..2 {
+        let run = session.call("run", &pick("run")).unwrap();
+        let want = &reference["y"];
+        let tol = ipu_reference::Tolerance::for_output(want.dtype(), k, want.data());
+        let cmp = ipu_reference::compare(&run.outputs["y"], want, tol).unwrap();
+        assert!(cmp.passed(), "{cmp:?}");
+    }
+}

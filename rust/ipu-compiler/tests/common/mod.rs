@@ -1,7 +1,9 @@
 //! The harness shared by the end-to-end tests: compile a model, load the
 //! package into the simulator through ipu-runtime's Session (which follows
 //! docs/host-protocol.md), run "initialize" and "run", and compare with
-//! ipu-reference. Each test binary uses part of it.
+//! ipu-reference. Each test binary uses part of it. Packages load onto a
+//! simulator whose memory holds NaNs ([`load`]): a program that reads
+//! memory it neither wrote nor declared zero at load fails its check.
 #![allow(dead_code)]
 
 use ipu_compiler::{compile, CompileOptions, CompileOutput, KernelSource};
@@ -60,8 +62,18 @@ pub fn compile_and_run(model: &Path, tiles: u32, seed: u64) -> Ran {
 }
 
 /// The compiled package as read back from its bytes (checked equal), its
-/// model graph, and a simulator session with the package loaded.
+/// model graph, and a simulator session with the package loaded onto
+/// memory full of NaNs ([`load_onto`] with 0xFF).
 pub fn load(out: &CompileOutput) -> (Package, ipu_graph::Graph, Session) {
+    load_onto(out, Some(0xFF))
+}
+
+/// [`load`] onto a simulator whose tile memory holds `poison` in every
+/// byte before the package loads (0xFF: f16 and f32 NaNs): a program that
+/// reads memory it neither wrote nor declared zero at load (a buffer's
+/// `zero` ranges, which the image writes) then computes with NaNs, where
+/// a fresh simulator's zeros would hide it.
+pub fn load_onto(out: &CompileOutput, poison: Option<u8>) -> (Package, ipu_graph::Graph, Session) {
     let pkg =
         Package::from_bytes(&out.package.to_bytes().unwrap()).expect("the package reads back");
     assert_eq!(pkg, out.package);
@@ -70,7 +82,14 @@ pub fn load(out: &CompileOutput) -> (Package, ipu_graph::Graph, Session) {
         std::str::from_utf8(&pkg.members["model.ipug"]).unwrap(),
     )
     .unwrap();
-    let device = SimDevice::new(pkg.info.tile_count).unwrap();
+    let mut device = SimDevice::new(pkg.info.tile_count).unwrap();
+    if let Some(byte) = poison {
+        use ipu_runtime::Device;
+        let sram = vec![byte; (ipu_arch::SRAM_END - ipu_arch::SRAM_BASE) as usize];
+        for tile in 0..pkg.info.tile_count {
+            device.write(tile, ipu_arch::SRAM_BASE, &sram).unwrap();
+        }
+    }
     let session =
         Session::load(Box::new(device), pkg.clone(), None).unwrap_or_else(|e| panic!("{e}"));
     (pkg, graph, session)
