@@ -109,14 +109,16 @@ ipu_verify = rule(
 )
 
 def ipu_test(name, package, verify_args = [], size = "medium", tags = [], **kwargs):
-    """Emits `<name>_sim` (tags: ipu-sim), `<name>_hw` (tags: ipu, requires-ipu;
-    never cached; falls back to the simulator and says so when no IPU is
-    present) and a test_suite `<name>` over both."""
+    """Emits `<name>_sim` (tags: ipu-sim; the simulator's memory holds NaNs
+    before the package loads, so that a program reading memory it neither
+    wrote nor had its image set fails), `<name>_hw` (tags: ipu,
+    requires-ipu; never cached; falls back to the simulator and says so
+    when no IPU is present) and a test_suite `<name>` over both."""
     _ipu_verify_test(
         name = name + "_sim",
         package = package,
         device = "sim",
-        verify_args = verify_args,
+        verify_args = verify_args + ["--poison-memory"],
         size = size,
         tags = tags + ["ipu-sim"],
         **kwargs

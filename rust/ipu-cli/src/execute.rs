@@ -48,6 +48,11 @@ pub struct DeviceArgs {
     /// Write an execution profile here.
     #[arg(long)]
     profile: Option<PathBuf>,
+    /// The simulator's tile memory holds NaNs (0xFF bytes) before the
+    /// package loads, not zeros: a program that reads memory it neither
+    /// wrote nor had its image set then computes with NaNs.
+    #[arg(long)]
+    poison_memory: bool,
 }
 
 impl DeviceArgs {
@@ -78,6 +83,7 @@ impl DeviceArgs {
             device: DeviceOptions {
                 spec,
                 lock_timeout: std::time::Duration::from_secs(self.lock_timeout),
+                sim_memory_fill: self.poison_memory.then_some(0xFF),
                 ..DeviceOptions::default()
             },
             feeds: FeedSpec { files, generate },

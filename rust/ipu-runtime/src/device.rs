@@ -107,6 +107,21 @@ impl SimDevice {
         })
     }
 
+    /// A simulated ipu21 with `tiles` tiles whose memory holds `byte` in
+    /// every address instead of zero before anything is written: 0xFF makes
+    /// every f16 and f32 a NaN, so that a program reading memory it
+    /// neither wrote nor had the package image set computes with NaNs
+    /// where fresh zeros would hide it (a package's zero-at-load ranges
+    /// are image contents and are written).
+    pub fn poisoned(tiles: u32, byte: u8) -> Result<SimDevice, DeviceError> {
+        let mut device = Self::new(tiles)?;
+        let sram = vec![byte; (ipu_arch::SRAM_END - ipu_arch::SRAM_BASE) as usize];
+        for tile in 0..tiles {
+            device.write(tile, ipu_arch::SRAM_BASE, &sram)?;
+        }
+        Ok(device)
+    }
+
     /// A simulator with explicit settings.
     pub fn with_config(config: ChipConfig) -> Result<SimDevice, DeviceError> {
         Ok(SimDevice {

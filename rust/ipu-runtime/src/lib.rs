@@ -210,6 +210,9 @@ pub struct DeviceOptions {
     pub lock_timeout: Duration,
     /// Where the hardware backend looks for device nodes and drivers.
     pub hardware: HardwarePaths,
+    /// The simulator only: every byte of tile memory holds this value
+    /// before the package loads instead of zero ([`SimDevice::poisoned`]).
+    pub sim_memory_fill: Option<u8>,
 }
 
 impl Default for DeviceOptions {
@@ -220,6 +223,7 @@ impl Default for DeviceOptions {
             lock_dir: DeviceLock::default_dir(),
             lock_timeout: Duration::from_secs(60),
             hardware: HardwarePaths::default(),
+            sim_memory_fill: None,
         }
     }
 }
@@ -250,7 +254,16 @@ pub fn open_device(
     };
     let simulator = |tiles: u32| -> Result<Box<dyn Device>, RuntimeError> {
         tracing::info!(path = "simulator", tiles, "opening IPU device");
-        Ok(Box::new(SimDevice::new(tiles)?))
+        Ok(Box::new(match options.sim_memory_fill {
+            Some(byte) => {
+                tracing::info!(
+                    byte = format_args!("{byte:#04x}"),
+                    "every byte of the simulated tiles' memory holds this before the package loads"
+                );
+                SimDevice::poisoned(tiles, byte)?
+            }
+            None => SimDevice::new(tiles)?,
+        }))
     };
     match &options.spec {
         DeviceSpec::Simulator { tiles } => {

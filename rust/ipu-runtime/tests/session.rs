@@ -73,6 +73,45 @@ fn calls_compute_on_the_simulator_and_report_cycles() {
     s.close().unwrap();
 }
 
+/// A poisoned simulator (`--poison-memory`) holds the byte everywhere the
+/// package image does not write, and the hand-built package, which reads
+/// only what it writes or its image sets, computes the same outputs on it.
+#[test]
+fn a_poisoned_simulator_holds_its_byte_where_the_image_writes_nothing() {
+    use ipu_runtime::Device;
+    let mut fresh = SimDevice::poisoned(2, 0xFF).unwrap();
+    let sram = (ipu_arch::SRAM_END - ipu_arch::SRAM_BASE) as usize;
+    for tile in 0..2 {
+        let all = fresh.read(tile, ipu_arch::SRAM_BASE, sram as u32).unwrap();
+        assert!(all.iter().all(|&b| b == 0xFF), "tile {tile}");
+    }
+    let package = common::package(common::Options::default());
+    let image_bytes: usize = package.tiles[&0]
+        .segments
+        .iter()
+        .map(|s| s.bytes.len())
+        .sum();
+    let mut poisoned = Session::load(
+        Box::new(SimDevice::poisoned(2, 0xFF).unwrap()),
+        package,
+        None,
+    )
+    .unwrap();
+    let mut clean = load(common::Options::default(), 2).unwrap();
+    let b = f32_tensor(&[2, 8], |i| 0.5 * i as f64 - 2.0);
+    let x = f32_tensor(&[2, 8], |i| 1.0 / (i as f64 + 1.0));
+    for s in [&mut poisoned, &mut clean] {
+        s.call("initialize", &one("b", b.clone())).unwrap();
+    }
+    let got = poisoned.call("run", &one("x", x.clone())).unwrap();
+    let want = clean.call("run", &one("x", x)).unwrap();
+    assert_eq!(got.outputs, want.outputs);
+    // The image covers a small part of the tile; the rest kept the byte.
+    assert!(image_bytes < sram / 2);
+    poisoned.close().unwrap();
+    clean.close().unwrap();
+}
+
 #[test]
 fn configuration_writes_are_replayed() {
     let mut device = SimDevice::new(2).unwrap();

@@ -82,14 +82,10 @@ pub fn load_onto(out: &CompileOutput, poison: Option<u8>) -> (Package, ipu_graph
         std::str::from_utf8(&pkg.members["model.ipug"]).unwrap(),
     )
     .unwrap();
-    let mut device = SimDevice::new(pkg.info.tile_count).unwrap();
-    if let Some(byte) = poison {
-        use ipu_runtime::Device;
-        let sram = vec![byte; (ipu_arch::SRAM_END - ipu_arch::SRAM_BASE) as usize];
-        for tile in 0..pkg.info.tile_count {
-            device.write(tile, ipu_arch::SRAM_BASE, &sram).unwrap();
-        }
-    }
+    let device = match poison {
+        Some(byte) => SimDevice::poisoned(pkg.info.tile_count, byte).unwrap(),
+        None => SimDevice::new(pkg.info.tile_count).unwrap(),
+    };
     let session =
         Session::load(Box::new(device), pkg.clone(), None).unwrap_or_else(|e| panic!("{e}"));
     (pkg, graph, session)
