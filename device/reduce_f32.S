@@ -185,6 +185,17 @@
         # PAIRS=1 only: partial 0's own address (see the state words above).
         .equ ST_OWN, 36
 
+# The shift of partial 0's walk from SRC ($m2) to state word OWN, in \own
+# as loaded: \own = OWN - SRC when OWN is not 0, else 0, and \mask all
+# ones when OWN is not 0, else 0. Branch-free, so that vertices with and
+# without OWN cost the same.
+        .macro OWN_SHIFT own, mask
+        cmpne \mask, \own, $mzero
+        sub \mask, $mzero, \mask
+        sub \own, \own, $m2
+        and \own, \own, \mask
+        .endm
+
 # GELU of the f32 pair \x in place; temporaries $a0:3 and $a12:13, the
 # constant pairs at $m0 (c1, sqrt(2/pi), 1, 0.5).
         .macro GELU x
@@ -659,10 +670,7 @@ reduce_f32:
         # P = 1 has nothing to gather, and the generic loop for P > 8 steps
         # its partials without E. $m1 is free until the set-up below.
         ld32 $m6, [$m0 + ST_OWN]
-        cmpne $m1, $m6, $mzero
-        sub $m1, $mzero, $m1
-        sub $m6, $m6, $m2
-        and $m6, $m6, $m1
+        OWN_SHIFT $m6, $m1
         add $m14, $m9, -2
         cmpult $m14, $m14, 7
         xor $m14, $m14, 1
@@ -1074,10 +1082,7 @@ acc16f_setup:
         # Partial 0's walk: OWN when given, else SRC, without a branch
         # (partial 1 is at SRC + SECTION either way, partials 2.. from SRC
         # + 2 SECTION).
-        cmpne $m1, $m14, $mzero
-        sub $m1, $mzero, $m1
-        sub $m14, $m14, $m2
-        and $m14, $m14, $m1
+        OWN_SHIFT $m14, $m1
         add $m1, $m2, $m14
         add $m2, $m2, $m8
         min $m14, $m10, 2

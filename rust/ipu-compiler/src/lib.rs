@@ -325,6 +325,16 @@ fn own_request(request: &KernelRequest) -> Option<KernelRequest> {
     Some(own)
 }
 
+/// The fill kernel (`fill64`: ranges of 8-byte items, each with its own
+/// pair of words) that zeroes what a step must find zero each run.
+pub(crate) fn fill64_request() -> KernelRequest {
+    KernelRequest {
+        entry: "fill64".into(),
+        source: "fill64.S".into(),
+        params: BTreeMap::new(),
+    }
+}
+
 /// The vertex that sums f16 partials in f16 (`reduce_f32` ACC=16, no
 /// epilogue): for partials that are themselves f16 accumulations (bounded
 /// chains, K parts of an f16-accumulated GEMM, fp8 GEMMs' worker groups),
@@ -2202,11 +2212,7 @@ fn plan_and_lower(
     // share memory with the other segments' buffers.
     let mut segment_fill = None;
     if attention_kernels.is_none() && tile_count_override.is_some() {
-        let request = KernelRequest {
-            entry: "fill64".into(),
-            source: "fill64.S".into(),
-            params: BTreeMap::new(),
-        };
+        let request = fill64_request();
         let formula = kernel_formula(library, &request, &["N", "COUNT"])?;
         segment_fill = Some((request, formula));
     }
@@ -2499,11 +2505,7 @@ fn lower_segments(
         // that they share memory with the other segments' (the packages
         // that fit keep their zeros from load time, and their cycles).
         if let Some(overflow) = segment::first_overflow(&l) {
-            let request = library::KernelRequest {
-                entry: "fill64".into(),
-                source: "fill64.S".into(),
-                params: BTreeMap::new(),
-            };
+            let request = fill64_request();
             if let Ok(formula) = kernel_formula(library, &request, &["N", "COUNT"]) {
                 let mut fill = (request, formula);
                 let refilled = join_moved(Some(&mut fill))?;

@@ -29,6 +29,7 @@
 //! memory; a device input's destination lives for its whole segment (the
 //! exchange that fills it runs before the segment's first step).
 
+use crate::attention::FillJob;
 use crate::error::CompileError;
 use crate::exchange::{self, BufferRef, BufferTransfer};
 use crate::lower::{HostPlacement, HostTensor, HostTensors, Lowered, StateWord, Step};
@@ -1009,7 +1010,7 @@ pub fn join(
             .flat_map(|t| t.placements.iter().map(|p| (p.tile, p.buffer)))
             .chain(homes.values().flatten().map(|p| (p.tile, p.buffer)))
             .collect();
-        let mut fills: BTreeMap<u32, BTreeMap<u32, Vec<FillRange>>> = BTreeMap::new();
+        let mut fills: BTreeMap<u32, BTreeMap<u32, Vec<FillJob>>> = BTreeMap::new();
         for (&tile, bufs) in buffers.iter_mut() {
             for (i, b) in bufs.iter_mut().enumerate() {
                 let key = (tile, i);
@@ -1027,7 +1028,7 @@ pub fn join(
                         .all(|&(a, z)| a % 8 == 0 && z % 8 == 0 && a < z);
                 if refillable {
                     let ranges = fills.entry(si).or_default().entry(tile).or_default();
-                    ranges.extend(b.zero.drain(..).map(|(a, z)| (i, a, z)));
+                    ranges.extend(b.zero.drain(..).map(|(a, z)| (i, a, z - a, 0, 0)));
                 }
             }
         }
@@ -1105,70 +1106,27 @@ pub fn join(
     Ok(joined)
 }
 
-/// A byte range `[start, end)` of a tile's buffer to zero: (buffer, start,
-/// end).
-type FillRange = (usize, u32, u32);
-
 /// The step that zeroes segment `si`'s refilled ranges (see [`join`]):
 /// on each tile the ranges' 8-byte items cut into at most six `fill64`
-/// vertices of near-equal items.
+/// vertices of near-equal items (`attention::fill_vertices`).
 fn zero_fill_step(
     fill: &mut (crate::library::KernelRequest, crate::gemm::FormulaCost),
     si: u32,
-    tiles: &BTreeMap<u32, Vec<FillRange>>,
+    tiles: &BTreeMap<u32, Vec<FillJob>>,
 ) -> Step {
-    let workers = ipu_arch::WORKER_CONTEXTS as u64;
     let mut estimated = 0;
     let mut vertices_of = BTreeMap::new();
-    for (&tile, ranges) in tiles {
-        let items: u64 = ranges.iter().map(|&(_, a, z)| ((z - a) / 8) as u64).sum();
-        let per = items.div_ceil(workers).max(1);
-        // (vertex, its ranges as (buffer, first item offset, items)).
-        let mut vertices: Vec<Vec<(usize, u32, u32)>> = vec![Vec::new()];
-        let mut room = per;
-        for &(buffer, a, z) in ranges {
-            let mut at = a;
-            while at < z {
-                if room == 0 {
-                    vertices.push(Vec::new());
-                    room = per;
-                }
-                let n = (((z - at) / 8) as u64).min(room) as u32;
-                vertices
-                    .last_mut()
-                    .expect("one vertex at least")
-                    .push((buffer, at, n));
-                at += 8 * n;
-                room -= n as u64;
-            }
-        }
-        let mut slowest = 0;
-        let built: Vec<crate::lower::Vertex> = vertices
+    for (&tile, jobs) in tiles {
+        let (states, slowest) = crate::attention::fill_vertices(jobs, &mut fill.1);
+        estimated = estimated.max(slowest + crate::plan::supervisor_cycles(states.len() as u64));
+        let vertices = states
             .into_iter()
-            .filter(|v| !v.is_empty())
-            .map(|v| {
-                let count: u32 = v.iter().map(|r| r.2).sum();
-                slowest = slowest.max(
-                    fill.1
-                        .eval(&[("N", v.len() as i64), ("COUNT", count as i64)]),
-                );
-                let mut state = vec![StateWord::Const(v.len() as u32)];
-                for (buffer, offset, items) in v {
-                    state.extend([
-                        StateWord::Addr { buffer, offset },
-                        StateWord::Const(items),
-                        StateWord::Const(0),
-                        StateWord::Const(0),
-                    ]);
-                }
-                crate::lower::Vertex {
-                    kernel: fill.0.clone(),
-                    state,
-                }
+            .map(|state| crate::lower::Vertex {
+                kernel: fill.0.clone(),
+                state,
             })
             .collect();
-        estimated = estimated.max(slowest + crate::plan::supervisor_cycles(built.len() as u64));
-        vertices_of.insert(tile, built);
+        vertices_of.insert(tile, vertices);
     }
     Step {
         operation: format!("segment {si}"),
@@ -1263,21 +1221,17 @@ mod tests {
     #[test]
     fn zero_fill_steps_cover_every_item_once_in_six_vertices() {
         let mut fill = (
-            crate::library::KernelRequest {
-                entry: "fill64".into(),
-                source: "fill64.S".into(),
-                params: Default::default(),
-            },
+            crate::fill64_request(),
             crate::gemm::FormulaCost::new("6 * (3 + 8 * N + COUNT)".into()),
         );
         let mut rng = ipu_rng::SplitMix64(41);
         for _ in 0..200 {
-            let mut tiles: BTreeMap<u32, Vec<FillRange>> = BTreeMap::new();
+            let mut tiles: BTreeMap<u32, Vec<FillJob>> = BTreeMap::new();
             for tile in 0..(1 + rng.next_u64() % 4) as u32 {
                 let ranges = (0..1 + rng.next_u64() % 5)
                     .map(|i| {
                         let a = 8 * (rng.next_u64() % 50) as u32;
-                        (i as usize, a, a + 8 * (1 + rng.next_u64() % 700) as u32)
+                        (i as usize, a, 8 * (1 + rng.next_u64() % 700) as u32, 0, 0)
                     })
                     .collect();
                 tiles.insert(tile, ranges);
@@ -1310,8 +1264,8 @@ mod tests {
                     counts.push(count);
                 }
                 let mut want: BTreeMap<(usize, u32), u32> = BTreeMap::new();
-                for &(b, a, z) in ranges {
-                    for at in (a..z).step_by(8) {
+                for &(b, a, bytes, _, _) in ranges {
+                    for at in (a..a + bytes).step_by(8) {
                         *want.entry((b, at)).or_default() += 1;
                     }
                 }
