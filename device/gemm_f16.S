@@ -50,10 +50,17 @@
         .kernel gemm_f16
         .param ACC, 16
         .workers 6
+# Issue slots (x 6 tile cycles): 22 entry and exit; per column block 14 of
+# set-up and loop control (15 with ACC=32, which doubles the C offset);
+# per K block PHASES per row plus 43 (47 with ACC=32): 33 for the weights
+# (32 `ld128` paired with 32 `ampw`, the last beside the step of x to the
+# block's A), the drain row, preload, `rpt`, final store, the partials and
+# output pointers and the loop branch. Measured equal on the simulator
+# (tests/kernel_gemm.rs) apart from the supervisor's launches.
         .if ACC == 16
-        .cycles "6 * (14 + NCB * (11 + NKB * (4 * M + 51)))"
+        .cycles "6 * (22 + NCB * (14 + NKB * (4 * M + 43)))"
         .elseif ACC == 32
-        .cycles "6 * (14 + NCB * (11 + NKB * (8 * M + 55)))"
+        .cycles "6 * (22 + NCB * (15 + NKB * (8 * M + 47)))"
         .else
         .error "ACC must be 16 (f16 accumulation) or 32 (f32 accumulation)"
         .endif
@@ -77,8 +84,10 @@
 
 # Loads the 16x16 f16 weight block at $m8 (rows RS_B apart) into the AMP
 # weight store, two 16-byte chunks per row; $m1 = RS_B - 16. Leaves $m8 at
-# the next K block's rows.
-        .macro LOAD_WEIGHTS
+# the next K block's rows. With STEP=1 the last bundle's free main slot also
+# steps the x stream from where the previous K block's STREAM left it to
+# this K block's A ($m4 += $m9, see the register use below).
+        .macro LOAD_WEIGHTS step
         ld128 $a8:11, [$m8]+=16
         .set WI, 0
         .rept 15
@@ -87,7 +96,11 @@
         .set WI, WI + 2
         .endr
         { ld128 $a12:15, [$m8]+=$m1 ; ampw $a8:11, 30 }
+        .if \step
+        { add $m4, $m4, $m9 ; ampw $a12:15, 31 }
+        .else
         ampw $a12:15, 31
+        .endif
         .endm
 
         .if ACC == 16
@@ -150,14 +163,25 @@
 
 # Register use: $m0 state, $m1 RS_B - 16, $m2 column blocks left, $m3 K
 # blocks left, $m4/$m5/$m6 x/partials/output streams, $m7 stride pair,
-# $m8 weight rows, $m9 A at the current K block, $m10 column-block byte
-# offset in B, $m11 output C buffer, $m12 partials C buffer,
-# $m13 2 * RS_C - CJUMP (offset of the first junk slot), $m14 M + 1.
+# $m8 weight rows, $m9 24 - (M + 1) RS_A (a STREAM advances x by one
+# access and M + 1 rows, so this steps it to the next K block's A, 32 bytes
+# on), $m10 column-block byte offset in B, $m11 CA and $m12 CB at this
+# column block, $m13 2 * RS_C - CJUMP (offset of the first junk slot),
+# $m14 M + 1.
+#
+# The K-block loop is unrolled by two, one copy per parity: odd K blocks
+# write CB from CA's partials and even ones CA from CB's, so no block swaps
+# buffer registers (3 bundles a K block fewer than one body with a swap).
         .text
         .globl gemm_f16
         .entry gemm_f16
 gemm_f16:
         ld32 $m13, [$m0 + ST_RS_A]
+        ld32 $m14, [$m0 + ST_M]
+        add $m14, $m14, 1
+        mul $m9, $m14, $m13
+        setzi $m3, 24
+        sub $m9, $m3, $m9
         add $m13, $m13, -24
         shl $m13, $m13, 16
         shr $m13, $m13, 16
@@ -170,15 +194,13 @@ gemm_f16:
         add $m13, $m13, -CJUMP
         ld32 $m1, [$m0 + ST_RS_B]
         add $m1, $m1, -16
-        ld32 $m14, [$m0 + ST_M]
-        add $m14, $m14, 1
         ld32 $m2, [$m0 + ST_NCB]
         add $m2, $m2, -1
         setzi $m10, 0
 cb_loop:
         ld32 $m8, [$m0 + ST_B]
         add $m8, $m8, $m10
-        ld32 $m9, [$m0 + ST_A]
+        ld32 $m4, [$m0 + ST_A]
         .if ACC == 16
         ld32 $m11, [$m0 + ST_CA]
         add $m11, $m11, $m10
@@ -195,8 +217,7 @@ cb_loop:
         add $m3, $m3, -1
         # K block 0: the partials are the zero word, held in place, or with
         # Z = 0 the running sum in CB, streamed like a later block's.
-        LOAD_WEIGHTS
-        mov $m4, $m9
+        LOAD_WEIGHTS 0
         ld32 $m5, [$m0 + ST_Z]
         sub $m6, $m11, $m13
         brz $m5, kb0_accumulate
@@ -208,17 +229,24 @@ kb0_accumulate:
 kb0_done:
         brz $m3, cb_done
         add $m3, $m3, -1
-kb_loop:
-        # The output of the previous K block is this block's partials.
+kb_odd:
+        # An odd K block: CB = CA's partials + A x B at this block.
+        LOAD_WEIGHTS 1
         mov $m5, $m11
-        mov $m11, $m12
-        mov $m12, $m5
-        add $m9, $m9, 32
-        LOAD_WEIGHTS
-        mov $m4, $m9
+        sub $m6, $m12, $m13
+        STREAM INC, HI
+        brnzdec $m3, kb_even
+        # The column block's last K block was odd: its end, as cb_done's.
+        add $m10, $m10, 32
+        brnzdec $m2, cb_loop
+        exit
+kb_even:
+        # An even K block: CA = CB's partials + A x B at this block.
+        LOAD_WEIGHTS 1
+        mov $m5, $m12
         sub $m6, $m11, $m13
         STREAM INC, HI
-        brnzdec $m3, kb_loop
+        brnzdec $m3, kb_odd
 cb_done:
         add $m10, $m10, 32
         brnzdec $m2, cb_loop

@@ -58,11 +58,13 @@
 
         .kernel gemm_f32
         .workers 6
-# Issue slots (x 6 tile cycles): 19 entry and exit; per column block 18 of
-# set-up (ACCUMULATE mode; 8 fewer with the zero word); per K block 16 per
-# row plus 91: 65 for the weights (64 `ld128` paired with 64 `ampw`), the
-# drain row's 16, preload, `rpt`, final store and bookkeeping.
-        .cycles "6 * (19 + NCB * (18 + NKB * (16 * M + 91)))"
+# Issue slots (x 6 tile cycles): 22 entry and exit; per column block 15 of
+# set-up (ACCUMULATE mode; 2 fewer with the zero word); per K block 16 per
+# row plus 87: 65 for the weights (64 `ld128` paired with 64 `ampw`, the
+# last beside the step of x to the block's A), the drain row's 16,
+# preload, `rpt`, final store, the partials and output pointers and the
+# loop branch.
+        .cycles "6 * (22 + NCB * (15 + NKB * (16 * M + 87)))"
 
         .include "gemm_common.inc"
 
@@ -90,15 +92,20 @@
         .endm
 
 # Loads the 16x16 f32 weight block at $m8 (rows RS_B apart) into the AMP
-# weight store, 64 chunks in 65 bundles. Leaves $m8 at the next K block's rows.
-        .macro LOAD_WEIGHTS
+# weight store, 64 chunks in 65 bundles. Leaves $m8 at the next K block's rows; with STEP=1 the last bundle also
+# steps x to this K block's A ($m4 += $m9, gemm_common.inc).
+        .macro LOAD_WEIGHTS step
         ld128 $a8:11, [$m8]+=16
         .set WT, 1
         .rept 63
         WBUNDLE WT
         .set WT, WT + 1
         .endr
+        .if \step
+        { add $m4, $m4, $m9 ; ampw $a12:15, 63 }
+        .else
         ampw $a12:15, 63
+        .endif
         .endm
 
 # One bundle at row position Q (0..15). PN/PJ: pace of the partials stream

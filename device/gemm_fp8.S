@@ -76,12 +76,13 @@
 
         .kernel gemm_fp8
         .workers 6
-# Issue slots (x 6 tile cycles): 27 entry (with the scale table jump) and
-# exit; per column block 19 of set-up (ACCUMULATE mode; 8 fewer with the
-# zero word); per K block 4 per row plus 47: 33 for the weights (32 `ld128`
-# paired with 32 `ampw`), the drain row's 4, preload, `rpt`, final store and
-# bookkeeping.
-        .cycles "6 * (27 + NCB * (19 + NKB * (4 * M + 47)))"
+# Issue slots (x 6 tile cycles): 30 entry (with the scale table jump) and
+# exit; per column block 16 of set-up (ACCUMULATE mode; 2 fewer with the
+# zero word); per K block 4 per row plus 43: 33 for the weights (32 `ld128`
+# paired with 32 `ampw`, the last beside the step of x to the block's A),
+# the drain row's 4, preload, `rpt`, final store, the partials and output
+# pointers and the loop branch.
+        .cycles "6 * (30 + NCB * (16 + NKB * (4 * M + 43)))"
 
         .include "gemm_common.inc"
         .equ ST_SCALE, 44
@@ -101,8 +102,9 @@
 
 # Loads the 32x16 F143 weight block at $m8 into the AMP weight store: chunk
 # i is B row i (16 bytes), rows RS_B apart ($m1 = RS_B). Leaves $m8 at the
-# next K block's rows.
-        .macro LOAD_WEIGHTS
+# next K block's rows; with STEP=1 the last bundle also steps x to this K
+# block's A ($m4 += $m9, gemm_common.inc).
+        .macro LOAD_WEIGHTS step
         ld128 $a8:11, [$m8]+=$m1
         .set WI, 0
         .rept 15
@@ -111,7 +113,11 @@
         .set WI, WI + 2
         .endr
         { ld128 $a12:15, [$m8]+=$m1 ; ampw $a8:11, 30 }
+        .if \step
+        { add $m4, $m4, $m9 ; ampw $a12:15, 31 }
+        .else
         ampw $a12:15, 31
+        .endif
         .endm
 
 # One bundle at row position P (0..3): loads x and the partials for the next

@@ -1619,7 +1619,7 @@ mod tests {
         };
         // The kernels' declared formulas (device/*.S) for the shapes used.
         ColumnKernels {
-            gemm: k("gemm_f16", "6 * (14 + NCB * (11 + NKB * (8 * M + 55)))"),
+            gemm: k("gemm_f16", "6 * (22 + NCB * (15 + NKB * (8 * M + 47)))"),
             reduce: k("reduce_f32", "6 * (8 + ROWS * (3 + QUADS * (2 * P + 7)))"),
             colmax: k("colmax_f16", "6 * (12 + QUADS * (6 + 2 * ROWS))"),
             softmax: k("softmax_cols", "6 * (25 + QUADS * (12 + 2 * W + 8 * ROWS))"),

@@ -406,6 +406,11 @@ pub struct GemmCosts {
     /// a streamed plan its resident chunks or its B homes), which the
     /// plan's device cycles count.
     pub b_joined: bool,
+    /// Whether B is a host input (not a parameter) that the run holds once
+    /// and copies by exchange to every row part's tiles (`HostInputs::Once`
+    /// in a model of one segment): with more than one row part each tile
+    /// receives its columns of B in the copy step, beside its rows of A.
+    pub b_copied: bool,
     /// Whether the result feeds a later GEMM (and lives in region 1).
     pub feeds_gemm: bool,
     /// Phased placement (a model with attention): the region-1 bytes that
@@ -448,6 +453,7 @@ impl GemmCosts {
             a_copied: false,
             a_joined: false,
             b_joined: false,
+            b_copied: false,
             feeds_gemm: false,
             persistent_budget: None,
             a_persistent: false,
@@ -683,9 +689,9 @@ mod tests {
     fn costs(acc32: bool) -> GemmCosts {
         GemmCosts::new(
             FormulaCost::new(if acc32 {
-                "6 * (14 + NCB * (11 + NKB * (8 * M + 55)))".into()
+                "6 * (22 + NCB * (15 + NKB * (8 * M + 47)))".into()
             } else {
-                "6 * (14 + NCB * (11 + NKB * (4 * M + 51)))".into()
+                "6 * (22 + NCB * (14 + NKB * (4 * M + 43)))".into()
             }),
             acc32.then(|| FormulaCost::new("6 * (8 + ROWS * (3 + QUADS * (2 * P + 7)))".into())),
         )

@@ -203,7 +203,10 @@ fn evaluate_with(
     } else {
         0
     };
-    let b_bytes = if costs.b_joined {
+    // A host input B held once and copied reaches every row part's tiles
+    // in the same step (batched GEMMs of two inputs).
+    let b_copied = costs.b_copied && rows.ranges.len() > 1;
+    let b_bytes = if costs.b_joined || b_copied {
         let widest = cols
             .ranges
             .iter()
@@ -214,7 +217,7 @@ fn evaluate_with(
     } else {
         0
     };
-    let copy = if copied || costs.b_joined {
+    let copy = if copied || costs.b_joined || b_copied {
         let sync = if costs.a_joined || costs.b_joined {
             0
         } else {
@@ -525,7 +528,7 @@ mod tests {
             "6 * (29 + 6 * ((2 * P) / (P + 9)) + ROWS * (2 + 3 * ((2 * P) / (P + 9)) + QUADS * (P + 1 + 2 * ((2 * P) / (P + 9)))))"
         };
         let costs = GemmCosts::new(
-            FormulaCost::new("6 * (14 + NCB * (11 + NKB * (4 * M + 51)))".into()),
+            FormulaCost::new("6 * (22 + NCB * (14 + NKB * (4 * M + 43)))".into()),
             Some(FormulaCost::new(reduce.into())),
         );
         (g, costs)

@@ -2011,7 +2011,7 @@ mod tests {
             a_copied: true,
             a_joined: true,
             ..GemmCosts::new(
-                FormulaCost::new("6 * (14 + NCB * (11 + NKB * (4 * M + 51)))".into()),
+                FormulaCost::new("6 * (22 + NCB * (14 + NKB * (4 * M + 43)))".into()),
                 Some(FormulaCost::new(
                     "6 * (29 + ROWS * (2 + QUADS * (P + 1)))".into(),
                 )),
@@ -2058,7 +2058,7 @@ mod tests {
             f32_reduce_step: false,
         };
         let costs = GemmCosts::new(
-            FormulaCost::new("6 * (14 + NCB * (11 + NKB * (4 * M + 51)))".into()),
+            FormulaCost::new("6 * (22 + NCB * (14 + NKB * (4 * M + 43)))".into()),
             Some(FormulaCost::new(
                 "6 * (29 + ROWS * (2 + QUADS * (P + 1)))".into(),
             )),

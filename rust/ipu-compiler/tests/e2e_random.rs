@@ -36,7 +36,8 @@
 //! `IPU_RANDOM_SEED` the first seed (default 0): case `i` is seed
 //! `first + i`, so a failure names the seed that reproduces it alone
 //! (`IPU_RANDOM_SEED=<seed> IPU_RANDOM_MODELS=1`); `IPU_RANDOM_SHOW=1`
-//! also prints each limitation's model and message. `tools/fuzz/models`
+//! also prints each limitation's model and message, `IPU_RANDOM_SHOW=2`
+//! every model's text (to compile one by hand with `ipu compile`). `tools/fuzz/models`
 //! runs long campaigns.
 
 mod common;
@@ -692,12 +693,17 @@ fn random_models_compile_run_and_verify() {
     // `IPU_RANDOM_SHOW=1` prints each limitation's model and message, to
     // pick the next one to lift.
     let show_limitations = env_u64("IPU_RANDOM_SHOW", 0) != 0;
+    // `IPU_RANDOM_SHOW=2` also prints every model's text before its outcome.
+    let show_models = env_u64("IPU_RANDOM_SHOW", 0) >= 2;
     let dir = tempfile::tempdir().unwrap();
     let (mut passed, mut limitations, mut failures) = (0, BTreeMap::new(), Vec::new());
     let mut marginal = Vec::new();
     let mut compositional = Vec::new();
     for seed in first..first + count {
         let case = generate(seed);
+        if show_models {
+            print!("{}", case.text);
+        }
         let outcome = check(&case, dir.path());
         let verdict = match &outcome {
             Outcome::Passed { cycles } => {

@@ -320,8 +320,8 @@ fn run_case(case: &Case, seed: u64) -> Outcome {
     let cycles = chip.steps().last().unwrap().tiles[0].compute_cycles;
     let per_worker = |s: &GemmState| {
         let per_row = if case.acc32 { 8 } else { 4 };
-        let fixed = if case.acc32 { 55 } else { 51 };
-        6 * (14 + s.ncb as u64 * (11 + s.nkb as u64 * (per_row * s.m as u64 + fixed)))
+        let (per_block, fixed) = if case.acc32 { (15, 47) } else { (14, 43) };
+        6 * (22 + s.ncb as u64 * (per_block + s.nkb as u64 * (per_row * s.m as u64 + fixed)))
     };
     let estimate = states.iter().map(per_worker).max().unwrap();
     Outcome { cycles, estimate }
