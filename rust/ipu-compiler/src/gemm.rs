@@ -411,6 +411,12 @@ pub struct GemmCosts {
     /// in a model of one segment): with more than one row part each tile
     /// receives its columns of B in the copy step, beside its rows of A.
     pub b_copied: bool,
+    /// The `transpose_f16` formula when the result is transposed on its
+    /// tiles after the GEMM (the column attention layout's Q and V, whose
+    /// reduce cannot store them transposed: f32 partials, or no TR=1
+    /// object): each tile then runs one vertex per range of its result
+    /// columns over the workers, which the plan's cycles count.
+    pub transpose: Option<FormulaCost>,
     /// Whether the result feeds a later GEMM (and lives in region 1).
     pub feeds_gemm: bool,
     /// Phased placement (a model with attention): the region-1 bytes that
@@ -454,6 +460,7 @@ impl GemmCosts {
             a_joined: false,
             b_joined: false,
             b_copied: false,
+            transpose: None,
             feeds_gemm: false,
             persistent_budget: None,
             a_persistent: false,

@@ -1429,6 +1429,7 @@ fn plan_and_lower(
                         && tile_count_override.is_none()
                         && options.host_inputs == HostInputs::Once
                         && (geometry.n as u64 * geometry.operand_bytes() as u64).is_multiple_of(4),
+                    transpose: None,
                     feeds_gemm: group.feeds_gemm,
                     persistent_budget: None,
                     a_persistent: geometry.kp() != geometry.k || a_param,
@@ -1898,6 +1899,7 @@ fn plan_and_lower(
                 // those projections are planned with its formula.
                 let own_reduce: Vec<Option<gemm::FormulaCost>> =
                     planned.iter().map(|p| p.2.reduce.clone()).collect();
+                let transpose_formula = attention_kernels.as_ref().map(|k| k.transpose.1.clone());
                 let mut transposed_reduce: Vec<Option<gemm::FormulaCost>> = vec![None; planned.len()];
                 for g in [b.q, b.v] {
                     if let Some(tr) = planned[g].1 .1.as_ref().and_then(transposed_reduce_request) {
@@ -1921,6 +1923,21 @@ fn plan_and_lower(
                             }
                             _ => (own_reduce[g].clone(), 1),
                         };
+                        // Q and V in the column layout without a
+                        // transposed reduce are transposed on their tiles
+                        // (attention_cols::lower): whole-K plans weigh that
+                        // step. (Weighing the row layout's K^T the same way
+                        // gave K more tiles and another grid than Q and V,
+                        // so that the three streamed projections no longer
+                        // shared the homes of `x`, which the shares do not
+                        // weigh: e2e_attention's rows_stream 47,571 ->
+                        // 54,373 cycles; streamed plans weigh no transpose.)
+                        let transposed_on_tiles = c.layout == attention::AttentionLayout::Columns
+                            && (g == b.q || g == b.v)
+                            && transposed_reduce[g].is_none();
+                        p.2.transpose = transposed_on_tiles
+                            .then(|| transpose_formula.clone())
+                            .flatten();
                     }
                     // In the model's only block segment the join moves the
                     // projections' A rows and no weights (those stay where

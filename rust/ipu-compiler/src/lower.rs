@@ -442,7 +442,8 @@ pub fn lower(
             tiles: Default::default(),
             estimated_cycles: pg.plan.estimate.compute_cycles
                 - pg.plan.estimate.reduce_cycles
-                - pg.plan.estimate.copy_cycles,
+                - pg.plan.estimate.copy_cycles
+                - pg.plan.estimate.transpose_cycles,
             exchange: None,
             host_stop: false,
         };

@@ -56,6 +56,10 @@ pub struct Estimate {
     /// exchange step of its own, which the join schedules and estimates,
     /// counted here so that plans compare with it.
     pub copy_cycles: u64,
+    /// The part of `compute_cycles` that transposes the result on its
+    /// tiles (`GemmCosts::transpose`): a compute step of its own, which the
+    /// attention's lowering estimates.
+    pub transpose_cycles: u64,
     /// Host link cycles of the run call's inputs (every placed copy).
     pub host_in_cycles: u64,
     /// Host link cycles of the outputs.
@@ -167,11 +171,24 @@ fn evaluate_with(
     }
     let mut compute = 0u64;
     let mut cast_part = 0u64;
+    let mut transpose_part = 0u64;
     let mut peak_r1 = 0u64;
     let mut peak_r0 = 0u64;
     for (mt, nct) in shard_sizes(rows, cols) {
         let (split, gemm, reduce) = memo.best_split_with(g, mt, nct, costs, u32::MAX)?;
         let mut tile = gemm + supervisor_cycles(split.vertices() as u64);
+        if let Some(t) = costs.transpose.as_mut() {
+            // As attention::transpose_shard: one vertex per range of the
+            // result's columns.
+            let width = (nct * 16).min(g.n);
+            let vertices = width.min(ipu_arch::WORKER_CONTEXTS);
+            let c = t.eval(&[
+                ("ROWS", mt as i64),
+                ("COLS", width.div_ceil(vertices.max(1)) as i64),
+            ]) + supervisor_cycles(vertices as u64);
+            tile += c;
+            transpose_part = transpose_part.max(c);
+        }
         let layout = ShardLayout::new(g, mt, nct, &split);
         if g.needs_reduce(split.k_groups.len()) {
             let c = reduce + supervisor_cycles(split.reduce_vertices() as u64);
@@ -249,6 +266,7 @@ fn evaluate_with(
             compute_cycles: compute,
             reduce_cycles: cast_part,
             copy_cycles: copy,
+            transpose_cycles: transpose_part,
             host_in_cycles: host_in,
             host_out_cycles: host_out,
             params_cycles: host_transfer_cycles(param_bytes, CLOCK_HZ_C600),
@@ -616,6 +634,39 @@ mod tests {
         costs.a_copied = false;
         let weights = evaluate(&g, 13, 36, &mut costs).unwrap().estimate;
         assert_eq!(weights.copy_cycles, 32 * 1152 * 2 / 4);
+    }
+
+    #[test]
+    fn a_host_input_b_weighs_its_copy_to_every_row_part() {
+        // A batched GEMM of two inputs: with one row part B is held once,
+        // where it is read; with 4 row parts every tile receives its
+        // columns of B (16 of them, K = 72 f16) in the copy step.
+        let (g, mut costs) = projection(16, 72, 44, false);
+        costs.b_copied = true;
+        let one = evaluate(&g, 1, 3, &mut costs).unwrap().estimate;
+        assert_eq!(one.copy_cycles, 0);
+        let four = evaluate(&g, 4, 3, &mut costs).unwrap().estimate;
+        assert_eq!(four.copy_cycles, SYNC_CYCLES + 16 * 72 * 2 / 4);
+    }
+
+    #[test]
+    fn a_result_transposed_on_its_tiles_weighs_the_transpose() {
+        // The column attention layout's Q without a transposed reduce: each
+        // tile transposes its shard, one vertex per range of result columns
+        // (8 rows x 16 columns on 5 x 5 tiles: 3 columns per vertex).
+        let (g, mut costs) = projection(40, 64, 80, false);
+        let plain = evaluate(&g, 5, 5, &mut costs).unwrap().estimate;
+        let formula = "6 * (12 + COLS * (16 + 5 * (ROWS / 4) + 2 * (ROWS - 4 * (ROWS / 4))))";
+        costs.transpose = Some(FormulaCost::new(formula.into()));
+        let transposed = evaluate(&g, 5, 5, &mut costs).unwrap().estimate;
+        assert_eq!(
+            transposed.compute_cycles - plain.compute_cycles,
+            6 * (12 + 3 * (16 + 5 * 2)) + supervisor_cycles(6)
+        );
+        assert_eq!(
+            transposed.transpose_cycles,
+            transposed.compute_cycles - plain.compute_cycles
+        );
     }
 
     #[test]

@@ -708,6 +708,7 @@ pub fn evaluate(
             compute_cycles: device,
             reduce_cycles: reduce_part,
             copy_cycles: 0,
+            transpose_cycles: 0,
             host_in_cycles: host_in,
             host_out_cycles: host_out,
             // Resident B is written to every row part's tiles.

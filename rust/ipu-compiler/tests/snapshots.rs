@@ -57,7 +57,7 @@ fn gemm_small_on_four_tiles() {
         op["chosen"]["col_parts"],
         op["chosen"]["estimate"]
     );
-    expect![[r#"kernel="gemm_f16 ACC=16" candidates=33 row_parts=4 col_parts=1 estimate={"active_tiles":4,"compute_cycles":1392,"copy_cycles":0,"host_in_cycles":149,"host_out_cycles":62,"params_cycles":360,"peak_interleaved_bytes":69664,"peak_standard_bytes":0,"reduce_cycles":0,"total_cycles":2203}"#]].assert_eq(&chosen);
+    expect![[r#"kernel="gemm_f16 ACC=16" candidates=33 row_parts=4 col_parts=1 estimate={"active_tiles":4,"compute_cycles":1392,"copy_cycles":0,"host_in_cycles":149,"host_out_cycles":62,"params_cycles":360,"peak_interleaved_bytes":69664,"peak_standard_bytes":0,"reduce_cycles":0,"total_cycles":2203,"transpose_cycles":0}"#]].assert_eq(&chosen);
     let mut calls = String::new();
     for c in &out.package.info.calls {
         calls.push_str(&format!("call {}\n", c.name));
