@@ -171,7 +171,9 @@
 #
 # The K-block loop is unrolled by two, one copy per parity: odd K blocks
 # write CB from CA's partials and even ones CA from CB's, so no block swaps
-# buffer registers (3 bundles a K block fewer than one body with a swap).
+# buffer registers (a swap took three `mov`; each copy sets only the
+# partials pointer), and x steps to the block's A inside the weight load:
+# 4 bundles a K block fewer than the single body with a swap.
         .text
         .globl gemm_f16
         .entry gemm_f16
