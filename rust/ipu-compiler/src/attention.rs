@@ -931,7 +931,7 @@ pub(crate) fn transpose_shard(
         lifetime: None,
     });
     let tb = bufs.len() - 1;
-    let parts = ranges(r.width, r.width.min(ipu_arch::WORKER_CONTEXTS));
+    let parts = transpose_column_ranges(r.width);
     let mut slowest = 0;
     let vertices = parts
         .iter()
@@ -948,6 +948,29 @@ pub(crate) fn transpose_shard(
         vertices,
         slowest + launch_cycles(parts.len() as u64),
     ))
+}
+
+/// The column ranges of a `width`-column shard that [`transpose_shard`]
+/// gives its vertices: one per worker at most.
+fn transpose_column_ranges(width: u32) -> Vec<(u32, u32)> {
+    ranges(width, width.min(ipu_arch::WORKER_CONTEXTS))
+}
+
+/// What [`transpose_shard`] runs on a shard of `rows` x `width`: its
+/// vertex count and the slowest vertex's formula cycles (launches left to
+/// the caller), for plans that weigh the transpose before lowering.
+pub(crate) fn transpose_shard_slowest(
+    formula: &mut FormulaCost,
+    rows: u32,
+    width: u32,
+) -> (u64, u64) {
+    let parts = transpose_column_ranges(width);
+    let slowest = parts
+        .iter()
+        .map(|&(c0, c1)| formula.eval(&[("ROWS", rows as i64), ("COLS", (c1 - c0) as i64)]))
+        .max()
+        .unwrap_or(0);
+    (parts.len() as u64, slowest)
 }
 
 /// One `transpose_f16` (`eb` = 2) or `transpose_f32` (4) vertex: columns

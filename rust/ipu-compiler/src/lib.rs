@@ -1389,6 +1389,10 @@ fn plan_and_lower(
                         .acc32
                         .then(|| reduce_kernel(geometry.f16_result, group.epilogue()))
                 };
+                // The exchange moves whole words, so an input whose rows
+                // are not (K = 31 f16) is written by the host to every copy
+                // instead (`segment::join`): no copy step to weigh.
+                let rows_are_words = |elements: u32| (elements as u64 * geometry.operand_bytes() as u64).is_multiple_of(4);
                 let cost = gemm::GemmCosts {
                     gemm: kernel_formula(library, &request, &["M", "NCB", "NKB"])?,
                     reduce: match &reduce_request {
@@ -1409,13 +1413,9 @@ fn plan_and_lower(
                     // Other segments' GEMMs weigh neither: weighing A
                     // alone, without the weights the join moves beside it,
                     // made the ViT block slower (449,111 -> 472,353).
-                    // The exchange moves whole words, so an input whose
-                    // rows are not (K = 31 f16) is written by the host to
-                    // every copy instead (`segment::join`): no copy step
-                    // to weigh.
                     a_copied: matches!(group.a, fuse::Source::Host(_))
                         && !a_param
-                        && (geometry.k as u64 * geometry.operand_bytes() as u64).is_multiple_of(4)
+                        && rows_are_words(geometry.k)
                         && if tile_count_override.is_none() {
                             options.host_inputs == HostInputs::Once
                         } else {
@@ -1423,12 +1423,11 @@ fn plan_and_lower(
                         },
                     a_joined: tile_count_override.is_some(),
                     b_joined: weights_joined,
-                    // The same for a B that is a host input, when its rows
-                    // are whole words (otherwise the host writes every copy).
+                    // The same for a B that is a host input.
                     b_copied: graph.value(group.b).def == ipu_graph::ValueDef::Input
                         && tile_count_override.is_none()
                         && options.host_inputs == HostInputs::Once
-                        && (geometry.n as u64 * geometry.operand_bytes() as u64).is_multiple_of(4),
+                        && rows_are_words(geometry.n),
                     transpose: None,
                     feeds_gemm: group.feeds_gemm,
                     persistent_budget: None,

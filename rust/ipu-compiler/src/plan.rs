@@ -178,14 +178,9 @@ fn evaluate_with(
         let (split, gemm, reduce) = memo.best_split_with(g, mt, nct, costs, u32::MAX)?;
         let mut tile = gemm + supervisor_cycles(split.vertices() as u64);
         if let Some(t) = costs.transpose.as_mut() {
-            // As attention::transpose_shard: one vertex per range of the
-            // result's columns.
             let width = (nct * 16).min(g.n);
-            let vertices = width.min(ipu_arch::WORKER_CONTEXTS);
-            let c = t.eval(&[
-                ("ROWS", mt as i64),
-                ("COLS", width.div_ceil(vertices.max(1)) as i64),
-            ]) + supervisor_cycles(vertices as u64);
+            let (vertices, slowest) = crate::attention::transpose_shard_slowest(t, mt, width);
+            let c = slowest + supervisor_cycles(vertices);
             tile += c;
             transpose_part = transpose_part.max(c);
         }
