@@ -184,6 +184,18 @@ struct Candidate {
 /// of descriptors.
 pub const GOOD_ENOUGH: u64 = 32;
 
+/// On a phase of at least [`LARGE_PHASE_JOBS`] jobs, a whole-job schedule
+/// within this many cycles of the lower bound is kept as well, however
+/// small the bound: a tenth of the sync that precedes every exchange phase.
+/// The piece sizes would cost more compile time there than they can win (the
+/// ViT block's two joins of the residual adds, 9,477 jobs and a bound of
+/// 1,164 cycles, spent 0.6 s each on pieces that lost to a schedule 48
+/// cycles above it), while smaller phases keep trying them, cheaply.
+pub const GOOD_ENOUGH_CYCLES: u64 = 64;
+
+/// See [`GOOD_ENOUGH_CYCLES`].
+pub const LARGE_PHASE_JOBS: usize = 4096;
+
 /// The piece sizes tried: whole jobs, and pieces of 1/16 and 1/64 of the
 /// endpoint bound when some job is longer than that.
 fn piece_sizes(jobs: &[Job], endpoint_words: u64) -> Vec<Option<u32>> {
@@ -196,6 +208,18 @@ fn piece_sizes(jobs: &[Job], endpoint_words: u64) -> Vec<Option<u32>> {
         }
     }
     sizes
+}
+
+/// Whether a whole-job schedule of `horizon` cycles ends the search of a
+/// phase of `jobs` jobs whose lower bound is `bound` ([`GOOD_ENOUGH`],
+/// [`GOOD_ENOUGH_CYCLES`]).
+fn good_enough(horizon: u64, bound: u64, jobs: usize) -> bool {
+    let slack = if jobs >= LARGE_PHASE_JOBS {
+        (bound / GOOD_ENOUGH).max(GOOD_ENOUGH_CYCLES)
+    } else {
+        bound / GOOD_ENOUGH
+    };
+    horizon <= bound + slack
 }
 
 /// Validates, coalesces, schedules, lowers and checks one phase.
@@ -230,13 +254,14 @@ pub fn compile_phase(phase: &Phase, options: &Options) -> Result<Compiled, Excha
             lowered,
         })
     };
-    // Whole jobs first: a schedule within 1/GOOD_ENOUGH of the lower bound
-    // is kept without trying piece sizes (on the SigLIP attention phase, 6 M
-    // descriptors, the other candidates cost minutes and found nothing).
+    // Whole jobs first: a schedule close enough to the lower bound
+    // ([`good_enough`]) is kept without trying piece sizes (on the SigLIP
+    // attention phase, 6 M descriptors, the other candidates cost minutes
+    // and found nothing).
     let first = attempt(None);
-    let good_enough =
-        matches!(&first, Ok(c) if c.search.best.horizon <= b.horizon + b.horizon / GOOD_ENOUGH);
-    let rest: Vec<Option<u32>> = if good_enough {
+    let whole_jobs_suffice =
+        matches!(&first, Ok(c) if good_enough(c.search.best.horizon, b.horizon, jobs.len()));
+    let rest: Vec<Option<u32>> = if whole_jobs_suffice {
         Vec::new()
     } else {
         sizes[1..].to_vec()
@@ -286,4 +311,30 @@ pub fn compile_phase(phase: &Phase, options: &Options) -> Result<Compiled, Excha
         lowered: best.lowered,
         report,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{good_enough, GOOD_ENOUGH_CYCLES, LARGE_PHASE_JOBS};
+
+    /// Small phases keep trying piece sizes unless whole jobs are within
+    /// 1/32 of the bound; large ones also stop within 64 cycles of it, and
+    /// a large bound's 1/32 still applies when it exceeds 64 cycles.
+    #[test]
+    fn good_enough_is_a_thirty_second_or_64_cycles_on_large_phases() {
+        let large = LARGE_PHASE_JOBS;
+        let small = LARGE_PHASE_JOBS - 1;
+        // The ViT block's residual joins: bound 1,164, whole jobs 1,212.
+        assert!(!good_enough(1212, 1164, small));
+        assert!(good_enough(1212, 1164, large));
+        assert!(good_enough(1164 + GOOD_ENOUGH_CYCLES, 1164, large));
+        assert!(!good_enough(1164 + GOOD_ENOUGH_CYCLES + 1, 1164, large));
+        // 1/32 of 32,000 is 1,000 cycles, on any phase.
+        assert!(good_enough(33_000, 32_000, small));
+        assert!(good_enough(33_000, 32_000, large));
+        assert!(!good_enough(33_001, 32_000, large));
+        // A bound of 100: 3 cycles on a small phase.
+        assert!(good_enough(103, 100, small));
+        assert!(!good_enough(104, 100, small));
+    }
 }
