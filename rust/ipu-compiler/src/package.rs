@@ -11,6 +11,7 @@ use ipu_package::{
 };
 use serde_json::{json, Value};
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
 /// The compiler version recorded in packages.
 pub const COMPILER_VERSION: &str = concat!("ipu-compile ", env!("CARGO_PKG_VERSION"));
@@ -384,14 +385,33 @@ fn bsp_step_estimate(group: &[crate::lower::Step], last: bool) -> u64 {
 /// step's cycles and sets them beside the estimate
 /// (docs/profile-format.md).
 pub fn schedule(l: &Lowered) -> Value {
+    use rayon::prelude::*;
+    // A device loop's later iterations share their first iteration's
+    // vertices (`Step::tiles`), so the kernels of a BSP step are listed once
+    // per distinct run of vertex maps and cloned for the others (the 27-layer
+    // encoder's schedule took 1.3 s listing them step by step).
+    let vertex_maps = |group: &[crate::lower::Step]| -> Vec<usize> {
+        group
+            .iter()
+            .map(|s| Arc::as_ptr(&s.tiles) as usize)
+            .collect()
+    };
     let calls: Vec<Value> = l
         .calls
         .iter()
         .map(|call| {
             let groups = bsp_steps(call);
             let count = groups.len();
+            let mut distinct: BTreeMap<Vec<usize>, &[crate::lower::Step]> = BTreeMap::new();
+            for group in &groups {
+                distinct.entry(vertex_maps(group)).or_insert(group);
+            }
+            let kernels: BTreeMap<Vec<usize>, Vec<Value>> = distinct
+                .into_par_iter()
+                .map(|(key, group)| (key, kernels_of(group)))
+                .collect();
             let steps: Vec<Value> = groups
-                .into_iter()
+                .into_par_iter()
                 .enumerate()
                 .map(|(k, group)| {
                     let mut step = serde_json::Map::new();
@@ -412,7 +432,10 @@ pub fn schedule(l: &Lowered) -> Value {
                             .join("; ")
                     };
                     step.insert("phase".into(), json!(phase));
-                    step.insert("kernels".into(), Value::Array(kernels_of(group)));
+                    step.insert(
+                        "kernels".into(),
+                        Value::Array(kernels[&vertex_maps(group)].clone()),
+                    );
                     step.insert(
                         "estimated_cycles".into(),
                         json!(bsp_step_estimate(group, k + 1 == count)),

@@ -343,24 +343,37 @@ fn validate_tensor(info: &PackageInfo, t: &StreamTensor, exactly_once: bool) -> 
     Ok(())
 }
 
+/// One archive entry: its name and bytes (a member borrowed from the
+/// package, or an encoded image or the manifest owned).
+type TarEntry<'a> = (String, std::borrow::Cow<'a, [u8]>);
+
 impl Package {
     /// The manifest, with member sizes and digests computed from the contents.
     pub fn manifest(&self) -> Result<Manifest, PackageError> {
-        let mut tiles = Vec::with_capacity(self.tiles.len());
+        let mut images = Vec::with_capacity(self.tiles.len());
         for (&tile, image) in &self.tiles {
-            let file = tile_file(tile);
             let bytes = image.encode().map_err(|error| PackageError::Image {
-                member: file.clone(),
+                member: tile_file(tile),
                 error,
             })?;
-            tiles.push(TileEntry {
-                tile,
-                file,
-                size: bytes.len() as u64,
-                blake3: digest(&bytes),
-            });
+            images.push((tile, bytes));
         }
-        Ok(Manifest {
+        Ok(self.manifest_of(&images))
+    }
+
+    /// The manifest of this package whose tile images encode to `images`
+    /// (tile, bytes), in tile order.
+    fn manifest_of(&self, images: &[(u32, Vec<u8>)]) -> Manifest {
+        let tiles = images
+            .iter()
+            .map(|(tile, bytes)| TileEntry {
+                tile: *tile,
+                file: tile_file(*tile),
+                size: bytes.len() as u64,
+                blake3: digest(bytes),
+            })
+            .collect();
+        Manifest {
             format_version: FORMAT_VERSION,
             compiler_version: self.info.compiler_version.clone(),
             target: TARGET.to_string(),
@@ -380,7 +393,7 @@ impl Package {
                     blake3: digest(bytes),
                 })
                 .collect(),
-        })
+        }
     }
 
     /// Checks every rule a reader checks.
@@ -415,31 +428,48 @@ impl Package {
         Ok(())
     }
 
-    /// The uncompressed tar archive.
-    pub fn to_tar(&self) -> Result<Vec<u8>, PackageError> {
+    /// The archive's entries in order, each tile image encoded once: the
+    /// manifest, its digest, then the members and tile files by name.
+    fn tar_entries(&self) -> Result<Vec<TarEntry<'_>>, PackageError> {
+        use std::borrow::Cow;
         self.validate()?;
-        let manifest = self.manifest()?;
-        let mut json = serde_json::to_vec_pretty(&manifest)
-            .map_err(|e| PackageError::ManifestJson(e.to_string()))?;
-        json.push(b'\n');
-        let mut files: BTreeMap<String, Vec<u8>> = self.members.clone();
+        let mut images = Vec::with_capacity(self.tiles.len());
         for (&tile, image) in &self.tiles {
             let bytes = image.encode().map_err(|error| PackageError::Image {
                 member: tile_file(tile),
                 error,
             })?;
-            files.insert(tile_file(tile), bytes);
+            images.push((tile, bytes));
         }
-        let mut builder = tar::Builder::new(Vec::new());
-        let archive_error = |e: std::io::Error| PackageError::Archive(e.to_string());
+        let manifest = self.manifest_of(&images);
+        let mut json = serde_json::to_vec_pretty(&manifest)
+            .map_err(|e| PackageError::ManifestJson(e.to_string()))?;
+        json.push(b'\n');
         let manifest_digest = format!("{}\n", digest(&json)).into_bytes();
-        let head = [
-            (MANIFEST.to_string(), json),
-            (MANIFEST_DIGEST.to_string(), manifest_digest),
+        let mut files: BTreeMap<String, Cow<'_, [u8]>> = self
+            .members
+            .iter()
+            .map(|(name, bytes)| (name.clone(), Cow::Borrowed(bytes.as_slice())))
+            .collect();
+        for (tile, bytes) in images {
+            files.insert(tile_file(tile), Cow::Owned(bytes));
+        }
+        let mut entries = vec![
+            (MANIFEST.to_string(), Cow::Owned(json)),
+            (MANIFEST_DIGEST.to_string(), Cow::Owned(manifest_digest)),
         ];
-        for (name, bytes) in head.into_iter().chain(files) {
+        entries.extend(files);
+        Ok(entries)
+    }
+
+    /// Writes `entries` as a ustar archive to `out` (every header fixed, so
+    /// the archive depends on the entries alone).
+    fn write_tar<W: Write>(entries: &[TarEntry<'_>], out: W) -> Result<W, PackageError> {
+        let mut builder = tar::Builder::new(out);
+        let archive_error = |e: std::io::Error| PackageError::Archive(e.to_string());
+        for (name, bytes) in entries {
             let mut header = tar::Header::new_ustar();
-            header.set_path(&name).map_err(archive_error)?;
+            header.set_path(name).map_err(archive_error)?;
             header.set_size(bytes.len() as u64);
             header.set_entry_type(tar::EntryType::Regular);
             header.set_mode(0o644);
@@ -449,26 +479,43 @@ impl Package {
             header.set_username("").map_err(archive_error)?;
             header.set_groupname("").map_err(archive_error)?;
             header.set_cksum();
-            builder
-                .append(&header, bytes.as_slice())
-                .map_err(archive_error)?;
+            builder.append(&header, &**bytes).map_err(archive_error)?;
         }
         builder.into_inner().map_err(archive_error)
     }
 
+    /// The size of the archive [`Package::write_tar`] writes: a 512-byte
+    /// header and the data padded to 512 bytes per entry (the names are
+    /// short enough for one ustar header), then two zero blocks.
+    fn tar_size(entries: &[TarEntry<'_>]) -> u64 {
+        entries
+            .iter()
+            .map(|(_, b)| 512 + (b.len() as u64).div_ceil(512) * 512)
+            .sum::<u64>()
+            + 1024
+    }
+
+    /// The uncompressed tar archive.
+    pub fn to_tar(&self) -> Result<Vec<u8>, PackageError> {
+        let entries = self.tar_entries()?;
+        Package::write_tar(&entries, Vec::new())
+    }
+
     /// The package file's bytes: the tar archive compressed with zstd at
-    /// [`ZSTD_LEVEL`], with the frame's content checksum enabled.
+    /// [`ZSTD_LEVEL`], with the frame's content checksum enabled. The
+    /// archive streams into the compressor (the 27-layer encoder's is
+    /// 233 MB) with its size pledged in advance, which zstd checks.
     pub fn to_bytes(&self) -> Result<Vec<u8>, PackageError> {
-        let tar = self.to_tar()?;
+        let entries = self.tar_entries()?;
         let compression = |e: std::io::Error| PackageError::Compression(e.to_string());
         let mut encoder =
             zstd::stream::Encoder::new(Vec::new(), ZSTD_LEVEL).map_err(compression)?;
         encoder.include_checksum(true).map_err(compression)?;
         encoder.include_contentsize(true).map_err(compression)?;
         encoder
-            .set_pledged_src_size(Some(tar.len() as u64))
+            .set_pledged_src_size(Some(Package::tar_size(&entries)))
             .map_err(compression)?;
-        encoder.write_all(&tar).map_err(compression)?;
+        let encoder = Package::write_tar(&entries, encoder)?;
         encoder.finish().map_err(compression)
     }
 

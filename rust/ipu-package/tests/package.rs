@@ -23,6 +23,23 @@ fn round_trip_is_lossless_and_deterministic() {
     assert_eq!(Package::from_bytes(&bytes).unwrap(), q);
 }
 
+/// The archive streams into the compressor with its size pledged before
+/// the first byte: the frame must hold exactly `to_tar()`, with that size in
+/// its header, for members of every length modulo the 512-byte blocks
+/// (an empty one too).
+#[test]
+fn the_compressed_stream_is_the_archive_with_its_size_pledged() {
+    for extra in [0usize, 1, 511, 512, 513, 4096 + 7] {
+        let mut p = common::sample();
+        p.members.insert("notes.txt".into(), vec![b'n'; extra]);
+        let bytes = p.to_bytes().unwrap();
+        let tar = p.to_tar().unwrap();
+        let size = zstd::zstd_safe::get_frame_content_size(&bytes).unwrap();
+        assert_eq!(size, Some(tar.len() as u64), "member of {extra} bytes");
+        assert_eq!(zstd::stream::decode_all(bytes.as_slice()).unwrap(), tar);
+    }
+}
+
 #[test]
 fn archive_layout_is_canonical() {
     let tar = common::sample().to_tar().unwrap();
