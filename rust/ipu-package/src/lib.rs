@@ -350,15 +350,21 @@ type TarEntry<'a> = (String, std::borrow::Cow<'a, [u8]>);
 impl Package {
     /// The manifest, with member sizes and digests computed from the contents.
     pub fn manifest(&self) -> Result<Manifest, PackageError> {
-        let mut images = Vec::with_capacity(self.tiles.len());
-        for (&tile, image) in &self.tiles {
-            let bytes = image.encode().map_err(|error| PackageError::Image {
-                member: tile_file(tile),
-                error,
-            })?;
-            images.push((tile, bytes));
-        }
-        Ok(self.manifest_of(&images))
+        Ok(self.manifest_of(&self.encoded_images()?))
+    }
+
+    /// Every tile image encoded, (tile, bytes) in tile order.
+    fn encoded_images(&self) -> Result<Vec<(u32, Vec<u8>)>, PackageError> {
+        self.tiles
+            .iter()
+            .map(|(&tile, image)| {
+                let bytes = image.encode().map_err(|error| PackageError::Image {
+                    member: tile_file(tile),
+                    error,
+                })?;
+                Ok((tile, bytes))
+            })
+            .collect()
     }
 
     /// The manifest of this package whose tile images encode to `images`
@@ -433,14 +439,7 @@ impl Package {
     fn tar_entries(&self) -> Result<Vec<TarEntry<'_>>, PackageError> {
         use std::borrow::Cow;
         self.validate()?;
-        let mut images = Vec::with_capacity(self.tiles.len());
-        for (&tile, image) in &self.tiles {
-            let bytes = image.encode().map_err(|error| PackageError::Image {
-                member: tile_file(tile),
-                error,
-            })?;
-            images.push((tile, bytes));
-        }
+        let images = self.encoded_images()?;
         let manifest = self.manifest_of(&images);
         let mut json = serde_json::to_vec_pretty(&manifest)
             .map_err(|e| PackageError::ManifestJson(e.to_string()))?;
