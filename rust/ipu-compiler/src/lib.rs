@@ -2581,6 +2581,12 @@ struct PlannedSegments {
     rowwise: Vec<serde_json::Value>,
 }
 
+/// One segment's result in [`plan_segments`].
+enum SegmentPart {
+    Blocks(SegmentLowered),
+    Rowwise(lower::Lowered, Vec<serde_json::Value>),
+}
+
 /// Plans and lowers every segment of a segmented model on all tiles
 /// (`weights_joined`: the join will move the block segments' weights from
 /// their homes, which their plans then weigh).
@@ -2596,47 +2602,72 @@ fn plan_segments(
         .iter()
         .filter(|s| s.kind == segment::Kind::Blocks)
         .count();
+    // The segments plan independently of one another (each sees only its
+    // own graph and all tiles), so they are planned in parallel, each with
+    // a fork of the kernel library; the results are taken in segment order,
+    // so the package and the report are those of a sequential run, and the
+    // first failing segment's error is the one returned.
+    let parent = tracing::Span::current();
+    let planned: Vec<Result<(SegmentPart, KernelLibrary), CompileError>> = segments
+        .par_iter()
+        .enumerate()
+        .map(|(index, s)| {
+            let mut library = library.fork();
+            let outputs: Vec<&str> = s
+                .graph
+                .outputs()
+                .iter()
+                .map(|&v| s.graph.value(v).name.as_str())
+                .collect();
+            let span = tracing::info_span!(
+                parent: &parent,
+                "ipu_compiler.segment",
+                segment = index,
+                kind = ?s.kind,
+                outputs = %outputs.join(",")
+            );
+            let _enter = span.enter();
+            let part = match s.kind {
+                segment::Kind::Blocks => {
+                    let context = SegmentContext {
+                        limits,
+                        requantised: &s.requantised,
+                        sole_block_segment: block_segments == 1,
+                        weights_joined,
+                    };
+                    let r = plan_and_lower(&s.graph, options, &mut library, Some(tiles), context)?;
+                    SegmentPart::Blocks(r)
+                }
+                segment::Kind::Rowwise => {
+                    let (l, reports) = phase("lower", || {
+                        let (l, reports) = rowwise::lower(&s.graph, tiles, &mut library)?;
+                        verifier("lower", lower::verify(&l))?;
+                        Ok((l, reports))
+                    })?;
+                    SegmentPart::Rowwise(l, reports)
+                }
+            };
+            Ok((part, library))
+        })
+        .collect();
     let mut parts = Vec::new();
     let mut operation_reports = Vec::new();
     let mut would_help = Vec::new();
     let mut chain_choice = None;
     let mut attention = None;
     let mut rowwise = Vec::new();
-    for (index, s) in segments.iter().enumerate() {
-        let outputs: Vec<&str> = s
-            .graph
-            .outputs()
-            .iter()
-            .map(|&v| s.graph.value(v).name.as_str())
-            .collect();
-        let span = tracing::info_span!(
-            "ipu_compiler.segment",
-            segment = index,
-            kind = ?s.kind,
-            outputs = %outputs.join(",")
-        );
-        let _enter = span.enter();
-        match s.kind {
-            segment::Kind::Blocks => {
-                let context = SegmentContext {
-                    limits,
-                    requantised: &s.requantised,
-                    sole_block_segment: block_segments == 1,
-                    weights_joined,
-                };
-                let r = plan_and_lower(&s.graph, options, library, Some(tiles), context)?;
+    for result in planned {
+        let (part, fork) = result?;
+        library.absorb(fork);
+        match part {
+            SegmentPart::Blocks(r) => {
                 parts.push(r.lowered);
                 operation_reports.extend(r.operation_reports);
                 would_help.extend(r.would_help);
                 chain_choice = chain_choice.or(r.chain_choice);
                 attention = attention.or(r.attention);
             }
-            segment::Kind::Rowwise => {
-                let (l, reports) = phase("lower", || {
-                    let (l, reports) = rowwise::lower(&s.graph, tiles, library)?;
-                    verifier("lower", lower::verify(&l))?;
-                    Ok((l, reports))
-                })?;
+            SegmentPart::Rowwise(l, reports) => {
                 parts.push(l);
                 rowwise.extend(reports);
             }
@@ -2726,18 +2757,32 @@ pub fn compile(options: &CompileOptions) -> Result<CompileOutput, CompileError> 
 /// Kernels `tile` links, in request order; the supervisor runtime
 /// (`emit::runtime_request`) is the one every tile links.
 fn tile_kernels(l: &lower::Lowered, tile: u32) -> Vec<KernelRequest> {
-    let mut v: Vec<KernelRequest> = l
-        .calls
-        .iter()
-        .flat_map(|c| &c.steps)
-        .filter_map(|s| s.tiles.get(&tile))
+    let mut v: Vec<&KernelRequest> = distinct_vertex_maps(l)
+        .filter_map(|m| m.get(&tile))
         .flatten()
-        .map(|v| v.kernel.clone())
-        .chain(std::iter::once(emit::runtime_request()))
+        .map(|v| &v.kernel)
         .collect();
+    let runtime = emit::runtime_request();
+    v.push(&runtime);
     v.sort();
     v.dedup();
-    v
+    v.into_iter().cloned().collect()
+}
+
+/// The steps' vertex maps, each once: a device loop's later iterations
+/// share the first iteration's maps (`Arc`), and a deep loop has hundreds
+/// of steps, so walking every step's vertices for every tile (and cloning
+/// every vertex's request) took seconds where the distinct maps take
+/// milliseconds.
+fn distinct_vertex_maps(
+    l: &lower::Lowered,
+) -> impl Iterator<Item = &BTreeMap<u32, Vec<lower::Vertex>>> {
+    let mut seen = std::collections::HashSet::new();
+    l.calls
+        .iter()
+        .flat_map(|c| &c.steps)
+        .filter(move |s| seen.insert(std::sync::Arc::as_ptr(&s.tiles)))
+        .map(|s| &*s.tiles)
 }
 
 /// Loads every kernel any tile of `l` links, once, so that the per-tile
@@ -2746,10 +2791,15 @@ pub(crate) fn load_tile_kernels(
     l: &lower::Lowered,
     library: &mut KernelLibrary,
 ) -> Result<(), CompileError> {
-    for tile in l.buffers.keys() {
-        for r in tile_kernels(l, *tile) {
-            library.get(&r)?;
-        }
+    let runtime = emit::runtime_request();
+    let requests: std::collections::BTreeSet<&KernelRequest> = distinct_vertex_maps(l)
+        .flat_map(|m| m.values())
+        .flatten()
+        .map(|v| &v.kernel)
+        .chain(std::iter::once(&runtime))
+        .collect();
+    for r in requests {
+        library.get(r)?;
     }
     Ok(())
 }

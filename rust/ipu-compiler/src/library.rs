@@ -122,6 +122,7 @@ struct IndexEntry {
 }
 
 /// Kernel objects by request; see the module documentation.
+#[derive(Clone)]
 pub struct KernelLibrary {
     source: KernelSource,
     /// Index entries with their metadata (index sources only).
@@ -191,6 +192,22 @@ impl KernelLibrary {
             self.loaded.insert(request.clone(), k);
         }
         Ok(&self.loaded[request])
+    }
+
+    /// A library that loads on its own from the same source, with what this
+    /// one has loaded so far: a segment planned on another thread uses one,
+    /// and [`KernelLibrary::absorb`] takes back what it loaded.
+    pub fn fork(&self) -> KernelLibrary {
+        self.clone()
+    }
+
+    /// Adds the kernels `fork` loaded. Loading is a function of the
+    /// request, so a request both loaded gives the same object, and the
+    /// merged set does not depend on the order in which forks come back.
+    pub fn absorb(&mut self, fork: KernelLibrary) {
+        for (request, kernel) in fork.loaded {
+            self.loaded.entry(request).or_insert(kernel);
+        }
     }
 
     /// A kernel already loaded by [`KernelLibrary::get`] (for readers that
