@@ -46,6 +46,38 @@ fn vit_block_small_on_the_simulator() {
     );
 }
 
+/// The segments are planned in parallel (`plan_segments`), and the package
+/// must be the one a sequential run builds: the same bytes (the report
+/// included) from a pool of four threads and from a pool of one, for the
+/// twelve segments of two ViT blocks and for one block on 7 tiles.
+#[test]
+fn segments_planned_in_parallel_give_the_sequential_package() {
+    let cache = tempfile::tempdir().unwrap();
+    for (model, tiles) in [("vit_2layer_small", 64), ("vit_block_small", 7)] {
+        let opts = options(
+            &root().join(format!("models/{model}.ipug")),
+            tiles,
+            cache.path(),
+        );
+        let build = |threads: usize| {
+            let pool = rayon::ThreadPoolBuilder::new()
+                .num_threads(threads)
+                .build()
+                .unwrap();
+            pool.install(|| ipu_compiler::compile(&opts))
+                .unwrap()
+                .package
+                .to_bytes()
+                .unwrap()
+        };
+        let (parallel, sequential) = (build(4), build(1));
+        assert!(
+            parallel == sequential,
+            "{model} on {tiles} tiles: the package planned in parallel differs from the sequential one"
+        );
+    }
+}
+
 /// Two ViT blocks in sequence: twelve segments, each layer's weights in
 /// its own segments, the second layer reading the first one's output.
 #[test]
