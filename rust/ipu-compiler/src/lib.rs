@@ -2785,21 +2785,25 @@ fn distinct_vertex_maps(
         .map(|s| &*s.tiles)
 }
 
+/// Every kernel some tile of `l` links (the supervisor runtime included),
+/// each once.
+fn linked_requests(l: &lower::Lowered) -> std::collections::BTreeSet<KernelRequest> {
+    distinct_vertex_maps(l)
+        .flat_map(|m| m.values())
+        .flatten()
+        .map(|v| v.kernel.clone())
+        .chain(std::iter::once(emit::runtime_request()))
+        .collect()
+}
+
 /// Loads every kernel any tile of `l` links, once, so that the per-tile
 /// work after it (on all cores) only reads the library.
 pub(crate) fn load_tile_kernels(
     l: &lower::Lowered,
     library: &mut KernelLibrary,
 ) -> Result<(), CompileError> {
-    let runtime = emit::runtime_request();
-    let requests: std::collections::BTreeSet<&KernelRequest> = distinct_vertex_maps(l)
-        .flat_map(|m| m.values())
-        .flatten()
-        .map(|v| &v.kernel)
-        .chain(std::iter::once(&runtime))
-        .collect();
-    for r in requests {
-        library.get(r)?;
+    for r in linked_requests(l) {
+        library.get(&r)?;
     }
     Ok(())
 }
@@ -3532,11 +3536,7 @@ fn compile_with(
         peak_r0 = peak_r0.max(r0);
         peak_r1 = peak_r1.max(r1);
     }
-    let linked_kernels: std::collections::BTreeSet<KernelRequest> = lowered
-        .buffers
-        .keys()
-        .flat_map(|&t| tile_kernels(&lowered, t))
-        .collect();
+    let linked_kernels = linked_requests(&lowered);
     let kernels_used: Vec<serde_json::Value> = library
         .used()
         .filter(|k| linked_kernels.contains(&k.request))
