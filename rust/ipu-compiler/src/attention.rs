@@ -1385,6 +1385,7 @@ fn lower_rows(
         estimated_cycles: 0,
         exchange: None,
         host_stop: false,
+        launch: crate::lower::Launch::Own,
     };
     // q and k's head size (the scores' K) and v's (O's columns).
     let (d, dp, dv, dq) = (b.d, b.dp(), b.dv, b.dqv());

@@ -833,6 +833,7 @@ pub fn lower(
         estimated_cycles: 0,
         exchange: None,
         host_stop: false,
+        launch: crate::lower::Launch::Own,
     };
     let d = b.d;
     let qranges = plan.query_ranges(b);

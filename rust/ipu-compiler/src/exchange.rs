@@ -125,6 +125,7 @@ pub fn program_step(
         estimated_cycles: step_cycles(&x.figures),
         exchange: Some(x),
         host_stop: false,
+        launch: crate::lower::Launch::Own,
     })
 }
 

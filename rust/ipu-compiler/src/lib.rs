@@ -40,6 +40,7 @@ pub mod formula;
 pub mod fuse;
 pub mod gemm;
 pub mod kernels;
+pub mod launches;
 pub mod legalize;
 pub mod library;
 pub mod link;
@@ -771,12 +772,10 @@ fn budget_tries(
 /// exchange steps their schedule).
 fn timeline_cycles(l: &lower::Lowered) -> u64 {
     let mut clock = vec![0u64; l.tile_count as usize];
-    for step in l
-        .calls
-        .iter()
-        .filter(|c| c.name == "run")
-        .flat_map(|c| &c.steps)
-    {
+    let run = l.calls.iter().filter(|c| c.name == "run");
+    // The call's dispatch and end, where no step's estimate holds them.
+    clock.fill(run.clone().map(launches::unsettled_dispatch_cycles).sum());
+    for step in run.flat_map(|c| &c.steps) {
         if step.ends_bsp_step() {
             let start = clock.iter().copied().max().unwrap_or(0);
             clock.fill(start + step.estimated_cycles);
@@ -3475,6 +3474,10 @@ fn compile_with(
         }
         Ok(out)
     })?;
+
+    // Every step's supervisor cost as its place in the call makes it, for
+    // the figures, the schedule and the profile's estimates.
+    launches::settle_launches(&mut lowered);
 
     // Figures for the report and the manifest summary.
     let flops = analysis::graph_flops(graph);

@@ -1048,6 +1048,7 @@ fn copy_step(
         estimated_cycles: slowest,
         exchange: None,
         host_stop: false,
+        launch: crate::lower::Launch::Own,
     });
     Ok((step, slowest))
 }
@@ -1215,6 +1216,7 @@ fn weight_exchange(
         estimated_cycles: crate::exchange::step_cycles(&x.figures),
         exchange: Some(x),
         host_stop: false,
+        launch: crate::lower::Launch::Own,
     }))
 }
 
@@ -1429,6 +1431,7 @@ fn stream_weights(
         estimated_cycles: ipu_arch::SYNC_CYCLES + host + HOST_RECORD_CYCLES,
         exchange: None,
         host_stop: true,
+        launch: crate::lower::Launch::Own,
     }];
     let copies = weight_exchange(
         l,

@@ -145,6 +145,30 @@ pub struct Step {
     /// the call's inputs of this stop ([`CallProgram::streamed`]) and
     /// resumes the device. Like an exchange it ends a BSP step.
     pub host_stop: bool,
+    /// Which supervisor cost `estimated_cycles` includes around the step's
+    /// vertices.
+    pub launch: Launch,
+}
+
+/// The supervisor's cost around a compute step depends on what ran before
+/// it on the tile (tests/supervisor_runtime.rs measures each case): a
+/// call's first compute step pays the command's dispatch and the call's
+/// end beside its launches (`plan::supervisor_cycles`), a step after an
+/// exchange or a host stop 18 cycles a vertex, and a step after another
+/// compute step 12, since its record loads in the shadow of that step's
+/// workers (`attention::launch_cycles`). Planners cost a GEMM's steps
+/// before they know their order, so they charge each the first step's
+/// cost; `settle_launches` charges the cost of the step's place in its
+/// call instead.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Launch {
+    /// The estimate's own launch cost stands (exchange steps, host stops,
+    /// and compute steps whose estimates place their launches themselves).
+    #[default]
+    Own,
+    /// The estimate includes `plan::supervisor_cycles(n)` for the step's
+    /// `n` vertices on a tile, the cost of a call's first compute step.
+    FirstOfCall,
 }
 
 impl Step {
@@ -156,7 +180,7 @@ impl Step {
 }
 
 /// The program of one call.
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Clone, Debug, Default, PartialEq)]
 pub struct CallProgram {
     pub name: String,
     /// The steps in the order the call runs them.
@@ -225,7 +249,7 @@ pub struct HostTensor {
 }
 
 /// The lowered program.
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Clone, Debug, Default, PartialEq)]
 pub struct Lowered {
     pub tile_count: u32,
     /// Buffers per tile (every tile 0..tile_count has an entry).
@@ -446,6 +470,7 @@ pub fn lower(
                 - pg.plan.estimate.transpose_cycles,
             exchange: None,
             host_stop: false,
+            launch: Launch::FirstOfCall,
         };
         // The A buffer of each consumer tile of an exchanged hand-off.
         let mut a_buffers: BTreeMap<u32, usize> = BTreeMap::new();
@@ -456,6 +481,7 @@ pub fn lower(
             estimated_cycles: pg.plan.estimate.reduce_cycles,
             exchange: None,
             host_stop: false,
+            launch: Launch::FirstOfCall,
         };
         let mut fill_step = Step {
             operation: result_name.clone(),
@@ -464,6 +490,7 @@ pub fn lower(
             estimated_cycles: pg.scratch_fill.as_ref().map_or(0, |f| f.1),
             exchange: None,
             host_stop: false,
+            launch: Launch::Own,
         };
         let host_tensor = |id| HostTensor {
             name: graph.value(id).name.clone(),

@@ -360,8 +360,10 @@ pub fn bsp_steps(call: &crate::lower::CallProgram) -> Vec<&[crate::lower::Step]>
 /// The cost model's cycles of one BSP step: its compute steps on the
 /// slowest tile (each tile runs the steps it has vertices in, one after
 /// the other), then its exchange step; the call's last step also pays the
-/// final host sync. Summed over the run call's steps this is the report's
-/// `run_compute` estimate (the timeline of `estimated_run_cycles`).
+/// final host sync. Summed over the run call's steps, with the call's
+/// dispatch where no step holds it (`launches::unsettled_dispatch_cycles`,
+/// counted in the first), this is the report's `run_compute` estimate (the
+/// timeline of `estimated_run_cycles`).
 fn bsp_step_estimate(group: &[crate::lower::Step], last: bool) -> u64 {
     let mut per_tile: BTreeMap<u32, u64> = BTreeMap::new();
     let mut exchange = 0;
@@ -436,9 +438,16 @@ pub fn schedule(l: &Lowered) -> Value {
                         "kernels".into(),
                         Value::Array(kernels[&vertex_maps(group)].clone()),
                     );
+                    // The call's dispatch and end, where no step's
+                    // estimate holds them, count in its first BSP step.
+                    let dispatch = if k == 0 {
+                        crate::launches::unsettled_dispatch_cycles(call)
+                    } else {
+                        0
+                    };
                     step.insert(
                         "estimated_cycles".into(),
-                        json!(bsp_step_estimate(group, k + 1 == count)),
+                        json!(dispatch + bsp_step_estimate(group, k + 1 == count)),
                     );
                     if group.last().is_some_and(|s| s.host_stop) {
                         step.insert("host_stop".into(), json!(true));

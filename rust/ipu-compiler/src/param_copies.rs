@@ -82,6 +82,7 @@ pub fn copy_on_device(l: &mut Lowered) -> Result<ParamCopies, CompileError> {
         estimated_cycles: report.step_cycles,
         exchange: Some(x),
         host_stop: false,
+        launch: crate::lower::Launch::Own,
     };
     l.calls[call].steps.insert(0, step);
     Ok(report)

@@ -201,6 +201,7 @@ fn compute_step(operation: String, phase: String) -> Step {
         estimated_cycles: 0,
         exchange: None,
         host_stop: false,
+        launch: crate::lower::Launch::Own,
     }
 }
 

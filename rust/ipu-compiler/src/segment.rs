@@ -1135,6 +1135,7 @@ fn zero_fill_step(
         estimated_cycles: estimated,
         exchange: None,
         host_stop: false,
+        launch: crate::lower::Launch::FirstOfCall,
     }
 }
 

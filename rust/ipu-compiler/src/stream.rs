@@ -1395,6 +1395,7 @@ pub fn lower(
             estimated_cycles: *cycles,
             exchange: None,
             host_stop: false,
+            launch: crate::lower::Launch::Own,
         };
         for t in work.values() {
             std::sync::Arc::make_mut(&mut step.tiles).insert(
@@ -1476,6 +1477,7 @@ pub fn lower(
             estimated_cycles: 0,
             exchange: None,
             host_stop: false,
+            launch: crate::lower::Launch::FirstOfCall,
         };
         for (&(i, j, l), t) in &work {
             let (b0, b1) = chunk(t.part, ch, s);
@@ -1629,6 +1631,7 @@ pub fn lower(
         estimated_cycles: 0,
         exchange: None,
         host_stop: false,
+        launch: crate::lower::Launch::FirstOfCall,
     };
     let kind_of = |id| graph.value(id).def == ipu_graph::ValueDef::Param;
     let host_tensor = |id| HostTensor {
@@ -2195,6 +2198,7 @@ mod tests {
                 estimated_cycles: 0,
                 exchange: None,
                 host_stop: false,
+                launch: crate::lower::Launch::Own,
             })
         };
         let merged = merge(vec![

@@ -105,6 +105,8 @@ impl Case {
 enum Outcome {
     Passed {
         cycles: u64,
+        /// The compiler's estimate of the run's compute cycles.
+        estimate: u64,
     },
     /// Outside the tolerance by at most [`MARGINAL_RATIO`] times it, at no
     /// more than [`marginal_mismatches`] elements (one in two hundred), and
@@ -119,6 +121,7 @@ enum Outcome {
     /// before it (the compositional check).
     Compositional {
         cycles: u64,
+        estimate: u64,
         report: String,
     },
     /// A documented limitation: the compiler said what it does not do.
@@ -534,6 +537,7 @@ fn check(case: &Case, dir: &std::path::Path) -> Outcome {
         Ok(Err(e)) => return Outcome::Failed(format!("compile error: {e}")),
         Ok(Ok(out)) => out,
     };
+    let estimate = out.estimated_compute_cycles;
     let ran = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
         let (pkg, graph, mut session) = common::load(&out);
         let feeds = random::gaussian_feeds(&graph, case.seed);
@@ -598,10 +602,12 @@ fn check(case: &Case, dir: &std::path::Path) -> Outcome {
     match ran {
         Err(panic) => Outcome::Failed(format!("panic: {}", message(&panic))),
         Ok(Err(e)) => Outcome::Failed(e),
-        Ok(Ok(Ok(cycles))) => Outcome::Passed { cycles },
-        Ok(Ok(Err((Off::Compositional(cycles), report)))) => {
-            Outcome::Compositional { cycles, report }
-        }
+        Ok(Ok(Ok(cycles))) => Outcome::Passed { cycles, estimate },
+        Ok(Ok(Err((Off::Compositional(cycles), report)))) => Outcome::Compositional {
+            cycles,
+            estimate,
+            report,
+        },
         Ok(Ok(Err((Off::Marginal, report)))) => Outcome::Marginal(report),
         Ok(Ok(Err((Off::Failed, report)))) => Outcome::Failed(report),
     }
@@ -638,6 +644,52 @@ fn compositional_check(
         },
     )
     .map_err(|e| format!("verify: {e}"))
+}
+
+/// The relative error of the compiler's estimate against the simulated
+/// cycles (positive: the estimate is above them).
+fn estimate_error(estimate: u64, cycles: u64) -> f64 {
+    (estimate as f64 - cycles as f64) / cycles.max(1) as f64
+}
+
+/// Prints how far the cost model's estimates were from the simulator over
+/// the passing models: quantiles of the absolute error, the share beyond
+/// 5% and 10%, the families of the models beyond 10%, and the worst
+/// models in each direction. A planner chooses between plans by these
+/// estimates, so the models where they are furthest off show where its
+/// choices are least trustworthy.
+fn print_estimate_errors(errors: &mut [(f64, u64, &str)]) {
+    if errors.is_empty() {
+        return;
+    }
+    errors.sort_by(|a, b| a.0.total_cmp(&b.0));
+    let mut abs: Vec<f64> = errors.iter().map(|e| e.0.abs()).collect();
+    abs.sort_by(f64::total_cmp);
+    let quantile = |q: f64| 100.0 * abs[((abs.len() - 1) as f64 * q).round() as usize];
+    let beyond = |t: f64| abs.iter().filter(|&&e| e > t).count();
+    println!(
+        "estimate errors over {} passing models: median {:.1}%, 90th percentile {:.1}%, 99th {:.1}%, worst {:.1}%; {} beyond 5%, {} beyond 10%",
+        abs.len(),
+        quantile(0.5),
+        quantile(0.9),
+        quantile(0.99),
+        quantile(1.0),
+        beyond(0.05),
+        beyond(0.10)
+    );
+    let mut by_family: BTreeMap<&str, usize> = BTreeMap::new();
+    for e in errors.iter().filter(|e| e.0.abs() > 0.10) {
+        *by_family.entry(e.2).or_default() += 1;
+    }
+    for (family, n) in &by_family {
+        println!("  {n:>4} x {family} beyond 10%");
+    }
+    // The five furthest below and the five furthest above, each once.
+    let low = errors.len().min(5);
+    let high = errors.len().saturating_sub(low).min(5);
+    for (error, seed, family) in errors[..low].iter().chain(&errors[errors.len() - high..]) {
+        println!("  estimate {:+.1}%: seed {seed} {family}", 100.0 * error);
+    }
 }
 
 /// The most times its tolerance an element of a marginal case may be off.
@@ -699,6 +751,8 @@ fn random_models_compile_run_and_verify() {
     let (mut passed, mut limitations, mut failures) = (0, BTreeMap::new(), Vec::new());
     let mut marginal = Vec::new();
     let mut compositional = Vec::new();
+    // Each passing model's estimate error, its seed and its family.
+    let mut errors: Vec<(f64, u64, &str)> = Vec::new();
     for seed in first..first + count {
         let case = generate(seed);
         if show_models {
@@ -706,19 +760,30 @@ fn random_models_compile_run_and_verify() {
         }
         let outcome = check(&case, dir.path());
         let verdict = match &outcome {
-            Outcome::Passed { cycles } => {
+            Outcome::Passed { cycles, estimate } => {
                 passed += 1;
-                format!("passed, {cycles} cycles")
+                let error = estimate_error(*estimate, *cycles);
+                errors.push((error, seed, case.family));
+                format!("passed, {cycles} cycles, estimate {:+.1}%", 100.0 * error)
             }
-            Outcome::Compositional { cycles, report } => {
+            Outcome::Compositional {
+                cycles,
+                estimate,
+                report,
+            } => {
                 passed += 1;
+                let error = estimate_error(*estimate, *cycles);
+                errors.push((error, seed, case.family));
                 compositional.push(format!(
                     "seed {seed} ({}; {}):\n{}{report}",
                     case.family,
                     case.command_line(),
                     case.text
                 ));
-                format!("passed compositionally, {cycles} cycles")
+                format!(
+                    "passed compositionally, {cycles} cycles, estimate {:+.1}%",
+                    100.0 * error
+                )
             }
             Outcome::Marginal(report) => {
                 marginal.push(format!(
@@ -760,6 +825,7 @@ fn random_models_compile_run_and_verify() {
     for (kind, n) in &limitations {
         println!("  {n:>4} x {kind}");
     }
+    print_estimate_errors(&mut errors);
     for c in &compositional {
         println!("compositional: {c}");
     }

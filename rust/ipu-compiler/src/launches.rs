@@ -1,0 +1,239 @@
+//! Settling the supervisor's launch costs once the call's steps are in
+//! order (`settle_launches`, run by the driver after lowering).
+//!
+//! The runtime's supervisor spends a different time around a compute step
+//! depending on what the tile ran before it in the call
+//! (device/supervisor.S; tests/supervisor_runtime.rs measures each case):
+//!
+//! - the call's first step: the command's dispatch and the call's end, then
+//!   18 cycles a vertex (`plan::supervisor_cycles(n)` = 78 + 18 n);
+//! - after an exchange or a host stop: 18 cycles a vertex (18 n - 12);
+//! - after another compute step: 12 cycles a vertex (12 n - 6,
+//!   `attention::launch_cycles`), since the step's record loads in the
+//!   shadow of the previous step's workers.
+//!
+//! The GEMM planners cost a plan's steps before any order exists, so they
+//! charge each step the first step's cost ([`Launch::FirstOfCall`]). In a
+//! chain of small GEMMs, whose steps follow each other on the same tiles,
+//! that overcharged every step after the first by 84 + 6 n cycles, and
+//! the estimates of such models came out up to 16% above the simulator.
+
+use crate::lower::{Launch, Lowered};
+use std::collections::BTreeMap;
+
+/// Supervisor cycles of a call's dispatch and end, which only the call's
+/// first compute step pays: `plan::supervisor_cycles(n)` less
+/// [`after_sync_cycles`]`(n)`.
+pub const CALL_DISPATCH_CYCLES: u64 = 90;
+
+/// Supervisor cycles around a compute step of `n` vertices that follows an
+/// exchange or a host stop on its tiles: nothing is preloaded, so each
+/// vertex's state load and `run` take 18 cycles (the exchange step's own
+/// cost already has the bundle after `xend`).
+pub fn after_sync_cycles(n: u64) -> u64 {
+    18 * n.saturating_sub(1) + 6
+}
+
+/// What a tile ran last in the call.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Before {
+    /// Nothing since the call began.
+    Start,
+    /// An exchange or a host stop (both end a BSP step).
+    Sync,
+    /// A compute step.
+    Compute,
+}
+
+/// The supervisor cycles a [`Launch::FirstOfCall`] estimate overcharges a
+/// step of `n` vertices that comes `before` on its slowest tile.
+fn overcharge(n: u64, before: Before) -> u64 {
+    let first = crate::plan::supervisor_cycles(n);
+    match before {
+        Before::Start => 0,
+        Before::Sync => first - after_sync_cycles(n),
+        Before::Compute => first - crate::attention::launch_cycles(n),
+    }
+}
+
+/// Charges each [`Launch::FirstOfCall`] compute step the supervisor cost of
+/// its place in its call instead of the first step's. A step runs on
+/// several tiles, each with its own history; it is charged for the
+/// costliest (a tile whose last step synced pays more than one that just
+/// computed), with `n` the most vertices any of its tiles runs (the
+/// planners charged their slowest tile's count, which differs from it by
+/// at most a few vertices, 6 cycles each after a compute step and none
+/// after a sync). A settled step's launch becomes [`Launch::Own`]; a call's
+/// first step keeps its tag and its estimate, which pays the dispatch.
+pub fn settle_launches(l: &mut Lowered) {
+    for call in &mut l.calls {
+        let mut before: BTreeMap<u32, Before> = BTreeMap::new();
+        for (index, step) in call.steps.iter_mut().enumerate() {
+            if step.ends_bsp_step() {
+                before.clear();
+                for t in 0..l.tile_count {
+                    before.insert(t, Before::Sync);
+                }
+                continue;
+            }
+            if step.launch == Launch::FirstOfCall && index > 0 {
+                let n = step
+                    .tiles
+                    .values()
+                    .map(|v| v.len() as u64)
+                    .max()
+                    .unwrap_or(0)
+                    .max(1);
+                let worst = step
+                    .tiles
+                    .keys()
+                    .map(|t| match before.get(t).copied().unwrap_or(Before::Start) {
+                        // A tile that ran nothing yet in a call whose first
+                        // step is elsewhere still pays 18 cycles a vertex.
+                        Before::Start | Before::Sync => Before::Sync,
+                        Before::Compute => Before::Compute,
+                    })
+                    .min_by_key(|&b| overcharge(n, b))
+                    .unwrap_or(Before::Sync);
+                step.estimated_cycles = step.estimated_cycles.saturating_sub(overcharge(n, worst));
+                step.launch = Launch::Own;
+            }
+            for &t in step.tiles.keys() {
+                before.insert(t, Before::Compute);
+            }
+        }
+    }
+}
+
+/// The supervisor cycles of `call`'s dispatch and end that no step's
+/// estimate holds: all of [`CALL_DISPATCH_CYCLES`] unless the call's first
+/// step is a compute step still charged as the first
+/// ([`Launch::FirstOfCall`]).
+pub fn unsettled_dispatch_cycles(call: &crate::lower::CallProgram) -> u64 {
+    match call.steps.first() {
+        Some(s) if s.launch == Launch::FirstOfCall => 0,
+        _ => CALL_DISPATCH_CYCLES,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::lower::{CallProgram, Step, Vertex};
+    use std::sync::Arc;
+
+    fn vertices(n: usize) -> Vec<Vertex> {
+        (0..n)
+            .map(|_| Vertex {
+                kernel: crate::library::KernelRequest {
+                    entry: "fill64".into(),
+                    source: "fill64.S".into(),
+                    params: Default::default(),
+                },
+                state: Vec::new(),
+            })
+            .collect()
+    }
+
+    fn compute(tiles: &[(u32, usize)], estimate: u64, launch: Launch) -> Step {
+        Step {
+            operation: "v".into(),
+            phase: "compute".into(),
+            tiles: Arc::new(tiles.iter().map(|&(t, n)| (t, vertices(n))).collect()),
+            estimated_cycles: estimate,
+            exchange: None,
+            host_stop: false,
+            launch,
+        }
+    }
+
+    fn host_stop() -> Step {
+        Step {
+            operation: "stop".into(),
+            phase: "host stop".into(),
+            tiles: Default::default(),
+            estimated_cycles: 600,
+            exchange: None,
+            host_stop: true,
+            launch: Launch::Own,
+        }
+    }
+
+    /// The run call of two tiles made of `steps`, settled.
+    fn settled(steps: Vec<Step>) -> CallProgram {
+        let mut l = Lowered {
+            tile_count: 2,
+            ..Default::default()
+        };
+        l.calls.push(CallProgram {
+            name: "run".into(),
+            steps,
+            ..Default::default()
+        });
+        settle_launches(&mut l);
+        l.calls.remove(0)
+    }
+
+    /// The settled costs are the three the runtime measures
+    /// (tests/supervisor_runtime.rs), on top of a kernel of 1,000 cycles.
+    #[test]
+    fn each_step_pays_the_cost_of_its_place() {
+        let first = |n| 1_000 + crate::plan::supervisor_cycles(n);
+        let mut call = settled(vec![
+            compute(&[(0, 6), (1, 6)], first(6), Launch::FirstOfCall),
+            compute(&[(0, 2), (1, 2)], first(2), Launch::FirstOfCall),
+            host_stop(),
+            compute(&[(0, 3), (1, 3)], first(3), Launch::FirstOfCall),
+            // Tile 1 computed last, tile 0 synced: tile 0's cost.
+            compute(&[(1, 1)], first(1), Launch::FirstOfCall),
+            compute(&[(0, 1), (1, 1)], first(1), Launch::FirstOfCall),
+            host_stop(),
+            compute(&[(0, 4)], 1_234, Launch::Own),
+        ]);
+        let got: Vec<u64> = call.steps.iter().map(|s| s.estimated_cycles).collect();
+        let launch = crate::attention::launch_cycles;
+        assert_eq!(
+            got,
+            vec![
+                first(6),
+                1_000 + launch(2),
+                600,
+                1_000 + after_sync_cycles(3),
+                1_000 + launch(1),
+                1_000 + launch(1),
+                600,
+                1_234,
+            ]
+        );
+        assert_eq!(call.steps[0].launch, Launch::FirstOfCall);
+        assert!(call.steps[1..].iter().all(|s| s.launch == Launch::Own));
+        assert_eq!(unsettled_dispatch_cycles(&call), 0);
+        // A call that starts with a stop pays the dispatch outside any step.
+        call.steps.remove(0);
+        assert_eq!(unsettled_dispatch_cycles(&call), CALL_DISPATCH_CYCLES);
+    }
+
+    /// A tile after a sync and another after a compute step: the step is
+    /// charged for the one that waits longer.
+    #[test]
+    fn a_step_is_charged_for_its_costliest_tile() {
+        let first = |n| 500 + crate::plan::supervisor_cycles(n);
+        let call = settled(vec![
+            host_stop(),
+            compute(&[(0, 2)], first(2), Launch::FirstOfCall),
+            compute(&[(0, 5), (1, 5)], first(5), Launch::FirstOfCall),
+        ]);
+        assert_eq!(call.steps[1].estimated_cycles, 500 + after_sync_cycles(2));
+        assert_eq!(call.steps[2].estimated_cycles, 500 + after_sync_cycles(5));
+    }
+
+    #[test]
+    fn the_dispatch_is_what_the_first_step_pays_beyond_a_later_one() {
+        for n in 1..=6 {
+            assert_eq!(
+                crate::plan::supervisor_cycles(n),
+                CALL_DISPATCH_CYCLES + after_sync_cycles(n)
+            );
+        }
+    }
+}
