@@ -12,11 +12,15 @@
 //!   `attention::launch_cycles`), since the step's record loads in the
 //!   shadow of the previous step's workers.
 //!
-//! The GEMM planners cost a plan's steps before any order exists, so they
-//! charge each step the first step's cost ([`Launch::FirstOfCall`]). In a
-//! chain of small GEMMs, whose steps follow each other on the same tiles,
-//! that overcharged every step after the first by 84 + 6 n cycles, and
-//! the estimates of such models came out up to 16% above the simulator.
+//! The GEMM planners cost a plan's steps before the steps are in order, so
+//! each step's estimate assumes a place ([`Launch`]): a whole-K GEMM's
+//! step the call's first (it may be), its reduce after that step, a
+//! streamed GEMM's chunk steps and reduce-scatter after their exchanges.
+//! Where a step is elsewhere, [`settle_launches`] corrects its estimate.
+//! Before it did, the GEMM steps of a chain of small GEMMs, which follow
+//! each other on the same tiles, were each charged the call's first step's
+//! cost, 84 + 6 n cycles too much, and the estimates of such models came
+//! out up to 16% above the simulator.
 
 use crate::lower::{Launch, Lowered};
 use std::collections::BTreeMap;
@@ -45,26 +49,36 @@ enum Before {
     Compute,
 }
 
-/// The supervisor cycles a [`Launch::FirstOfCall`] estimate overcharges a
-/// step of `n` vertices that comes `before` on its slowest tile.
-fn overcharge(n: u64, before: Before) -> u64 {
-    let first = crate::plan::supervisor_cycles(n);
+/// The supervisor cycles around a compute step of `n` vertices that comes
+/// `before` on a tile.
+fn launch_cost(n: u64, before: Before) -> u64 {
     match before {
-        Before::Start => 0,
-        Before::Sync => first - after_sync_cycles(n),
-        Before::Compute => first - crate::attention::launch_cycles(n),
+        Before::Start => crate::plan::supervisor_cycles(n),
+        Before::Sync => after_sync_cycles(n),
+        Before::Compute => crate::attention::launch_cycles(n),
     }
 }
 
-/// Charges each [`Launch::FirstOfCall`] compute step the supervisor cost of
-/// its place in its call instead of the first step's. A step runs on
-/// several tiles, each with its own history; it is charged for the
-/// costliest (a tile whose last step synced pays more than one that just
-/// computed), with `n` the most vertices any of its tiles runs (the
-/// planners charged their slowest tile's count, which differs from it by
-/// at most a few vertices, 6 cycles each after a compute step and none
-/// after a sync). A settled step's launch becomes [`Launch::Own`]; a call's
-/// first step keeps its tag and its estimate, which pays the dispatch.
+/// The place a step's estimate assumed, or `None` where it stands as it is.
+fn assumed(launch: Launch) -> Option<Before> {
+    match launch {
+        Launch::Own => None,
+        Launch::FirstOfCall => Some(Before::Start),
+        Launch::AfterSync => Some(Before::Sync),
+        Launch::AfterCompute => Some(Before::Compute),
+    }
+}
+
+/// Charges each compute step whose estimate assumed a place in its call
+/// (every [`Launch`] but `Own`) the supervisor cost of the place it has.
+/// A step runs on several tiles, each with its own history; it is charged
+/// for the costliest (a tile whose last step synced pays more than one that
+/// just computed), with `n` the most vertices any of its tiles runs (the
+/// planners charged their slowest tile's count, which may differ from it by
+/// a few vertices: the difference between two places' costs changes by 6
+/// cycles a vertex at most). A settled step's launch becomes
+/// [`Launch::Own`], except the call's first step, which becomes
+/// [`Launch::FirstOfCall`]: its estimate then holds the call's dispatch.
 pub fn settle_launches(l: &mut Lowered) {
     for call in &mut l.calls {
         let mut before: BTreeMap<u32, Before> = BTreeMap::new();
@@ -76,7 +90,7 @@ pub fn settle_launches(l: &mut Lowered) {
                 }
                 continue;
             }
-            if step.launch == Launch::FirstOfCall && index > 0 {
+            if let Some(was) = assumed(step.launch) {
                 let n = step
                     .tiles
                     .values()
@@ -84,19 +98,28 @@ pub fn settle_launches(l: &mut Lowered) {
                     .max()
                     .unwrap_or(0)
                     .max(1);
-                let worst = step
-                    .tiles
-                    .keys()
-                    .map(|t| match before.get(t).copied().unwrap_or(Before::Start) {
-                        // A tile that ran nothing yet in a call whose first
-                        // step is elsewhere still pays 18 cycles a vertex.
-                        Before::Start | Before::Sync => Before::Sync,
-                        Before::Compute => Before::Compute,
-                    })
-                    .min_by_key(|&b| overcharge(n, b))
-                    .unwrap_or(Before::Sync);
-                step.estimated_cycles = step.estimated_cycles.saturating_sub(overcharge(n, worst));
-                step.launch = Launch::Own;
+                let place = if index == 0 {
+                    Before::Start
+                } else {
+                    step.tiles
+                        .keys()
+                        .map(|t| match before.get(t).copied().unwrap_or(Before::Start) {
+                            // A tile that ran nothing yet in a call whose
+                            // first step is elsewhere still pays 18 cycles
+                            // a vertex.
+                            Before::Start | Before::Sync => Before::Sync,
+                            Before::Compute => Before::Compute,
+                        })
+                        .max_by_key(|&b| launch_cost(n, b))
+                        .unwrap_or(Before::Sync)
+                };
+                step.estimated_cycles = (step.estimated_cycles + launch_cost(n, place))
+                    .saturating_sub(launch_cost(n, was));
+                step.launch = if place == Before::Start {
+                    Launch::FirstOfCall
+                } else {
+                    Launch::Own
+                };
             }
             for &t in step.tiles.keys() {
                 before.insert(t, Before::Compute);
@@ -225,6 +248,46 @@ mod tests {
         ]);
         assert_eq!(call.steps[1].estimated_cycles, 500 + after_sync_cycles(2));
         assert_eq!(call.steps[2].estimated_cycles, 500 + after_sync_cycles(5));
+    }
+
+    /// Estimates that assumed a step after a sync or after a compute step
+    /// move to the cost of the place the step has, in either direction,
+    /// and a first step takes the call's dispatch with it.
+    #[test]
+    fn every_assumed_place_settles_to_the_place_the_step_has() {
+        let (sync, compute_after) = (after_sync_cycles, crate::attention::launch_cycles);
+        let mut call = settled(vec![
+            compute(&[(0, 3), (1, 3)], 700 + sync(3), Launch::AfterSync),
+            compute(&[(0, 4), (1, 4)], 700 + sync(4), Launch::AfterSync),
+            host_stop(),
+            compute(
+                &[(0, 2), (1, 2)],
+                700 + compute_after(2),
+                Launch::AfterCompute,
+            ),
+            compute(
+                &[(0, 5), (1, 5)],
+                700 + compute_after(5),
+                Launch::AfterCompute,
+            ),
+        ]);
+        let got: Vec<u64> = call.steps.iter().map(|s| s.estimated_cycles).collect();
+        assert_eq!(
+            got,
+            vec![
+                700 + crate::plan::supervisor_cycles(3),
+                700 + compute_after(4),
+                600,
+                700 + sync(2),
+                700 + compute_after(5),
+            ]
+        );
+        assert_eq!(call.steps[0].launch, Launch::FirstOfCall);
+        assert_eq!(unsettled_dispatch_cycles(&call), 0);
+        // Settling twice changes nothing.
+        let again = settled(std::mem::take(&mut call.steps));
+        let twice: Vec<u64> = again.steps.iter().map(|s| s.estimated_cycles).collect();
+        assert_eq!(twice, got);
     }
 
     #[test]

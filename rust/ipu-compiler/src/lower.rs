@@ -157,8 +157,8 @@ pub struct Step {
 /// exchange or a host stop 18 cycles a vertex, and a step after another
 /// compute step 12, since its record loads in the shadow of that step's
 /// workers (`attention::launch_cycles`). Planners cost a GEMM's steps
-/// before they know their order, so they charge each the first step's
-/// cost; `settle_launches` charges the cost of the step's place in its
+/// before they are in order, so each estimate assumes a place;
+/// `launches::settle_launches` charges the cost of the step's place in its
 /// call instead.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum Launch {
@@ -169,6 +169,12 @@ pub enum Launch {
     /// The estimate includes `plan::supervisor_cycles(n)` for the step's
     /// `n` vertices on a tile, the cost of a call's first compute step.
     FirstOfCall,
+    /// The estimate includes `launches::after_sync_cycles(n)`, the cost of
+    /// a step after an exchange or a host stop.
+    AfterSync,
+    /// The estimate includes `attention::launch_cycles(n)`, the cost of a
+    /// step after another compute step on its tiles.
+    AfterCompute,
 }
 
 impl Step {
@@ -481,7 +487,7 @@ pub fn lower(
             estimated_cycles: pg.plan.estimate.reduce_cycles,
             exchange: None,
             host_stop: false,
-            launch: Launch::FirstOfCall,
+            launch: Launch::AfterCompute,
         };
         let mut fill_step = Step {
             operation: result_name.clone(),

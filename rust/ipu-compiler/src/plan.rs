@@ -186,7 +186,9 @@ fn evaluate_with(
         }
         let layout = ShardLayout::new(g, mt, nct, &split);
         if g.needs_reduce(split.k_groups.len()) {
-            let c = reduce + supervisor_cycles(split.reduce_vertices() as u64);
+            // The reduce step follows the GEMM's step on the tile
+            // (`lower::Launch::AfterCompute`).
+            let c = reduce + crate::attention::launch_cycles(split.reduce_vertices() as u64);
             tile += c;
             cast_part = cast_part.max(c);
             if !costs.feeds_gemm {

@@ -42,9 +42,7 @@ use crate::lower::{
     push_coalesced, BufferSpec, GemmVertex, GroupResult, HostPlacement, HostTensor, PlannedGemm,
     RegionReq, StateWord, Step, Vertex,
 };
-use crate::plan::{
-    pareto_front, supervisor_cycles, Estimate, GemmPlan, SearchBudget, StreamShape, STANDARD_BUDGET,
-};
+use crate::plan::{pareto_front, Estimate, GemmPlan, SearchBudget, StreamShape, STANDARD_BUDGET};
 use crate::storage::region1_footprint;
 use crate::CompileError;
 use ipu_arch::{host_transfer_cycles, CLOCK_HZ_C600, SYNC_CYCLES};
@@ -137,7 +135,9 @@ fn step_compute(costs: &mut GemmCosts, split: &WorkerSplit, w: u32) -> u64 {
     if vertices == 0 {
         return 0;
     }
-    slowest + supervisor_cycles(vertices)
+    // Every chunk's compute step follows its exchange step
+    // (`lower::Launch::AfterSync`).
+    slowest + crate::launches::after_sync_cycles(vertices)
 }
 
 /// The cost model's cycles for one exchange step that receives (and sends)
@@ -483,7 +483,8 @@ fn shard_cost(
             shared.reduces.lock().expect("not poisoned").insert(key, c);
             c
         });
-        reduce = slowest + supervisor_cycles(parts as u64);
+        // After the reduce-scatter's exchange (`lower::Launch::AfterSync`).
+        reduce = slowest + crate::launches::after_sync_cycles(parts as u64);
         fixed_r0 += (piece * layout.rs_d()) as u64 + 128;
         gather = (kp * piece * layout.rs_c) as u64;
         let element = ipu_arch::INTERLEAVED_ELEMENT_BYTES as u64;
@@ -517,7 +518,9 @@ fn shard_cost(
         reduce = if g.needs_reduce(split.k_groups.len()) {
             let (_, r) = costs.split_cycles(&gc, &split);
             fixed_r0 += layout.d_bytes() as u64;
-            r + supervisor_cycles(split.reduce_vertices() as u64)
+            // After the last chunk's compute step
+            // (`lower::Launch::AfterCompute`).
+            r + crate::attention::launch_cycles(split.reduce_vertices() as u64)
         } else {
             0
         };
@@ -586,6 +589,7 @@ pub fn evaluate(
     let steps = step_count(g, kp, ch);
     let (mut compute, mut reduce_part, mut peak_r1, mut peak_r0) = (0u64, 0u64, 0u64, 0u64);
     let (mut exchange_bytes, mut gather_bytes, mut joined_bytes) = (0u64, 0u64, 0u64);
+    let mut copied_b_bytes = 0u64;
     let mut joint = (0u64, 0u64, 0u64);
     // Homes per tile: A chunks s = j (mod col_parts), B chunks s = i (mod row_parts).
     let a_chunks = if host_a {
@@ -672,6 +676,12 @@ pub fn evaluate(
             0
         };
         joined_bytes = joined_bytes.max(a_joined + b_joined);
+        // A host input B (batched GEMMs of two inputs) that the run holds
+        // once reaches every row part's resident chunks by a copy step
+        // (`b_copied`, as for whole-K plans); B homes hold it once.
+        if costs.b_copied && b_resident && row_parts > 1 && !costs.b_joined {
+            copied_b_bytes = copied_b_bytes.max(steps as u64 * c.b_chunk);
+        }
     }
     let mut exchange = steps as u64 * exchange_estimate(exchange_bytes);
     // In a segment the join writes A into its homes (what a whole-K plan
@@ -679,6 +689,14 @@ pub fn evaluate(
     // weights: in an exchange step that runs anyway, so without a sync of
     // its own.
     exchange += joined_bytes.div_ceil(ipu_arch::EXCHANGE_RECV_BYTES_PER_CYCLE as u64);
+    if copied_b_bytes > 0 {
+        // In a segment's join the copy rides in the step that runs anyway.
+        exchange += if costs.a_joined {
+            copied_b_bytes.div_ceil(ipu_arch::EXCHANGE_RECV_BYTES_PER_CYCLE as u64)
+        } else {
+            exchange_estimate(copied_b_bytes)
+        };
+    }
     if kp > 1 {
         exchange += exchange_estimate(gather_bytes);
     }
@@ -1477,7 +1495,7 @@ pub fn lower(
             estimated_cycles: 0,
             exchange: None,
             host_stop: false,
-            launch: crate::lower::Launch::FirstOfCall,
+            launch: crate::lower::Launch::AfterSync,
         };
         for (&(i, j, l), t) in &work {
             let (b0, b1) = chunk(t.part, ch, s);
@@ -1756,7 +1774,8 @@ pub fn lower(
                 }
                 reduce_step.estimated_cycles = reduce_step
                     .estimated_cycles
-                    .max(slowest + supervisor_cycles(vertices.len() as u64));
+                    .max(slowest + crate::launches::after_sync_cycles(vertices.len() as u64));
+                reduce_step.launch = crate::lower::Launch::AfterSync;
                 std::sync::Arc::make_mut(&mut reduce_step.tiles).insert(t.tile, vertices);
                 if pg.transposed_result {
                     transposed_results.push((
@@ -1806,7 +1825,8 @@ pub fn lower(
             let (_, reduce_cycles) = pg.costs.split_cycles(&gc, &t.split);
             reduce_step.estimated_cycles = reduce_step
                 .estimated_cycles
-                .max(reduce_cycles + supervisor_cycles(reduces.len() as u64));
+                .max(reduce_cycles + crate::attention::launch_cycles(reduces.len() as u64));
+            reduce_step.launch = crate::lower::Launch::AfterCompute;
             std::sync::Arc::make_mut(&mut reduce_step.tiles).insert(t.tile, reduces);
             delivered.push((0, mt, d, 0, lay.rs_d()));
         } else {
