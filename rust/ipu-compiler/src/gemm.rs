@@ -399,6 +399,14 @@ pub struct GemmCosts {
     /// rows of A in it, with one column part too, and pays no sync of its
     /// own; a streamed plan receives its A homes.
     pub a_joined: bool,
+    /// Whether that copy rides in an exchange step the program runs anyway
+    /// outside any segment's join: an attention's projections on disjoint
+    /// tiles that read one host input written once, which one copy step
+    /// brings to their tiles whatever their plans. A whole-K plan then
+    /// receives its rows of A in that step, with one column part too, and
+    /// pays no sync of its own. Streamed plans do not read it: projections
+    /// of one input share its homes and copy nothing (`stream::AHomes`).
+    pub a_copy_shared: bool,
     /// Whether that join also moves the GEMM's weights from their homes
     /// (`segment::join` with `stream_params`, when the segments' weights
     /// cannot all stay resident): every tile then receives its part of B
@@ -458,6 +466,7 @@ impl GemmCosts {
             owns_a: true,
             a_copied: false,
             a_joined: false,
+            a_copy_shared: false,
             b_joined: false,
             b_copied: false,
             transpose: None,

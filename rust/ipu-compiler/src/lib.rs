@@ -1421,6 +1421,7 @@ fn plan_and_lower(
                             (groups.len() == 1 && blocks.is_empty()) || weights_joined
                         },
                     a_joined: tile_count_override.is_some(),
+                    a_copy_shared: false,
                     b_joined: weights_joined,
                     // The same for a B that is a host input.
                     b_copied: graph.value(group.b).def == ipu_graph::ValueDef::Input
@@ -1958,6 +1959,21 @@ fn plan_and_lower(
                                 p.2.a_joined = true;
                             }
                             p.2.b_joined = weights_joined;
+                        }
+                    } else if tile_count_override.is_none() && !shared_projections {
+                        // Outside segments, projections on disjoint tiles
+                        // that read one host input need its copy step
+                        // whatever their plans (the host writes it once):
+                        // a whole-K plan's rows ride in it without a sync
+                        // of their own (random model 264324, f32
+                        // projections on 97 tiles: the 12 x 2 plan, charged
+                        // that sync, lost to 12 x 1 and ran 9,558 cycles
+                        // where it runs 8,764).
+                        for (p, g) in planned.iter_mut().zip(&groups) {
+                            let readers = groups.iter().filter(|o| o.a == g.a).count();
+                            if p.2.a_copied && matches!(g.a, fuse::Source::Host(_)) && readers > 1 {
+                                p.2.a_copy_shared = true;
+                            }
                         }
                     }
                     // Tile shares that make the slowest projection fastest.

@@ -208,7 +208,8 @@ fn evaluate_with(
     // receives its rows (the largest row part bounds it, 4 bytes a cycle).
     // With one column part the rows are held once, where they are read.
     // In a segment's join every plan receives its rows (`a_joined`).
-    let copied = costs.a_copied && (cols.ranges.len() > 1 || costs.a_joined);
+    // A copy in a step that runs anyway (`a_copy_shared`) likewise.
+    let copied = costs.a_copied && (cols.ranges.len() > 1 || costs.a_joined || costs.a_copy_shared);
     // A join that moves the weights too (`b_joined`) delivers each tile's
     // columns of B in the same step as its rows of A.
     let a_bytes = if copied {
@@ -232,7 +233,7 @@ fn evaluate_with(
         0
     };
     let copy = if copied || costs.b_joined || b_copied {
-        let sync = if costs.a_joined || costs.b_joined {
+        let sync = if costs.a_joined || costs.b_joined || (copied && costs.a_copy_shared) {
             0
         } else {
             SYNC_CYCLES
@@ -631,6 +632,47 @@ mod tests {
         costs.a_copied = false;
         let weights = evaluate(&g, 13, 36, &mut costs).unwrap().estimate;
         assert_eq!(weights.copy_cycles, 32 * 1152 * 2 / 4);
+    }
+
+    #[test]
+    fn a_copy_in_a_step_that_runs_anyway_pays_no_sync() {
+        // Projections of one host input on disjoint tiles: alone, a plan
+        // with one column part holds A where the host writes it and one
+        // with two pays a copy step (its sync and its rows, 2 x 48 f16 a
+        // tile); when the input's copy step runs anyway, both receive
+        // their rows in it and neither pays a sync.
+        let (g, mut costs) = projection(24, 48, 48, false);
+        costs.a_copied = true;
+        let rows = 2 * 48 * 2 / 4;
+        assert_eq!(
+            evaluate(&g, 12, 1, &mut costs)
+                .unwrap()
+                .estimate
+                .copy_cycles,
+            0
+        );
+        assert_eq!(
+            evaluate(&g, 12, 2, &mut costs)
+                .unwrap()
+                .estimate
+                .copy_cycles,
+            SYNC_CYCLES + rows
+        );
+        costs.a_copy_shared = true;
+        assert_eq!(
+            evaluate(&g, 12, 1, &mut costs)
+                .unwrap()
+                .estimate
+                .copy_cycles,
+            rows
+        );
+        assert_eq!(
+            evaluate(&g, 12, 2, &mut costs)
+                .unwrap()
+                .estimate
+                .copy_cycles,
+            rows
+        );
     }
 
     #[test]
