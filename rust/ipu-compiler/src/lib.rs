@@ -922,14 +922,33 @@ fn streamed_projections(
         .iter()
         .flat_map(|f| f.0.iter().filter_map(|p| p.stream.map(|s| s.steps)))
         .collect();
+    // A projection whose result its tiles transpose (the row layout's K^T,
+    // staged odd heads' Q^T and V^T) pays that step after its reduce: a
+    // tile transposes its row piece (its row part's rows over the K parts)
+    // of its column part. The search weighs no transpose, so that the
+    // projections keep like grids; the comparison with whole-K plans,
+    // which weigh it, must.
+    let mut transposes: Vec<Option<gemm::FormulaCost>> =
+        planned.iter().map(|p| p.2.transpose.clone()).collect();
+    let mut transpose_cycles = |g: usize, p: &plan::GemmPlan| -> u64 {
+        let (Some(formula), Some(s)) = (transposes[g].as_mut(), p.stream) else {
+            return 0;
+        };
+        let geometry = &planned[g].0;
+        let piece = geometry.m.div_ceil(p.row_parts).div_ceil(s.k_parts);
+        let width = (geometry.ncb().div_ceil(p.col_parts) * 16).min(geometry.n);
+        let (vertices, slowest) = attention::transpose_shard_slowest(formula, piece, width);
+        slowest + attention::launch_cycles(vertices)
+    };
     let mut best: Option<(u32, u64)> = None;
     for &n in &steps {
         let slowest = fronts
             .iter()
-            .map(|f| {
+            .enumerate()
+            .map(|(g, f)| {
                 f.0.iter()
                     .find(|p| p.stream.is_some_and(|s| s.steps == n))
-                    .map(|p| p.estimate.compute_cycles)
+                    .map(|p| p.estimate.compute_cycles + transpose_cycles(g, p))
             })
             .collect::<Option<Vec<u64>>>()
             .and_then(|c| c.into_iter().max());
@@ -1924,16 +1943,24 @@ fn plan_and_lower(
                         };
                         // Q and V in the column layout without a
                         // transposed reduce are transposed on their tiles
-                        // (attention_cols::lower): whole-K plans weigh that
-                        // step. (Weighing the row layout's K^T the same way
-                        // gave K more tiles and another grid than Q and V,
-                        // so that the three streamed projections no longer
-                        // shared the homes of `x`, which the shares do not
-                        // weigh: e2e_attention's rows_stream 47,571 ->
-                        // 54,373 cycles; streamed plans weigh no transpose.)
-                        let transposed_on_tiles = c.layout == attention::AttentionLayout::Columns
+                        // (attention_cols::lower), and so is K in the row
+                        // layout (K^T, attention::lower), and Q and V too
+                        // there when odd heads are staged: whole-K plans and
+                        // their shares weigh that step. Streamed plans weigh
+                        // no transpose, and take shares that leave K^T out:
+                        // shares that gave K more tiles for it gave K
+                        // another grid than Q and V, so that the three no
+                        // longer shared the homes of `x` (e2e_attention's
+                        // rows_stream 47,571 -> 54,373 cycles, session 30).
+                        // Unweighed, K^T cost random model 261374 (cross
+                        // attention, 64 tiles) 900 cycles: K took 5 x 2
+                        // tiles at an estimated 2,034 cycles and its step ran
+                        // about 3,600.
+                        let transposed_on_tiles = (c.layout == attention::AttentionLayout::Columns
                             && (g == b.q || g == b.v)
-                            && transposed_reduce[g].is_none();
+                            && transposed_reduce[g].is_none())
+                            || (c.layout == attention::AttentionLayout::Rows
+                                && (g == b.k || (b.staged() && (g == b.q || g == b.v))));
                         p.2.transpose = transposed_on_tiles
                             .then(|| transpose_formula.clone())
                             .flatten();
@@ -2012,11 +2039,32 @@ fn plan_and_lower(
                             && !shared_projections
                             && groups.iter().all(|g| matches!(g.a, fuse::Source::Host(_))))
                         .then(|| {
-                            streamed_projections(&planned, &shares, (groups.as_slice(), left), &options.search)
+                            // The streamed plans weigh no transpose, and
+                            // the three share the homes of `x` only on like
+                            // grids: their shares leave K's K^T out.
+                            let streamed_shares = if c.layout == attention::AttentionLayout::Rows
+                                && tile_count_override.is_none()
+                            {
+                                let kept: Vec<_> = planned.iter_mut().map(|p| p.2.transpose.take()).collect();
+                                let mut items: Vec<(&gemm::GemmGeometry, &mut gemm::GemmCosts)> =
+                                    planned.iter_mut().map(|p| (&p.0, &mut p.2)).collect();
+                                let s = plan::side_by_side_shares(&mut items, options.tiles, &options.search);
+                                for (p, t) in planned.iter_mut().zip(kept) {
+                                    p.2.transpose = t;
+                                }
+                                s
+                            } else {
+                                Some(shares.clone())
+                            };
+                            streamed_shares.and_then(|s| {
+                                streamed_projections(&planned, &s, (groups.as_slice(), left), &options.search)
+                                    .map(|(f, cycles)| (f, cycles, s))
+                            })
                         })
                         .flatten();
                         let whole_k = whole_k_projection_cycles(&fronts);
-                        if let Some((streamed_fronts, cycles)) = streamed {
+                        let mut shares = shares;
+                        if let Some((streamed_fronts, cycles, streamed_shares)) = streamed {
                             tracing::info!(
                                 whole_k_estimated_cycles = whole_k,
                                 streamed_estimated_cycles = cycles,
@@ -2025,6 +2073,7 @@ fn plan_and_lower(
                             );
                             if cycles < whole_k {
                                 fronts = streamed_fronts;
+                                shares = streamed_shares;
                             }
                         }
                         chosen = Some((c.clone(), fronts, shares));
