@@ -23,7 +23,6 @@
 //! out up to 16% above the simulator.
 
 use crate::lower::{Launch, Lowered};
-use std::collections::BTreeMap;
 
 /// Supervisor cycles of a call's dispatch and end, which only the call's
 /// first compute step pays: `plan::supervisor_cycles(n)` less
@@ -79,15 +78,17 @@ fn assumed(launch: Launch) -> Option<Before> {
 /// cycles a vertex at most). A settled step's launch becomes
 /// [`Launch::Own`], except the call's first step, which becomes
 /// [`Launch::FirstOfCall`]: its estimate then holds the call's dispatch.
+/// The driver settles once, after the last `lower::verify`: a device
+/// loop's rerun step may then differ from the step it reruns in its
+/// estimate (the first iteration's first step follows other steps than
+/// the later ones' do), never in what it runs.
 pub fn settle_launches(l: &mut Lowered) {
     for call in &mut l.calls {
-        let mut before: BTreeMap<u32, Before> = BTreeMap::new();
+        // By tile (a deep loop syncs thousands of times: a slice to fill).
+        let mut before = vec![Before::Start; l.tile_count as usize];
         for (index, step) in call.steps.iter_mut().enumerate() {
             if step.ends_bsp_step() {
-                before.clear();
-                for t in 0..l.tile_count {
-                    before.insert(t, Before::Sync);
-                }
+                before.fill(Before::Sync);
                 continue;
             }
             if let Some(was) = assumed(step.launch) {
@@ -103,13 +104,15 @@ pub fn settle_launches(l: &mut Lowered) {
                 } else {
                     step.tiles
                         .keys()
-                        .map(|t| match before.get(t).copied().unwrap_or(Before::Start) {
-                            // A tile that ran nothing yet in a call whose
-                            // first step is elsewhere still pays 18 cycles
-                            // a vertex.
-                            Before::Start | Before::Sync => Before::Sync,
-                            Before::Compute => Before::Compute,
-                        })
+                        .map(
+                            |&t| match before.get(t as usize).copied().unwrap_or(Before::Start) {
+                                // A tile that ran nothing yet in a call whose
+                                // first step is elsewhere still pays 18 cycles
+                                // a vertex.
+                                Before::Start | Before::Sync => Before::Sync,
+                                Before::Compute => Before::Compute,
+                            },
+                        )
                         .max_by_key(|&b| launch_cost(n, b))
                         .unwrap_or(Before::Sync)
                 };
@@ -122,7 +125,9 @@ pub fn settle_launches(l: &mut Lowered) {
                 };
             }
             for &t in step.tiles.keys() {
-                before.insert(t, Before::Compute);
+                if let Some(b) = before.get_mut(t as usize) {
+                    *b = Before::Compute;
+                }
             }
         }
     }
