@@ -37,34 +37,16 @@ pub fn after_sync_cycles(n: u64) -> u64 {
     18 * n.saturating_sub(1) + 6
 }
 
-/// What a tile ran last in the call.
-#[derive(Clone, Copy, PartialEq, Eq)]
-enum Before {
-    /// Nothing since the call began.
-    Start,
-    /// An exchange or a host stop (both end a BSP step).
-    Sync,
-    /// A compute step.
-    Compute,
-}
-
-/// The supervisor cycles around a compute step of `n` vertices that comes
-/// `before` on a tile.
-fn launch_cost(n: u64, before: Before) -> u64 {
-    match before {
-        Before::Start => crate::plan::supervisor_cycles(n),
-        Before::Sync => after_sync_cycles(n),
-        Before::Compute => crate::attention::launch_cycles(n),
-    }
-}
-
-/// The place a step's estimate assumed, or `None` where it stands as it is.
-fn assumed(launch: Launch) -> Option<Before> {
-    match launch {
-        Launch::Own => None,
-        Launch::FirstOfCall => Some(Before::Start),
-        Launch::AfterSync => Some(Before::Sync),
-        Launch::AfterCompute => Some(Before::Compute),
+impl Launch {
+    /// The supervisor cycles around a compute step of `n` vertices at this
+    /// place (none for [`Launch::Own`], whose estimate places its own).
+    pub fn cycles(self, n: u64) -> u64 {
+        match self {
+            Launch::Own => 0,
+            Launch::FirstOfCall => crate::plan::supervisor_cycles(n),
+            Launch::AfterSync => after_sync_cycles(n),
+            Launch::AfterCompute => crate::attention::launch_cycles(n),
+        }
     }
 }
 
@@ -84,14 +66,17 @@ fn assumed(launch: Launch) -> Option<Before> {
 /// the later ones' do), never in what it runs.
 pub fn settle_launches(l: &mut Lowered) {
     for call in &mut l.calls {
-        // By tile (a deep loop syncs thousands of times: a slice to fill).
-        let mut before = vec![Before::Start; l.tile_count as usize];
+        // By tile, the place its next step would have (a deep loop syncs
+        // thousands of times: a slice to fill). A tile that ran nothing
+        // yet in a call whose first step is elsewhere still pays 18 cycles
+        // a vertex, as after a sync.
+        let mut next = vec![Launch::AfterSync; l.tile_count as usize];
         for (index, step) in call.steps.iter_mut().enumerate() {
             if step.ends_bsp_step() {
-                before.fill(Before::Sync);
+                next.fill(Launch::AfterSync);
                 continue;
             }
-            if let Some(was) = assumed(step.launch) {
+            if step.launch != Launch::Own {
                 let n = step
                     .tiles
                     .values()
@@ -100,33 +85,25 @@ pub fn settle_launches(l: &mut Lowered) {
                     .unwrap_or(0)
                     .max(1);
                 let place = if index == 0 {
-                    Before::Start
+                    Launch::FirstOfCall
                 } else {
                     step.tiles
                         .keys()
-                        .map(
-                            |&t| match before.get(t as usize).copied().unwrap_or(Before::Start) {
-                                // A tile that ran nothing yet in a call whose
-                                // first step is elsewhere still pays 18 cycles
-                                // a vertex.
-                                Before::Start | Before::Sync => Before::Sync,
-                                Before::Compute => Before::Compute,
-                            },
-                        )
-                        .max_by_key(|&b| launch_cost(n, b))
-                        .unwrap_or(Before::Sync)
+                        .map(|&t| next.get(t as usize).copied().unwrap_or(Launch::AfterSync))
+                        .max_by_key(|place| place.cycles(n))
+                        .unwrap_or(Launch::AfterSync)
                 };
-                step.estimated_cycles = (step.estimated_cycles + launch_cost(n, place))
-                    .saturating_sub(launch_cost(n, was));
-                step.launch = if place == Before::Start {
+                step.estimated_cycles =
+                    (step.estimated_cycles + place.cycles(n)).saturating_sub(step.launch.cycles(n));
+                step.launch = if place == Launch::FirstOfCall {
                     Launch::FirstOfCall
                 } else {
                     Launch::Own
                 };
             }
             for &t in step.tiles.keys() {
-                if let Some(b) = before.get_mut(t as usize) {
-                    *b = Before::Compute;
+                if let Some(b) = next.get_mut(t as usize) {
+                    *b = Launch::AfterCompute;
                 }
             }
         }
@@ -299,8 +276,8 @@ mod tests {
     fn the_dispatch_is_what_the_first_step_pays_beyond_a_later_one() {
         for n in 1..=6 {
             assert_eq!(
-                crate::plan::supervisor_cycles(n),
-                CALL_DISPATCH_CYCLES + after_sync_cycles(n)
+                Launch::FirstOfCall.cycles(n),
+                CALL_DISPATCH_CYCLES + Launch::AfterSync.cycles(n)
             );
         }
     }

@@ -159,12 +159,11 @@ pub struct Step {
 /// workers (`attention::launch_cycles`). Planners cost a GEMM's steps
 /// before they are in order, so each estimate assumes a place;
 /// `launches::settle_launches` charges the cost of the step's place in its
-/// call instead.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+/// call instead. `Launch::cycles` (crate::launches) gives each place's cost.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Launch {
     /// The estimate's own launch cost stands (exchange steps, host stops,
     /// and compute steps whose estimates place their launches themselves).
-    #[default]
     Own,
     /// The estimate includes `plan::supervisor_cycles(n)` for the step's
     /// `n` vertices on a tile, the cost of a call's first compute step.

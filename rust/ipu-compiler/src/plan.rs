@@ -15,6 +15,7 @@
 use crate::gemm::{
     ranges, shard_sizes, GemmCosts, GemmGeometry, Partitions, Parts, ShardLayout, SplitMemo,
 };
+use crate::lower::Launch;
 use ipu_arch::{host_transfer_cycles, CLOCK_HZ_C600, SYNC_CYCLES};
 
 /// Search limits.
@@ -188,7 +189,7 @@ fn evaluate_with(
         if g.needs_reduce(split.k_groups.len()) {
             // The reduce step follows the GEMM's step on the tile
             // (`lower::Launch::AfterCompute`).
-            let c = reduce + crate::attention::launch_cycles(split.reduce_vertices() as u64);
+            let c = reduce + Launch::AfterCompute.cycles(split.reduce_vertices() as u64);
             tile += c;
             cast_part = cast_part.max(c);
             if !costs.feeds_gemm {

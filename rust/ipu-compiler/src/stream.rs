@@ -39,8 +39,8 @@ use crate::gemm::{
     WorkerSplit,
 };
 use crate::lower::{
-    push_coalesced, BufferSpec, GemmVertex, GroupResult, HostPlacement, HostTensor, PlannedGemm,
-    RegionReq, StateWord, Step, Vertex,
+    push_coalesced, BufferSpec, GemmVertex, GroupResult, HostPlacement, HostTensor, Launch,
+    PlannedGemm, RegionReq, StateWord, Step, Vertex,
 };
 use crate::plan::{pareto_front, Estimate, GemmPlan, SearchBudget, StreamShape, STANDARD_BUDGET};
 use crate::storage::region1_footprint;
@@ -137,7 +137,7 @@ fn step_compute(costs: &mut GemmCosts, split: &WorkerSplit, w: u32) -> u64 {
     }
     // Every chunk's compute step follows its exchange step
     // (`lower::Launch::AfterSync`).
-    slowest + crate::launches::after_sync_cycles(vertices)
+    slowest + Launch::AfterSync.cycles(vertices)
 }
 
 /// The cost model's cycles for one exchange step that receives (and sends)
@@ -484,7 +484,7 @@ fn shard_cost(
             c
         });
         // After the reduce-scatter's exchange (`lower::Launch::AfterSync`).
-        reduce = slowest + crate::launches::after_sync_cycles(parts as u64);
+        reduce = slowest + Launch::AfterSync.cycles(parts as u64);
         fixed_r0 += (piece * layout.rs_d()) as u64 + 128;
         gather = (kp * piece * layout.rs_c) as u64;
         let element = ipu_arch::INTERLEAVED_ELEMENT_BYTES as u64;
@@ -520,7 +520,7 @@ fn shard_cost(
             fixed_r0 += layout.d_bytes() as u64;
             // After the last chunk's compute step
             // (`lower::Launch::AfterCompute`).
-            r + crate::attention::launch_cycles(split.reduce_vertices() as u64)
+            r + Launch::AfterCompute.cycles(split.reduce_vertices() as u64)
         } else {
             0
         };
@@ -1413,7 +1413,7 @@ pub fn lower(
             estimated_cycles: *cycles,
             exchange: None,
             host_stop: false,
-            launch: crate::lower::Launch::Own,
+            launch: Launch::Own,
         };
         for t in work.values() {
             std::sync::Arc::make_mut(&mut step.tiles).insert(
@@ -1495,7 +1495,7 @@ pub fn lower(
             estimated_cycles: 0,
             exchange: None,
             host_stop: false,
-            launch: crate::lower::Launch::AfterSync,
+            launch: Launch::AfterSync,
         };
         for (&(i, j, l), t) in &work {
             let (b0, b1) = chunk(t.part, ch, s);
@@ -1649,7 +1649,7 @@ pub fn lower(
         estimated_cycles: 0,
         exchange: None,
         host_stop: false,
-        launch: crate::lower::Launch::FirstOfCall,
+        launch: Launch::FirstOfCall,
     };
     let kind_of = |id| graph.value(id).def == ipu_graph::ValueDef::Param;
     let host_tensor = |id| HostTensor {
@@ -1774,8 +1774,8 @@ pub fn lower(
                 }
                 reduce_step.estimated_cycles = reduce_step
                     .estimated_cycles
-                    .max(slowest + crate::launches::after_sync_cycles(vertices.len() as u64));
-                reduce_step.launch = crate::lower::Launch::AfterSync;
+                    .max(slowest + Launch::AfterSync.cycles(vertices.len() as u64));
+                reduce_step.launch = Launch::AfterSync;
                 std::sync::Arc::make_mut(&mut reduce_step.tiles).insert(t.tile, vertices);
                 if pg.transposed_result {
                     transposed_results.push((
@@ -1825,8 +1825,8 @@ pub fn lower(
             let (_, reduce_cycles) = pg.costs.split_cycles(&gc, &t.split);
             reduce_step.estimated_cycles = reduce_step
                 .estimated_cycles
-                .max(reduce_cycles + crate::attention::launch_cycles(reduces.len() as u64));
-            reduce_step.launch = crate::lower::Launch::AfterCompute;
+                .max(reduce_cycles + Launch::AfterCompute.cycles(reduces.len() as u64));
+            reduce_step.launch = Launch::AfterCompute;
             std::sync::Arc::make_mut(&mut reduce_step.tiles).insert(t.tile, reduces);
             delivered.push((0, mt, d, 0, lay.rs_d()));
         } else {
@@ -2218,7 +2218,7 @@ mod tests {
                 estimated_cycles: 0,
                 exchange: None,
                 host_stop: false,
-                launch: crate::lower::Launch::Own,
+                launch: Launch::Own,
             })
         };
         let merged = merge(vec![
