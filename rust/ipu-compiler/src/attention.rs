@@ -1379,6 +1379,7 @@ fn lower_rows(
     let name = graph.value(b.attention).name.clone();
     let y_name = graph.value(b.result).name.clone();
     let compute_step = |phase: String| Step {
+        tile_cycles: Default::default(),
         operation: name.clone(),
         phase,
         tiles: Default::default(),
@@ -1669,8 +1670,7 @@ fn lower_rows(
                 &mut kernels.transpose,
             )?;
             src.insert(tile, (tb, rs));
-            step.estimated_cycles = step.estimated_cycles.max(cycles);
-            std::sync::Arc::make_mut(&mut step.tiles).insert(tile, vertices);
+            step.put_tile(tile, vertices, cycles);
         }
         Ok((src, step))
     };
@@ -1725,10 +1725,8 @@ fn lower_rows(
             ));
         }
         let (vertices, slowest) = fill_vertices(&ranges_to_fill, &mut kernels.fill.1);
-        fill_step.estimated_cycles = fill_step
-            .estimated_cycles
-            .max(slowest + launch_cycles(vertices.len() as u64));
-        std::sync::Arc::make_mut(&mut fill_step.tiles).insert(
+        let cycles = slowest + launch_cycles(vertices.len() as u64);
+        fill_step.put_tile(
             tile,
             vertices
                 .into_iter()
@@ -1737,6 +1735,7 @@ fn lower_rows(
                     state,
                 })
                 .collect(),
+            cycles,
         );
     }
 
@@ -2015,10 +2014,8 @@ fn lower_rows(
                     vertices.push(v);
                 }
             }
-            unstage.estimated_cycles = unstage
-                .estimated_cycles
-                .max(slowest + launch_cycles(vertices.len() as u64));
-            std::sync::Arc::make_mut(&mut unstage.tiles).insert(tile, vertices);
+            let cycles = slowest + launch_cycles(vertices.len() as u64);
+            unstage.put_tile(tile, vertices, cycles);
         }
         steps.push(unstage);
     }
@@ -2031,6 +2028,9 @@ fn lower_rows(
         let mut on = compute_step(format!("{name} online softmax, key block {bi}"));
         let mut pv = compute_step(format!("{name} P V, key block {bi}"));
         let mut mg = compute_step(format!("{name} merge, key block {bi}"));
+        // Each tile's own cycles (its rows and its split's block), a few
+        // distinct shapes for all the tiles.
+        let mut tile_costs: BTreeMap<(u32, (u32, u32)), Vec<u64>> = BTreeMap::new();
         for (&tile, &(_, qi, ks, ref t, lay)) in &tiles {
             let rows = lay.rows;
             let q0 = qranges[qi as usize].0;
@@ -2038,6 +2038,15 @@ fn lower_rows(
             // first key, bk its keys; `local` its first column block in the
             // split's K^T and V.
             let (c0, c1) = split_blocks[ks as usize][bi];
+            let costs = tile_costs
+                .entry((rows, (c0, c1)))
+                .or_insert_with(|| compute_cycles(b, kernels, rows, &[(c0, c1)]).1);
+            for (step, &cycles) in [&mut sg, &mut on, &mut pv, &mut mg]
+                .into_iter()
+                .zip(&costs[1..5])
+            {
+                step.charge_tile(tile, cycles);
+            }
             let local = c0 - plan.key_splits[ks as usize].0;
             let nb = c1 - c0;
             let k0 = c0 * 16;
@@ -2316,12 +2325,17 @@ fn lower_rows(
         ty: graph.value(b.result).ty.clone(),
         placements: Vec::new(),
     };
+    let mut final_costs: BTreeMap<u32, u64> = BTreeMap::new();
     for (&tile, &(h, qi, ks, ref t, lay)) in &tiles {
         if ks != 0 {
             continue;
         }
         let rows = lay.rows;
         let q0 = qranges[qi as usize].0;
+        let cycles = *final_costs
+            .entry(rows)
+            .or_insert_with(|| compute_cycles(b, kernels, rows, &[]).1[1]);
+        fin.charge_tile(tile, cycles);
         std::sync::Arc::make_mut(&mut fin.tiles).insert(
             tile,
             row_vertices(rows, &kernels.final_.0, |_, r0, r1| {

@@ -827,6 +827,7 @@ pub fn lower(
     let name = graph.value(b.attention).name.clone();
     let y_name = graph.value(b.result).name.clone();
     let compute_step = |phase: String| Step {
+        tile_cycles: Default::default(),
         operation: name.clone(),
         phase,
         tiles: Default::default(),
@@ -1037,8 +1038,7 @@ pub fn lower(
         } else {
             &mut prep
         };
-        step.estimated_cycles = step.estimated_cycles.max(cycles);
-        std::sync::Arc::make_mut(&mut step.tiles).insert(tile, vertices);
+        step.put_tile(tile, vertices, cycles);
     }
 
     // Step 2: the fills and the K rows' head padding.
@@ -1047,10 +1047,8 @@ pub fn lower(
     for (&tile, at) in &tiles {
         let (jobs, row_jobs) = fill_jobs(&shapes, &at.bufs, at.n);
         let (vertices, slowest) = crate::attention::fill_vertices(&jobs, &mut fill.1);
-        fill_step.estimated_cycles = fill_step
-            .estimated_cycles
-            .max(slowest + launch_cycles(vertices.len() as u64));
-        std::sync::Arc::make_mut(&mut fill_step.tiles).insert(
+        let cycles = slowest + launch_cycles(vertices.len() as u64);
+        fill_step.put_tile(
             tile,
             vertices
                 .into_iter()
@@ -1059,13 +1057,12 @@ pub fn lower(
                     state,
                 })
                 .collect(),
+            cycles,
         );
         let (pads, slowest) = row_job_vertices(&row_jobs, ck);
         if !pads.is_empty() {
-            pad_step.estimated_cycles = pad_step
-                .estimated_cycles
-                .max(slowest + launch_cycles(pads.len() as u64));
-            std::sync::Arc::make_mut(&mut pad_step.tiles).insert(
+            let cycles = slowest + launch_cycles(pads.len() as u64);
+            pad_step.put_tile(
                 tile,
                 pads.into_iter()
                     .map(|state| Vertex {
@@ -1073,6 +1070,7 @@ pub fn lower(
                         state,
                     })
                     .collect(),
+                cycles,
             );
         }
     }
@@ -1253,7 +1251,7 @@ pub fn lower(
             (&mut pv, est[5]),
             (&mut rd, est[6]),
         ] {
-            step.estimated_cycles = step.estimated_cycles.max(e);
+            step.charge_tile(tile, e);
         }
         let gemm_vertex = |g: &GemmGeometry,
                            lay: &ShardLayout,
@@ -1544,7 +1542,7 @@ pub fn lower(
         // are the output rows, which hold only this tile's columns.
         let split_bytes = s.state_slot((d0, d1));
         let rs_out = s.rs_out((d0, d1));
-        fin.estimated_cycles = fin.estimated_cycles.max(cycles);
+        fin.charge_tile(tile, cycles);
         std::sync::Arc::make_mut(&mut fin.tiles).insert(
             tile,
             vertices

@@ -119,6 +119,7 @@ pub fn program_step(
     let mut x = schedule(tiles, transfers, label)?;
     attach_tables(&mut x, buffers, &format!("xtab{label}"));
     Ok(crate::lower::Step {
+        tile_cycles: Default::default(),
         operation,
         phase,
         tiles: Default::default(),

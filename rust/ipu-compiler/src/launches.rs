@@ -93,8 +93,7 @@ pub fn settle_launches(l: &mut Lowered) {
                         .max_by_key(|place| place.cycles(n))
                         .unwrap_or(Launch::AfterSync)
                 };
-                step.estimated_cycles =
-                    (step.estimated_cycles + place.cycles(n)).saturating_sub(step.launch.cycles(n));
+                step.shift_estimate(place.cycles(n) as i64 - step.launch.cycles(n) as i64);
                 step.launch = if place == Launch::FirstOfCall {
                     Launch::FirstOfCall
                 } else {
@@ -142,6 +141,7 @@ mod tests {
 
     fn compute(tiles: &[(u32, usize)], estimate: u64, launch: Launch) -> Step {
         Step {
+            tile_cycles: Default::default(),
             operation: "v".into(),
             phase: "compute".into(),
             tiles: Arc::new(tiles.iter().map(|&(t, n)| (t, vertices(n))).collect()),
@@ -154,6 +154,7 @@ mod tests {
 
     fn host_stop() -> Step {
         Step {
+            tile_cycles: Default::default(),
             operation: "stop".into(),
             phase: "host stop".into(),
             tiles: Default::default(),
@@ -270,6 +271,26 @@ mod tests {
         let again = settled(std::mem::take(&mut call.steps));
         let twice: Vec<u64> = again.steps.iter().map(|s| s.estimated_cycles).collect();
         assert_eq!(twice, got);
+    }
+
+    /// A step costed tile by tile keeps each tile's own figure (never
+    /// above the step's), and settling moves every tile's figure with the
+    /// step's.
+    #[test]
+    fn tiles_costed_one_by_one_settle_together() {
+        let mut step = compute(&[], 0, Launch::AfterSync);
+        step.put_tile(0, vertices(3), 900 + after_sync_cycles(3));
+        step.put_tile(1, vertices(3), 400 + after_sync_cycles(3));
+        assert_eq!(step.estimated_cycles, 900 + after_sync_cycles(3));
+        assert_eq!(step.tile_estimate(1), 400 + after_sync_cycles(3));
+        let call = settled(vec![compute(&[(0, 1), (1, 1)], 50, Launch::Own), step]);
+        let after = &call.steps[1];
+        let compute_after = crate::attention::launch_cycles(3);
+        assert_eq!(after.estimated_cycles, 900 + compute_after);
+        assert_eq!(after.tile_estimate(0), 900 + compute_after);
+        assert_eq!(after.tile_estimate(1), 400 + compute_after);
+        // A tile the producer did not cost takes the step's figure.
+        assert_eq!(after.tile_estimate(7), after.estimated_cycles);
     }
 
     #[test]

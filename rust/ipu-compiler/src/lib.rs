@@ -767,9 +767,11 @@ fn budget_tries(
 
 /// The run call's device cycles on the program's own structure: a compute
 /// step advances only the tiles it runs on (tiles never wait for each other
-/// between compute sets), an exchange step first syncs every tile. Steps
-/// carry their slowest tile's estimate (GEMM steps their plan's compute,
-/// exchange steps their schedule).
+/// between compute sets), an exchange step first syncs every tile. A
+/// compute step advances each tile by that tile's own estimate where its
+/// producer costed tiles one by one (`Step::tile_estimate`), else by its
+/// slowest tile's (GEMM steps their plan's compute); exchange steps carry
+/// their schedule's.
 fn timeline_cycles(l: &lower::Lowered) -> u64 {
     let mut clock = vec![0u64; l.tile_count as usize];
     let run = l.calls.iter().filter(|c| c.name == "run");
@@ -781,7 +783,7 @@ fn timeline_cycles(l: &lower::Lowered) -> u64 {
             clock.fill(start + step.estimated_cycles);
         } else {
             for &tile in step.tiles.keys() {
-                clock[tile as usize] += step.estimated_cycles;
+                clock[tile as usize] += step.tile_estimate(tile);
             }
         }
     }

@@ -464,7 +464,7 @@ pub fn unroll(
     l.io[0].0 = params;
 
     // The back edge is followed by the loop's `rt_next` record.
-    back_edge.estimated_cycles += NEXT_RECORD_CYCLES;
+    back_edge.shift_estimate(NEXT_RECORD_CYCLES as i64);
 
     // The run call: before the block, the iterations, after it.
     let run = &mut l.calls[1];
@@ -985,6 +985,7 @@ fn copy_step(
     let mut cost = crate::kernel_formula(library, &copy, &["N", "BYTES"])?;
     let workers = ipu_arch::WORKER_CONTEXTS;
     let mut tiles = BTreeMap::new();
+    let mut tile_cycles = BTreeMap::new();
     let mut slowest = 0;
     for (&tile, ranges) in &stacks.ranges {
         let total: u32 = ranges.iter().map(|r| r.bytes).sum();
@@ -1010,6 +1011,7 @@ fn copy_step(
         }
         bins.retain(|b| !b.is_empty());
         let mut vertices = Vec::new();
+        let mut tile_slowest = 0;
         for bin in bins {
             let mut state = vec![
                 StateWord::Const(bin.len() as u32),
@@ -1033,15 +1035,19 @@ fn copy_step(
                 ]);
             }
             let bytes: u32 = bin.iter().map(|r| r.bytes).sum();
-            slowest = slowest.max(cost.eval(&[("N", bin.len() as i64), ("BYTES", bytes as i64)]));
+            tile_slowest =
+                tile_slowest.max(cost.eval(&[("N", bin.len() as i64), ("BYTES", bytes as i64)]));
             vertices.push(Vertex {
                 kernel: copy.clone(),
                 state,
             });
         }
+        slowest = slowest.max(tile_slowest);
+        tile_cycles.insert(tile, tile_slowest);
         tiles.insert(tile, vertices);
     }
     let step = (!tiles.is_empty()).then(|| Step {
+        tile_cycles: std::sync::Arc::new(tile_cycles),
         operation: t.defined[0][t.params[0]].clone(),
         phase: "loop: weights of iteration".into(),
         tiles: std::sync::Arc::new(tiles),
@@ -1210,6 +1216,7 @@ fn weight_exchange(
     let mut x = crate::exchange::schedule_with(l.tile_count, transfers, label, true)?;
     crate::exchange::attach_tables(&mut x, &mut l.buffers, tables);
     Ok(Some(Step {
+        tile_cycles: Default::default(),
         operation: t.defined[0][t.params[0]].clone(),
         phase: phase.into(),
         tiles: Default::default(),
@@ -1425,6 +1432,7 @@ fn stream_weights(
     }
     let host = ipu_arch::host_transfer_cycles(bytes, ipu_arch::CLOCK_HZ_C600);
     let mut steps = vec![Step {
+        tile_cycles: Default::default(),
         operation: t.defined[0][t.params[0]].clone(),
         phase: "loop: the host writes the weights of iteration".into(),
         tiles: Default::default(),

@@ -359,7 +359,8 @@ pub fn bsp_steps(call: &crate::lower::CallProgram) -> Vec<&[crate::lower::Step]>
 
 /// The cost model's cycles of one BSP step: its compute steps on the
 /// slowest tile (each tile runs the steps it has vertices in, one after
-/// the other), then its exchange step; the call's last step also pays the
+/// the other, each for its own estimate, `Step::tile_estimate`), then its
+/// exchange step; the call's last step also pays the
 /// final host sync. Summed over the run call's steps, with the call's
 /// dispatch where no step holds it (`launches::unsettled_dispatch_cycles`,
 /// counted in the first), this is the report's `run_compute` estimate (the
@@ -372,7 +373,7 @@ fn bsp_step_estimate(group: &[crate::lower::Step], last: bool) -> u64 {
             exchange += s.estimated_cycles;
         } else {
             for &tile in s.tiles.keys() {
-                *per_tile.entry(tile).or_default() += s.estimated_cycles;
+                *per_tile.entry(tile).or_default() += s.tile_estimate(tile);
             }
         }
     }

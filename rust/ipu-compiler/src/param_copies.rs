@@ -76,6 +76,7 @@ pub fn copy_on_device(l: &mut Lowered) -> Result<ParamCopies, CompileError> {
     exchange::attach_tables(&mut x, &mut l.buffers, "xtab_init");
     report.step_cycles = exchange::step_cycles(&x.figures);
     let step = Step {
+        tile_cycles: Default::default(),
         operation: "initialize".into(),
         phase: format!("copy parameters {}", report.copied.join(", ")),
         tiles: Default::default(),

@@ -195,6 +195,7 @@ pub fn cast_request(from: i64, to: i64, scale: i64) -> KernelRequest {
 /// An empty compute step for `operation`, its tiles' vertices to come.
 fn compute_step(operation: String, phase: String) -> Step {
     Step {
+        tile_cycles: Default::default(),
         operation,
         phase,
         tiles: Default::default(),
@@ -689,10 +690,8 @@ pub fn lower(
                                 ]));
                             }
                         }
-                        step.estimated_cycles = step
-                            .estimated_cycles
-                            .max(slowest + launch_cycles(vertices.len() as u64));
-                        std::sync::Arc::make_mut(&mut step.tiles).insert(t, vertices);
+                        let cycles = slowest + launch_cycles(vertices.len() as u64);
+                        step.put_tile(t, vertices, cycles);
                     }
                     estimated += step.estimated_cycles;
                     steps.push(step);
@@ -909,10 +908,8 @@ pub fn lower(
                     state,
                 });
             }
-            step.estimated_cycles = step
-                .estimated_cycles
-                .max(slowest + launch_cycles(vertices.len() as u64));
-            std::sync::Arc::make_mut(&mut step.tiles).insert(t, vertices);
+            let cycles = slowest + launch_cycles(vertices.len() as u64);
+            step.put_tile(t, vertices, cycles);
         }
         reports.push(json!({
             "value": name(op.result),

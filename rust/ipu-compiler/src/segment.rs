@@ -1114,11 +1114,19 @@ fn zero_fill_step(
     si: u32,
     tiles: &BTreeMap<u32, Vec<FillJob>>,
 ) -> Step {
-    let mut estimated = 0;
-    let mut vertices_of = BTreeMap::new();
+    let mut step = Step {
+        tile_cycles: Default::default(),
+        operation: format!("segment {si}"),
+        phase: format!("zero segment {si}'s padding"),
+        tiles: Default::default(),
+        estimated_cycles: 0,
+        exchange: None,
+        host_stop: false,
+        launch: crate::lower::Launch::FirstOfCall,
+    };
     for (&tile, jobs) in tiles {
         let (states, slowest) = crate::attention::fill_vertices(jobs, &mut fill.1);
-        estimated = estimated.max(slowest + crate::plan::supervisor_cycles(states.len() as u64));
+        let cycles = slowest + crate::plan::supervisor_cycles(states.len() as u64);
         let vertices = states
             .into_iter()
             .map(|state| crate::lower::Vertex {
@@ -1126,17 +1134,9 @@ fn zero_fill_step(
                 state,
             })
             .collect();
-        vertices_of.insert(tile, vertices);
+        step.put_tile(tile, vertices, cycles);
     }
-    Step {
-        operation: format!("segment {si}"),
-        phase: format!("zero segment {si}'s padding"),
-        tiles: std::sync::Arc::new(vertices_of),
-        estimated_cycles: estimated,
-        exchange: None,
-        host_stop: false,
-        launch: crate::lower::Launch::FirstOfCall,
-    }
+    step
 }
 
 /// Whether the run call of `l` holds some host input more than once (or

@@ -1407,6 +1407,7 @@ pub fn lower(
     if let Some((fill, cycles)) = &header_fill {
         // One fill64 vertex per tile with the two C headers as its ranges.
         let mut step = Step {
+            tile_cycles: Default::default(),
             operation: result_name.clone(),
             phase: format!("zero {value} C headers"),
             tiles: Default::default(),
@@ -1489,6 +1490,7 @@ pub fn lower(
 
         // The compute step: every vertex adds its chunk's product.
         let mut step = Step {
+            tile_cycles: Default::default(),
             operation: result_name.clone(),
             phase: format!("gemm {value} chunk {s}"),
             tiles: Default::default(),
@@ -1643,6 +1645,7 @@ pub fn lower(
     // The reduce step: f32 accumulation (sum of the worker K groups or of
     // the K parts' partials, f16, epilogue).
     let mut reduce_step = Step {
+        tile_cycles: Default::default(),
         operation: result_name.clone(),
         phase: format!("reduce {result_name}"),
         tiles: Default::default(),
@@ -1772,11 +1775,9 @@ pub fn lower(
                         .collect(),
                     });
                 }
-                reduce_step.estimated_cycles = reduce_step
-                    .estimated_cycles
-                    .max(slowest + Launch::AfterSync.cycles(vertices.len() as u64));
+                let cycles = slowest + Launch::AfterSync.cycles(vertices.len() as u64);
                 reduce_step.launch = Launch::AfterSync;
-                std::sync::Arc::make_mut(&mut reduce_step.tiles).insert(t.tile, vertices);
+                reduce_step.put_tile(t.tile, vertices, cycles);
                 if pg.transposed_result {
                     transposed_results.push((
                         t.tile,
@@ -1823,11 +1824,9 @@ pub fn lower(
                 t.bias,
             );
             let (_, reduce_cycles) = pg.costs.split_cycles(&gc, &t.split);
-            reduce_step.estimated_cycles = reduce_step
-                .estimated_cycles
-                .max(reduce_cycles + Launch::AfterCompute.cycles(reduces.len() as u64));
+            let cycles = reduce_cycles + Launch::AfterCompute.cycles(reduces.len() as u64);
             reduce_step.launch = Launch::AfterCompute;
-            std::sync::Arc::make_mut(&mut reduce_step.tiles).insert(t.tile, reduces);
+            reduce_step.put_tile(t.tile, reduces, cycles);
             delivered.push((0, mt, d, 0, lay.rs_d()));
         } else {
             for (gi, &(lr0, lr1)) in t.split.row_groups.iter().enumerate() {
@@ -2212,6 +2211,7 @@ mod tests {
         };
         let compute = || {
             Pending::Compute(Step {
+                tile_cycles: Default::default(),
                 operation: "g".into(),
                 phase: "c".into(),
                 tiles: Default::default(),
