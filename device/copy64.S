@@ -5,13 +5,14 @@
 #    4 DST    address of the first byte written (8-aligned)
 #    8 BYTES  bytes to copy (a multiple of 8, >= 0)
 # The copy runs forwards: DST may equal SRC or lie below it, but must not lie
-# inside (SRC, SRC + BYTES). When no memory element (16 KiB standard, 32
-# KiB interleaved; docs/isa.md) holds both source and destination bytes,
+# inside (SRC, SRC + BYTES). When no bundle of it would load and store in
+# one memory element (16 KiB standard, 32 KiB interleaved; docs/isa.md),
 # the loop is `rpt` over one `ld64st64` (load 8 bytes, store the 8 loaded by
 # the bundle before): 1 issue slot per 8 bytes, so six vertices copy 8 B per
 # cycle (the store ceiling). Otherwise `ld64st64` would fault (a load and
 # the store of one instruction may not hit one element), and the loop is
-# `ld64` and `st64` in two bundles: 2 issue slots per 8 bytes.
+# `ld64` and `st64` in two bundles: 2 issue slots per 8 bytes. The test is
+# COPY_RANGE's (copy_element.inc).
 
         .kernel copy64
         .workers 6

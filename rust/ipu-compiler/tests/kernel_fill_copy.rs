@@ -130,6 +130,36 @@ fn copy64_copies_exactly_on_both_paths() {
     }
 }
 
+/// Ranges that share a memory element at their boundary but lie at least
+/// an element apart never load and store in one element in a bundle of the
+/// fast loop (its load and the previous bundle's store are DST - SRC - 8
+/// bytes apart), so they take it; a hair closer they must not (the fast
+/// loop would fault there).
+#[test]
+fn copy64_takes_the_fast_path_for_ranges_an_element_apart() {
+    let bytes = 0x3000;
+    let disjoint = copy_case(0x70000, 0xB0000, bytes, 1, 1);
+    // Standard memory (16 KiB elements): the source ends in element 0x1D,
+    // where the destination starts, 0x4800 bytes on; and the other way.
+    let apart = copy_case(0x72000, 0x76800, bytes, 1, 2);
+    let below = copy_case(0x76800, 0x72000, bytes, 1, 3);
+    // Interleaved memory (32 KiB elements): exactly an element apart, and
+    // 8 bytes closer.
+    let interleaved = copy_case(0x94000, 0x9C008, 0x6000, 1, 4);
+    let close = copy_case(0x94000, 0x9C000, 0x6000, 1, 5);
+    let interleaved_disjoint = copy_case(0x90000, 0xB0000, 0x6000, 1, 6);
+    println!(
+        "copy64 {bytes} bytes: disjoint {disjoint}, an element apart {apart} and {below}; \
+         0x6000 interleaved: disjoint {interleaved_disjoint}, an element apart {interleaved}, 8 bytes closer {close}"
+    );
+    // The distance test costs a dozen bundles beside the element keys.
+    for fast in [apart, below] {
+        assert!(fast <= disjoint + 6 * 16, "{fast} against {disjoint}");
+    }
+    assert!(interleaved <= interleaved_disjoint + 6 * 16);
+    assert!(close as f64 > 1.8 * interleaved as f64, "{close}");
+}
+
 #[test]
 fn copy64_paths_and_fill32_cycles_against_declared_and_bounds() {
     let per_worker = 8192u64;
