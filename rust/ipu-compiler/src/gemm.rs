@@ -407,6 +407,11 @@ pub struct GemmCosts {
     /// pays no sync of its own. Streamed plans do not read it: projections
     /// of one input share its homes and copy nothing (`stream::AHomes`).
     pub a_copy_shared: bool,
+    /// With `a_copy_shared`: the largest copy, in cycles, a plan may make
+    /// in that step. The step lasts as long as the largest copy of all the
+    /// GEMMs that share it, so `plan::side_by_side_shares` picks a bound
+    /// with the tile shares, and each GEMM's search keeps within it.
+    pub copy_bound: Option<u64>,
     /// Whether that join also moves the GEMM's weights from their homes
     /// (`segment::join` with `stream_params`, when the segments' weights
     /// cannot all stay resident): every tile then receives its part of B
@@ -467,6 +472,7 @@ impl GemmCosts {
             a_copied: false,
             a_joined: false,
             a_copy_shared: false,
+            copy_bound: None,
             b_joined: false,
             b_copied: false,
             transpose: None,

@@ -1443,6 +1443,7 @@ fn plan_and_lower(
                         },
                     a_joined: tile_count_override.is_some(),
                     a_copy_shared: false,
+                    copy_bound: None,
                     b_joined: weights_joined,
                     // The same for a B that is a host input.
                     b_copied: graph.value(group.b).def == ipu_graph::ValueDef::Input
@@ -1997,10 +1998,15 @@ fn plan_and_lower(
                         // of their own (random model 264324, f32
                         // projections on 97 tiles: the 12 x 2 plan, charged
                         // that sync, lost to 12 x 1 and ran 9,558 cycles
-                        // where it runs 8,764).
+                        // where it runs 8,764). The copies of other host
+                        // inputs ride in that step too (a cross attention's
+                        // `x` beside its `kv`: random model 262266).
+                        let step_runs = groups.iter().any(|g| {
+                            matches!(g.a, fuse::Source::Host(_))
+                                && groups.iter().filter(|o| o.a == g.a).count() > 1
+                        });
                         for (p, g) in planned.iter_mut().zip(&groups) {
-                            let readers = groups.iter().filter(|o| o.a == g.a).count();
-                            if p.2.a_copied && matches!(g.a, fuse::Source::Host(_)) && readers > 1 {
+                            if p.2.a_copied && matches!(g.a, fuse::Source::Host(_)) && step_runs {
                                 p.2.a_copy_shared = true;
                             }
                         }
@@ -2011,6 +2017,7 @@ fn plan_and_lower(
                     // row parts receive more per tile: the fp8 SigLIP
                     // attention's x8 exchange took 35,000 cycles on them
                     // against 16,400 on thirds): there, equal thirds.
+                    let mut copy_bound = None;
                     let shares = if shared_projections {
                         vec![options.tiles; planned.len()]
                     } else if tile_count_override.is_some() {
@@ -2018,15 +2025,23 @@ fn plan_and_lower(
                     } else {
                         let mut items: Vec<(&gemm::GemmGeometry, &mut gemm::GemmCosts)> =
                             planned.iter_mut().map(|p| (&p.0, &mut p.2)).collect();
-                        let Some(shares) = plan::side_by_side_shares(&mut items, options.tiles, &options.search) else {
+                        let Some((shares, bound)) = plan::side_by_side_shares(&mut items, options.tiles, &options.search) else {
                             continue;
                         };
+                        copy_bound = Some(bound);
                         shares
                     };
+                    // The plans within the shares keep their copies within
+                    // the bound the shares were chosen with.
                     let mut fronts: Vec<(Vec<plan::GemmPlan>, usize)> = planned
                         .iter_mut()
                         .zip(&shares)
-                        .map(|(p, &t)| plan::search(&p.0, t, &mut p.2, &options.search))
+                        .map(|(p, &t)| {
+                            p.2.copy_bound = copy_bound;
+                            let front = plan::search(&p.0, t, &mut p.2, &options.search);
+                            p.2.copy_bound = None;
+                            front
+                        })
                         .collect();
                     if fronts.iter().all(|f| !f.0.is_empty()) {
                         // The projections may stream K split over their
@@ -2050,7 +2065,8 @@ fn plan_and_lower(
                                 let kept: Vec<_> = planned.iter_mut().map(|p| p.2.transpose.take()).collect();
                                 let mut items: Vec<(&gemm::GemmGeometry, &mut gemm::GemmCosts)> =
                                     planned.iter_mut().map(|p| (&p.0, &mut p.2)).collect();
-                                let s = plan::side_by_side_shares(&mut items, options.tiles, &options.search);
+                                let s = plan::side_by_side_shares(&mut items, options.tiles, &options.search)
+                                    .map(|s| s.0);
                                 for (p, t) in planned.iter_mut().zip(kept) {
                                     p.2.transpose = t;
                                 }

@@ -243,6 +243,9 @@ fn evaluate_with(
     } else {
         0
     };
+    if copied && costs.a_copy_shared && costs.copy_bound.is_some_and(|b| copy > b) {
+        return None;
+    }
     compute += copy;
     // Host A rows go to every tile of the row part (once, when they are
     // copied by exchange); B columns to every row part. (The ranges cover
@@ -335,10 +338,14 @@ pub fn search(
 ) -> (Vec<GemmPlan>, usize) {
     let (mut candidates, generated) = self::candidates(g, tiles, costs, budget);
     // Best first: device cycles (what the machine model's bounds compare),
-    // then host link cycles, fewer tiles, memory.
+    // then host link cycles, fewer tiles, memory. A copy within the bound
+    // of a step shared with other GEMMs costs nothing more (the step lasts
+    // as long as the bound whatever this GEMM copies): only the rest of
+    // the plan's cycles compare.
+    let bounded = costs.a_copy_shared && costs.copy_bound.is_some();
     let key = |p: &GemmPlan| {
         (
-            p.estimate.compute_cycles,
+            p.estimate.compute_cycles - if bounded { p.estimate.copy_cycles } else { 0 },
             p.estimate.total_cycles,
             p.estimate.active_tiles,
             p.estimate.peak_interleaved_bytes,
@@ -367,36 +374,82 @@ pub fn search(
 /// at most `tiles` wins. The returned budgets are those fewest tiles, so
 /// `search` with them finds plans of at most `t`; `None` when some GEMM
 /// has no feasible plan.
+///
+/// Returns the shares and the bound on the shared copies (below), which
+/// the GEMMs' searches must keep (`GemmCosts::copy_bound`) to find those
+/// plans. The copies of a host input that ride in one exchange step for all the
+/// GEMMs (`GemmCosts::a_copy_shared`) last as long as the largest of them,
+/// after which each GEMM computes on its own tiles: the time to minimise is
+/// the largest copy plus the slowest of the rest, not the slowest sum. So
+/// every bound on the copies (each distinct copy a candidate has) gets its
+/// own staircases of the rest over the candidates within it, and the bound
+/// plus its smallest `t` is the figure compared. Otherwise the GEMM that
+/// sets `t` leaves the others the fewest tiles that reach it, on which
+/// their copies of the input are larger: random model 262266 (cross
+/// attention on 32 tiles) gave V 1 x 11 tiles, whose copy of `kv` made the
+/// shared step 1,100 cycles longer than V on 2 x 6.
 pub fn side_by_side_shares(
     items: &mut [(&GemmGeometry, &mut GemmCosts)],
     tiles: u32,
     budget: &SearchBudget,
-) -> Option<Vec<u32>> {
-    // Per GEMM: (active tiles, device cycles) of every feasible candidate,
-    // reduced to the staircase of strictly faster plans on more tiles.
-    let mut stairs: Vec<Vec<(u32, u64)>> = Vec::new();
+) -> Option<(Vec<u32>, u64)> {
+    // Per GEMM: (active tiles, its copy in the shared step, the rest) of
+    // every feasible candidate.
+    let mut points: Vec<Vec<(u32, u64, u64)>> = Vec::new();
     let others = items.len().saturating_sub(1) as u32;
     for (g, costs) in items.iter_mut() {
         let most = tiles.saturating_sub(others).max(1);
-        let mut points: Vec<(u32, u64)> = candidates(g, most, costs, budget)
+        let shared = costs.a_copy_shared;
+        let mut p: Vec<(u32, u64, u64)> = candidates(g, most, costs, budget)
             .0
             .iter()
-            .map(|p| (p.estimate.active_tiles, p.estimate.compute_cycles))
+            .map(|p| {
+                let copy = if shared { p.estimate.copy_cycles } else { 0 };
+                let e = &p.estimate;
+                (e.active_tiles, copy, e.compute_cycles - copy)
+            })
             .collect();
-        points.sort_unstable();
-        let mut stair: Vec<(u32, u64)> = Vec::new();
-        for (t, c) in points {
-            if stair.last().is_none_or(|&(_, best)| c < best) {
-                stair.push((t, c));
-            }
-        }
-        if stair.is_empty() {
+        if p.is_empty() {
             return None;
         }
-        stairs.push(stair);
+        p.sort_unstable();
+        points.push(p);
     }
-    // The fewest tiles with which a GEMM reaches `t` cycles (the staircase
-    // is sorted by tiles with falling cycles).
+    let mut bounds: Vec<u64> = points.iter().flatten().map(|p| p.1).collect();
+    bounds.sort_unstable();
+    bounds.dedup();
+    let mut best: Option<(u64, Vec<u32>, u64)> = None;
+    for bound in bounds {
+        // Per GEMM, the staircase of strictly faster plans on more tiles
+        // among those whose copy is within the bound.
+        let stairs: Option<Vec<Vec<(u32, u64)>>> = points
+            .iter()
+            .map(|p| {
+                let mut stair: Vec<(u32, u64)> = Vec::new();
+                for &(t, _, c) in p.iter().filter(|p| p.1 <= bound) {
+                    if stair.last().is_none_or(|&(_, best)| c < best) {
+                        stair.push((t, c));
+                    }
+                }
+                (!stair.is_empty()).then_some(stair)
+            })
+            .collect();
+        let Some(stairs) = stairs else {
+            continue;
+        };
+        if let Some((t, shares)) = smallest_time(&stairs, tiles) {
+            if best.as_ref().is_none_or(|b| bound + t < b.0) {
+                best = Some((bound + t, shares, bound));
+            }
+        }
+    }
+    best.map(|b| (b.1, b.2))
+}
+
+/// The smallest device time `t` that GEMMs side by side reach within
+/// `tiles`, given each GEMM's staircase (sorted by tiles with falling
+/// cycles), and the fewest tiles with which each reaches it.
+fn smallest_time(stairs: &[Vec<(u32, u64)>], tiles: u32) -> Option<(u64, Vec<u32>)> {
     let tiles_for = |stair: &[(u32, u64)], t: u64| -> Option<u32> {
         let i = stair.partition_point(|&(_, c)| c > t);
         stair.get(i).map(|&(n, _)| n)
@@ -411,7 +464,7 @@ pub fn side_by_side_shares(
         shares.filter(|s| s.iter().sum::<u32>() <= tiles)
     };
     let i = times.partition_point(|&t| fits(t).is_none());
-    times.get(i).and_then(|&t| fits(t))
+    times.get(i).and_then(|&t| fits(t).map(|s| (t, s)))
 }
 
 /// The Pareto filter over plans sorted best first: a plan is kept only if
@@ -565,7 +618,7 @@ mod tests {
     fn shares(items: &mut [(GemmGeometry, GemmCosts)], tiles: u32) -> Option<Vec<u32>> {
         let mut refs: Vec<(&GemmGeometry, &mut GemmCosts)> =
             items.iter_mut().map(|(g, c)| (&*g, c)).collect();
-        side_by_side_shares(&mut refs, tiles, &SearchBudget::default())
+        side_by_side_shares(&mut refs, tiles, &SearchBudget::default()).map(|s| s.0)
     }
 
     #[test]
@@ -608,6 +661,67 @@ mod tests {
                 .min()
                 .unwrap();
             assert_eq!(got, best, "tiles {tiles}: shares {s:?}");
+        }
+    }
+
+    #[test]
+    fn shared_copies_match_an_exhaustive_search() {
+        // Projections whose copies of a host input ride in one step: the
+        // step lasts as long as the largest copy, then each GEMM computes
+        // on its own tiles. The checker: every pair of candidates within
+        // the tiles, timed as the largest copy plus the slowest rest; the
+        // shares, with each GEMM searched within them and the bound, must
+        // reach the best of them.
+        for (tiles, a, b) in [
+            (32, (19, 170, 170), (27, 170, 170)),
+            (24, (40, 64, 96), (12, 96, 64)),
+            (20, (7, 51, 51), (1, 51, 51)),
+        ] {
+            let mut items = vec![
+                projection(a.0, a.1, a.2, false),
+                projection(b.0, b.1, b.2, false),
+            ];
+            for (_, c) in &mut items {
+                c.a_copied = true;
+                c.a_copy_shared = true;
+            }
+            let time = |plans: &[&GemmPlan]| {
+                let copy = plans.iter().map(|p| p.estimate.copy_cycles).max().unwrap();
+                let rest = plans
+                    .iter()
+                    .map(|p| p.estimate.compute_cycles - p.estimate.copy_cycles)
+                    .max()
+                    .unwrap();
+                copy + rest
+            };
+            let budget = SearchBudget::default();
+            let all: Vec<Vec<GemmPlan>> = items
+                .iter_mut()
+                .map(|(g, c)| candidates(g, tiles, c, &budget).0)
+                .collect();
+            let mut best = u64::MAX;
+            for p in &all[0] {
+                for q in all[1]
+                    .iter()
+                    .filter(|q| q.estimate.active_tiles + p.estimate.active_tiles <= tiles)
+                {
+                    best = best.min(time(&[p, q]));
+                }
+            }
+            let mut refs: Vec<(&GemmGeometry, &mut GemmCosts)> =
+                items.iter_mut().map(|(g, c)| (&*g, c)).collect();
+            let (s, bound) = side_by_side_shares(&mut refs, tiles, &budget).unwrap();
+            assert!(s.iter().sum::<u32>() <= tiles, "{s:?} over {tiles}");
+            let chosen: Vec<GemmPlan> = items
+                .iter_mut()
+                .zip(&s)
+                .map(|((g, c), &t)| {
+                    c.copy_bound = Some(bound);
+                    search(g, t, c, &budget).0.remove(0)
+                })
+                .collect();
+            let got = time(&chosen.iter().collect::<Vec<_>>());
+            assert_eq!(got, best, "tiles {tiles}: shares {s:?}, bound {bound}");
         }
     }
 

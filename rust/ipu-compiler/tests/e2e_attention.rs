@@ -176,6 +176,36 @@ fn each_tile_is_estimated_by_its_own_steps() {
     assert_estimate_within(&ran, 0.03, "random_281593");
 }
 
+/// The projections' copies of host inputs ride in one exchange step,
+/// which lasts as long as the largest of them; the tile shares and the
+/// plans within them bound the copies together. Before, V (reading `kv`
+/// like K) took the fewest tiles that matched K's time, 1 x 11, whose
+/// copy of `kv` (all 27 rows on each tile) lengthened the shared step by
+/// 1,100 cycles (random model 262266, 18,117 cycles; 17,023 now).
+#[test]
+fn projections_bound_their_shared_copies_together() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = write_model(
+        dir.path(),
+        "random_262266",
+        "model random_262266\ninput x: f16[19, 170]\ninput kv: f16[27, 170]\nparam wq: f16[170, 170]\nparam wk: f16[170, 170]\nparam wv: f16[170, 170]\nq = gemm(x, wq)\nk = gemm(kv, wk)\nv = gemm(kv, wv)\nqh = split_heads(q, heads=5)\nkh = split_heads(k, heads=5)\nvh = split_heads(v, heads=5)\no = attention(qh, kh, vh, causal=false)\ny = merge_heads(o)\noutput y\n",
+    );
+    let ran = compile_and_run(&model, 32, 262266);
+    check_attention(&ran);
+    assert_estimate_within(&ran, 0.05, "random_262266");
+    let copies: Vec<u64> = ran.compile.report["operations"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|o| o["chosen"]["estimate"]["copy_cycles"].as_u64().unwrap())
+        .collect();
+    assert_eq!(copies.len(), 3);
+    assert!(
+        copies[2] <= copies[1],
+        "V copies more of kv than K: {copies:?}"
+    );
+}
+
 #[test]
 fn cross_attention_small_on_64_tiles() {
     let ran = compile_and_run(&root().join("models/attention_cross_small.ipug"), 64, 7);
