@@ -458,22 +458,27 @@ fn bad_specialisations_are_rejected_with_the_rule() {
     }
 }
 
+/// The kernel's declared cycles for one vertex of `n` elements.
+fn declared(spec: &Spec, n: u64) -> u64 {
+    declared_cycles(
+        "cast.S",
+        &[
+            ("FROM", spec.from.param()),
+            ("TO", spec.to.param()),
+            ("SR", spec.sr as i64),
+            ("SCALE", spec.scale as i64),
+        ],
+        &[("N", n)],
+    )
+}
+
 #[test]
 fn cast_cycles_against_declared_and_bounds() {
     for (k, spec) in SPECS.iter().enumerate() {
         let n = 6 * 1024;
         let cycles = cast_case(spec, n, 6, k as u64);
         let per_worker = (n / 6) as u64;
-        let estimate = declared_cycles(
-            "cast.S",
-            &[
-                ("FROM", spec.from.param()),
-                ("TO", spec.to.param()),
-                ("SR", spec.sr as i64),
-                ("SCALE", spec.scale as i64),
-            ],
-            &[("N", per_worker)],
-        );
+        let estimate = declared(spec, per_worker);
         // Lower bounds: bytes in and out at 8 B/cycle each way (one load and
         // one store per bundle at most), and conversions at one issue slot
         // per 4 (f16/fp8) or 2 (f32) lanes.
@@ -522,16 +527,7 @@ fn short_casts_cost_what_they_declare() {
     for (k, spec) in SPECS.iter().chain(&scaled).enumerate() {
         for n in 4..=19usize {
             let cycles = cast_case(spec, n, 1, 100 + k as u64);
-            let estimate = declared_cycles(
-                "cast.S",
-                &[
-                    ("FROM", spec.from.param()),
-                    ("TO", spec.to.param()),
-                    ("SR", spec.sr as i64),
-                    ("SCALE", spec.scale as i64),
-                ],
-                &[("N", n as u64)],
-            );
+            let estimate = declared(spec, n as u64);
             let launch = cycles as i64 - estimate as i64;
             // One vertex's launch by the test's supervisor, the same for
             // every cast and length.
