@@ -498,6 +498,12 @@ pub struct AttentionPlan {
     pub exchange_bound_cycles: u64,
     /// Estimated cycles of the projections on the remaining tiles.
     pub projection_cycles: u64,
+    /// Estimated cycles of the attention's first compute step on each of
+    /// its tiles (the reset of its state and padding), which runs right
+    /// after the projections on the first of their tiles; the projections'
+    /// shares weigh it (`plan::side_by_side_shares`). Not reported.
+    #[serde(skip)]
+    pub prefix_cycles: u64,
     pub region1_bytes: u64,
     pub region0_bytes: u64,
     /// Column layout with key splits: every split's tile combines a range
@@ -787,7 +793,7 @@ pub fn plan(
             for (key_blocks, layout, r1) in
                 key_blockings(block, rows, widest_split, split_cb, min_split_cb, splits)
             {
-                let (mut compute, _) = compute_cycles(block, kernels, rows, &key_blocks);
+                let (mut compute, per_step) = compute_cycles(block, kernels, rows, &key_blocks);
                 // Every attention tile receives its split's K^T and V and
                 // its Q rows; with splits, a combine exchange and steps.
                 let keys = (split_cb * 16).min(block.sk) as u64;
@@ -828,6 +834,7 @@ pub fn plan(
                     compute_cycles: compute,
                     exchange_bound_cycles: exchange,
                     projection_cycles,
+                    prefix_cycles: per_step[0],
                     region1_bytes: r1,
                     region0_bytes: region0,
                     distributed_combine: false,

@@ -774,6 +774,7 @@ pub fn plan(
                 compute_cycles: compute,
                 exchange_bound_cycles: exchange,
                 projection_cycles,
+                prefix_cycles: steps[0] + steps[1],
                 region1_bytes: r1,
                 region0_bytes: r0,
                 distributed_combine: distributed,

@@ -2025,7 +2025,8 @@ fn plan_and_lower(
                     } else {
                         let mut items: Vec<(&gemm::GemmGeometry, &mut gemm::GemmCosts)> =
                             planned.iter_mut().map(|p| (&p.0, &mut p.2)).collect();
-                        let Some((shares, bound)) = plan::side_by_side_shares(&mut items, options.tiles, &options.search) else {
+                        let prefix = Some((c.tiles, c.prefix_cycles));
+                        let Some((shares, bound)) = plan::side_by_side_shares(&mut items, options.tiles, &options.search, prefix) else {
                             continue;
                         };
                         copy_bound = Some(bound);
@@ -2065,8 +2066,13 @@ fn plan_and_lower(
                                 let kept: Vec<_> = planned.iter_mut().map(|p| p.2.transpose.take()).collect();
                                 let mut items: Vec<(&gemm::GemmGeometry, &mut gemm::GemmCosts)> =
                                     planned.iter_mut().map(|p| (&p.0, &mut p.2)).collect();
-                                let s = plan::side_by_side_shares(&mut items, options.tiles, &options.search)
-                                    .map(|s| s.0);
+                                let s = plan::side_by_side_shares(
+                                    &mut items,
+                                    options.tiles,
+                                    &options.search,
+                                    Some((c.tiles, c.prefix_cycles)),
+                                )
+                                .map(|s| s.0);
                                 for (p, t) in planned.iter_mut().zip(kept) {
                                     p.2.transpose = t;
                                 }

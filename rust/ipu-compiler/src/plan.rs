@@ -388,10 +388,20 @@ pub fn search(
 /// their copies of the input are larger: random model 262266 (cross
 /// attention on 32 tiles) gave V 1 x 11 tiles, whose copy of `kv` made the
 /// shared step 1,100 cycles longer than V on 2 x 6.
+///
+/// `prefix` = (tiles, cycles): work that follows the GEMMs on the first
+/// `tiles` tiles (an attention's first step on its tiles, which are the
+/// first of the projections'). The GEMMs take the tiles in order, so a
+/// GEMM whose first tile is among them pays it too. Without it, a GEMM
+/// with time to spare took the fewest tiles that reach the slowest's time,
+/// all of them also the attention's: random model 262570 (f32 cross
+/// attention on 23 tiles) gave Q 1 x 2 tiles, which then ran 2,619 cycles
+/// where the slowest GEMM's ran 2,100.
 pub fn side_by_side_shares(
     items: &mut [(&GemmGeometry, &mut GemmCosts)],
     tiles: u32,
     budget: &SearchBudget,
+    prefix: Option<(u32, u64)>,
 ) -> Option<(Vec<u32>, u64)> {
     // Per GEMM: (active tiles, its copy in the shared step, the rest) of
     // every feasible candidate.
@@ -437,7 +447,7 @@ pub fn side_by_side_shares(
         let Some(stairs) = stairs else {
             continue;
         };
-        if let Some((t, shares)) = smallest_time(&stairs, tiles) {
+        if let Some((t, shares)) = smallest_time(&stairs, tiles, prefix) {
             if best.as_ref().is_none_or(|b| bound + t < b.0) {
                 best = Some((bound + t, shares, bound));
             }
@@ -448,23 +458,49 @@ pub fn side_by_side_shares(
 
 /// The smallest device time `t` that GEMMs side by side reach within
 /// `tiles`, given each GEMM's staircase (sorted by tiles with falling
-/// cycles), and the fewest tiles with which each reaches it.
-fn smallest_time(stairs: &[Vec<(u32, u64)>], tiles: u32) -> Option<(u64, Vec<u32>)> {
+/// cycles) and the `prefix` on the first tiles, and the fewest tiles with
+/// which each reaches it.
+fn smallest_time(
+    stairs: &[Vec<(u32, u64)>],
+    tiles: u32,
+    prefix: Option<(u32, u64)>,
+) -> Option<(u64, Vec<u32>)> {
     let tiles_for = |stair: &[(u32, u64)], t: u64| -> Option<u32> {
         let i = stair.partition_point(|&(_, c)| c > t);
         stair.get(i).map(|&(n, _)| n)
     };
-    let mut times: Vec<u64> = stairs.iter().flatten().map(|&(_, c)| c).collect();
+    let extra = prefix.map_or(0, |p| p.1);
+    let mut times: Vec<u64> = stairs
+        .iter()
+        .flatten()
+        .flat_map(|&(_, c)| [c, c + extra])
+        .collect();
     times.sort_unstable();
     times.dedup();
-    // The total tiles needed only falls as `t` grows: bisect for the
-    // smallest `t` that fits.
+    // In order, each GEMM's fewest tiles, the prefix's work included when
+    // its first tile is among the prefix's.
     let fits = |t: u64| -> Option<Vec<u32>> {
-        let shares: Option<Vec<u32>> = stairs.iter().map(|s| tiles_for(s, t)).collect();
-        shares.filter(|s| s.iter().sum::<u32>() <= tiles)
+        let mut first = 0;
+        let mut shares = Vec::with_capacity(stairs.len());
+        for s in stairs {
+            let pays = prefix.is_some_and(|(on, _)| first < on);
+            let n = tiles_for(s, t.checked_sub(if pays { extra } else { 0 })?)?;
+            first += n;
+            shares.push(n);
+        }
+        (first <= tiles).then_some(shares)
     };
-    let i = times.partition_point(|&t| fits(t).is_none());
-    times.get(i).and_then(|&t| fits(t).map(|s| (t, s)))
+    // Without a prefix (or with one on every GEMM) the tiles needed only
+    // fall as `t` grows: bisect. A prefix on some GEMMs can break that
+    // (fewer tiles for one may put the next on the prefix's): the first
+    // `t` that fits, in order.
+    match prefix {
+        None => {
+            let i = times.partition_point(|&t| fits(t).is_none());
+            times.get(i).and_then(|&t| fits(t).map(|s| (t, s)))
+        }
+        Some(_) => times.into_iter().find_map(|t| fits(t).map(|s| (t, s))),
+    }
 }
 
 /// The Pareto filter over plans sorted best first: a plan is kept only if
@@ -618,7 +654,7 @@ mod tests {
     fn shares(items: &mut [(GemmGeometry, GemmCosts)], tiles: u32) -> Option<Vec<u32>> {
         let mut refs: Vec<(&GemmGeometry, &mut GemmCosts)> =
             items.iter_mut().map(|(g, c)| (&*g, c)).collect();
-        side_by_side_shares(&mut refs, tiles, &SearchBudget::default()).map(|s| s.0)
+        side_by_side_shares(&mut refs, tiles, &SearchBudget::default(), None).map(|s| s.0)
     }
 
     #[test]
@@ -664,6 +700,30 @@ mod tests {
         }
     }
 
+    /// The checkers' optimum: the best `time` of any pair of the two
+    /// GEMMs' candidates that fits `tiles` together.
+    fn best_pair(
+        items: &mut [(GemmGeometry, GemmCosts)],
+        tiles: u32,
+        time: impl Fn(&GemmPlan, &GemmPlan) -> u64,
+    ) -> u64 {
+        let budget = SearchBudget::default();
+        let all: Vec<Vec<GemmPlan>> = items
+            .iter_mut()
+            .map(|(g, c)| candidates(g, tiles, c, &budget).0)
+            .collect();
+        let mut best = u64::MAX;
+        for p in &all[0] {
+            for q in all[1]
+                .iter()
+                .filter(|q| q.estimate.active_tiles + p.estimate.active_tiles <= tiles)
+            {
+                best = best.min(time(p, q));
+            }
+        }
+        best
+    }
+
     #[test]
     fn shared_copies_match_an_exhaustive_search() {
         // Projections whose copies of a host input ride in one step: the
@@ -695,22 +755,10 @@ mod tests {
                 copy + rest
             };
             let budget = SearchBudget::default();
-            let all: Vec<Vec<GemmPlan>> = items
-                .iter_mut()
-                .map(|(g, c)| candidates(g, tiles, c, &budget).0)
-                .collect();
-            let mut best = u64::MAX;
-            for p in &all[0] {
-                for q in all[1]
-                    .iter()
-                    .filter(|q| q.estimate.active_tiles + p.estimate.active_tiles <= tiles)
-                {
-                    best = best.min(time(&[p, q]));
-                }
-            }
+            let best = best_pair(&mut items, tiles, |p, q| time(&[p, q]));
             let mut refs: Vec<(&GemmGeometry, &mut GemmCosts)> =
                 items.iter_mut().map(|(g, c)| (&*g, c)).collect();
-            let (s, bound) = side_by_side_shares(&mut refs, tiles, &budget).unwrap();
+            let (s, bound) = side_by_side_shares(&mut refs, tiles, &budget, None).unwrap();
             assert!(s.iter().sum::<u32>() <= tiles, "{s:?} over {tiles}");
             let chosen: Vec<GemmPlan> = items
                 .iter_mut()
@@ -723,6 +771,53 @@ mod tests {
             let got = time(&chosen.iter().collect::<Vec<_>>());
             assert_eq!(got, best, "tiles {tiles}: shares {s:?}, bound {bound}");
         }
+    }
+
+    #[test]
+    fn shares_weigh_work_that_follows_on_the_first_tiles() {
+        // An attention's first step runs after the projections on the
+        // first `on` tiles, which the GEMMs take in order: a GEMM whose
+        // first tile is among them pays it. The checker: every pair of
+        // candidates within the tiles, so timed; the shares must reach the
+        // best of them, and at least one case must need the prefix.
+        let budget = SearchBudget::default();
+        let mut needed = false;
+        for (tiles, a, b, on, cycles) in [
+            (23, (7, 51, 51), (7, 51, 51), 3, 500),
+            (24, (40, 64, 96), (12, 96, 64), 5, 900),
+            (30, (90, 128, 64), (50, 64, 160), 12, 1500),
+            (17, (33, 48, 48), (20, 96, 32), 2, 400),
+        ] {
+            let mut items = [
+                projection(a.0, a.1, a.2, false),
+                projection(b.0, b.1, b.2, false),
+            ];
+            let time = |p: &GemmPlan, q: &GemmPlan| {
+                let second = if p.estimate.active_tiles < on {
+                    cycles
+                } else {
+                    0
+                };
+                (p.estimate.compute_cycles + cycles).max(q.estimate.compute_cycles + second)
+            };
+            let best = best_pair(&mut items, tiles, time);
+            let mut got = Vec::new();
+            for prefix in [Some((on, cycles)), None] {
+                let mut refs: Vec<(&GemmGeometry, &mut GemmCosts)> =
+                    items.iter_mut().map(|(g, c)| (&*g, c)).collect();
+                let (s, _) = side_by_side_shares(&mut refs, tiles, &budget, prefix).unwrap();
+                assert!(s.iter().sum::<u32>() <= tiles, "{s:?} over {tiles}");
+                let chosen: Vec<GemmPlan> = items
+                    .iter_mut()
+                    .zip(&s)
+                    .map(|((g, c), &t)| search(g, t, c, &budget).0.remove(0))
+                    .collect();
+                got.push(time(&chosen[0], &chosen[1]));
+            }
+            assert_eq!(got[0], best, "tiles {tiles}, prefix {cycles} on {on}");
+            needed |= got[1] > best;
+        }
+        assert!(needed, "no case needed the prefix");
     }
 
     #[test]
