@@ -724,6 +724,33 @@ mod tests {
         best
     }
 
+    /// What the compiler does with GEMMs side by side: their shares of
+    /// `tiles` (with `prefix`), then each GEMM's best plan within its share
+    /// and the shares' bound on shared copies. Returns the plans, the
+    /// shares and the bound.
+    fn planned_within_shares(
+        items: &mut [(GemmGeometry, GemmCosts)],
+        tiles: u32,
+        prefix: Option<(u32, u64)>,
+    ) -> (Vec<GemmPlan>, Vec<u32>, u64) {
+        let budget = SearchBudget::default();
+        let mut refs: Vec<(&GemmGeometry, &mut GemmCosts)> =
+            items.iter_mut().map(|(g, c)| (&*g, c)).collect();
+        let (s, bound) = side_by_side_shares(&mut refs, tiles, &budget, prefix).unwrap();
+        assert!(s.iter().sum::<u32>() <= tiles, "{s:?} over {tiles}");
+        let plans = items
+            .iter_mut()
+            .zip(&s)
+            .map(|((g, c), &t)| {
+                c.copy_bound = Some(bound);
+                let plan = search(g, t, c, &budget).0.remove(0);
+                c.copy_bound = None;
+                plan
+            })
+            .collect();
+        (plans, s, bound)
+    }
+
     #[test]
     fn shared_copies_match_an_exhaustive_search() {
         // Projections whose copies of a host input ride in one step: the
@@ -754,20 +781,8 @@ mod tests {
                     .unwrap();
                 copy + rest
             };
-            let budget = SearchBudget::default();
             let best = best_pair(&mut items, tiles, |p, q| time(&[p, q]));
-            let mut refs: Vec<(&GemmGeometry, &mut GemmCosts)> =
-                items.iter_mut().map(|(g, c)| (&*g, c)).collect();
-            let (s, bound) = side_by_side_shares(&mut refs, tiles, &budget, None).unwrap();
-            assert!(s.iter().sum::<u32>() <= tiles, "{s:?} over {tiles}");
-            let chosen: Vec<GemmPlan> = items
-                .iter_mut()
-                .zip(&s)
-                .map(|((g, c), &t)| {
-                    c.copy_bound = Some(bound);
-                    search(g, t, c, &budget).0.remove(0)
-                })
-                .collect();
+            let (chosen, s, bound) = planned_within_shares(&mut items, tiles, None);
             let got = time(&chosen.iter().collect::<Vec<_>>());
             assert_eq!(got, best, "tiles {tiles}: shares {s:?}, bound {bound}");
         }
@@ -780,7 +795,6 @@ mod tests {
         // first tile is among them pays it. The checker: every pair of
         // candidates within the tiles, so timed; the shares must reach the
         // best of them, and at least one case must need the prefix.
-        let budget = SearchBudget::default();
         let mut needed = false;
         for (tiles, a, b, on, cycles) in [
             (23, (7, 51, 51), (7, 51, 51), 3, 500),
@@ -803,15 +817,7 @@ mod tests {
             let best = best_pair(&mut items, tiles, time);
             let mut got = Vec::new();
             for prefix in [Some((on, cycles)), None] {
-                let mut refs: Vec<(&GemmGeometry, &mut GemmCosts)> =
-                    items.iter_mut().map(|(g, c)| (&*g, c)).collect();
-                let (s, _) = side_by_side_shares(&mut refs, tiles, &budget, prefix).unwrap();
-                assert!(s.iter().sum::<u32>() <= tiles, "{s:?} over {tiles}");
-                let chosen: Vec<GemmPlan> = items
-                    .iter_mut()
-                    .zip(&s)
-                    .map(|((g, c), &t)| search(g, t, c, &budget).0.remove(0))
-                    .collect();
+                let (chosen, ..) = planned_within_shares(&mut items, tiles, prefix);
                 got.push(time(&chosen[0], &chosen[1]));
             }
             assert_eq!(got[0], best, "tiles {tiles}, prefix {cycles} on {on}");
