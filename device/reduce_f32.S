@@ -65,6 +65,8 @@
 # 1..3: three bundles per group more than TR=0. ACC=16 TR=1 stores blocks
 # of four rows with one st64 per column where their 8 bytes are 8-aligned
 # (below); the rest one element at a time, so the guarantees are the same.
+# ACC=16 EPI=1 TR=1 (the bias add, for biased projections into the column
+# attention layout) stores every element with its own st16.
 
         .kernel reduce_f32
         .param OUT, 16
@@ -87,8 +89,8 @@
         .if (TR != 0 && TR != 1) || (TR == 1 && (IN != 16 || OUT != 16))
         .error "TR must be 0 or 1, and TR=1 (transposed result) needs IN=16 and OUT=16"
         .endif
-        .if (ACC != 16 && ACC != 32) || (ACC == 16 && (IN != 16 || OUT != 16 || EPI > 2 || (EPI != 0 && TR != 0)))
-        .error "ACC must be 32 (f32 sums) or 16 (f16 sums), and ACC=16 needs IN=16, OUT=16 and EPI 0, 1 or 2 (EPI 1 and 2 with TR=0)"
+        .if (ACC != 16 && ACC != 32) || (ACC == 16 && (IN != 16 || OUT != 16 || EPI > 2 || (EPI == 2 && TR != 0)))
+        .error "ACC must be 32 (f32 sums) or 16 (f16 sums), and ACC=16 needs IN=16, OUT=16 and EPI 0, 1 or 2 (EPI=2 with TR=0)"
         .endif
         .if (PAIRS != 0 && PAIRS != 1) || (PAIRS == 1 && (ACC != 16 || EPI != 0 || TR != 0))
         .error "PAIRS must be 0 or 1, and PAIRS=1 (two partials per load) needs ACC=16, EPI=0 and TR=0"
@@ -102,7 +104,13 @@
         # per group, five per row).
         # ACC=16 EPI 1 and 2: the same step S; P = 1 EPI=1 costs one
         # bundle more per row (1 / P).
-        .if ACC == 16 && EPI == 1
+        # ACC=16 EPI=1 TR=1: the paths of TR=0 with each group's st64
+        # replaced by four st16 and two pack16hi (ACC16_STORE): three
+        # bundles more per group and four more at the entry (the column
+        # walk's row step, 2 - (4 QUADS - 1) RS_DST).
+        .if ACC == 16 && EPI == 1 && TR == 1
+        .cycles "6 * (37 + 4 * ((2 * P) / (P + 9)) + ROWS * (2 + 1 / P + 3 * ((2 * P) / (P + 9)) + QUADS * (P + 5 + 3 * ((2 * P) / (P + 9)))))"
+        .elseif ACC == 16 && EPI == 1
         .cycles "6 * (33 + 4 * ((2 * P) / (P + 9)) + ROWS * (2 + 1 / P + 3 * ((2 * P) / (P + 9)) + QUADS * (P + 2 + 3 * ((2 * P) / (P + 9)))))"
         .elseif ACC == 16 && EPI == 2
         .cycles "6 * (35 + 4 * ((2 * P) / (P + 9)) + ROWS * (2 + 3 * ((2 * P) / (P + 9)) + QUADS * (P + 9 + 5 * ((2 * P) / (P + 9)))))"
@@ -299,6 +307,27 @@
         st16 $a7, [$m3]+=\last
         .else
         st64 \pair, [$m3]+=\last
+        .endif
+        .endm
+
+# TR=1's result walk from a row's last column to column 0 of the next
+# row: $m7 = 2 - (4 QUADS - 1) RS_DST ($m10 = QUADS - 1, $m12 = RS_DST).
+        .macro TR_ROW_STEP
+        shl $m7, $m10, 2
+        add $m7, $m7, 3
+        mul $m7, $m7, $m12
+        sub $m7, $mzero, $m7
+        add $m7, $m7, 2
+        .endm
+
+# The store of the sum pair $a4:5 followed by the next group of its row:
+# the next four elements (TR=0), or the next column (TR=1, whose four
+# stores step one column each).
+        .macro ACC16_STORE_NEXT
+        .if TR == 1
+        ACC16_STORE $a4:5, $a4, $a5, $m12
+        .else
+        ACC16_STORE $a4:5, $a4, $a5, 8
         .endif
         .endm
 
@@ -689,12 +718,7 @@ reduce_f32:
         sub $m1, $m1, $m13
         .endif
         .if TR == 1
-        # $m7 = 2 - (4 QUADS - 1) RS_DST.
-        shl $m7, $m10, 2
-        add $m7, $m7, 3
-        mul $m7, $m7, $m12
-        sub $m7, $mzero, $m7
-        add $m7, $m7, 2
+        TR_ROW_STEP
         .else
         sub $m7, $m12, $m5
         .if PAIRS == 1
@@ -1194,39 +1218,42 @@ acc16f_q1_1:
         .endif
         .endm
 
+# TR=1 stores with ACC16_STORE, whose two pack16hi write $a6 and $a7: the
+# bias pair, which every group's bias add has read by then and every
+# group reloads before its next add.
         .macro ACC16_BIAS_ROWS P
         .if \P == 1
 acc16b_row_1:
         { ld64 $a2:3, [$m6]+=$m0 ; f16v4add $a4:5, $a2:3, $a6:7 }
-        st64 $a4:5, [$m3]+=$m7
+        ACC16_STORE $a4:5, $a4, $a5, $m7
 acc16b_first_1:
-        rpt $m10, 3
+        rpt $m10, 2 + ACC16_STORE_BUNDLES
         ld64 $a6:7, [$m14]+=8
         { ld64 $a2:3, [$m6]+=$m0 ; f16v4add $a4:5, $a2:3, $a6:7 }
-        st64 $a4:5, [$m3]+=8
+        ACC16_STORE_NEXT
         ld64 $a6:7, [$m14]+=$m5
         add $m6, $m6, $m13
         brnzdec $m4, acc16b_row_1
         f16v4add $a4:5, $a2:3, $a6:7
-        st64 $a4:5, [$m3]
+        ACC16_STORE_NEXT
         exit
         .else
 acc16b_row_\P:
         # The previous row's last group: bias add beside this row's
         # partial 0 load, then its store.
         { ld64 $a2:3, [$m2]+=$m8 ; f16v4add $a4:5, $a4:5, $a6:7 }
-        st64 $a4:5, [$m3]+=$m7
+        ACC16_STORE $a4:5, $a4, $a5, $m7
 acc16b_first_\P:
-        rpt $m10, \P + 2
+        rpt $m10, \P + 1 + ACC16_STORE_BUNDLES
         ACC16_LOADS \P, $m0
         ACC16_BIAS_LOAD_ADD \P, 8
         { ld64 $a2:3, [$m2]+=$m8 ; f16v4add $a4:5, $a4:5, $a6:7 }
-        st64 $a4:5, [$m3]+=8
+        ACC16_STORE_NEXT
         ACC16_LOADS \P, $m1
         ACC16_BIAS_LOAD_ADD \P, $m5
         brnzdec $m4, acc16b_row_\P
         f16v4add $a4:5, $a4:5, $a6:7
-        st64 $a4:5, [$m3]
+        ACC16_STORE_NEXT
         exit
         .endif
         .endm
@@ -1254,17 +1281,23 @@ reduce_f32:
         add $m0, $m0, 8
         sub $m1, $m11, $m5
         sub $m1, $m1, $m13
+        .if TR == 1
+        TR_ROW_STEP
+        .else
         sub $m7, $m12, $m5
+        .endif
         sub $m13, $m11, $m5
         add $m13, $m13, -8
         sub $m5, $mzero, $m5
-        add $m6, $m2, 8
-        # The first row's partial 0 (P = 1 walks $m6 from column 4).
-        ld64 $a2:3, [$m2]+=$m8
+        # The table entry in $m11, through $m6 (so that TR=1 keeps RS_DST
+        # in $m12), then $m6 = the walk of P = 1 from column 4.
         min $m11, $m9, ACC16_UNROLLED + 1
         shl $m11, $m11, 2
-        setzi $m12, acc16b_table - 4
-        add $m11, $m11, $m12
+        setzi $m6, acc16b_table - 4
+        add $m11, $m11, $m6
+        add $m6, $m2, 8
+        # The first row's partial 0.
+        ld64 $a2:3, [$m2]+=$m8
         br $m11
 acc16b_table:
         br acc16b_first_1
@@ -1464,7 +1497,14 @@ acc16e_generic:
         add $m5, $m5, -8
         mov $m14, $m1
         .endif
+        # Every group's store steps the result walk, so a row ends one
+        # group past its last: the row step is one group's step less than
+        # the unrolled paths' $m7 (TR=1: a column, RS_DST).
+        .if TR == 1
+        sub $m7, $m7, $m12
+        .else
         add $m7, $m7, -8
+        .endif
         add $m9, $m9, -4
 acc16e_generic_row:
         mov $m11, $m10
@@ -1486,7 +1526,7 @@ acc16e_generic_quad:
         f16v4recip $a6:7, $a6:7
         f16v4mul $a4:5, $a4:5, $a6:7
         .endif
-        st64 $a4:5, [$m3]+=8
+        ACC16_STORE_NEXT
         brnzdec $m11, acc16e_generic_quad
         add $m2, $m2, $m13
         add $m3, $m3, $m7

@@ -396,10 +396,15 @@ pub(crate) fn reduce_request_f16_partials(
 pub(crate) const TRANSPOSED_REDUCE_ROW_ALIGN: u32 = 4;
 
 /// The reduce request that stores `request`'s result transposed (TR=1),
-/// for f16 partials without an epilogue (the column attention layout's Q
-/// and V projections); `None` for other reduces.
+/// for f16 partials without an epilogue or with the bias add (the column
+/// attention layout's Q and V projections, biased in the ViT block); `None`
+/// for other reduces. Whether the library holds that object is the
+/// caller's question (`kernel_formula`): without it the result is
+/// transposed on its tiles by `transpose_f16`.
 fn transposed_reduce_request(request: &KernelRequest) -> Option<KernelRequest> {
-    (request.params.get("IN") == Some(&16) && request.params.get("EPI") == Some(&0)).then(|| {
+    (request.params.get("IN") == Some(&16)
+        && matches!(request.params.get("EPI"), Some(&0) | Some(&1)))
+    .then(|| {
         let mut tr = request.clone();
         tr.params.insert("TR".into(), 1);
         tr

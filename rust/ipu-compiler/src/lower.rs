@@ -763,7 +763,13 @@ pub fn lower(
                         scratch: None,
                         lifetime: None,
                     });
-                    (rs_t, ReduceDst::Transposed(rs_t), None)
+                    // The bias, when the group has one, is added by the
+                    // same step (`reduce_f32` EPI=1 TR=1).
+                    (
+                        rs_t,
+                        ReduceDst::Transposed(rs_t),
+                        bias_buffer.map(|(_, b)| b),
+                    )
                 } else {
                     // A result that a later GEMM on these tiles streams as its
                     // A operand lives in interleaved elements of its own, with

@@ -388,6 +388,71 @@ fn projections_stream_k_split_over_tiles() {
     }
 }
 
+/// Biased Q and V projections into the column layout (the ViT block's
+/// attention): their reduce steps add the bias and store the result
+/// transposed (`reduce_f32` ACC=16 EPI=1 TR=1), so no `transpose_f16` step
+/// runs, whether the projections keep K whole on a tile or stream it split
+/// over tiles (reduce-scattered pieces); the output matches the reference.
+/// Until session 35 the biased results were transposed on their tiles (the
+/// ViT block: 334,664 -> 332,174 cycles).
+#[test]
+fn biased_projections_reduce_straight_into_the_column_layout() {
+    use ipu_compiler::attention::AttentionLayout;
+    let dir = tempfile::tempdir().unwrap();
+    let cache = tempfile::tempdir().unwrap();
+    let biased = |name: &str, tokens: u32, width: u32, heads: u32| {
+        format!("model {name}\ninput x: f16[{tokens}, {width}]\nparam wq: f16[{width}, 144]\nparam wk: f16[{width}, 144]\nparam wv: f16[{width}, 144]\nparam bq: f16[144]\nparam bk: f16[144]\nparam bv: f16[144]\nq0 = gemm(x, wq)\nk0 = gemm(x, wk)\nv0 = gemm(x, wv)\nq = add(q0, bq)\nk = add(k0, bk)\nv = add(v0, bv)\nqh = split_heads(q, heads={heads})\nkh = split_heads(k, heads={heads})\nvh = split_heads(v, heads={heads})\no = attention(qh, kh, vh, causal=false)\ny = merge_heads(o)\noutput y\n")
+    };
+    let mut plans = Vec::new();
+    for (name, text) in [
+        ("biased_whole", biased("biased_whole", 34, 256, 4)),
+        (
+            "biased_stream_cols",
+            biased("biased_stream_cols", 46, 1024, 2),
+        ),
+    ] {
+        let model = write_model(dir.path(), name, &text);
+        let mut opts = options(&model, 64, cache.path());
+        opts.attention_layout = Some(AttentionLayout::Columns);
+        let (ran, _) = run_with(
+            &opts,
+            |g| ipu_reference::random::gaussian_feeds(g, 35),
+            true,
+        );
+        let report = &ran.compile.report;
+        assert_eq!(report["attention"]["chosen"]["layout"], "columns", "{name}");
+        for op in report["operations"].as_array().unwrap() {
+            let kernel = op["kernel"].as_str().unwrap();
+            plans.push((
+                name,
+                op["chosen"]["stream"]["k_parts"].as_u64().unwrap_or(1) > 1,
+            ));
+            let transposed = kernel.contains("EPI=1") && kernel.contains("TR=1");
+            let want = matches!(op["value"].as_str(), Some("q0") | Some("v0"));
+            assert_eq!(transposed, want, "{name} `{}`: {kernel}", op["value"]);
+        }
+        let kernels: Vec<&str> = report["kernels"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|k| k["kernel"].as_str().unwrap())
+            .collect();
+        assert!(
+            kernels.iter().all(|k| !k.starts_with("transpose_f16")),
+            "{name}: {kernels:?}"
+        );
+        check_attention(&ran);
+    }
+    // Both kinds of projection plan: K whole on a tile (the reduce step
+    // sums its worker groups' chains) and K streamed in parts (the reduce
+    // sums the reduce-scattered pieces).
+    println!("streamed projections: {plans:?}");
+    assert!(
+        plans.iter().any(|p| p.1) && plans.iter().any(|p| !p.1),
+        "{plans:?}"
+    );
+}
+
 #[test]
 fn attention_packages_are_deterministic() {
     let cache = tempfile::tempdir().unwrap();
