@@ -828,16 +828,7 @@ fn build_stacks(
     // the same, so every bin still fits the room `place_stacks` found.
     let mut stack_buf = vec![0usize; items.len()];
     let mut staging_of: Vec<Option<usize>> = vec![None; items.len()];
-    let mut first = 0;
-    while first < order.len() {
-        let bin = place[order[first]].bin;
-        let end = first
-            + order[first..]
-                .iter()
-                .take_while(|&&j| place[j].bin == bin)
-                .count();
-        let in_bin = &order[first..end];
-        first = end;
+    for in_bin in order.chunk_by(|&a, &b| place[a].bin == place[b].bin) {
         for &i in in_bin {
             let (item, at) = (&items[i], place[i]);
             if at.tile == item.home.0 {
