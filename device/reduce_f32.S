@@ -66,7 +66,9 @@
 # of four rows with one st64 per column where their 8 bytes are 8-aligned
 # (below); the rest one element at a time, so the guarantees are the same.
 # ACC=16 EPI=1 TR=1 (the bias add, for biased projections into the column
-# attention layout) stores every element with its own st16.
+# attention layout) has the same blocks of four rows for 2 <= P <= 8, the
+# bias taking the place of one more partial, and stores the other rows one
+# element at a time.
 
         .kernel reduce_f32
         .param OUT, 16
@@ -104,12 +106,20 @@
         # per group, five per row).
         # ACC=16 EPI 1 and 2: the same step S; P = 1 EPI=1 costs one
         # bundle more per row (1 / P).
-        # ACC=16 EPI=1 TR=1: the paths of TR=0 with each group's st64
-        # replaced by four st16 and two pack16hi (ACC16_STORE): three
-        # bundles more per group and four more at the entry (the column
-        # walk's row step, 2 - (4 QUADS - 1) RS_DST).
+        # ACC=16 EPI=1 TR=1, for a DST whose row 0 is 8-aligned and RS_DST
+        # a multiple of 8 (the compiler's layout). P = 1 and P > 8 (U + S
+        # = 1, U = 1 / P): the one-row paths of TR=0 with each group's
+        # st64 replaced by four st16 and two pack16hi (ACC16_STORE), three
+        # bundles more per group, four more at the entry (the column
+        # walk's row step) and three for the dispatch. 2 <= P <= 8: with
+        # fewer than four rows the one-row path after the whole dispatch
+        # (52 bundles of set-up); else 64 bundles of set-up, dispatch,
+        # prologue, drain and launch, B = ROWS / 4 blocks of four rows at
+        # QUADS (4P + 8) + 2 bundles per block row, t = ROWS mod 4 rows on
+        # the one-row path at QUADS (P + 5) + 2 each, and 3 more when t >
+        # 0 (the way there).
         .if ACC == 16 && EPI == 1 && TR == 1
-        .cycles "6 * (37 + 4 * ((2 * P) / (P + 9)) + ROWS * (2 + 1 / P + 3 * ((2 * P) / (P + 9)) + QUADS * (P + 5 + 3 * ((2 * P) / (P + 9)))))"
+        .cycles "6 * ((1 / P + (2 * P) / (P + 9)) * (40 + 4 * ((2 * P) / (P + 9)) + ROWS * (2 + 1 / P + 3 * ((2 * P) / (P + 9)) + QUADS * (P + 5 + 3 * ((2 * P) / (P + 9))))) + (1 - 1 / P - (2 * P) / (P + 9)) * ((1 / ((ROWS / 4) + 1)) * (52 + ROWS * (2 + QUADS * (P + 5))) + (1 - 1 / ((ROWS / 4) + 1)) * (64 + (ROWS / 4) * (2 + QUADS * (4 * P + 8)) + (ROWS - 4 * (ROWS / 4)) * (2 + QUADS * (P + 5)) + 3 * (1 - 1 / ((ROWS - 4 * (ROWS / 4)) + 1)))))"
         .elseif ACC == 16 && EPI == 1
         .cycles "6 * (33 + 4 * ((2 * P) / (P + 9)) + ROWS * (2 + 1 / P + 3 * ((2 * P) / (P + 9)) + QUADS * (P + 2 + 3 * ((2 * P) / (P + 9)))))"
         .elseif ACC == 16 && EPI == 2
@@ -559,6 +569,15 @@ acc16_first_\P:
         .endif
         .endm
 
+# The last group's four column stores beside its H packs H1..H3 (H0 is
+# done), the last store stepping to column 0 of the row after the blocks.
+        .macro TR4_DRAIN_STORES
+        { st64 $a4:5, [$m3]+=$m12 ; pack16hi $a11, $a6, $a8 }
+        { st64 $a10:11, [$m3]+=$m12 ; pack16lo $a13, $a7, $a9 }
+        { st64 $a12:13, [$m3]+=$m12 ; pack16hi $a15, $a7, $a9 }
+        st64 $a14:15, [$m3]+=$m11
+        .endm
+
 # The last group: its w row's last partial load (stepping to the row after
 # the blocks), the final add, the H packs and the four stores (the last to
 # column 0 of the row after the blocks); $m14 = the exit, for the rows
@@ -576,10 +595,7 @@ acc16_first_\P:
         { setzi $m14, acc16_tr_exit ; f16v4add $a8:9, $a8:9, $a0:1 }
         pack16lo $a5, $a6, $a8
         .endif
-        { st64 $a4:5, [$m3]+=$m12 ; pack16hi $a11, $a6, $a8 }
-        { st64 $a10:11, [$m3]+=$m12 ; pack16lo $a13, $a7, $a9 }
-        { st64 $a12:13, [$m3]+=$m12 ; pack16hi $a15, $a7, $a9 }
-        st64 $a14:15, [$m3]+=$m11
+        TR4_DRAIN_STORES
         .endm
 
 # The blocks of one P ($m2 walks the partials, P = 1: $m6). Entered at
@@ -626,6 +642,18 @@ acc16_tr_pre_\P:
         brnzdec $m9, acc16_tr_first_\P
         .endm
 
+# \h = ((-DST) mod 8) / 2, the rows before the first 8-aligned one ($m3 =
+# DST), and a branch to \fail unless h + 4 <= ROWS ($m4 = ROWS - 1);
+# \t is a temporary.
+        .macro TR_HEAD_ROWS h, t, fail
+        sub \h, $mzero, $m3
+        and \h, \h, 6
+        shr \h, \h, 1
+        add \t, \h, 2
+        cmpult \t, \t, $m4
+        brz \t, \fail
+        .endm
+
 # TR=1 dispatch, after the one-row path's setup (partial 0 of row 0 in
 # $a2:3; $m9 = P, $m11 = RS_SRC, $m13 = (P-1) SECTION, $m4 = ROWS - 1).
 # P > 8: the generic one-row loop for every row. Otherwise $m9 = the
@@ -646,12 +674,7 @@ acc16_tr_pre_\P:
         sub $m5, $m11, $m13
         mul $m13, $m11, 3
         sub $m13, $m0, $m13
-        sub $m14, $mzero, $m3
-        and $m14, $m14, 6
-        shr $m14, $m14, 1
-        add $m11, $m14, 2
-        cmpult $m11, $m11, $m4
-        brz $m11, acc16_tr_rows
+        TR_HEAD_ROWS $m14, $m11, acc16_tr_rows
         sub $m11, $m4, $m14
         add $m11, $m11, 1
         brz $m14, acc16_tr_aligned
@@ -1253,10 +1276,225 @@ acc16b_first_\P:
         ACC16_BIAS_LOAD_ADD \P, $m5
         brnzdec $m4, acc16b_row_\P
         f16v4add $a4:5, $a4:5, $a6:7
+        .if TR == 1
+        # The rows may be only the head of the vertex's (before its first
+        # 8-aligned row): the walk steps to column 0 of the next row and
+        # the path continues at $m9 (the blocks, or an exit).
+        ACC16_STORE $a4:5, $a4, $a5, $m7
+        br $m9
+        .else
         ACC16_STORE_NEXT
         exit
         .endif
+        .endif
         .endm
+
+        .if TR == 1
+# ACC=16 EPI=1 TR=1, four rows at a time (2 <= P <= 8): the blocks of
+# EPI=0 (above) with the bias as one more partial of every row. The bias
+# add is f16v4add of the row's f16 sum and the bias quad, rounded once,
+# exactly what the one-row path computes, so a row's bias load and add
+# take the place of a partial P's: per block 4 (P + 1) loads and 4 stores
+# in the main slot against 4P adds and 8 packs in the arithmetic slot,
+# 4P + 8 bundles with no idle slot, P + 2 per group (the one-row path:
+# P + 5). The schedule is that of EPI=0 for P + 1 partials, with each
+# row's last load reading the bias and the load before it (the row's
+# real last partial) stepping to the next row. No register is left for
+# a bias pair kept across rows, so each of the four rows loads it.
+#
+# The loop body starts one bundle earlier than EPI=0's, at the w row's
+# real last partial, so that the three steps that differ at a block
+# row's end fall in the same body: that load's (\wstep: to the next
+# group's x row, or to the next block row), the w row's bias load's
+# (\bstep: the next group's bias, or back to column 0) and the column-3
+# store's (\cstep).
+#
+# Registers as EPI=0's blocks except: $m14 the bias walk and $m5 =
+# -8 (QUADS-1) (both as in the one-row path, which runs the head and tail
+# rows with them unchanged); $m6 = RS_SRC - (P-1) SECTION, the step from
+# a row's last partial to the next row's partial 0 (EPI=0's $m5); $m9
+# block rows left, then where the one-row path continues (the exit).
+
+# The loads of a row's partials after the first one (\n of them, the last
+# stepping to the next row), each beside the add of the partial loaded
+# before it, then the bias load beside the add of the last partial.
+        .macro TR4B_ADDS sum, n
+        .if \n > 0
+        .rept \n - 1
+        { ld64 $a0:1, [$m2]+=$m8 ; f16v4add \sum, \sum, $a0:1 }
+        .endr
+        { ld64 $a0:1, [$m2]+=$m6 ; f16v4add \sum, \sum, $a0:1 }
+        .endif
+        { ld64 $a0:1, [$m14] ; f16v4add \sum, \sum, $a0:1 }
+        .endm
+
+# One loop body (4P + 8 bundles): group g's w row from its real last
+# partial (stepping by \wstep) and its bias (\bstep), its final adds, H
+# packs and stores (column 3 stepping by \cstep); group g + 1's rows x, y,
+# z and w up to w's partial P - 2 with its L packs. \s1: the step of a
+# row's partial 1 load (to the next row when P = 2).
+        .macro TR4B_BODY P, s1, wstep, bstep, cstep
+        .if \P == 2
+        { ld64 $a0:1, [$m2]+=\wstep ; pack16hi $a14, $a3, $a5 }
+        .else
+        { ld64 $a0:1, [$m2]+=\wstep ; f16v4add $a8:9, $a8:9, $a0:1 }
+        .endif
+        { ld64 $a0:1, [$m14]+=\bstep ; f16v4add $a8:9, $a8:9, $a0:1 }
+        { ld64 $a2:3, [$m2]+=$m8 ; f16v4add $a8:9, $a8:9, $a0:1 }
+        { ld64 $a0:1, [$m2]+=\s1 ; pack16lo $a5, $a6, $a8 }
+        { st64 $a4:5, [$m3]+=$m12 ; pack16hi $a11, $a6, $a8 }
+        { st64 $a10:11, [$m3]+=$m12 ; f16v4add $a2:3, $a2:3, $a0:1 }
+        # x: partials 2..P-1 and the bias, H2 beside the first load.
+        .if \P == 2
+        { ld64 $a0:1, [$m14] ; pack16lo $a13, $a7, $a9 }
+        .elseif \P == 3
+        { ld64 $a0:1, [$m2]+=$m6 ; pack16lo $a13, $a7, $a9 }
+        TR4B_ADDS $a2:3, 0
+        .else
+        { ld64 $a0:1, [$m2]+=$m8 ; pack16lo $a13, $a7, $a9 }
+        TR4B_ADDS $a2:3, \P - 3
+        .endif
+        # y, H3 beside its partial 1.
+        { ld64 $a4:5, [$m2]+=$m8 ; f16v4add $a2:3, $a2:3, $a0:1 }
+        { ld64 $a0:1, [$m2]+=\s1 ; pack16hi $a15, $a7, $a9 }
+        TR4B_ADDS $a4:5, \P - 2
+        # z; y's sum is final: L1, then L0 beside the store of column 2.
+        { ld64 $a6:7, [$m2]+=$m8 ; f16v4add $a4:5, $a4:5, $a0:1 }
+        { ld64 $a0:1, [$m2]+=\s1 ; pack16hi $a10, $a2, $a4 }
+        { st64 $a12:13, [$m3]+=$m12 ; pack16lo $a4, $a2, $a4 }
+        TR4B_ADDS $a6:7, \P - 2
+        # w up to partial P - 2; column 3 stored before L3 overwrites its
+        # low word (P = 2: L3 at the next body's first bundle).
+        { ld64 $a8:9, [$m2]+=$m8 ; f16v4add $a6:7, $a6:7, $a0:1 }
+        { st64 $a14:15, [$m3]+=\cstep ; pack16lo $a12, $a3, $a5 }
+        .if \P > 2
+        { ld64 $a0:1, [$m2]+=$m8 ; pack16hi $a14, $a3, $a5 }
+        .rept \P - 3
+        { ld64 $a0:1, [$m2]+=$m8 ; f16v4add $a8:9, $a8:9, $a0:1 }
+        .endr
+        .endif
+        .endm
+
+# The first group of the blocks, entered with its x row's partial 0 in
+# $a2:3, up to the start of a loop body; its free main slots set $m4 (the
+# rows after the blocks) and $m11 (the column-3 step of a block row's
+# end) from $m11 = the rows of the blocks and the tail.
+        .macro TR4B_PROLOGUE P, s1
+        ld64 $a0:1, [$m2]+=\s1
+        TR4B_ADDS $a2:3, \P - 2
+        { ld64 $a4:5, [$m2]+=$m8 ; f16v4add $a2:3, $a2:3, $a0:1 }
+        ld64 $a0:1, [$m2]+=\s1
+        TR4B_ADDS $a4:5, \P - 2
+        { ld64 $a6:7, [$m2]+=$m8 ; f16v4add $a4:5, $a4:5, $a0:1 }
+        { ld64 $a0:1, [$m2]+=\s1 ; pack16hi $a10, $a2, $a4 }
+        TR4B_ADDS $a6:7, \P - 2
+        { ld64 $a8:9, [$m2]+=$m8 ; f16v4add $a6:7, $a6:7, $a0:1 }
+        { and $m4, $m11, 3 ; pack16lo $a4, $a2, $a4 }
+        .if \P == 2
+        { add $m11, $m7, 6 ; pack16lo $a12, $a3, $a5 }
+        .else
+        { ld64 $a0:1, [$m2]+=$m8 ; pack16lo $a12, $a3, $a5 }
+        { add $m11, $m7, 6 ; pack16hi $a14, $a3, $a5 }
+        .rept \P - 3
+        { ld64 $a0:1, [$m2]+=$m8 ; f16v4add $a8:9, $a8:9, $a0:1 }
+        .endr
+        .endif
+        .endm
+
+# The last group: its w row's real last partial (stepping to the row
+# after the blocks) and bias (back to column 0), the final adds, the H
+# packs and the four stores (the last to column 0 of the row after the
+# blocks); $m9 = the exit, for the rows after the blocks.
+        .macro TR4B_DRAIN P
+        .if \P == 2
+        { ld64 $a0:1, [$m2]+=$m1 ; pack16hi $a14, $a3, $a5 }
+        .else
+        { ld64 $a0:1, [$m2]+=$m1 ; f16v4add $a8:9, $a8:9, $a0:1 }
+        .endif
+        { ld64 $a0:1, [$m14]+=$m5 ; f16v4add $a8:9, $a8:9, $a0:1 }
+        { setzi $m9, acc16b_tr_exit ; f16v4add $a8:9, $a8:9, $a0:1 }
+        pack16lo $a5, $a6, $a8
+        TR4_DRAIN_STORES
+        .endm
+
+# The blocks of one P. Entered at acc16b_tr_fast_P with $m13 = the rows
+# from the first block on (ROWS - h), $m6 as above, the partial walk at
+# the first block's partial 0 and the bias walk at column 0; the rows
+# after the blocks continue on the one-row path (acc16b_first_P), which
+# exits through $m9.
+        .macro TR4B_ROWS P
+        .if \P == 2
+        TR4B_ROWS_S \P, $m6
+        .else
+        TR4B_ROWS_S \P, $m8
+        .endif
+        .endm
+
+        .macro TR4B_ROWS_S P, s1
+acc16b_tr_row_\P:
+        TR4B_BODY \P, \s1, $m1, $m5, $m11
+acc16b_tr_first_\P:
+        rpt $m10, 4 * \P + 8
+        TR4B_BODY \P, \s1, $m13, 8, $m12
+        brnzdec $m9, acc16b_tr_row_\P
+        TR4B_DRAIN \P
+        brnzdec $m4, acc16b_tr_tail_\P
+        exit
+acc16b_tr_tail_\P:
+        ld64 $a2:3, [$m2]+=$m8
+        br acc16b_first_\P
+acc16b_tr_fast_\P:
+        # $m13 = 8 - 3 RS_SRC - (P-1) SECTION (a block's w row, last
+        # partial, to its x row, next group) = 4 $m0 - 3 $m6 - 24, since
+        # $m0 = 8 - (P-1) SECTION and $m6 = RS_SRC - (P-1) SECTION.
+        mov $m11, $m13
+        mul $m13, $m6, 3
+        shl $m9, $m0, 2
+        sub $m13, $m9, $m13
+        add $m13, $m13, -24
+        shr $m9, $m11, 2
+        ld64 $a2:3, [$m2]+=$m8
+        TR4B_PROLOGUE \P, \s1
+        brnzdec $m9, acc16b_tr_first_\P
+        .endm
+
+# TR=1 dispatch, after the one-row path's set-up (the entry of P in $m11,
+# $m13 = RS_SRC - 8 QUADS, $m5 = -8 (QUADS-1), $m4 = ROWS - 1; partial 0
+# not yet read). P = 1 and P > 8 keep the one-row path (and $m9 = P for
+# the generic loop). The blocks need RS_DST a multiple of 8 and h + 4 <=
+# ROWS, h = ((-DST) mod 8) / 2 the rows before the first 8-aligned one;
+# else every row takes the one-row path, which then exits through $m9.
+# With blocks: from row 0 (h = 0) straight into them at the entry of P
+# in acc16b_tr_fast_table (acc16b_table + 36 + 4 (P - 2), that is the
+# one-row entry + 32), or first the h head rows ($m4 = h - 1) on the
+# one-row path, which continues there through $m9.
+        .macro ACC16B_TR_DISPATCH
+        add $m6, $m9, -2
+        cmpult $m6, $m6, 7
+        brz $m6, acc16b_tr_rows
+        and $m6, $m12, 7
+        brnz $m6, acc16b_tr_rows_exit
+        sub $m6, $m13, $m5
+        add $m6, $m6, $m0
+        TR_HEAD_ROWS $m13, $m9, acc16b_tr_rows_exit
+        sub $m4, $m4, $m13
+        add $m9, $m11, 32
+        brz $m13, acc16b_tr_aligned
+        # $m4 = h - 1 and $m13 = ROWS - h from $m4 = ROWS - 1 - h, $m13 = h.
+        add $m13, $m13, $m4
+        sub $m4, $m13, $m4
+        add $m4, $m4, -1
+        sub $m13, $m13, $m4
+        ld64 $a2:3, [$m2]+=$m8
+        br $m11
+acc16b_tr_aligned:
+        add $m13, $m4, 1
+        br $m9
+acc16b_tr_rows_exit:
+        setzi $m9, acc16b_tr_exit
+acc16b_tr_rows:
+        .endm
+        .endif
 
         .text
         .globl reduce_f32
@@ -1295,6 +1533,9 @@ reduce_f32:
         shl $m11, $m11, 2
         setzi $m6, acc16b_table - 4
         add $m11, $m11, $m6
+        .if TR == 1
+        ACC16B_TR_DISPATCH
+        .endif
         add $m6, $m2, 8
         # The first row's partial 0.
         ld64 $a2:3, [$m2]+=$m8
@@ -1309,6 +1550,21 @@ acc16b_table:
         br acc16b_first_7
         br acc16b_first_8
         br acc16e_generic
+        .if TR == 1
+        # acc16b_table + 36: the blocks of P = 2..8 (the dispatch adds 32
+        # to the one-row entry of P).
+acc16b_tr_fast_table:
+        br acc16b_tr_fast_2
+        br acc16b_tr_fast_3
+        br acc16b_tr_fast_4
+        br acc16b_tr_fast_5
+        br acc16b_tr_fast_6
+        br acc16b_tr_fast_7
+        br acc16b_tr_fast_8
+        .if acc16b_tr_fast_table - acc16b_table != 36
+        .error "the TR=1 blocks' branch table must follow acc16b_table at +36"
+        .endif
+        .endif
 
         ACC16_BIAS_ROWS 1
         ACC16_BIAS_ROWS 2
@@ -1318,6 +1574,18 @@ acc16b_table:
         ACC16_BIAS_ROWS 6
         ACC16_BIAS_ROWS 7
         ACC16_BIAS_ROWS 8
+
+        .if TR == 1
+        TR4B_ROWS 2
+        TR4B_ROWS 3
+        TR4B_ROWS 4
+        TR4B_ROWS 5
+        TR4B_ROWS 6
+        TR4B_ROWS 7
+        TR4B_ROWS 8
+acc16b_tr_exit:
+        exit
+        .endif
 
         .else
 # ACC=16 EPI=2: b = f16(s + bias[col]), then GELU in f16 in the sigmoid
