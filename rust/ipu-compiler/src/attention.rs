@@ -1316,6 +1316,9 @@ fn round_up(x: u32, a: u32) -> u32 {
 
 /// Appends the attention block to `l` (see the module documentation).
 /// `exchange_label` numbers the exchange step in the scheduler's log.
+/// `whole_program`: `l` is the whole program, not a segment's (whose
+/// buffers live only while the segment runs), so the column layout may
+/// keep its operands' padding from load (`attention_cols::lower`).
 #[allow(clippy::too_many_arguments)]
 pub fn lower(
     graph: &Graph,
@@ -1324,6 +1327,7 @@ pub fn lower(
     kernels: &mut AttentionKernels,
     l: &mut Lowered,
     exchange_label: u32,
+    whole_program: bool,
 ) -> Result<(), CompileError> {
     if plan.layout == AttentionLayout::Columns {
         let AttentionKernels {
@@ -1345,6 +1349,7 @@ pub fn lower(
             ck,
             l,
             exchange_label,
+            whole_program,
         );
     }
     // With fewer tiles than heads the heads run in rounds on the same

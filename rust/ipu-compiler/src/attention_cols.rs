@@ -13,7 +13,11 @@
 //!    projections and the query blocks start on even rows).
 //! 2. a fill step (`fill64`): Q^T's head padding rows, the C
 //!    headers, the ones row of V^T, V^T's and P^T's key padding; and a pad
-//!    step (`fill_rows`): the head padding of every K row.
+//!    step (`fill_rows`): the head padding of every K row. Where the whole
+//!    program is the block and its projections and region 1 holds all
+//!    their buffers side by side, the attention's buffers live for the
+//!    whole program instead of its phase, their padding is zero from load
+//!    (no step writes it), and the fill step sets only the ones row.
 //! 3. one exchange step: Q^T runs to every key split of the (head, query
 //!    block), K rows (unchanged from the projection) and V^T runs to every
 //!    query block of the head, in the split that holds the key.
@@ -562,6 +566,25 @@ fn fill_jobs(s: &Shapes, t: &TileBuffers, n: u32) -> (Vec<FillJob>, Vec<RowJob>)
     (jobs, rows)
 }
 
+/// Region-1 bytes that a tile keeping its attention buffers for the whole
+/// program must leave free beside them (by the footprint's upper bound),
+/// for the buffers that later phases add (loop stacks and state slots that
+/// spill from region 0).
+const PADDING_FROM_LOAD_SPARE: u64 = 16 * 1024;
+
+/// `ranges` sorted, with touching or overlapping ones joined.
+fn merged_ranges(mut ranges: Vec<(u32, u32)>) -> Vec<(u32, u32)> {
+    ranges.sort_unstable();
+    let mut out: Vec<(u32, u32)> = Vec::with_capacity(ranges.len());
+    for (a, z) in ranges {
+        match out.last_mut() {
+            Some(last) if a <= last.1 => last.1 = last.1.max(z),
+            _ => out.push((a, z)),
+        }
+    }
+    out
+}
+
 /// Zero items of equally spaced rows (`fill_rows`).
 #[derive(Clone, Copy, Debug)]
 struct RowJob {
@@ -809,6 +832,9 @@ struct AttTile {
     ks: u32,
     n: u32,
     bufs: TileBuffers,
+    /// The operands' padding is zero from load (see `lower`), so the
+    /// fill step sets only V^T's ones row and the pad step does nothing.
+    padding_from_load: bool,
 }
 
 /// Appends the attention block to `l` in the column layout (see the module
@@ -823,6 +849,7 @@ pub fn lower(
     ck: &mut ColumnKernels,
     l: &mut Lowered,
     exchange_label: u32,
+    whole_program: bool,
 ) -> Result<(), CompileError> {
     let b = block;
     let name = graph.value(b.attention).name.clone();
@@ -870,9 +897,37 @@ pub fn lower(
             scratch: None,
             lifetime: None,
         };
-    let scratch = |mut s: BufferSpec| {
-        s.scratch = Some(ATTENTION_PHASE);
-        s
+    // The operands' and scores' buffers are scratch of the attention's
+    // phase, so that they may share memory with the projections' phase-1
+    // buffers, and then every run zeroes their padding again (the fill
+    // and pad steps, about 1,300 cycles on SigLIP). Where the whole
+    // program is this block and its projections, and region 1 holds them
+    // all side by side (`storage::region1_footprint`, an upper bound on
+    // first fit, with `PADDING_FROM_LOAD_SPARE` left for what comes
+    // later), they live for the whole program instead and their padding
+    // is zero from load: no step writes it (the exchange writes the
+    // operands' real elements, the softmax P^T's real keys, the GEMMs C
+    // after its header). Only V^T's ones row is still set each run.
+    let attention_region1 = [
+        (shapes.kr_bytes(), true),
+        (shapes.vt_bytes(), true),
+        (shapes.c_bytes(), true),
+        (shapes.c_bytes(), true),
+        (shapes.qt_bytes(), false),
+        (shapes.pt_bytes(), false),
+    ];
+    let keeps_padding = |bufs: &[BufferSpec]| {
+        let all: Vec<(u32, bool)> = bufs
+            .iter()
+            .filter(|b| b.region == RegionReq::Interleaved)
+            .map(|b| (b.bytes, b.exclusive_element))
+            .chain(attention_region1)
+            .collect();
+        whole_program
+            && crate::storage::region1_footprint(&all).is_some_and(|f| {
+                f + PADDING_FROM_LOAD_SPARE
+                    <= (ipu_arch::REGION1_END - ipu_arch::REGION1_BASE) as u64
+            })
     };
     let mut tiles: BTreeMap<u32, AttTile> = BTreeMap::new();
     for h in 0..b.heads {
@@ -885,6 +940,13 @@ pub fn lower(
                     .buffers
                     .get_mut(&tile)
                     .expect("attention tiles are below tile_count");
+                let padding_from_load = keeps_padding(bufs);
+                let scratch = |mut s: BufferSpec| {
+                    if !padding_from_load {
+                        s.scratch = Some(ATTENTION_PHASE);
+                    }
+                    s
+                };
                 let mut push = |spec: BufferSpec| {
                     bufs.push(spec);
                     bufs.len() - 1
@@ -983,6 +1045,27 @@ pub fn lower(
                         "attention_state",
                     )),
                 };
+                if padding_from_load {
+                    let (jobs, rows) = fill_jobs(s, &t, n);
+                    let mut zero: BTreeMap<usize, Vec<(u32, u32)>> = BTreeMap::new();
+                    for (buffer, offset, bytes, lo, hi) in jobs {
+                        if (lo, hi) == (0, 0) {
+                            zero.entry(buffer)
+                                .or_default()
+                                .push((offset, offset + bytes));
+                        }
+                    }
+                    for r in rows {
+                        let ranges = zero.entry(r.buffer).or_default();
+                        ranges.extend((0..r.rows).map(|i| {
+                            let a = r.offset + i * r.stride;
+                            (a, a + 8 * r.items)
+                        }));
+                    }
+                    for (buffer, ranges) in zero {
+                        bufs[buffer].zero = merged_ranges(ranges);
+                    }
+                }
                 tiles.insert(
                     tile,
                     AttTile {
@@ -991,6 +1074,7 @@ pub fn lower(
                         ks,
                         n,
                         bufs: t,
+                        padding_from_load,
                     },
                 );
             }
@@ -1046,7 +1130,11 @@ pub fn lower(
     let mut fill_step = compute_step(format!("reset {name} padding"));
     let mut pad_step = compute_step(format!("pad {name} K rows"));
     for (&tile, at) in &tiles {
-        let (jobs, row_jobs) = fill_jobs(&shapes, &at.bufs, at.n);
+        let (mut jobs, mut row_jobs) = fill_jobs(&shapes, &at.bufs, at.n);
+        if at.padding_from_load {
+            jobs.retain(|j| (j.3, j.4) != (0, 0));
+            row_jobs.clear();
+        }
         let (vertices, slowest) = crate::attention::fill_vertices(&jobs, &mut fill.1);
         let cycles = slowest + launch_cycles(vertices.len() as u64);
         fill_step.put_tile(

@@ -1237,7 +1237,15 @@ fn plan_and_lower(
                 lower::Lowered::two_calls(graph, tile_count, buffers, (vec![], vec![]), tensors);
             l.group_results = homes;
             l.transposed_host = transposed;
-            attention::lower(graph, b, &c, kernels, &mut l, 0)?;
+            attention::lower(
+                graph,
+                b,
+                &c,
+                kernels,
+                &mut l,
+                0,
+                tile_count_override.is_none(),
+            )?;
             verifier("lower", lower::verify(&l))?;
             Ok(l)
         })?;
@@ -2437,7 +2445,7 @@ fn plan_and_lower(
             (blocks.first(), &attention_plan, attention_kernels.as_mut())
         {
             let label = l.exchange_steps();
-            attention::lower(graph, b, p, k, &mut l, label)?;
+            attention::lower(graph, b, p, k, &mut l, label, tile_count_override.is_none())?;
         }
         verifier("lower", lower::verify(&l))?;
         Ok(l)
