@@ -17,7 +17,7 @@
 //!    program is the block and its projections and region 1 holds all
 //!    their buffers side by side, the attention's buffers live for the
 //!    whole program instead of its phase, their padding is zero from load
-//!    (no step writes it), and the fill step sets only the ones row.
+//!    (no step writes it), and the initialize call sets the ones row.
 //! 3. one exchange step: Q^T runs to every key split of the (head, query
 //!    block), K rows (unchanged from the projection) and V^T runs to every
 //!    query block of the head, in the split that holds the key.
@@ -907,7 +907,8 @@ pub fn lower(
     // later), they live for the whole program instead and their padding
     // is zero from load: no step writes it (the exchange writes the
     // operands' real elements, the softmax P^T's real keys, the GEMMs C
-    // after its header). Only V^T's ones row is still set each run.
+    // after its header). V^T's ones row, which no step writes either, is
+    // set once by the initialize call.
     let attention_region1 = [
         (shapes.kr_bytes(), true),
         (shapes.vt_bytes(), true),
@@ -1127,8 +1128,12 @@ pub fn lower(
     }
 
     // Step 2: the fills and the K rows' head padding.
+    // A tile that keeps its padding from load has only V^T's ones row to
+    // set, which no step of the run writes either: the initialize call
+    // sets it once, beside the parameters.
     let mut fill_step = compute_step(format!("reset {name} padding"));
     let mut pad_step = compute_step(format!("pad {name} K rows"));
+    let mut ones_step = compute_step(format!("set {name} V^T ones row"));
     for (&tile, at) in &tiles {
         let (mut jobs, mut row_jobs) = fill_jobs(&shapes, &at.bufs, at.n);
         if at.padding_from_load {
@@ -1137,7 +1142,12 @@ pub fn lower(
         }
         let (vertices, slowest) = crate::attention::fill_vertices(&jobs, &mut fill.1);
         let cycles = slowest + launch_cycles(vertices.len() as u64);
-        fill_step.put_tile(
+        let step = if at.padding_from_load {
+            &mut ones_step
+        } else {
+            &mut fill_step
+        };
+        step.put_tile(
             tile,
             vertices
                 .into_iter()
@@ -1523,9 +1533,10 @@ pub fn lower(
             steps.push(step);
         }
     }
-    steps.push(fill_step);
-    if !pad_step.tiles.is_empty() {
-        steps.push(pad_step);
+    for step in [fill_step, pad_step] {
+        if !step.tiles.is_empty() {
+            steps.push(step);
+        }
     }
     steps.extend([xstep, st, cm, sm, pv, rd]);
 
@@ -1682,6 +1693,14 @@ pub fn lower(
     steps.push(fin);
     y.placements.sort();
     l.calls[1].steps.extend(steps);
+    if !ones_step.tiles.is_empty() {
+        let init = l
+            .calls
+            .iter()
+            .position(|c| c.name == "initialize")
+            .ok_or_else(|| bad("a program without an initialize call".into()))?;
+        l.calls[init].steps.push(ones_step);
+    }
     l.io[1].1.push(y);
     l.io[1]
         .1

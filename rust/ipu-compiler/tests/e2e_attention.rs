@@ -455,13 +455,14 @@ fn biased_projections_reduce_straight_into_the_column_layout() {
 
 /// The column layout's operands and scores keep their padding zero from
 /// load where the whole program is the attention block and its projections
-/// and region 1 holds them side by side: no pad step (`fill_rows`), a fill
-/// step that sets only V^T's ones row, and runs one after another on one
-/// session stay correct (no step writes the padding, which would leave
-/// garbage or NaNs for the next run's products). A segmented model (a layer
+/// and region 1 holds them side by side: no pad step (`fill_rows`), V^T's
+/// ones row set once by the initialize call, and runs one after another on
+/// one session stay correct (no step writes the padding or the ones row;
+/// a written padding would leave garbage or NaNs for the next run's
+/// products, a lost ones row l = 0). A segmented model (a layer
 /// norm before the block) keeps the per-run fills, since its segments share
 /// memory. Until session 36 every run zeroed the padding again (SigLIP
-/// attention: 126,844 -> 125,752 cycles).
+/// attention: 126,844 -> 125,574 cycles with the ones row set at initialize).
 #[test]
 fn column_attention_keeps_its_padding_from_load() {
     use ipu_compiler::attention::AttentionLayout;
