@@ -832,8 +832,9 @@ struct AttTile {
     ks: u32,
     n: u32,
     bufs: TileBuffers,
-    /// The operands' padding is zero from load (see `lower`), so the
-    /// fill step sets only V^T's ones row and the pad step does nothing.
+    /// The operands' padding is zero from load (see `lower`), so the run
+    /// has no fill or pad vertices on the tile and the initialize call
+    /// sets V^T's ones row.
     padding_from_load: bool,
 }
 
