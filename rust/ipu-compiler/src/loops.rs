@@ -610,7 +610,7 @@ fn stack_weights(
             bin: 0,
         })
         .collect();
-    let stacks = build_stacks(l, t, &items, &home, params, &first_params, count)?;
+    let stacks = build_stacks(l, t, &items, &home, params, &first_params, count, true)?;
     let (copy_step, copy_cycles) = copy_step(t, &stacks, library)?;
     let mut slot_bytes: BTreeMap<u32, u32> = BTreeMap::new();
     for (&(tile, _), image) in &images {
@@ -778,6 +778,7 @@ struct CopyRange {
 /// `0..count`), their staging buffers and index words; moves every
 /// stacked iteration's parameters (`first_params` renamed per iteration)
 /// into its slots, in `params`.
+#[allow(clippy::too_many_arguments)]
 fn build_stacks(
     l: &mut Lowered,
     t: &Template,
@@ -786,6 +787,7 @@ fn build_stacks(
     params: &mut Vec<HostTensor>,
     first_params: &[(usize, HostTensor)],
     count: usize,
+    stacks_apart: bool,
 ) -> Result<Stacks, CompileError> {
     let mut stacks = Stacks {
         ranges: BTreeMap::new(),
@@ -878,6 +880,25 @@ fn build_stacks(
                     "tile {tile}: the weight stack of `{name}` for {count} iterations needs more than 4 GiB"
                 ))
             })?;
+            // `stacks_apart` (stacks on their weights' tiles, placed where
+            // they fit, not in bins whose room was measured): the stack of
+            // a weight buffer outside region 1 goes to region 1 when the
+            // tile's region 1 surely holds it. Storage fills region 0 in
+            // order, so such a stack would otherwise sit within a memory
+            // element's distance of its small weights, where
+            // `copy64_list` first tests the elements (about 30 bundles a
+            // range) and then, in one element, copies a word per two
+            // bundles; its formula, which the copy step's estimate uses,
+            // is the far path's.
+            let region = if stacks_apart
+                && at.tile == tile
+                && l.buffers[&tile][b].region != RegionReq::Interleaved
+                && region1_holds(&l.buffers[&tile], bytes)
+            {
+                RegionReq::Interleaved
+            } else {
+                RegionReq::Any
+            };
             let stack = push(
                 l,
                 at.tile,
@@ -885,7 +906,7 @@ fn build_stacks(
                     name: format!("{name}.stack"),
                     bytes,
                     align: 8,
-                    region: RegionReq::Any,
+                    region,
                     exclusive_element: false,
                     zero,
                     category: "loop_weights".into(),
@@ -1155,7 +1176,7 @@ fn spread_weights(
     };
     round_to_words(l, &images);
     let one_copy: Vec<(usize, HostTensor)> = js.into_iter().zip(tensors).collect();
-    let stacks = build_stacks(l, t, &items, &place, params, &one_copy, count)?;
+    let stacks = build_stacks(l, t, &items, &place, params, &one_copy, count, false)?;
     let (copy_step, copy_cycles) = copy_step(t, &stacks, library)?;
     // An exchange step moves the staged items to their weight buffers;
     // then one copies the replicated weights from the one copy, as for
@@ -1382,6 +1403,24 @@ fn place_stacks(
     }
     Some((items, place))
 }
+
+/// Whether region 1 of a tile with `buffers` surely holds `bytes` more
+/// (not element-exclusive), by `storage::region1_footprint`'s upper bound
+/// with [`STACK_REGION1_SPARE`] left for what later phases add.
+fn region1_holds(buffers: &[BufferSpec], bytes: u32) -> bool {
+    let all: Vec<(u32, bool)> = buffers
+        .iter()
+        .filter(|b| b.region == RegionReq::Interleaved)
+        .map(|b| (b.bytes, b.exclusive_element))
+        .chain(std::iter::once((bytes, false)))
+        .collect();
+    crate::storage::region1_footprint(&all).is_some_and(|f| {
+        f + STACK_REGION1_SPARE <= (ipu_arch::REGION1_END - ipu_arch::REGION1_BASE) as u64
+    })
+}
+
+/// Region-1 bytes [`region1_holds`] keeps free.
+const STACK_REGION1_SPARE: u64 = 16 * 1024;
 
 /// Bytes of each region's room that [`place_stacks`] leaves free.
 const BIN_MARGIN: u64 = 64;
