@@ -124,7 +124,7 @@ pub fn place(
     // live with it. Other buffers may fill the rest of an exclusive
     // buffer's elements, and buffers never live together (other segments,
     // other phases) share memory.
-    let mut r0 = code_end;
+    let r0 = code_end;
     let mut order: Vec<usize> = Vec::new();
     let interleaved = |i: &usize| buffers[*i].region == RegionReq::Interleaved;
     let set = |which: &dyn Fn(&BufferSpec) -> bool, order: &mut Vec<usize>| {
@@ -194,31 +194,68 @@ pub fn place(
             acc += align_up(b.bytes as u64, b.align as u64) + b.align as u64;
         }
     }
-    let mut r0_full = false;
-    for (i, b) in buffers.iter().enumerate() {
-        let any = b.region == RegionReq::Any;
-        if !any && b.region != RegionReq::Standard {
-            continue;
-        }
-        let start = align_up(r0, b.align as u64);
-        let spill = any && (r0_full || start + b.bytes as u64 + standard_after[i] > r0_limit);
-        if spill && align_up(r1, b.align as u64) + b.bytes as u64 <= REGION1_END as u64 {
-            r0_full = true;
-            let start = align_up(r1, b.align as u64);
+    // When region 0 overflows, anywhere buffers that it holds move to
+    // region 1 one at a time, each where region 1 still has room: the
+    // smallest that covers the overflow, else the largest, and the pass
+    // runs again. (In buffer order a large one that fits neither region
+    // stayed in region 0 while smaller ones before it, which region 1
+    // could hold, took region 0's room: a widened fp8 GEMM on one tile
+    // overflowed region 0 by 16,000 bytes with 80,912 free in region 1.)
+    // A tile that fits at the first pass is placed as before.
+    let (r0_start, r1_start) = (r0, r1);
+    let mut moved = vec![false; buffers.len()];
+    loop {
+        let (mut r0, mut r1) = (r0_start, r1_start);
+        let mut r0_full = false;
+        for (i, b) in buffers.iter().enumerate() {
+            let any = b.region == RegionReq::Any;
+            if !any && b.region != RegionReq::Standard {
+                continue;
+            }
+            let start = align_up(r0, b.align as u64);
+            let spill = any
+                && (moved[i] || r0_full || start + b.bytes as u64 + standard_after[i] > r0_limit);
+            if spill && align_up(r1, b.align as u64) + b.bytes as u64 <= REGION1_END as u64 {
+                r0_full |= !moved[i];
+                let start = align_up(r1, b.align as u64);
+                addresses[i] = start as u32;
+                r1 = start + b.bytes as u64;
+                continue;
+            }
             addresses[i] = start as u32;
-            r1 = start + b.bytes as u64;
-            continue;
+            r0 = start + b.bytes as u64;
         }
-        addresses[i] = start as u32;
-        r0 = start + b.bytes as u64;
-    }
-    if r0 > r0_limit {
-        return Err(overflow(
-            "region 0 (standard)",
-            r0 - REGION0_BASE as u64,
-            r0_limit - REGION0_BASE as u64,
-            &|b| matches!(b.region, RegionReq::Standard | RegionReq::Any),
-        ));
+        if r0 <= r0_limit {
+            break;
+        }
+        let over = r0 - r0_limit;
+        let pick = (0..buffers.len())
+            .filter(|&i| {
+                let b = &buffers[i];
+                b.region == RegionReq::Any
+                    && !moved[i]
+                    && (addresses[i] as u64) < REGION1_BASE as u64
+                    && align_up(r1, b.align as u64) + b.bytes as u64 <= REGION1_END as u64
+            })
+            .min_by_key(|&i| {
+                let bytes = buffers[i].bytes as u64;
+                if bytes >= over {
+                    (0, bytes, i)
+                } else {
+                    (1, u64::MAX - bytes, i)
+                }
+            });
+        match pick {
+            Some(i) => moved[i] = true,
+            None => {
+                return Err(overflow(
+                    "region 0 (standard)",
+                    r0 - REGION0_BASE as u64,
+                    r0_limit - REGION0_BASE as u64,
+                    &|b| matches!(b.region, RegionReq::Standard | RegionReq::Any),
+                ))
+            }
+        }
     }
     Ok(TileStorage {
         tile,
@@ -537,6 +574,41 @@ mod tests {
         assert!(validate(&s, &zeroed)
             .unwrap_err()
             .contains("lives in one segment"));
+    }
+
+    /// Anywhere buffers in buffer order: the large last one fits neither
+    /// region 0 after the smaller ones nor region 1's rest, so one of the
+    /// smaller ones moves to region 1 (the smallest that covers region
+    /// 0's overflow of about 14 KB: `a`) and the large one takes region 0.
+    /// A tile that fits at
+    /// once is placed as before: the same buffers without the large one.
+    #[test]
+    fn region0_overflow_moves_anywhere_buffers_to_region1() {
+        let mut bufs = vec![
+            buf("w", 330_000, RegionReq::Interleaved, false),
+            buf("a", 23_000, RegionReq::Any, false),
+            buf("b", 46_000, RegionReq::Any, false),
+            buf("c", 52_000, RegionReq::Any, false),
+            buf("d", 104_000, RegionReq::Any, false),
+        ];
+        let s = place(0, &bufs, 2_000).unwrap();
+        validate(&s, &bufs).unwrap();
+        let in_r1 = |s: &TileStorage, i: usize| s.addresses[i] >= REGION1_BASE;
+        assert!(!in_r1(&s, 4), "{:x?}", s.addresses);
+        assert_eq!(
+            (1..4).filter(|&i| in_r1(&s, i)).collect::<Vec<_>>(),
+            vec![1],
+            "{:x?}",
+            s.addresses
+        );
+        bufs.pop();
+        let s = place(0, &bufs, 2_000).unwrap();
+        assert!((1..4).all(|i| !in_r1(&s, i)), "{:x?}", s.addresses);
+        // Nothing that moves helps: still an error that names region 0.
+        bufs.push(buf("e", 200_000, RegionReq::Any, false));
+        bufs.push(buf("f", 90_000, RegionReq::Any, false));
+        let e = place(0, &bufs, 2_000).unwrap_err().to_string();
+        assert!(e.contains("region 0"), "{e}");
     }
 
     #[test]
