@@ -566,12 +566,6 @@ fn fill_jobs(s: &Shapes, t: &TileBuffers, n: u32) -> (Vec<FillJob>, Vec<RowJob>)
     (jobs, rows)
 }
 
-/// Region-1 bytes that a tile keeping its attention buffers for the whole
-/// program must leave free beside them (by the footprint's upper bound),
-/// for the buffers that later phases add (loop stacks and state slots that
-/// spill from region 0).
-const PADDING_FROM_LOAD_SPARE: u64 = 16 * 1024;
-
 /// `ranges` sorted, with touching or overlapping ones joined.
 fn merged_ranges(mut ranges: Vec<(u32, u32)>) -> Vec<(u32, u32)> {
     ranges.sort_unstable();
@@ -903,10 +897,9 @@ pub fn lower(
     // buffers, and then every run zeroes their padding again (the fill
     // and pad steps, about 1,300 cycles on SigLIP). Where the whole
     // program is this block and its projections, and region 1 holds them
-    // all side by side (`storage::region1_footprint`, an upper bound on
-    // first fit, with `PADDING_FROM_LOAD_SPARE` left for what comes
-    // later), they live for the whole program instead and their padding
-    // is zero from load: no step writes it (the exchange writes the
+    // all side by side (`storage::region1_holds`), they live for the
+    // whole program instead and their padding is zero from load: no step
+    // writes it (the exchange writes the
     // operands' real elements, the softmax P^T's real keys, the GEMMs C
     // after its header). V^T's ones row, which no step writes either, is
     // set once by the initialize call.
@@ -919,17 +912,7 @@ pub fn lower(
         (shapes.pt_bytes(), false),
     ];
     let keeps_padding = |bufs: &[BufferSpec]| {
-        let all: Vec<(u32, bool)> = bufs
-            .iter()
-            .filter(|b| b.region == RegionReq::Interleaved)
-            .map(|b| (b.bytes, b.exclusive_element))
-            .chain(attention_region1)
-            .collect();
-        whole_program
-            && crate::storage::region1_footprint(&all).is_some_and(|f| {
-                f + PADDING_FROM_LOAD_SPARE
-                    <= (ipu_arch::REGION1_END - ipu_arch::REGION1_BASE) as u64
-            })
+        whole_program && crate::storage::region1_holds(bufs, &attention_region1)
     };
     let mut tiles: BTreeMap<u32, AttTile> = BTreeMap::new();
     for h in 0..b.heads {

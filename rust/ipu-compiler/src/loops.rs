@@ -893,7 +893,7 @@ fn build_stacks(
             let region = if stacks_apart
                 && at.tile == tile
                 && l.buffers[&tile][b].region != RegionReq::Interleaved
-                && region1_holds(&l.buffers[&tile], bytes)
+                && crate::storage::region1_holds(&l.buffers[&tile], &[(bytes, false)])
             {
                 RegionReq::Interleaved
             } else {
@@ -1403,24 +1403,6 @@ fn place_stacks(
     }
     Some((items, place))
 }
-
-/// Whether region 1 of a tile with `buffers` surely holds `bytes` more
-/// (not element-exclusive), by `storage::region1_footprint`'s upper bound
-/// with [`STACK_REGION1_SPARE`] left for what later phases add.
-fn region1_holds(buffers: &[BufferSpec], bytes: u32) -> bool {
-    let all: Vec<(u32, bool)> = buffers
-        .iter()
-        .filter(|b| b.region == RegionReq::Interleaved)
-        .map(|b| (b.bytes, b.exclusive_element))
-        .chain(std::iter::once((bytes, false)))
-        .collect();
-    crate::storage::region1_footprint(&all).is_some_and(|f| {
-        f + STACK_REGION1_SPARE <= (ipu_arch::REGION1_END - ipu_arch::REGION1_BASE) as u64
-    })
-}
-
-/// Region-1 bytes [`region1_holds`] keeps free.
-const STACK_REGION1_SPARE: u64 = 16 * 1024;
 
 /// Bytes of each region's room that [`place_stacks`] leaves free.
 const BIN_MARGIN: u64 = 64;

@@ -78,6 +78,27 @@ pub fn region1_footprint(buffers: &[(u32, bool)]) -> Option<u64> {
     (cursor <= REGION1_END as u64).then_some(cursor - REGION1_BASE as u64)
 }
 
+/// Whether region 1 of a tile with `buffers` surely holds `extra` more
+/// buffers ((bytes, element-exclusive)) beside them, with
+/// [`REGION1_SPARE`] left for what later phases add: by
+/// [`region1_footprint`]'s upper bound, every phase and segment of the
+/// tile side by side. For phases that choose where a buffer goes before
+/// storage places it.
+pub fn region1_holds(buffers: &[BufferSpec], extra: &[(u32, bool)]) -> bool {
+    let all: Vec<(u32, bool)> = buffers
+        .iter()
+        .filter(|b| b.region == RegionReq::Interleaved)
+        .map(|b| (b.bytes, b.exclusive_element))
+        .chain(extra.iter().copied())
+        .collect();
+    region1_footprint(&all)
+        .is_some_and(|f| f + REGION1_SPARE <= (REGION1_END - REGION1_BASE) as u64)
+}
+
+/// Region-1 bytes [`region1_holds`] keeps free (loop stacks and state
+/// slots that spill from region 0 come after the phases that ask).
+pub const REGION1_SPARE: u64 = 16 * 1024;
+
 /// Places `buffers` on `tile` after `code_bytes` of code and states.
 pub fn place(
     tile: u32,
