@@ -111,6 +111,26 @@ fn chunk_geometry(g: &GemmGeometry, ch: u32) -> GemmGeometry {
     }
 }
 
+/// Whether A's homes are spread: in a segment, whose join writes A into
+/// its homes by exchange, every column tile of a row part holds a share of
+/// every chunk's rows ([`home_share`]), so that the join's receipt is
+/// spread over all of them; otherwise (the host writes the homes) tile `j`
+/// holds the whole chunks `s = j (mod col_parts)`. Either way a chunk step
+/// receives each chunk whole on every column tile. (The ViT block's Q, K
+/// and V, 3 chunks over 12 column tiles: the join's step received each
+/// home's 14 KB chunk on 3 tiles of 12.)
+fn spread_homes(costs: &GemmCosts) -> bool {
+    costs.a_joined
+}
+
+/// Rows `[a, b)` of every A chunk that column tile `j` of `cp` holds with
+/// spread homes: a near-equal share (empty when the row part has fewer
+/// rows than column tiles).
+fn home_share(mt: u32, cp: u32, j: u32) -> (u32, u32) {
+    let at = |x: u32| (x as u64 * mt as u64 / cp.max(1) as u64) as u32;
+    (at(j), at(j + 1))
+}
+
 /// The slowest vertex of a compute step over a chunk of `w` blocks, with
 /// the supervisor's launches.
 fn step_compute(costs: &mut GemmCosts, split: &WorkerSplit, w: u32) -> u64 {
@@ -591,8 +611,11 @@ pub fn evaluate(
     let (mut exchange_bytes, mut gather_bytes, mut joined_bytes) = (0u64, 0u64, 0u64);
     let mut copied_b_bytes = 0u64;
     let mut joint = (0u64, 0u64, 0u64);
-    // Homes per tile: A chunks s = j (mod col_parts), B chunks s = i (mod row_parts).
-    let a_chunks = if host_a {
+    // Homes per tile: A chunks s = j (mod col_parts), or with spread homes
+    // (`spread_homes`) a share of every chunk's rows; B chunks s = i (mod
+    // row_parts).
+    let spread = spread_homes(costs);
+    let a_chunks = if host_a && !spread {
         steps.div_ceil(col_parts) as u64
     } else {
         0
@@ -621,13 +644,20 @@ pub fn evaluate(
             }
         };
         let c = c?;
+        // A tile's A home: whole chunks, or its share of every chunk's rows.
+        let a_home = if host_a && spread {
+            // (The largest share: `home_share` rounds the bounds down.)
+            steps as u64 * (c.a_chunk / mt.max(1) as u64) * mt.div_ceil(col_parts) as u64
+        } else {
+            a_chunks * c.a_chunk
+        };
         // The homes go to region 0 while it has room, else after the
         // interleaved buffers (storage::place does the same, in this order).
         // (Region 0 beside another GEMM is what that GEMM leaves.)
         let standard = STANDARD_BUDGET.saturating_sub(beside.map_or(0, |b| b.standard));
         let (mut r0, mut r1_end) = (0u64, c.r1);
         let mut spilled = 0;
-        for home in [a_chunks * c.a_chunk, b_chunks * c.b_chunk] {
+        for home in [a_home, b_chunks * c.b_chunk] {
             if r0 + home + c.fixed_r0 <= standard {
                 r0 += home;
             } else {
@@ -666,7 +696,7 @@ pub fn evaluate(
         // chunks of B (B homes are region-0 buffers, which the join leaves
         // where the initialize call wrote them).
         let a_joined = if costs.a_copied && costs.a_joined {
-            a_chunks * c.a_chunk
+            a_home
         } else {
             0
         };
@@ -1175,6 +1205,7 @@ pub fn lower(
         .clone()
         .filter(|_| !matches!(phases, StreamPhases::Shared(_)) || pg.in_segment);
     let scratch = |phase| (kp > 1).then_some(phase);
+    let spread = spread_homes(pg.costs);
     let home_key: Option<HomeKey> = a_host.map(|a| (a, rp, cp, kp, ch));
     let shared_homes = home_key.and_then(|k| sink.a_homes.get(&k).cloned());
     let mut work: BTreeMap<(u32, u32, u32), TileWork> = BTreeMap::new();
@@ -1286,9 +1317,14 @@ pub fn lower(
             None,
         );
         // Homes: zero wherever the host never writes and a kernel reads.
-        let a_count = (j..part_steps).step_by(cp as usize).count() as u32;
+        let a_home_bytes = if spread {
+            let (h0, h1) = home_share(mt, cp, j);
+            (part_steps * (h1 - h0) * layout.rs_a).max(16)
+        } else {
+            let a_count = (j..part_steps).step_by(cp as usize).count() as u32;
+            (a_count * mt * layout.rs_a).max(16)
+        };
         let b_count = (i..part_steps).step_by(rp as usize).count() as u32;
-        let a_home_bytes = (a_count * mt * layout.rs_a).max(16);
         let b_home_bytes = (b_count * layout.b_bytes()).max(16);
         let shared = shared_homes
             .as_ref()
@@ -1438,27 +1474,33 @@ pub fn lower(
                     transfers.extend(chained_a(from, &work, (i, l, cp), (b0, b1), a_block_bytes));
                     continue;
                 }
-                let home = &work[&(i, s % cp, l)];
-                let bytes = (home.rows.1 - home.rows.0) * home.layout.rs_a;
-                let (tile, buffer) = home.a_src.expect("a host A has homes");
-                transfers.push(BufferTransfer {
-                    source: BufferRef {
-                        tile,
-                        buffer,
-                        offset: (s / cp) * bytes,
-                    },
-                    destinations: (0..cp)
+                // (source column tile, its home's offset, first row, rows)
+                let mt = work[&(i, 0, l)].rows.1 - work[&(i, 0, l)].rows.0;
+                let sources: Vec<(u32, u32, u32, u32)> = if spread {
+                    (0..cp)
                         .map(|j| {
-                            let t = &work[&(i, j, l)];
-                            BufferRef {
-                                tile: t.tile,
-                                buffer: t.a,
-                                offset: 0,
-                            }
+                            let (h0, h1) = home_share(mt, cp, j);
+                            (j, s * (h1 - h0), h0, h1 - h0)
                         })
-                        .collect(),
-                    bytes,
-                });
+                        .filter(|src| src.3 > 0)
+                        .collect()
+                } else {
+                    vec![(s % cp, (s / cp) * mt, 0, mt)]
+                };
+                for (hj, home_row, first, count) in sources {
+                    let home = &work[&(i, hj, l)];
+                    let rs_a = home.layout.rs_a;
+                    let (tile, buffer) = home.a_src.expect("a host A has homes");
+                    transfers.push(BufferTransfer {
+                        source: BufferRef {
+                            tile,
+                            buffer,
+                            offset: home_row * rs_a,
+                        },
+                        destinations: a_receivers(&work, (i, l, cp), first * rs_a),
+                        bytes: count * rs_a,
+                    });
+                }
             }
             for j in (0..cp).filter(|_| !shape.b_resident) {
                 let home = &work[&(s % rp, j, l)];
@@ -1845,16 +1887,23 @@ pub fn lower(
             })
             .entry(graph.value(a_id).name.clone())
             .or_insert_with(|| host_tensor(a_id));
-            for (idx, s) in (j..part_steps).step_by(cp as usize).enumerate() {
+            // Spread homes hold a share of every chunk's rows, else whole
+            // chunks s = j (mod cp).
+            let ((h0, h1), home_chunks): ((u32, u32), Vec<u32>) = if spread {
+                (home_share(mt, cp, j), (0..part_steps).collect())
+            } else {
+                ((0, mt), (j..part_steps).step_by(cp as usize).collect())
+            };
+            for (idx, s) in home_chunks.into_iter().enumerate() {
                 let (b0, b1) = chunk(t.part, ch, s);
                 let bytes = ((b1 * kb).min(k) - b0 * kb) * eb;
-                for r in 0..mt {
+                for r in h0..h1 {
                     push_coalesced(
                         &mut a_t.placements,
                         HostPlacement {
                             tile: t.tile,
                             buffer: a_home,
-                            buffer_offset: (idx as u32 * mt + r) * lay.rs_a,
+                            buffer_offset: (idx as u32 * (h1 - h0) + r - h0) * lay.rs_a,
                             host_offset: ((r0 + r) as u64 * k as u64 + (b0 * kb) as u64)
                                 * eb as u64,
                             bytes,
@@ -1956,6 +2005,25 @@ pub fn lower(
     Ok(results)
 }
 
+/// The `a` receive buffers of row part `i`'s column tiles in K part `l`,
+/// at `offset`: where a chunk step multicasts a piece of A.
+fn a_receivers(
+    work: &BTreeMap<(u32, u32, u32), TileWork>,
+    (i, l, cp): (u32, u32, u32),
+    offset: u32,
+) -> Vec<BufferRef> {
+    (0..cp)
+        .map(|j| {
+            let t = &work[&(i, j, l)];
+            BufferRef {
+                tile: t.tile,
+                buffer: t.a,
+                offset,
+            }
+        })
+        .collect()
+}
+
 /// The transfers that bring chunk `(b0, b1)` (K blocks) of row part `i`'s
 /// A rows, in K part `l`, from an earlier GEMM's result tiles: every row's
 /// segment of each producer tile whose columns meet the chunk, multicast to
@@ -1989,16 +2057,11 @@ fn chained_a(
                     buffer: res.buffer,
                     offset: (r - res.rows.0) * res.row_stride + (c_lo - p0) * block_bytes,
                 },
-                destinations: (0..cp)
-                    .map(|j| {
-                        let t = &work[&(i, j, l)];
-                        BufferRef {
-                            tile: t.tile,
-                            buffer: t.a,
-                            offset: (r - r0) * rs_a + (c_lo - b0) * block_bytes,
-                        }
-                    })
-                    .collect(),
+                destinations: a_receivers(
+                    work,
+                    (i, l, cp),
+                    (r - r0) * rs_a + (c_lo - b0) * block_bytes,
+                ),
                 bytes: (c_hi - c_lo) * block_bytes,
             });
         }
@@ -2151,6 +2214,27 @@ mod tests {
         }
         // Align 1 keeps the old cut (the MLP's pieces did not move).
         assert_eq!(pieces(10, 4, 1), vec![(0, 2), (2, 5), (5, 7), (7, 10)]);
+    }
+
+    /// Spread homes: the column tiles' shares cover every row of a row
+    /// part once, in order, none more than a row longer than another (the
+    /// planner sizes every home by the largest share), also with fewer
+    /// rows than column tiles.
+    #[test]
+    fn home_shares_cover_each_row_once() {
+        for mt in [1, 2, 5, 11, 12, 13, 91, 146, 372] {
+            for cp in [1, 2, 5, 12, 23, 49] {
+                let shares: Vec<(u32, u32)> = (0..cp).map(|j| home_share(mt, cp, j)).collect();
+                assert_eq!(shares[0].0, 0, "{mt} rows over {cp}");
+                assert_eq!(shares[cp as usize - 1].1, mt, "{mt} rows over {cp}");
+                for w in shares.windows(2) {
+                    assert_eq!(w[0].1, w[1].0, "{mt} rows over {cp}: contiguous");
+                }
+                for (a, b) in &shares {
+                    assert!(b - a <= mt.div_ceil(cp), "{mt} rows over {cp}: {a}..{b}");
+                }
+            }
+        }
     }
 
     /// The reduce vertices of a piece cover each (row, column block) once,
