@@ -399,6 +399,12 @@ pub struct GemmCosts {
     /// rows of A in it, with one column part too, and pays no sync of its
     /// own; a streamed plan receives its A homes.
     pub a_joined: bool,
+    /// Whether A is a value an earlier segment computed, which the
+    /// segment's join always brings by exchange (a model input may be
+    /// written by the host instead): a streamed plan may then take its
+    /// first chunk straight into its receive buffers in the join
+    /// (`stream::chunk0_joined`).
+    pub a_from_segment: bool,
     /// Whether that copy rides in an exchange step the program runs anyway
     /// outside any segment's join: an attention's projections on disjoint
     /// tiles that read one host input written once, which one copy step
@@ -471,6 +477,7 @@ impl GemmCosts {
             owns_a: true,
             a_copied: false,
             a_joined: false,
+            a_from_segment: false,
             a_copy_shared: false,
             copy_bound: None,
             b_joined: false,

@@ -995,6 +995,7 @@ fn plan_and_lower(
         requantised,
         sole_block_segment,
         weights_joined,
+        device_inputs,
     } = context;
     // A segment's streamed plans without resident B ([`compile`]'s retry).
     let homes_only;
@@ -1455,6 +1456,7 @@ fn plan_and_lower(
                             (groups.len() == 1 && blocks.is_empty()) || weights_joined
                         },
                     a_joined: tile_count_override.is_some(),
+                    a_from_segment: matches!(group.a, fuse::Source::Host(a) if device_inputs.contains(&graph.value(a).name)),
                     a_copy_shared: false,
                     copy_bound: None,
                     b_joined: weights_joined,
@@ -2507,6 +2509,7 @@ fn lower_segments(
                 requantised: &only.requantised,
                 sole_block_segment: true,
                 weights_joined: false,
+                device_inputs: &only.device_inputs,
             };
             let mut r = plan_and_lower(graph, options, library, None, context)?;
             // Inputs held more than once are written once and copied by
@@ -2735,6 +2738,7 @@ fn plan_segments(
                         requantised: &s.requantised,
                         sole_block_segment: block_segments == 1,
                         weights_joined,
+                        device_inputs: &s.device_inputs,
                     };
                     let r = plan_and_lower(&s.graph, options, &mut library, Some(tiles), context)?;
                     SegmentPart::Blocks(r)
@@ -3241,6 +3245,9 @@ struct SegmentContext<'a> {
     /// Whether the join moves this segment's weights from their homes
     /// (see [`lower_segments`]): its plans then weigh that move beside A's.
     weights_joined: bool,
+    /// The segment's inputs that earlier segments computed (its join
+    /// brings them by exchange, whatever `HostInputs` says).
+    device_inputs: &'a [String],
 }
 
 /// What the plans of a segmented model's segments may use, cut by

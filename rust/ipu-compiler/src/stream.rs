@@ -123,6 +123,35 @@ fn spread_homes(costs: &GemmCosts) -> bool {
     costs.a_joined
 }
 
+/// Whether chunk 0 of A reaches the tiles' `a` receive buffers straight
+/// from the segment's join (beside the spread homes of the later chunks)
+/// instead of by an exchange step of its own from a home: A is a value an
+/// earlier segment computed (`GemmCosts::a_from_segment`: a model input
+/// may be written by the host, whose copy into the scratch `a` would have
+/// to outlive the earlier segments), its homes are spread, B is resident
+/// (chunk steps then move only A), and chunk 0 of every K part holds only
+/// the model's K (its padding columns must be zero, which homes are from
+/// load but a scratch `a` is not, and the join writes only real bytes).
+/// The ViT block's one-step plans then receive their A once, not into a
+/// home and again from it, and multi-step ones save chunk 0's sync.
+fn chunk0_joined(
+    g: &GemmGeometry,
+    kp: u32,
+    ch: u32,
+    b_resident: bool,
+    host_a: bool,
+    costs: &GemmCosts,
+) -> bool {
+    host_a
+        && spread_homes(costs)
+        && costs.a_from_segment
+        && b_resident
+        && k_parts(g, kp).iter().all(|&part| {
+            let (_, b1) = chunk(part, ch, 0);
+            b1 * g.k_block() <= g.k
+        })
+}
+
 /// Rows `[a, b)` of every A chunk that column tile `j` of `cp` holds with
 /// spread homes: a near-equal share (empty when the row part has fewer
 /// rows than column tiles).
@@ -615,6 +644,10 @@ pub fn evaluate(
     // (`spread_homes`) a share of every chunk's rows; B chunks s = i (mod
     // row_parts).
     let spread = spread_homes(costs);
+    // Chunk 0 straight into the receive buffers by the join: homes then
+    // hold chunks 1.., and no exchange step brings chunk 0.
+    let join0 = chunk0_joined(g, kp, ch, b_resident, host_a, costs);
+    let home_steps = steps - join0 as u32;
     let a_chunks = if host_a && !spread {
         steps.div_ceil(col_parts) as u64
     } else {
@@ -647,7 +680,7 @@ pub fn evaluate(
         // A tile's A home: whole chunks, or its share of every chunk's rows.
         let a_home = if host_a && spread {
             // (The largest share: `home_share` rounds the bounds down.)
-            steps as u64 * (c.a_chunk / mt.max(1) as u64) * mt.div_ceil(col_parts) as u64
+            home_steps as u64 * (c.a_chunk / mt.max(1) as u64) * mt.div_ceil(col_parts) as u64
         } else {
             a_chunks * c.a_chunk
         };
@@ -705,7 +738,10 @@ pub fn evaluate(
         } else {
             0
         };
-        joined_bytes = joined_bytes.max(a_joined + b_joined);
+        // (Chunk 0 in the join is what its exchange step would have
+        // received, whether or not the plans weigh the rest of the join.)
+        let chunk0 = if join0 { c.a_chunk } else { 0 };
+        joined_bytes = joined_bytes.max(a_joined + b_joined + chunk0);
         // A host input B (batched GEMMs of two inputs) that the run holds
         // once reaches every row part's resident chunks by a copy step
         // (`b_copied`, as for whole-K plans); B homes hold it once.
@@ -713,7 +749,7 @@ pub fn evaluate(
             copied_b_bytes = copied_b_bytes.max(steps as u64 * c.b_chunk);
         }
     }
-    let mut exchange = steps as u64 * exchange_estimate(exchange_bytes);
+    let mut exchange = (steps - join0 as u32) as u64 * exchange_estimate(exchange_bytes);
     // In a segment the join writes A into its homes (what a whole-K plan
     // receives as its rows, plan::evaluate), and B when it moves the
     // weights: in an exchange step that runs anyway, so without a sync of
@@ -1206,6 +1242,7 @@ pub fn lower(
         .filter(|_| !matches!(phases, StreamPhases::Shared(_)) || pg.in_segment);
     let scratch = |phase| (kp > 1).then_some(phase);
     let spread = spread_homes(pg.costs);
+    let join0 = chunk0_joined(&g, kp, ch, shape.b_resident, a_host.is_some(), pg.costs);
     let home_key: Option<HomeKey> = a_host.map(|a| (a, rp, cp, kp, ch));
     let shared_homes = home_key.and_then(|k| sink.a_homes.get(&k).cloned());
     let mut work: BTreeMap<(u32, u32, u32), TileWork> = BTreeMap::new();
@@ -1319,7 +1356,7 @@ pub fn lower(
         // Homes: zero wherever the host never writes and a kernel reads.
         let a_home_bytes = if spread {
             let (h0, h1) = home_share(mt, cp, j);
-            (part_steps * (h1 - h0) * layout.rs_a).max(16)
+            ((part_steps - join0 as u32) * (h1 - h0) * layout.rs_a).max(16)
         } else {
             let a_count = (j..part_steps).step_by(cp as usize).count() as u32;
             (a_count * mt * layout.rs_a).max(16)
@@ -1476,11 +1513,13 @@ pub fn lower(
                 }
                 // (source column tile, its home's offset, first row, rows)
                 let mt = work[&(i, 0, l)].rows.1 - work[&(i, 0, l)].rows.0;
-                let sources: Vec<(u32, u32, u32, u32)> = if spread {
+                let sources: Vec<(u32, u32, u32, u32)> = if join0 && s == 0 {
+                    vec![]
+                } else if spread {
                     (0..cp)
                         .map(|j| {
                             let (h0, h1) = home_share(mt, cp, j);
-                            (j, s * (h1 - h0), h0, h1 - h0)
+                            (j, (s - join0 as u32) * (h1 - h0), h0, h1 - h0)
                         })
                         .filter(|src| src.3 > 0)
                         .collect()
@@ -1524,11 +1563,14 @@ pub fn lower(
                 });
             }
         }
-        sink.push_exchange(
-            transfers,
-            result_name.clone(),
-            format!("exchange {value} chunk {s}"),
-        );
+        // (Chunk 0 came by the join: no exchange step of its own.)
+        if !(join0 && s == 0) {
+            sink.push_exchange(
+                transfers,
+                result_name.clone(),
+                format!("exchange {value} chunk {s}"),
+            );
+        }
 
         // The compute step: every vertex adds its chunk's product.
         let mut step = Step {
@@ -1890,7 +1932,7 @@ pub fn lower(
             // Spread homes hold a share of every chunk's rows, else whole
             // chunks s = j (mod cp).
             let ((h0, h1), home_chunks): ((u32, u32), Vec<u32>) = if spread {
-                (home_share(mt, cp, j), (0..part_steps).collect())
+                (home_share(mt, cp, j), (join0 as u32..part_steps).collect())
             } else {
                 ((0, mt), (j..part_steps).step_by(cp as usize).collect())
             };
@@ -1910,6 +1952,27 @@ pub fn lower(
                         },
                     );
                 }
+            }
+        }
+        // Chunk 0 straight into the receive buffer, by the join (every
+        // tile of the row part, also those of GEMMs sharing another's homes).
+        if let (true, Some(a_id)) = (join0, a_host) {
+            let a_t = sink
+                .inputs
+                .entry(graph.value(a_id).name.clone())
+                .or_insert_with(|| host_tensor(a_id));
+            let (b0, b1) = chunk(t.part, ch, 0);
+            for r in 0..mt {
+                push_coalesced(
+                    &mut a_t.placements,
+                    HostPlacement {
+                        tile: t.tile,
+                        buffer: t.a,
+                        buffer_offset: r * lay.rs_a,
+                        host_offset: ((r0 + r) as u64 * k as u64 + (b0 * kb) as u64) * eb as u64,
+                        bytes: (b1 - b0) * kb * eb,
+                    },
+                );
             }
         }
         let b_t = (if kind_of(b_id) {
