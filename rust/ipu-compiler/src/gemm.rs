@@ -425,6 +425,12 @@ pub struct GemmCosts {
     /// a streamed plan its resident chunks or its B homes), which the
     /// plan's device cycles count.
     pub b_joined: bool,
+    /// The most bytes of B a tile may keep resident (a segment's weight
+    /// when the segments' weights stay where their plans put them and the
+    /// plans that weigh only A's join are capped to leave the others room,
+    /// `lower_segments`): a whole-K shard's B, a streamed plan's resident
+    /// chunks. `None`: no cap.
+    pub b_cap: Option<u64>,
     /// Whether B is a host input (not a parameter) that the run holds once
     /// and copies by exchange to every row part's tiles (`HostInputs::Once`
     /// in a model of one segment): with more than one row part each tile
@@ -481,6 +487,7 @@ impl GemmCosts {
             a_copy_shared: false,
             copy_bound: None,
             b_joined: false,
+            b_cap: None,
             b_copied: false,
             transpose: None,
             feeds_gemm: false,
@@ -659,6 +666,7 @@ pub fn best_split_with(
                 if costs
                     .region1_bytes(&layout)
                     .is_none_or(|b| b > costs.memory_budget)
+                    || costs.b_cap.is_some_and(|cap| layout.b_bytes() as u64 > cap)
                 {
                     continue;
                 }

@@ -995,8 +995,10 @@ fn plan_and_lower(
         requantised,
         sole_block_segment,
         weights_joined,
+        weight_caps,
         device_inputs,
     } = context;
+    let weights_moved = weights_joined && weight_caps.is_none();
     // A segment's streamed plans without resident B ([`compile`]'s retry).
     let homes_only;
     let options = if tile_count_override.is_some() && !limits.resident_b {
@@ -1459,7 +1461,8 @@ fn plan_and_lower(
                     a_from_segment: matches!(group.a, fuse::Source::Host(a) if device_inputs.contains(&graph.value(a).name)),
                     a_copy_shared: false,
                     copy_bound: None,
-                    b_joined: weights_joined,
+                    b_joined: weights_moved,
+                    b_cap: weight_caps.and_then(|caps| caps.get(&graph.value(group.b).name).copied()),
                     // The same for a B that is a host input.
                     b_copied: graph.value(group.b).def == ipu_graph::ValueDef::Input
                         && tile_count_override.is_none()
@@ -2003,7 +2006,7 @@ fn plan_and_lower(
                                 p.2.a_copied = true;
                                 p.2.a_joined = true;
                             }
-                            p.2.b_joined = weights_joined;
+                            p.2.b_joined = weights_moved;
                         }
                     } else if tile_count_override.is_none() && !shared_projections {
                         // Outside segments, projections on disjoint tiles
@@ -2059,7 +2062,12 @@ fn plan_and_lower(
                             front
                         })
                         .collect();
-                    if fronts.iter().all(|f| !f.0.is_empty()) {
+                    // Under caps on resident weights (`b_cap`) whole-K
+                    // projections may find no plan where streamed ones,
+                    // whose tiles keep a K part of B, do.
+                    let whole_k_fits = fronts.iter().all(|f| !f.0.is_empty());
+                    let capped = planned.iter().any(|p| p.2.b_cap.is_some());
+                    if whole_k_fits || capped {
                         // The projections may stream K split over their
                         // tiles instead (a host input in a model of one
                         // segment): a tile then receives a K part of its
@@ -2101,8 +2109,13 @@ fn plan_and_lower(
                             })
                         })
                         .flatten();
-                        let whole_k = whole_k_projection_cycles(&fronts);
+                        let whole_k = if whole_k_fits {
+                            whole_k_projection_cycles(&fronts)
+                        } else {
+                            u64::MAX
+                        };
                         let mut shares = shares;
+                        let mut fit = whole_k_fits;
                         if let Some((streamed_fronts, cycles, streamed_shares)) = streamed {
                             tracing::info!(
                                 whole_k_estimated_cycles = whole_k,
@@ -2113,10 +2126,13 @@ fn plan_and_lower(
                             if cycles < whole_k {
                                 fronts = streamed_fronts;
                                 shares = streamed_shares;
+                                fit = true;
                             }
                         }
-                        chosen = Some((c.clone(), fronts, shares));
-                        break;
+                        if fit {
+                            chosen = Some((c.clone(), fronts, shares));
+                            break;
+                        }
                     }
                 }
                 if chosen.is_some() {
@@ -2509,6 +2525,7 @@ fn lower_segments(
                 requantised: &only.requantised,
                 sole_block_segment: true,
                 weights_joined: false,
+                weight_caps: None,
                 device_inputs: &only.device_inputs,
             };
             let mut r = plan_and_lower(graph, options, library, None, context)?;
@@ -2555,7 +2572,7 @@ fn lower_segments(
     // joined with their weights moved, as they assumed. (With one block
     // segment the weights stay resident, as its plans assume.)
     let assume_joined = limits.weight_joins && block_segments > 1;
-    let planned = plan_segments(&segments, options, library, limits, assume_joined)?;
+    let planned = plan_segments(&segments, options, library, limits, assume_joined, None)?;
     let lower_bound_exceeded = |p: &PlannedSegments| {
         let exceeded = segment::resident_weights_exceed(&p.parts);
         if let Some((tile, needed, available)) = exceeded {
@@ -2573,6 +2590,7 @@ fn lower_segments(
     // their weight joins are tried resident too: their buffers are often
     // smaller (streamed projections), and a join that moves nothing costs
     // less than they assumed.
+    let mut capped = None;
     let (resident, moved) = if limits.loop_weight_homes {
         (vec![], planned)
     } else if !assume_joined {
@@ -2581,36 +2599,88 @@ fn lower_segments(
         (vec![], planned)
     } else {
         tracing::info!("the segments' weights may stay resident; planning the segments again without weight joins");
-        let again = plan_segments(&segments, options, library, limits, false)?;
+        let again = plan_segments(&segments, options, library, limits, false, None)?;
+        if lower_bound_exceeded(&again) {
+            // The plans that weighed the weights' moves will keep their
+            // weights resident, so a plan whose resident B is smaller won
+            // by a move that never runs. Plans that weigh A's join alone,
+            // each weight capped to its share of the room those plans
+            // leave, are the other candidates of each segment
+            // (`mixed_resident` below).
+            let caps = segment::resident_weight_caps(&planned.parts);
+            tracing::info!(
+                weights = caps.len(),
+                "planning the segments again weighing only A's joins, each weight within its share of the room"
+            );
+            match plan_segments(&segments, options, library, limits, true, Some(&caps)) {
+                Ok(c) => capped = Some(c),
+                Err(e) => tracing::info!(error = %e, "no plans within the caps"),
+            }
+        }
         (vec![again, planned.clone()], planned)
     };
     let tiles = options.tiles;
     let (lowered, chosen) = phase("join", || {
-        // Every segment's weights stay where its plan put them when that
-        // fits beside the other segments; otherwise each weight has one
-        // copy spread over all tiles and moves to its segment's tiles when
-        // the segment starts. A lower bound on the resident weights' bytes
-        // settles most models without the resident join, which schedules
-        // every exchange step before its overflow shows.
-        for r in resident.into_iter().filter(|r| !lower_bound_exceeded(r)) {
+        let join_resident = |p: &PlannedSegments| -> Result<Option<lower::Lowered>, CompileError> {
+            if lower_bound_exceeded(p) {
+                return Ok(None);
+            }
             let l = segment::join(
                 graph,
                 &segments,
-                r.parts.clone(),
+                p.parts.clone(),
                 tiles,
                 segment::ParamMoves::Resident,
                 input_homes,
                 None,
             )?;
             match segment::first_overflow(&l) {
-                None => {
-                    verifier("join", lower::verify(&l))?;
-                    return Ok((l, r));
+                None => Ok(Some(l)),
+                Some(e) => {
+                    tracing::info!(overflow = %e, "the segments' weights do not fit side by side");
+                    Ok(None)
                 }
-                Some(e) => tracing::info!(
-                    overflow = %e,
-                    "the segments' weights do not fit side by side"
-                ),
+            }
+        };
+        // Per block segment, the capped plans replace the others' where
+        // the joined program's estimate says they are faster and it fits
+        // (greedily, in segment order: a segment's plans change its joins
+        // with its neighbours).
+        if let Some(capped) = &capped {
+            if let Some(l) = join_resident(&moved)? {
+                let mut best = (timeline_cycles(&l), l, moved.clone());
+                for (i, s) in segments.iter().enumerate() {
+                    if s.kind != segment::Kind::Blocks {
+                        continue;
+                    }
+                    let mixed = best.2.with_segment_of(capped, i);
+                    if let Some(l) = join_resident(&mixed)? {
+                        let cycles = timeline_cycles(&l);
+                        tracing::info!(
+                            segment = i,
+                            estimated_cycles = cycles,
+                            best = best.0,
+                            "segment planned weighing only A's join, within its weights' caps"
+                        );
+                        if cycles < best.0 {
+                            best = (cycles, l, mixed);
+                        }
+                    }
+                }
+                verifier("join", lower::verify(&best.1))?;
+                return Ok((best.1, best.2));
+            }
+        }
+        // Every segment's weights stay where its plan put them when that
+        // fits beside the other segments; otherwise each weight has one
+        // copy spread over all tiles and moves to its segment's tiles when
+        // the segment starts. A lower bound on the resident weights' bytes
+        // settles most models without the resident join, which schedules
+        // every exchange step before its overflow shows.
+        for r in resident {
+            if let Some(l) = join_resident(&r)? {
+                verifier("join", lower::verify(&l))?;
+                return Ok((l, r));
             }
         }
         tracing::info!("streaming the segments' weights from their homes");
@@ -2652,15 +2722,16 @@ fn lower_segments(
         verifier("join", lower::verify(&l))?;
         Ok((l, moved))
     })?;
-    let PlannedSegments {
-        parts: _,
-        operation_reports,
-        would_help,
-        chain_choice,
-        attention,
-        rowwise,
-    } = chosen;
-    rowwise_reports.extend(rowwise);
+    let mut operation_reports = Vec::new();
+    let mut would_help = Vec::new();
+    let (mut chain_choice, mut attention) = (None, None);
+    for r in chosen.reports {
+        operation_reports.extend(r.operation_reports);
+        would_help.extend(r.would_help);
+        chain_choice = chain_choice.or(r.chain_choice);
+        attention = attention.or(r.attention);
+        rowwise_reports.extend(r.rowwise);
+    }
     let loop_body = template.map(|t| loops::body_steps(&lowered, &segments, t));
     Ok(SegmentLowered {
         loop_body,
@@ -2678,11 +2749,27 @@ fn lower_segments(
 #[derive(Clone)]
 struct PlannedSegments {
     parts: Vec<lower::Lowered>,
+    reports: Vec<SegmentReports>,
+}
+
+/// The reports of one segment's plans.
+#[derive(Clone, Default)]
+struct SegmentReports {
     operation_reports: Vec<OperationReport>,
     would_help: Vec<serde_json::Value>,
     chain_choice: Option<serde_json::Value>,
     attention: Option<serde_json::Value>,
     rowwise: Vec<serde_json::Value>,
+}
+
+impl PlannedSegments {
+    /// These plans with segment `i`'s taken from `other`.
+    fn with_segment_of(&self, other: &PlannedSegments, i: usize) -> PlannedSegments {
+        let mut mixed = self.clone();
+        mixed.parts[i] = other.parts[i].clone();
+        mixed.reports[i] = other.reports[i].clone();
+        mixed
+    }
 }
 
 /// One segment's result in [`plan_segments`].
@@ -2700,6 +2787,7 @@ fn plan_segments(
     library: &mut KernelLibrary,
     limits: SegmentLimits,
     weights_joined: bool,
+    weight_caps: Option<&BTreeMap<String, u64>>,
 ) -> Result<PlannedSegments, CompileError> {
     let tiles = options.tiles;
     let block_segments = segments
@@ -2738,6 +2826,7 @@ fn plan_segments(
                         requantised: &s.requantised,
                         sole_block_segment: block_segments == 1,
                         weights_joined,
+                        weight_caps,
                         device_inputs: &s.device_inputs,
                     };
                     let r = plan_and_lower(&s.graph, options, &mut library, Some(tiles), context)?;
@@ -2756,36 +2845,31 @@ fn plan_segments(
         })
         .collect();
     let mut parts = Vec::new();
-    let mut operation_reports = Vec::new();
-    let mut would_help = Vec::new();
-    let mut chain_choice = None;
-    let mut attention = None;
-    let mut rowwise = Vec::new();
+    let mut reports = Vec::new();
     for result in planned {
         let (part, fork) = result?;
         library.absorb(fork);
         match part {
             SegmentPart::Blocks(r) => {
                 parts.push(r.lowered);
-                operation_reports.extend(r.operation_reports);
-                would_help.extend(r.would_help);
-                chain_choice = chain_choice.or(r.chain_choice);
-                attention = attention.or(r.attention);
+                reports.push(SegmentReports {
+                    operation_reports: r.operation_reports,
+                    would_help: r.would_help,
+                    chain_choice: r.chain_choice,
+                    attention: r.attention,
+                    rowwise: Vec::new(),
+                });
             }
-            SegmentPart::Rowwise(l, reports) => {
+            SegmentPart::Rowwise(l, rowwise) => {
                 parts.push(l);
-                rowwise.extend(reports);
+                reports.push(SegmentReports {
+                    rowwise,
+                    ..Default::default()
+                });
             }
         }
     }
-    Ok(PlannedSegments {
-        parts,
-        operation_reports,
-        would_help,
-        chain_choice,
-        attention,
-        rowwise,
-    })
+    Ok(PlannedSegments { parts, reports })
 }
 
 /// Compiles `options.model` into a package (and writes it when `output` is set).
@@ -3245,6 +3329,10 @@ struct SegmentContext<'a> {
     /// Whether the join moves this segment's weights from their homes
     /// (see [`lower_segments`]): its plans then weigh that move beside A's.
     weights_joined: bool,
+    /// Per weight (parameter name): the most bytes of it a tile may keep
+    /// resident ([`gemm::GemmCosts::b_cap`]). With caps the plans weigh
+    /// only A's join: the weights stay resident.
+    weight_caps: Option<&'a BTreeMap<String, u64>>,
     /// The segment's inputs that earlier segments computed (its join
     /// brings them by exchange, whatever `HostInputs` says).
     device_inputs: &'a [String],

@@ -1166,15 +1166,41 @@ const CODE_ALLOWANCE: u32 = 40 * 1024;
 /// model whose weights cannot fit skips that join (the ViT block's took
 /// about half of its join phase).
 pub fn resident_weights_exceed(parts: &[Lowered]) -> Option<(u32, u64, u64)> {
-    use crate::lower::RegionReq;
     let available = (ipu_arch::REGION1_END - ipu_arch::REGION1_BASE) as u64;
+    let (weights, working, _) = resident_region1(parts);
+    weights
+        .iter()
+        .map(|(&tile, &w)| (tile, w + working.get(&tile).copied().unwrap_or(0)))
+        .find(|&(_, needed)| needed > available)
+        .map(|(tile, needed)| (tile, needed, available))
+}
+
+/// Per tile, the region-1 bytes of the segments' weights (interleaved
+/// parameter buffers) and of the largest segment's other buffers (its
+/// persistent ones and its largest scratch phase); and per (weight, tile)
+/// its bytes: what [`resident_weights_exceed`] and
+/// [`resident_weight_caps`] weigh.
+#[allow(clippy::type_complexity)]
+fn resident_region1(
+    parts: &[Lowered],
+) -> (
+    BTreeMap<u32, u64>,
+    BTreeMap<u32, u64>,
+    BTreeMap<(String, u32), u64>,
+) {
+    use crate::lower::RegionReq;
     let mut weights: BTreeMap<u32, u64> = BTreeMap::new();
     let mut working: BTreeMap<u32, u64> = BTreeMap::new();
+    let mut per_weight: BTreeMap<(String, u32), u64> = BTreeMap::new();
     for part in parts {
-        let params: BTreeSet<(u32, usize)> = part.io[0]
+        let params: BTreeMap<(u32, usize), &str> = part.io[0]
             .0
             .iter()
-            .flat_map(|t| t.placements.iter().map(|p| (p.tile, p.buffer)))
+            .flat_map(|t| {
+                t.placements
+                    .iter()
+                    .map(|p| ((p.tile, p.buffer), t.name.as_str()))
+            })
             .collect();
         for (&tile, bufs) in &part.buffers {
             let mut persistent = 0u64;
@@ -1183,8 +1209,9 @@ pub fn resident_weights_exceed(parts: &[Lowered]) -> Option<(u32, u64, u64)> {
                 if b.region != RegionReq::Interleaved {
                     continue;
                 }
-                if params.contains(&(tile, i)) {
+                if let Some(name) = params.get(&(tile, i)) {
                     *weights.entry(tile).or_default() += b.bytes as u64;
+                    *per_weight.entry((name.to_string(), tile)).or_default() += b.bytes as u64;
                 } else if let Some(phase) = b.scratch {
                     *phases.entry(phase).or_default() += b.bytes as u64;
                 } else {
@@ -1196,11 +1223,33 @@ pub fn resident_weights_exceed(parts: &[Lowered]) -> Option<(u32, u64, u64)> {
             *w = (*w).max(held);
         }
     }
-    weights
+    (weights, working, per_weight)
+}
+
+/// Caps on each weight's resident bytes per tile for plans that weigh
+/// only A's join (`lower_segments`), from plans whose weights fit
+/// resident (`parts`): each weight's largest bytes on a tile, scaled by
+/// the room those plans leave (region 1 less the largest working set,
+/// over the weights, on the tightest tile), so that plans within the caps
+/// keep the weights' sum within what that working set left.
+pub fn resident_weight_caps(parts: &[Lowered]) -> BTreeMap<String, u64> {
+    let available = (ipu_arch::REGION1_END - ipu_arch::REGION1_BASE) as u64;
+    let (weights, working, per_weight) = resident_region1(parts);
+    let scale = weights
         .iter()
-        .map(|(&tile, &w)| (tile, w + working.get(&tile).copied().unwrap_or(0)))
-        .find(|&(_, needed)| needed > available)
-        .map(|(tile, needed)| (tile, needed, available))
+        .filter(|&(_, &w)| w > 0)
+        .map(|(tile, &w)| {
+            let room = available.saturating_sub(working.get(tile).copied().unwrap_or(0));
+            room as f64 / w as f64
+        })
+        .fold(f64::INFINITY, f64::min)
+        .max(1.0);
+    let mut caps: BTreeMap<String, u64> = BTreeMap::new();
+    for ((name, _), bytes) in per_weight {
+        let cap = caps.entry(name).or_default();
+        *cap = (*cap).max((bytes as f64 * scale) as u64);
+    }
+    caps
 }
 
 /// The first tile whose buffers do not fit (with [`CODE_ALLOWANCE`] of

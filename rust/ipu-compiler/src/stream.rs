@@ -677,6 +677,13 @@ pub fn evaluate(
             }
         };
         let c = c?;
+        if b_resident
+            && costs
+                .b_cap
+                .is_some_and(|cap| steps as u64 * c.b_chunk > cap)
+        {
+            return None;
+        }
         // A tile's A home: whole chunks, or its share of every chunk's rows.
         let a_home = if host_a && spread {
             // (The largest share: `home_share` rounds the bounds down.)
