@@ -2605,8 +2605,8 @@ fn lower_segments(
             // weights resident, so a plan whose resident B is smaller won
             // by a move that never runs. Plans that weigh A's join alone,
             // each weight capped to its share of the room those plans
-            // leave, are the other candidates of each segment
-            // (`mixed_resident` below).
+            // leave, are the other candidates of each segment (chosen
+            // per segment in the join phase below).
             let caps = segment::resident_weight_caps(&planned.parts);
             tracing::info!(
                 weights = caps.len(),
@@ -2780,7 +2780,9 @@ enum SegmentPart {
 
 /// Plans and lowers every segment of a segmented model on all tiles
 /// (`weights_joined`: the join will move the block segments' weights from
-/// their homes, which their plans then weigh).
+/// their homes, which their plans then weigh; with `weight_caps` the
+/// plans weigh only A's join instead, each weight within its cap, for
+/// weights that stay resident).
 fn plan_segments(
     segments: &[segment::Segment],
     options: &CompileOptions,
