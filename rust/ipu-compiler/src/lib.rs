@@ -2676,8 +2676,10 @@ fn lower_segments(
         // copy spread over all tiles and moves to its segment's tiles when
         // the segment starts. A lower bound on the resident weights' bytes
         // settles most models without the resident join, which schedules
-        // every exchange step before its overflow shows.
-        for r in resident {
+        // every exchange step before its overflow shows. (With capped
+        // plans the others were tried above: the plans without weight
+        // joins missed the bound, and the weight-moving ones did not fit.)
+        for r in resident.into_iter().filter(|_| capped.is_none()) {
             if let Some(l) = join_resident(&r)? {
                 verifier("join", lower::verify(&l))?;
                 return Ok((l, r));

@@ -113,7 +113,9 @@ fn chunk_geometry(g: &GemmGeometry, ch: u32) -> GemmGeometry {
 
 /// Whether A's homes are spread: in a segment, whose join writes A into
 /// its homes by exchange, every column tile of a row part holds a share of
-/// every chunk's rows ([`home_share`]), so that the join's receipt is
+/// every chunk's rows (its row piece, [`pieces`] with no alignment: empty
+/// when the row part has fewer rows than column tiles), so that the
+/// join's receipt is
 /// spread over all of them; otherwise (the host writes the homes) tile `j`
 /// holds the whole chunks `s = j (mod col_parts)`. Either way a chunk step
 /// receives each chunk whole on every column tile. (The ViT block's Q, K
@@ -150,14 +152,6 @@ fn chunk0_joined(
             let (_, b1) = chunk(part, ch, 0);
             b1 * g.k_block() <= g.k
         })
-}
-
-/// Rows `[a, b)` of every A chunk that column tile `j` of `cp` holds with
-/// spread homes: a near-equal share (empty when the row part has fewer
-/// rows than column tiles).
-fn home_share(mt: u32, cp: u32, j: u32) -> (u32, u32) {
-    let at = |x: u32| (x as u64 * mt as u64 / cp.max(1) as u64) as u32;
-    (at(j), at(j + 1))
 }
 
 /// The slowest vertex of a compute step over a chunk of `w` blocks, with
@@ -686,7 +680,7 @@ pub fn evaluate(
         }
         // A tile's A home: whole chunks, or its share of every chunk's rows.
         let a_home = if host_a && spread {
-            // (The largest share: `home_share` rounds the bounds down.)
+            // (The largest share: `pieces` rounds the bounds down.)
             home_steps as u64 * (c.a_chunk / mt.max(1) as u64) * mt.div_ceil(col_parts) as u64
         } else {
             a_chunks * c.a_chunk
@@ -1362,7 +1356,7 @@ pub fn lower(
         );
         // Homes: zero wherever the host never writes and a kernel reads.
         let a_home_bytes = if spread {
-            let (h0, h1) = home_share(mt, cp, j);
+            let (h0, h1) = pieces(mt, cp, 1)[j as usize];
             ((part_steps - join0 as u32) * (h1 - h0) * layout.rs_a).max(16)
         } else {
             let a_count = (j..part_steps).step_by(cp as usize).count() as u32;
@@ -1506,9 +1500,10 @@ pub fn lower(
     }
     for s in 0..steps {
         // The exchange: in every K part, A chunks along rows, B chunks
-        // along columns.
+        // along columns. (Chunk 0 may come by the join: no exchange step
+        // of its own.)
         let mut transfers = Vec::new();
-        for l in 0..kp {
+        for l in (0..kp).filter(|_| !(join0 && s == 0)) {
             let (b0, b1) = chunk(parts[l as usize], ch, s);
             if b1 == b0 {
                 continue;
@@ -1520,14 +1515,11 @@ pub fn lower(
                 }
                 // (source column tile, its home's offset, first row, rows)
                 let mt = work[&(i, 0, l)].rows.1 - work[&(i, 0, l)].rows.0;
-                let sources: Vec<(u32, u32, u32, u32)> = if join0 && s == 0 {
-                    vec![]
-                } else if spread {
-                    (0..cp)
-                        .map(|j| {
-                            let (h0, h1) = home_share(mt, cp, j);
-                            (j, (s - join0 as u32) * (h1 - h0), h0, h1 - h0)
-                        })
+                let sources: Vec<(u32, u32, u32, u32)> = if spread {
+                    pieces(mt, cp, 1)
+                        .into_iter()
+                        .zip(0..)
+                        .map(|((h0, h1), j)| (j, (s - join0 as u32) * (h1 - h0), h0, h1 - h0))
                         .filter(|src| src.3 > 0)
                         .collect()
                 } else {
@@ -1570,7 +1562,6 @@ pub fn lower(
                 });
             }
         }
-        // (Chunk 0 came by the join: no exchange step of its own.)
         if !(join0 && s == 0) {
             sink.push_exchange(
                 transfers,
@@ -1939,7 +1930,10 @@ pub fn lower(
             // Spread homes hold a share of every chunk's rows, else whole
             // chunks s = j (mod cp).
             let ((h0, h1), home_chunks): ((u32, u32), Vec<u32>) = if spread {
-                (home_share(mt, cp, j), (join0 as u32..part_steps).collect())
+                (
+                    pieces(mt, cp, 1)[j as usize],
+                    (join0 as u32..part_steps).collect(),
+                )
             } else {
                 ((0, mt), (j..part_steps).step_by(cp as usize).collect())
             };
@@ -2286,15 +2280,16 @@ mod tests {
         assert_eq!(pieces(10, 4, 1), vec![(0, 2), (2, 5), (5, 7), (7, 10)]);
     }
 
-    /// Spread homes: the column tiles' shares cover every row of a row
-    /// part once, in order, none more than a row longer than another (the
-    /// planner sizes every home by the largest share), also with fewer
-    /// rows than column tiles.
+    /// Spread homes: the column tiles' shares (`pieces` without
+    /// alignment) cover every row of a row part once, in order, none more
+    /// than a row longer than another (the planner sizes every home by the
+    /// largest share), also with fewer rows than column tiles.
     #[test]
     fn home_shares_cover_each_row_once() {
         for mt in [1, 2, 5, 11, 12, 13, 91, 146, 372] {
             for cp in [1, 2, 5, 12, 23, 49] {
-                let shares: Vec<(u32, u32)> = (0..cp).map(|j| home_share(mt, cp, j)).collect();
+                let shares = pieces(mt, cp, 1);
+                assert_eq!(shares.len(), cp as usize, "{mt} rows over {cp}");
                 assert_eq!(shares[0].0, 0, "{mt} rows over {cp}");
                 assert_eq!(shares[cp as usize - 1].1, mt, "{mt} rows over {cp}");
                 for w in shares.windows(2) {
