@@ -59,6 +59,9 @@ pub struct ExchangeFigures {
     pub lower_bound_gap: u64,
 }
 
+/// Per tile (index = tile), a step's descriptors with synthetic addresses.
+pub type Tables = Arc<Vec<Vec<Descriptor>>>;
+
 /// Synthetic `[base, end)` address range of each touched (tile, buffer).
 pub type SyntheticLayout = BTreeMap<(u32, usize), (u32, u32)>;
 
@@ -73,7 +76,7 @@ pub struct ExchangeStep {
     /// Synthetic `[base, end)` of every (tile, buffer) the step touches.
     pub layout: Arc<SyntheticLayout>,
     /// Per tile (index = tile), descriptors with synthetic addresses.
-    pub tables: Arc<Vec<Vec<Descriptor>>>,
+    pub tables: Tables,
     pub figures: ExchangeFigures,
     /// Per tile, the buffer that holds its resolved table in the tile image
     /// ([`attach_tables`]); the supervisor's `xtab` reads it there.
@@ -284,6 +287,38 @@ pub fn schedule_with(
     let phase = phase_of(tiles, &transfers, |r| {
         layout[&(r.tile, r.buffer)].0 + r.offset
     });
+    let (tables, figures) = match memo::get(&phase, whole_jobs) {
+        Some((tables, figures)) => {
+            tracing::debug!(
+                phase = label,
+                transfers = figures.transfers,
+                exchange_cycles = figures.exchange_cycles,
+                "exchange schedule reused from an identical phase of this compile"
+            );
+            (tables, figures)
+        }
+        None => {
+            let (tables, figures) = schedule_phase(&phase, label, whole_jobs)?;
+            memo::put(phase, whole_jobs, &tables, figures);
+            (tables, figures)
+        }
+    };
+    Ok(ExchangeStep {
+        tiles,
+        transfers: Arc::new(transfers),
+        layout: Arc::new(layout),
+        tables,
+        figures,
+        table_buffers: BTreeMap::new(),
+    })
+}
+
+/// Runs the scheduler on `phase`: its tables (synthetic addresses) and figures.
+fn schedule_phase(
+    phase: &Phase,
+    label: u32,
+    whole_jobs: bool,
+) -> Result<(Tables, ExchangeFigures), CompileError> {
     // The scheduler's own check runs on the synthetic addresses; the driver
     // runs the same independent checker on the tables at the placed
     // addresses (`verify_placed`), which are the ones the package carries,
@@ -295,7 +330,7 @@ pub fn schedule_with(
         ..ipu_exchange::Options::default()
     };
     let compiled =
-        ipu_exchange::compile_phase(&phase, &options).map_err(|e| CompileError::Verifier {
+        ipu_exchange::compile_phase(phase, &options).map_err(|e| CompileError::Verifier {
             phase: "lower",
             message: format!("exchange phase {label}: {e}"),
         })?;
@@ -310,14 +345,95 @@ pub fn schedule_with(
         lower_bound: r.lower_bound,
         lower_bound_gap: r.lower_bound_gap,
     };
-    Ok(ExchangeStep {
-        tiles,
-        transfers: Arc::new(transfers),
-        layout: Arc::new(layout),
-        tables: Arc::new(compiled.lowered.tables),
-        figures,
-        table_buffers: BTreeMap::new(),
-    })
+    Ok((Arc::new(compiled.lowered.tables), figures))
+}
+
+/// Schedules made by the compiles running in this process, by phase.
+///
+/// A compile plans a segmented model up to three times and joins several
+/// mixes of those plans (`lower_segments`); the segments whose plans do
+/// not change, and the joins between them, schedule the same phases again
+/// (the ViT block: 20 of its 45 phases, 2.5 s of scheduling). A phase is
+/// scheduled on synthetic addresses that depend only on the order of the
+/// buffers it touches, not on their indices, so a phase of a later pass
+/// equals its earlier twin even where buffer indices moved. The scheduler
+/// is deterministic, so a reused schedule is the one it would make again;
+/// and the driver checks every step's placed tables with the independent
+/// checker (`verify_placed`) whether scheduled or reused.
+///
+/// The memo lives while a compile runs ([`Scope`], held by
+/// [`crate::compile`]) and is emptied when the last one ends, so that a
+/// process that compiles many models (the test suites) holds no schedules
+/// between them; it is also emptied when it holds more than
+/// [`MAX_DESCRIPTORS`].
+pub mod memo {
+    use super::{ExchangeFigures, Tables};
+    use ipu_exchange::Phase;
+    use std::collections::HashMap;
+    use std::sync::{LazyLock, Mutex};
+
+    /// Descriptors (16 bytes each) the memo holds at most.
+    pub const MAX_DESCRIPTORS: usize = 8 << 20;
+
+    #[derive(Default)]
+    struct Memo {
+        scopes: usize,
+        descriptors: usize,
+        /// By `whole_jobs`, then phase.
+        entries: [HashMap<Phase, (Tables, ExchangeFigures)>; 2],
+    }
+
+    static MEMO: LazyLock<Mutex<Memo>> = LazyLock::new(Default::default);
+
+    fn memo() -> std::sync::MutexGuard<'static, Memo> {
+        // A panic while holding the lock leaves only a map of finished
+        // schedules behind, which stays valid.
+        MEMO.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Keeps the memo while alive.
+    pub struct Scope(());
+
+    impl Scope {
+        pub fn enter() -> Scope {
+            memo().scopes += 1;
+            Scope(())
+        }
+    }
+
+    impl Drop for Scope {
+        fn drop(&mut self) {
+            let mut m = memo();
+            m.scopes -= 1;
+            if m.scopes == 0 {
+                *m = Memo::default();
+            }
+        }
+    }
+
+    pub(super) fn get(phase: &Phase, whole_jobs: bool) -> Option<(Tables, ExchangeFigures)> {
+        let m = memo();
+        if m.scopes == 0 {
+            return None;
+        }
+        m.entries[whole_jobs as usize].get(phase).cloned()
+    }
+
+    pub(super) fn put(phase: Phase, whole_jobs: bool, tables: &Tables, figures: ExchangeFigures) {
+        let mut m = memo();
+        if m.scopes == 0 {
+            return;
+        }
+        let descriptors: usize = tables.iter().map(Vec::len).sum();
+        if m.descriptors + descriptors > MAX_DESCRIPTORS {
+            m.entries = Default::default();
+            m.descriptors = 0;
+        }
+        if descriptors <= MAX_DESCRIPTORS {
+            m.descriptors += descriptors;
+            m.entries[whole_jobs as usize].insert(phase, (tables.clone(), figures));
+        }
+    }
 }
 
 /// `tile`'s table with every address moved from its synthetic buffer to
@@ -481,6 +597,58 @@ mod tests {
         let mut step = small_step();
         Arc::make_mut(&mut step.tables)[1].pop();
         assert!(verify_placed(&step, placed).is_err());
+    }
+
+    #[test]
+    fn identical_phases_share_one_schedule_within_a_compile() {
+        let _compile = memo::Scope::enter();
+        let first = small_step();
+        // The same phase with every buffer index moved, as in a later
+        // planning pass whose earlier segments hold more buffers: its
+        // synthetic addresses, and so its phase, are the same.
+        let moved = |t: &BufferTransfer, by: usize, bytes: u32| BufferTransfer {
+            source: BufferRef {
+                buffer: t.source.buffer + by,
+                ..t.source
+            },
+            destinations: t
+                .destinations
+                .iter()
+                .map(|d| BufferRef {
+                    buffer: d.buffer + by,
+                    ..*d
+                })
+                .collect(),
+            bytes,
+        };
+        let again = schedule(
+            3,
+            first
+                .transfers
+                .iter()
+                .map(|t| moved(t, 7, t.bytes))
+                .collect(),
+            1,
+        )
+        .unwrap();
+        assert!(Arc::ptr_eq(&first.tables, &again.tables));
+        assert_eq!(first.figures, again.figures);
+        // Its tables resolve against its own buffers and pass the checker.
+        verify_placed(&again, placed).unwrap();
+        // One transfer shorter: another phase, scheduled anew.
+        let other = schedule(
+            3,
+            first
+                .transfers
+                .iter()
+                .enumerate()
+                .map(|(i, t)| moved(t, 7, if i == 0 { t.bytes - 4 } else { t.bytes }))
+                .collect(),
+            2,
+        )
+        .unwrap();
+        assert!(!Arc::ptr_eq(&first.tables, &other.tables));
+        verify_placed(&other, placed).unwrap();
     }
 
     #[test]

@@ -2907,6 +2907,9 @@ fn plan_segments(
 /// The report names every such retry (`retries`: the tile, region and
 /// bytes that overflowed and what the next attempt changed).
 pub fn compile(options: &CompileOptions) -> Result<CompileOutput, CompileError> {
+    // Later planning passes, joins and retries reuse the schedules of the
+    // phases they share with earlier ones (`exchange::memo`).
+    let _schedules = exchange::memo::Scope::enter();
     let mut retries: Vec<serde_json::Value> = Vec::new();
     if options.repeat == RepeatLowering::Loop && has_repeat(options) {
         // Weight stacks with every fallback, then (when the options leave

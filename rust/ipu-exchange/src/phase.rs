@@ -19,7 +19,7 @@ pub struct Destination {
 }
 
 /// One transfer of a phase.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct Transfer {
     /// Caller's identifier, unique within the phase; used in error messages.
     pub id: u32,
@@ -41,7 +41,7 @@ impl Transfer {
 }
 
 /// One exchange phase: transfers between the first `tiles` tiles of a chip.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, Hash)]
 pub struct Phase {
     /// Tiles of the chip taking part (tile numbers are `0..tiles`).
     pub tiles: u32,
