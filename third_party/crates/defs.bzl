@@ -376,6 +376,7 @@ _NORMAL_DEPENDENCIES = {
     "rust/ipu-runtime": {
         _COMMON_CONDITION: {
             "blake3": Label("//:blake3-1.8.7"),
+            "indicatif": Label("//:indicatif-0.17.11"),
             "serde": Label("//:serde-1.0.229"),
             "serde_json": Label("//:serde_json-1.0.154"),
             "tracing": Label("//:tracing-0.1.44"),
@@ -467,6 +468,7 @@ _NORMAL_DEV_DEPENDENCIES = {
     "rust/ipu-compiler": {
         _COMMON_CONDITION: {
             "expect-test": Label("//:expect-test-1.5.1"),
+            "half": Label("//:half-2.7.1"),
             "tempfile": Label("//:tempfile-3.27.0"),
         },
     },
@@ -902,14 +904,21 @@ _BUILD_PROC_MACRO_ALIASES = {
 
 
 _CONDITIONS = {
+    "aarch64-pc-windows-gnullvm": [],
+    "cfg(all(any(target_arch = \"x86_64\", target_arch = \"arm64ec\"), target_env = \"msvc\", not(windows_raw_dylib)))": [],
     "cfg(all(any(target_os = \"linux\", target_os = \"android\"), any(rustix_use_libc, miri, not(all(target_os = \"linux\", any(target_endian = \"little\", any(target_arch = \"s390x\", target_arch = \"powerpc\")), any(target_arch = \"arm\", all(target_arch = \"aarch64\", target_pointer_width = \"64\"), target_arch = \"riscv64\", all(rustix_use_experimental_asm, target_arch = \"powerpc\"), all(rustix_use_experimental_asm, target_arch = \"powerpc64\"), all(rustix_use_experimental_asm, target_arch = \"s390x\"), all(rustix_use_experimental_asm, target_arch = \"mips\"), all(rustix_use_experimental_asm, target_arch = \"mips32r6\"), all(rustix_use_experimental_asm, target_arch = \"mips64\"), all(rustix_use_experimental_asm, target_arch = \"mips64r6\"), target_arch = \"x86\", all(target_arch = \"x86_64\", target_pointer_width = \"64\")))))))": [],
     "cfg(all(any(target_os = \"linux\", target_os = \"android\"), not(any(all(target_os = \"linux\", target_env = \"\"), getrandom_backend = \"custom\", getrandom_backend = \"linux_raw\", getrandom_backend = \"rdrand\", getrandom_backend = \"rndr\"))))": ["@//toolchains/platforms:x86_64-unknown-linux-gnu"],
     "cfg(all(not(rustix_use_libc), not(miri), target_os = \"linux\", any(target_endian = \"little\", any(target_arch = \"s390x\", target_arch = \"powerpc\")), any(target_arch = \"arm\", all(target_arch = \"aarch64\", target_pointer_width = \"64\"), target_arch = \"riscv64\", all(rustix_use_experimental_asm, target_arch = \"powerpc\"), all(rustix_use_experimental_asm, target_arch = \"powerpc64\"), all(rustix_use_experimental_asm, target_arch = \"s390x\"), all(rustix_use_experimental_asm, target_arch = \"mips\"), all(rustix_use_experimental_asm, target_arch = \"mips32r6\"), all(rustix_use_experimental_asm, target_arch = \"mips64\"), all(rustix_use_experimental_asm, target_arch = \"mips64r6\"), target_arch = \"x86\", all(target_arch = \"x86_64\", target_pointer_width = \"64\"))))": ["@//toolchains/platforms:x86_64-unknown-linux-gnu"],
     "cfg(all(not(windows), any(rustix_use_libc, miri, not(all(target_os = \"linux\", any(target_endian = \"little\", any(target_arch = \"s390x\", target_arch = \"powerpc\")), any(target_arch = \"arm\", all(target_arch = \"aarch64\", target_pointer_width = \"64\"), target_arch = \"riscv64\", all(rustix_use_experimental_asm, target_arch = \"powerpc\"), all(rustix_use_experimental_asm, target_arch = \"powerpc64\"), all(rustix_use_experimental_asm, target_arch = \"s390x\"), all(rustix_use_experimental_asm, target_arch = \"mips\"), all(rustix_use_experimental_asm, target_arch = \"mips32r6\"), all(rustix_use_experimental_asm, target_arch = \"mips64\"), all(rustix_use_experimental_asm, target_arch = \"mips64r6\"), target_arch = \"x86\", all(target_arch = \"x86_64\", target_pointer_width = \"64\")))))))": [],
+    "cfg(all(target_arch = \"aarch64\", target_env = \"msvc\", not(windows_raw_dylib)))": [],
     "cfg(all(target_arch = \"aarch64\", target_os = \"android\"))": [],
     "cfg(all(target_arch = \"aarch64\", target_os = \"linux\"))": [],
     "cfg(all(target_arch = \"aarch64\", target_vendor = \"apple\"))": [],
     "cfg(all(target_arch = \"loongarch64\", target_os = \"linux\"))": [],
+    "cfg(all(target_arch = \"x86\", target_env = \"gnu\", not(target_abi = \"llvm\"), not(windows_raw_dylib)))": [],
+    "cfg(all(target_arch = \"x86\", target_env = \"msvc\", not(windows_raw_dylib)))": [],
+    "cfg(all(target_arch = \"x86_64\", target_env = \"gnu\", not(target_abi = \"llvm\"), not(windows_raw_dylib)))": ["@//toolchains/platforms:x86_64-unknown-linux-gnu"],
+    "cfg(all(target_family = \"wasm\", target_os = \"unknown\"))": [],
     "cfg(all(target_os = \"uefi\", getrandom_backend = \"efi_rng\"))": [],
     "cfg(any())": [],
     "cfg(any(target_arch = \"x86\", target_arch = \"x86_64\"))": ["@//toolchains/platforms:x86_64-unknown-linux-gnu"],
@@ -921,6 +930,7 @@ _CONDITIONS = {
     "cfg(any(target_os = \"macos\", target_os = \"openbsd\", target_os = \"vita\", target_os = \"emscripten\"))": [],
     "cfg(any(unix, target_os = \"wasi\"))": ["@//toolchains/platforms:x86_64-unknown-linux-gnu"],
     "cfg(target_arch = \"spirv\")": [],
+    "cfg(target_arch = \"wasm32\")": [],
     "cfg(target_os = \"hermit\")": [],
     "cfg(target_os = \"netbsd\")": [],
     "cfg(target_os = \"solaris\")": [],
@@ -928,6 +938,8 @@ _CONDITIONS = {
     "cfg(target_os = \"wasi\")": [],
     "cfg(unix)": ["@//toolchains/platforms:x86_64-unknown-linux-gnu"],
     "cfg(windows)": [],
+    "i686-pc-windows-gnullvm": [],
+    "x86_64-pc-windows-gnullvm": [],
     "x86_64-unknown-linux-gnu": ["@//toolchains/platforms:x86_64-unknown-linux-gnu"],
 }
 
@@ -1031,6 +1043,16 @@ def crate_repositories():
 
     maybe(
         http_archive,
+        name = "crates__bumpalo-3.20.4",
+        sha256 = "87a0cf66fd1eb2fb7b822cb78370d82303750809bc6ba855f3f58e517d3238db",
+        type = "tar.gz",
+        urls = ["https://static.crates.io/crates/bumpalo/bumpalo-3.20.4.crate"],
+        strip_prefix = "bumpalo-3.20.4",
+        build_file = Label("//third_party/crates:BUILD.bumpalo-3.20.4.bazel"),
+    )
+
+    maybe(
+        http_archive,
         name = "crates__cc-1.11.3",
         sha256 = "02f0e023adb368345ce0ca6cdfc0f24a06554468d0e8503e14a0841de79bfa69",
         type = "tar.gz",
@@ -1097,6 +1119,16 @@ def crate_repositories():
         urls = ["https://static.crates.io/crates/colorchoice/colorchoice-1.0.5.crate"],
         strip_prefix = "colorchoice-1.0.5",
         build_file = Label("//third_party/crates:BUILD.colorchoice-1.0.5.bazel"),
+    )
+
+    maybe(
+        http_archive,
+        name = "crates__console-0.15.11",
+        sha256 = "054ccb5b10f9f2cbf51eb355ca1d05c2d279ce1804688d0db74b4733a5aeafd8",
+        type = "tar.gz",
+        urls = ["https://static.crates.io/crates/console/console-0.15.11.crate"],
+        strip_prefix = "console-0.15.11",
+        build_file = Label("//third_party/crates:BUILD.console-0.15.11.bazel"),
     )
 
     maybe(
@@ -1181,6 +1213,16 @@ def crate_repositories():
 
     maybe(
         http_archive,
+        name = "crates__encode_unicode-1.0.0",
+        sha256 = "34aa73646ffb006b8f5147f3dc182bd4bcb190227ce861fc4a4844bf8e3cb2c0",
+        type = "tar.gz",
+        urls = ["https://static.crates.io/crates/encode_unicode/encode_unicode-1.0.0.crate"],
+        strip_prefix = "encode_unicode-1.0.0",
+        build_file = Label("//third_party/crates:BUILD.encode_unicode-1.0.0.bazel"),
+    )
+
+    maybe(
+        http_archive,
         name = "crates__errno-0.3.15",
         sha256 = "e35d6e78f4cebb90e51d543db8fe41528851d6deeef6ef21ebd4bfdc1e784776",
         type = "tar.gz",
@@ -1231,6 +1273,36 @@ def crate_repositories():
 
     maybe(
         http_archive,
+        name = "crates__futures-core-0.3.34",
+        sha256 = "92d699e522242e69e3003b94ecc1f960f3a5e015aa7c5d7486e65ad01dd94f5e",
+        type = "tar.gz",
+        urls = ["https://static.crates.io/crates/futures-core/futures-core-0.3.34.crate"],
+        strip_prefix = "futures-core-0.3.34",
+        build_file = Label("//third_party/crates:BUILD.futures-core-0.3.34.bazel"),
+    )
+
+    maybe(
+        http_archive,
+        name = "crates__futures-task-0.3.34",
+        sha256 = "cd417de3d1d015fc3bfd2b1ea46dfc7bab72ef86f1cc7cc9c78e728b34a6d1fd",
+        type = "tar.gz",
+        urls = ["https://static.crates.io/crates/futures-task/futures-task-0.3.34.crate"],
+        strip_prefix = "futures-task-0.3.34",
+        build_file = Label("//third_party/crates:BUILD.futures-task-0.3.34.bazel"),
+    )
+
+    maybe(
+        http_archive,
+        name = "crates__futures-util-0.3.34",
+        sha256 = "0d50a92467f8ba5dd6e3ee5d4bd04d73ab2e4e1c44474a0674821dfce14b79bc",
+        type = "tar.gz",
+        urls = ["https://static.crates.io/crates/futures-util/futures-util-0.3.34.crate"],
+        strip_prefix = "futures-util-0.3.34",
+        build_file = Label("//third_party/crates:BUILD.futures-util-0.3.34.bazel"),
+    )
+
+    maybe(
+        http_archive,
         name = "crates__getrandom-0.4.3",
         sha256 = "300e883d756b2e4ec94e02791f39b04b522276138852cfc41d9fb7e904106099",
         type = "tar.gz",
@@ -1261,6 +1333,16 @@ def crate_repositories():
 
     maybe(
         http_archive,
+        name = "crates__indicatif-0.17.11",
+        sha256 = "183b3088984b400f4cfac3620d5e076c84da5364016b4f49473de574b2586235",
+        type = "tar.gz",
+        urls = ["https://static.crates.io/crates/indicatif/indicatif-0.17.11.crate"],
+        strip_prefix = "indicatif-0.17.11",
+        build_file = Label("//third_party/crates:BUILD.indicatif-0.17.11.bazel"),
+    )
+
+    maybe(
+        http_archive,
         name = "crates__is_terminal_polyfill-1.70.2",
         sha256 = "a6cb138bb79a146c1bd460005623e142ef0181e3d0219cb493e02f7d08a35695",
         type = "tar.gz",
@@ -1287,6 +1369,16 @@ def crate_repositories():
         urls = ["https://static.crates.io/crates/jobserver/jobserver-0.1.35.crate"],
         strip_prefix = "jobserver-0.1.35",
         build_file = Label("//third_party/crates:BUILD.jobserver-0.1.35.bazel"),
+    )
+
+    maybe(
+        http_archive,
+        name = "crates__js-sys-0.3.107",
+        sha256 = "8dc09d2154098bbf4ef54eab6b117a3c24cbbffe94046b16ee6d6d4510584d3a",
+        type = "tar.gz",
+        urls = ["https://static.crates.io/crates/js-sys/js-sys-0.3.107.crate"],
+        strip_prefix = "js-sys-0.3.107",
+        build_file = Label("//third_party/crates:BUILD.js-sys-0.3.107.bazel"),
     )
 
     maybe(
@@ -1361,6 +1453,16 @@ def crate_repositories():
 
     maybe(
         http_archive,
+        name = "crates__number_prefix-0.4.0",
+        sha256 = "830b246a0e5f20af87141b25c173cd1b609bd7779a4617d6ec582abaf90870f3",
+        type = "tar.gz",
+        urls = ["https://static.crates.io/crates/number_prefix/number_prefix-0.4.0.crate"],
+        strip_prefix = "number_prefix-0.4.0",
+        build_file = Label("//third_party/crates:BUILD.number_prefix-0.4.0.bazel"),
+    )
+
+    maybe(
+        http_archive,
         name = "crates__once_cell-1.21.4",
         sha256 = "9f7c3e4beb33f85d45ae3e3a1792185706c8e16d043238c593331cc7cd313b50",
         type = "tar.gz",
@@ -1397,6 +1499,16 @@ def crate_repositories():
         urls = ["https://static.crates.io/crates/pkg-config/pkg-config-0.3.34.crate"],
         strip_prefix = "pkg-config-0.3.34",
         build_file = Label("//third_party/crates:BUILD.pkg-config-0.3.34.bazel"),
+    )
+
+    maybe(
+        http_archive,
+        name = "crates__portable-atomic-1.15.0",
+        sha256 = "05c8b63e8d9609db387f0324918f81d68fe27748f084ef092fb35954d0539a85",
+        type = "tar.gz",
+        urls = ["https://static.crates.io/crates/portable-atomic/portable-atomic-1.15.0.crate"],
+        strip_prefix = "portable-atomic-1.15.0",
+        build_file = Label("//third_party/crates:BUILD.portable-atomic-1.15.0.bazel"),
     )
 
     maybe(
@@ -1481,6 +1593,16 @@ def crate_repositories():
 
     maybe(
         http_archive,
+        name = "crates__rustversion-1.0.23",
+        sha256 = "cf54715a573b99ac80df0bc206da022bcd442c974952c7b9720069370852e21f",
+        type = "tar.gz",
+        urls = ["https://static.crates.io/crates/rustversion/rustversion-1.0.23.crate"],
+        strip_prefix = "rustversion-1.0.23",
+        build_file = Label("//third_party/crates:BUILD.rustversion-1.0.23.bazel"),
+    )
+
+    maybe(
+        http_archive,
         name = "crates__serde-1.0.229",
         sha256 = "4148590afebada386688f18773da617792bf2ef03ffc1e4cbd2b1d45b023e0ba",
         type = "tar.gz",
@@ -1537,6 +1659,16 @@ def crate_repositories():
         urls = ["https://static.crates.io/crates/shlex/shlex-2.0.1.crate"],
         strip_prefix = "shlex-2.0.1",
         build_file = Label("//third_party/crates:BUILD.shlex-2.0.1.bazel"),
+    )
+
+    maybe(
+        http_archive,
+        name = "crates__slab-0.4.12",
+        sha256 = "0c790de23124f9ab44544d7ac05d60440adc586479ce501c1d6d7da3cd8c9cf5",
+        type = "tar.gz",
+        urls = ["https://static.crates.io/crates/slab/slab-0.4.12.crate"],
+        strip_prefix = "slab-0.4.12",
+        build_file = Label("//third_party/crates:BUILD.slab-0.4.12.bazel"),
     )
 
     maybe(
@@ -1681,6 +1813,16 @@ def crate_repositories():
 
     maybe(
         http_archive,
+        name = "crates__unicode-width-0.2.3",
+        sha256 = "ca718471876992059f251e33aafc334346ada08042b7661dd1fe313a9bced557",
+        type = "tar.gz",
+        urls = ["https://static.crates.io/crates/unicode-width/unicode-width-0.2.3.crate"],
+        strip_prefix = "unicode-width-0.2.3",
+        build_file = Label("//third_party/crates:BUILD.unicode-width-0.2.3.bazel"),
+    )
+
+    maybe(
+        http_archive,
         name = "crates__utf8parse-0.2.2",
         sha256 = "06abde3611657adf66d383f00b093d7faecc7fa57071cce2578660c9f1010821",
         type = "tar.gz",
@@ -1701,6 +1843,56 @@ def crate_repositories():
 
     maybe(
         http_archive,
+        name = "crates__wasm-bindgen-0.2.130",
+        sha256 = "a0181c14ddd6c7b8b0b0132a5f1ea2f32be0d893cd3ea97b6e3b28886b8a3d1c",
+        type = "tar.gz",
+        urls = ["https://static.crates.io/crates/wasm-bindgen/wasm-bindgen-0.2.130.crate"],
+        strip_prefix = "wasm-bindgen-0.2.130",
+        build_file = Label("//third_party/crates:BUILD.wasm-bindgen-0.2.130.bazel"),
+    )
+
+    maybe(
+        http_archive,
+        name = "crates__wasm-bindgen-macro-0.2.130",
+        sha256 = "6e931a02a39abdbf66966fc35902b5ed58344750a70885bed4ebb3d8eaf28ed9",
+        type = "tar.gz",
+        urls = ["https://static.crates.io/crates/wasm-bindgen-macro/wasm-bindgen-macro-0.2.130.crate"],
+        strip_prefix = "wasm-bindgen-macro-0.2.130",
+        build_file = Label("//third_party/crates:BUILD.wasm-bindgen-macro-0.2.130.bazel"),
+    )
+
+    maybe(
+        http_archive,
+        name = "crates__wasm-bindgen-macro-support-0.2.130",
+        sha256 = "2ca4b54280e455bd831e33a6b8e734baf432fe63fbc35c42ac14ce67a043a53a",
+        type = "tar.gz",
+        urls = ["https://static.crates.io/crates/wasm-bindgen-macro-support/wasm-bindgen-macro-support-0.2.130.crate"],
+        strip_prefix = "wasm-bindgen-macro-support-0.2.130",
+        build_file = Label("//third_party/crates:BUILD.wasm-bindgen-macro-support-0.2.130.bazel"),
+    )
+
+    maybe(
+        http_archive,
+        name = "crates__wasm-bindgen-shared-0.2.130",
+        sha256 = "3b1f9c3798725016c6ee5f2f57869ec0831e8bbc0ab0310a86e787e97f41389e",
+        type = "tar.gz",
+        urls = ["https://static.crates.io/crates/wasm-bindgen-shared/wasm-bindgen-shared-0.2.130.crate"],
+        strip_prefix = "wasm-bindgen-shared-0.2.130",
+        build_file = Label("//third_party/crates:BUILD.wasm-bindgen-shared-0.2.130.bazel"),
+    )
+
+    maybe(
+        http_archive,
+        name = "crates__web-time-1.1.0",
+        sha256 = "5a6580f308b1fad9207618087a65c04e7a10bc77e02c8e84e9b00dd4b12fa0bb",
+        type = "tar.gz",
+        urls = ["https://static.crates.io/crates/web-time/web-time-1.1.0.crate"],
+        strip_prefix = "web-time-1.1.0",
+        build_file = Label("//third_party/crates:BUILD.web-time-1.1.0.bazel"),
+    )
+
+    maybe(
+        http_archive,
         name = "crates__windows-link-0.2.1",
         sha256 = "f0805222e57f7521d6a62e36fa9163bc891acd422f971defe97d64e70d0a4fe5",
         type = "tar.gz",
@@ -1711,12 +1903,112 @@ def crate_repositories():
 
     maybe(
         http_archive,
+        name = "crates__windows-sys-0.59.0",
+        sha256 = "1e38bc4d79ed67fd075bcc251a1c39b32a1776bbe92e5bef1f0bf1f8c531853b",
+        type = "tar.gz",
+        urls = ["https://static.crates.io/crates/windows-sys/windows-sys-0.59.0.crate"],
+        strip_prefix = "windows-sys-0.59.0",
+        build_file = Label("//third_party/crates:BUILD.windows-sys-0.59.0.bazel"),
+    )
+
+    maybe(
+        http_archive,
         name = "crates__windows-sys-0.61.2",
         sha256 = "ae137229bcbd6cdf0f7b80a31df61766145077ddf49416a728b02cb3921ff3fc",
         type = "tar.gz",
         urls = ["https://static.crates.io/crates/windows-sys/windows-sys-0.61.2.crate"],
         strip_prefix = "windows-sys-0.61.2",
         build_file = Label("//third_party/crates:BUILD.windows-sys-0.61.2.bazel"),
+    )
+
+    maybe(
+        http_archive,
+        name = "crates__windows-targets-0.52.6",
+        sha256 = "9b724f72796e036ab90c1021d4780d4d3d648aca59e491e6b98e725b84e99973",
+        type = "tar.gz",
+        urls = ["https://static.crates.io/crates/windows-targets/windows-targets-0.52.6.crate"],
+        strip_prefix = "windows-targets-0.52.6",
+        build_file = Label("//third_party/crates:BUILD.windows-targets-0.52.6.bazel"),
+    )
+
+    maybe(
+        http_archive,
+        name = "crates__windows_aarch64_gnullvm-0.52.6",
+        sha256 = "32a4622180e7a0ec044bb555404c800bc9fd9ec262ec147edd5989ccd0c02cd3",
+        type = "tar.gz",
+        urls = ["https://static.crates.io/crates/windows_aarch64_gnullvm/windows_aarch64_gnullvm-0.52.6.crate"],
+        strip_prefix = "windows_aarch64_gnullvm-0.52.6",
+        build_file = Label("//third_party/crates:BUILD.windows_aarch64_gnullvm-0.52.6.bazel"),
+    )
+
+    maybe(
+        http_archive,
+        name = "crates__windows_aarch64_msvc-0.52.6",
+        sha256 = "09ec2a7bb152e2252b53fa7803150007879548bc709c039df7627cabbd05d469",
+        type = "tar.gz",
+        urls = ["https://static.crates.io/crates/windows_aarch64_msvc/windows_aarch64_msvc-0.52.6.crate"],
+        strip_prefix = "windows_aarch64_msvc-0.52.6",
+        build_file = Label("//third_party/crates:BUILD.windows_aarch64_msvc-0.52.6.bazel"),
+    )
+
+    maybe(
+        http_archive,
+        name = "crates__windows_i686_gnu-0.52.6",
+        sha256 = "8e9b5ad5ab802e97eb8e295ac6720e509ee4c243f69d781394014ebfe8bbfa0b",
+        type = "tar.gz",
+        urls = ["https://static.crates.io/crates/windows_i686_gnu/windows_i686_gnu-0.52.6.crate"],
+        strip_prefix = "windows_i686_gnu-0.52.6",
+        build_file = Label("//third_party/crates:BUILD.windows_i686_gnu-0.52.6.bazel"),
+    )
+
+    maybe(
+        http_archive,
+        name = "crates__windows_i686_gnullvm-0.52.6",
+        sha256 = "0eee52d38c090b3caa76c563b86c3a4bd71ef1a819287c19d586d7334ae8ed66",
+        type = "tar.gz",
+        urls = ["https://static.crates.io/crates/windows_i686_gnullvm/windows_i686_gnullvm-0.52.6.crate"],
+        strip_prefix = "windows_i686_gnullvm-0.52.6",
+        build_file = Label("//third_party/crates:BUILD.windows_i686_gnullvm-0.52.6.bazel"),
+    )
+
+    maybe(
+        http_archive,
+        name = "crates__windows_i686_msvc-0.52.6",
+        sha256 = "240948bc05c5e7c6dabba28bf89d89ffce3e303022809e73deaefe4f6ec56c66",
+        type = "tar.gz",
+        urls = ["https://static.crates.io/crates/windows_i686_msvc/windows_i686_msvc-0.52.6.crate"],
+        strip_prefix = "windows_i686_msvc-0.52.6",
+        build_file = Label("//third_party/crates:BUILD.windows_i686_msvc-0.52.6.bazel"),
+    )
+
+    maybe(
+        http_archive,
+        name = "crates__windows_x86_64_gnu-0.52.6",
+        sha256 = "147a5c80aabfbf0c7d901cb5895d1de30ef2907eb21fbbab29ca94c5b08b1a78",
+        type = "tar.gz",
+        urls = ["https://static.crates.io/crates/windows_x86_64_gnu/windows_x86_64_gnu-0.52.6.crate"],
+        strip_prefix = "windows_x86_64_gnu-0.52.6",
+        build_file = Label("//third_party/crates:BUILD.windows_x86_64_gnu-0.52.6.bazel"),
+    )
+
+    maybe(
+        http_archive,
+        name = "crates__windows_x86_64_gnullvm-0.52.6",
+        sha256 = "24d5b23dc417412679681396f2b49f3de8c1473deb516bd34410872eff51ed0d",
+        type = "tar.gz",
+        urls = ["https://static.crates.io/crates/windows_x86_64_gnullvm/windows_x86_64_gnullvm-0.52.6.crate"],
+        strip_prefix = "windows_x86_64_gnullvm-0.52.6",
+        build_file = Label("//third_party/crates:BUILD.windows_x86_64_gnullvm-0.52.6.bazel"),
+    )
+
+    maybe(
+        http_archive,
+        name = "crates__windows_x86_64_msvc-0.52.6",
+        sha256 = "589f6da84c646204747d1270a2a5661ea66ed1cced2631d546fdfb155959f9ec",
+        type = "tar.gz",
+        urls = ["https://static.crates.io/crates/windows_x86_64_msvc/windows_x86_64_msvc-0.52.6.crate"],
+        strip_prefix = "windows_x86_64_msvc-0.52.6",
+        build_file = Label("//third_party/crates:BUILD.windows_x86_64_msvc-0.52.6.bazel"),
     )
 
     maybe(
@@ -1793,6 +2085,7 @@ def crate_repositories():
        struct(repo="crates__blake3-1.8.7", is_dev_dep = False),
        struct(repo="crates__clap-4.6.9", is_dev_dep = False),
        struct(repo="crates__half-2.7.1", is_dev_dep = False),
+       struct(repo="crates__indicatif-0.17.11", is_dev_dep = False),
        struct(repo="crates__rayon-1.12.0", is_dev_dep = False),
        struct(repo="crates__serde-1.0.229", is_dev_dep = False),
        struct(repo="crates__serde_json-1.0.154", is_dev_dep = False),

@@ -111,6 +111,9 @@ fn measure(opts: &CompileOptions) -> Result<Measured, String> {
     let device = SimDevice::new(pkg.info.tile_count).map_err(|e| e.to_string())?;
     let mut session =
         Session::load(Box::new(device), pkg.clone(), None).map_err(|e| e.to_string())?;
+    // The run call of a large model simulates for minutes: a bar on a
+    // terminal (the figures go to stdout, the bar to stderr).
+    session.set_progress(ipu_runtime::TerminalProgress::for_stderr());
     let pick = |call: &str| -> BTreeMap<String, ipu_reference::Tensor> {
         let c = pkg
             .info

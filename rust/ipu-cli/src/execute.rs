@@ -89,6 +89,8 @@ impl DeviceArgs {
             feeds: FeedSpec { files, generate },
             calls: Vec::new(),
             profile: self.profile.clone(),
+            // A bar per call on a terminal; nothing in Bazel actions or CI.
+            progress: ipu_runtime::TerminalProgress::for_stderr(),
         })
     }
 }

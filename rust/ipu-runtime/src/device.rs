@@ -4,6 +4,7 @@
 use std::collections::BTreeMap;
 use std::fmt;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -87,6 +88,11 @@ pub trait Device: Send {
     fn steps(&self) -> &[StepRecord];
     /// The clock used to convert host link bytes into cycles.
     fn clock_hz(&self) -> u64;
+    /// A counter of the device cycles reached so far that another thread
+    /// may read while [`Device::run`] runs (progress), if the device keeps one.
+    fn progress(&self) -> Option<Arc<AtomicU64>> {
+        None
+    }
 }
 
 /// The simulator as a device.
@@ -201,6 +207,10 @@ impl Device for SimDevice {
 
     fn clock_hz(&self) -> u64 {
         ipu_arch::CLOCK_HZ_C600
+    }
+
+    fn progress(&self) -> Option<Arc<AtomicU64>> {
+        Some(self.chip.progress())
     }
 }
 

@@ -15,6 +15,9 @@
 //! - [`verify`]: device outputs against `ipu-reference`, with a checkpoint
 //!   re-run that names the first diverging operation, its tiles and kernel.
 //! - [`profile`]: the `.ipuprofile` writer and the query API.
+//! - [`progress`]: a session tells a [`CallProgress`] when each call starts
+//!   and ends, with the device's cycle counter; [`TerminalProgress`] draws
+//!   it as a bar on stderr where stderr is a terminal (indicatif).
 //!
 //! Invariants: no user input (package, member, tensor file, call name)
 //! makes the runtime panic; every error names the file, member, call,
@@ -30,6 +33,7 @@ pub mod feeds;
 pub mod lock;
 pub mod members;
 pub mod profile;
+pub mod progress;
 pub mod session;
 pub mod verify;
 
@@ -41,6 +45,7 @@ use std::time::Duration;
 pub use device::{Device, DeviceError, DeviceSpec, DeviceStop, HardwarePaths, SimDevice};
 pub use feeds::{FeedSpec, Generate};
 pub use lock::{DeviceLock, LockError};
+pub use progress::{CallProgress, CallStart, ProgressHook, TerminalProgress};
 pub use session::{CallCycles, CallOutput, Session};
 
 use ipu_package::{Package, PackageError};
@@ -320,6 +325,8 @@ pub struct RunOptions {
     pub calls: Vec<String>,
     /// Write an execution profile here.
     pub profile: Option<PathBuf>,
+    /// Told when each call starts and ends (a progress bar).
+    pub progress: Option<ProgressHook>,
 }
 
 /// What [`run`] returns.
@@ -354,6 +361,7 @@ pub fn run_package(package: Package, options: &RunOptions) -> Result<RunReport, 
     };
     let (device, lock) = open_device(&options.device, package.info.tile_count)?;
     let mut session = Session::load(device, package, lock)?;
+    session.set_progress(options.progress.clone());
     let mut outputs = BTreeMap::new();
     for name in &calls {
         let inputs = feeds::for_call(session.package(), name, &feeds);

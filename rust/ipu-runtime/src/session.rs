@@ -11,6 +11,7 @@ use ipu_reference::Tensor;
 use crate::device::{Device, DeviceStop};
 use crate::lock::DeviceLock;
 use crate::members::{self, CallCheckpoints, CHECKPOINT_FLAG};
+use crate::progress::{CallStart, ProgressHook, Watch};
 use crate::RuntimeError;
 
 /// Cycle figures of one call.
@@ -63,6 +64,8 @@ pub struct Session {
     calls: Vec<CallCycles>,
     /// Host bytes moved while stopped at each host-sync step (by step index).
     host_bytes: BTreeMap<usize, u64>,
+    /// Told when each call starts and ends, with the call's estimate.
+    progress: Option<(ProgressHook, BTreeMap<String, u64>)>,
 }
 
 impl std::fmt::Debug for Session {
@@ -150,6 +153,7 @@ impl Session {
             finished: false,
             calls: Vec::new(),
             host_bytes: BTreeMap::new(),
+            progress: None,
         })
     }
 
@@ -176,6 +180,32 @@ impl Session {
     /// Host bytes moved while stopped at each host-sync step, by step index.
     pub fn host_bytes(&self) -> &BTreeMap<usize, u64> {
         &self.host_bytes
+    }
+
+    /// Tells `hook` (or nobody) when each later call starts and ends, with
+    /// the call's estimated cycles from `schedule.json` where every step of
+    /// the call has one.
+    pub fn set_progress(&mut self, hook: Option<ProgressHook>) {
+        self.progress = hook.map(|h| {
+            // Only the bars read these: a `schedule.json` that does not
+            // parse leaves them without an estimate (the profile, which
+            // needs it, reports the error).
+            let estimates = members::schedule(&self.package)
+                .ok()
+                .flatten()
+                .map(|s| {
+                    s.calls
+                        .iter()
+                        .filter_map(|c| {
+                            let cycles: Option<u64> =
+                                c.steps.iter().map(|st| st.estimated_cycles).sum();
+                            cycles.map(|n| (c.call.clone(), n))
+                        })
+                        .collect()
+                })
+                .unwrap_or_default();
+            (h, estimates)
+        });
     }
 
     /// Runs call `name` with `inputs` (exactly the call's inputs, by name).
@@ -322,6 +352,7 @@ impl Session {
         );
         let first_step = self.device.steps().len();
         let cycles_before = self.device.cycles();
+
         let clock = self.device.clock_hz();
         let mut bytes_in = self.write_inputs(&call, inputs, 0)?;
         let word = command.to_le_bytes();
@@ -331,6 +362,19 @@ impl Session {
             bytes_in += 4;
         }
         self.charge(bytes_in);
+        // The bar counts from where the inputs' host-link cycles end, as
+        // the estimate (and `device_cycles`) do.
+        let _watch = self.progress.as_ref().map(|(hook, estimates)| {
+            Watch::start(
+                hook,
+                CallStart {
+                    call: name,
+                    start: cycles_before + ipu_arch::host_transfer_cycles(bytes_in, clock),
+                    estimated: estimates.get(name).copied(),
+                    reached: self.device.progress(),
+                },
+            )
+        });
         // Host stops come first: at each the host writes the stop's inputs
         // (a device loop's next weights) and resumes the device, which
         // waits for them, so their transfer counts in the device cycles.

@@ -354,6 +354,7 @@ pub fn verify_package(
         |checkpointed: bool| -> Result<(crate::CallOutput, Vec<crate::CallCycles>), RuntimeError> {
             let (device, lock) = open_device(&options.run.device, package.info.tile_count)?;
             let mut session = Session::load(device, package.clone(), lock)?;
+            session.set_progress(options.run.progress.clone());
             let mut last = None;
             for call in &package.info.calls {
                 if call.name != "initialize" && call.name != "run" {

@@ -429,3 +429,56 @@ fn device_faults_name_tile_and_symbol() {
     assert!(e.contains("<add_f32+0x"), "{e}");
     assert!(e.contains("outside tile SRAM"), "{e}");
 }
+
+/// Records what a session tells its progress hook.
+#[derive(Default)]
+struct Recorded {
+    events: std::sync::Mutex<Vec<(String, String, u64)>>,
+    counter: std::sync::Mutex<Option<(u64, std::sync::Arc<std::sync::atomic::AtomicU64>)>>,
+}
+
+impl ipu_runtime::CallProgress for Recorded {
+    fn started(&self, c: ipu_runtime::CallStart<'_>) {
+        self.events
+            .lock()
+            .unwrap()
+            .push(("started".into(), c.call.into(), c.start));
+        *self.counter.lock().unwrap() = Some((c.start, c.reached.expect("the simulator counts")));
+    }
+
+    fn finished(&self, call: &str) {
+        let (start, reached) = self.counter.lock().unwrap().take().unwrap();
+        let at = reached.load(std::sync::atomic::Ordering::Relaxed);
+        self.events
+            .lock()
+            .unwrap()
+            .push(("finished".into(), call.into(), at - start));
+    }
+}
+
+#[test]
+fn progress_hooks_see_each_call_and_its_device_cycles() {
+    let recorded = std::sync::Arc::new(Recorded::default());
+    let options = RunOptions {
+        device: DeviceOptions::simulator(2),
+        progress: Some(ipu_runtime::ProgressHook(recorded.clone())),
+        ..RunOptions::default()
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let path = common::write(
+        dir.path(),
+        "p.ipupkg",
+        &common::package(common::Options::default()),
+    );
+    let report = run(&path, &options).unwrap();
+    let events = recorded.events.lock().unwrap().clone();
+    assert_eq!(events.len(), 2 * report.calls.len(), "{events:?}");
+    for (pair, call) in events.chunks(2).zip(&report.calls) {
+        assert_eq!(pair[0].0, "started");
+        assert_eq!(pair[1].0, "finished");
+        assert_eq!((&pair[0].1, &pair[1].1), (&call.call, &call.call));
+        // The counter has reached the call's end: its device cycles past
+        // where its inputs' host-link cycles end.
+        assert_eq!(pair[1].2, call.device_cycles, "{}", call.call);
+    }
+}

@@ -5,6 +5,7 @@ use crate::exchange;
 use crate::tile::{PhaseCounters, PhaseEnd, SymbolMap, Tile, SUPERVISOR};
 use ipu_arch::{host_transfer_cycles, CLOCK_HZ_C600, SYNC_CYCLES, TILES_PER_CHIP};
 use rayon::prelude::*;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 /// Simulator settings.
@@ -100,6 +101,9 @@ pub struct Chip {
     host_bytes: u64,
     steps: Vec<StepRecord>,
     pending: Vec<TileStep>,
+    /// The end cycle of the latest completed step, shared with whoever
+    /// watches a long run from another thread ([`Chip::progress`]).
+    progress: Arc<AtomicU64>,
 }
 
 impl std::fmt::Debug for Chip {
@@ -149,6 +153,7 @@ impl Chip {
             host_bytes: 0,
             steps: Vec::new(),
             pending: vec![TileStep::default(); n],
+            progress: Arc::default(),
             config,
         })
     }
@@ -236,6 +241,20 @@ impl Chip {
         self.steps.last().map_or(0, |s| s.end_cycle)
     }
 
+    /// A counter of the cycles the run has reached (the end of its latest
+    /// completed BSP step), which another thread may read while [`run`]
+    /// runs: an interactive front end's progress, as the steps complete.
+    ///
+    /// [`run`]: Chip::run
+    pub fn progress(&self) -> Arc<AtomicU64> {
+        Arc::clone(&self.progress)
+    }
+
+    fn record_step(&mut self, step: StepRecord) {
+        self.progress.store(step.end_cycle, Ordering::Relaxed);
+        self.steps.push(step);
+    }
+
     /// Host bytes moved at the current host sync so far.
     pub fn host_bytes_pending(&self) -> u64 {
         self.host_bytes
@@ -264,6 +283,7 @@ impl Chip {
                     }
                     last.end_cycle = resume;
                 }
+                self.progress.store(resume, Ordering::Relaxed);
                 for (i, t) in self.tiles.iter_mut().enumerate() {
                     if t.active {
                         t.resume_at(resume);
@@ -358,7 +378,7 @@ impl Chip {
             }
             match kind {
                 PhaseEnd::Exit { .. } => {
-                    self.steps.push(StepRecord {
+                    self.record_step(StepRecord {
                         kind: StepKind::Exit,
                         start_cycle,
                         end_cycle: latest,
@@ -377,7 +397,7 @@ impl Chip {
                             self.tiles[i].step += 1;
                         }
                     }
-                    self.steps.push(StepRecord {
+                    self.record_step(StepRecord {
                         kind: StepKind::HostSync,
                         start_cycle,
                         end_cycle: resume_base,
@@ -445,7 +465,7 @@ impl Chip {
                 }
                 t.transfers.clear();
             }
-            self.steps.push(StepRecord {
+            self.record_step(StepRecord {
                 kind: StepKind::Sync,
                 start_cycle,
                 end_cycle,
