@@ -429,9 +429,14 @@ pub mod memo {
             m.entries = Default::default();
             m.descriptors = 0;
         }
-        if descriptors <= MAX_DESCRIPTORS {
+        // Two threads that scheduled the same phase at once insert the
+        // same schedule; it is counted once.
+        if descriptors <= MAX_DESCRIPTORS
+            && m.entries[whole_jobs as usize]
+                .insert(phase, (tables.clone(), figures))
+                .is_none()
+        {
             m.descriptors += descriptors;
-            m.entries[whole_jobs as usize].insert(phase, (tables.clone(), figures));
         }
     }
 }
