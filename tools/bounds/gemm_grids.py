@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Best grid programs for one f16 GEMM on the chip, by the kernels' formulas.
 
-    tools/bounds/gemm_grids.py [M K N] [--tiles T] [--top N] [--any-memory]
+    tools/bounds/gemm_grids.py [M K N] [--tiles T] [--top N] [--any-memory] [--resident-b]
 
 For every grid (row parts x column parts x K parts, at most T tiles) whose
 two f16 C buffers and one K block of A and of B fit region 1 (any grid
@@ -13,7 +13,10 @@ what a streamed program of that grid costs at least on this machine
   the six vertices split into row and column groups as the compiler does
   (docs/kernels.md, "Cycles": 6 * (22 + NCB * (14 + NKB * (4 * M + 43))));
 - exchange: the tile's A rows and B columns of its K part received at
-  4 bytes a cycle (homes and multicast only help the senders);
+  4 bytes a cycle (homes and multicast only help the senders); with
+  --resident-b, B's part stays on the tile (a weight the initialize call
+  writes, as the SigLIP projections keep theirs) and takes its region-1
+  bytes instead;
 - reduce-scatter: the other K parts' partial sums received, and their sum
   at `reduce_f32` ACC=16 PAIRS=1's (P - 1) bundles per four outputs;
 - syncs: 600 cycles for the chunk exchange, the reduce-scatter and the
@@ -30,7 +33,7 @@ import argparse
 import math
 
 REGION1 = 0xE8000 - 0x80000
-CHIP_FLOP_PER_CYCLE = 1472 * 128
+TILE_FLOP_PER_CYCLE = 128
 WORKERS = 6
 SYNC = 600
 
@@ -47,7 +50,7 @@ def gemm_cycles(rows, col_blocks, k_blocks):
     return best
 
 
-def grids(m_total, k_total, n_total, tiles, any_memory):
+def grids(m_total, k_total, n_total, tiles, any_memory, resident_b):
     k_blocks_total = math.ceil(k_total / 16)
     for mp in range(1, min(m_total, tiles) + 1):
         for np_ in range(1, tiles // mp + 1):
@@ -56,10 +59,13 @@ def grids(m_total, k_total, n_total, tiles, any_memory):
                 ncb = math.ceil(n_total / np_ / 16)
                 n = ncb * 16
                 kb = math.ceil(k_blocks_total / kp)
-                if not any_memory and 2 * (2 * m * n) + 32 * m + 32 * n > REGION1:
+                region1 = 2 * (2 * m * n) + 32 * m + 32 * n
+                if resident_b:
+                    region1 += kb * 16 * n * 2
+                if not any_memory and region1 > REGION1:
                     continue
                 compute = gemm_cycles(m, ncb, kb)
-                exchange = (m + n) * kb * 16 * 2 / 4
+                exchange = (m + (0 if resident_b else n)) * kb * 16 * 2 / 4
                 partials = m * n * (kp - 1) / kp * 2 / 4
                 reduce = m * n / kp * (kp - 1) / 4
                 syncs = SYNC * (3 if kp > 1 else 2)
@@ -69,19 +75,20 @@ def grids(m_total, k_total, n_total, tiles, any_memory):
 
 def main():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("shape", nargs="*", type=int, default=[4096, 4096, 4096])
+    p.add_argument("shape", nargs="*", type=int, default=[4096, 4096, 4096], help="M K N (default 4096 4096 4096)")
     p.add_argument("--tiles", type=int, default=1472)
     p.add_argument("--top", type=int, default=8)
     p.add_argument("--any-memory", action="store_true", help="leave out the region-1 limit")
+    p.add_argument("--resident-b", action="store_true", help="B's part stays on its tiles (no B exchange)")
     a = p.parse_args()
     if len(a.shape) != 3 or min(a.shape) < 1:
         p.error(f"the shape is M K N, three positive integers, not {a.shape}")
     m, k, n = a.shape
-    peak = 2 * m * k * n / CHIP_FLOP_PER_CYCLE
     if a.tiles < 1:
         p.error(f"--tiles must be positive, not {a.tiles}")
-    ranked = sorted(grids(m, k, n, a.tiles, a.any_memory))
-    print(f"{m} x {k} x {n} f16 GEMM on {a.tiles} tiles: peak-rate bound {peak:.0f} cycles")
+    peak = 2 * m * k * n / (TILE_FLOP_PER_CYCLE * a.tiles)
+    ranked = sorted(grids(m, k, n, a.tiles, a.any_memory, a.resident_b))
+    print(f"{m} x {k} x {n} f16 GEMM on {a.tiles} tiles: peak-rate bound {peak:.0f} cycles (f16 AMP peak on those tiles)")
     for total, compute, exchange, partials, reduce, g in ranked[: a.top]:
         print(
             f"  {g[0]:>3} x {g[1]:>3} x {g[2]:>2}: {total:>9.0f} cycles = {100 * peak / total:.1f}% of peak"
