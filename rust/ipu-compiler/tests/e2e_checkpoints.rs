@@ -119,6 +119,10 @@ fn compositional_check_tells_amplification_from_inaccuracy() {
         amplified.to_string().contains("compositional check passed"),
         "{amplified}"
     );
+    assert!(
+        amplified.to_string().contains("--option accumulation=f32"),
+        "{amplified}"
+    );
     let inaccurate = verify(
         "gelu16",
         "model gelu16\ninput x: f16[51, 116]\nparam g: f16[116]\nparam b: f16[116]\nparam w: f16[116, 116]\nln = layernorm(x, g, b, epsilon=1e-6)\nh = gemm(ln, w)\ny = gelu(h)\noutput y\n",

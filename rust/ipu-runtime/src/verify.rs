@@ -238,6 +238,17 @@ impl fmt::Display for VerifyReport {
                         ", so the whole-graph difference is the model amplifying errors its operands were allowed"
                     }
                 )?;
+                if !self.passed() {
+                    // What a user can change: GEMMs accumulating in f16
+                    // (the compiler's default for long sums, in bounded
+                    // chains) leave errors the rule allows one operation
+                    // but that a softmax or a causal attention's first
+                    // rows pass on undamped.
+                    writeln!(
+                        f,
+                        "  hint: where the model's GEMMs accumulate in f16, compiling with `--option accumulation=f32` brings their results, and what is built on them, closer to the exact values (at up to half the GEMMs' rate)"
+                    )?;
+                }
             } else {
                 writeln!(
                     f,
