@@ -231,6 +231,14 @@ pub struct CallSchedule {
     pub steps: Vec<ScheduledStep>,
 }
 
+impl CallSchedule {
+    /// The compiler's estimate of the whole call: its steps' estimates
+    /// summed, when every step has one.
+    pub fn estimated_cycles(&self) -> Option<u64> {
+        self.steps.iter().map(|st| st.estimated_cycles).sum()
+    }
+}
+
 /// What one BSP step does.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -365,4 +373,30 @@ pub fn symbols(package: &Package) -> Result<BTreeMap<u32, ipu_sim::SymbolMap>, R
         }
     }
     Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_call_has_an_estimate_only_where_every_step_has_one() {
+        let step = |e: Option<u64>| ScheduledStep {
+            estimated_cycles: e,
+            ..ScheduledStep::default()
+        };
+        let call = |steps| CallSchedule {
+            call: "run".into(),
+            steps,
+        };
+        assert_eq!(
+            call(vec![step(Some(600)), step(Some(1_234))]).estimated_cycles(),
+            Some(1_834)
+        );
+        assert_eq!(
+            call(vec![step(Some(600)), step(None)]).estimated_cycles(),
+            None
+        );
+        assert_eq!(call(vec![]).estimated_cycles(), Some(0));
+    }
 }

@@ -196,11 +196,7 @@ impl Session {
                 .map(|s| {
                     s.calls
                         .iter()
-                        .filter_map(|c| {
-                            let cycles: Option<u64> =
-                                c.steps.iter().map(|st| st.estimated_cycles).sum();
-                            cycles.map(|n| (c.call.clone(), n))
-                        })
+                        .filter_map(|c| Some((c.call.clone(), c.estimated_cycles()?)))
                         .collect()
                 })
                 .unwrap_or_default();
