@@ -141,21 +141,14 @@ fn measure(opts: &CompileOptions) -> Result<Measured, String> {
         .map(|t| t.instructions)
         .sum();
     let bundles: u64 = steps.iter().flat_map(|s| &s.tiles).map(|t| t.bundles).sum();
-    let reference = ipu_reference::evaluate(&graph, &feeds).map_err(|e| e.to_string())?;
-    let k = ipu_graph::analysis::max_reduction_length(&graph);
-    // The tolerance `ipu verify` applies (ipu-runtime): with the term of
-    // the model's re-quantisations to fp8 (docs/graph-format.md).
-    let requantised = ipu_reference::requantisations(&graph);
+    // The whole-graph check `ipu verify` applies (docs/graph-format.md,
+    // "Verification").
+    let checks = ipu_reference::output_checks(&graph, &feeds).map_err(|e| e.to_string())?;
     let mut verification = (true, 0u64, 0u64, 0.0f64, 1.0f64);
-    for (name, want) in &reference {
-        let tol = ipu_reference::Tolerance::for_output_requantised(
-            want.dtype(),
-            k,
-            want.data(),
-            &requantised,
-        );
-        let cmp =
-            ipu_reference::compare(&run.outputs[name], want, tol).map_err(|e| e.to_string())?;
+    for out in &checks {
+        let cmp = out
+            .compare(&run.outputs[&out.name])
+            .map_err(|e| e.to_string())?;
         verification.0 &= cmp.passed();
         verification.1 += cmp.mismatches;
         verification.2 += cmp.checks;

@@ -100,7 +100,15 @@ impl Tolerance {
 
     /// Whether `device` is within tolerance of `reference` (NaN never is).
     pub fn accepts(&self, device: f64, reference: f64) -> bool {
-        (device - reference).abs() <= self.atol + self.rtol * reference.abs()
+        self.accepts_with(device, reference, 0.0)
+    }
+
+    /// Whether `device` is within tolerance of `reference` when the
+    /// element's own part of the output has the absolute term `row_atol`
+    /// (an attention's query row, [`crate::attention_row_atol`]): the
+    /// absolute part is the larger of `atol` and `row_atol`.
+    pub fn accepts_with(&self, device: f64, reference: f64, row_atol: f64) -> bool {
+        (device - reference).abs() <= self.atol.max(row_atol) + self.rtol * reference.abs()
     }
 }
 
@@ -152,6 +160,10 @@ pub struct Mismatch {
 pub struct Comparison {
     /// The tolerance applied.
     pub tolerance: Tolerance,
+    /// The largest per-element atol of the element's own query row, which
+    /// replaces `tolerance.atol` where it is larger ([`Tolerance::accepts_with`]),
+    /// when the output is an attention's result.
+    pub row_atol: Option<f64>,
     /// Elements compared.
     pub checks: u64,
     /// Elements outside tolerance.
@@ -216,11 +228,31 @@ pub fn compare_values(
     reference: &[f64],
     tolerance: Tolerance,
 ) -> Result<Comparison, ShapeMismatch> {
+    compare_values_with(device, reference, tolerance, None)
+}
+
+/// [`compare_values`] with a per-element `row_atol` (same length as the
+/// reference) that replaces the absolute tolerance of each element where it
+/// is larger ([`Tolerance::accepts_with`]).
+pub fn compare_values_with(
+    device: &Tensor,
+    reference: &[f64],
+    tolerance: Tolerance,
+    row_atol: Option<&[f64]>,
+) -> Result<Comparison, ShapeMismatch> {
     let dims = device.shape().dims();
-    if reference.len() != device.data().len() {
+    if reference.len() != device.data().len()
+        || row_atol.is_some_and(|a| a.len() != reference.len())
+    {
         return Err(ShapeMismatch {
             device: device.shape().clone(),
-            reference: format!("{} elements", reference.len()),
+            reference: format!(
+                "{} elements{}",
+                reference.len(),
+                row_atol
+                    .map(|a| format!(" with {} row tolerances", a.len()))
+                    .unwrap_or_default()
+            ),
         });
     }
     let columns = device.shape().last().unwrap_or(1);
@@ -243,7 +275,8 @@ pub fn compare_values(
         if r != 0.0 {
             max_rel = max_rel.max(err / r.abs());
         }
-        if !tolerance.accepts(d, r) {
+        let row = row_atol.map_or(0.0, |a| a[i]);
+        if !tolerance.accepts_with(d, r, row) {
             mismatches += 1;
             by_column[i % columns] += 1;
             if first.is_none() {
@@ -269,6 +302,7 @@ pub fn compare_values(
     };
     Ok(Comparison {
         tolerance,
+        row_atol: row_atol.map(|a| a.iter().copied().fold(0.0, f64::max)),
         checks: reference.len() as u64,
         mismatches,
         expected: if min == max {
@@ -291,13 +325,23 @@ pub fn compare(
     reference: &Tensor,
     tolerance: Tolerance,
 ) -> Result<Comparison, ShapeMismatch> {
+    compare_with(device, reference, tolerance, None)
+}
+
+/// [`compare`] with a per-element row atol ([`compare_values_with`]).
+pub fn compare_with(
+    device: &Tensor,
+    reference: &Tensor,
+    tolerance: Tolerance,
+    row_atol: Option<&[f64]>,
+) -> Result<Comparison, ShapeMismatch> {
     if device.shape() != reference.shape() {
         return Err(ShapeMismatch {
             device: device.shape().clone(),
             reference: reference.shape().to_string(),
         });
     }
-    compare_values(device, reference.data(), tolerance)
+    compare_values_with(device, reference.data(), tolerance, row_atol)
 }
 
 fn index_text(index: &[usize]) -> String {
@@ -334,6 +378,12 @@ impl fmt::Display for Comparison {
             "  tolerance: |device - reference| <= {:.6e} + {:.6e} * |reference|",
             self.tolerance.atol, self.tolerance.rtol
         )?;
+        if let Some(a) = self.row_atol {
+            writeln!(
+                f,
+                "  atol of each attention query row where larger (up to {a:.6e})"
+            )?;
+        }
         match self.expected {
             Expected::Constant(v) => writeln!(f, "  expected: every element {v}")?,
             Expected::Range { min, max } => {
@@ -379,4 +429,84 @@ impl fmt::Display for Comparison {
             )
         }
     }
+}
+
+/// One output of a graph with everything its whole-graph check uses: the
+/// reference, the rule's tolerance (the graph's longest reduction and
+/// re-quantisations) and, for an attention's result, the rule's atol per
+/// query row ([`crate::attention_row_atol`]).
+/// `ipu verify` and the compiler's end-to-end tests check outputs alike
+/// through it.
+#[derive(Clone, Debug)]
+pub struct OutputCheck {
+    /// The output's name.
+    pub name: String,
+    /// The reference value.
+    pub reference: Tensor,
+    /// The rule's tolerance.
+    pub tolerance: Tolerance,
+    /// Per element, the atol of its query row where the output is an
+    /// attention's result (used where larger than `tolerance.atol`).
+    pub row_atol: Option<Vec<f64>>,
+}
+
+impl OutputCheck {
+    /// Compares the device's value of the output.
+    pub fn compare(&self, device: &Tensor) -> Result<Comparison, ShapeMismatch> {
+        compare_with(
+            device,
+            &self.reference,
+            self.tolerance,
+            self.row_atol.as_deref(),
+        )
+    }
+
+    /// Element `i`'s error in units of its tolerance (infinite for NaN).
+    pub fn excess(&self, device: &Tensor, i: usize) -> f64 {
+        let (d, r) = (device.data()[i], self.reference.data()[i]);
+        let atol = self
+            .row_atol
+            .as_ref()
+            .map_or(self.tolerance.atol, |a| self.tolerance.atol.max(a[i]));
+        let e = (d - r).abs() / (atol + self.tolerance.rtol * r.abs());
+        if e.is_nan() {
+            f64::INFINITY
+        } else {
+            e
+        }
+    }
+}
+
+/// The whole-graph checks of every output of `graph` on `feeds`, in output
+/// order.
+pub fn output_checks(
+    graph: &ipu_graph::Graph,
+    feeds: &std::collections::BTreeMap<String, Tensor>,
+) -> Result<Vec<OutputCheck>, crate::EvalError> {
+    let values = crate::evaluate_all(graph, feeds)?;
+    let reduction = ipu_graph::analysis::max_reduction_length(graph);
+    let requantised = requantisations(graph);
+    Ok(graph
+        .outputs()
+        .iter()
+        .map(|&id| {
+            let reference = values[id.0 as usize].clone();
+            OutputCheck {
+                name: graph.value(id).name.clone(),
+                tolerance: Tolerance::for_output_requantised(
+                    reference.dtype(),
+                    reduction,
+                    reference.data(),
+                    &requantised,
+                ),
+                row_atol: crate::attention_row_atol(
+                    graph,
+                    id,
+                    &reference,
+                    (reduction, &requantised),
+                ),
+                reference,
+            }
+        })
+        .collect())
 }

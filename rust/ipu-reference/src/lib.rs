@@ -9,6 +9,9 @@
 //! - [`npy`]: NumPy `.npy` read and write.
 //! - [`random`]: deterministic constant, uniform and Gaussian generators.
 //! - [`compare`]: device-versus-reference reports with a documented tolerance.
+//! - [`rows`]: the tolerance rule per query row of an attention's result
+//!   ([`attention_row_atol`]), which the whole-graph check takes where it
+//!   is larger than the whole output's.
 //!
 //! Invariant: the same graph, feeds and seed give bit-identical results on
 //! every run (no threads, no hash-order iteration, fixed summation order).
@@ -19,10 +22,13 @@ pub mod fp8;
 pub mod npy;
 pub mod ops;
 pub mod random;
+pub mod rows;
 mod tensor;
 
 pub use compare::{
-    compare, compare_values, requantisations, Comparison, Expected, Mismatch, Tolerance,
+    compare, compare_values, compare_values_with, compare_with, output_checks, requantisations,
+    Comparison, Expected, Mismatch, OutputCheck, Tolerance,
 };
 pub use eval::{evaluate, evaluate_all, EvalError};
+pub use rows::attention_row_atol;
 pub use tensor::{round_to, unit_roundoff, Tensor, TensorError};

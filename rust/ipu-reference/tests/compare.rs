@@ -86,3 +86,86 @@ fn passing_report_and_shape_errors() {
     expect!["cannot compare: device output is [2, 2] but the reference is [4]"]
         .assert_eq(&compare(&a, &b, report.tolerance).unwrap_err().to_string());
 }
+
+/// A causal attention over three projections, 2 heads of 4 over 16 tokens.
+fn causal_attention(causal: bool) -> ipu_graph::Graph {
+    let text = format!(
+        "model m\ninput x: f16[16, 8]\nparam wq: f16[8, 8]\nparam wk: f16[8, 8]\nparam wv: f16[8, 8]\n\
+         q = gemm(x, wq)\nk = gemm(x, wk)\nv = gemm(x, wv)\nqh = split_heads(q, heads=2)\n\
+         kh = split_heads(k, heads=2)\nvh = split_heads(v, heads=2)\no = attention(qh, kh, vh, causal={causal})\n\
+         y = merge_heads(o)\noutput y\n"
+    );
+    ipu_graph::parse("m.ipug", &text).unwrap()
+}
+
+#[test]
+fn each_attention_query_row_gets_the_rules_atol_of_its_own_size() {
+    let g = causal_attention(true);
+    let feeds = ipu_reference::random::gaussian_feeds(&g, 7);
+    let values = ipu_reference::evaluate_all(&g, &feeds).unwrap();
+    let id = |name: &str| g.lookup(name).unwrap();
+    let k = ipu_graph::analysis::max_reduction_length(&g);
+    let row_atol =
+        ipu_reference::attention_row_atol(&g, id("o"), &values[id("o").0 as usize], (k, &[]))
+            .unwrap();
+    // Query 0 sees key 0 only: its row of head 0 is v's row 0 of head 0,
+    // and its atol is the rule's for those four values.
+    let o = &values[id("o").0 as usize];
+    let v = &values[id("v").0 as usize];
+    assert_eq!(o.data()[..4], v.data()[..4]);
+    let t0 = Tolerance::for_output(DType::F16, k, &v.data()[..4]);
+    assert_eq!(row_atol[..4], [t0.atol; 4]);
+    // Query 5 averages six keys: a smaller row, a smaller atol.
+    let t5 = Tolerance::for_output(DType::F16, k, &o.data()[5 * 4..6 * 4]);
+    assert_eq!(row_atol[5 * 4], t5.atol);
+    assert!(t5.atol < t0.atol);
+    // The merged result has the same atol per element, moved with it.
+    let merged =
+        ipu_reference::attention_row_atol(&g, id("y"), &values[id("y").0 as usize], (k, &[]))
+            .unwrap();
+    assert_eq!(merged[4..8], row_atol[16 * 4..17 * 4]); // head 1, query 0
+                                                        // The outputs' checks carry it.
+    let checks = ipu_reference::output_checks(&g, &feeds).unwrap();
+    assert_eq!(checks[0].row_atol.as_deref(), Some(&merged[..]));
+    // Values that are no attention's result get none.
+    assert!(
+        ipu_reference::attention_row_atol(&g, id("v"), &values[id("v").0 as usize], (k, &[]))
+            .is_none()
+    );
+    assert!(
+        ipu_reference::attention_row_atol(&g, id("x"), &values[id("x").0 as usize], (k, &[]))
+            .is_none()
+    );
+}
+
+#[test]
+fn row_atol_passes_a_large_rows_rounding_and_still_fails_a_wrong_mask() {
+    let g = causal_attention(true);
+    let feeds = ipu_reference::random::gaussian_feeds(&g, 11);
+    let checks = ipu_reference::output_checks(&g, &feeds).unwrap();
+    let y = &checks[0];
+    let row_atol = y.row_atol.as_ref().unwrap();
+    // Query 0's row (v's row 0) is larger than the output's rms, so an
+    // error of 90% of its own atol passes with the row's atol and fails
+    // the whole output's.
+    let mut shifted = y.reference.data().to_vec();
+    for (e, x) in shifted.iter_mut().enumerate().take(8) {
+        *x += 0.9 * (row_atol[e] + y.tolerance.rtol * x.abs());
+    }
+    let shifted = shifted.iter().map(|&x| x as f32 as f64).collect();
+    let device = Tensor::new(DType::F32, y.reference.shape().clone(), shifted).unwrap();
+    let plain = ipu_reference::compare(&device, &y.reference, y.tolerance).unwrap();
+    let with = y.compare(&device).unwrap();
+    assert!(with.passed(), "{with}");
+    assert!(!plain.passed(), "{plain}");
+    assert!(with
+        .to_string()
+        .contains("atol of each attention query row"));
+    // A device that ignores the causal mask is wrong by the size of the
+    // values in every row but the last.
+    let unmasked = causal_attention(false);
+    let wrong = ipu_reference::evaluate_all(&unmasked, &feeds).unwrap();
+    let wrong = &wrong[unmasked.lookup("y").unwrap().0 as usize];
+    let report = y.compare(wrong).unwrap();
+    assert!(report.mismatches >= 100, "{report}");
+}

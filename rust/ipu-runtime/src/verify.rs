@@ -9,7 +9,7 @@ use std::path::Path;
 
 use ipu_graph::{analysis, Graph, ValueDef};
 use ipu_package::{Package, Placement};
-use ipu_reference::{compare, Comparison, Expected, Tensor, Tolerance};
+use ipu_reference::{attention_row_atol, compare_with, Comparison, Expected, Tensor, Tolerance};
 
 use crate::members::{self, CallCheckpoints};
 use crate::{feeds, open_device, read_package, RunOptions, RuntimeError, Session};
@@ -267,7 +267,7 @@ impl fmt::Display for VerifyReport {
 fn bad_tiles(
     device: &Tensor,
     reference: &Tensor,
-    tol: Tolerance,
+    (tol, row_atol): (Tolerance, Option<&[f64]>),
     (placements, transposed): (&[Placement], bool),
 ) -> Vec<u32> {
     let size = device.dtype().size_bytes() as u64;
@@ -275,7 +275,7 @@ fn bad_tiles(
     let mut sorted: Vec<&Placement> = placements.iter().collect();
     sorted.sort_by_key(|p| p.offset);
     for (i, (&d, &r)) in device.data().iter().zip(reference.data()).enumerate() {
-        if tol.accepts(d, r) {
+        if tol.accepts_with(d, r, row_atol.map_or(0.0, |a| a[i])) {
             continue;
         }
         let at = if transposed {
@@ -293,21 +293,24 @@ fn bad_tiles(
     tiles.into_iter().collect()
 }
 
+/// Compares one value under the rule (`reduction`, `requantised`) and, in
+/// the whole-graph check of an attention's result, each query row's own
+/// atol where larger (`row_atol`, [`ipu_reference::attention_row_atol`]).
 fn check(
     name: &str,
     device: &Tensor,
     reference: &Tensor,
-    (reduction, requantised): (u64, &[f64]),
+    (reduction, requantised, row_atol): (u64, &[f64], Option<&[f64]>),
     placements: (&[Placement], bool),
 ) -> Result<TensorCheck, RuntimeError> {
     let tol =
         Tolerance::for_output_requantised(device.dtype(), reduction, reference.data(), requantised);
-    let comparison = compare(device, reference, tol)
+    let comparison = compare_with(device, reference, tol, row_atol)
         .map_err(|e| RuntimeError::Verify(format!("`{name}`: {e}")))?;
     let bad = if comparison.passed() {
         Vec::new()
     } else {
-        bad_tiles(device, reference, tol, placements)
+        bad_tiles(device, reference, (tol, row_atol), placements)
     };
     Ok(TensorCheck {
         name: name.to_string(),
@@ -405,11 +408,17 @@ pub fn verify_package(
                 members::MODEL_MEMBER
             ))
         })?;
+        let row_atol = attention_row_atol(
+            &graph,
+            id,
+            &reference[id.0 as usize],
+            (reduction, &requantised),
+        );
         let c = check(
             &t.name,
             &out.outputs[&t.name],
             &reference[id.0 as usize],
-            (reduction, &requantised),
+            (reduction, &requantised, row_atol.as_deref()),
             (&t.placements, t.transposed),
         )?;
         tracing::info!(
@@ -458,11 +467,17 @@ pub fn verify_package(
             let Some(entry) = cp.values.iter().find(|e| e.value == v.name) else {
                 continue;
             };
+            let row_atol = attention_row_atol(
+                &graph,
+                ipu_graph::ValueId(i as u32),
+                &reference[i],
+                (reduction, &requantised),
+            );
             let c = check(
                 &v.name,
                 &cp_out.checkpoints[&v.name],
                 &reference[i],
-                (reduction, &requantised),
+                (reduction, &requantised, row_atol.as_deref()),
                 (&entry.placements, entry.transposed),
             )?;
             tracing::info!(
@@ -549,11 +564,12 @@ fn compositional(
         let Some(reference) = nearest_reference(graph, id, feeds, device_values) else {
             continue;
         };
+        let row_atol = attention_row_atol(graph, id, &reference, rule);
         checks.push(check(
             &v.name,
             device,
             &reference,
-            rule,
+            (rule.0, rule.1, row_atol.as_deref()),
             (placements, transposed),
         )?);
     }
@@ -681,11 +697,17 @@ fn diagnose(
             continue;
         };
         let device = &device_values[&v.name];
+        let row_atol = attention_row_atol(
+            graph,
+            ipu_graph::ValueId(i as u32),
+            &reference[i],
+            (global_reduction, &requantised),
+        );
         let global = check(
             &v.name,
             device,
             &reference[i],
-            (global_reduction, &requantised),
+            (global_reduction, &requantised, row_atol.as_deref()),
             (&entry.placements, entry.transposed),
         )?;
         let (local_failed, failing) =
@@ -695,11 +717,17 @@ fn diagnose(
                         unreachable!("local references exist only for nodes")
                     };
                     let k = analysis::reduction_length(graph, graph.node(n));
+                    let row_atol = attention_row_atol(
+                        graph,
+                        ipu_graph::ValueId(i as u32),
+                        &local_ref,
+                        (k, &[]),
+                    );
                     let local = check(
                         &v.name,
                         device,
                         &local_ref,
-                        (k, &[]),
+                        (k, &[], row_atol.as_deref()),
                         (&entry.placements, entry.transposed),
                     )?;
                     let failed = !local.comparison.passed();
@@ -736,11 +764,17 @@ fn diagnose(
         for w in &graph.values()[i + 1..] {
             if let Some(e) = cp.values.iter().find(|e| e.value == w.name) {
                 let id = graph.lookup(&w.name).expect("graph value");
+                let row_atol = attention_row_atol(
+                    graph,
+                    id,
+                    &reference[id.0 as usize],
+                    (global_reduction, &requantised),
+                );
                 let g = check(
                     &w.name,
                     &device_values[&w.name],
                     &reference[id.0 as usize],
-                    (global_reduction, &requantised),
+                    (global_reduction, &requantised, row_atol.as_deref()),
                     (&e.placements, e.transposed),
                 )?;
                 trail.push((w.name.clone(), g.comparison.passed()));
@@ -764,11 +798,17 @@ fn diagnose(
                 .iter()
                 .find(|e| &e.value == name)
                 .expect("checkpointed");
+            let row_atol = attention_row_atol(
+                graph,
+                id,
+                &reference[id.0 as usize],
+                (global_reduction, &requantised),
+            );
             let c = check(
                 name,
                 &device_values[name],
                 &reference[id.0 as usize],
-                (global_reduction, &requantised),
+                (global_reduction, &requantised, row_atol.as_deref()),
                 (&entry.placements, entry.transposed),
             )?;
             let operation = match graph.value(id).def {

@@ -8,7 +8,7 @@
 
 use ipu_compiler::{compile, CompileOptions, CompileOutput, KernelSource};
 use ipu_package::Package;
-use ipu_reference::{compare, evaluate, random, Tolerance};
+use ipu_reference::{output_checks, random};
 use ipu_runtime::{Session, SimDevice};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -127,17 +127,10 @@ pub fn run_with(
     let run = session
         .call("run", &pick("run"))
         .unwrap_or_else(|e| panic!("run: {e}"));
-    let reference = evaluate(&graph, &feeds).unwrap();
-    let k = ipu_graph::analysis::max_reduction_length(&graph);
-    for (name, want) in reference.iter().filter(|_| check) {
-        let got = &run.outputs[name];
-        let tol = Tolerance::for_output_requantised(
-            want.dtype(),
-            k,
-            want.data(),
-            &ipu_reference::requantisations(&graph),
-        );
-        let cmp = compare(got, want, tol).unwrap();
+    let checks = output_checks(&graph, &feeds).unwrap();
+    for out in checks.iter().filter(|_| check) {
+        let name = &out.name;
+        let cmp = out.compare(&run.outputs[name]).unwrap();
         assert!(
             cmp.passed(),
             "{}: output `{name}`: {cmp:?}",
@@ -260,7 +253,6 @@ pub fn run_repeatedly(opts: &CompileOptions, seeds: &[u64]) -> CompileOutput {
     session
         .call("initialize", &init)
         .unwrap_or_else(|e| panic!("initialize: {e}"));
-    let k = ipu_graph::analysis::max_reduction_length(&graph);
     for &seed in seeds {
         let mut feeds = random::gaussian_feeds(&graph, seed);
         feeds.extend(init.clone());
@@ -271,15 +263,9 @@ pub fn run_repeatedly(opts: &CompileOptions, seeds: &[u64]) -> CompileOutput {
         let run = session
             .call("run", &inputs)
             .unwrap_or_else(|e| panic!("run with seed {seed}: {e}"));
-        let reference = evaluate(&graph, &feeds).unwrap();
-        for (name, want) in &reference {
-            let tol = Tolerance::for_output_requantised(
-                want.dtype(),
-                k,
-                want.data(),
-                &ipu_reference::requantisations(&graph),
-            );
-            let cmp = compare(&run.outputs[name], want, tol).unwrap();
+        for out in output_checks(&graph, &feeds).unwrap() {
+            let name = &out.name;
+            let cmp = out.compare(&run.outputs[name]).unwrap();
             assert!(
                 cmp.passed(),
                 "{}: run with seed {seed}: output `{name}`: {cmp:?}",
