@@ -104,9 +104,9 @@ impl Tolerance {
     }
 
     /// Whether `device` is within tolerance of `reference` when the
-    /// element's own part of the output has the absolute term `row_atol`
-    /// (an attention's query row, [`crate::attention_row_atol`]): the
-    /// absolute part is the larger of `atol` and `row_atol`.
+    /// element's own row has the absolute term `row_atol` (a row that
+    /// descends from an attention's query rows, [`crate::attention_row_atol`]):
+    /// the absolute part is the larger of `atol` and `row_atol`.
     pub fn accepts_with(&self, device: f64, reference: f64, row_atol: f64) -> bool {
         (device - reference).abs() <= self.atol.max(row_atol) + self.rtol * reference.abs()
     }
@@ -160,9 +160,10 @@ pub struct Mismatch {
 pub struct Comparison {
     /// The tolerance applied.
     pub tolerance: Tolerance,
-    /// The largest per-element atol of the element's own query row, which
+    /// The largest per-element atol of the element's own row, which
     /// replaces `tolerance.atol` where it is larger ([`Tolerance::accepts_with`]),
-    /// when the output is an attention's result.
+    /// when the output's rows descend from an attention's query rows
+    /// ([`crate::rows::attention_rows`]).
     pub row_atol: Option<f64>,
     /// Elements compared.
     pub checks: u64,
@@ -381,7 +382,7 @@ impl fmt::Display for Comparison {
         if let Some(a) = self.row_atol {
             writeln!(
                 f,
-                "  atol of each attention query row where larger (up to {a:.6e})"
+                "  atol of each row where larger (rows of an attention's query rows; up to {a:.6e})"
             )?;
         }
         match self.expected {
@@ -433,8 +434,9 @@ impl fmt::Display for Comparison {
 
 /// One output of a graph with everything its whole-graph check uses: the
 /// reference, the rule's tolerance (the graph's longest reduction and
-/// re-quantisations) and, for an attention's result, the rule's atol per
-/// query row ([`crate::attention_row_atol`]).
+/// re-quantisations) and, for a value whose rows descend from an
+/// attention's query rows, the rule's atol per row
+/// ([`crate::attention_row_atol`]).
 /// `ipu verify` and the compiler's end-to-end tests check outputs alike
 /// through it.
 #[derive(Clone, Debug)]
@@ -445,8 +447,9 @@ pub struct OutputCheck {
     pub reference: Tensor,
     /// The rule's tolerance.
     pub tolerance: Tolerance,
-    /// Per element, the atol of its query row where the output is an
-    /// attention's result (used where larger than `tolerance.atol`).
+    /// Per element, the atol of its row where the output's rows descend
+    /// from an attention's query rows (used where larger than
+    /// `tolerance.atol`).
     pub row_atol: Option<Vec<f64>>,
 }
 

@@ -9,9 +9,9 @@
 //! - [`npy`]: NumPy `.npy` read and write.
 //! - [`random`]: deterministic constant, uniform and Gaussian generators.
 //! - [`compare`]: device-versus-reference reports with a documented tolerance.
-//! - [`rows`]: the tolerance rule per query row of an attention's result
-//!   ([`attention_row_atol`]), which the whole-graph check takes where it
-//!   is larger than the whole output's.
+//! - [`rows`]: the tolerance rule per row of an attention's result and of
+//!   values computed row by row from it ([`attention_row_atol`]), which the
+//!   whole-graph check takes where it is larger than the whole output's.
 //!
 //! Invariant: the same graph, feeds and seed give bit-identical results on
 //! every run (no threads, no hash-order iteration, fixed summation order).

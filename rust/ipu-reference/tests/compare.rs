@@ -158,9 +158,7 @@ fn row_atol_passes_a_large_rows_rounding_and_still_fails_a_wrong_mask() {
     let with = y.compare(&device).unwrap();
     assert!(with.passed(), "{with}");
     assert!(!plain.passed(), "{plain}");
-    assert!(with
-        .to_string()
-        .contains("atol of each attention query row"));
+    assert!(with.to_string().contains("atol of each row where larger"));
     // A device that ignores the causal mask is wrong by the size of the
     // values in every row but the last.
     let unmasked = causal_attention(false);
@@ -168,4 +166,33 @@ fn row_atol_passes_a_large_rows_rounding_and_still_fails_a_wrong_mask() {
     let wrong = &wrong[unmasked.lookup("y").unwrap().0 as usize];
     let report = y.compare(wrong).unwrap();
     assert!(report.mismatches >= 100, "{report}");
+}
+
+#[test]
+fn rows_computed_row_by_row_from_an_attention_are_checked_per_row() {
+    let g = ipu_graph::parse(
+        "m.ipug",
+        "model m\ninput x: f16[16, 8]\nparam wq: f16[8, 8]\nparam wk: f16[8, 8]\nparam wv: f16[8, 8]\n\
+         param wo: f16[8, 6]\nparam bo: f16[6]\nparam g: f16[6]\nparam b: f16[6]\nparam w2: f16[16, 4]\n\
+         q = gemm(x, wq)\nk = gemm(x, wk)\nv = gemm(x, wv)\nqh = split_heads(q, heads=2)\n\
+         kh = split_heads(k, heads=2)\nvh = split_heads(v, heads=2)\no = attention(qh, kh, vh, causal=true)\n\
+         m = merge_heads(o)\np = gemm(m, wo)\npb = add(p, bo)\nn = layernorm(pb, g, b)\n\
+         t = gemm(n, w2, transpose_a=true)\noutput n\noutput t\n",
+    )
+    .unwrap();
+    let rows = ipu_reference::rows::attention_rows(&g);
+    let row = |name: &str| rows[g.lookup(name).unwrap().0 as usize];
+    // Inputs, parameters and the projections before the attention: none.
+    for name in ["x", "wq", "q", "v", "vh"] {
+        assert_eq!(row(name), None, "{name}");
+    }
+    // The attention's result and its merged heads: a head's 4 values.
+    assert_eq!(row("o"), Some(4));
+    assert_eq!(row("m"), Some(4));
+    // Row by row from them: the last axis.
+    for name in ["p", "pb", "n"] {
+        assert_eq!(row(name), Some(6), "{name}");
+    }
+    // A transposed A reads every row into each output row.
+    assert_eq!(row("t"), None);
 }
