@@ -24,6 +24,13 @@
 //! 4. S^T = K Q^T (`gemm_f16` ACC=32: keys as rows, the tile's queries as
 //!    one or two column blocks, K = the head padded to 16; the worker grid
 //!    of row and column groups chosen by the kernel's formula).
+//!    A causal block then masks, on the tiles whose keys some of their
+//!    queries may not see, every hidden score with [`MASKED_SCORE`] /
+//!    scale (`fill32`; [`mask_jobs`]: a row's hidden queries are a prefix
+//!    of its columns, one job per partly hidden row and the wholly hidden
+//!    rows as one run, six jobs to a compute step). A query column whose
+//!    every key of the split is hidden gets m = MASKED_SCORE and the
+//!    combine (8.) weighs that split by exactly zero.
 //! 5. `colmax_f16` IN=32 per row job of S^T (six jobs, whatever the GEMM's
 //!    grid), then `softmax_cols` IN=32:
 //!    the column maximum m (scaled), P^T = f16(exp(t)) with the argument
@@ -52,9 +59,12 @@
 //!    vertices split queries or head columns, whichever is cheaper (the
 //!    kernel recomputes a query pair's factors in every vertex).
 //!
-//! Only for non-causal blocks whose head size is a multiple of four (K
-//! rows and runs of queries move as 4-byte words; the head padding of a K
-//! row is then whole 8-byte items). Invariants: whatever a GEMM multiplies
+//! Only for f16 blocks, causal or not, whose head size is a multiple of
+//! four (K rows and runs of queries move as 4-byte words; the head padding
+//! of a K row is then whole 8-byte items). A causal block computes its
+//! hidden scores like the others and masks them (no tile skips work: the
+//! slowest tile, one that sees all of its keys, sets the step either
+//! way). Invariants: whatever a GEMM multiplies
 //! as padding is a finite value times an exact zero, or zero times zero:
 //! Q^T's head padding rows, V^T's and P^T's key padding are zeroed each
 //! run, and the head padding of each K row by the pad step. Q^T's query
@@ -96,11 +106,13 @@ pub struct ColumnKernels {
     /// GEMM has one K group (nothing to sum; 8 bytes per issue slot where
     /// `reduce_f32` P = 1 takes 9 slots per 16 bytes).
     pub copy: (KernelRequest, FormulaCost),
+    /// `fill32`: a causal block's masked scores ([`mask_jobs`]).
+    pub mask: (KernelRequest, FormulaCost),
 }
 
 /// Requests for the column layout's own kernels (in [`ColumnKernels`]
 /// order); `fill64` and `transpose_f16` come from the row layout's set.
-pub fn kernel_requests() -> [KernelRequest; 7] {
+pub fn kernel_requests() -> [KernelRequest; 8] {
     let req = |entry: &str, source: &str, params: &[(&str, i64)]| KernelRequest {
         entry: entry.into(),
         source: source.into(),
@@ -118,11 +130,12 @@ pub fn kernel_requests() -> [KernelRequest; 7] {
         req("attention_cols_final", "attention_cols_final.S", &[]),
         req("fill_rows", "fill_rows.S", &[]),
         req("copy64", "copy64.S", &[]),
+        req("fill32", "fill32.S", &[]),
     ]
 }
 
 /// The variables each formula reads, in [`kernel_requests`] order.
-pub const FORMULA_VARS: [&[&str]; 7] = [
+pub const FORMULA_VARS: [&[&str]; 8] = [
     &["M", "NCB", "NKB"],
     &["ROWS", "QUADS", "P"],
     &["ROWS", "QUADS"],
@@ -130,12 +143,106 @@ pub const FORMULA_VARS: [&[&str]; 7] = [
     &["N", "CQ", "QN", "DN"],
     &["ROWS", "ITEMS"],
     &["BYTES"],
+    &["N"],
 ];
 
-/// Whether `block` can take the column layout (f16, non-causal, one head
-/// size that is a multiple of 4).
+/// Whether `block` can take the column layout (f16, one head size that is
+/// a multiple of 4; causal or not).
 pub fn applies(block: &AttentionBlock) -> bool {
-    !block.f32 && !block.causal && block.d.is_multiple_of(4) && block.dv == block.d
+    !block.f32 && block.d.is_multiple_of(4) && block.dv == block.d
+}
+
+/// The scaled score a causal mask gives a masked key: finite, so that the
+/// column maxima, the exponent `t = s * scale - m` (in f32, then f16) and
+/// the combine's factors `exp(m_i - max m)` stay finite, and so low that
+/// `exp` of it is exactly zero in f16 and in f32. A query column whose
+/// every key of a split is masked gets m = MASKED_SCORE there, and the
+/// combine weighs that split's (finite) O^T and l by exactly zero.
+pub const MASKED_SCORE: f32 = -30000.0;
+
+/// One `fill32` job of a causal mask: `words` f32 words from key row `row`
+/// (of S^T's row group `group`), column 0, set to the masked score.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct MaskJob {
+    group: u32,
+    row: u32,
+    words: u32,
+}
+
+/// The causal mask of one tile's S^T (keys `(k0, k1)` as rows, queries
+/// `(q0, q1)` as columns): key `k0 + r` is hidden from query `q0 + c` when
+/// `k0 + r > q0 + c + (sk - sq)` (the reference's bottom-right
+/// alignment), so row r's masked columns are the prefix
+/// `c < k0 + r - q0 - (sk - sq)`, which grows by one a row. A row whose
+/// prefix is part of the queries gets a job of its own; the rows whose
+/// every query is masked end each row group as one run, cut into at most
+/// six jobs of whole rows (a run's words include the padding columns
+/// between its rows: S^T's padding queries are never stored). Empty for a
+/// non-causal block or a tile whose keys every query sees.
+fn mask_jobs(
+    b: &AttentionBlock,
+    s: &Shapes,
+    (q0, q1): (u32, u32),
+    (k0, _): (u32, u32),
+) -> Vec<MaskJob> {
+    if !b.causal {
+        return Vec::new();
+    }
+    let nq = (q1 - q0) as i64;
+    let shift = k0 as i64 - q0 as i64 - (b.sk as i64 - b.sq as i64);
+    let row_words = s.st.2.rs_c / 4;
+    let mut jobs = Vec::new();
+    for (g, &(r0, r1)) in s.st.1.row_groups.iter().enumerate() {
+        let group = g as u32;
+        let masked = |r: u32| (shift + r as i64).clamp(0, nq) as u32;
+        let mut full = r1;
+        for r in r0..r1 {
+            let words = masked(r);
+            if words as i64 == nq {
+                full = r;
+                break;
+            }
+            if words > 0 {
+                jobs.push(MaskJob {
+                    group,
+                    row: r,
+                    words,
+                });
+            }
+        }
+        if full < r1 {
+            for (a, z) in ranges(r1 - full, (r1 - full).min(ipu_arch::WORKER_CONTEXTS)) {
+                if z > a {
+                    jobs.push(MaskJob {
+                        group,
+                        row: full + a,
+                        words: (z - a - 1) * row_words + nq as u32,
+                    });
+                }
+            }
+        }
+    }
+    jobs
+}
+
+/// A tile's mask jobs in the compute steps that run them: a step starts at
+/// most one vertex per worker, so the jobs go six to a step, the longest
+/// first (each step then waits for its longest job only once).
+fn mask_rounds(mut jobs: Vec<MaskJob>) -> Vec<Vec<MaskJob>> {
+    jobs.sort_by_key(|j| std::cmp::Reverse(j.words));
+    jobs.chunks(ipu_arch::WORKER_CONTEXTS as usize)
+        .map(|c| c.to_vec())
+        .collect()
+}
+
+/// The cycles of one step of mask jobs (at most six, one per worker): the
+/// supervisor starts them 12 cycles apart, each taking `fill32`'s formula.
+fn mask_cycles(jobs: &[MaskJob], mask: &mut FormulaCost) -> u64 {
+    jobs.iter()
+        .enumerate()
+        .map(|(i, j)| launch_cycles(i as u64 + 1) + mask.eval(&[("N", j.words as i64)]))
+        .max()
+        .unwrap_or(0)
 }
 
 /// The query ranges of `qb` query blocks (even boundaries: Q^T moves runs
@@ -764,7 +871,19 @@ pub fn plan(
                 continue;
             }
             let steps = step_cycles(fill, ck, &s, rows, n, splits, distributed);
-            let compute: u64 = steps.iter().sum();
+            // A causal block's mask step: its slowest tile's.
+            let mask = qr
+                .iter()
+                .flat_map(|&q| key_splits.iter().map(move |&k| (q, k)))
+                .map(|(q, k)| {
+                    mask_rounds(mask_jobs(block, &s, q, k))
+                        .iter()
+                        .map(|r| mask_cycles(r, &mut ck.mask.1))
+                        .sum::<u64>()
+                })
+                .max()
+                .unwrap_or(0);
+            let compute: u64 = steps.iter().sum::<u64>() + mask;
             // Every tile receives its queries' Q^T, its split's K rows and
             // V^T; with splits, every tile that combines head columns
             // receives the other splits' O^T rows of them, l and m.
@@ -1295,6 +1414,7 @@ pub fn lower(
 
     // Steps 4 to 7: S^T, the column softmax, O^T and its reduce.
     let mut st = compute_step(format!("{name} scores S^T = K Q^T"));
+    let mut mk: Vec<Step> = Vec::new();
     let mut cm = compute_step(format!("{name} column maxima"));
     let mut sm = compute_step(format!("{name} softmax down columns"));
     let mut pv = compute_step(format!("{name} O^T = [V^T; 1] P^T"));
@@ -1397,6 +1517,37 @@ pub fn lower(
                 })
                 .collect(),
         );
+        let masks = mask_jobs(
+            b,
+            s,
+            qranges[at.qi as usize],
+            plan.key_splits[at.ks as usize],
+        );
+        for (k, round) in mask_rounds(masks).into_iter().enumerate() {
+            if mk.len() == k {
+                mk.push(compute_step(format!("{name} causal mask {}", k + 1)));
+            }
+            let step = &mut mk[k];
+            step.charge_tile(tile, mask_cycles(&round, &mut ck.mask.1));
+            let value = (MASKED_SCORE / b.scale).to_bits();
+            std::sync::Arc::make_mut(&mut step.tiles).insert(
+                tile,
+                round
+                    .iter()
+                    .map(|j| Vertex {
+                        kernel: ck.mask.0.clone(),
+                        state: vec![
+                            StateWord::Addr {
+                                buffer: t.c1,
+                                offset: stl.c_row(0, j.group, j.row),
+                            },
+                            StateWord::Const(j.words),
+                            StateWord::Const(value),
+                        ],
+                    })
+                    .collect(),
+            );
+        }
         let quads = s.quads();
         let jobs = s.st_jobs();
         let groups = jobs.len() as u32;
@@ -1522,7 +1673,9 @@ pub fn lower(
             steps.push(step);
         }
     }
-    steps.extend([xstep, st, cm, sm, pv, rd]);
+    steps.extend([xstep, st]);
+    steps.extend(mk);
+    steps.extend([cm, sm, pv, rd]);
 
     // Step 8: every split's tile that combines head columns [d0, d1)
     // receives, of every other split of its (head, query block), those O^T
@@ -1719,6 +1872,7 @@ mod tests {
                 "6 * (29 + ((QN + 1) / 2) * (16 + 10 * (DN / 2)))",
             ),
             fill_rows: k("fill_rows", "6 * (10 + ITEMS * (6 + ROWS))"),
+            mask: k("fill32", "6 * (12 + N / 2)"),
             copy: k("copy64", "6 * (28 + BYTES / 8)"),
         }
     }
@@ -1746,14 +1900,90 @@ mod tests {
     }
 
     #[test]
-    fn applies_to_non_causal_heads_of_whole_quads() {
+    fn applies_to_f16_heads_of_whole_quads_causal_or_not() {
         let mut b = siglip();
         assert!(applies(&b));
         b.d = 18;
         assert!(!applies(&b), "head 18: K rows would not move as words");
         b.d = 72;
         b.causal = true;
-        assert!(!applies(&b), "no causal masking in softmax_cols");
+        assert!(applies(&b), "causal: the mask steps");
+        b.f32 = true;
+        assert!(!applies(&b), "f32 attention takes the row layout");
+    }
+
+    /// Every score the causal mask must hide is written, no score a query
+    /// sees is, and nothing outside the tile's S^T rows: checked word by
+    /// word over every (query block, key split) of a few shapes, self- and
+    /// cross-attention, against the reference's rule (key j is hidden from
+    /// query i when j > i + sk - sq).
+    #[test]
+    fn causal_mask_jobs_write_exactly_the_hidden_scores() {
+        let ck = kernels();
+        for (sq, sk, qb, splits) in [
+            (200u32, 200u32, 8u32, 4u32),
+            (34, 34, 5, 3),
+            (8, 600, 1, 8),
+            (729, 729, 23, 4),
+        ] {
+            let mut b = siglip();
+            (b.sq, b.sk, b.causal) = (sq, sk, true);
+            let qr = query_ranges(&b, qb);
+            let kr = key_ranges(sk, splits);
+            let n = widest_split(&kr);
+            let rows = qr.iter().map(|r| r.1 - r.0).max().unwrap();
+            for &(q0, q1) in &qr {
+                for &(k0, k1) in &kr {
+                    // A tile's shapes, as `lower` makes them: its split's keys.
+                    let s = Shapes::new(&b, &ck, rows, k1 - k0, n.div_ceil(16) * 16).unwrap();
+                    let rs = s.st.2.rs_c / 4;
+                    let jobs = mask_jobs(&b, &s, (q0, q1), (k0, k1));
+                    let mut written = std::collections::BTreeSet::new();
+                    for j in &jobs {
+                        let at = s.st.2.c_row(0, j.group, j.row) / 4;
+                        assert!(j.words > 0);
+                        written.extend(at..at + j.words);
+                    }
+                    for (g, &(r0, r1)) in s.st.1.row_groups.iter().enumerate() {
+                        for r in r0..r1 {
+                            let at = s.st.2.c_row(0, g as u32, r) / 4;
+                            for c in 0..rs {
+                                let hidden = c < q1 - q0 && k0 + r > q0 + c + (sk - sq);
+                                let visible = c < q1 - q0 && !hidden;
+                                let w = written.contains(&(at + c));
+                                assert!(
+                                    !hidden || w,
+                                    "{sq} {sk}: query {} key {} unmasked",
+                                    q0 + c,
+                                    k0 + r
+                                );
+                                assert!(
+                                    !(visible && w),
+                                    "{sq} {sk}: query {} key {} masked",
+                                    q0 + c,
+                                    k0 + r
+                                );
+                            }
+                        }
+                    }
+                    // Nothing beyond the first and last S^T rows.
+                    if let (Some(lo), Some(hi)) = (written.first(), written.last()) {
+                        let groups = &s.st.1.row_groups;
+                        let first = s.st.2.c_row(0, 0, groups[0].0) / 4;
+                        let g = groups.len() - 1;
+                        let last = s.st.2.c_row(0, g as u32, groups[g].1 - 1) / 4 + rs;
+                        assert!(first <= *lo && *hi < last, "{sq} {sk}: {jobs:?}");
+                    }
+                    if sk == sq && k0 >= q1 {
+                        // A split after every query of the block: all masked.
+                        assert!(!jobs.is_empty());
+                    }
+                    if k1 - 1 <= q0 + (sk - sq) {
+                        assert!(jobs.is_empty(), "every key visible");
+                    }
+                }
+            }
+        }
     }
 
     #[test]

@@ -1051,7 +1051,7 @@ fn plan_and_lower(
                 }
                 (c.len() == attention_cols::FORMULA_VARS.len()).then(|| {
                     let mut it = c.into_iter();
-                    let mut next = || it.next().expect("seven kernels");
+                    let mut next = || it.next().expect("eight kernels");
                     attention_cols::ColumnKernels {
                         gemm: next(),
                         reduce: next(),
@@ -1060,6 +1060,7 @@ fn plan_and_lower(
                         final_: next(),
                         fill_rows: next(),
                         copy: next(),
+                        mask: next(),
                     }
                 })
             } else {
@@ -1133,10 +1134,10 @@ fn plan_and_lower(
                 let value = &graph.value(b.attention).name;
                 return Err(CompileError::Options {
                     message: if attention_cols::applies(b) {
-                        format!("attention_layout=columns for `{value}`: the column layout needs the kernels colmax_f16 IN=32, softmax_cols IN=32, attention_cols_final, fill_rows and copy64, which the kernel library lacks")
+                        format!("attention_layout=columns for `{value}`: the column layout needs the kernels colmax_f16 IN=32, softmax_cols IN=32, attention_cols_final, fill_rows, copy64 and fill32, which the kernel library lacks")
                     } else {
                         format!(
-                            "attention_layout=columns for `{value}`: the column layout takes non-causal f16 attention whose q, k and v heads have one size, a multiple of 4; `{value}` is {} {} with heads of {} (v: {}); the row layout (attention_layout=rows or auto) takes it",
+                            "attention_layout=columns for `{value}`: the column layout takes f16 attention whose q, k and v heads have one size, a multiple of 4; `{value}` is {} {} with heads of {} (v: {}); the row layout (attention_layout=rows or auto) takes it",
                             if b.causal { "causal" } else { "non-causal" },
                             if b.f32 { "f32" } else { "f16" },
                             b.d,

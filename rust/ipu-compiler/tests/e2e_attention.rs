@@ -217,7 +217,10 @@ fn cross_attention_small_on_64_tiles() {
 /// block beside K^T, V and the projections' weights, so the online update
 /// runs over key blocks; causal, with more keys than queries (bottom-right
 /// alignment of the mask). (1000 keys fit one block since session 18,
-/// whose placement order wastes less of region 1.)
+/// whose placement order wastes less of region 1.) The row layout is
+/// forced: since session 39 the planner takes the column layout for
+/// causal blocks too where it is faster, as here (its own test is
+/// column_layout_matches_the_reference).
 #[test]
 fn causal_cross_attention_over_key_blocks() {
     let dir = tempfile::tempdir().unwrap();
@@ -226,7 +229,14 @@ fn causal_cross_attention_over_key_blocks() {
         "blocks",
         "model blocks\ninput x: f16[48, 48]\ninput mem: f16[1100, 48]\nparam wq: f16[48, 48]\nparam wk: f16[48, 48]\nparam wv: f16[48, 48]\nq = gemm(x, wq)\nk = gemm(mem, wk)\nv = gemm(mem, wv)\nqh = split_heads(q, heads=2)\nkh = split_heads(k, heads=2)\nvh = split_heads(v, heads=2)\no = attention(qh, kh, vh, causal=true)\ny = merge_heads(o)\noutput y\n",
     );
-    let ran = compile_and_run(&model, 6, 11);
+    let cache = tempfile::tempdir().unwrap();
+    let mut opts = options(&model, 6, cache.path());
+    opts.attention_layout = Some(ipu_compiler::attention::AttentionLayout::Rows);
+    let (ran, _) = run_with(
+        &opts,
+        |g| ipu_reference::random::gaussian_feeds(g, 11),
+        true,
+    );
     assert!(
         check_attention(&ran) > 1,
         "{:#}",
@@ -263,9 +273,9 @@ fn keys_split_over_tiles_and_combined() {
 
 /// The column layout (crate::attention_cols) end to end: head padding
 /// (20 -> 32), one key block, key splits whose tiles each combine a range
-/// of head columns with `attention_cols_final`, and
-/// cross-attention with more keys than queries, each verified against the
-/// reference with the estimate within 10%.
+/// of head columns with `attention_cols_final`, causal masks, and
+/// cross-attention with more keys than queries (causal too), each
+/// verified against the reference with the estimate within 10%.
 #[test]
 fn column_layout_matches_the_reference() {
     use ipu_compiler::attention::AttentionLayout;
@@ -288,6 +298,13 @@ fn column_layout_matches_the_reference() {
         // The attention value itself as the output ([H, Sq, D], no
         // merge_heads).
         ("unmerged", self_attention("unmerged", 21, 80, 4).replace("y = merge_heads(o)\noutput y", "output o"), None),
+        // Causal: the mask steps (`fill32`) on the diagonal tiles, and
+        // key splits whose every key some query columns cannot see.
+        ("causal20", self_attention("causal20", 34, 80, 4).replace("causal=false", "causal=true"), None),
+        ("causal72", self_attention("causal72", 200, 144, 2).replace("causal=false", "causal=true"), Some(true)),
+        // Causal cross-attention, more keys than queries: the mask is
+        // aligned bottom-right (query i sees keys up to i + 592).
+        ("cross24c", "model cross24c\ninput x: f16[8, 48]\ninput mem: f16[600, 48]\nparam wq: f16[48, 48]\nparam wk: f16[48, 48]\nparam wv: f16[48, 48]\nq = gemm(x, wq)\nk = gemm(mem, wk)\nv = gemm(mem, wv)\nqh = split_heads(q, heads=2)\nkh = split_heads(k, heads=2)\nvh = split_heads(v, heads=2)\no = attention(qh, kh, vh, causal=true)\ny = merge_heads(o)\noutput y\n".to_string(), Some(true)),
         ("cross24", "model cross24\ninput x: f16[8, 48]\ninput mem: f16[600, 48]\nparam wq: f16[48, 48]\nparam wk: f16[48, 48]\nparam wv: f16[48, 48]\nq = gemm(x, wq)\nk = gemm(mem, wk)\nv = gemm(mem, wv)\nqh = split_heads(q, heads=2)\nkh = split_heads(k, heads=2)\nvh = split_heads(v, heads=2)\no = attention(qh, kh, vh, causal=false)\ny = merge_heads(o)\noutput y\n".to_string(), Some(true)),
     ];
     for (name, text, want_splits) in cases {
@@ -556,23 +573,8 @@ fn refusals_name_the_value() {
             && e.contains("the column layout needs a tile per head (4 heads, 3 tiles"),
         "{e}"
     );
-    // A causal attention forced into the column layout: the option is at
-    // fault, and the error says why and what takes it.
-    let causal = cols.replace("causal=false", "causal=true");
-    let mut opts = options(
-        &write_model(dir.path(), "cols_causal", &causal),
-        8,
-        cache.path(),
-    );
-    opts.attention_layout = Some(ipu_compiler::attention::AttentionLayout::Columns);
-    let e = compile(&opts).err().expect("refused").to_string();
-    assert!(
-        e.starts_with("invalid compile options: attention_layout=columns for `o`")
-            && e.contains("`o` is causal f16 with heads of 20 (v: 20)")
-            && e.contains("the row layout"),
-        "{e}"
-    );
-    // f32 attention takes the row layout only.
+    // f32 attention takes the row layout only: the option is at fault,
+    // and the error says why and what takes it.
     let mut opts = options(
         &write_model(dir.path(), "cols_f32", &cols.replace("f16", "f32")),
         8,
@@ -581,7 +583,9 @@ fn refusals_name_the_value() {
     opts.attention_layout = Some(ipu_compiler::attention::AttentionLayout::Columns);
     let e = compile(&opts).err().expect("refused").to_string();
     assert!(
-        e.contains("`o` is non-causal f32 with heads of 20 (v: 20)"),
+        e.starts_with("invalid compile options: attention_layout=columns for `o`")
+            && e.contains("`o` is non-causal f32 with heads of 20 (v: 20)")
+            && e.contains("the row layout"),
         "{e}"
     );
     for (name, text, value, reason) in cases {
