@@ -25,12 +25,14 @@
 //!    one or two column blocks, K = the head padded to 16; the worker grid
 //!    of row and column groups chosen by the kernel's formula).
 //!    A causal block then masks, on the tiles whose keys some of their
-//!    queries may not see, every hidden score with [`MASKED_SCORE`] /
-//!    scale (`fill32`; [`mask_jobs`]: a row's hidden queries are a prefix
-//!    of its columns, one job per partly hidden row and the wholly hidden
-//!    rows as one run, six jobs to a compute step). A query column whose
-//!    every key of the split is hidden gets m = MASKED_SCORE and the
-//!    combine (8.) weighs that split by exactly zero.
+//!    queries may not see, every hidden score of the rows some query sees
+//!    with [`MASKED_SCORE`] / scale (`fill32`; [`mask_jobs`]: a row's
+//!    hidden queries are a prefix of its columns, one job per partly
+//!    hidden row, six jobs to a compute step), and zeroes the P^T rows of
+//!    the keys no query of the tile sees, which the column maxima and the
+//!    softmax skip ([`visible_rows`]). A query column whose every key of
+//!    the split is hidden gets m = MASKED_SCORE and the combine (8.)
+//!    weighs that split by exactly zero.
 //! 5. `colmax_f16` IN=32 per row job of S^T (six jobs, whatever the GEMM's
 //!    grid), then `softmax_cols` IN=32:
 //!    the column maximum m (scaled), P^T = f16(exp(t)) with the argument
@@ -61,10 +63,9 @@
 //!
 //! Only for f16 blocks, causal or not, whose head size is a multiple of
 //! four (K rows and runs of queries move as 4-byte words; the head padding
-//! of a K row is then whole 8-byte items). A causal block computes its
-//! hidden scores like the others and masks them (no tile skips work: the
-//! slowest tile, one that sees all of its keys, sets the step either
-//! way). Invariants: whatever a GEMM multiplies
+//! of a K row is then whole 8-byte items). A causal block's GEMMs compute
+//! its hidden scores like the others (the slowest tile, one that sees all
+//! of its keys, sets the step either way). Invariants: whatever a GEMM multiplies
 //! as padding is a finite value times an exact zero, or zero times zero:
 //! Q^T's head padding rows, V^T's and P^T's key padding are zeroed each
 //! run, and the head padding of each K row by the pad step. Q^T's query
@@ -160,40 +161,61 @@ pub fn applies(block: &AttentionBlock) -> bool {
 /// combine weighs that split's (finite) O^T and l by exactly zero.
 pub const MASKED_SCORE: f32 = -30000.0;
 
-/// One `fill32` job of a causal mask: `words` f32 words from key row `row`
-/// (of S^T's row group `group`), column 0, set to the masked score.
+/// One `fill32` job of a causal mask: `words` words from key row `row`,
+/// column 0, of S^T's row group `group` set to the masked score, or, with
+/// `group` None, of P^T set to zero.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 struct MaskJob {
-    group: u32,
+    group: Option<u32>,
     row: u32,
     words: u32,
 }
 
-/// The causal mask of one tile's S^T (keys `(k0, k1)` as rows, queries
-/// `(q0, q1)` as columns): key `k0 + r` is hidden from query `q0 + c` when
-/// `k0 + r > q0 + c + (sk - sq)` (the reference's bottom-right
+/// The key rows `0..visible` of a tile's `n` keys `(k0, ..)` that some of
+/// its queries `(q0, q1)` see (all of them for a non-causal block): key
+/// `k0 + r` is hidden from every query when `k0 + r > q1 - 1 + (sk - sq)`.
+/// At least one: a tile whose every key is hidden keeps row 0, masked
+/// whole, so that its column maxima are the masked score.
+fn visible_rows(b: &AttentionBlock, (_, q1): (u32, u32), (k0, _): (u32, u32), n: u32) -> u32 {
+    if !b.causal {
+        return n;
+    }
+    let cut = q1 as i64 + (b.sk as i64 - b.sq as i64) - k0 as i64;
+    cut.clamp(1, n.max(1) as i64) as u32
+}
+
+/// The causal mask of one tile (keys `(k0, k1)` as S^T's rows, queries
+/// `(q0, q1)` as its columns): key `k0 + r` is hidden from query `q0 + c`
+/// when `k0 + r > q0 + c + (sk - sq)` (the reference's bottom-right
 /// alignment), so row r's masked columns are the prefix
-/// `c < k0 + r - q0 - (sk - sq)`, which grows by one a row. A row whose
-/// prefix is part of the queries gets a job of its own; the rows whose
-/// every query is masked end each row group as one run, cut into at most
-/// six jobs of whole rows (a run's words include the padding columns
-/// between its rows: S^T's padding queries are never stored). Empty for a
-/// non-causal block or a tile whose keys every query sees.
+/// `c < k0 + r - q0 - (sk - sq)`, which grows by one a row. Of the
+/// [`visible_rows`], a row whose prefix is part of the queries gets a job
+/// of its own, and rows whose every query is masked (only a wholly hidden
+/// tile's row 0) one run per row group. The rows after the visible ones
+/// take no part in the column maxima and the softmax, which skip them;
+/// their P^T rows are zeroed instead, in at most six jobs of whole rows.
+/// Empty for a non-causal block or a tile whose keys every query sees.
 fn mask_jobs(
     b: &AttentionBlock,
     s: &Shapes,
     (q0, q1): (u32, u32),
-    (k0, _): (u32, u32),
+    (k0, k1): (u32, u32),
 ) -> Vec<MaskJob> {
     if !b.causal {
         return Vec::new();
     }
+    let n = k1 - k0;
+    let visible = visible_rows(b, (q0, q1), (k0, k1), n);
     let nq = (q1 - q0) as i64;
     let shift = k0 as i64 - q0 as i64 - (b.sk as i64 - b.sq as i64);
     let row_words = s.st.2.rs_c / 4;
     let mut jobs = Vec::new();
     for (g, &(r0, r1)) in s.st.1.row_groups.iter().enumerate() {
-        let group = g as u32;
+        let group = Some(g as u32);
+        let r1 = r1.min(visible);
+        if r0 >= r1 {
+            continue;
+        }
         let masked = |r: u32| (shift + r as i64).clamp(0, nq) as u32;
         let mut full = r1;
         for r in r0..r1 {
@@ -222,7 +244,71 @@ fn mask_jobs(
             }
         }
     }
+    if visible < n {
+        let pt_words = s.pv.2.rs_b / 4;
+        for (a, z) in ranges(n - visible, (n - visible).min(ipu_arch::WORKER_CONTEXTS)) {
+            if z > a {
+                jobs.push(MaskJob {
+                    group: None,
+                    row: visible + a,
+                    words: (z - a) * pt_words,
+                });
+            }
+        }
+    }
     jobs
+}
+
+/// The column-maxima and softmax jobs of a tile ([`Shapes::st_jobs`])
+/// over its visible rows only ([`visible_rows`]).
+fn visible_st_jobs(s: &Shapes, visible: u32) -> Vec<(u32, u32, u32)> {
+    s.st_jobs()
+        .into_iter()
+        .filter(|&(_, r0, _)| r0 < visible)
+        .map(|(g, r0, r1)| (g, r0, r1.min(visible)))
+        .collect()
+}
+
+/// The column maxima's and the softmax's cycles over `jobs` (with their
+/// launches), as [`step_cycles`] counts them.
+fn colmax_softmax_cycles(
+    (colmax, softmax): (&mut FormulaCost, &mut FormulaCost),
+    s: &Shapes,
+    jobs: &[(u32, u32, u32)],
+) -> (u64, u64) {
+    let job_rows = jobs.iter().map(|j| j.2 - j.1).max().unwrap_or(0) as i64;
+    let quads = s.quads() as i64;
+    let launch = launch_cycles(jobs.len() as u64);
+    (
+        colmax.eval(&[("ROWS", job_rows), ("QUADS", quads)]) + launch,
+        softmax.eval(&[
+            ("ROWS", job_rows),
+            ("QUADS", quads),
+            ("W", jobs.len() as i64),
+        ]) + launch,
+    )
+}
+
+/// What a causal tile spends beyond a tile that sees all its keys: its
+/// mask steps, less what its column maxima and softmax save on the rows
+/// no query sees (negative when they save more).
+fn causal_extra_cycles(
+    b: &AttentionBlock,
+    ck: &mut ColumnKernels,
+    s: &Shapes,
+    q: (u32, u32),
+    k: (u32, u32),
+) -> i64 {
+    let masks = mask_rounds(mask_jobs(b, s, q, k))
+        .iter()
+        .map(|r| mask_cycles(r, &mut ck.mask.1))
+        .sum::<u64>();
+    let visible = visible_rows(b, q, k, k.1 - k.0);
+    let kernels = (&mut ck.colmax.1, &mut ck.softmax.1);
+    let (cm, sm) = colmax_softmax_cycles(kernels, s, &visible_st_jobs(s, visible));
+    let kernels = (&mut ck.colmax.1, &mut ck.softmax.1);
+    let (cm_all, sm_all) = colmax_softmax_cycles(kernels, s, &s.st_jobs());
+    masks as i64 + (cm + sm) as i64 - (cm_all + sm_all) as i64
 }
 
 /// A tile's mask jobs in the compute steps that run them: a step starts at
@@ -875,12 +961,7 @@ pub fn plan(
             let mask = qr
                 .iter()
                 .flat_map(|&q| key_splits.iter().map(move |&k| (q, k)))
-                .map(|(q, k)| {
-                    mask_rounds(mask_jobs(block, &s, q, k))
-                        .iter()
-                        .map(|r| mask_cycles(r, &mut ck.mask.1))
-                        .sum::<u64>()
-                })
+                .map(|(q, k)| causal_extra_cycles(block, ck, &s, q, k).max(0) as u64)
                 .max()
                 .unwrap_or(0);
             let compute: u64 = steps.iter().sum::<u64>() + mask;
@@ -1536,20 +1617,44 @@ pub fn lower(
                     .iter()
                     .map(|j| Vertex {
                         kernel: ck.mask.0.clone(),
-                        state: vec![
-                            StateWord::Addr {
-                                buffer: t.c1,
-                                offset: stl.c_row(0, j.group, j.row),
-                            },
-                            StateWord::Const(j.words),
-                            StateWord::Const(value),
-                        ],
+                        state: match j.group {
+                            Some(g) => vec![
+                                StateWord::Addr {
+                                    buffer: t.c1,
+                                    offset: stl.c_row(0, g, j.row),
+                                },
+                                StateWord::Const(j.words),
+                                StateWord::Const(value),
+                            ],
+                            None => vec![
+                                StateWord::Addr {
+                                    buffer: t.pt,
+                                    offset: j.row * s.pv.2.rs_b,
+                                },
+                                StateWord::Const(j.words),
+                                StateWord::Const(0),
+                            ],
+                        },
                     })
                     .collect(),
             );
         }
         let quads = s.quads();
-        let jobs = s.st_jobs();
+        // A causal tile's column maxima and softmax skip the key rows no
+        // query of it sees (their P^T rows were zeroed by the mask steps).
+        let visible = visible_rows(
+            b,
+            qranges[at.qi as usize],
+            plan.key_splits[at.ks as usize],
+            at.n,
+        );
+        let jobs = visible_st_jobs(s, visible);
+        if visible < at.n {
+            let kernels = (&mut ck.colmax.1, &mut ck.softmax.1);
+            let (cm_c, sm_c) = colmax_softmax_cycles(kernels, s, &jobs);
+            cm.charge_tile(tile, cm_c);
+            sm.charge_tile(tile, sm_c);
+        }
         let groups = jobs.len() as u32;
         std::sync::Arc::make_mut(&mut cm.tiles).insert(
             tile,
@@ -1674,6 +1779,14 @@ pub fn lower(
         }
     }
     steps.extend([xstep, st]);
+    // A tile without mask jobs in a mask step spends nothing there.
+    for step in &mut mk {
+        for &tile in tiles.keys() {
+            if !step.tiles.contains_key(&tile) {
+                step.charge_tile(tile, 0);
+            }
+        }
+    }
     steps.extend(mk);
     steps.extend([cm, sm, pv, rd]);
 
@@ -1849,6 +1962,7 @@ pub fn lower(
 mod tests {
     use super::*;
     use ipu_graph::ValueId;
+    use std::collections::BTreeSet;
 
     fn kernels() -> ColumnKernels {
         let k = |entry: &str, formula: &str| {
@@ -1912,8 +2026,10 @@ mod tests {
         assert!(!applies(&b), "f32 attention takes the row layout");
     }
 
-    /// Every score the causal mask must hide is written, no score a query
-    /// sees is, and nothing outside the tile's S^T rows: checked word by
+    /// Every score the causal mask must hide among a tile's visible rows
+    /// is written, no score a query sees is, and nothing outside the
+    /// tile's S^T rows; the rows after the visible ones are hidden from
+    /// every query, and their P^T rows are zeroed whole. Checked word by
     /// word over every (query block, key split) of a few shapes, self- and
     /// cross-attention, against the reference's rule (key j is hidden from
     /// query i when j > i + sk - sq).
@@ -1937,28 +2053,50 @@ mod tests {
                     // A tile's shapes, as `lower` makes them: its split's keys.
                     let s = Shapes::new(&b, &ck, rows, k1 - k0, n.div_ceil(16) * 16).unwrap();
                     let rs = s.st.2.rs_c / 4;
+                    let pt_words = s.pv.2.rs_b / 4;
                     let jobs = mask_jobs(&b, &s, (q0, q1), (k0, k1));
-                    let mut written = std::collections::BTreeSet::new();
+                    let visible = visible_rows(&b, (q0, q1), (k0, k1), k1 - k0);
+                    assert!(visible >= 1 && visible <= k1 - k0);
+                    let (mut scores, mut probs) = (BTreeSet::new(), BTreeSet::new());
                     for j in &jobs {
-                        let at = s.st.2.c_row(0, j.group, j.row) / 4;
                         assert!(j.words > 0);
-                        written.extend(at..at + j.words);
+                        match j.group {
+                            Some(g) => {
+                                let at = s.st.2.c_row(0, g, j.row) / 4;
+                                scores.extend(at..at + j.words);
+                            }
+                            None => {
+                                let at = j.row * pt_words;
+                                probs.extend(at..at + j.words);
+                            }
+                        }
                     }
+                    let hidden = |r: u32, c: u32| k0 + r > q0 + c + (sk - sq);
                     for (g, &(r0, r1)) in s.st.1.row_groups.iter().enumerate() {
                         for r in r0..r1 {
                             let at = s.st.2.c_row(0, g as u32, r) / 4;
-                            for c in 0..rs {
-                                let hidden = c < q1 - q0 && k0 + r > q0 + c + (sk - sq);
-                                let visible = c < q1 - q0 && !hidden;
-                                let w = written.contains(&(at + c));
+                            if r >= visible {
                                 assert!(
-                                    !hidden || w,
+                                    (0..q1 - q0).all(|c| hidden(r, c)),
+                                    "{sq} {sk}: row {r} is seen"
+                                );
+                                let p = r * pt_words;
+                                assert!(
+                                    (p..p + pt_words).all(|w| probs.contains(&w)),
+                                    "{sq} {sk}: P^T row {r}"
+                                );
+                                continue;
+                            }
+                            for c in 0..q1 - q0 {
+                                let w = scores.contains(&(at + c));
+                                assert!(
+                                    !hidden(r, c) || w,
                                     "{sq} {sk}: query {} key {} unmasked",
                                     q0 + c,
                                     k0 + r
                                 );
                                 assert!(
-                                    !(visible && w),
+                                    hidden(r, c) || !w,
                                     "{sq} {sk}: query {} key {} masked",
                                     q0 + c,
                                     k0 + r
@@ -1966,17 +2104,16 @@ mod tests {
                             }
                         }
                     }
-                    // Nothing beyond the first and last S^T rows.
-                    if let (Some(lo), Some(hi)) = (written.first(), written.last()) {
+                    // Nothing beyond the first and last S^T and P^T rows.
+                    if let (Some(lo), Some(hi)) = (scores.first(), scores.last()) {
                         let groups = &s.st.1.row_groups;
                         let first = s.st.2.c_row(0, 0, groups[0].0) / 4;
                         let g = groups.len() - 1;
                         let last = s.st.2.c_row(0, g as u32, groups[g].1 - 1) / 4 + rs;
                         assert!(first <= *lo && *hi < last, "{sq} {sk}: {jobs:?}");
                     }
-                    if sk == sq && k0 >= q1 {
-                        // A split after every query of the block: all masked.
-                        assert!(!jobs.is_empty());
+                    if let Some(hi) = probs.last() {
+                        assert!(*hi < (k1 - k0) * pt_words, "{sq} {sk}: {jobs:?}");
                     }
                     if k1 - 1 <= q0 + (sk - sq) {
                         assert!(jobs.is_empty(), "every key visible");
