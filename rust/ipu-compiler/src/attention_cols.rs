@@ -188,12 +188,12 @@ fn visible_rows(b: &AttentionBlock, (_, q1): (u32, u32), (k0, _): (u32, u32), n:
 /// `(q0, q1)` as its columns): key `k0 + r` is hidden from query `q0 + c`
 /// when `k0 + r > q0 + c + (sk - sq)` (the reference's bottom-right
 /// alignment), so row r's masked columns are the prefix
-/// `c < k0 + r - q0 - (sk - sq)`, which grows by one a row. Of the
-/// [`visible_rows`], a row whose prefix is part of the queries gets a job
-/// of its own, and rows whose every query is masked (only a wholly hidden
-/// tile's row 0) one run per row group. The rows after the visible ones
-/// take no part in the column maxima and the softmax, which skip them;
-/// their P^T rows are zeroed instead, in at most six jobs of whole rows.
+/// `c < k0 + r - q0 - (sk - sq)`, which grows by one a row. Each of the
+/// [`visible_rows`] with a masked prefix gets a job of its own (a row
+/// masked whole is only ever a wholly hidden tile's row 0). The rows after
+/// the visible ones take no part in the column maxima and the softmax,
+/// which skip them; their P^T rows are zeroed instead, in at most six jobs
+/// of whole rows.
 /// Empty for a non-causal block or a tile whose keys every query sees.
 fn mask_jobs(
     b: &AttentionBlock,
@@ -208,39 +208,16 @@ fn mask_jobs(
     let visible = visible_rows(b, (q0, q1), (k0, k1), n);
     let nq = (q1 - q0) as i64;
     let shift = k0 as i64 - q0 as i64 - (b.sk as i64 - b.sq as i64);
-    let row_words = s.st.2.rs_c / 4;
     let mut jobs = Vec::new();
     for (g, &(r0, r1)) in s.st.1.row_groups.iter().enumerate() {
-        let group = Some(g as u32);
-        let r1 = r1.min(visible);
-        if r0 >= r1 {
-            continue;
-        }
-        let masked = |r: u32| (shift + r as i64).clamp(0, nq) as u32;
-        let mut full = r1;
-        for r in r0..r1 {
-            let words = masked(r);
-            if words as i64 == nq {
-                full = r;
-                break;
-            }
+        for r in r0..r1.min(visible) {
+            let words = (shift + r as i64).clamp(0, nq) as u32;
             if words > 0 {
                 jobs.push(MaskJob {
-                    group,
+                    group: Some(g as u32),
                     row: r,
                     words,
                 });
-            }
-        }
-        if full < r1 {
-            for (a, z) in ranges(r1 - full, (r1 - full).min(ipu_arch::WORKER_CONTEXTS)) {
-                if z > a {
-                    jobs.push(MaskJob {
-                        group,
-                        row: full + a,
-                        words: (z - a - 1) * row_words + nq as u32,
-                    });
-                }
             }
         }
     }
@@ -857,16 +834,8 @@ fn step_cycles(
         .1
         .eval(&[("M", st_m), ("NCB", st_ncb), ("NKB", (s.dp / 16) as i64)])
         + launch_cycles(sts.vertices() as u64);
-    let jobs = s.st_jobs();
-    let job_rows = jobs.iter().map(|j| j.2 - j.1).max().unwrap_or(0) as i64;
-    let quads = s.quads() as i64;
-    let colmax_c = ck.colmax.1.eval(&[("ROWS", job_rows), ("QUADS", quads)])
-        + launch_cycles(jobs.len() as u64);
-    let softmax_c = ck.softmax.1.eval(&[
-        ("ROWS", job_rows),
-        ("QUADS", quads),
-        ("W", jobs.len() as i64),
-    ]) + launch_cycles(jobs.len() as u64);
+    let kernels = (&mut ck.colmax.1, &mut ck.softmax.1);
+    let (colmax_c, softmax_c) = colmax_softmax_cycles(kernels, s, &s.st_jobs());
     let mut costs = GemmCosts {
         memory_budget: u64::MAX / 4,
         owns_a: false,
@@ -957,7 +926,8 @@ pub fn plan(
                 continue;
             }
             let steps = step_cycles(fill, ck, &s, rows, n, splits, distributed);
-            // A causal block's mask step: its slowest tile's.
+            // A causal block's tiles beyond one that sees all its keys:
+            // the slowest's mask steps less its skipped rows.
             let mask = qr
                 .iter()
                 .flat_map(|&q| key_splits.iter().map(move |&k| (q, k)))
@@ -1496,6 +1466,7 @@ pub fn lower(
     // Steps 4 to 7: S^T, the column softmax, O^T and its reduce.
     let mut st = compute_step(format!("{name} scores S^T = K Q^T"));
     let mut mk: Vec<Step> = Vec::new();
+    let masked_score = (MASKED_SCORE / b.scale).to_bits();
     let mut cm = compute_step(format!("{name} column maxima"));
     let mut sm = compute_step(format!("{name} softmax down columns"));
     let mut pv = compute_step(format!("{name} O^T = [V^T; 1] P^T"));
@@ -1610,7 +1581,6 @@ pub fn lower(
             }
             let step = &mut mk[k];
             step.charge_tile(tile, mask_cycles(&round, &mut ck.mask.1));
-            let value = (MASKED_SCORE / b.scale).to_bits();
             std::sync::Arc::make_mut(&mut step.tiles).insert(
                 tile,
                 round
@@ -1624,7 +1594,7 @@ pub fn lower(
                                     offset: stl.c_row(0, g, j.row),
                                 },
                                 StateWord::Const(j.words),
-                                StateWord::Const(value),
+                                StateWord::Const(masked_score),
                             ],
                             None => vec![
                                 StateWord::Addr {
