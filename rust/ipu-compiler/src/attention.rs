@@ -487,6 +487,12 @@ pub struct AttentionPlan {
     /// of keys, each starting on an even key
     /// (`crate::attention_cols::key_ranges`).
     pub key_splits: Vec<(u32, u32)>,
+    /// Columns layout, causal: how many of `key_splits` each query block
+    /// takes, its leading splits that hold a key some query of the block
+    /// sees (the others would only compute masked scores). Empty: every
+    /// block takes every split.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub block_splits: Vec<u32>,
     /// The key blocks of the first split, processed one after the other
     /// (every split has as many, near-equal); the columns layout takes
     /// each split's keys as one block (its padded 16-key blocks).
@@ -533,10 +539,29 @@ impl AttentionPlan {
             }
         }
     }
-    /// Tile `(h * query_blocks + b) * splits + s` holds head `h`, query
-    /// block `b`, key split `s`.
+    /// The key splits query block `query_block` takes: the first this many
+    /// of `key_splits`.
+    pub fn splits_of(&self, query_block: u32) -> u32 {
+        self.block_splits
+            .get(query_block as usize)
+            .copied()
+            .unwrap_or(self.key_splits.len() as u32)
+    }
+    /// The tiles of one head: every query block's splits.
+    pub fn tiles_per_head(&self) -> u32 {
+        (0..self.query_blocks).map(|b| self.splits_of(b)).sum()
+    }
+    /// The tile of head `h`, query block `b`, key split `s`: heads one
+    /// after the other, in each the query blocks' splits in order
+    /// (`(h * query_blocks + b) * splits + s` when every block takes every
+    /// split).
     pub fn tile(&self, head: u32, query_block: u32, split: u32) -> u32 {
-        (head * self.query_blocks + query_block) * self.key_splits.len() as u32 + split
+        debug_assert!(split < self.splits_of(query_block));
+        if self.block_splits.is_empty() {
+            return (head * self.query_blocks + query_block) * self.key_splits.len() as u32 + split;
+        }
+        let before: u32 = self.block_splits[..query_block as usize].iter().sum();
+        head * self.tiles_per_head() + before + split
     }
     /// The key blocks of split `split` (as many as `key_blocks`).
     pub fn blocks_of(&self, split: usize) -> Vec<(u32, u32)> {
@@ -822,6 +847,7 @@ pub fn plan(
                     query_blocks: qb,
                     rows,
                     key_splits: key_splits.clone(),
+                    block_splits: Vec::new(),
                     key_blocks: {
                         // The blocks of split 0 (the cost used the widest split).
                         let (c0, c1) = key_splits[0];

@@ -675,6 +675,33 @@ pub fn key_ranges(sk: u32, splits: u32) -> Vec<(u32, u32)> {
         .collect()
 }
 
+/// The key splits each query block of a causal block takes: the leading
+/// splits that hold a key some query of the block sees (key `k` is seen by
+/// query `q1 - 1` when `k <= q1 - 1 + (sk - sq)`), at least one. Since
+/// every block takes a prefix of the same splits, a key run of one split
+/// still goes to all its blocks' tiles in one multicast. Empty for a
+/// non-causal block (every block takes every split).
+pub fn block_splits(
+    b: &AttentionBlock,
+    qranges: &[(u32, u32)],
+    key_splits: &[(u32, u32)],
+) -> Vec<u32> {
+    if !b.causal {
+        return Vec::new();
+    }
+    qranges
+        .iter()
+        .map(|&(_, q1)| {
+            let last_seen = q1 as i64 - 1 + b.sk as i64 - b.sq as i64;
+            let seen = key_splits
+                .iter()
+                .filter(|&&(k0, _)| k0 as i64 <= last_seen)
+                .count() as u32;
+            seen.max(1)
+        })
+        .collect()
+}
+
 /// The most keys of any split.
 fn widest_split(key_splits: &[(u32, u32)]) -> u32 {
     key_splits.iter().map(|r| r.1 - r.0).max().unwrap_or(1)
@@ -911,7 +938,13 @@ pub fn plan(
         for qb in 1..=block.sq {
             let qr = query_ranges(block, qb);
             let rows = qr.iter().map(|r| r.1 - r.0).max().unwrap_or(0);
-            let attention_tiles = block.heads * qr.len() as u32 * splits;
+            let per_block = block_splits(block, &qr, &key_splits);
+            let per_head = if per_block.is_empty() {
+                qr.len() as u32 * splits
+            } else {
+                per_block.iter().sum()
+            };
+            let attention_tiles = block.heads * per_head;
             if attention_tiles > tiles || !seen.insert(rows) || rows > 64 {
                 continue;
             }
@@ -928,9 +961,11 @@ pub fn plan(
             let steps = step_cycles(fill, ck, &s, rows, n, splits, distributed);
             // A causal block's tiles beyond one that sees all its keys:
             // the slowest's mask steps less its skipped rows.
+            let taken = |qi: usize| per_block.get(qi).map_or(splits, |&t| t) as usize;
             let mask = qr
                 .iter()
-                .flat_map(|&q| key_splits.iter().map(move |&k| (q, k)))
+                .enumerate()
+                .flat_map(|(qi, &q)| key_splits[..taken(qi)].iter().map(move |&k| (q, k)))
                 .map(|(q, k)| causal_extra_cycles(block, ck, &s, q, k).max(0) as u64)
                 .max()
                 .unwrap_or(0);
@@ -956,6 +991,7 @@ pub fn plan(
                 query_blocks: qr.len() as u32,
                 rows,
                 key_splits: key_splits.clone(),
+                block_splits: per_block,
                 key_blocks: vec![(0, kp / 16)],
                 tiles: attention_tiles,
                 compute_cycles: compute,
@@ -1087,6 +1123,9 @@ pub fn lower(
     let mut tiles: BTreeMap<u32, AttTile> = BTreeMap::new();
     for h in 0..b.heads {
         for qi in 0..qranges.len() as u32 {
+            // A causal block's tiles: the splits that hold a key some of
+            // its queries see.
+            let splits = plan.splits_of(qi);
             for ks in 0..splits {
                 let tile = plan.tile(h, qi, ks);
                 let (_, n) = split_keys(ks);
@@ -1359,6 +1398,7 @@ pub fn lower(
                     let h = c / d;
                     let e = ((h + 1) * d).min(r.col0 + r.width);
                     let destinations = (0..qranges.len() as u32)
+                        .filter(|&qi| ks < plan.splits_of(qi))
                         .map(|qi| {
                             let dst = plan.tile(h, qi, ks);
                             BufferRef {
@@ -1405,7 +1445,7 @@ pub fn lower(
                         let qi = qblock_of(a);
                         let (q0, q1) = qranges[qi];
                         let z = r1.min(q1);
-                        let destinations = (0..splits)
+                        let destinations = (0..plan.splits_of(qi as u32))
                             .map(|ks| {
                                 let dst = plan.tile(h, qi as u32, ks);
                                 BufferRef {
@@ -1428,6 +1468,7 @@ pub fn lower(
                             continue;
                         }
                         let destinations = (0..qranges.len() as u32)
+                            .filter(|&qi| ks < plan.splits_of(qi))
                             .map(|qi| {
                                 let dst = plan.tile(h, qi, ks);
                                 BufferRef {
@@ -1474,11 +1515,12 @@ pub fn lower(
     let scale = b.scale.to_bits();
     // A tile's shapes and step estimates depend only on its queries and
     // keys: a few distinct pairs for all the tiles.
-    let mut by_shape: BTreeMap<(u32, u32), (Shapes, Vec<u64>)> = BTreeMap::new();
+    let mut by_shape: BTreeMap<(u32, u32, u32), (Shapes, Vec<u64>)> = BTreeMap::new();
     for (&tile, at) in &tiles {
         let t = at.bufs;
         let rows = qranges[at.qi as usize].1 - qranges[at.qi as usize].0;
-        let (s, est) = match by_shape.entry((rows, at.n)) {
+        let splits = plan.splits_of(at.qi);
+        let (s, est) = match by_shape.entry((rows, at.n, splits)) {
             std::collections::btree_map::Entry::Occupied(e) => e.into_mut(),
             std::collections::btree_map::Entry::Vacant(e) => {
                 let s = Shapes::new(b, ck, plan.rows, at.n, kp).ok_or_else(|| {
@@ -1765,17 +1807,20 @@ pub fn lower(
     // rows, the l row and m, into slot j + 1 for a split j below its own,
     // slot j above it (its own state is slot 0: the O^T buffer's first
     // rows and m slot 0). Slots are `state_slot` apart from row d0 on.
-    let combine = shapes.combine_ranges(splits, plan.distributed_combine);
+    // A causal block's tiles combine its own splits only.
+    let combine_of = |at: &AttTile| {
+        shapes.combine_ranges(plan.splits_of(at.qi), plan.distributed_combine)[at.ks as usize]
+    };
     if splits > 1 {
         let (rs_d, lrow) = (shapes.pv.2.rs_d(), d);
         let mut moves = Vec::new();
         for (&tile, at) in &tiles {
-            let r @ (d0, d1) = combine[at.ks as usize];
+            let r @ (d0, d1) = combine_of(at);
             if d1 == d0 {
                 continue;
             }
             let state_slot = shapes.state_slot(r);
-            for j in (0..splits).filter(|&j| j != at.ks) {
+            for j in (0..plan.splits_of(at.qi)).filter(|&j| j != at.ks) {
                 let slot = if j < at.ks { j + 1 } else { j };
                 let src = plan.tile(at.h, at.qi, j);
                 let s_bufs = tiles[&src].bufs;
@@ -1850,10 +1895,11 @@ pub fn lower(
     };
     let s = &shapes;
     for (&tile, at) in &tiles {
-        let (d0, d1) = combine[at.ks as usize];
+        let (d0, d1) = combine_of(at);
         if d1 == d0 {
             continue;
         }
+        let splits = plan.splits_of(at.qi);
         let t = at.bufs;
         let (q0, q1) = qranges[at.qi as usize];
         let rows = q1 - q0;
@@ -1994,6 +2040,78 @@ mod tests {
         assert!(applies(&b), "causal: the mask steps");
         b.f32 = true;
         assert!(!applies(&b), "f32 attention takes the row layout");
+    }
+
+    /// A causal block's query blocks take exactly the key splits that
+    /// hold a key one of their queries sees (at least one), and the tiles
+    /// of (head, block, split) are numbered 0..tiles, each once.
+    #[test]
+    fn causal_blocks_take_exactly_the_splits_their_queries_see() {
+        for (sq, sk, qb, splits) in [
+            (1024u32, 1024u32, 32u32, 6u32),
+            (34, 34, 5, 3),
+            (8, 600, 1, 8),
+            (40, 600, 6, 8),
+            (35, 600, 6, 8),
+            (64, 301, 9, 5),
+            // A split that starts on the one key the block's last query
+            // sees beyond the block's own (sk - sq = 1).
+            (10, 11, 5, 5),
+            (600, 40, 7, 3),
+            (729, 729, 23, 4),
+        ] {
+            let mut b = siglip();
+            (b.sq, b.sk, b.causal, b.heads) = (sq, sk, true, 3);
+            let qr = query_ranges(&b, qb);
+            let kr = key_ranges(sk, splits);
+            let taken = block_splits(&b, &qr, &kr);
+            assert_eq!(taken.len(), qr.len());
+            // Query q sees key k when k <= q + (sk - sq): a block takes a
+            // split iff one of its queries sees one of the split's keys,
+            // and at least one split (whose keys are then all masked).
+            let sees = |q: u32, k: u32| k as i64 <= q as i64 + sk as i64 - sq as i64;
+            for (&(q0, q1), &t) in qr.iter().zip(&taken) {
+                for (ks, &(k0, k1)) in kr.iter().enumerate() {
+                    let seen = (q0..q1).any(|q| (k0..k1).any(|k| sees(q, k)));
+                    assert_eq!(
+                        (ks as u32) < t,
+                        seen || ks == 0,
+                        "{sq}x{sk}: queries {q0}..{q1}, keys {k0}..{k1}, {t} splits"
+                    );
+                }
+            }
+            assert_eq!(*taken.last().unwrap(), splits);
+            // The tiles of (head, block, split) are 0..tiles, each once.
+            let plan = AttentionPlan {
+                layout: AttentionLayout::Columns,
+                query_blocks: qr.len() as u32,
+                rows: qr.iter().map(|r| r.1 - r.0).max().unwrap(),
+                key_splits: kr.clone(),
+                block_splits: taken.clone(),
+                key_blocks: vec![(0, 1)],
+                tiles: b.heads * taken.iter().sum::<u32>(),
+                compute_cycles: 0,
+                exchange_bound_cycles: 0,
+                projection_cycles: 0,
+                prefix_cycles: 0,
+                region1_bytes: 0,
+                region0_bytes: 0,
+                distributed_combine: true,
+                rounds: 1,
+            };
+            let mut seen_tiles = BTreeSet::new();
+            for h in 0..b.heads {
+                for qi in 0..qr.len() as u32 {
+                    for ks in 0..plan.splits_of(qi) {
+                        assert!(seen_tiles.insert(plan.tile(h, qi, ks)));
+                    }
+                }
+            }
+            assert_eq!(seen_tiles, (0..plan.tiles).collect());
+            // A non-causal block takes every split.
+            b.causal = false;
+            assert!(block_splits(&b, &qr, &kr).is_empty());
+        }
     }
 
     /// Every score the causal mask must hide among a tile's visible rows

@@ -17,11 +17,26 @@ fn check_attention(ran: &Ran) -> usize {
     let a = &out.report["attention"];
     let chosen = &a["chosen"];
     let heads_tiles = chosen["tiles"].as_u64().unwrap();
-    assert_eq!(
-        heads_tiles % chosen["query_blocks"].as_u64().unwrap(),
-        0,
-        "{a:#}"
-    );
+    let splits = chosen["key_splits"].as_array().unwrap().len() as u64;
+    // A causal column layout's query blocks take the leading splits that
+    // hold keys their queries see: at least one, more for later blocks,
+    // all of them for the last (whose last query sees every key).
+    let per_head = match chosen.get("block_splits") {
+        Some(taken) => {
+            let taken: Vec<u64> = taken
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|t| t.as_u64().unwrap())
+                .collect();
+            assert_eq!(taken.len() as u64, chosen["query_blocks"].as_u64().unwrap());
+            assert!(taken.windows(2).all(|w| w[0] <= w[1]), "{a:#}");
+            assert!(taken[0] >= 1 && *taken.last().unwrap() == splits, "{a:#}");
+            taken.iter().sum()
+        }
+        None => chosen["query_blocks"].as_u64().unwrap() * splits,
+    };
+    assert_eq!(heads_tiles % per_head, 0, "{a:#}");
     let steps = out.report["exchange_steps"].as_array().unwrap();
     let x = steps
         .iter()
