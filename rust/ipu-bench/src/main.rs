@@ -6,10 +6,11 @@
 //!   host reference; prints the compile time, the simulated device cycles
 //!   against the compute bound, the estimate's error and the simulator's
 //!   throughput (tile-instructions per second, wall time).
-//! - `ipu-bench siglip-mlp|siglip-mlp-fp8|siglip-attention-fp8|vit-block|vit-layers|vit-encoder|vit-encoder-fp8
+//! - `ipu-bench siglip-mlp|siglip-mlp-fp8|siglip-attention-fp8|vit-block|vit-layers|vit-encoder|vit-encoder-fp8|bert-causal|gpt2-block
 //!   [tiles]`: the same for the SigLIP MLP, its fp8 variant, the fp8
 //!   SigLIP attention, the SigLIP encoder block, two of them as a device
-//!   loop and the 27-layer encoder with streamed f16 or fp8 weights
+//!   loop, the 27-layer encoder with streamed f16 or fp8 weights, the
+//!   BERT-large causal attention layer and a GPT-2 decoder block
 //!   (`MODEL_BENCHES`).
 //! - `ipu-bench gemm4096 [tiles]`: compiles the 4096^3 f16 GEMM (f16
 //!   accumulation, K streamed through the tiles), simulates it and prints
@@ -387,7 +388,7 @@ struct ModelBench {
 
 /// The models `ipu-bench NAME` measures besides the SigLIP attention and
 /// the 4096^3 GEMM.
-const MODEL_BENCHES: [(&str, ModelBench); 7] = [
+const MODEL_BENCHES: [(&str, ModelBench); 9] = [
     (
         "siglip-mlp",
         ModelBench {
@@ -441,6 +442,22 @@ const MODEL_BENCHES: [(&str, ModelBench); 7] = [
         ModelBench {
             file: "vit_encoder_fp8.ipug",
             title: "The SigLIP So400m encoder with fp8 weights: 27 layers as a device loop, the first layers' weights stacked on the chip, the rest streamed by the host",
+            anchor: None,
+        },
+    ),
+    (
+        "bert-causal",
+        ModelBench {
+            file: "bert_large_causal.ipug",
+            title: "BERT-large causal attention layer (512 tokens, 1024 wide, 16 heads of 64, Q/K/V and output projections)",
+            anchor: None,
+        },
+    ),
+    (
+        "gpt2-block",
+        ModelBench {
+            file: "gpt2_block.ipug",
+            title: "GPT-2 small decoder block (1024 tokens, 768 wide, 12 heads of 64, causal; layernorms, attention, MLP, residuals)",
             anchor: None,
         },
     ),
