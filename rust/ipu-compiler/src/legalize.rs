@@ -16,7 +16,10 @@
 //!   (numpy broadcasting picks each operand's element). An operand's slice
 //!   is a host tensor of its own (`a.0`, `b.1`: a contiguous byte range of
 //!   the model's tensor) or the matching slice of an earlier sliced value.
-//!   Row-wise operations on sliced values run per slice.
+//!   Row-wise operations on sliced values run per slice. A computed value
+//!   that such a GEMM reads, or that a row-wise operation broadcasts
+//!   against a `[M, N]` operand, is computed per batch element from the
+//!   start, and so is what it is computed from ([`sliced_values`]).
 //! - Batched attention is one block per batch element: every value an
 //!   attention block reads, and the batched values behind it, are computed
 //!   per element ([`sliced_values`]), host operands are sliced per element
@@ -31,10 +34,8 @@
 //!
 //! A graph without batched or transposed GEMMs is returned unchanged, so
 //! its packages are byte-identical to what they were before this phase.
-//! Whatever the device graph cannot express (batched attention over a value
-//! computed with its batch flattened, a flat value broadcast against a
-//! batched one, a flat value into a GEMM with a batched B) is refused here
-//! with the value and the reason.
+//! Whatever the device graph cannot express (a transposed operand computed
+//! on the device) is refused here with the value and the reason.
 
 use crate::error::CompileError;
 use crate::lower::{HostPlacement, HostTensor, Lowered};
@@ -315,37 +316,76 @@ struct Rewriter<'g> {
     names: BTreeSet<String>,
 }
 
-/// Computed values that must exist one per batch element: the batched
-/// operands of attention blocks (the compiler lowers attention per
-/// sequence) and, backwards, the batched operands of the GEMMs and
-/// row-wise operations that compute them (a projection of a batch of
-/// sequences is then one GEMM per sequence, not one over all rows).
+/// Computed values that must exist one per batch element, to a fixed
+/// point of two rules:
+/// - backwards, from what needs its operands per element: an attention
+///   block's batched operands (the compiler lowers attention per
+///   sequence), a GEMM's batched operands when its B has batch dimensions
+///   (one GEMM per batch element), and the batched operands of a value
+///   computed per element (a projection of a batch of sequences is then
+///   one GEMM per sequence, not one over all rows);
+/// - forwards, to a batched GEMM or row-wise value from an operand computed
+///   per element, or from an operand of rank 2 or more whose shape is not
+///   the result's (a `[M, N]` or `[1, M, N]` value broadcast over the
+///   batch: the rows of a flattened value would not line up with it).
 fn sliced_values(model: &Graph) -> Vec<bool> {
+    let computed_batched = |a: ValueId| {
+        matches!(model.value(a).def, ValueDef::Node(_)) && model.ty(a).shape.rank() > 2
+    };
     let mut sliced = vec![false; model.values().len()];
-    for node in model.nodes().iter().rev() {
-        let r = node.result.0 as usize;
-        let base = match node.op {
-            Op::SplitHeads { .. } => Some(2),
-            Op::Attention { .. } | Op::MergeHeads => Some(3),
-            _ => None,
-        };
-        let demand = match base {
-            Some(rank) => node.args.iter().any(|&a| model.ty(a).shape.rank() > rank),
-            None => sliced[r],
-        };
-        if !demand {
-            continue;
-        }
-        sliced[r] = true;
-        for &a in &node.args {
-            // Rank-2 operands (weights, a broadcast value) serve every
-            // batch element as they are.
-            if matches!(model.value(a).def, ValueDef::Node(_)) && model.ty(a).shape.rank() > 2 {
-                sliced[a.0 as usize] = true;
+    loop {
+        let before = sliced.clone();
+        for node in model.nodes() {
+            let r = node.result;
+            let rowwise = matches!(
+                node.op,
+                Op::Add | Op::Gelu | Op::LayerNorm { .. } | Op::Softmax | Op::Cast { .. }
+            );
+            if model.ty(r).shape.rank() <= 2 || !(rowwise || matches!(node.op, Op::Gemm { .. })) {
+                continue;
+            }
+            let batched_b =
+                matches!(node.op, Op::Gemm { .. }) && model.ty(node.args[1]).shape.rank() > 2;
+            let broadcast = rowwise
+                && node.args.iter().any(|&a| {
+                    let ty = model.ty(a);
+                    ty.shape.rank() >= 2 && ty.shape.dims() != model.ty(r).shape.dims()
+                });
+            let from_operand = node
+                .args
+                .iter()
+                .any(|&a| computed_batched(a) && sliced[a.0 as usize]);
+            if batched_b || broadcast || from_operand {
+                sliced[r.0 as usize] = true;
             }
         }
+        for node in model.nodes().iter().rev() {
+            let r = node.result.0 as usize;
+            let base = match node.op {
+                Op::SplitHeads { .. } => Some(2),
+                Op::Attention { .. } | Op::MergeHeads => Some(3),
+                _ => None,
+            };
+            let demand = match base {
+                Some(rank) => node.args.iter().any(|&a| model.ty(a).shape.rank() > rank),
+                None => sliced[r],
+            };
+            if !demand {
+                continue;
+            }
+            sliced[r] = true;
+            for &a in &node.args {
+                // Rank-2 operands (weights, a broadcast value) serve every
+                // batch element as they are.
+                if computed_batched(a) {
+                    sliced[a.0 as usize] = true;
+                }
+            }
+        }
+        if sliced == before {
+            return sliced;
+        }
     }
-    sliced
 }
 
 /// The batch dimensions of a model type (all but the last two).
@@ -1190,17 +1230,85 @@ mod tests {
                 && e.contains("operand `h` is transposed but computed on the device"),
             "{e}"
         );
-        let e = legal("model m\ninput x: f16[2, 40, 64]\nparam w: f16[64, 64]\nparam b: f16[2, 64, 48]\nh = gemm(x, w)\ny = gemm(h, b)\noutput y\n").unwrap_err();
-        assert!(
-            e.contains("value `y` (gemm)")
-                && e.contains("`h` is computed with its batch dimensions flattened"),
-            "{e}"
+    }
+
+    /// A value a later GEMM with a batched B reads per batch element, and
+    /// one broadcast against a `[M, N]` operand, are computed per element
+    /// from the start (the forward and backward rules of
+    /// [`sliced_values`]): before, the producer was one GEMM over the
+    /// batch's flattened rows and the reader was refused.
+    #[test]
+    fn values_read_per_batch_element_are_computed_per_element() {
+        check(
+            &ipu_graph::parse(
+                "t.ipug",
+                "model m\ninput x: f16[2, 4, 16]\nparam w: f16[16, 8]\nparam bias: f16[8]\nparam u: f16[2, 8, 6]\nparam r: f16[4, 6]\nh = gemm(x, w)\nhb = add(h, bias)\ny = gemm(hb, u)\nz = add(y, r)\noutput z\n",
+            )
+            .unwrap(),
+            expect![[r#"
+                model m
+                input x.0: f16[4, 16]
+                param w: f16[16, 8]
+                h.0: f16[4, 8] = gemm(x.0, w)
+                param bias: f16[8]
+                hb.0: f16[4, 8] = add(h.0, bias)
+                param u.0: f16[8, 6]
+                y.0: f16[4, 6] = gemm(hb.0, u.0)
+                param r: f16[4, 6]
+                z.0: f16[4, 6] = add(y.0, r)
+                input x.1: f16[4, 16]
+                h.1: f16[4, 8] = gemm(x.1, w)
+                hb.1: f16[4, 8] = add(h.1, bias)
+                param u.1: f16[8, 6]
+                y.1: f16[4, 6] = gemm(hb.1, u.1)
+                z.1: f16[4, 6] = add(y.1, r)
+                output z.0
+                output z.1
+                host h.0 -> h: f16[2, 4, 8] offset 0 transposed false
+                host h.1 -> h: f16[2, 4, 8] offset 64 transposed false
+                host hb.0 -> hb: f16[2, 4, 8] offset 0 transposed false
+                host hb.1 -> hb: f16[2, 4, 8] offset 64 transposed false
+                host u.0 -> u: f16[2, 8, 6] offset 0 transposed false
+                host u.1 -> u: f16[2, 8, 6] offset 96 transposed false
+                host x.0 -> x: f16[2, 4, 16] offset 0 transposed false
+                host x.1 -> x: f16[2, 4, 16] offset 128 transposed false
+                host y.0 -> y: f16[2, 4, 6] offset 0 transposed false
+                host y.1 -> y: f16[2, 4, 6] offset 48 transposed false
+                host z.0 -> z: f16[2, 4, 6] offset 0 transposed false
+                host z.1 -> z: f16[2, 4, 6] offset 48 transposed false
+            "#]],
         );
-        // A flattened value broadcast against a batch dimension it lacks.
-        let e = legal("model m\ninput x: f16[2, 4, 16]\nparam w: f16[16, 8]\nparam r: f16[4, 8]\nh = gemm(x, w)\ny = add(h, r)\noutput y\n").unwrap_err();
-        assert!(
-            e.contains("value `y` (add)") && e.contains("in the device graph"),
-            "{e}"
+        check(
+            &ipu_graph::parse(
+                "t.ipug",
+                "model m\ninput x: f16[2, 4, 16]\nparam w: f16[16, 8]\nparam r: f16[4, 8]\nh = gemm(x, w)\ny = add(h, r)\ng = gelu(h)\noutput y\noutput g\n",
+            )
+            .unwrap(),
+            expect![[r#"
+                model m
+                input x.0: f16[4, 16]
+                param w: f16[16, 8]
+                h.0: f16[4, 8] = gemm(x.0, w)
+                param r: f16[4, 8]
+                y.0: f16[4, 8] = add(h.0, r)
+                g.0: f16[4, 8] = gelu(h.0)
+                input x.1: f16[4, 16]
+                h.1: f16[4, 8] = gemm(x.1, w)
+                y.1: f16[4, 8] = add(h.1, r)
+                g.1: f16[4, 8] = gelu(h.1)
+                output y.0
+                output y.1
+                output g.0
+                output g.1
+                host g.0 -> g: f16[2, 4, 8] offset 0 transposed false
+                host g.1 -> g: f16[2, 4, 8] offset 64 transposed false
+                host h.0 -> h: f16[2, 4, 8] offset 0 transposed false
+                host h.1 -> h: f16[2, 4, 8] offset 64 transposed false
+                host x.0 -> x: f16[2, 4, 16] offset 0 transposed false
+                host x.1 -> x: f16[2, 4, 16] offset 128 transposed false
+                host y.0 -> y: f16[2, 4, 8] offset 0 transposed false
+                host y.1 -> y: f16[2, 4, 8] offset 64 transposed false
+            "#]],
         );
     }
 }

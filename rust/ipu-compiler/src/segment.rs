@@ -157,15 +157,18 @@ pub fn split(
     let mut parts: Vec<(Kind, Vec<NodeId>)> = Vec::new();
     // The segment that defines each value computed so far.
     let mut defined_in: BTreeMap<ValueId, usize> = BTreeMap::new();
-    // Whether the current segment holds an attention block, a GEMM.
+    // Whether the current segment holds an attention block, a GEMM, a
+    // chain (a GEMM reading a result of its own segment).
     let mut has_attention = false;
     let mut has_gemm = false;
+    let mut has_chain = false;
     for i in 0..graph.nodes().len() {
         let id = NodeId(i as u32);
         let node = graph.node(id);
         let kind = kind_of(graph, &epilogues, id);
         let current = parts.len().checked_sub(1);
         let here = |v: ValueId| current.is_some() && defined_in.get(&v) == current.as_ref();
+        let continues_chain = matches!(node.op, Op::Gemm { .. }) && here(node.args[0]);
         let cut = match (current.map(|c| parts[c].0), kind) {
             (None, _)
             | (Some(Kind::Blocks), Kind::Rowwise)
@@ -194,6 +197,18 @@ pub fn split(
                 if split_projections
                     && (matches!(node.op, Op::SplitHeads { .. }) && has_gemm
                         || matches!(node.op, Op::Gemm { .. }) && !here(node.args[0])) =>
+            {
+                true
+            }
+            // A GEMM that does not continue a chain of a segment that
+            // holds one starts the next segment. A segment's chains are
+            // planned on the same tiles, every GEMM with an equal share of
+            // region 1 and its element-exclusive buffers in memory elements
+            // of their own: four small chains side by side (a batched
+            // GEMM's slices, each read by a GEMM with a batched B) found no
+            // plan on any tile count. Each chain has all the tiles instead.
+            (Some(Kind::Blocks), Kind::Blocks)
+                if has_chain && matches!(node.op, Op::Gemm { .. }) && !continues_chain =>
             {
                 true
             }
@@ -226,13 +241,16 @@ pub fn split(
                     || rows(node.result) != rows(graph.node(first).result)
             }
         };
-        if cut || cuts.contains(&id) {
+        let cut = cut || cuts.contains(&id);
+        if cut {
             parts.push((kind, Vec::new()));
             has_attention = false;
             has_gemm = false;
+            has_chain = false;
         }
         has_attention |= matches!(node.op, Op::Attention { .. });
         has_gemm |= matches!(node.op, Op::Gemm { .. });
+        has_chain |= continues_chain && !cut;
         let last = parts.len() - 1;
         parts[last].1.push(id);
         defined_in.insert(node.result, last);
@@ -1518,6 +1536,18 @@ mod tests {
         let kinds: Vec<Kind> = s.iter().map(|k| k.0).collect();
         assert_eq!(kinds, [Kind::Rowwise, Kind::Blocks]);
         assert_eq!(s[1].2, ["x8"]);
+    }
+
+    /// Independent chains each take a segment (a chain's GEMMs share its
+    /// tiles; several chains on the same tiles found no plan), while
+    /// independent GEMMs that chain nothing stay side by side in one.
+    #[test]
+    fn independent_chains_take_segments_of_their_own() {
+        let s = kinds("model m\ninput a0: f16[4, 8]\ninput a1: f16[4, 8]\nparam b: f16[8, 8]\nparam e: f16[8, 8]\nparam f: f16[8, 8]\nc0 = gemm(a0, b)\nd0 = gemm(c0, e)\nc1 = gemm(a1, b)\nd1 = gemm(c1, e)\nx = gemm(a1, f)\noutput d0, d1, x\n");
+        let names: Vec<Vec<String>> = s.iter().map(|k| k.1.clone()).collect();
+        assert_eq!(names, [vec!["c0", "d0"], vec!["c1", "d1"], vec!["x"]]);
+        let s = kinds("model m\ninput a0: f16[4, 8]\ninput a1: f16[4, 8]\nparam b: f16[8, 8]\nc0 = gemm(a0, b)\nc1 = gemm(a1, b)\noutput c0, c1\n");
+        assert_eq!(s.len(), 1);
     }
 
     #[test]

@@ -905,6 +905,24 @@ fn siglip_projection_figures() {
     }
 }
 
+/// The names and shapes of call `name`'s host tensors, sorted.
+fn interface(out: &ipu_compiler::CompileOutput, name: &str) -> Vec<(String, Vec<usize>)> {
+    let c = call(out, name);
+    let mut v: Vec<(String, Vec<usize>)> = c
+        .inputs
+        .iter()
+        .chain(&c.outputs)
+        .map(|t| (t.name.clone(), t.shape.clone()))
+        .collect();
+    v.sort();
+    v
+}
+
+/// `interface`'s form of a list of names and shapes.
+fn names(v: &[(&str, &[usize])]) -> Vec<(String, Vec<usize>)> {
+    v.iter().map(|(n, d)| (n.to_string(), d.to_vec())).collect()
+}
+
 /// Batched and transposed GEMMs (`legalize`): an MLP over a batch of three
 /// sequences with a transposed weight runs as rank-2 GEMMs over the
 /// batch's 120 rows; a GEMM whose B is batched too (broadcast 2 x 1
@@ -915,20 +933,6 @@ fn siglip_projection_figures() {
 #[test]
 fn batched_and_transposed_gemms_on_the_simulator() {
     let mlp = compile_and_run(&root().join("models/mlp_batched_small.ipug"), 64, 17);
-    let interface = |out: &ipu_compiler::CompileOutput, name: &str| -> Vec<(String, Vec<usize>)> {
-        let c = call(out, name);
-        let mut v: Vec<(String, Vec<usize>)> = c
-            .inputs
-            .iter()
-            .chain(&c.outputs)
-            .map(|t| (t.name.clone(), t.shape.clone()))
-            .collect();
-        v.sort();
-        v
-    };
-    let names = |v: &[(&str, &[usize])]| -> Vec<(String, Vec<usize>)> {
-        v.iter().map(|(n, d)| (n.to_string(), d.to_vec())).collect()
-    };
     assert_eq!(
         interface(&mlp.compile, "run"),
         names(&[("x", &[3, 40, 64]), ("y", &[3, 40, 48])])
@@ -1007,6 +1011,50 @@ fn a_weight_read_both_ways() {
         w.placements.iter().any(|p| p.bytes == 2),
         "the transposed copy is placed element by element"
     );
+}
+
+/// Values read per batch element are computed per element from the
+/// start: a GEMM over a batch's rows (with its bias and GELU) whose result
+/// a GEMM with a batched B reads per element, and a batched result plus a
+/// `[M, N]` operand broadcast over the batch. Both were refused until
+/// session 40 (the producer was one GEMM over the flattened rows).
+/// And independent chains per batch element, which found no plan.
+#[test]
+fn values_read_per_batch_element_verify() {
+    let dir = tempfile::tempdir().unwrap();
+    let chained = write_model(
+        dir.path(),
+        "per_element",
+        "model per_element\ninput x: f16[3, 20, 48]\nparam w: f16[48, 64]\nparam bias: f16[64]\nparam u: f16[3, 64, 40]\nparam g: f16[20, 40]\nh = gemm(x, w)\nhb = add(h, bias)\na = gelu(hb)\ny = gemm(a, u)\nz = add(y, g)\noutput z, hb\n",
+    );
+    let ran = compile_and_run(&chained, 64, 21);
+    assert_eq!(
+        interface(&ran.compile, "run"),
+        names(&[
+            ("hb", &[3, 20, 64]),
+            ("x", &[3, 20, 48]),
+            ("z", &[3, 20, 40])
+        ])
+    );
+    for i in 0..3 {
+        let h = operation(&ran.compile, &format!("h.{i}"));
+        assert_eq!(h["shape"], serde_json::json!([20, 48, 64]), "{h}");
+    }
+    let broadcast = write_model(
+        dir.path(),
+        "broadcast_rows",
+        "model broadcast_rows\ninput x: f16[2, 4, 16]\nparam w: f16[16, 8]\nparam r: f16[4, 8]\nh = gemm(x, w)\ny = add(h, r)\noutput y\n",
+    );
+    compile_and_run(&broadcast, 16, 22);
+    // Four chains of small GEMMs, one per batch element: each is a
+    // segment of its own (on shared tiles, eight GEMMs' element-exclusive
+    // buffers left no plan a share of region 1 on any tile count).
+    let chains = write_model(
+        dir.path(),
+        "chains",
+        "model chains\ninput a: f16[4, 32, 27]\ninput b: f16[4, 27, 39]\nc = gemm(a, b)\nparam e: f16[4, 39, 24]\nd = gemm(c, e)\noutput d\n",
+    );
+    compile_and_run(&chains, 64, 23);
 }
 
 /// Random batched and transposed GEMMs (seeded), each compiled for 32

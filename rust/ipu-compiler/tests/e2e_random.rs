@@ -6,7 +6,8 @@
 //! transposes and dtypes; an MLP chain with bias, GELU and an fp8
 //! re-quantisation; attention over projections, self or cross, causal or
 //! not; a layer norm feeding a GEMM and a row-wise operation; a batched
-//! GEMM; attention over host inputs; a pre-norm encoder block; attention
+//! GEMM, half of them read per batch element by a GEMM with a batched B or
+//! an add of a `[rows, n]` operand; attention over host inputs; a pre-norm encoder block; attention
 //! over fp8 projections; a chain of three GEMMs; a pre-norm MLP with a
 //! residual, or a `repeat` stack of two or three of them, starting from
 //! the input or from a value computed before the block, compiled as a
@@ -270,7 +271,23 @@ fn generate(seed: u64) -> Case {
             } else {
                 writeln!(m, "input b: {dtype}[{batch}, {k}, {n}]").unwrap();
             }
-            m.push_str("c = gemm(a, b)\noutput c\n");
+            m.push_str("c = gemm(a, b)\n");
+            // Half of them read c per batch element (drawn last, so that
+            // the others stay what they were): a GEMM with a batched B, or
+            // a `[rows, n]` operand added over the batch.
+            if chance(&mut r, 0.5) {
+                if chance(&mut r, 0.5) {
+                    let n2 = r.range(1, 40);
+                    writeln!(m, "param e: {dtype}[{batch}, {n}, {n2}]").unwrap();
+                    m.push_str("d = gemm(c, e)\n");
+                } else {
+                    writeln!(m, "param g: {dtype}[{rows}, {n}]").unwrap();
+                    m.push_str("d = add(c, g)\n");
+                }
+                m.push_str("output d\n");
+            } else {
+                m.push_str("output c\n");
+            }
         }
         "block" => {
             // A pre-norm encoder block (vit_block_small's shape) with random
