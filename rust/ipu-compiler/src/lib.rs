@@ -2611,15 +2611,7 @@ fn lower_segments(
             // each weight capped to its share of the room those plans
             // leave, are the other candidates of each segment (chosen
             // per segment in the join phase below).
-            let caps = segment::resident_weight_caps(&planned.parts);
-            tracing::info!(
-                weights = caps.len(),
-                "planning the segments again weighing only A's joins, each weight within its share of the room"
-            );
-            match plan_segments(&segments, options, library, limits, true, Some(&caps)) {
-                Ok(c) => capped = Some(c),
-                Err(e) => tracing::info!(error = %e, "no plans within the caps"),
-            }
+            capped = plan_capped(&segments, options, library, limits, &planned);
         } else {
             again_first = true;
         }
@@ -2696,6 +2688,7 @@ fn lower_segments(
             .filter(|_| capped.is_none())
             .enumerate()
         {
+            let again = i == 0 && again_first;
             if let Some(l) = join_resident(&r)? {
                 // The plans without weight joins fit with resident
                 // weights; so may the first plans, which weighed weight
@@ -2704,7 +2697,7 @@ fn lower_segments(
                 // causal layer's first plans stream its projections, and
                 // those without weight joins copy x whole to them, 38,597
                 // cycles of exchange: 111,842 -> 87,970 simulated cycles.
-                if i == 0 && again_first {
+                if again {
                     if let Some(first) = join_resident(&moved)? {
                         let (again_cycles, first_cycles) =
                             (timeline_cycles(&l), timeline_cycles(&first));
@@ -2727,19 +2720,15 @@ fn lower_segments(
             // 9,216 bytes): the capped plans are the other candidates
             // here too, as when those plans miss the bound (GPT-2 block
             // 236,020 -> 229,240 cycles, its compile 11.0 -> 13.2 s).
-            if i == 0 && again_first {
-                let caps = segment::resident_weight_caps(&moved.parts);
-                tracing::info!(
-                    weights = caps.len(),
-                    "planning the segments again weighing only A's joins, each weight within its share of the room"
-                );
-                match plan_segments(&segments, options, library, limits, true, Some(&caps)) {
-                    Ok(c) => {
-                        if let Some(r) = mix_capped(&c)? {
-                            return Ok(r);
-                        }
+            // `mix_capped` joins the first plans with resident weights
+            // first: when that does not fit, the next candidate (the same
+            // plans) would not either.
+            if again {
+                if let Some(c) = plan_capped(&segments, options, library, limits, &moved) {
+                    match mix_capped(&c)? {
+                        Some(r) => return Ok(r),
+                        None => break,
                     }
-                    Err(e) => tracing::info!(error = %e, "no plans within the caps"),
                 }
             }
         }
@@ -2843,6 +2832,27 @@ enum SegmentPart {
 /// their homes, which their plans then weigh; with `weight_caps` the
 /// plans weigh only A's join instead, each weight within its cap, for
 /// weights that stay resident).
+/// The segments planned again weighing A's joins alone, each weight capped
+/// to its share of the room the plans `first` (which weighed the weights'
+/// moves) leave (`segment::resident_weight_caps`); None, logged, when no
+/// plan fits within the caps.
+fn plan_capped(
+    segments: &[segment::Segment],
+    options: &CompileOptions,
+    library: &mut KernelLibrary,
+    limits: SegmentLimits,
+    first: &PlannedSegments,
+) -> Option<PlannedSegments> {
+    let caps = segment::resident_weight_caps(&first.parts);
+    tracing::info!(
+        weights = caps.len(),
+        "planning the segments again weighing only A's joins, each weight within its share of the room"
+    );
+    plan_segments(segments, options, library, limits, true, Some(&caps))
+        .map_err(|e| tracing::info!(error = %e, "no plans within the caps"))
+        .ok()
+}
+
 fn plan_segments(
     segments: &[segment::Segment],
     options: &CompileOptions,
