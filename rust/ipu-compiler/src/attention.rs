@@ -962,6 +962,7 @@ pub(crate) fn transpose_shard(
         category: "attention_operand".into(),
         scratch: None,
         lifetime: None,
+        kernel_segment: None,
     });
     let tb = bufs.len() - 1;
     let parts = transpose_column_ranges(r.width);
@@ -985,7 +986,7 @@ pub(crate) fn transpose_shard(
 
 /// The column ranges of a `width`-column shard that [`transpose_shard`]
 /// gives its vertices: one per worker at most.
-fn transpose_column_ranges(width: u32) -> Vec<(u32, u32)> {
+pub(crate) fn transpose_column_ranges(width: u32) -> Vec<(u32, u32)> {
     ranges(width, width.min(ipu_arch::WORKER_CONTEXTS))
 }
 
@@ -1009,7 +1010,7 @@ pub(crate) fn transpose_shard_slowest(
 /// One `transpose_f16` (`eb` = 2) or `transpose_f32` (4) vertex: columns
 /// `c0..c1` of the matrix of `rows` rows in `(buffer, row stride)` `from`
 /// become rows `c0..c1` of `to`; with its estimated cycles.
-fn transpose_vertex(
+pub(crate) fn transpose_vertex(
     transpose: &mut (KernelRequest, FormulaCost),
     eb: u32,
     (from, rs_from): (usize, u32),
@@ -1177,6 +1178,7 @@ pub(crate) fn host_homes(
                     category: "attention_operand".into(),
                     scratch: None,
                     lifetime: None,
+                    kernel_segment: None,
                 });
                 let buffer = bufs.len() - 1;
                 let placements: Vec<HostPlacement> = if transposed {
@@ -1266,7 +1268,7 @@ fn even_ranges(n: u32, parts: u32) -> Vec<(u32, u32)> {
 /// The row stride of a shard of `rows` rows of `eb`-byte elements
 /// transposed by [`transpose_shard`]: each of its rows (a column of the
 /// shard) padded with zeros to 8 bytes.
-fn transposed_row_stride(rows: u32, eb: u32) -> u32 {
+pub(crate) fn transposed_row_stride(rows: u32, eb: u32) -> u32 {
     round_up(rows * eb, 8)
 }
 
@@ -1461,6 +1463,7 @@ fn lower_rows(
         category: category.into(),
         scratch: None,
         lifetime: None,
+        kernel_segment: None,
     };
     for h in h_lo..h_hi {
         for (qi, &(q0, q1)) in qranges.iter().enumerate() {

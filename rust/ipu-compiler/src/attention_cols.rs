@@ -1097,6 +1097,7 @@ pub fn lower(
             category: category.into(),
             scratch: None,
             lifetime: None,
+            kernel_segment: None,
         };
     // The operands' and scores' buffers are scratch of the attention's
     // phase, so that they may share memory with the projections' phase-1

@@ -103,6 +103,7 @@ pub fn attach_tables(
             category: "exchange_tables".into(),
             scratch: None,
             lifetime: None,
+            kernel_segment: None,
         });
         step.table_buffers.insert(tile, bufs.len() - 1);
     }

@@ -28,14 +28,21 @@
 //! - A transposed host operand (`transpose_a` or `transpose_b` on an input
 //!   or param) becomes a device host tensor `w.t` holding it transposed;
 //!   the package marks the model's tensor `transposed` and the host
-//!   rearranges it (`ipu_package::transposed_order`). A transposed operand
-//!   computed on the device is refused: there is no device transpose of
-//!   GEMM results yet.
+//!   rearranges it (`ipu_package::transposed_order`).
+//! - A transposed operand computed on the device is read through a device
+//!   `transpose` of it (`h.t`, one per value however many GEMMs read it
+//!   transposed), which [`crate::transpose`] lowers in a segment of its
+//!   own. A batched one is transposed per batch element (`h.0.t`, ...;
+//!   [`sliced_values`] computes it per element), as is a batched value
+//!   under the model's own `transpose`. A device transpose is mapped to
+//!   its operand's model tensor, transposed, but never checkpointed: the
+//!   operand itself is.
 //!
-//! A graph without batched or transposed GEMMs is returned unchanged, so
-//! its packages are byte-identical to what they were before this phase.
-//! Whatever the device graph cannot express (a transposed operand computed
-//! on the device) is refused here with the value and the reason.
+//! A graph without batched or transposed GEMMs or transposes is returned
+//! unchanged, so its packages are byte-identical to what they were before
+//! this phase. Whatever the device graph cannot express (an operand that
+//! would have to be flattened after being computed per element) is
+//! refused here with the value and the reason.
 
 use crate::error::CompileError;
 use crate::lower::{HostPlacement, HostTensor, Lowered};
@@ -89,6 +96,7 @@ pub fn legalize(model: &Graph) -> Result<Legalized, CompileError> {
         } => transpose_a || transpose_b || n.args.iter().any(|&a| model.ty(a).shape.rank() > 2),
         Op::SplitHeads { .. } => model.ty(n.args[0]).shape.rank() > 2,
         Op::Attention { .. } | Op::MergeHeads => model.ty(n.args[0]).shape.rank() > 3,
+        Op::Transpose => true,
         _ => false,
     });
     if !needed {
@@ -104,6 +112,7 @@ pub fn legalize(model: &Graph) -> Result<Legalized, CompileError> {
         device: Graph::new(model.name()),
         forms: vec![None; model.values().len()],
         views: BTreeMap::new(),
+        transposes: BTreeMap::new(),
         host: BTreeMap::new(),
         names: model.values().iter().map(|v| v.name.clone()).collect(),
     };
@@ -192,6 +201,12 @@ pub fn restore_host_tensors(lowered: &mut Lowered, host: &BTreeMap<String, HostM
     if host.is_empty() {
         return;
     }
+    // A device transpose of a computed value stays on the device between
+    // segments like any value, but the value itself is checkpointed where
+    // its producer left it: the transposed copy would name it twice.
+    lowered
+        .resident
+        .retain(|t| host.get(&t.name).is_none_or(|m| !m.transposed));
     // Device tensors the lowering itself placed transposed (attention over
     // inputs) keep their names and their order.
     let prior = std::mem::take(&mut lowered.transposed_host);
@@ -312,6 +327,9 @@ struct Rewriter<'g> {
     device: Graph,
     forms: Vec<Option<Form>>,
     views: BTreeMap<(ValueId, View), ValueId>,
+    /// The device transpose of each device value transposed so far, so
+    /// that a value read transposed by several GEMMs is transposed once.
+    transposes: BTreeMap<ValueId, ValueId>,
     host: BTreeMap<String, HostMap>,
     names: BTreeSet<String>,
 }
@@ -341,6 +359,12 @@ fn sliced_values(model: &Graph) -> Vec<bool> {
                 node.op,
                 Op::Add | Op::Gelu | Op::LayerNorm { .. } | Op::Softmax | Op::Cast { .. }
             );
+            // A device transpose swaps the axes of one rank-2 matrix, so a
+            // batched value is transposed batch element by batch element.
+            if matches!(node.op, Op::Transpose) && model.ty(r).shape.rank() > 2 {
+                sliced[r.0 as usize] = true;
+                continue;
+            }
             if model.ty(r).shape.rank() <= 2 || !(rowwise || matches!(node.op, Op::Gemm { .. })) {
                 continue;
             }
@@ -361,6 +385,20 @@ fn sliced_values(model: &Graph) -> Vec<bool> {
         }
         for node in model.nodes().iter().rev() {
             let r = node.result.0 as usize;
+            // A GEMM reading a computed batched operand transposed reads
+            // it per element, each element transposed on the device.
+            if let Op::Gemm {
+                transpose_a,
+                transpose_b,
+                ..
+            } = node.op
+            {
+                for (&a, t) in node.args.iter().zip([transpose_a, transpose_b]) {
+                    if t && computed_batched(a) {
+                        sliced[a.0 as usize] = true;
+                    }
+                }
+            }
             let base = match node.op {
                 Op::SplitHeads { .. } => Some(2),
                 Op::Attention { .. } | Op::MergeHeads => Some(3),
@@ -554,7 +592,8 @@ impl Rewriter<'_> {
             } else if self.is_host(v) {
                 self.host_view(v, View::Transposed)
             } else {
-                Err(self.transposed_computed(v, user))
+                let flat = self.flat(v, user, op)?;
+                self.device_transpose(flat, user)
             };
         }
         let i = broadcast_index(index, out, &own);
@@ -566,10 +605,8 @@ impl Rewriter<'_> {
             };
             return self.host_view(v, view);
         }
-        if transpose {
-            return Err(self.transposed_computed(v, user));
-        }
         match self.form(v).clone() {
+            Form::Slices(ids) if transpose => self.device_transpose(ids[i], user),
             Form::Slices(ids) => Ok(ids[i]),
             _ => Err(self.unsupported(
                 user,
@@ -582,15 +619,20 @@ impl Rewriter<'_> {
         }
     }
 
-    fn transposed_computed(&self, v: ValueId, user: ValueId) -> CompileError {
-        self.unsupported(
-            user,
-            "gemm",
-            format!(
-                "operand `{}` is transposed but computed on the device; only host inputs and params may be transposed operands yet",
-                self.model.value(v).name
-            ),
-        )
+    /// The device transpose of device value `id` (rank 2), added on first
+    /// use as `transpose(id)` named `{id}.t`; it belongs to the batch
+    /// element `id` belongs to.
+    fn device_transpose(&mut self, id: ValueId, user: ValueId) -> Result<ValueId, CompileError> {
+        if let Some(&t) = self.transposes.get(&id) {
+            return Ok(t);
+        }
+        let name = self.fresh(format!("{}.t", self.device.value(id).name));
+        let t = self.add(user, &name, Op::Transpose, &[id])?;
+        if let Some(&i) = self.slice_of.get(&id) {
+            self.slice_of.insert(t, i);
+        }
+        self.transposes.insert(id, t);
+        Ok(t)
     }
 
     fn add(
@@ -644,17 +686,21 @@ impl Rewriter<'_> {
                 if self.model.ty(b).shape.rank() <= 2 && !per_element {
                     let a_dev = if transpose_a {
                         if !self.is_host(a) {
-                            return Err(self.transposed_computed(a, r));
+                            let flat = self.flat(a, r, op_name)?;
+                            self.device_transpose(flat, r)?
+                        } else {
+                            self.host_view(a, View::Transposed)?
                         }
-                        self.host_view(a, View::Transposed)?
                     } else {
                         self.flat(a, r, op_name)?
                     };
                     let b_dev = if transpose_b {
                         if !self.is_host(b) {
-                            return Err(self.transposed_computed(b, r));
+                            let flat = self.flat(b, r, op_name)?;
+                            self.device_transpose(flat, r)?
+                        } else {
+                            self.host_view(b, View::Transposed)?
                         }
-                        self.host_view(b, View::Transposed)?
                     } else {
                         self.flat(b, r, op_name)?
                     };
@@ -673,6 +719,31 @@ impl Rewriter<'_> {
                     let a_i = self.slice(a, (&index, &out_batch), transpose_a, (r, op_name))?;
                     let b_i = self.slice(b, (&index, &out_batch), transpose_b, (r, op_name))?;
                     ids.push(self.add_slice(r, i, gemm.clone(), &[a_i, b_i])?);
+                }
+                Ok(Form::Slices(ids))
+            }
+            Op::Transpose => {
+                let a = node.args[0];
+                if self.model.ty(a).shape.rank() <= 2 {
+                    let id = self.flat(a, r, op_name)?;
+                    if let Some(&t) = self.transposes.get(&id) {
+                        // Already transposed for a GEMM under another
+                        // name: the host map names the model's value.
+                        return Ok(Form::Flat(t));
+                    }
+                    let t = self.add(r, &name, Op::Transpose, &[id])?;
+                    self.transposes.insert(id, t);
+                    return Ok(Form::Same(t));
+                }
+                // Batch element by batch element ([`sliced_values`] marks
+                // the result and a computed operand per element).
+                let out_batch = batch_dims(self.model.ty(r)).to_vec();
+                let count: usize = out_batch.iter().product();
+                let mut ids = Vec::with_capacity(count);
+                for i in 0..count {
+                    let index = unravel(i, &out_batch);
+                    let id = self.slice(a, (&index, &out_batch), false, (r, op_name))?;
+                    ids.push(self.device_transpose(id, r)?);
                 }
                 Ok(Form::Slices(ids))
             }
@@ -850,6 +921,34 @@ impl Rewriter<'_> {
                     }
                 }
                 _ => {}
+            }
+        }
+        // A device transpose holds its operand's model tensor (or that
+        // tensor's batch element) transposed, which checkpoints and
+        // outputs name that way; a model's own transpose keeps the entry
+        // made above.
+        let transposes: Vec<(ValueId, ValueId)> =
+            self.transposes.iter().map(|(&s, &t)| (s, t)).collect();
+        for (source, t) in transposes {
+            let source_name = self.device.value(source).name.clone();
+            let base = match self.host.get(&source_name) {
+                Some(m) => m.clone(),
+                None => match self.model.lookup(&source_name) {
+                    Some(v) => HostMap {
+                        name: source_name,
+                        ty: self.model.ty(v).clone(),
+                        offset: 0,
+                        transposed: false,
+                    },
+                    None => continue,
+                },
+            };
+            let name = self.device.value(t).name.clone();
+            if self.model.lookup(&name).is_none() {
+                self.host.entry(name).or_insert(HostMap {
+                    transposed: !base.transposed,
+                    ..base
+                });
             }
         }
     }
@@ -1222,13 +1321,54 @@ mod tests {
         );
     }
 
+    /// Operands computed on the device and read transposed (refused until
+    /// session 41): one device transpose per value however many readers
+    /// (`h.t` serves `y` and the model's own `t`, which the host map then
+    /// names), per batch element for a batched value (`k.0.t`, `k.1.t`,
+    /// each in its element's part of the graph), mapped to the operand's
+    /// model tensor transposed.
     #[test]
-    fn refusals_name_the_value_and_the_reason() {
-        let e = legal("model m\ninput x: f16[40, 64]\nparam w: f16[64, 64]\nparam v: f16[40, 48]\nh = gemm(x, w)\ny = gemm(h, v, transpose_a=true)\noutput y\n").unwrap_err();
-        assert!(
-            e.contains("value `y` (gemm)")
-                && e.contains("operand `h` is transposed but computed on the device"),
-            "{e}"
+    fn computed_operands_read_transposed_get_device_transposes() {
+        check(
+            &ipu_graph::parse(
+                "t.ipug",
+                "model m\ninput x: f16[40, 64]\nparam w: f16[64, 48]\nparam v: f16[40, 24]\nh = gemm(x, w)\ny = gemm(h, v, transpose_a=true)\nt = transpose(h)\nparam wk: f16[2, 64, 8]\nk = gemm(x, wk)\nparam q: f16[2, 5, 8]\ns = gemm(q, k, transpose_b=true)\noutput y, t, s\n",
+            )
+            .unwrap(),
+            expect![[r#"
+                model m
+                input x: f16[40, 64]
+                param w: f16[64, 48]
+                h: f16[40, 48] = gemm(x, w)
+                h.t: f16[48, 40] = transpose(h)
+                param v: f16[40, 24]
+                y: f16[48, 24] = gemm(h.t, v)
+                param wk.0: f16[64, 8]
+                k.0: f16[40, 8] = gemm(x, wk.0)
+                k.0.t: f16[8, 40] = transpose(k.0)
+                param q.0: f16[5, 8]
+                s.0: f16[5, 40] = gemm(q.0, k.0.t)
+                param wk.1: f16[64, 8]
+                k.1: f16[40, 8] = gemm(x, wk.1)
+                k.1.t: f16[8, 40] = transpose(k.1)
+                param q.1: f16[5, 8]
+                s.1: f16[5, 40] = gemm(q.1, k.1.t)
+                output y
+                output h.t
+                output s.0
+                output s.1
+                host h.t -> t: f16[48, 40] offset 0 transposed false
+                host k.0 -> k: f16[2, 40, 8] offset 0 transposed false
+                host k.0.t -> k: f16[2, 40, 8] offset 0 transposed true
+                host k.1 -> k: f16[2, 40, 8] offset 640 transposed false
+                host k.1.t -> k: f16[2, 40, 8] offset 640 transposed true
+                host q.0 -> q: f16[2, 5, 8] offset 0 transposed false
+                host q.1 -> q: f16[2, 5, 8] offset 80 transposed false
+                host s.0 -> s: f16[2, 5, 40] offset 0 transposed false
+                host s.1 -> s: f16[2, 5, 40] offset 400 transposed false
+                host wk.0 -> wk: f16[2, 64, 8] offset 0 transposed false
+                host wk.1 -> wk: f16[2, 64, 8] offset 1024 transposed false
+            "#]],
         );
     }
 

@@ -55,6 +55,7 @@ pub mod rowwise;
 pub mod segment;
 pub mod storage;
 pub mod stream;
+pub mod transpose;
 pub mod widen;
 
 pub use error::CompileError;
@@ -2907,6 +2908,16 @@ fn plan_segments(
                 segment::Kind::Rowwise => {
                     let (l, reports) = phase("lower", || {
                         let (l, reports) = rowwise::lower(&s.graph, tiles, &mut library)?;
+                        verifier("lower", lower::verify(&l))?;
+                        Ok((l, reports))
+                    })?;
+                    SegmentPart::Rowwise(l, reports)
+                }
+                // Reported beside the row-wise operations: one entry per
+                // operation, with its kernel, tiles and estimate.
+                segment::Kind::Transpose => {
+                    let (l, reports) = phase("lower", || {
+                        let (l, reports) = transpose::lower(&s.graph, tiles, &mut library)?;
                         verifier("lower", lower::verify(&l))?;
                         Ok((l, reports))
                     })?;

@@ -850,6 +850,7 @@ fn build_stacks(
                     category: "loop_weights".into(),
                     scratch: None,
                     lifetime: None,
+                    kernel_segment: None,
                 },
             ));
         }
@@ -912,6 +913,7 @@ fn build_stacks(
                     category: "loop_weights".into(),
                     scratch: None,
                     lifetime: None,
+                    kernel_segment: None,
                 },
             );
             stack_buf[i] = stack;
@@ -937,6 +939,7 @@ fn build_stacks(
                         category: "loop_weights".into(),
                         scratch: None,
                         lifetime: None,
+                        kernel_segment: None,
                     },
                 );
                 entry.insert(index);

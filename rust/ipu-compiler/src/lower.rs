@@ -62,6 +62,13 @@ pub struct BufferSpec {
     /// buffers of other segments (never zero at load); its scratch phase,
     /// if any, is one of that segment's. `None`: no such limit.
     pub lifetime: Option<u32>,
+    /// `Some(s)`: only the compute steps of segment `s` run kernels on the
+    /// buffer (set by [`crate::segment::join`]; exchange steps may move
+    /// its bytes at any time). Element-exclusive buffers whose kernels run
+    /// in different segments may share memory elements: only the operands
+    /// of one kernel's combined load and store must be apart. `None`: any
+    /// step's kernels.
+    pub kernel_segment: Option<u32>,
 }
 
 /// A vertex state word.
@@ -587,6 +594,7 @@ pub fn lower(
                     category: category.into(),
                     scratch: None,
                     lifetime: None,
+                    kernel_segment: None,
                 };
             // A: the host operand's rows, or the producing group's result,
             // which the joint plan put on this tile with the same rows.
@@ -679,6 +687,7 @@ pub fn lower(
                     category: "bias".into(),
                     scratch: None,
                     lifetime: None,
+                    kernel_segment: None,
                 });
                 (bias, tile_bufs.len() - 1)
             });
@@ -762,6 +771,7 @@ pub fn lower(
                         category: "gemm_result".into(),
                         scratch: None,
                         lifetime: None,
+                        kernel_segment: None,
                     });
                     // The bias, when the group has one, is added by the
                     // same step (`reduce_f32` EPI=1 TR=1).
@@ -789,6 +799,7 @@ pub fn lower(
                         category: "gemm_result".into(),
                         scratch: None,
                         lifetime: None,
+                        kernel_segment: None,
                     });
                     results.insert((gi_group, shard.tile), (id, layout.rs_d(), (r0, r1)));
                     result_buffer = (id, Some(layout.rs_d()));

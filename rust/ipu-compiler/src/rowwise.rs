@@ -193,7 +193,7 @@ pub fn cast_request(from: i64, to: i64, scale: i64) -> KernelRequest {
 }
 
 /// An empty compute step for `operation`, its tiles' vertices to come.
-fn compute_step(operation: String, phase: String) -> Step {
+pub(crate) fn compute_step(operation: String, phase: String) -> Step {
     Step {
         tile_cycles: Default::default(),
         operation,
@@ -583,6 +583,7 @@ pub fn lower(
                 category: b.category.into(),
                 scratch: None,
                 lifetime: None,
+                kernel_segment: None,
             });
         }
     }

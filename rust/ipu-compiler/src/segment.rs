@@ -7,10 +7,13 @@
 //! [`crate::attention`] recognise, planned and lowered as a model of its
 //! own) or a *row-wise* segment (layer norms, residual adds, bias adds and
 //! GELUs that no GEMM epilogue absorbs, softmaxes, f16/fp8 casts:
-//! [`crate::rowwise`]). [`split`] cuts
-//! the graph in node order wherever the kind changes and before a GEMM
+//! [`crate::rowwise`]) or a *transpose* segment (device transposes of
+//! values computed before it, side by side: [`crate::transpose`]). [`split`]
+//! cuts the graph in node order wherever the kind changes, before a GEMM
 //! whose A operand is computed in its segment by something other than a
-//! GEMM group (an attention block's `merge_heads`), so each segment is a
+//! GEMM group (an attention block's `merge_heads`) and before a GEMM whose
+//! B operand is computed in its segment (a block segment reads a computed B
+//! as a device input, placed as it places a host B), so each segment is a
 //! graph the pattern it goes to accepts. A value a segment reads from an
 //! earlier one becomes an input of its graph (a *device input*); a value a
 //! later segment reads becomes an output.
@@ -43,6 +46,9 @@ pub enum Kind {
     Blocks,
     /// Row-wise operations ([`crate::rowwise`]).
     Rowwise,
+    /// Device transposes of values computed elsewhere
+    /// ([`crate::transpose`]).
+    Transpose,
 }
 
 /// One segment: a graph of its own.
@@ -134,6 +140,7 @@ fn epilogue_nodes(graph: &Graph) -> BTreeSet<NodeId> {
 fn kind_of(graph: &Graph, epilogues: &BTreeSet<NodeId>, n: NodeId) -> Kind {
     match graph.node(n).op {
         Op::LayerNorm { .. } | Op::Cast { .. } | Op::Softmax => Kind::Rowwise,
+        Op::Transpose => Kind::Transpose,
         Op::Add | Op::Gelu if !epilogues.contains(&n) => Kind::Rowwise,
         _ => Kind::Blocks,
     }
@@ -170,9 +177,19 @@ pub fn split(
         let here = |v: ValueId| current.is_some() && defined_in.get(&v) == current.as_ref();
         let continues_chain = matches!(node.op, Op::Gemm { .. }) && here(node.args[0]);
         let cut = match (current.map(|c| parts[c].0), kind) {
-            (None, _)
-            | (Some(Kind::Blocks), Kind::Rowwise)
-            | (Some(Kind::Rowwise), Kind::Blocks) => true,
+            (None, _) => true,
+            // A transpose segment transposes values computed before it,
+            // side by side: a transpose of one of its own results starts
+            // the next.
+            (Some(Kind::Transpose), Kind::Transpose) => here(node.args[0]),
+            // A GEMM reads a computed B operand as a device input of its
+            // segment (placed like a host input, moved there by the
+            // join's exchange): a B computed in this segment ends it.
+            (Some(Kind::Blocks), Kind::Blocks)
+                if matches!(node.op, Op::Gemm { .. }) && here(node.args[1]) =>
+            {
+                true
+            }
             // A GEMM reads its A operand from its own segment only as the
             // result of a GEMM group (a chain).
             // A segment lowers one attention block: a GEMM, `split_heads`
@@ -240,6 +257,8 @@ pub fn split(
                         .any(|&a| here(a) && (users[a.0 as usize].len() != 1 || is_output(a))))
                     || rows(node.result) != rows(graph.node(first).result)
             }
+            // A segment lowers one kind of operation.
+            _ => true,
         };
         let cut = cut || cuts.contains(&id);
         if cut {
@@ -679,6 +698,7 @@ fn home(
             category: category.into(),
             scratch: None,
             lifetime: None,
+            kernel_segment: None,
         });
         let buffer = bufs.len() - 1;
         // Fill this chunk with the next runs, splitting one at its end.
@@ -1075,6 +1095,7 @@ pub fn join(
             // Only interleaved buffers share memory (region 0 is placed in
             // order; exchange tables are image contents).
             let shared = b.region == crate::lower::RegionReq::Interleaved;
+            b.kernel_segment = Some(si);
             if persistent.contains(&key) || !b.zero.is_empty() || !shared {
                 b.scratch = None;
                 b.lifetime = None;
@@ -1642,6 +1663,7 @@ mod tests {
             category: "test".into(),
             scratch,
             lifetime: None,
+            kernel_segment: None,
         };
         let part = |weight: u32, persistent: u32, phases: [u32; 2]| Lowered {
             tile_count: 1,

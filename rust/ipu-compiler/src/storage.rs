@@ -305,7 +305,13 @@ fn first_fit(b: &BufferSpec, buffers: &[BufferSpec], placed: &[usize], addresses
         .map(|&j| &buffers[j])
         .zip(placed.iter().map(|&j| addresses[j] as u64))
         .filter(|(o, _)| !never_together((b.lifetime, b.scratch), (o.lifetime, o.scratch)))
-        .map(|(o, a)| (a, a + o.bytes as u64, o.exclusive_element))
+        .map(|(o, a)| {
+            (
+                a,
+                a + o.bytes as u64,
+                o.exclusive_element && !kernels_apart(b, o),
+            )
+        })
         .collect();
     let (bytes, align) = (b.bytes as u64, b.align as u64);
     let mut candidates: Vec<u64> = std::iter::once(REGION1_BASE as u64)
@@ -348,6 +354,12 @@ fn first_fit(b: &BufferSpec, buffers: &[BufferSpec], placed: &[usize], addresses
 
 /// A buffer's (segment lifetime, scratch phase).
 type Liveness = (Option<u32>, Option<u32>);
+
+/// Whether the kernels that use `a` and those that use `b` run in different
+/// segments, so that two element-exclusive buffers may share elements.
+fn kernels_apart(a: &BufferSpec, b: &BufferSpec) -> bool {
+    matches!((a.kernel_segment, b.kernel_segment), (Some(x), Some(y)) if x != y)
+}
 
 /// Whether buffers with these liveness pairs are never live at the same time.
 fn never_together(a: Liveness, b: Liveness) -> bool {
@@ -479,7 +491,9 @@ pub fn validate(storage: &TileStorage, buffers: &[BufferSpec]) -> Result<(), Str
             ));
         }
         for &(b2, a2) in &exclusive[i + 1..] {
-            if never_together((b1.lifetime, b1.scratch), (b2.lifetime, b2.scratch)) {
+            if never_together((b1.lifetime, b1.scratch), (b2.lifetime, b2.scratch))
+                || kernels_apart(b1, b2)
+            {
                 continue;
             }
             let (e1, e2) = (elements(a1, b1.bytes), elements(a2, b2.bytes));
@@ -509,6 +523,7 @@ mod tests {
             category: "test".into(),
             scratch: None,
             lifetime: None,
+            kernel_segment: None,
         }
     }
 

@@ -1279,6 +1279,7 @@ pub fn lower(
                 category: category.into(),
                 scratch: phase,
                 lifetime: None,
+                kernel_segment: None,
             });
             bufs.len() - 1
         };
@@ -1800,6 +1801,7 @@ pub fn lower(
                     category: "gemm_result".into(),
                     scratch: None,
                     lifetime: None,
+                    kernel_segment: None,
                 });
                 let d = bufs.len() - 1;
                 let mut vertices = Vec::new();
@@ -1895,6 +1897,7 @@ pub fn lower(
                 category: "gemm_result".into(),
                 scratch: None,
                 lifetime: None,
+                kernel_segment: None,
             });
             let d = bufs.len() - 1;
             let reduces = crate::lower::reduce_vertices(

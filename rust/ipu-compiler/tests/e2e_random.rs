@@ -578,7 +578,7 @@ fn check(case: &Case, dir: &std::path::Path) -> Outcome {
                 let report = format!(
                     "output `{name}` does not verify ({worst:.2} times the tolerance at worst):\n{cmp}"
                 );
-                let verdict = compositional_check(&out, case.seed)?;
+                let verdict = common::verify_gaussian(&out, case.seed)?;
                 if verdict.passed_compositionally() {
                     let kept = verdict
                         .to_string()
@@ -620,31 +620,6 @@ enum Off {
     Compositional(u64),
     Marginal,
     Failed,
-}
-
-/// `ipu verify`'s report on the package of `out` with the case's Gaussian
-/// inputs: with an output outside the tolerance it re-runs with
-/// checkpoints and checks the model compositionally.
-fn compositional_check(
-    out: &ipu_compiler::CompileOutput,
-    seed: u64,
-) -> Result<ipu_runtime::verify::VerifyReport, String> {
-    ipu_runtime::verify::verify_package(
-        out.package.clone(),
-        &ipu_runtime::verify::VerifyOptions {
-            run: ipu_runtime::RunOptions {
-                device: ipu_runtime::DeviceOptions::simulator(out.package.info.tile_count),
-                feeds: ipu_runtime::FeedSpec {
-                    generate: ipu_runtime::Generate::Gaussian { seed },
-                    ..ipu_runtime::FeedSpec::default()
-                },
-                ..ipu_runtime::RunOptions::default()
-            },
-            diagnose: true,
-            check_checkpoints: false,
-        },
-    )
-    .map_err(|e| format!("verify: {e}"))
 }
 
 /// The relative error of the compiler's estimate against the simulated

@@ -672,12 +672,13 @@ fn segment_chain_streams_its_producer() {
 }
 
 /// Buffers that need zeros (a padded A, an exchanged A's drain rows) live
-/// for the whole program when the image writes their zeros at load. Three
+/// for the whole program when the image writes their zeros at load. Six
 /// MLP layers compiled iteration by iteration on 8 tiles (random model
-/// 254252: `y` reads `x` after the block, so no device loop) held every
-/// layer's A buffers at once, in memory elements of their own, and
-/// overflowed region 1 by 39 KB even with the weights moved from their
-/// homes. The join then has each segment zero those buffers at its start
+/// 254252 with six layers where it had three: `y` reads `x` after the
+/// block, so no device loop) hold every layer's A buffers at once and
+/// overflow region 1 by 166 KB. (Three layers overflowed by 39 KB until
+/// session 41, when the layers' element-exclusive buffers, whose kernels
+/// run in different segments, began to share memory elements.) The join then has each segment zero those buffers at its start
 /// (a `fill64` step before its device inputs' exchange), so that they
 /// share memory with the other segments'. The package loads onto a
 /// simulator whose memory is full of NaNs, so that a zero the fill step
@@ -688,7 +689,7 @@ fn segments_zero_their_buffers_padding_when_it_cannot_stay_from_load() {
     let model = write_model(
         dir.path(),
         "mlp_stack_expanded",
-        "model mlp_stack_expanded\ninput x: f16[59, 132]\nrepeat 3 carry s = x\n\
+        "model mlp_stack_expanded\ninput x: f16[59, 132]\nrepeat 6 carry s = x\n\
          param g: f16[132]\nparam b: f16[132]\nparam w1: f16[132, 386]\nparam b1: f16[386]\n\
          param w2: f16[386, 132]\nparam b2: f16[132]\n\
          n = layernorm(s, g, b, epsilon=1e-6)\nh0 = gemm(n, w1)\nh1 = add(h0, b1)\n\

@@ -104,7 +104,7 @@ pub fn node_flops(graph: &Graph, node: &Node) -> Flops {
             matmul: 0,
             vector: elements,
         },
-        Op::SplitHeads { .. } | Op::MergeHeads => Flops::default(),
+        Op::SplitHeads { .. } | Op::MergeHeads | Op::Transpose => Flops::default(),
     }
 }
 

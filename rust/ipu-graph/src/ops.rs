@@ -67,6 +67,9 @@ pub enum Op {
         /// Result dtype.
         to: DType,
     },
+    /// `transpose(x)`: `x` with its last two axes swapped, `[..., M, N]` to
+    /// `[..., N, M]`, any dtype.
+    Transpose,
 }
 
 impl Op {
@@ -82,6 +85,7 @@ impl Op {
             Op::MergeHeads => "merge_heads",
             Op::Attention { .. } => "attention",
             Op::Cast { .. } => "cast",
+            Op::Transpose => "transpose",
         }
     }
 
@@ -90,7 +94,12 @@ impl Op {
         match self {
             Op::Gemm { .. } | Op::Add => 2,
             Op::LayerNorm { .. } | Op::Attention { .. } => 3,
-            Op::Gelu | Op::Softmax | Op::SplitHeads { .. } | Op::MergeHeads | Op::Cast { .. } => 1,
+            Op::Gelu
+            | Op::Softmax
+            | Op::SplitHeads { .. }
+            | Op::MergeHeads
+            | Op::Cast { .. }
+            | Op::Transpose => 1,
         }
     }
 
@@ -445,6 +454,14 @@ pub fn infer(op: &Op, args: &[&TensorType]) -> Result<TensorType, TypeError> {
             }
             let mut dims = d[..d.len() - 2].to_vec();
             dims.extend([*heads, s, hd / heads]);
+            Ok(TensorType::new(x.dtype, dims))
+        }
+        Op::Transpose => {
+            let x = args[0];
+            need_rank(name, "x", x, 2)?;
+            let mut dims = x.shape.dims().to_vec();
+            let r = dims.len();
+            dims.swap(r - 2, r - 1);
             Ok(TensorType::new(x.dtype, dims))
         }
         Op::MergeHeads => {

@@ -27,7 +27,7 @@ pub const KEYWORDS: [&str; 6] = ["model", "input", "param", "output", "repeat", 
 pub const MAX_REPEAT: usize = 4096;
 
 /// Operation names the parser knows (`matmul` is another name for `gemm`).
-pub const OPERATIONS: [&str; 10] = [
+pub const OPERATIONS: [&str; 11] = [
     "add",
     "attention",
     "cast",
@@ -38,6 +38,7 @@ pub const OPERATIONS: [&str; 10] = [
     "merge_heads",
     "softmax",
     "split_heads",
+    "transpose",
 ];
 
 /// What is wrong at a location.
@@ -950,7 +951,7 @@ impl<'a> Parser<'a> {
             "split_heads" => "heads",
             "attention" => "causal, scale",
             "cast" => "to",
-            "add" | "gelu" | "softmax" | "merge_heads" => "no attributes",
+            "add" | "gelu" | "softmax" | "merge_heads" | "transpose" => "no attributes",
             _ => return Err(self.error(column, ParseErrorKind::UnknownOp(op.to_string()))),
         };
         for a in attributes {
@@ -1030,6 +1031,7 @@ impl<'a> Parser<'a> {
             "gelu" => Op::Gelu,
             "softmax" => Op::Softmax,
             "merge_heads" => Op::MergeHeads,
+            "transpose" => Op::Transpose,
             "layernorm" => Op::LayerNorm {
                 epsilon: float("epsilon")?.unwrap_or(DEFAULT_LAYERNORM_EPSILON),
             },

@@ -76,7 +76,7 @@ fn attributes(op: &Op) -> Vec<String> {
             }
         }
         Op::Cast { to } => attrs.push(format!("to={to}")),
-        Op::Add | Op::Gelu | Op::Softmax | Op::MergeHeads => {}
+        Op::Add | Op::Gelu | Op::Softmax | Op::MergeHeads | Op::Transpose => {}
     }
     attrs
 }

@@ -163,6 +163,7 @@ fn apply(op: &Op, args: &[&Tensor]) -> Vec<f64> {
         Op::Softmax => ops::softmax(args[0].data(), args[0].shape().last().unwrap_or(1)),
         Op::SplitHeads { heads } => ops::split_heads(args[0].data(), dims(args[0]), *heads).0,
         Op::MergeHeads => ops::merge_heads(args[0].data(), dims(args[0])).0,
+        Op::Transpose => ops::transpose(args[0].data(), dims(args[0])),
         Op::Attention { causal, scale } => {
             let d = args[0].shape().last().unwrap_or(1);
             let scale = Op::attention_scale(*scale, d);

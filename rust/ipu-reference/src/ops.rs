@@ -196,6 +196,21 @@ pub fn merge_heads(x: &[f64], dims: &[usize]) -> (Vec<f64>, Vec<usize>) {
     (out, out_dims)
 }
 
+/// `x` with its last two axes swapped, batch element by batch element.
+pub fn transpose(x: &[f64], dims: &[usize]) -> Vec<f64> {
+    let (m, n) = (dims[dims.len() - 2], dims[dims.len() - 1]);
+    let mut out = vec![0.0; x.len()];
+    for (b, block) in x.chunks_exact((m * n).max(1)).enumerate() {
+        let base = b * m * n;
+        for i in 0..m {
+            for j in 0..n {
+                out[base + j * m + i] = block[i * n + j];
+            }
+        }
+    }
+    out
+}
+
 /// Attention per leading index: `softmax(scale * q k^T [masked]) v`.
 ///
 /// The scores and probabilities stay in f64 and are never rounded: a fused

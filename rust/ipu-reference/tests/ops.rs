@@ -171,3 +171,26 @@ fn causal_attention_masks_future_keys() {
     let (full, _) = ops::attention(&q, &k, &v, &[sq, d], &[sk, d], &[sk, 1], false, 1.0);
     close(&full, &[6.0, 6.0, 6.0], 1e-15);
 }
+
+/// `transpose` swaps the last two axes of each batch element: by hand on
+/// a [2, 2, 3] tensor, and a GEMM with a transposed operand equals the
+/// GEMM of the transposed tensor.
+#[test]
+fn transpose_swaps_the_last_two_axes_per_batch_element() {
+    let x: Vec<f64> = (0..12).map(f64::from).collect();
+    assert_eq!(
+        ops::transpose(&x, &[2, 2, 3]),
+        [0., 3., 1., 4., 2., 5., 6., 9., 7., 10., 8., 11.]
+    );
+    let b: Vec<f64> = (0..6).map(|i| f64::from(i) * 0.5 - 1.0).collect();
+    let (flagged, _) = ops::gemm(&x, &[2, 2, 3], &b, &[2, 3], true, false);
+    let (explicit, _) = ops::gemm(
+        &ops::transpose(&x, &[2, 2, 3]),
+        &[2, 3, 2],
+        &b,
+        &[2, 3],
+        false,
+        false,
+    );
+    close(&flagged, &explicit, 0.0);
+}

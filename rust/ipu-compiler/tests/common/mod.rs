@@ -310,3 +310,30 @@ pub fn check_every_checkpoint(
     assert!(report.passed(), "{}:\n{report}", model.display());
     report.checkpoints.iter().map(|c| c.name.clone()).collect()
 }
+
+/// `ipu verify` on the package of `out` with seeded Gaussian inputs and
+/// the diagnosis on: when an output is outside the tolerance, the run is
+/// repeated with checkpoints and the model checked compositionally (each
+/// checkpointed value against the exact computation from the device's own
+/// values before it), which `VerifyReport::passed_compositionally` reports.
+pub fn verify_gaussian(
+    out: &CompileOutput,
+    seed: u64,
+) -> Result<ipu_runtime::verify::VerifyReport, String> {
+    ipu_runtime::verify::verify_package(
+        out.package.clone(),
+        &ipu_runtime::verify::VerifyOptions {
+            run: ipu_runtime::RunOptions {
+                device: ipu_runtime::DeviceOptions::simulator(out.package.info.tile_count),
+                feeds: ipu_runtime::FeedSpec {
+                    generate: ipu_runtime::Generate::Gaussian { seed },
+                    ..ipu_runtime::FeedSpec::default()
+                },
+                ..ipu_runtime::RunOptions::default()
+            },
+            diagnose: true,
+            check_checkpoints: false,
+        },
+    )
+    .map_err(|e| format!("verify: {e}"))
+}
