@@ -108,16 +108,16 @@ pub fn place(
     let mut addresses = vec![0u32; buffers.len()];
     let code_end = align_up(REGION0_BASE as u64 + code_bytes as u64, 16);
     let r0_limit = (COMMAND_ADDRESS) as u64;
+    let region0_consumers = |which: &dyn Fn(&BufferSpec) -> bool| -> Vec<(String, u64)> {
+        buffers
+            .iter()
+            .filter(|b| which(b))
+            .map(|b| (b.name.clone(), b.bytes as u64))
+            .chain([("code and vertex states".into(), code_bytes as u64)])
+            .collect()
+    };
     let overflow =
-        |region: &'static str, needed: u64, available: u64, which: &dyn Fn(&BufferSpec) -> bool| {
-            let mut largest: Vec<(String, u64)> = buffers
-                .iter()
-                .filter(|b| which(b))
-                .map(|b| (b.name.clone(), b.bytes as u64))
-                .collect();
-            if region == "region 0 (standard)" {
-                largest.push(("code and vertex states".into(), code_bytes as u64));
-            }
+        |region: &'static str, needed: u64, available: u64, mut largest: Vec<(String, u64)>| {
             largest.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(&b.0)));
             largest.truncate(5);
             CompileError::OutOfMemory {
@@ -133,7 +133,7 @@ pub fn place(
             "region 0 (standard)",
             code_end - REGION0_BASE as u64,
             r0_limit - REGION0_BASE as u64,
-            &|b| b.region == RegionReq::Standard,
+            region0_consumers(&|b| b.region == RegionReq::Standard),
         ));
     }
     // Region 1, first fit: the buffers that live for the whole program,
@@ -195,10 +195,7 @@ pub fn place(
             "region 1 (interleaved)",
             r1 - REGION1_BASE as u64,
             (REGION1_END - REGION1_BASE) as u64,
-            &|b| {
-                b.region == RegionReq::Interleaved
-                    && worst.is_some_and(|w| !never_together((b.lifetime, b.scratch), w))
-            },
+            region1_consumers(buffers, &addresses, worst),
         ));
     }
     // Region 0: the standard buffers and, in buffer order, every buffer
@@ -273,7 +270,9 @@ pub fn place(
                     "region 0 (standard)",
                     r0 - REGION0_BASE as u64,
                     r0_limit - REGION0_BASE as u64,
-                    &|b| matches!(b.region, RegionReq::Standard | RegionReq::Any),
+                    region0_consumers(&|b| {
+                        matches!(b.region, RegionReq::Standard | RegionReq::Any)
+                    }),
                 ))
             }
         }
@@ -350,6 +349,40 @@ fn first_fit(b: &BufferSpec, buffers: &[BufferSpec], placed: &[usize], addresses
         .filter(|&a| a >= REGION1_BASE as u64)
         .find(|&a| fits(a))
         .expect("the element boundary above every placed buffer always fits")
+}
+
+/// The region-1 buffers live with the placement's highest end (`worst`),
+/// each with the bytes it takes: an element-exclusive buffer takes the
+/// 32 KiB elements it touches whole from the others of its kind, which is
+/// what fills region 1 when many small ones are live together.
+fn region1_consumers(
+    buffers: &[BufferSpec],
+    addresses: &[u32],
+    worst: Option<Liveness>,
+) -> Vec<(String, u64)> {
+    buffers
+        .iter()
+        .zip(addresses)
+        .filter(|(b, _)| {
+            b.region == RegionReq::Interleaved
+                && worst.is_some_and(|w| !never_together((b.lifetime, b.scratch), w))
+        })
+        .map(|(b, &a)| {
+            if !b.exclusive_element || b.bytes == 0 {
+                return (b.name.clone(), b.bytes as u64);
+            }
+            let (first, last) = elements(a as u64, b.bytes as u64);
+            let n = last - first + 1;
+            let plural = if n == 1 { "" } else { "s" };
+            (
+                format!(
+                    "{} ({} bytes in {n} element{plural} of its own)",
+                    b.name, b.bytes
+                ),
+                n * INTERLEAVED_ELEMENT_BYTES as u64,
+            )
+        })
+        .collect()
 }
 
 /// A buffer's (segment lifetime, scratch phase).
@@ -527,6 +560,45 @@ mod tests {
         }
     }
 
+    /// Persistent element-exclusive buffers (a segmented model's weights
+    /// and results) take elements of their own only from those whose
+    /// kernels run in the same segment: 20 buffers of 2 KB, two per
+    /// segment, fit in two elements' worth of region 1, where with no
+    /// segments known they need 20 elements, more than region 1's 13, and
+    /// the overflow names each with the elements it takes.
+    #[test]
+    fn exclusive_buffers_of_different_segments_share_elements() {
+        let mut bufs: Vec<BufferSpec> = (0..20)
+            .map(|i| buf(&format!("b{i}"), 2048, RegionReq::Interleaved, true))
+            .collect();
+        let err = place(0, &bufs, 1000).unwrap_err().to_string();
+        assert!(
+            err.contains("needs 624640 bytes")
+                && err.contains("b0 (2048 bytes in 1 element of its own) 32768 B;"),
+            "{err}"
+        );
+        for (i, b) in bufs.iter_mut().enumerate() {
+            b.kernel_segment = Some(i as u32 / 2);
+        }
+        let s = place(0, &bufs, 1000).unwrap();
+        validate(&s, &bufs).unwrap();
+        let e = INTERLEAVED_ELEMENT_BYTES;
+        let (first, second) = (s.addresses[0], s.addresses[1]);
+        assert_ne!((first - REGION1_BASE) / e, (second - REGION1_BASE) / e);
+        assert!(s
+            .addresses
+            .iter()
+            .all(|&a| a + 2048 <= REGION1_BASE + 2 * e));
+        // The validator still keeps one segment's pair apart (the first
+        // element's buffers end at 20,480 bytes).
+        let mut bad = s;
+        assert_eq!(bad.addresses[0], REGION1_BASE);
+        bad.addresses[1] = REGION1_BASE + 30_000;
+        assert!(validate(&bad, &bufs)
+            .unwrap_err()
+            .contains("share an interleaved memory element"));
+    }
+
     #[test]
     fn scratch_phases_share_memory_and_persistent_buffers_do_not() {
         let mut bufs = vec![
@@ -688,7 +760,12 @@ mod tests {
         ];
         let e = place(7, &bufs, 1000).unwrap_err().to_string();
         assert!(e.starts_with("tile 7: region 1 (interleaved) needs"), "{e}");
-        assert!(e.contains("big_a 300000 B; big_c 200000 B;"), "{e}");
+        assert!(
+            e.contains(
+                "big_a (300000 bytes in 10 elements of its own) 327680 B; big_c (200000 bytes in 7 elements of its own) 229376 B;"
+            ),
+            "{e}"
+        );
     }
     /// The ViT block's tile 0 with resident weights (session 14): 170,496
     /// bytes of weights, the MLP segment's four element-exclusive C
