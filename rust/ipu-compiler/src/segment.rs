@@ -13,7 +13,8 @@
 //! whose A operand is computed in its segment by something other than a
 //! GEMM group (an attention block's `merge_heads`) and before a GEMM whose
 //! B operand is computed in its segment (a block segment reads a computed B
-//! as a device input, placed as it places a host B), so each segment is a
+//! as a device input, placed as it places a host B) and before the next
+//! GEMM that does not continue such a GEMM's chain, so each segment is a
 //! graph the pattern it goes to accepts. A value a segment reads from an
 //! earlier one becomes an input of its graph (a *device input*); a value a
 //! later segment reads becomes an output.
@@ -169,6 +170,8 @@ pub fn split(
     let mut has_attention = false;
     let mut has_gemm = false;
     let mut has_chain = false;
+    // Whether it holds a GEMM whose B operand is computed.
+    let mut has_computed_b = false;
     for i in 0..graph.nodes().len() {
         let id = NodeId(i as u32);
         let node = graph.node(id);
@@ -229,6 +232,16 @@ pub fn split(
             {
                 true
             }
+            // So does one after a GEMM with a computed B: on shared tiles
+            // each GEMM has an equal share of region 1, and the product
+            // P V of a materialised attention head ([729, 729] x [729,
+            // 72]) found no plan in a quarter of it beside the next head's
+            // three projections. Side by side they would share nothing.
+            (Some(Kind::Blocks), Kind::Blocks)
+                if has_computed_b && matches!(node.op, Op::Gemm { .. }) && !continues_chain =>
+            {
+                true
+            }
             (Some(Kind::Blocks), Kind::Blocks) => {
                 matches!(node.op, Op::Gemm { .. })
                     && (here(node.args[0])
@@ -266,10 +279,13 @@ pub fn split(
             has_attention = false;
             has_gemm = false;
             has_chain = false;
+            has_computed_b = false;
         }
         has_attention |= matches!(node.op, Op::Attention { .. });
         has_gemm |= matches!(node.op, Op::Gemm { .. });
         has_chain |= continues_chain && !cut;
+        has_computed_b |= matches!(node.op, Op::Gemm { .. })
+            && matches!(graph.value(node.args[1]).def, ValueDef::Node(_));
         let last = parts.len() - 1;
         parts[last].1.push(id);
         defined_in.insert(node.result, last);
@@ -1569,6 +1585,28 @@ mod tests {
         assert_eq!(names, [vec!["c0", "d0"], vec!["c1", "d1"], vec!["x"]]);
         let s = kinds("model m\ninput a0: f16[4, 8]\ninput a1: f16[4, 8]\nparam b: f16[8, 8]\nc0 = gemm(a0, b)\nc1 = gemm(a1, b)\noutput c0, c1\n");
         assert_eq!(s.len(), 1);
+    }
+
+    /// A GEMM whose B is computed reads it as a device input of a segment
+    /// that starts with it, and GEMMs that do not continue its chain start
+    /// the next (`y` and the next head's projection `z`); device transposes
+    /// of values computed earlier share a segment, a transpose of one of
+    /// them starts another.
+    #[test]
+    fn computed_b_operands_and_transposes_take_segments_of_their_own() {
+        let s = kinds("model m\ninput x: f16[8, 8]\nparam w: f16[8, 8]\nparam u: f16[8, 8]\nh = gemm(x, w)\ny = gemm(x, h)\nz = gemm(x, u)\ng = transpose(h)\nt = transpose(z)\ntt = transpose(t)\noutput y, g, tt\n");
+        let got: Vec<(Kind, Vec<String>)> = s.iter().map(|k| (k.0, k.1.clone())).collect();
+        let want: Vec<(Kind, Vec<String>)> = [
+            (Kind::Blocks, vec!["h"]),
+            (Kind::Blocks, vec!["y"]),
+            (Kind::Blocks, vec!["z"]),
+            (Kind::Transpose, vec!["g", "t"]),
+            (Kind::Transpose, vec!["tt"]),
+        ]
+        .into_iter()
+        .map(|(k, n)| (k, n.into_iter().map(String::from).collect()))
+        .collect();
+        assert_eq!(got, want);
     }
 
     #[test]
