@@ -284,8 +284,14 @@ pub fn split(
         has_attention |= matches!(node.op, Op::Attention { .. });
         has_gemm |= matches!(node.op, Op::Gemm { .. });
         has_chain |= continues_chain && !cut;
+        // (A weight that `crate::widen` casts to f16 on the device is
+        // still a weight: fp8 projections read theirs so, side by side.)
         has_computed_b |= matches!(node.op, Op::Gemm { .. })
-            && matches!(graph.value(node.args[1]).def, ValueDef::Node(_));
+            && graph.def_node(node.args[1]).is_some_and(|d| {
+                let def = graph.node(d);
+                !(matches!(def.op, Op::Cast { .. })
+                    && !matches!(graph.value(def.args[0]).def, ValueDef::Node(_)))
+            });
         let last = parts.len() - 1;
         parts[last].1.push(id);
         defined_in.insert(node.result, last);
