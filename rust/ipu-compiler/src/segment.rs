@@ -289,8 +289,8 @@ pub fn split(
         has_computed_b |= matches!(node.op, Op::Gemm { .. })
             && graph.def_node(node.args[1]).is_some_and(|d| {
                 let def = graph.node(d);
-                !(matches!(def.op, Op::Cast { .. })
-                    && !matches!(graph.value(def.args[0]).def, ValueDef::Node(_)))
+                !matches!(def.op, Op::Cast { .. })
+                    || matches!(graph.value(def.args[0]).def, ValueDef::Node(_))
             });
         let last = parts.len() - 1;
         parts[last].1.push(id);
