@@ -1116,6 +1116,33 @@ fn computed_operands_transposed_verify() {
             ("z", &[41, 24])
         ])
     );
+    // More transposes than tiles (of host inputs, the model's own): two
+    // rounds of one compute step each on 3 tiles (one BSP step, as
+    // schedule.json counts them), every transpose exact.
+    let inputs: String = (0..5)
+        .map(|i| {
+            format!(
+                "input x{i}: f16[{}, {}]\nt{i} = transpose(x{i})\n",
+                20 + i,
+                10 + i
+            )
+        })
+        .collect();
+    let many = write_model(
+        dir.path(),
+        "many",
+        &format!("model many\n{inputs}output t0, t1, t2, t3, t4\n"),
+    );
+    let ran = compile_and_run(&many, 3, 34);
+    let schedule: serde_json::Value =
+        serde_json::from_slice(&ran.compile.package.members["schedule.json"]).unwrap();
+    let rounds = schedule["calls"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .flat_map(|c| c["steps"].as_array().unwrap())
+        .any(|s| s["phase"] == "transpose t0, t1, t2; transpose t3, t4");
+    assert!(rounds, "{schedule}");
     let attention = write_model(
         dir.path(),
         "materialised",
