@@ -1275,15 +1275,16 @@ fn plan_and_lower(
     let chained = groups.iter().any(|g| matches!(g.a, fuse::Source::Group(_)));
     // In a model with attention, the groups (the projections) run side by
     // side on tiles of their own, each with all of region 1. So do the
-    // independent GEMMs of a whole model (the slices of a batched GEMM,
-    // `legalize`) when there are no more of them than tiles: on shared
-    // tiles each would get a share of region 1, and every GEMM's
-    // element-exclusive buffers take memory elements of their own (six
-    // 40 x 64 x 48 slices on 64 tiles overflowed region 1 that way).
+    // independent GEMMs of a whole model or segment (the slices of a
+    // batched GEMM, `legalize`; a segment's projections without attention)
+    // when there are no more of them than tiles: on shared tiles each would
+    // get a share of region 1, and every GEMM's element-exclusive buffers
+    // take memory elements of their own (six 40 x 64 x 48 slices on 64
+    // tiles overflowed region 1 that way, and a materialised SigLIP
+    // attention's per-head projections found no plan in a third of it).
     // Otherwise every group spans the same tiles and gets an equal share.
     let independent_groups = blocks.is_empty()
         && !chained
-        && tile_count_override.is_none()
         && groups.len() > 1
         && groups.len() as u32 <= options.tiles;
     // With fewer tiles than projections an attention's projections share
