@@ -587,14 +587,7 @@ impl Rewriter<'_> {
         let own = batch_dims(&ty).to_vec();
         if ty.shape.rank() <= 2 {
             // Broadcast over the batch: the whole operand for every element.
-            return if !transpose {
-                self.flat(v, user, op)
-            } else if self.is_host(v) {
-                self.host_view(v, View::Transposed)
-            } else {
-                let flat = self.flat(v, user, op)?;
-                self.device_transpose(flat, user)
-            };
+            return self.whole(v, transpose, (user, op));
         }
         let i = broadcast_index(index, out, &own);
         if self.is_host(v) {
@@ -606,7 +599,7 @@ impl Rewriter<'_> {
             return self.host_view(v, view);
         }
         match self.form(v).clone() {
-            Form::Slices(ids) if transpose => self.device_transpose(ids[i], user),
+            Form::Slices(ids) if transpose => self.device_transpose(ids[i], user, None),
             Form::Slices(ids) => Ok(ids[i]),
             _ => Err(self.unsupported(
                 user,
@@ -619,14 +612,41 @@ impl Rewriter<'_> {
         }
     }
 
+    /// Operand `v` whole (its batch dimensions flattened), transposed when
+    /// `transpose`: a host operand as a transposed host tensor, a computed
+    /// one through its device transpose.
+    fn whole(
+        &mut self,
+        v: ValueId,
+        transpose: bool,
+        (user, op): (ValueId, &str),
+    ) -> Result<ValueId, CompileError> {
+        if !transpose {
+            return self.flat(v, user, op);
+        }
+        if self.is_host(v) {
+            return self.host_view(v, View::Transposed);
+        }
+        let flat = self.flat(v, user, op)?;
+        self.device_transpose(flat, user, None)
+    }
+
     /// The device transpose of device value `id` (rank 2), added on first
-    /// use as `transpose(id)` named `{id}.t`; it belongs to the batch
-    /// element `id` belongs to.
-    fn device_transpose(&mut self, id: ValueId, user: ValueId) -> Result<ValueId, CompileError> {
+    /// use as `transpose(id)` named `name` (or `{id}.t`); it belongs to the
+    /// batch element `id` belongs to.
+    fn device_transpose(
+        &mut self,
+        id: ValueId,
+        user: ValueId,
+        name: Option<&str>,
+    ) -> Result<ValueId, CompileError> {
         if let Some(&t) = self.transposes.get(&id) {
             return Ok(t);
         }
-        let name = self.fresh(format!("{}.t", self.device.value(id).name));
+        let name = match name {
+            Some(n) => n.to_string(),
+            None => self.fresh(format!("{}.t", self.device.value(id).name)),
+        };
         let t = self.add(user, &name, Op::Transpose, &[id])?;
         if let Some(&i) = self.slice_of.get(&id) {
             self.slice_of.insert(t, i);
@@ -684,26 +704,8 @@ impl Rewriter<'_> {
                 let per_element =
                     (self.sliced[r.0 as usize] || a_sliced) && self.model.ty(r).shape.rank() > 2;
                 if self.model.ty(b).shape.rank() <= 2 && !per_element {
-                    let a_dev = if transpose_a {
-                        if !self.is_host(a) {
-                            let flat = self.flat(a, r, op_name)?;
-                            self.device_transpose(flat, r)?
-                        } else {
-                            self.host_view(a, View::Transposed)?
-                        }
-                    } else {
-                        self.flat(a, r, op_name)?
-                    };
-                    let b_dev = if transpose_b {
-                        if !self.is_host(b) {
-                            let flat = self.flat(b, r, op_name)?;
-                            self.device_transpose(flat, r)?
-                        } else {
-                            self.host_view(b, View::Transposed)?
-                        }
-                    } else {
-                        self.flat(b, r, op_name)?
-                    };
+                    let a_dev = self.whole(a, transpose_a, (r, op_name))?;
+                    let b_dev = self.whole(b, transpose_b, (r, op_name))?;
                     let id = self.add(r, &name, gemm, &[a_dev, b_dev])?;
                     return Ok(if self.model.ty(r).shape.rank() > 2 {
                         Form::Flat(id)
@@ -726,14 +728,14 @@ impl Rewriter<'_> {
                 let a = node.args[0];
                 if self.model.ty(a).shape.rank() <= 2 {
                     let id = self.flat(a, r, op_name)?;
-                    if let Some(&t) = self.transposes.get(&id) {
-                        // Already transposed for a GEMM under another
-                        // name: the host map names the model's value.
-                        return Ok(Form::Flat(t));
-                    }
-                    let t = self.add(r, &name, Op::Transpose, &[id])?;
-                    self.transposes.insert(id, t);
-                    return Ok(Form::Same(t));
+                    let t = self.device_transpose(id, r, Some(&name))?;
+                    // Transposed earlier for a GEMM under another name, the
+                    // host map names the model's value.
+                    return Ok(if self.device.value(t).name == name {
+                        Form::Same(t)
+                    } else {
+                        Form::Flat(t)
+                    });
                 }
                 // Batch element by batch element ([`sliced_values`] marks
                 // the result and a computed operand per element).
@@ -743,7 +745,7 @@ impl Rewriter<'_> {
                 for i in 0..count {
                     let index = unravel(i, &out_batch);
                     let id = self.slice(a, (&index, &out_batch), false, (r, op_name))?;
-                    ids.push(self.device_transpose(id, r)?);
+                    ids.push(self.device_transpose(id, r, None)?);
                 }
                 Ok(Form::Slices(ids))
             }

@@ -1283,10 +1283,8 @@ fn plan_and_lower(
     // tiles overflowed region 1 that way, and a materialised SigLIP
     // attention's per-head projections found no plan in a third of it).
     // Otherwise every group spans the same tiles and gets an equal share.
-    let independent_groups = blocks.is_empty()
-        && !chained
-        && groups.len() > 1
-        && groups.len() as u32 <= options.tiles;
+    let independent_groups =
+        blocks.is_empty() && !chained && groups.len() > 1 && groups.len() as u32 <= options.tiles;
     // With fewer tiles than projections an attention's projections share
     // the tiles, one after the other, each with a share of region 1.
     let shared_projections = !blocks.is_empty() && options.tiles < groups.len() as u32;

@@ -13,8 +13,7 @@
 //! whose A operand is computed in its segment by something other than a
 //! GEMM group (an attention block's `merge_heads`) and before a GEMM whose
 //! B operand is computed in its segment (a block segment reads a computed B
-//! as a device input, placed as it places a host B) and before the next
-//! GEMM that does not continue such a GEMM's chain, so each segment is a
+//! as a device input, placed as it places a host B), so each segment is a
 //! graph the pattern it goes to accepts. A value a segment reads from an
 //! earlier one becomes an input of its graph (a *device input*); a value a
 //! later segment reads becomes an output.
@@ -170,8 +169,6 @@ pub fn split(
     let mut has_attention = false;
     let mut has_gemm = false;
     let mut has_chain = false;
-    // Whether it holds a GEMM whose B operand is computed.
-    let mut has_computed_b = false;
     for i in 0..graph.nodes().len() {
         let id = NodeId(i as u32);
         let node = graph.node(id);
@@ -232,16 +229,6 @@ pub fn split(
             {
                 true
             }
-            // So does one after a GEMM with a computed B: on shared tiles
-            // each GEMM has an equal share of region 1, and the product
-            // P V of a materialised attention head ([729, 729] x [729,
-            // 72]) found no plan in a quarter of it beside the next head's
-            // three projections. Side by side they would share nothing.
-            (Some(Kind::Blocks), Kind::Blocks)
-                if has_computed_b && matches!(node.op, Op::Gemm { .. }) && !continues_chain =>
-            {
-                true
-            }
             (Some(Kind::Blocks), Kind::Blocks) => {
                 matches!(node.op, Op::Gemm { .. })
                     && (here(node.args[0])
@@ -279,19 +266,10 @@ pub fn split(
             has_attention = false;
             has_gemm = false;
             has_chain = false;
-            has_computed_b = false;
         }
         has_attention |= matches!(node.op, Op::Attention { .. });
         has_gemm |= matches!(node.op, Op::Gemm { .. });
         has_chain |= continues_chain && !cut;
-        // (A weight that `crate::widen` casts to f16 on the device is
-        // still a weight: fp8 projections read theirs so, side by side.)
-        has_computed_b |= matches!(node.op, Op::Gemm { .. })
-            && graph.def_node(node.args[1]).is_some_and(|d| {
-                let def = graph.node(d);
-                !matches!(def.op, Op::Cast { .. })
-                    || matches!(graph.value(def.args[0]).def, ValueDef::Node(_))
-            });
         let last = parts.len() - 1;
         parts[last].1.push(id);
         defined_in.insert(node.result, last);
@@ -1594,18 +1572,16 @@ mod tests {
     }
 
     /// A GEMM whose B is computed reads it as a device input of a segment
-    /// that starts with it, and GEMMs that do not continue its chain start
-    /// the next (`y` and the next head's projection `z`); device transposes
-    /// of values computed earlier share a segment, a transpose of one of
-    /// them starts another.
+    /// that starts with it (`y`, beside which the independent `z` runs on
+    /// tiles of its own); device transposes of values computed earlier
+    /// share a segment, a transpose of one of them starts another.
     #[test]
     fn computed_b_operands_and_transposes_take_segments_of_their_own() {
         let s = kinds("model m\ninput x: f16[8, 8]\nparam w: f16[8, 8]\nparam u: f16[8, 8]\nh = gemm(x, w)\ny = gemm(x, h)\nz = gemm(x, u)\ng = transpose(h)\nt = transpose(z)\ntt = transpose(t)\noutput y, g, tt\n");
         let got: Vec<(Kind, Vec<String>)> = s.iter().map(|k| (k.0, k.1.clone())).collect();
         let want: Vec<(Kind, Vec<String>)> = [
             (Kind::Blocks, vec!["h"]),
-            (Kind::Blocks, vec!["y"]),
-            (Kind::Blocks, vec!["z"]),
+            (Kind::Blocks, vec!["y", "z"]),
             (Kind::Transpose, vec!["g", "t"]),
             (Kind::Transpose, vec!["tt"]),
         ]
