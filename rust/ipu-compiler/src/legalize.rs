@@ -131,7 +131,7 @@ pub fn legalize(model: &Graph) -> Result<Legalized, CompileError> {
     let graph = if r.slice_of.is_empty() {
         r.device
     } else {
-        element_major(&r.device, &r.slice_of)
+        staged_element_major(&r.device, &r.slice_of)
     };
     Ok(Legalized {
         graph,
@@ -139,21 +139,48 @@ pub fn legalize(model: &Graph) -> Result<Legalized, CompileError> {
     })
 }
 
-/// `device` with its nodes in element-major order: first every node
-/// computed for the whole batch, then batch element 0's nodes, then 1's,
-/// each in the model's order, and every host value declared before its
-/// first reader. Segments are contiguous runs of nodes, so each batch
-/// element's attention block becomes a segment of its own. The order is
-/// topological: whole-batch values never read per-element ones, and a
+/// `device` with its nodes in staged element-major order. A node's
+/// *stage* counts the changes of segment kind ([`crate::segment::Kind`]:
+/// GEMMs and attention, row-wise operations, device transposes) on the
+/// longest path of computed values into it. Nodes go in stage order, and
+/// within a stage in element-major order: first every node computed for
+/// the whole batch, then batch element 0's nodes, then 1's, each in the
+/// model's order. Segments are contiguous runs of nodes of one kind, so
+/// each batch element's run of GEMMs (an attention block, a GEMM chain)
+/// becomes a segment of its own, while the elements' row-wise operations
+/// and device transposes of one stage share a segment and run side by
+/// side: a materialised attention per head (projections, a transpose of
+/// K, scores, a softmax, P V) takes 5 segments for any number of heads,
+/// where plain element-major order cut 6 per head. The order is
+/// topological: a node's stage is at least each operand's, and within a
+/// stage whole-batch values never read per-element ones, and a
 /// per-element value reads elements of its own index or (broadcast) a
 /// lower one.
-fn element_major(device: &Graph, slice_of: &BTreeMap<ValueId, usize>) -> Graph {
-    let key = |n: usize| {
-        let r = device.nodes()[n].result;
-        (slice_of.get(&r).map_or(0, |&i| i + 1), n)
-    };
-    let mut order: Vec<usize> = (0..device.nodes().len()).collect();
-    order.sort_by_key(|&n| key(n));
+fn staged_element_major(device: &Graph, slice_of: &BTreeMap<ValueId, usize>) -> Graph {
+    let kinds = crate::segment::node_kinds(device);
+    let mut stage_of: BTreeMap<ValueId, (usize, crate::segment::Kind)> = BTreeMap::new();
+    let mut keys: Vec<(usize, usize, usize)> = Vec::new();
+    for (n, node) in device.nodes().iter().enumerate() {
+        let kind = kinds[n];
+        let stage = node
+            .args
+            .iter()
+            .filter_map(|a| stage_of.get(a))
+            .map(|&(s, k)| s + usize::from(k != kind))
+            .max()
+            .unwrap_or(0);
+        stage_of.insert(node.result, (stage, kind));
+        let element = slice_of.get(&node.result).map_or(0, |&i| i + 1);
+        keys.push((stage, element, n));
+    }
+    keys.sort();
+    let order: Vec<usize> = keys.into_iter().map(|(_, _, n)| n).collect();
+    reordered(device, &order)
+}
+
+/// `device` with its nodes in `order` (a topological order), every host
+/// value declared before its first reader.
+fn reordered(device: &Graph, order: &[usize]) -> Graph {
     let mut g = Graph::new(device.name());
     let mut ids: BTreeMap<ValueId, ValueId> = BTreeMap::new();
     let declare = |g: &mut Graph, ids: &mut BTreeMap<ValueId, ValueId>, v: ValueId| {
@@ -169,7 +196,7 @@ fn element_major(device: &Graph, slice_of: &BTreeMap<ValueId, usize>) -> Graph {
         ids.insert(v, id);
         id
     };
-    for n in order {
+    for &n in order {
         let node = &device.nodes()[n];
         let args: Vec<ValueId> = node
             .args
@@ -1327,8 +1354,8 @@ mod tests {
     /// session 41): one device transpose per value however many readers
     /// (`h.t` serves `y` and the model's own `t`, which the host map then
     /// names), per batch element for a batched value (`k.0.t`, `k.1.t`,
-    /// each in its element's part of the graph), mapped to the operand's
-    /// model tensor transposed.
+    /// side by side in the stage after the GEMMs they transpose), mapped
+    /// to the operand's model tensor transposed.
     #[test]
     fn computed_operands_read_transposed_get_device_transposes() {
         check(
@@ -1342,17 +1369,17 @@ mod tests {
                 input x: f16[40, 64]
                 param w: f16[64, 48]
                 h: f16[40, 48] = gemm(x, w)
-                h.t: f16[48, 40] = transpose(h)
-                param v: f16[40, 24]
-                y: f16[48, 24] = gemm(h.t, v)
                 param wk.0: f16[64, 8]
                 k.0: f16[40, 8] = gemm(x, wk.0)
-                k.0.t: f16[8, 40] = transpose(k.0)
-                param q.0: f16[5, 8]
-                s.0: f16[5, 40] = gemm(q.0, k.0.t)
                 param wk.1: f16[64, 8]
                 k.1: f16[40, 8] = gemm(x, wk.1)
+                h.t: f16[48, 40] = transpose(h)
+                k.0.t: f16[8, 40] = transpose(k.0)
                 k.1.t: f16[8, 40] = transpose(k.1)
+                param v: f16[40, 24]
+                y: f16[48, 24] = gemm(h.t, v)
+                param q.0: f16[5, 8]
+                s.0: f16[5, 40] = gemm(q.0, k.0.t)
                 param q.1: f16[5, 8]
                 s.1: f16[5, 40] = gemm(q.1, k.1.t)
                 output y
@@ -1378,7 +1405,9 @@ mod tests {
     /// one broadcast against a `[M, N]` operand, are computed per element
     /// from the start (the forward and backward rules of
     /// [`sliced_values`]): before, the producer was one GEMM over the
-    /// batch's flattened rows and the reader was refused.
+    /// batch's flattened rows and the reader was refused. Each element's
+    /// GEMM chain stays together; the elements' row-wise adds follow them
+    /// side by side ([`staged_element_major`]).
     #[test]
     fn values_read_per_batch_element_are_computed_per_element() {
         check(
@@ -1396,13 +1425,13 @@ mod tests {
                 hb.0: f16[4, 8] = add(h.0, bias)
                 param u.0: f16[8, 6]
                 y.0: f16[4, 6] = gemm(hb.0, u.0)
-                param r: f16[4, 6]
-                z.0: f16[4, 6] = add(y.0, r)
                 input x.1: f16[4, 16]
                 h.1: f16[4, 8] = gemm(x.1, w)
                 hb.1: f16[4, 8] = add(h.1, bias)
                 param u.1: f16[8, 6]
                 y.1: f16[4, 6] = gemm(hb.1, u.1)
+                param r: f16[4, 6]
+                z.0: f16[4, 6] = add(y.0, r)
                 z.1: f16[4, 6] = add(y.1, r)
                 output z.0
                 output z.1
@@ -1431,11 +1460,11 @@ mod tests {
                 input x.0: f16[4, 16]
                 param w: f16[16, 8]
                 h.0: f16[4, 8] = gemm(x.0, w)
+                input x.1: f16[4, 16]
+                h.1: f16[4, 8] = gemm(x.1, w)
                 param r: f16[4, 8]
                 y.0: f16[4, 8] = add(h.0, r)
                 g.0: f16[4, 8] = gelu(h.0)
-                input x.1: f16[4, 16]
-                h.1: f16[4, 8] = gemm(x.1, w)
                 y.1: f16[4, 8] = add(h.1, r)
                 g.1: f16[4, 8] = gelu(h.1)
                 output y.0

@@ -207,6 +207,26 @@ impl Step {
         Arc::make_mut(&mut self.tiles).insert(tile, vertices);
     }
 
+    /// The step with its tiles renumbered from `first_tile` (a program
+    /// lowered on a share of the tiles, put in place beside others).
+    pub fn on_tiles_from(mut self, first_tile: u32) -> Step {
+        if first_tile > 0 {
+            self.tiles = Arc::new(
+                self.tiles
+                    .iter()
+                    .map(|(&t, v)| (t + first_tile, v.clone()))
+                    .collect(),
+            );
+            self.tile_cycles = Arc::new(
+                self.tile_cycles
+                    .iter()
+                    .map(|(&t, &c)| (t + first_tile, c))
+                    .collect(),
+            );
+        }
+        self
+    }
+
     /// Sets the cost model's cycles of `tile`'s vertices in the step
     /// (placed apart from them), which raise the step's estimate when the
     /// tile is its slowest.

@@ -137,6 +137,14 @@ fn epilogue_nodes(graph: &Graph) -> BTreeSet<NodeId> {
 }
 
 /// The kind of segment node `n` belongs to.
+/// The kind of segment each node of `graph` belongs in, by node index.
+pub(crate) fn node_kinds(graph: &Graph) -> Vec<Kind> {
+    let epilogues = epilogue_nodes(graph);
+    (0..graph.nodes().len())
+        .map(|n| kind_of(graph, &epilogues, NodeId(n as u32)))
+        .collect()
+}
+
 fn kind_of(graph: &Graph, epilogues: &BTreeSet<NodeId>, n: NodeId) -> Kind {
     match graph.node(n).op {
         Op::LayerNorm { .. } | Op::Cast { .. } | Op::Softmax => Kind::Rowwise,
@@ -1589,6 +1597,51 @@ mod tests {
         .map(|(k, n)| (k, n.into_iter().map(String::from).collect()))
         .collect();
         assert_eq!(got, want);
+    }
+
+    /// A materialised attention written per head is five segments
+    /// whatever the number of heads: the device graph's staged order puts
+    /// the heads' projections, their K transposes, scores, softmaxes and
+    /// P V products side by side (plain element-major order cut six
+    /// segments per head), while each head's GEMM chain of a batched MLP
+    /// keeps a segment of its own.
+    #[test]
+    fn per_head_attention_takes_five_segments_for_any_number_of_heads() {
+        let segments = |text: &str| -> Vec<(Kind, usize)> {
+            let model = ipu_graph::parse("t.ipug", text).unwrap();
+            let device = crate::legalize::legalize(&model).unwrap().graph;
+            split(&device, false, &BTreeSet::new())
+                .unwrap()
+                .iter()
+                .map(|s| (s.kind, s.graph.nodes().len()))
+                .collect()
+        };
+        for heads in [1, 3, 16] {
+            let text = format!(
+                "model m\ninput x: f16[37, 64]\nparam wq: f16[{heads}, 64, 16]\nparam wk: f16[{heads}, 64, 16]\nparam wv: f16[{heads}, 64, 16]\nq = gemm(x, wq)\nk = gemm(x, wk)\nv = gemm(x, wv)\ns = gemm(q, k, transpose_b=true, out=f32)\np = softmax(s)\nph = cast(p, to=f16)\no = gemm(ph, v)\noutput o\n"
+            );
+            assert_eq!(
+                segments(&text),
+                [
+                    (Kind::Blocks, 3 * heads),
+                    (Kind::Transpose, heads),
+                    (Kind::Blocks, heads),
+                    (Kind::Rowwise, 2 * heads),
+                    (Kind::Blocks, heads),
+                ],
+                "{heads} heads"
+            );
+        }
+        let chains = segments("model m\ninput a: f16[3, 8, 16]\nparam w: f16[3, 16, 8]\nparam u: f16[3, 8, 4]\nh = gemm(a, w)\ny = gemm(h, u)\nz = softmax(y)\noutput z\n");
+        assert_eq!(
+            chains,
+            [
+                (Kind::Blocks, 2),
+                (Kind::Blocks, 2),
+                (Kind::Blocks, 2),
+                (Kind::Rowwise, 3)
+            ]
+        );
     }
 
     #[test]

@@ -64,7 +64,7 @@ fn row_ranges(m: u32, tiles: u32) -> Vec<(u32, u32)> {
 /// Tile shares of transposes of `elements` elements on `tile_count` tiles:
 /// in proportion to the elements, each at least one, summing to at most
 /// `tile_count` (callers pass at most `tile_count` transposes).
-fn shares(elements: &[u64], tile_count: u32) -> Vec<u32> {
+pub(crate) fn shares(elements: &[u64], tile_count: u32) -> Vec<u32> {
     let total: u64 = elements.iter().sum::<u64>().max(1);
     let mut shares: Vec<u32> = elements
         .iter()

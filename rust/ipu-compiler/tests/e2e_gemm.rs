@@ -1162,6 +1162,29 @@ fn computed_operands_transposed_verify() {
             out.report["rowwise_operations"]
         );
     }
+    // The heads' softmaxes run side by side on tiles of their own (a row
+    // per worker), not each on every tile one after the other.
+    let mut softmax_tiles: Vec<(u64, u64)> = out.report["rowwise_operations"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|r| r["operation"] == "softmax")
+        .map(|r| {
+            let first = r["first_tile"].as_u64().unwrap();
+            (first, first + r["tiles"].as_u64().unwrap())
+        })
+        .collect();
+    softmax_tiles.sort();
+    assert_eq!(
+        softmax_tiles.len(),
+        4,
+        "{}",
+        out.report["rowwise_operations"]
+    );
+    assert!(
+        softmax_tiles.windows(2).all(|w| w[0].1 <= w[1].0) && softmax_tiles[3].1 <= 64,
+        "{softmax_tiles:?}"
+    );
     verifies_or_compositionally(&out, 33, "materialised attention");
 }
 
