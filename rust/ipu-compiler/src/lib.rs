@@ -2516,7 +2516,12 @@ fn lower_segments(
     let no_cuts = Default::default();
     let cuts = template.map_or(&no_cuts, |t| &t.cuts);
     let segments = phase("segment", || {
-        segment::split(graph, limits.split_attention_projections, cuts)
+        segment::split(
+            graph,
+            limits.split_attention_projections,
+            cuts,
+            options.tiles,
+        )
     })?;
     let input_homes = options.host_inputs == HostInputs::Once;
     if let [only] = segments.as_slice() {
@@ -3398,7 +3403,7 @@ fn several_block_segments(options: &CompileOptions) -> bool {
         .ok()
         .and_then(|m| legalize::legalize(&m.graph).ok())
         .and_then(|l| widened_fully(options, &l.graph))
-        .and_then(|w| segment::split(&w.graph, false, &Default::default()).ok())
+        .and_then(|w| segment::split(&w.graph, false, &Default::default(), options.tiles).ok())
         .is_some_and(|s| s.iter().filter(|s| s.kind == segment::Kind::Blocks).count() > 1)
 }
 

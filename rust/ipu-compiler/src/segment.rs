@@ -159,13 +159,20 @@ fn kind_of(graph: &Graph, epilogues: &BTreeSet<NodeId>, n: NodeId) -> Kind {
 /// `split_projections` also cuts between an attention block and the GEMM
 /// projections it reads, and between GEMMs that are not a chain. A segment
 /// also starts at every node of `cuts` (the ends of a loop body,
-/// [`crate::loops`]).
+/// [`crate::loops`]). In a model without attention, a block segment holds
+/// at most `tiles` independent GEMMs (they run side by side on tiles of
+/// their own; more would share the tiles, each with a share of region 1).
 pub fn split(
     graph: &Graph,
     split_projections: bool,
     cuts: &BTreeSet<NodeId>,
+    tiles: u32,
 ) -> Result<Vec<Segment>, CompileError> {
     let epilogues = epilogue_nodes(graph);
+    let attention_free = !graph
+        .nodes()
+        .iter()
+        .any(|n| matches!(n.op, Op::SplitHeads { .. } | Op::Attention { .. }));
     let users = graph.all_users();
     let is_output = |v: ValueId| graph.outputs().contains(&v);
     // Node lists of the segments, in order.
@@ -177,6 +184,8 @@ pub fn split(
     let mut has_attention = false;
     let mut has_gemm = false;
     let mut has_chain = false;
+    // GEMMs of the current segment that do not continue a chain.
+    let mut independent_gemms = 0u32;
     for i in 0..graph.nodes().len() {
         let id = NodeId(i as u32);
         let node = graph.node(id);
@@ -237,6 +246,21 @@ pub fn split(
             {
                 true
             }
+            // Independent GEMMs run side by side on tiles of their own,
+            // each with all of region 1, when there are no more of them
+            // than tiles; on shared tiles each has a share of region 1
+            // and its element-exclusive buffers in elements of their own,
+            // where six per-head projections on 3 tiles found no plan
+            // (the staged order of `legalize` puts every head's
+            // projections in one segment). The next starts a segment.
+            (Some(Kind::Blocks), Kind::Blocks)
+                if attention_free
+                    && matches!(node.op, Op::Gemm { .. })
+                    && !continues_chain
+                    && independent_gemms >= tiles =>
+            {
+                true
+            }
             (Some(Kind::Blocks), Kind::Blocks) => {
                 matches!(node.op, Op::Gemm { .. })
                     && (here(node.args[0])
@@ -275,6 +299,11 @@ pub fn split(
             has_gemm = false;
             has_chain = false;
         }
+        if cut {
+            independent_gemms = 0;
+        }
+        independent_gemms +=
+            u32::from(matches!(node.op, Op::Gemm { .. }) && (cut || !continues_chain));
         has_attention |= matches!(node.op, Op::Attention { .. });
         has_gemm |= matches!(node.op, Op::Gemm { .. });
         has_chain |= continues_chain && !cut;
@@ -1387,7 +1416,7 @@ mod tests {
         let graph = ipu_graph::parse("m.ipug", text).unwrap();
         let names: Vec<String> = requantised_values(&graph).into_iter().collect();
         assert_eq!(names, ["g"]);
-        let segments = split(&graph, false, &BTreeSet::new()).unwrap();
+        let segments = split(&graph, false, &BTreeSet::new(), u32::MAX).unwrap();
         let carrying: Vec<Vec<String>> = segments
             .iter()
             .map(|s| s.requantised.iter().cloned().collect())
@@ -1468,7 +1497,7 @@ mod tests {
 
     fn kinds(text: &str) -> Vec<(Kind, Vec<String>, Vec<String>)> {
         let g = ipu_graph::parse("t.ipug", text).unwrap();
-        split(&g, false, &BTreeSet::new())
+        split(&g, false, &BTreeSet::new(), u32::MAX)
             .unwrap()
             .into_iter()
             .map(|s| {
@@ -1495,8 +1524,11 @@ mod tests {
         )
         .unwrap();
         let g = ipu_graph::parse("t.ipug", &text).unwrap();
-        assert_eq!(split(&g, false, &BTreeSet::new()).unwrap().len(), 1);
-        let summary: Vec<String> = split(&g, true, &BTreeSet::new())
+        assert_eq!(
+            split(&g, false, &BTreeSet::new(), u32::MAX).unwrap().len(),
+            1
+        );
+        let summary: Vec<String> = split(&g, true, &BTreeSet::new(), u32::MAX)
             .unwrap()
             .iter()
             .map(|s| {
@@ -1610,7 +1642,7 @@ mod tests {
         let segments = |text: &str| -> Vec<(Kind, usize)> {
             let model = ipu_graph::parse("t.ipug", text).unwrap();
             let device = crate::legalize::legalize(&model).unwrap().graph;
-            split(&device, false, &BTreeSet::new())
+            split(&device, false, &BTreeSet::new(), u32::MAX)
                 .unwrap()
                 .iter()
                 .map(|s| (s.kind, s.graph.nodes().len()))
