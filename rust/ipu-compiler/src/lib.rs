@@ -2624,26 +2624,46 @@ fn lower_segments(
     };
     let tiles = options.tiles;
     let (lowered, chosen) = phase("join", || {
+        let fill = kernel_formula(library, &fill64_request(), &["N", "COUNT"])
+            .ok()
+            .map(|f| (fill64_request(), f));
+        let join_with =
+            |p: &PlannedSegments,
+             moves: segment::ParamMoves,
+             zero_fill: Option<&mut (library::KernelRequest, gemm::FormulaCost)>| {
+                segment::join(
+                    graph,
+                    &segments,
+                    p.parts.clone(),
+                    tiles,
+                    moves,
+                    input_homes,
+                    zero_fill,
+                )
+            };
         let join_resident = |p: &PlannedSegments| -> Result<Option<lower::Lowered>, CompileError> {
             if lower_bound_exceeded(p) {
                 return Ok(None);
             }
-            let l = segment::join(
-                graph,
-                &segments,
-                p.parts.clone(),
-                tiles,
-                segment::ParamMoves::Resident,
-                input_homes,
-                None,
-            )?;
-            match segment::first_overflow(&l) {
-                None => Ok(Some(l)),
-                Some(e) => {
-                    tracing::info!(overflow = %e, "the segments' weights do not fit side by side");
-                    Ok(None)
+            let join = |zero_fill| join_with(p, segment::ParamMoves::Resident, zero_fill);
+            let l = join(None)?;
+            let Some(e) = segment::first_overflow(&l) else {
+                return Ok(Some(l));
+            };
+            // Buffers that need zeros live for the whole program unless
+            // each segment zeroes its own at its start; that may make room
+            // for the weights to stay (a materialised attention's every
+            // segment kept its padded operands on tile 0, where the
+            // projections' weights then did not fit).
+            if let Some(mut f) = fill.clone() {
+                let refilled = join(Some(&mut f))?;
+                if segment::first_overflow(&refilled).is_none() {
+                    tracing::info!(overflow = %e, "the segments' weights stay resident with each segment zeroing its buffers' padding at its start");
+                    return Ok(Some(refilled));
                 }
             }
+            tracing::info!(overflow = %e, "the segments' weights do not fit side by side");
+            Ok(None)
         };
         // Per block segment, the capped plans replace the others' where
         // the joined program's estimate says they are faster and it fits
@@ -2743,17 +2763,7 @@ fn lower_segments(
         } else {
             segment::ParamMoves::Unzeroed
         };
-        let join_moved = |zero_fill| {
-            segment::join(
-                graph,
-                &segments,
-                moved.parts.clone(),
-                tiles,
-                moves,
-                input_homes,
-                zero_fill,
-            )
-        };
+        let join_moved = |zero_fill| join_with(&moved, moves, zero_fill);
         let mut l = join_moved(None)?;
         // Buffers that need zeros live for the whole program: when that
         // overflows, each segment zeroes its own at its start instead, so

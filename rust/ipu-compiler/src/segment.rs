@@ -137,6 +137,23 @@ fn epilogue_nodes(graph: &Graph) -> BTreeSet<NodeId> {
 }
 
 /// The kind of segment node `n` belongs to.
+/// Tiles a GEMM needs at least to run beside others on tiles of its own:
+/// its operands and an f32 result in a quarter of region 1 per tile (the
+/// planner's buffers are padded, doubled for streaming and kept in whole
+/// memory elements, so a quarter is what a plan can count on).
+fn gemm_tile_demand(graph: &Graph, id: NodeId) -> u32 {
+    let node = graph.node(id);
+    let (a, b) = (graph.ty(node.args[0]), graph.ty(node.args[1]));
+    let (&[m, k], &[_, n]) = (a.shape.dims(), b.shape.dims()) else {
+        return 1;
+    };
+    let bytes = (m * k) as u64 * a.dtype.size_bytes() as u64
+        + (k * n) as u64 * b.dtype.size_bytes() as u64
+        + (m * n) as u64 * 4;
+    let budget = (ipu_arch::REGION1_END - ipu_arch::REGION1_BASE) as u64 / 4;
+    bytes.div_ceil(budget).max(1) as u32
+}
+
 /// The kind of segment each node of `graph` belongs in, by node index.
 pub(crate) fn node_kinds(graph: &Graph) -> Vec<Kind> {
     let epilogues = epilogue_nodes(graph);
@@ -160,8 +177,8 @@ fn kind_of(graph: &Graph, epilogues: &BTreeSet<NodeId>, n: NodeId) -> Kind {
 /// projections it reads, and between GEMMs that are not a chain. A segment
 /// also starts at every node of `cuts` (the ends of a loop body,
 /// [`crate::loops`]). In a model without attention, a block segment holds
-/// at most `tiles` independent GEMMs (they run side by side on tiles of
-/// their own; more would share the tiles, each with a share of region 1).
+/// independent GEMMs (which run side by side on tiles of their own) only
+/// as far as their [`gemm_tile_demand`] fits `tiles`.
 pub fn split(
     graph: &Graph,
     split_projections: bool,
@@ -184,8 +201,9 @@ pub fn split(
     let mut has_attention = false;
     let mut has_gemm = false;
     let mut has_chain = false;
-    // GEMMs of the current segment that do not continue a chain.
-    let mut independent_gemms = 0u32;
+    // Tiles that the current segment's GEMMs that do not continue a
+    // chain need at least ([`gemm_tile_demand`]).
+    let mut tile_demand = 0u32;
     for i in 0..graph.nodes().len() {
         let id = NodeId(i as u32);
         let node = graph.node(id);
@@ -252,12 +270,16 @@ pub fn split(
             // and its element-exclusive buffers in elements of their own,
             // where six per-head projections on 3 tiles found no plan
             // (the staged order of `legalize` puts every head's
-            // projections in one segment). The next starts a segment.
+            // projections in one segment), and on too few tiles of its
+            // own each finds none either (twelve 200 x 384 x 64
+            // projections on 16 tiles). A GEMM that would take the
+            // segment's GEMMs past the tiles they need starts the next.
             (Some(Kind::Blocks), Kind::Blocks)
                 if attention_free
                     && matches!(node.op, Op::Gemm { .. })
                     && !continues_chain
-                    && independent_gemms >= tiles =>
+                    && tile_demand > 0
+                    && tile_demand + gemm_tile_demand(graph, id) > tiles =>
             {
                 true
             }
@@ -300,10 +322,11 @@ pub fn split(
             has_chain = false;
         }
         if cut {
-            independent_gemms = 0;
+            tile_demand = 0;
         }
-        independent_gemms +=
-            u32::from(matches!(node.op, Op::Gemm { .. }) && (cut || !continues_chain));
+        if matches!(node.op, Op::Gemm { .. }) && (cut || !continues_chain) {
+            tile_demand += gemm_tile_demand(graph, id);
+        }
         has_attention |= matches!(node.op, Op::Attention { .. });
         has_gemm |= matches!(node.op, Op::Gemm { .. });
         has_chain |= continues_chain && !cut;
