@@ -2770,9 +2770,7 @@ fn lower_segments(
         // that they share memory with the other segments' (the packages
         // that fit keep their zeros from load time, and their cycles).
         if let Some(overflow) = segment::first_overflow(&l) {
-            let request = fill64_request();
-            if let Ok(formula) = kernel_formula(library, &request, &["N", "COUNT"]) {
-                let mut fill = (request, formula);
+            if let Some(mut fill) = fill.clone() {
                 let refilled = join_moved(Some(&mut fill))?;
                 if segment::first_overflow(&refilled).is_none() {
                     tracing::info!(

@@ -234,9 +234,9 @@ pub fn lower(
     let rows = graph
         .nodes()
         .iter()
-        .map(|n| graph.ty(n.result).shape.dims()[0] as u64)
+        .filter_map(|n| graph.ty(n.result).shape.dims().first().copied())
         .max()
-        .unwrap_or(0);
+        .unwrap_or(0) as u64;
     let workers_busy = rows >= ipu_arch::WORKER_CONTEXTS as u64 * tile_count as u64;
     let parts = if components.len() < 2 || components.len() as u32 > tile_count || workers_busy {
         vec![(whole, tile_count)]
@@ -256,12 +256,7 @@ pub fn lower(
         (0..tile_count).map(|t| (t, Vec::new())).collect();
     let mut steps = Vec::new();
     let mut reports = Vec::new();
-    let mut tensors = HostTensors {
-        params: BTreeMap::new(),
-        inputs: BTreeMap::new(),
-        outputs: BTreeMap::new(),
-        resident: BTreeMap::new(),
-    };
+    let mut tensors = HostTensors::default();
     let mut first_tile = 0;
     for (nodes, share) in parts {
         let part = lower_component(graph, &nodes, share, library)?;
@@ -278,20 +273,14 @@ pub fn lower(
             (&mut tensors.inputs, part.tensors.inputs),
             (&mut tensors.outputs, part.tensors.outputs),
         ] {
-            for (name, mut t) in from {
-                for p in &mut t.placements {
-                    p.tile += first_tile;
-                }
-                match target.entry(name) {
-                    std::collections::btree_map::Entry::Vacant(e) => {
-                        e.insert(t);
-                    }
-                    // A vector (gamma, beta, a bias) that several
-                    // components read has a copy on each one's tiles.
-                    std::collections::btree_map::Entry::Occupied(mut e) => {
-                        e.get_mut().placements.extend(t.placements)
-                    }
-                }
+            // A vector (gamma, beta, a bias) that several components
+            // read has a copy on each one's tiles.
+            for t in from.into_values() {
+                let placements = t.placements.iter().map(|p| HostPlacement {
+                    tile: p.tile + first_tile,
+                    ..*p
+                });
+                HostTensors::place(target, &t, placements);
             }
         }
         first_tile += share;

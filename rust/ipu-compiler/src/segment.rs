@@ -136,7 +136,6 @@ fn epilogue_nodes(graph: &Graph) -> BTreeSet<NodeId> {
     out
 }
 
-/// The kind of segment node `n` belongs to.
 /// Tiles a GEMM needs at least to run beside others on tiles of its own:
 /// its operands and an f32 result in a quarter of region 1 per tile (the
 /// planner's buffers are padded, doubled for streaming and kept in whole
@@ -162,6 +161,7 @@ pub(crate) fn node_kinds(graph: &Graph) -> Vec<Kind> {
         .collect()
 }
 
+/// The kind of segment node `n` belongs to.
 fn kind_of(graph: &Graph, epilogues: &BTreeSet<NodeId>, n: NodeId) -> Kind {
     match graph.node(n).op {
         Op::LayerNorm { .. } | Op::Cast { .. } | Op::Softmax => Kind::Rowwise,
@@ -211,6 +211,11 @@ pub fn split(
         let current = parts.len().checked_sub(1);
         let here = |v: ValueId| current.is_some() && defined_in.get(&v) == current.as_ref();
         let continues_chain = matches!(node.op, Op::Gemm { .. }) && here(node.args[0]);
+        let demand = if matches!(node.op, Op::Gemm { .. }) {
+            gemm_tile_demand(graph, id)
+        } else {
+            0
+        };
         let cut = match (current.map(|c| parts[c].0), kind) {
             (None, _) => true,
             // A transpose segment transposes values computed before it,
@@ -279,7 +284,7 @@ pub fn split(
                     && matches!(node.op, Op::Gemm { .. })
                     && !continues_chain
                     && tile_demand > 0
-                    && tile_demand + gemm_tile_demand(graph, id) > tiles =>
+                    && tile_demand + demand > tiles =>
             {
                 true
             }
@@ -324,8 +329,8 @@ pub fn split(
         if cut {
             tile_demand = 0;
         }
-        if matches!(node.op, Op::Gemm { .. }) && (cut || !continues_chain) {
-            tile_demand += gemm_tile_demand(graph, id);
+        if cut || !continues_chain {
+            tile_demand += demand;
         }
         has_attention |= matches!(node.op, Op::Attention { .. });
         has_gemm |= matches!(node.op, Op::Gemm { .. });
