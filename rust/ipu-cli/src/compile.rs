@@ -31,7 +31,10 @@ pub struct CompileArgs {
     /// host_inputs (once: an input the program holds more than once is
     /// written once and copied on the device; replicated: the host writes
     /// every copy), repeat (loop: a `repeat` block compiled once and run
-    /// as a device loop; expand: every iteration compiled on its own).
+    /// as a device loop; expand: every iteration compiled on its own),
+    /// loop_weights (auto, stack: every iteration's weights stacked on the
+    /// chip; stream: the host writes each iteration's weights at a host
+    /// stop).
     #[arg(long = "option", value_name = "KEY=VALUE")]
     options: Vec<String>,
 }

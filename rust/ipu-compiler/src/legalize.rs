@@ -235,8 +235,16 @@ pub fn restore_host_tensors(lowered: &mut Lowered, host: &BTreeMap<String, HostM
         .resident
         .retain(|t| host.get(&t.name).is_none_or(|m| !m.transposed));
     // Device tensors the lowering itself placed transposed (attention over
-    // inputs) keep their names and their order.
+    // inputs, an attention's transposed projections) keep their names and
+    // their order.
     let prior = std::mem::take(&mut lowered.transposed_host);
+    // A transposed projection of a sliced or renamed value (a batch
+    // element's) would need its placements moved into the model's order
+    // element by element: it is left out of the checkpoints instead (its
+    // attention still is checked against the whole-graph reference).
+    lowered
+        .resident
+        .retain(|t| !(prior.contains(&t.name) && host.contains_key(&t.name)));
     let all = lowered
         .io
         .iter()
@@ -261,6 +269,11 @@ pub fn restore_host_tensors(lowered: &mut Lowered, host: &BTreeMap<String, HostM
     }
     lowered.resident = restore(&lowered.resident, host, &transposed);
     lowered.transposed_host = transposed;
+    // A rewritten slice leaves its model tensor without a whole intact copy.
+    lowered.rewritten = std::mem::take(&mut lowered.rewritten)
+        .into_iter()
+        .map(|n| host.get(&n).map_or(n, |m| m.name.clone()))
+        .collect();
 }
 
 fn restore(

@@ -546,8 +546,16 @@ pub fn unroll(
     let last = count - 1;
     l.resident
         .retain(|r| !t.carries.iter().any(|c| c.start == r.name));
+    // A carried start that is a call input (the model's `x` carried as `h`)
+    // still names placements, which now hold the final carry.
+    l.rewritten
+        .extend(t.carries.iter().map(|c| c.start.clone()));
     for r in &mut l.resident {
         if let Some(name) = t.name_in(&r.name, last) {
+            // A value held transposed keeps that mark under its new name.
+            if l.transposed_host.remove(&r.name) {
+                l.transposed_host.insert(name.to_string());
+            }
             r.name = name.to_string();
         }
     }

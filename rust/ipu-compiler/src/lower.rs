@@ -349,6 +349,11 @@ pub struct Lowered {
     /// For a joined program ([`crate::segment::join`]), each segment's steps
     /// in the run call: `start..end`, its input exchange step included.
     pub segment_steps: Vec<std::ops::Range<usize>>,
+    /// Values whose placements a later step of the run call writes over
+    /// without any buffer sharing their memory (a device loop's carried
+    /// start, which the back edge overwrites with each iteration's
+    /// carry): no checkpoint names them.
+    pub rewritten: std::collections::BTreeSet<String>,
 }
 
 /// A group's compact result on one tile: rows `rows` and columns
@@ -898,9 +903,17 @@ pub fn lower(
                     },
                 );
             }
-            // Transposed results feed attention only: no host placements
-            // (never an output; not checkpointed).
+            // Transposed results feed attention only (never an output); the
+            // package lists them transposed for diagnosis (checkpoints.json).
             if pg.transposed_result {
+                if let Some(r) = group_results.get(&(gi_group, shard.tile)) {
+                    let rows = graph.ty(result_value).shape.dims()[0] as u32;
+                    let c_t = resident
+                        .entry(result_name.clone())
+                        .or_insert_with(|| host_tensor(result_value));
+                    c_t.placements
+                        .extend(transposed_result_placements(shard.tile, r, rows));
+                }
                 continue;
             }
             // Results that are not outputs stay resident on the device; the
@@ -989,7 +1002,33 @@ pub fn lower(
         },
     );
     l.group_results = group_results;
+    l.transposed_host.extend(
+        gemms
+            .iter()
+            .filter(|pg| pg.transposed_result)
+            .map(|pg| graph.value(pg.group.result()).name.clone()),
+    );
     Ok(l)
+}
+
+/// Host placements of a transposed result (`reduce_f32` TR=1) on `tile`:
+/// one per result column, the run of its rows, at offsets of the model's
+/// `[rows, N]` value with its two axes swapped (`transposed` in
+/// checkpoints.json).
+pub(crate) fn transposed_result_placements(
+    tile: u32,
+    r: &GroupResult,
+    rows: u32,
+) -> impl Iterator<Item = HostPlacement> + '_ {
+    debug_assert!(r.transposed);
+    let (r0, r1) = r.rows;
+    (0..r.width).map(move |c| HostPlacement {
+        tile,
+        buffer: r.buffer,
+        buffer_offset: c * r.row_stride,
+        host_offset: ((r.col0 + c) as u64 * rows as u64 + r0 as u64) * 2,
+        bytes: (r1 - r0) * 2,
+    })
 }
 
 /// A program's host tensors by name, in any order.
@@ -1071,6 +1110,7 @@ impl Lowered {
             group_results: BTreeMap::new(),
             transposed_host: Default::default(),
             segment_steps: Vec::new(),
+            rewritten: Default::default(),
         }
     }
 }

@@ -203,6 +203,7 @@ pub fn checkpoints(l: &Lowered, storage: &BTreeMap<u32, TileStorage>) -> Value {
             let resident = ins
                 .iter()
                 .chain(if run { params.iter() } else { [].iter() })
+                .filter(|t| !(run && l.rewritten.contains(&t.name)))
                 .filter(|t| seen.insert(t.name.clone()))
                 .map(|t| (t, false));
             let computed = outs

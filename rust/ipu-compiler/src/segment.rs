@@ -836,6 +836,10 @@ pub fn join(
         .iter()
         .flat_map(|p| p.transposed_host.iter().cloned())
         .collect();
+    let rewritten: BTreeSet<String> = parts
+        .iter()
+        .flat_map(|p| p.rewritten.iter().cloned())
+        .collect();
     let mut buffers: BTreeMap<u32, Vec<crate::lower::BufferSpec>> =
         (0..tile_count).map(|t| (t, Vec::new())).collect();
     let mut init_steps = Vec::new();
@@ -1207,6 +1211,7 @@ pub fn join(
     // same order on both sides.
     joined.transposed_host = transposed_host;
     joined.segment_steps = segment_steps;
+    joined.rewritten = rewritten;
     Ok(joined)
 }
 
@@ -1828,6 +1833,7 @@ mod tests {
             )],
             resident: vec![],
             segment_steps: vec![],
+            rewritten: Default::default(),
             group_results: BTreeMap::new(),
             transposed_host: Default::default(),
         };

@@ -1745,8 +1745,8 @@ pub fn lower(
     };
     let rb = g.result_bytes();
     let mut results = Vec::new();
-    // Transposed results feed an attention only: no host placements (never
-    // an output; not checkpointed).
+    // Transposed results feed an attention only: host placements for
+    // checkpoints.json after the loop.
     let mut transposed_results = Vec::new();
     for (&(i, j, l), t) in &work {
         let lay = &t.layout;
@@ -2067,6 +2067,19 @@ pub fn lower(
     }
     if !reduce_step.tiles.is_empty() {
         sink.steps.push(Pending::Compute(reduce_step));
+    }
+    // Transposed results feed an attention only (never an output); the
+    // package lists them transposed for diagnosis (checkpoints.json).
+    if !transposed_results.is_empty() {
+        let rows = graph.ty(result_value).shape.dims()[0] as u32;
+        let c_t = sink
+            .resident
+            .entry(result_name.clone())
+            .or_insert_with(|| host_tensor(result_value));
+        for (tile, r) in &transposed_results {
+            c_t.placements
+                .extend(crate::lower::transposed_result_placements(*tile, r, rows));
+        }
     }
     results.extend(transposed_results);
     Ok(results)

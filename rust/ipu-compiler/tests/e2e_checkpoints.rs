@@ -37,6 +37,50 @@ fn attention_checkpoints_hold_their_values() {
     assert_eq!(names, ["x", "wq", "wk", "wv", "q", "k", "v", "y"]);
 }
 
+/// The column layout's Q and V projections reduce their f16 chains'
+/// partials (K = 256) straight into Q^T and V^T (`reduce_f32` TR=1): checkpoints.json lists them transposed, so a
+/// diagnosis checks the attention against the device's own q, k and v (a
+/// transposed placement at a wrong offset fails the check of `q` or `v`).
+#[test]
+fn transposed_projections_are_checkpointed() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = write_model(
+        dir.path(),
+        "attention_columns",
+        "model attention_columns\ninput x: f16[37, 256]\nparam wq: f16[256, 256]\nparam wk: f16[256, 256]\nparam wv: f16[256, 256]\nq = gemm(x, wq)\nk = gemm(x, wk)\nv = gemm(x, wv)\nqh = split_heads(q, heads=4)\nkh = split_heads(k, heads=4)\nvh = split_heads(v, heads=4)\no = attention(qh, kh, vh, causal=false)\ny = merge_heads(o)\noutput y\n",
+    );
+    let mut opts = options(&model, 64, dir.path());
+    opts.attention_layout = Some(ipu_compiler::attention::AttentionLayout::Columns);
+    let names = check_every_checkpoint_of(&opts);
+    assert_eq!(names, ["x", "wq", "wk", "wv", "q", "k", "v", "y"]);
+    let (_, checkpoints) = package_checkpoints(&compile(&opts).unwrap().package);
+    let transposed: Vec<&str> = checkpoints
+        .calls
+        .iter()
+        .filter(|c| c.call == "run")
+        .flat_map(|c| &c.values)
+        .filter(|v| v.transposed)
+        .map(|v| v.value.as_str())
+        .collect();
+    assert_eq!(transposed, ["q", "v"]);
+}
+
+/// A device loop's back edge writes each iteration's carry over the
+/// carried start's placements: the model's input `x`, carried as `h`, holds
+/// the final `h` at the end of the run, so no checkpoint names `x` (it
+/// once did, and `ipu verify --checkpoints` blamed it for every loop).
+#[test]
+fn device_loop_checkpoints_hold_their_values() {
+    let names = check_every_checkpoint(
+        &root().join("models/vit_layers_small.ipug"),
+        64,
+        HostInputs::Once,
+    );
+    assert!(!names.contains(&"x".to_string()), "{names:?}");
+    assert!(names.contains(&"h".to_string()), "{names:?}");
+    assert!(names.contains(&"q.2".to_string()), "{names:?}");
+}
+
 /// K streamed in chunk steps, then the result gathered in another phase.
 #[test]
 fn streamed_gemm_checkpoints_hold_their_values() {

@@ -174,14 +174,7 @@ fn mlp_small_checkpoints_the_hidden_activation() {
     ))
     .unwrap();
     let pkg = out.package;
-    let graph = ipu_graph::parse(
-        "model.ipug",
-        std::str::from_utf8(&pkg.members["model.ipug"]).unwrap(),
-    )
-    .unwrap();
-    let checkpoints = ipu_runtime::members::checkpoints(&pkg, &graph)
-        .unwrap()
-        .expect("the package has checkpoints.json");
+    let (graph, checkpoints) = package_checkpoints(&pkg);
     let run_cp = checkpoints
         .calls
         .iter()

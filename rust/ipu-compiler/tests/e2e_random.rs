@@ -38,8 +38,12 @@
 //! `first + i`, so a failure names the seed that reproduces it alone
 //! (`IPU_RANDOM_SEED=<seed> IPU_RANDOM_MODELS=1`); `IPU_RANDOM_SHOW=1`
 //! also prints each limitation's model and message, `IPU_RANDOM_SHOW=2`
-//! every model's text (to compile one by hand with `ipu compile`). `tools/fuzz/models`
-//! runs long campaigns.
+//! every model's text (to compile one by hand with `ipu compile`). Every
+//! passing case runs again with checkpoints, each of which must hold its
+//! value (the inputs and parameters exactly), which checks the compiler's
+//! list of where each value still is at the end of the run;
+//! `IPU_RANDOM_CHECKPOINTS=0` skips that (about 1.7 times faster).
+//! `tools/fuzz-models` runs long campaigns.
 
 mod common;
 
@@ -596,6 +600,29 @@ fn check(case: &Case, dir: &std::path::Path) -> Outcome {
                     && cmp.cosine > 0.9999;
                 let off = if marginal { Off::Marginal } else { Off::Failed };
                 return Ok(Err((off, format!("{report}\n{verdict}"))));
+            }
+        }
+        // Every value checkpoints.json lists must read back as the value
+        // (the inputs and parameters exactly, the computed ones within the
+        // whole-graph tolerance or the compositional check), which checks
+        // the compiler's list of where each value still is at the end of
+        // the run (a device loop's carried input once was not).
+        if env_u64("IPU_RANDOM_CHECKPOINTS", 1) != 0 {
+            let verdict = common::verify_gaussian_with(&out, case.seed, true)?;
+            let exact_sources = verdict
+                .checkpoints
+                .iter()
+                .filter(|c| {
+                    graph
+                        .lookup(&c.name)
+                        .is_some_and(|v| graph.def_node(v).is_none())
+                })
+                .all(|c| c.comparison.mismatches == 0 && c.comparison.max_abs_error == 0.0);
+            if !exact_sources || !(verdict.passed() || verdict.passed_compositionally()) {
+                return Ok(Err((
+                    Off::Failed,
+                    format!("a checkpoint does not hold its value:\n{verdict}"),
+                )));
             }
         }
         Ok(Ok(run.cycles.device_cycles))

@@ -285,12 +285,20 @@ pub fn check_every_checkpoint(
     tiles: u32,
     host_inputs: ipu_compiler::HostInputs,
 ) -> Vec<String> {
-    use ipu_runtime::verify::{verify_package, VerifyOptions};
-    use ipu_runtime::{DeviceOptions, FeedSpec, Generate, RunOptions};
     let cache = tempfile::tempdir().unwrap();
     let mut opts = options(model, tiles, cache.path());
     opts.host_inputs = host_inputs;
-    let out = compile(&opts).unwrap_or_else(|e| panic!("{}: {e}", model.display()));
+    check_every_checkpoint_of(&opts)
+}
+
+/// [`check_every_checkpoint`] of the model `opts` names, compiled with
+/// `opts`.
+#[allow(dead_code)]
+pub fn check_every_checkpoint_of(opts: &ipu_compiler::CompileOptions) -> Vec<String> {
+    use ipu_runtime::verify::{verify_package, VerifyOptions};
+    use ipu_runtime::{DeviceOptions, FeedSpec, Generate, RunOptions};
+    let (model, tiles) = (&opts.model, opts.tiles);
+    let out = compile(opts).unwrap_or_else(|e| panic!("{}: {e}", model.display()));
     let report = verify_package(
         out.package,
         &VerifyOptions {
@@ -320,6 +328,18 @@ pub fn verify_gaussian(
     out: &CompileOutput,
     seed: u64,
 ) -> Result<ipu_runtime::verify::VerifyReport, String> {
+    verify_gaussian_with(out, seed, false)
+}
+
+/// [`verify_gaussian`], with `check_checkpoints`: the run is repeated with
+/// checkpoints even when the outputs pass, and every checkpointed value
+/// is checked against the whole-graph reference.
+#[allow(dead_code)]
+pub fn verify_gaussian_with(
+    out: &CompileOutput,
+    seed: u64,
+    check_checkpoints: bool,
+) -> Result<ipu_runtime::verify::VerifyReport, String> {
     ipu_runtime::verify::verify_package(
         out.package.clone(),
         &ipu_runtime::verify::VerifyOptions {
@@ -332,8 +352,25 @@ pub fn verify_gaussian(
                 ..ipu_runtime::RunOptions::default()
             },
             diagnose: true,
-            check_checkpoints: false,
+            check_checkpoints,
         },
     )
     .map_err(|e| format!("verify: {e}"))
+}
+
+/// The model graph a package carries (`model.ipug`) and its parsed
+/// `checkpoints.json`.
+#[allow(dead_code)]
+pub fn package_checkpoints(
+    pkg: &ipu_package::Package,
+) -> (ipu_graph::Graph, ipu_runtime::members::Checkpoints) {
+    let graph = ipu_graph::parse(
+        "model.ipug",
+        std::str::from_utf8(&pkg.members["model.ipug"]).unwrap(),
+    )
+    .unwrap();
+    let checkpoints = ipu_runtime::members::checkpoints(pkg, &graph)
+        .unwrap()
+        .expect("the package has checkpoints.json");
+    (graph, checkpoints)
 }
