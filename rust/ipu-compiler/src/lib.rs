@@ -3144,6 +3144,46 @@ fn stack_slots(l: &lower::Lowered, tile: u32, stacked: usize) -> u64 {
     })
 }
 
+/// By tile, the buffers that hold a value the run leaves on the device
+/// without returning it (`Lowered::resident`: what checkpoints.json names
+/// for diagnosis).
+fn value_holders(l: &lower::Lowered) -> BTreeMap<u32, std::collections::BTreeSet<usize>> {
+    let mut out: BTreeMap<u32, std::collections::BTreeSet<usize>> = BTreeMap::new();
+    for p in l.resident.iter().flat_map(|t| &t.placements) {
+        out.entry(p.tile).or_default().insert(p.buffer);
+    }
+    out
+}
+
+/// `placed` unless a buffer of `holders` shares its memory with a buffer
+/// of a later segment or phase, which would leave the value it holds
+/// overwritten at the end of the run: then the tile placed again with
+/// those buffers apart (as if live for the whole program), when it has
+/// room, so that checkpoints.json can name the value for diagnosis (a
+/// batched chain's per-slice intermediate on few tiles had no checkpoint,
+/// and the compositional check could not test the GEMM after it).
+fn keep_values_intact(
+    placed: storage::TileStorage,
+    bufs: &[lower::BufferSpec],
+    code_bytes: u32,
+    holders: Option<&std::collections::BTreeSet<usize>>,
+) -> storage::TileStorage {
+    let Some(holders) = holders else {
+        return placed;
+    };
+    let lost = package::overwritten_on_tile(bufs, &placed.addresses);
+    let reused: Vec<usize> = holders.iter().copied().filter(|&b| lost[b]).collect();
+    if reused.is_empty() {
+        return placed;
+    }
+    let mut apart = bufs.to_vec();
+    for b in reused {
+        apart[b].lifetime = None;
+        apart[b].scratch = None;
+    }
+    storage::place(placed.tile, &apart, code_bytes).unwrap_or(placed)
+}
+
 /// Whether `options.model` has a `repeat` block (false when it does not
 /// load: its compile reports why).
 fn has_repeat(options: &CompileOptions) -> bool {
@@ -3637,12 +3677,14 @@ fn compile_with(
             let code_sizes = link::CodeSizes::default();
             let mut out = BTreeMap::new();
             let tiles: Vec<(&u32, &Vec<lower::BufferSpec>)> = lowered.buffers.iter().collect();
+            let holders = value_holders(&lowered);
             let placed: Vec<Result<storage::TileStorage, CompileError>> = tiles
                 .par_iter()
                 .map(|&(&tile, bufs)| {
                     let code_bytes =
                         dry_run_code_bytes(&lowered, tile, &library, &code_sizes, "emit_code")?;
                     let s = storage::place(tile, bufs, code_bytes)?;
+                    let s = keep_values_intact(s, bufs, code_bytes, holders.get(&tile));
                     verifier("place_storage", storage::validate(&s, bufs))?;
                     Ok(s)
                 })

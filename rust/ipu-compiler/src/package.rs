@@ -300,44 +300,53 @@ pub fn checkpoints(l: &Lowered, storage: &BTreeMap<u32, TileStorage>) -> Value {
 fn overwritten_by_run(l: &Lowered, storage: &BTreeMap<u32, TileStorage>) -> Vec<Vec<bool>> {
     let mut out: Vec<Vec<bool>> = vec![Vec::new(); l.tile_count as usize];
     for (&tile, buffers) in &l.buffers {
-        let Some(st) = storage.get(&tile) else {
-            continue;
-        };
-        let lost = &mut out[tile as usize];
-        lost.resize(buffers.len(), false);
-        let span = |i: usize| {
-            let a = st.addresses[i] as u64;
-            (a, a + buffers[i].bytes as u64)
-        };
-        // Run order of a buffer's life: its segment, then its phase.
-        let order = |i: usize| (buffers[i].lifetime, buffers[i].scratch);
-        let mut by_start: Vec<usize> = (0..buffers.len())
-            .filter(|&i| buffers[i].bytes > 0)
-            .collect();
-        by_start.sort_by_key(|&i| span(i));
-        for (n, &i) in by_start.iter().enumerate() {
-            let (_, end) = span(i);
-            for &j in &by_start[n + 1..] {
-                let (start_j, _) = span(j);
-                if start_j >= end {
-                    break;
+        if let Some(st) = storage.get(&tile) {
+            out[tile as usize] = overwritten_on_tile(buffers, &st.addresses);
+        }
+    }
+    out
+}
+
+/// [`overwritten_by_run`] on one tile: by buffer, whether a buffer that
+/// lives later in the `run` call may reuse its bytes, with the buffers at
+/// `addresses`.
+pub(crate) fn overwritten_on_tile(
+    buffers: &[crate::lower::BufferSpec],
+    addresses: &[u32],
+) -> Vec<bool> {
+    let mut lost = vec![false; buffers.len()];
+    let span = |i: usize| {
+        let a = addresses[i] as u64;
+        (a, a + buffers[i].bytes as u64)
+    };
+    // Run order of a buffer's life: its segment, then its phase.
+    let order = |i: usize| (buffers[i].lifetime, buffers[i].scratch);
+    let mut by_start: Vec<usize> = (0..buffers.len())
+        .filter(|&i| buffers[i].bytes > 0)
+        .collect();
+    by_start.sort_by_key(|&i| span(i));
+    for (n, &i) in by_start.iter().enumerate() {
+        let (_, end) = span(i);
+        for &j in &by_start[n + 1..] {
+            let (start_j, _) = span(j);
+            if start_j >= end {
+                break;
+            }
+            match order(i).cmp(&order(j)) {
+                std::cmp::Ordering::Less => {
+                    lost[i] = true;
                 }
-                match order(i).cmp(&order(j)) {
-                    std::cmp::Ordering::Less => {
-                        lost[i] = true;
-                    }
-                    std::cmp::Ordering::Greater => {
-                        lost[j] = true;
-                    }
-                    std::cmp::Ordering::Equal => {
-                        lost[i] = true;
-                        lost[j] = true;
-                    }
+                std::cmp::Ordering::Greater => {
+                    lost[j] = true;
+                }
+                std::cmp::Ordering::Equal => {
+                    lost[i] = true;
+                    lost[j] = true;
                 }
             }
         }
     }
-    out
+    lost
 }
 
 /// The call's lowered steps grouped by BSP step: every exchange step ends

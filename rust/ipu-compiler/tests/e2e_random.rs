@@ -602,23 +602,35 @@ fn check(case: &Case, dir: &std::path::Path) -> Outcome {
                 return Ok(Err((off, format!("{report}\n{verdict}"))));
             }
         }
-        // Every value checkpoints.json lists must read back as the value
-        // (the inputs and parameters exactly, the computed ones within the
-        // whole-graph tolerance or the compositional check), which checks
-        // the compiler's list of where each value still is at the end of
-        // the run (a device loop's carried input once was not).
+        // Every value checkpoints.json lists must read back as the value,
+        // which checks the compiler's list of where each value still is at
+        // the end of the run (a device loop's carried input once was not):
+        // the inputs and parameters exactly, a computed one within the
+        // whole-graph tolerance, the compositional check or, as a marginal
+        // output may be, all but one element in two hundred (a forced f16
+        // chain's hidden activation can be one rounding outside, where bytes
+        // of another buffer would be far off nearly everywhere).
         if env_u64("IPU_RANDOM_CHECKPOINTS", 1) != 0 {
             let verdict = common::verify_gaussian_with(&out, case.seed, true)?;
-            let exact_sources = verdict
-                .checkpoints
-                .iter()
-                .filter(|c| {
-                    graph
-                        .lookup(&c.name)
-                        .is_some_and(|v| graph.def_node(v).is_none())
-                })
-                .all(|c| c.comparison.mismatches == 0 && c.comparison.max_abs_error == 0.0);
-            if !exact_sources || !(verdict.passed() || verdict.passed_compositionally()) {
+            let composed = |name: &str| {
+                verdict
+                    .compositional
+                    .as_ref()
+                    .is_some_and(|c| c.iter().any(|t| t.name == name && t.comparison.passed()))
+            };
+            let holds = |c: &ipu_runtime::verify::TensorCheck| {
+                let cmp = &c.comparison;
+                if graph
+                    .lookup(&c.name)
+                    .is_some_and(|v| graph.def_node(v).is_none())
+                {
+                    return cmp.mismatches == 0 && cmp.max_abs_error == 0.0;
+                }
+                cmp.passed()
+                    || composed(&c.name)
+                    || (cmp.mismatches <= marginal_mismatches(cmp.checks) && cmp.cosine > 0.9999)
+            };
+            if !verdict.checkpoints.iter().all(holds) {
                 return Ok(Err((
                     Off::Failed,
                     format!("a checkpoint does not hold its value:\n{verdict}"),
