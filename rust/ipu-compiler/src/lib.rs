@@ -2521,6 +2521,7 @@ fn lower_segments(
             limits.split_attention_projections,
             cuts,
             options.tiles,
+            limits.share_one_tile,
         )
     })?;
     let input_homes = options.host_inputs == HostInputs::Once;
@@ -3235,6 +3236,7 @@ fn compile_with_fallbacks(
         // its homes, and the joins move them on the chip.
         loop_weight_homes: streamed,
         loop_weights: options.loop_weights.unwrap_or_default(),
+        share_one_tile: true,
     };
     if streamed && b_free {
         limits.resident_b = false;
@@ -3263,6 +3265,19 @@ fn compile_with_fallbacks(
     let mut fallback = 0;
     loop {
         match compile_with(options, limits, retries) {
+            // GEMMs sharing one tile that find no plan or room there run
+            // in segments of their own instead.
+            Err(e @ (CompileError::OutOfMemory { .. } | CompileError::NoFeasiblePlan { .. }))
+                if limits.share_one_tile && shares_one_tile(options) =>
+            {
+                limits.share_one_tile = false;
+                let why = json!({
+                    "error": e.to_string(),
+                    "then": "independent GEMMs run in segments of their own, not sharing the tile",
+                });
+                tracing::info!(%why, "compiling again");
+                retries.push(why);
+            }
             // A loop's weight stacks hold every iteration's copy of the
             // buffers the host writes: when they do not fit beside
             // resident weights, the body's weights move from one-copy
@@ -3451,8 +3466,29 @@ fn several_block_segments(options: &CompileOptions) -> bool {
         .ok()
         .and_then(|m| legalize::legalize(&m.graph).ok())
         .and_then(|l| widened_fully(options, &l.graph))
-        .and_then(|w| segment::split(&w.graph, false, &Default::default(), options.tiles).ok())
+        .and_then(|w| {
+            segment::split(&w.graph, false, &Default::default(), options.tiles, true).ok()
+        })
         .is_some_and(|s| s.iter().filter(|s| s.kind == segment::Kind::Blocks).count() > 1)
+}
+
+/// Whether `options.model`'s independent GEMMs share its one tile in a
+/// segment (`segment::split` with `share_one_tile`), which it would split
+/// otherwise; false when it does not load (its compile reports why).
+fn shares_one_tile(options: &CompileOptions) -> bool {
+    if options.tiles != 1 {
+        return false;
+    }
+    let Some(w) = load::load(&options.model)
+        .ok()
+        .and_then(|m| legalize::legalize(&m.graph).ok())
+        .and_then(|l| widened_fully(options, &l.graph))
+    else {
+        return false;
+    };
+    let count =
+        |share| segment::split(&w.graph, false, &Default::default(), 1, share).map(|s| s.len());
+    matches!((count(true), count(false)), (Ok(a), Ok(b)) if a != b)
 }
 
 /// What [`plan_and_lower`] knows of the model around the graph it plans.
@@ -3514,6 +3550,10 @@ struct SegmentLimits {
     loop_weight_homes: bool,
     /// Where the loop finds each iteration's weights.
     loop_weights: loops::LoopWeights,
+    /// Whether a few small independent GEMMs may share a model's one tile
+    /// in a segment (`segment::split`); off again when they find no plan
+    /// or no room there.
+    share_one_tile: bool,
 }
 
 fn compile_with(
