@@ -3448,24 +3448,27 @@ fn widened_fully(options: &CompileOptions, graph: &ipu_graph::Graph) -> Option<w
     widened.ok()
 }
 
-/// Whether `options.model` has fp8 GEMMs that `widen` widens for
-/// precision only (false when it does not load: its compile says why).
-fn optional_widening(options: &CompileOptions) -> bool {
+/// `options.model` loaded, legalized and widened as its first compile
+/// attempt sees it; `None` when any of those fails (the compile reports
+/// why).
+fn widened_model(options: &CompileOptions) -> Option<widen::Widened> {
     load::load(&options.model)
         .ok()
         .and_then(|m| legalize::legalize(&m.graph).ok())
         .and_then(|l| widened_fully(options, &l.graph))
-        .is_some_and(|w| w.gemms.iter().any(|g| g.reason != widen::F32_RESULT))
+}
+
+/// Whether `options.model` has fp8 GEMMs that `widen` widens for
+/// precision only (false when it does not load: its compile says why).
+fn optional_widening(options: &CompileOptions) -> bool {
+    widened_model(options).is_some_and(|w| w.gemms.iter().any(|g| g.reason != widen::F32_RESULT))
 }
 
 /// Whether `options.model` splits into several block segments (whose
 /// plans weigh their joins' weight moves, [`lower_segments`]); false when
 /// it does not load (its compile reports why).
 fn several_block_segments(options: &CompileOptions) -> bool {
-    load::load(&options.model)
-        .ok()
-        .and_then(|m| legalize::legalize(&m.graph).ok())
-        .and_then(|l| widened_fully(options, &l.graph))
+    widened_model(options)
         .and_then(|w| {
             segment::split(&w.graph, false, &Default::default(), options.tiles, true).ok()
         })
@@ -3479,11 +3482,7 @@ fn shares_one_tile(options: &CompileOptions) -> bool {
     if options.tiles != 1 {
         return false;
     }
-    let Some(w) = load::load(&options.model)
-        .ok()
-        .and_then(|m| legalize::legalize(&m.graph).ok())
-        .and_then(|l| widened_fully(options, &l.graph))
-    else {
+    let Some(w) = widened_model(options) else {
         return false;
     };
     let count =
