@@ -87,6 +87,13 @@ pub struct AttentionBlock {
     /// Which host operands are `[H, S, D]` values read directly (else
     /// `[S, H * D]` values read through `split_heads`).
     pub host_heads_major: [bool; 3],
+    /// Over host operands of odd head size with more heads than tiles, in
+    /// a model of one segment: the host writes q and v transposed too, so
+    /// that their homes hold several heads, and the attention tiles stage
+    /// them as over projections ([`AttentionBlock::staged`]); otherwise
+    /// every home holds one head in rows padded to words, which needs a
+    /// tile per head.
+    pub host_staged: bool,
     /// The result is the attention value itself (`[H, Sq, D]`, a graph
     /// output), not a `merge_heads` of it.
     pub heads_major_result: bool,
@@ -156,7 +163,9 @@ impl AttentionBlock {
     /// reads 2-aligned rows). Over host operands every home holds one
     /// head in rows padded to words instead (`host_homes`).
     pub fn staged(&self) -> bool {
-        self.host.is_none() && !self.f32 && (self.d % 2 == 1 || self.dv % 2 == 1)
+        (self.host.is_none() || self.host_staged)
+            && !self.f32
+            && (self.d % 2 == 1 || self.dv % 2 == 1)
     }
     /// Multiply-accumulates of Q K^T and P V over all heads.
     pub fn macs(&self) -> u64 {
@@ -373,6 +382,7 @@ pub fn recognise(graph: &Graph, groups: &[Group]) -> Result<Vec<AttentionBlock>,
             k_value,
             host,
             host_heads_major,
+            host_staged: false,
             heads_major_result,
         });
     }

@@ -2026,6 +2026,7 @@ mod tests {
             k_value: ValueId(2),
             host: None,
             host_heads_major: [false; 3],
+            host_staged: false,
             heads_major_result: false,
         }
     }

@@ -1021,7 +1021,17 @@ fn plan_and_lower(
     let mut would_help: Vec<serde_json::Value> = Vec::new();
     let (groups, blocks) = phase("fuse", || {
         let groups = fuse::fuse(graph)?;
-        let blocks = attention::recognise(graph, &groups)?;
+        let mut blocks = attention::recognise(graph, &groups)?;
+        // Odd heads over host operands, more of them than tiles, in a
+        // model of one segment (whose host may write q and v transposed):
+        // staged like odd heads over projections (`AttentionBlock::host_staged`).
+        for b in &mut blocks {
+            b.host_staged = b.host.is_some()
+                && tile_count_override.is_none()
+                && !b.f32
+                && (b.d % 2 == 1 || b.dv % 2 == 1)
+                && b.heads > options.tiles;
+        }
         Ok((groups, blocks))
     })?;
     // An attention block's kernels and formulas.
@@ -1227,6 +1237,7 @@ fn plan_and_lower(
             // as placed, so there they are transposed on their homes.
             let transposed_roles = match (tile_count_override, c.layout) {
                 (None, attention::AttentionLayout::Columns) => [true, false, true],
+                (None, attention::AttentionLayout::Rows) if b.staged() => [true; 3],
                 (None, attention::AttentionLayout::Rows) => [false, true, false],
                 (Some(_), _) => [false; 3],
             };

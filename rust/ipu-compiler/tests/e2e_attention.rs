@@ -751,6 +751,28 @@ fn attention_over_host_inputs() {
             None,
             3,
         ),
+        // With more such heads than tiles the host writes q and v
+        // transposed too, the homes hold several heads, and the attention
+        // tiles stage them as over projections (`AttentionBlock::host_staged`;
+        // a home per head needed a tile per head until session 43).
+        (
+            write_model(
+                dir.path(),
+                "host_odd_heads_staged",
+                &odd_heads.replace("host_odd_heads", "host_odd_heads_staged"),
+            ),
+            None,
+            2,
+        ),
+        (
+            write_model(
+                dir.path(),
+                "host_odd_width_staged",
+                &odd_width.replace("host_odd_width", "host_odd_width_staged"),
+            ),
+            None,
+            1,
+        ),
         (
             write_model(dir.path(), "host_odd_causal", odd_causal),
             None,
@@ -801,7 +823,9 @@ fn attention_over_host_inputs() {
             // layout) transposed, unless the same value also serves a role
             // that wants rows.
             let chosen = &ran.compile.report["attention"]["chosen"]["layout"];
-            let wanted: &[&str] = if chosen == "columns" {
+            let wanted: &[&str] = if name.ends_with("_staged") {
+                &["q", "k", "v"]
+            } else if chosen == "columns" {
                 &["q", "v"]
             } else {
                 &["k"]
