@@ -87,12 +87,12 @@ pub struct AttentionBlock {
     /// Which host operands are `[H, S, D]` values read directly (else
     /// `[S, H * D]` values read through `split_heads`).
     pub host_heads_major: [bool; 3],
-    /// Over host operands of odd head size with more heads than tiles, in
-    /// a model of one segment: the host writes q and v transposed too, so
-    /// that their homes hold several heads, and the attention tiles stage
-    /// them as over projections ([`AttentionBlock::staged`]); otherwise
-    /// every home holds one head in rows padded to words, which needs a
-    /// tile per head.
+    /// Over host operands with more heads than tiles, in a model of one
+    /// segment: heads of odd size are staged as over projections
+    /// ([`AttentionBlock::staged`]), the host writing q and v transposed
+    /// too, so that their homes hold several heads; otherwise every home
+    /// holds one such head in rows padded to words, which needs a tile per
+    /// head.
     pub host_staged: bool,
     /// The result is the attention value itself (`[H, Sq, D]`, a graph
     /// output), not a `merge_heads` of it.

@@ -1022,15 +1022,12 @@ fn plan_and_lower(
     let (groups, blocks) = phase("fuse", || {
         let groups = fuse::fuse(graph)?;
         let mut blocks = attention::recognise(graph, &groups)?;
-        // Odd heads over host operands, more of them than tiles, in a
-        // model of one segment (whose host may write q and v transposed):
-        // staged like odd heads over projections (`AttentionBlock::host_staged`).
+        // Host operands of a model of one segment (whose host may write q
+        // and v transposed) with more heads than tiles: odd heads are staged
+        // as over projections (`AttentionBlock::host_staged`).
         for b in &mut blocks {
-            b.host_staged = b.host.is_some()
-                && tile_count_override.is_none()
-                && !b.f32
-                && (b.d % 2 == 1 || b.dv % 2 == 1)
-                && b.heads > options.tiles;
+            b.host_staged =
+                b.host.is_some() && tile_count_override.is_none() && b.heads > options.tiles;
         }
         Ok((groups, blocks))
     })?;
@@ -2653,29 +2650,45 @@ fn lower_segments(
                     zero_fill,
                 )
             };
+        // Buffers that need zeros live for the whole program: when the
+        // joined program overflows a tile, each segment zeroes its own at
+        // its start instead, so that they share memory with the other
+        // segments' (the packages that fit keep their zeros from load
+        // time, and their cycles; a materialised attention's every segment
+        // kept its padded operands on tile 0, where the projections'
+        // weights then did not fit). Returns the program that fits, or the
+        // first join with its overflow.
+        let join_fitting =
+            |p: &PlannedSegments,
+             moves: segment::ParamMoves|
+             -> Result<(lower::Lowered, Option<CompileError>), CompileError> {
+                let l = join_with(p, moves, None)?;
+                let Some(overflow) = segment::first_overflow(&l) else {
+                    return Ok((l, None));
+                };
+                if let Some(mut f) = fill.clone() {
+                    let refilled = join_with(p, moves, Some(&mut f))?;
+                    if segment::first_overflow(&refilled).is_none() {
+                        tracing::info!(
+                            %overflow,
+                            "the segments zero their buffers' padding at their start, so that those buffers share memory"
+                        );
+                        return Ok((refilled, None));
+                    }
+                }
+                Ok((l, Some(overflow)))
+            };
         let join_resident = |p: &PlannedSegments| -> Result<Option<lower::Lowered>, CompileError> {
             if lower_bound_exceeded(p) {
                 return Ok(None);
             }
-            let join = |zero_fill| join_with(p, segment::ParamMoves::Resident, zero_fill);
-            let l = join(None)?;
-            let Some(e) = segment::first_overflow(&l) else {
-                return Ok(Some(l));
-            };
-            // Buffers that need zeros live for the whole program unless
-            // each segment zeroes its own at its start; that may make room
-            // for the weights to stay (a materialised attention's every
-            // segment kept its padded operands on tile 0, where the
-            // projections' weights then did not fit).
-            if let Some(mut f) = fill.clone() {
-                let refilled = join(Some(&mut f))?;
-                if segment::first_overflow(&refilled).is_none() {
-                    tracing::info!(overflow = %e, "the segments' weights stay resident with each segment zeroing its buffers' padding at its start");
-                    return Ok(Some(refilled));
+            match join_fitting(p, segment::ParamMoves::Resident)? {
+                (l, None) => Ok(Some(l)),
+                (_, Some(e)) => {
+                    tracing::info!(overflow = %e, "the segments' weights do not fit side by side");
+                    Ok(None)
                 }
             }
-            tracing::info!(overflow = %e, "the segments' weights do not fit side by side");
-            Ok(None)
         };
         // Per block segment, the capped plans replace the others' where
         // the joined program's estimate says they are faster and it fits
@@ -2775,24 +2788,9 @@ fn lower_segments(
         } else {
             segment::ParamMoves::Unzeroed
         };
-        let join_moved = |zero_fill| join_with(&moved, moves, zero_fill);
-        let mut l = join_moved(None)?;
-        // Buffers that need zeros live for the whole program: when that
-        // overflows, each segment zeroes its own at its start instead, so
-        // that they share memory with the other segments' (the packages
-        // that fit keep their zeros from load time, and their cycles).
-        if let Some(overflow) = segment::first_overflow(&l) {
-            if let Some(mut fill) = fill.clone() {
-                let refilled = join_moved(Some(&mut fill))?;
-                if segment::first_overflow(&refilled).is_none() {
-                    tracing::info!(
-                        %overflow,
-                        "the segments zero their buffers' padding at their start, so that those buffers share memory"
-                    );
-                    l = refilled;
-                }
-            }
-        }
+        // One that still overflows is placed anyway: storage reports the
+        // tile, the bytes and the largest consumers.
+        let (l, _) = join_fitting(&moved, moves)?;
         verifier("join", lower::verify(&l))?;
         Ok((l, moved))
     })?;

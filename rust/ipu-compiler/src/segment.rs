@@ -346,8 +346,6 @@ pub fn split(
             has_attention = false;
             has_gemm = false;
             has_chain = false;
-        }
-        if cut {
             tile_demand = 0;
             independent = 0;
         }
@@ -859,10 +857,6 @@ pub fn join(
         .iter()
         .flat_map(|p| p.transposed_host.iter().cloned())
         .collect();
-    let rewritten: BTreeSet<String> = parts
-        .iter()
-        .flat_map(|p| p.rewritten.iter().cloned())
-        .collect();
     let mut buffers: BTreeMap<u32, Vec<crate::lower::BufferSpec>> =
         (0..tile_count).map(|t| (t, Vec::new())).collect();
     let mut init_steps = Vec::new();
@@ -1234,7 +1228,6 @@ pub fn join(
     // same order on both sides.
     joined.transposed_host = transposed_host;
     joined.segment_steps = segment_steps;
-    joined.rewritten = rewritten;
     Ok(joined)
 }
 

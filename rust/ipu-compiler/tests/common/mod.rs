@@ -295,27 +295,18 @@ pub fn check_every_checkpoint(
 /// `opts`.
 #[allow(dead_code)]
 pub fn check_every_checkpoint_of(opts: &ipu_compiler::CompileOptions) -> Vec<String> {
-    use ipu_runtime::verify::{verify_package, VerifyOptions};
-    use ipu_runtime::{DeviceOptions, FeedSpec, Generate, RunOptions};
-    let (model, tiles) = (&opts.model, opts.tiles);
-    let out = compile(opts).unwrap_or_else(|e| panic!("{}: {e}", model.display()));
-    let report = verify_package(
-        out.package,
-        &VerifyOptions {
-            run: RunOptions {
-                device: DeviceOptions::simulator(tiles),
-                feeds: FeedSpec {
-                    generate: Generate::Gaussian { seed: 3 },
-                    ..FeedSpec::default()
-                },
-                ..RunOptions::default()
-            },
-            diagnose: true,
-            check_checkpoints: true,
-        },
-    )
-    .unwrap_or_else(|e| panic!("{}: {e}", model.display()));
-    assert!(report.passed(), "{}:\n{report}", model.display());
+    let out = compile(opts).unwrap_or_else(|e| panic!("{}: {e}", opts.model.display()));
+    checkpoints_hold(&out)
+}
+
+/// Verifies the package of `out` with every checkpoint checked against the
+/// whole-graph reference (Gaussian seed 3), requires every checkpoint and
+/// output to pass, and returns the checkpoints' names.
+#[allow(dead_code)]
+pub fn checkpoints_hold(out: &CompileOutput) -> Vec<String> {
+    let model = &out.package.info.model;
+    let report = verify_gaussian_with(out, 3, true).unwrap_or_else(|e| panic!("{model}: {e}"));
+    assert!(report.passed(), "{model}:\n{report}");
     report.checkpoints.iter().map(|c| c.name.clone()).collect()
 }
 
