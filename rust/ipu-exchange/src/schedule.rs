@@ -68,15 +68,21 @@ fn recv_port(tile: u32) -> usize {
 ///   have few classes (on SigLIP attention: one per head and key split for
 ///   K^T and V rows, and one per head and query block for Q rows), so a port
 ///   only ever examines the pieces of classes whose receivers are all idle.
-/// - `class_pieces[c]`: the pending pieces of class `c`; `send_pieces[p]`:
-///   the pending pieces of send port `p`, sorted by (class, piece). Entries
-///   of started pieces are dropped lazily.
+/// - `class_pieces[c]`: the pending pieces of class `c`, grouped by send
+///   port; `send_pieces[p]`: the pending pieces of send port `p`, grouped by
+///   class. A scan tests each group's sender or class once and skips the
+///   group when it is busy: on SigLIP-shaped attention phases a class holds
+///   hundreds of pieces from a few dozen senders. Entries of started pieces
+///   are dropped lazily.
 /// - `adj[p]`, only for ports all of whose pieces are unicast: `(other port,
 ///   piece)` sorted, for every piece of `p`; a started piece's entries get
 ///   the piece [`DEAD`] in place and are dropped lazily. For lists long
 ///   enough to be walked, `adj_index[p]` gives by counterpart tile the
 ///   position of its first entry, so a lookup costs one load instead of a
-///   binary search (the walk does millions of them on all-to-all phases).
+///   binary search (the walk does millions of them on all-to-all phases),
+///   and a bit per counterpart tile saying whether it has an entry at all:
+///   most idle ports the walk meets have none, and the bits of a port fit
+///   in three cache lines where its positions take 6 KB at 1472 tiles.
 /// - `idle[side]`: the ports of that side that are free, ready (issue
 ///   constraint) and have work left at the current cycle, ordered by
 ///   priority (highest first). A piece can start at `t` only if all its
@@ -102,16 +108,12 @@ struct Construction<'a> {
     class_list: Vec<u32>,
     /// Ports of each class that are not idle.
     class_busy: Vec<u32>,
-    /// Pending pieces of each class, ascending.
-    class_pieces: Vec<Vec<u32>>,
-    /// Entries of started pieces still in `class_pieces[c]`.
-    class_dead: Vec<u32>,
+    /// Pending pieces of each class, grouped by send port.
+    class_pieces: Vec<Grouped>,
     /// Classes of each receive port, ascending (empty for send ports).
     port_classes: Vec<Vec<u32>>,
-    /// Pending pieces of each send port, sorted by (class, piece).
-    send_pieces: Vec<Vec<u32>>,
-    /// Entries of started pieces still in `send_pieces[p]`.
-    send_dead: Vec<u32>,
+    /// Pending pieces of each send port, grouped by class.
+    send_pieces: Vec<Grouped>,
     issue_offset: u64,
     bonus: &'a [u64],
     /// Cycle from which each port is free.
@@ -126,7 +128,11 @@ struct Construction<'a> {
     dead: Vec<u32>,
     /// Position in `adj[p]` of the first entry of each counterpart tile, or
     /// [`NO_ENTRY`]; empty for lists that are never walked.
-    adj_index: Vec<Vec<u32>>,
+    adj_index: Vec<AdjIndex>,
+    /// Position of each unicast piece's entry in `adj` of its send port
+    /// (index 0) and of its receive port (index 1), where those are kept,
+    /// so that starting a piece marks its entries without a search.
+    adj_pos: Vec<[u32; 2]>,
     /// True when every piece of the port has one destination.
     all_unicast: Vec<bool>,
     /// Idle ports by side (0 = send, 1 = receive), highest priority first.
@@ -222,12 +228,61 @@ const SHORT_LIST: usize = 16;
 /// An `adj` entry: (other port, piece or [`DEAD`]).
 type AdjEntry = (u32, u32);
 
-/// Records in `index` the first position of each counterpart in `list`.
-fn index_adj(list: &[AdjEntry], index: &mut [u32]) {
-    for (i, &(o, _)) in list.iter().enumerate() {
-        if i == 0 || list[i - 1].0 != o {
-            index[o as usize / 2] = i as u32;
+/// Records in `positions` where each live piece of port `port`'s `adj` list is.
+fn record_positions(list: &[AdjEntry], port: usize, positions: &mut [[u32; 2]]) {
+    for (i, &(_, q)) in list.iter().enumerate() {
+        if q != DEAD {
+            positions[q as usize][port & 1] = i as u32;
         }
+    }
+}
+
+/// Where the entries of each counterpart tile start in a port's `adj` list.
+#[derive(Default)]
+struct AdjIndex {
+    /// Position of the first entry of each counterpart tile, or [`NO_ENTRY`].
+    first: Vec<u32>,
+    /// Bit `t` is set when `first[t]` is not [`NO_ENTRY`].
+    has: Vec<u64>,
+}
+
+impl AdjIndex {
+    fn new(list: &[AdjEntry], tiles: u32) -> Self {
+        let mut index = AdjIndex {
+            first: vec![NO_ENTRY; tiles as usize],
+            has: vec![0; (tiles as usize).div_ceil(64)],
+        };
+        index.record(list);
+        index
+    }
+
+    /// Records the first position of each counterpart in `list`.
+    fn record(&mut self, list: &[AdjEntry]) {
+        for (i, &(o, _)) in list.iter().enumerate() {
+            if i == 0 || list[i - 1].0 != o {
+                let tile = o as usize / 2;
+                self.first[tile] = i as u32;
+                self.has[tile / 64] |= 1 << (tile % 64);
+            }
+        }
+    }
+
+    /// Forgets every counterpart of `list`, before `list` changes.
+    fn forget(&mut self, list: &[AdjEntry]) {
+        for &(o, _) in list {
+            let tile = o as usize / 2;
+            self.first[tile] = NO_ENTRY;
+            self.has[tile / 64] &= !(1 << (tile % 64));
+        }
+    }
+
+    /// Position of the first entry of counterpart `tile`, if it has one.
+    fn lookup(&self, tile: usize) -> Option<usize> {
+        (self.has[tile / 64] >> (tile % 64) & 1 == 1).then(|| self.first[tile] as usize)
+    }
+
+    fn is_empty(&self) -> bool {
+        self.first.is_empty()
     }
 }
 const NOT_IDLE: u64 = u64::MAX;
@@ -235,13 +290,61 @@ const NOT_IDLE: u64 = u64::MAX;
 /// Choice key: (counterpart priority, words, lower piece index first).
 type Key = (u64, u32, Reverse<u32>);
 
-/// Drops the entries of started pieces from `list` once they are the
-/// majority, so that scans stay proportional to the pending work.
-fn compact(list: &mut Vec<u32>, dead: &mut u32, start: &[u64]) {
-    *dead += 1;
-    if 2 * *dead as usize > list.len() {
-        list.retain(|&q| start[q as usize] == UNSCHEDULED);
-        *dead = 0;
+/// Pieces sorted by a group key (a send port or a class), then by piece,
+/// with the end of each group, so that a scan tests a group's key once.
+#[derive(Clone, Default)]
+struct Grouped {
+    pieces: Vec<u32>,
+    /// `(key, end)` of each group: its pieces are `pieces[previous end..end]`.
+    groups: Vec<(u32, u32)>,
+    /// Entries of started pieces still in `pieces`.
+    dead: u32,
+}
+
+impl Grouped {
+    /// Groups `pieces` by `key[piece]`.
+    fn new(mut pieces: Vec<u32>, key: &[u32]) -> Self {
+        pieces.sort_unstable_by_key(|&q| (key[q as usize], q));
+        let mut grouped = Grouped {
+            pieces,
+            groups: Vec::new(),
+            dead: 0,
+        };
+        grouped.index(key);
+        grouped
+    }
+
+    fn index(&mut self, key: &[u32]) {
+        self.groups.clear();
+        for (i, &q) in self.pieces.iter().enumerate() {
+            let k = key[q as usize];
+            match self.groups.last_mut() {
+                Some((last, end)) if *last == k => *end = i as u32 + 1,
+                _ => self.groups.push((k, i as u32 + 1)),
+            }
+        }
+    }
+
+    /// Each group's key and its entries, started pieces included.
+    fn groups(&self) -> impl Iterator<Item = (u32, &[u32])> {
+        let mut from = 0;
+        self.groups.iter().map(move |&(k, end)| {
+            let group = &self.pieces[from..end as usize];
+            from = end as usize;
+            (k, group)
+        })
+    }
+
+    /// Counts one more started piece and drops the entries of started
+    /// pieces once they are the majority, so that scans stay proportional to
+    /// the pending work.
+    fn compact(&mut self, start: &[u64], key: &[u32]) {
+        self.dead += 1;
+        if 2 * self.dead as usize > self.pieces.len() {
+            self.pieces.retain(|&q| start[q as usize] == UNSCHEDULED);
+            self.index(key);
+            self.dead = 0;
+        }
     }
 }
 
@@ -295,9 +398,14 @@ impl<'a> Construction<'a> {
                 all_unicast[r as usize] &= unicast;
             }
         }
-        for list in &mut send_pieces {
-            list.sort_unstable_by_key(|&q| (piece_class[q as usize], q));
-        }
+        let class_pieces: Vec<Grouped> = class_pieces
+            .into_iter()
+            .map(|list| Grouped::new(list, &piece_send))
+            .collect();
+        let send_pieces: Vec<Grouped> = send_pieces
+            .into_iter()
+            .map(|list| Grouped::new(list, &piece_class))
+            .collect();
         let mut port_classes: Vec<Vec<u32>> = vec![Vec::new(); ports];
         for k in 0..classes {
             for &r in class_ports(k) {
@@ -319,18 +427,18 @@ impl<'a> Construction<'a> {
                 }
             }
         }
-        for list in &mut adj {
+        let mut adj_pos = vec![[0u32; 2]; pieces.len()];
+        for (p, list) in adj.iter_mut().enumerate() {
             list.sort_unstable();
+            record_positions(list, p, &mut adj_pos);
         }
-        let adj_index: Vec<Vec<u32>> = adj
+        let adj_index: Vec<AdjIndex> = adj
             .iter()
             .map(|list| {
                 if list.len() > SHORT_LIST {
-                    let mut index = vec![NO_ENTRY; tiles as usize];
-                    index_adj(list, &mut index);
-                    index
+                    AdjIndex::new(list, tiles)
                 } else {
-                    Vec::new()
+                    AdjIndex::default()
                 }
             })
             .collect();
@@ -354,13 +462,11 @@ impl<'a> Construction<'a> {
             piece_send,
             piece_class,
             class_busy,
-            class_dead: vec![0; classes],
             class_pieces,
             class_start,
             class_list,
             port_classes,
             send_pieces,
-            send_dead: vec![0; ports],
             issue_offset: c,
             bonus,
             free: vec![c; ports],
@@ -369,6 +475,7 @@ impl<'a> Construction<'a> {
             adj,
             adj_index,
             dead: vec![0; ports],
+            adj_pos,
             all_unicast,
             idle: [BTreeSet::new(), BTreeSet::new()],
             idle_key: vec![NOT_IDLE; ports],
@@ -502,32 +609,50 @@ impl<'a> Construction<'a> {
         let list = &self.adj[p];
         let live = list.len() - self.dead[p] as usize;
         let opposite = &self.idle[(p & 1) ^ 1];
-        if self.reference_search {
-            self.reference_choice(p, t, &mut best, &mut retry);
-        } else if self.all_unicast[p] && live > SHORT_LIST && opposite.len() < live * 64 {
-            // Walking the idle set in priority order usually stops after about
-            // (ports of the other side / live entries) lookups; scanning costs
-            // `live`. Short lists are scanned. A list longer than SHORT_LIST
-            // now was so from the start, so it has an index.
-            let index = &self.adj_index[p];
-            for &(Reverse(pr), o) in opposite {
-                if best.is_some_and(|b| pr < b.0) {
-                    break;
-                }
-                let from = index[o as usize / 2];
-                if from == NO_ENTRY {
-                    continue;
-                }
-                for &(other, q) in &list[from as usize..] {
-                    if other != o {
+        // Walking the idle set in priority order usually stops after about
+        // (ports of the other side / live entries) lookups; scanning costs
+        // `live`. But when few of the port's counterparts are idle the walk
+        // meets no entry and runs through the whole set, so it gives up
+        // after `live` lookups and the scan decides. Both choose the same
+        // piece. Short lists are scanned. A list longer than SHORT_LIST now
+        // was so from the start, so it has an index.
+        let walked = !self.reference_search
+            && self.all_unicast[p]
+            && live > SHORT_LIST
+            && opposite.len() < live * 64
+            && {
+                let index = &self.adj_index[p];
+                let mut lookups = 0;
+                let mut done = true;
+                for &(Reverse(pr), o) in opposite {
+                    if best.is_some_and(|b| pr < b.0) {
                         break;
                     }
-                    // `o` is idle (it is in the idle set) and is q's only other port.
-                    if q != DEAD {
-                        self.offer(q, pr, t, &mut best, &mut retry);
+                    lookups += 1;
+                    if lookups > live {
+                        done = false;
+                        break;
+                    }
+                    let Some(from) = index.lookup(o as usize / 2) else {
+                        continue;
+                    };
+                    for &(other, q) in &list[from..] {
+                        if other != o {
+                            break;
+                        }
+                        // `o` is idle (it is in the idle set) and is q's only other port.
+                        if q != DEAD {
+                            self.offer(q, pr, t, &mut best, &mut retry);
+                        }
                     }
                 }
-            }
+                done
+            };
+        // A walk that gave up may have offered some pieces already; the scan
+        // offers them again among all the others, which choose the same.
+        if walked {
+        } else if self.reference_search {
+            self.reference_choice(p, t, &mut best, &mut retry);
         } else if p & 1 == 1 {
             // A receive port: the pieces of its classes whose receivers are
             // all idle (itself included), whose send port is idle too.
@@ -536,32 +661,30 @@ impl<'a> Construction<'a> {
                     continue;
                 }
                 let receivers = self.class_priority(k, p);
-                for &q in &self.class_pieces[k as usize] {
-                    let s = self.piece_send[q as usize] as usize;
-                    if self.start[q as usize] != UNSCHEDULED || !self.is_idle(s) {
+                for (s, group) in self.class_pieces[k as usize].groups() {
+                    if !self.is_idle(s as usize) {
                         continue;
                     }
-                    let score = receivers.max(self.priority(s));
-                    self.offer(q, score, t, &mut best, &mut retry);
+                    let score = receivers.max(self.priority(s as usize));
+                    for &q in group {
+                        if self.start[q as usize] == UNSCHEDULED {
+                            self.offer(q, score, t, &mut best, &mut retry);
+                        }
+                    }
                 }
             }
         } else {
             // A send port: its pieces whose class's receivers are all idle.
-            let mut cached: Option<(u32, u64)> = None;
-            for &q in &self.send_pieces[p] {
-                let k = self.piece_class[q as usize];
-                if self.start[q as usize] != UNSCHEDULED || self.class_busy[k as usize] != 0 {
+            for (k, group) in self.send_pieces[p].groups() {
+                if self.class_busy[k as usize] != 0 {
                     continue;
                 }
-                let score = match cached {
-                    Some((ck, score)) if ck == k => score,
-                    _ => {
-                        let score = self.class_priority(k, p);
-                        cached = Some((k, score));
-                        score
+                let score = self.class_priority(k, p);
+                for &q in group {
+                    if self.start[q as usize] == UNSCHEDULED {
+                        self.offer(q, score, t, &mut best, &mut retry);
                     }
-                };
-                self.offer(q, score, t, &mut best, &mut retry);
+                }
             }
         }
         if let Some((_, _, Reverse(q))) = best {
@@ -578,11 +701,11 @@ impl<'a> Construction<'a> {
     /// idle, the best by [`Key`].
     fn reference_choice(&self, p: usize, t: u64, best: &mut Option<Key>, retry: &mut u64) {
         let pieces: Vec<u32> = if p & 1 == 0 {
-            self.send_pieces[p].clone()
+            self.send_pieces[p].pieces.clone()
         } else {
             self.port_classes[p]
                 .iter()
-                .flat_map(|&k| self.class_pieces[k as usize].iter().copied())
+                .flat_map(|&k| self.class_pieces[k as usize].pieces.iter().copied())
                 .collect()
         };
         'pieces: for q in pieces {
@@ -634,46 +757,31 @@ impl<'a> Construction<'a> {
                 self.events.push(t + w, x as u32);
             }
             if self.all_unicast[x] {
-                // The piece is unicast: one entry in `adj[x]`, under the
-                // piece's other port.
-                let other = if i == 0 {
-                    self.port(qi, 1)
-                } else {
-                    self.piece_send[qi] as usize
-                };
-                let from = self.adj_index[x].get(other / 2).map_or(0, |&f| f as usize);
+                // The piece is unicast: one entry in `adj[x]`, at the
+                // position `adj_pos` keeps for its side.
                 let list = &mut self.adj[x];
-                if let Some(e) = list[from..].iter_mut().find(|e| e.1 == q) {
-                    e.1 = DEAD;
-                }
+                let entry = &mut list[self.adj_pos[qi][x & 1] as usize];
+                debug_assert_eq!(entry.1, q, "adj_pos of piece {q} on port {x}");
+                entry.1 = DEAD;
                 self.dead[x] += 1;
                 if 2 * self.dead[x] as usize > list.len() {
                     let index = &mut self.adj_index[x];
                     if !index.is_empty() {
-                        for &(o, _) in list.iter() {
-                            index[o as usize / 2] = NO_ENTRY;
-                        }
+                        index.forget(list);
                     }
                     list.retain(|e| e.1 != DEAD);
                     if !index.is_empty() {
-                        index_adj(list, index);
+                        index.record(list);
                     }
+                    record_positions(list, x, &mut self.adj_pos);
                     self.dead[x] = 0;
                 }
             }
         }
         let k = self.piece_class[qi] as usize;
-        compact(
-            &mut self.class_pieces[k],
-            &mut self.class_dead[k],
-            &self.start,
-        );
+        self.class_pieces[k].compact(&self.start, &self.piece_send);
         let s = self.piece_send[qi] as usize;
-        compact(
-            &mut self.send_pieces[s],
-            &mut self.send_dead[s],
-            &self.start,
-        );
+        self.send_pieces[s].compact(&self.start, &self.piece_class);
         // The other port of each tile involved may be idle; a descriptor more
         // on its tile delays the cycle from which it may start anything.
         for i in 0..n {
@@ -811,11 +919,15 @@ mod tests {
     fn fast_search_equals_the_plain_rule() {
         let mut rng = SplitMix64(23);
         for case in 0..60 {
-            let phase = match case % 4 {
+            let phase = match case % 5 {
                 0 => grouped(&mut rng, 48, 8, 300),
                 1 => synth::all_to_all(40, 24, 1, 6, case),
                 2 => synth::random(&mut rng, 16, 200, 6, 5),
-                _ => synth::broadcast(64, 40, 400, 6, case),
+                3 => synth::broadcast(64, 40, 400, 6, case),
+                // Unicast lists long enough to be walked among many idle
+                // ports that are not their counterparts: walks that give up
+                // and leave the choice to the scan.
+                _ => synth::random(&mut rng, 400, 12_000, 6, 1),
             };
             phase.validate().expect("synthetic phases are valid");
             let jobs = coalesce(&phase);
