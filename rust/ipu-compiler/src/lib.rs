@@ -2876,7 +2876,30 @@ fn plan_capped(
         .ok()
 }
 
+/// Plans and lowers every segment (the `plan_segments` phase: a segmented
+/// model runs it up to three times, and its segments' own phases log
+/// inside it).
 fn plan_segments(
+    segments: &[segment::Segment],
+    options: &CompileOptions,
+    library: &mut KernelLibrary,
+    limits: SegmentLimits,
+    weights_joined: bool,
+    weight_caps: Option<&BTreeMap<String, u64>>,
+) -> Result<PlannedSegments, CompileError> {
+    phase("plan_segments", || {
+        plan_each_segment(
+            segments,
+            options,
+            library,
+            limits,
+            weights_joined,
+            weight_caps,
+        )
+    })
+}
+
+fn plan_each_segment(
     segments: &[segment::Segment],
     options: &CompileOptions,
     library: &mut KernelLibrary,
