@@ -12,7 +12,7 @@
 //! (or looking values up in a memo keyed by a fresh vector) was most of
 //! their time.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 
 /// Evaluates `formula` with `vars`; the error names the position and problem.
 pub fn evaluate(formula: &str, vars: &BTreeMap<&str, i64>) -> Result<i64, String> {
@@ -29,17 +29,20 @@ pub fn evaluate(formula: &str, vars: &BTreeMap<&str, i64>) -> Result<i64, String
     f.eval(&values)
 }
 
-/// A parsed formula: nodes in an arena, the root last.
+/// A parsed formula: nodes in an arena, each distinct subexpression once
+/// (the reduce kernels' formulas repeat `(2 * P) / (P + 9)` and `ROWS / 4`
+/// a dozen times), operands before the nodes that read them.
 #[derive(Clone, Debug)]
 pub struct Formula {
     text: String,
     nodes: Vec<Node>,
+    root: usize,
     /// Variable names in order of first use; [`Formula::eval`] takes their
     /// values in this order.
     names: Vec<String>,
 }
 
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 enum Node {
     Const(i64),
     Var(usize),
@@ -56,16 +59,25 @@ enum Node {
 impl Formula {
     /// Parses `text`; the error names the problem.
     pub fn parse(text: &str) -> Result<Formula, String> {
+        Formula::parse_with(text, true)
+    }
+
+    /// [`Formula::parse`], with `share` false giving every subexpression
+    /// nodes of its own (the tests compare the two).
+    fn parse_with(text: &str, share: bool) -> Result<Formula, String> {
         let mut p = Parser {
             tokens: tokenize(text)?,
             pos: 0,
             formula: Formula {
                 text: text.to_string(),
                 nodes: Vec::new(),
+                root: 0,
                 names: Vec::new(),
             },
+            known: HashMap::new(),
+            share,
         };
-        p.sum()?;
+        p.formula.root = p.sum()?;
         if p.pos != p.tokens.len() {
             return Err(format!("`{text}`: unexpected `{}`", p.tokens[p.pos]));
         }
@@ -120,7 +132,7 @@ impl Formula {
             };
             v.push(x.ok_or_else(overflow)?);
         }
-        Ok(*v.last().expect("a parsed formula has a root"))
+        Ok(v[self.root])
     }
 }
 
@@ -152,6 +164,10 @@ struct Parser {
     tokens: Vec<String>,
     pos: usize,
     formula: Formula,
+    /// Each node's index in the arena.
+    known: HashMap<Node, usize>,
+    /// Whether an equal node is reused.
+    share: bool,
 }
 
 impl Parser {
@@ -166,9 +182,19 @@ impl Parser {
             Err(format!("`{}`: expected `{t}`", self.formula.text))
         }
     }
+    /// The node's index, added unless an equal node exists: evaluation is
+    /// pure, so an equal subexpression has the same value (and the same
+    /// error).
     fn push(&mut self, node: Node) -> usize {
-        self.formula.nodes.push(node);
-        self.formula.nodes.len() - 1
+        let nodes = &mut self.formula.nodes;
+        if !self.share {
+            nodes.push(node);
+            return nodes.len() - 1;
+        }
+        *self.known.entry(node).or_insert_with(|| {
+            nodes.push(node);
+            nodes.len() - 1
+        })
     }
     fn sum(&mut self) -> Result<usize, String> {
         let mut v = self.product()?;
@@ -285,6 +311,62 @@ mod tests {
         assert!(evaluate("-9223372036854775807 - 1 - M", &vars)
             .unwrap_err()
             .contains("overflows"));
+    }
+
+    #[test]
+    fn repeated_subexpressions_are_one_node() {
+        let f = Formula::parse("(2 * P) / (P + 9) + (2 * P) / (P + 9) * ROWS").unwrap();
+        // 2, P, 2 * P, 9, P + 9, the quotient, ROWS, its product, the sum.
+        assert_eq!(f.nodes.len(), 9);
+        for (p, rows) in [(1, 3), (7, 5), (9, 1), (12, 40)] {
+            let q = (2 * p) / (p + 9);
+            assert_eq!(
+                f.eval(&[p, rows]),
+                Ok(q + q * rows),
+                "P = {p}, ROWS = {rows}"
+            );
+        }
+        assert_eq!(Formula::parse("(M)").unwrap().eval(&[4]), Ok(4));
+    }
+
+    /// Every `.cycles` formula of device/ gives the same values with shared
+    /// subexpressions as with a node for each, over a grid of values.
+    #[test]
+    fn kernel_formulas_evaluate_alike_shared_or_not() {
+        let dir = std::path::Path::new(&std::env::var("CARGO_MANIFEST_DIR").unwrap())
+            .join("../../device");
+        let mut formulas = Vec::new();
+        for entry in std::fs::read_dir(&dir).expect("device/ is readable") {
+            let path = entry.unwrap().path();
+            if path.extension().is_some_and(|e| e == "S") {
+                let text = std::fs::read_to_string(&path).unwrap();
+                for line in text.lines() {
+                    if let Some(rest) = line.trim().strip_prefix(".cycles \"") {
+                        formulas.push(rest.trim_end_matches('"').to_string());
+                    }
+                }
+            }
+        }
+        assert!(formulas.len() > 20, "found {} formulas", formulas.len());
+        let mut shrunk = 0;
+        for text in &formulas {
+            let shared = Formula::parse_with(text, true).unwrap();
+            let plain = Formula::parse_with(text, false).unwrap();
+            assert_eq!(shared.variables(), plain.variables(), "{text}");
+            shrunk += usize::from(shared.nodes.len() < plain.nodes.len());
+            let n = shared.variables().len() as u32;
+            for case in 0..200i64 {
+                let values: Vec<i64> = (0..n as i64)
+                    .map(|i| 1 + (case * 7 + i * 13 + case * i) % 97)
+                    .collect();
+                assert_eq!(
+                    shared.eval(&values),
+                    plain.eval(&values),
+                    "{text} at {values:?}"
+                );
+            }
+        }
+        assert!(shrunk > 0, "no formula repeats a subexpression");
     }
 
     #[test]
