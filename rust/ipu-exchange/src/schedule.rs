@@ -27,6 +27,7 @@
 //! wall-clock time, and the number of rounds depends only on the phase size.
 
 use crate::coalesce::{Job, Piece};
+use std::cell::Cell;
 use std::cmp::Reverse;
 use std::collections::{BTreeSet, HashMap};
 
@@ -290,21 +291,28 @@ const NOT_IDLE: u64 = u64::MAX;
 /// Choice key: (counterpart priority, words, lower piece index first).
 type Key = (u64, u32, Reverse<u32>);
 
-/// Pieces sorted by a group key (a send port or a class), then by piece,
-/// with the end of each group, so that a scan tests a group's key once.
+/// Pieces grouped by a key (a send port or a class), each group best first
+/// (most words, then lowest piece: the choice order for pieces of one
+/// score), so that a scan tests a group's key once and offers only its
+/// first pending piece. All pieces of a group share their sender and their
+/// class, so they have one score and, if they are self-loops, wait for the
+/// same issue cycle: the first pending piece is the best the group has.
 #[derive(Clone, Default)]
 struct Grouped {
     pieces: Vec<u32>,
-    /// `(key, end)` of each group: its pieces are `pieces[previous end..end]`.
-    groups: Vec<(u32, u32)>,
+    /// Each group: its key, the end of its pieces in `pieces` (they start at
+    /// the previous group's end), and the first of them not known to be
+    /// started (the entries before it are started pieces, which a group's
+    /// scan would otherwise step over again each time).
+    groups: Vec<(u32, u32, Cell<u32>)>,
     /// Entries of started pieces still in `pieces`.
     dead: u32,
 }
 
 impl Grouped {
-    /// Groups `pieces` by `key[piece]`.
-    fn new(mut pieces: Vec<u32>, key: &[u32]) -> Self {
-        pieces.sort_unstable_by_key(|&q| (key[q as usize], q));
+    /// Groups `pieces` by `key[piece]`, best first within a group.
+    fn new(mut pieces: Vec<u32>, key: &[u32], words: &[u32]) -> Self {
+        pieces.sort_unstable_by_key(|&q| (key[q as usize], Reverse(words[q as usize]), q));
         let mut grouped = Grouped {
             pieces,
             groups: Vec::new(),
@@ -319,19 +327,21 @@ impl Grouped {
         for (i, &q) in self.pieces.iter().enumerate() {
             let k = key[q as usize];
             match self.groups.last_mut() {
-                Some((last, end)) if *last == k => *end = i as u32 + 1,
-                _ => self.groups.push((k, i as u32 + 1)),
+                Some((last, end, _)) if *last == k => *end = i as u32 + 1,
+                _ => self.groups.push((k, i as u32 + 1, Cell::new(i as u32))),
             }
         }
     }
 
-    /// Each group's key and its entries, started pieces included.
-    fn groups(&self) -> impl Iterator<Item = (u32, &[u32])> {
-        let mut from = 0;
-        self.groups.iter().map(move |&(k, end)| {
-            let group = &self.pieces[from..end as usize];
-            from = end as usize;
-            (k, group)
+    /// Each group's key and its first pending piece, if it has one.
+    fn firsts<'s>(&'s self, start: &'s [u64]) -> impl Iterator<Item = (u32, Option<u32>)> + 's {
+        self.groups.iter().map(move |(k, end, first)| {
+            let from = first.get();
+            let pending = self.pieces[from as usize..*end as usize]
+                .iter()
+                .position(|&q| start[q as usize] == UNSCHEDULED);
+            first.set(from + pending.map_or(*end - from, |i| i as u32));
+            (*k, pending.map(|i| self.pieces[(from + i as u32) as usize]))
         })
     }
 
@@ -400,11 +410,11 @@ impl<'a> Construction<'a> {
         }
         let class_pieces: Vec<Grouped> = class_pieces
             .into_iter()
-            .map(|list| Grouped::new(list, &piece_send))
+            .map(|list| Grouped::new(list, &piece_send, &piece_words))
             .collect();
         let send_pieces: Vec<Grouped> = send_pieces
             .into_iter()
-            .map(|list| Grouped::new(list, &piece_class))
+            .map(|list| Grouped::new(list, &piece_class, &piece_words))
             .collect();
         let mut port_classes: Vec<Vec<u32>> = vec![Vec::new(); ports];
         for k in 0..classes {
@@ -661,29 +671,19 @@ impl<'a> Construction<'a> {
                     continue;
                 }
                 let receivers = self.class_priority(k, p);
-                for (s, group) in self.class_pieces[k as usize].groups() {
-                    if !self.is_idle(s as usize) {
-                        continue;
-                    }
-                    let score = receivers.max(self.priority(s as usize));
-                    for &q in group {
-                        if self.start[q as usize] == UNSCHEDULED {
-                            self.offer(q, score, t, &mut best, &mut retry);
-                        }
+                for (s, first) in self.class_pieces[k as usize].firsts(&self.start) {
+                    if let Some(q) = first.filter(|_| self.is_idle(s as usize)) {
+                        let score = receivers.max(self.priority(s as usize));
+                        self.offer(q, score, t, &mut best, &mut retry);
                     }
                 }
             }
         } else {
             // A send port: its pieces whose class's receivers are all idle.
-            for (k, group) in self.send_pieces[p].groups() {
-                if self.class_busy[k as usize] != 0 {
-                    continue;
-                }
-                let score = self.class_priority(k, p);
-                for &q in group {
-                    if self.start[q as usize] == UNSCHEDULED {
-                        self.offer(q, score, t, &mut best, &mut retry);
-                    }
+            for (k, first) in self.send_pieces[p].firsts(&self.start) {
+                if let Some(q) = first.filter(|_| self.class_busy[k as usize] == 0) {
+                    let score = self.class_priority(k, p);
+                    self.offer(q, score, t, &mut best, &mut retry);
                 }
             }
         }
