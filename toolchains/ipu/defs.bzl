@@ -144,3 +144,24 @@ ipu_kernel_library = rule(
     },
     doc = "A set of kernels with one index file, as one provider for packages to consume.",
 )
+
+def kernels_of_package():
+    """Labels of every `ipu_kernel` declared so far in the calling BUILD file.
+
+    A library built from this list cannot leave out a kernel its package
+    declares; call it after the last `ipu_kernel`. A `.S` file of the
+    package that no `ipu_kernel` assembles is a loading error, so a new
+    kernel source cannot be left out of the library either.
+    """
+    kernels = [
+        (name, rule)
+        for name, rule in sorted(native.existing_rules().items())
+        if rule["kind"] == "ipu_kernel"
+    ]
+    assembled = {}
+    for _, rule in kernels:
+        assembled[str(rule["src"]).split(":")[-1]] = True
+    for source in native.glob(["*.S"]):
+        if source not in assembled:
+            fail("%s/%s: no ipu_kernel assembles this kernel source, so no library would hold it" % (native.package_name(), source))
+    return [":" + name for name, _ in kernels]

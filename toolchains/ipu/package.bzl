@@ -140,6 +140,37 @@ def ipu_test(name, package, verify_args = [], size = "medium", tags = [], **kwar
         tags = tags,
     )
 
+def ipu_reports_test(name, **kwargs):
+    """A test over every `ipu_package` declared so far in the calling BUILD
+    file: each compile report's `specialisations_that_would_help` must be
+    empty, so a kernel left out of the library cannot quietly cost a
+    package its best plan (//device:kernels once lacked fill32, and every
+    attention package built by Bazel took the slower row layout). Call it
+    after the last package."""
+    packages = [
+        ":" + n
+        for n, r in sorted(native.existing_rules().items())
+        if r["kind"] == "ipu_package"
+    ]
+    native.filegroup(
+        name = name + "_reports",
+        srcs = packages,
+        output_group = "report",
+    )
+    native.sh_test(
+        name = name,
+        srcs = ["//toolchains/ipu:check_reports.sh"],
+        args = [
+            "$(rootpath //toolchains/ipu:check_reports.py)",
+            "$(rootpaths :%s_reports)" % name,
+        ],
+        data = [
+            "//toolchains/ipu:check_reports.py",
+            ":" + name + "_reports",
+        ],
+        **kwargs
+    )
+
 def ipu_sweep(name, model, kernels, tiles, sweep, **kwargs):
     """Builds one package per entry of `sweep` (a dict: variant name -> planner
     options) and a `<name>_report` target that tabulates their estimated cycles

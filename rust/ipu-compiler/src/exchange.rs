@@ -3,7 +3,8 @@
 //!
 //! The tables must exist (with their final sizes) before `place_storage`,
 //! which sizes each tile's code and data, but buffer addresses only exist
-//! after it. So an exchange step is scheduled once, in `lower`, on a
+//! after it. So an exchange step is scheduled once, when it is built (in
+//! `lower`, `join`, `loop` or `param_copies`), on a
 //! *synthetic* layout: per tile, the buffers a phase touches are packed from
 //! `SRAM_BASE` in buffer order with a 16-byte gap between them, so that
 //! no descriptor can span two buffers (the gap breaks every contiguity the
@@ -16,11 +17,13 @@
 //! every exchange step before `emit_code`; the package is never written
 //! with unchecked tables.
 //!
-//! The one producer of exchange steps today is a GEMM chain hand-off
-//! ([`handoff`]): rows of the producer's compact result `d` (on the tiles of
-//! its plan) go to the consumer's A buffers (on the tiles of the consumer's
-//! plan), every row segment multicast to all consumer tiles that hold that
-//! row.
+//! This module builds the GEMM chain hand-off ([`handoff`]): rows of the
+//! producer's compact result `d` (on the tiles of its plan) go to the
+//! consumer's A buffers (on the tiles of the consumer's plan), every row
+//! segment multicast to all consumer tiles that hold that row. The other
+//! exchange steps (streamed GEMMs' chunks and reduce-scatters, attention,
+//! segment joins, loop back edges, parameter copies) are built by their
+//! own phases and scheduled through [`program_step`] or [`schedule_with`].
 
 use crate::gemm::GemmGeometry;
 use crate::map_tiles::ShardOnTile;

@@ -8,20 +8,32 @@
 //!
 //! 1. [`load`]: parse and verify the graph; [`legalize`]: the device graph
 //!    (rank-2 GEMMs with untransposed operands) and where its host tensors
-//!    sit in the model's; refuse what cannot be lowered. [`widen`]: fp8
-//!    GEMMs that must not accumulate in f16 read their operands cast to f16.
-//! 2. [`plan`]: candidate plans per operation, cost model, Pareto beam, finalists.
-//! 3. [`map_tiles`]: shards to physical tiles (verified: one shard per tile).
-//! 4. [`lower`]: buffers, vertex calls and host placements per tile (verified:
-//!    references inside buffers, tensors covered).
-//!    A GEMM chain's hand-off between GEMMs with their own plans is an
-//!    exchange step ([`exchange`]), scheduled here by `ipu-exchange`.
-//! 5. [`storage`] (`place_storage`): addresses (independently validated);
+//!    sit in the model's. [`widen`]: fp8 GEMMs that must not accumulate in
+//!    f16 read their operands cast to f16.
+//! 2. [`segment`]: a model that is more than one pattern is cut into
+//!    segments; phases 3 to 6 then run per segment (`plan_segments`).
+//! 3. [`fuse`]: GEMM groups and attention blocks; refuse what cannot be
+//!    lowered, naming the value. `plan_attention` ([`attention::plan`]):
+//!    attention candidates.
+//! 4. [`plan`]: candidate plans per operation, cost model, Pareto beam, finalists.
+//! 5. [`map_tiles`]: shards to physical tiles (verified: one shard per tile).
+//! 6. [`lower`]: buffers, vertex calls, exchange steps and host placements
+//!    per tile (verified: references inside buffers, tensors covered); each
+//!    exchange step is scheduled here by `ipu-exchange` ([`exchange`]).
+//! 7. `join` ([`segment::join`]): the segments' programs on all tiles with an
+//!    exchange step before each; `loop` ([`loops::unroll`]): a `repeat`
+//!    block as a device loop; [`param_copies`]: parameters held more than
+//!    once copied on the device from the one copy the host writes.
+//! 8. [`storage`] (`place_storage`): addresses (independently validated);
 //!    every exchange step's tables, moved to the placed addresses, pass
 //!    `ipu_exchange::check` before any code is emitted from them.
-//! 6. [`emit`] (`emit_code`): the supervisor program per tile.
-//! 7. [`link`]: tile program + kernel objects -> tile image (validated).
-//! 8. [`package`] (`write_package`): manifest, images and members, written atomically.
+//! 9. [`emit`] (`emit_code`): the supervisor program per tile.
+//! 10. [`link`]: tile program + kernel objects -> tile image (validated);
+//!     then [`launches::settle_launches`] costs each step's launches.
+//! 11. [`package`] (`write_package`): manifest, images and members, written atomically.
+//!
+//! docs/ARCHITECTURE.md ("ipu-compiler") lists the phases with their
+//! verifiers and the invariants; docs/compiler.md has the design.
 //!
 //! Invariants: the same model, options and kernels give byte-identical
 //! packages (ordered collections only); user errors are [`CompileError`]s
@@ -1052,7 +1064,17 @@ fn plan_and_lower(
                     match kernel_formula(library, r, vars) {
                         Ok(formula) => c.push((r.clone(), formula)),
                         Err(e) => {
-                            tracing::info!(kernel = %r, error = %e, "the column attention layout is not available");
+                            // A library that lacks one of these kernels
+                            // (a Bazel library once left out fill32) costs
+                            // the attention its faster layout, so the log
+                            // warns and the report names the kernel.
+                            let value = &graph.value(b.attention).name;
+                            tracing::warn!(value = %value, kernel = %r, error = %e, "the kernel library lacks a kernel of the column attention layout; planning without that layout");
+                            would_help.push(json!({
+                                "kernel": r.to_string(),
+                                "value": value,
+                                "why": "the column attention layout (keys as the GEMMs' streamed rows) needs it; without it the attention takes the row layout",
+                            }));
                             break;
                         }
                     }

@@ -1,5 +1,6 @@
 //! Phase `load`: read, parse and verify the model (what can be lowered is
-//! decided by the next phase, `fuse`).
+//! decided later: `legalize` rewrites it into the device graph, and `fuse`
+//! refuses what no lowering takes).
 
 use crate::error::CompileError;
 use ipu_graph::Graph;

@@ -241,3 +241,52 @@ fn sources_refuse_a_parameter_the_source_does_not_declare() {
     };
     assert!(e.contains("copy64") && e.contains("ACC=16"), "{e}");
 }
+
+/// A library without a kernel that the column attention layout needs costs
+/// the attention that layout, and the report says which kernel and why
+/// (a Bazel library listed by hand once left out fill32, and every Bazel
+/// package then took the row layout without a word in its report).
+#[test]
+fn a_missing_column_layout_kernel_is_named_in_the_report() {
+    let without = tempfile::tempdir().unwrap();
+    for entry in std::fs::read_dir(root().join("device")).unwrap() {
+        let path = entry.unwrap().path();
+        let name = path.file_name().unwrap().to_owned();
+        let is_source = path.extension().is_some_and(|e| e == "S" || e == "inc");
+        if is_source && name != "fill32.S" {
+            std::fs::copy(&path, without.path().join(name)).unwrap();
+        }
+    }
+    let model = root().join("models/attention_stream_small.ipug");
+    let cache = tempfile::tempdir().unwrap();
+    let report = |device_dir: PathBuf| {
+        let opts = CompileOptions::new(
+            &model,
+            64,
+            KernelSource::Sources {
+                device_dir,
+                cache_dir: Some(cache.path().to_path_buf()),
+            },
+        );
+        compile(&opts).unwrap_or_else(|e| panic!("{e}")).report
+    };
+    let whole = report(root().join("device"));
+    assert_eq!(whole["attention"]["chosen"]["layout"], "columns");
+    assert_eq!(
+        whole["specialisations_that_would_help"],
+        serde_json::json!([])
+    );
+    let lacking = report(without.path().to_path_buf());
+    assert_eq!(lacking["attention"]["chosen"]["layout"], "rows");
+    let helps = &lacking["specialisations_that_would_help"];
+    assert_eq!(helps.as_array().map(Vec::len), Some(1), "{helps}");
+    assert_eq!(helps[0]["kernel"], "fill32", "{helps}");
+    assert_eq!(helps[0]["value"], "o", "{helps}");
+    assert!(
+        helps[0]["why"]
+            .as_str()
+            .unwrap()
+            .contains("column attention layout"),
+        "{helps}"
+    );
+}
