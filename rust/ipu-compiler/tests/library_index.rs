@@ -290,3 +290,83 @@ fn a_missing_column_layout_kernel_is_named_in_the_report() {
         "{helps}"
     );
 }
+
+/// Under Bazel, the real //device:kernels library gives the packages that
+/// kernels assembled from device/ give: every kernel the compiler asks of
+/// these models is in the library with the parameters it asks for (the
+/// library once lacked fill32, and Bazel-built attention silently took the
+/// row layout). Outside Bazel there is no built library to read, and the
+/// test says so and checks nothing.
+#[test]
+fn the_bazel_library_builds_what_device_sources_build() {
+    if std::env::var_os("TEST_SRCDIR").is_none() {
+        eprintln!("not under Bazel: //device:kernels is not built, nothing to compare");
+        return;
+    }
+    // The index names its files by execution-root paths
+    // (bazel-out/<config>/bin/device/...); in the test's runfiles they sit
+    // at device/..., so the test writes an index with those paths.
+    let built = root().join("device/kernels.library.json");
+    let mut index: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&built).unwrap_or_else(|e| {
+            panic!(
+                "{}: {e} (the test's data must include //device:kernels)",
+                built.display()
+            )
+        }))
+        .unwrap();
+    let runfile = |p: &serde_json::Value| -> serde_json::Value {
+        let p = p.as_str().expect("a path");
+        let short = p.split_once("/bin/").map_or(p, |(_, s)| s);
+        serde_json::json!(root()
+            .join(short)
+            .canonicalize()
+            .unwrap_or_else(|e| panic!("{short}: {e}")))
+    };
+    let kernels = index["kernels"].as_array_mut().expect("a kernel list");
+    assert!(kernels.len() > 60, "{} kernels", kernels.len());
+    for k in kernels {
+        k["object"] = runfile(&k["object"]);
+        k["metadata"] = runfile(&k["metadata"]);
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let rewritten = dir.path().join("kernels.library.json");
+    std::fs::write(&rewritten, index.to_string()).unwrap();
+    let cache = tempfile::tempdir().unwrap();
+    for (model, tiles) in [
+        ("models/attention_stream_small.ipug", 64),
+        ("models/attention_causal_small.ipug", 64),
+        ("models/vit_block_small.ipug", 64),
+        ("models/mlp_small_fp8.ipug", 64),
+        ("models/gemm_stream_small.ipug", 64),
+    ] {
+        let from_library = compile(&CompileOptions::new(
+            root().join(model),
+            tiles,
+            KernelSource::Index(rewritten.clone()),
+        ))
+        .unwrap_or_else(|e| panic!("{model}: {e}"));
+        let from_sources = compile(&CompileOptions::new(
+            root().join(model),
+            tiles,
+            KernelSource::Sources {
+                device_dir: root().join("device"),
+                cache_dir: Some(cache.path().to_path_buf()),
+            },
+        ))
+        .unwrap_or_else(|e| panic!("{model}: {e}"));
+        assert_eq!(
+            from_library.report["specialisations_that_would_help"],
+            serde_json::json!([]),
+            "{model}"
+        );
+        assert!(
+            from_library.package.tiles == from_sources.package.tiles,
+            "{model}: the Bazel library's tile images differ from device/'s"
+        );
+        assert_eq!(
+            from_library.package.info, from_sources.package.info,
+            "{model}"
+        );
+    }
+}
