@@ -151,15 +151,7 @@ pub fn tile_image(
             ),
         });
     }
-    let mut segments: Vec<ipu_package::Segment> = linked
-        .image
-        .segments
-        .iter()
-        .map(|s| ipu_package::Segment {
-            address: s.address,
-            bytes: s.bytes.clone(),
-        })
-        .collect();
+    let mut segments = linked.image.segments.clone();
     for (b, &addr) in buffers.iter().zip(&storage.addresses) {
         for &(start, end) in &b.zero {
             segments.push(ipu_package::Segment {

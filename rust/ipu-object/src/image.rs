@@ -11,11 +11,61 @@ pub const IMAGE_MAGIC: [u8; 8] = *b"IPUIMG\0\0";
 /// Version of the image format.
 pub const IMAGE_VERSION: u32 = 1;
 
-/// Bytes to load at `address` (bss is materialised as zeros).
+/// Bytes to load at `address` (bss is materialised as zeros). The linker's
+/// images and the package's tile members (`ipu_package::TileImage`) both
+/// hold these, checked by [`check_layout`].
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Segment {
     pub address: u32,
     pub bytes: Vec<u8>,
+}
+
+impl Segment {
+    /// One past the last address.
+    pub fn end(&self) -> u64 {
+        self.address as u64 + self.bytes.len() as u64
+    }
+}
+
+/// The layout rules every loadable tile image keeps, whatever its file
+/// format: segments non-empty, inside tile SRAM, sorted and disjoint; the
+/// entry pc 4-byte aligned, in region 0 (the only region instructions are
+/// fetched from) and with its instruction inside one segment. The error
+/// names the segment or the entry pc.
+pub fn check_layout(entry_pc: u32, segments: &[Segment]) -> Result<(), String> {
+    let mut previous_end = 0u64;
+    for (i, s) in segments.iter().enumerate() {
+        if s.bytes.is_empty() {
+            return Err(format!("segment {i} is empty"));
+        }
+        if s.address < SRAM_BASE || s.end() > SRAM_END as u64 {
+            return Err(format!(
+                "segment {i} at {:#07x}..{:#07x} lies outside tile SRAM {SRAM_BASE:#07x}..{SRAM_END:#07x}",
+                s.address,
+                s.end()
+            ));
+        }
+        if (s.address as u64) < previous_end {
+            return Err(format!(
+                "segment {i} at {:#07x} starts before the previous segment ends at {previous_end:#07x} (segments must be sorted and disjoint)",
+                s.address
+            ));
+        }
+        previous_end = s.end();
+    }
+    let why = if !entry_pc.is_multiple_of(4) {
+        "is not 4-byte aligned"
+    } else if Region::of(entry_pc) != Some(Region::Standard) {
+        "is outside region 0, the only region instructions are fetched from"
+    } else if !segments
+        .iter()
+        .any(|s| s.address <= entry_pc && entry_pc as u64 + 4 <= s.end())
+    {
+        "lies in no segment"
+    } else {
+        return Ok(());
+    };
+    Err(format!("entry pc {entry_pc:#07x} {why}"))
 }
 
 /// One entry of the image's symbol map.
@@ -164,34 +214,7 @@ impl TileImage {
 }
 
 fn check(img: &TileImage) -> Result<(), String> {
-    let mut end = 0u64;
-    for (i, s) in img.segments.iter().enumerate() {
-        let start = s.address as u64;
-        let stop = start + s.bytes.len() as u64;
-        if s.bytes.is_empty() {
-            return Err(format!("segment {i} at {:#x} is empty", s.address));
-        }
-        if start < SRAM_BASE as u64 || stop > SRAM_END as u64 {
-            return Err(format!(
-                "segment {i} [{start:#x}, {stop:#x}) lies outside tile SRAM [{SRAM_BASE:#x}, {SRAM_END:#x})"
-            ));
-        }
-        if start < end {
-            return Err(format!(
-                "segment {i} at {start:#x} overlaps or precedes the previous segment (which ends at {end:#x})"
-            ));
-        }
-        end = stop;
-    }
-    if !img.entry.is_multiple_of(4) || Region::of(img.entry) != Some(Region::Standard) {
-        return Err(format!(
-            "entry {:#x} is not a 4-aligned region-0 address",
-            img.entry
-        ));
-    }
-    if img.bytes_at(img.entry, 4).is_none() {
-        return Err(format!("entry {:#x} lies in no segment", img.entry));
-    }
+    check_layout(img.entry, &img.segments)?;
     for (name, s) in &img.symbols {
         if name.is_empty() || name.chars().any(|c| c.is_whitespace() || c.is_control()) {
             return Err(format!("symbol name {name:?} is empty or has spaces"));

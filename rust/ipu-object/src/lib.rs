@@ -30,7 +30,7 @@ mod metadata;
 mod object;
 
 pub use dump::dump_object;
-pub use image::{ImageSymbol, Segment, TileImage, IMAGE_MAGIC, IMAGE_VERSION};
+pub use image::{check_layout, ImageSymbol, Segment, TileImage, IMAGE_MAGIC, IMAGE_VERSION};
 pub use ipu_isa::RelocKind;
 pub use metadata::{KernelMetadata, RegistersUsed};
 pub use object::{

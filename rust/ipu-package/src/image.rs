@@ -17,12 +17,16 @@
 //!
 //! Invariants: segments are non-empty, sorted by address, do not overlap and
 //! lie inside tile SRAM; the entry pc is 4-byte aligned, in region 0 (the only
-//! region instructions are fetched from) and inside a segment; nothing follows
-//! the last segment.
+//! region instructions are fetched from) and its instruction inside a
+//! segment (the layout rules of the linker's images too,
+//! [`ipu_object::check_layout`], which both formats share with their
+//! [`Segment`] type); nothing follows the last segment.
+//!
+//! This member format differs from the linker's `tile.img` (ipu-object) in
+//! what it carries: the tile number, and no symbol map (a package's symbols
+//! are in `symbols.json`, where tiles with the same map share one entry).
 
 use std::fmt;
-
-use ipu_arch::{Region, SRAM_BASE, SRAM_END};
 
 /// The first eight bytes of every tile image.
 pub const IMAGE_MAGIC: &[u8; 8] = b"IPUTIMG\0";
@@ -30,21 +34,9 @@ pub const IMAGE_MAGIC: &[u8; 8] = b"IPUTIMG\0";
 pub const IMAGE_VERSION: u16 = 1;
 const HEADER_BYTES: usize = 24;
 
-/// Bytes to place at one SRAM address.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Segment {
-    /// First SRAM address.
-    pub address: u32,
-    /// Contents.
-    pub bytes: Vec<u8>,
-}
-
-impl Segment {
-    /// One past the last address.
-    pub fn end(&self) -> u64 {
-        self.address as u64 + self.bytes.len() as u64
-    }
-}
+/// Bytes to place at one SRAM address: the linker's segment type, so that
+/// a linked image's segments move into the package as they are.
+pub use ipu_object::Segment;
 
 /// The image of one tile.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -73,29 +65,9 @@ pub enum ImageError {
     UnsupportedVersion(u16),
     /// Reserved flags are set.
     ReservedFlags(u16),
-    /// A segment has no bytes.
-    EmptySegment {
-        /// Its index.
-        index: usize,
-    },
-    /// A segment lies (partly) outside SRAM.
-    OutOfSram {
-        /// Its index.
-        index: usize,
-        /// First address.
-        address: u32,
-        /// One past the last.
-        end: u64,
-    },
-    /// Segments out of order or overlapping.
-    Overlap {
-        /// The later segment's index.
-        index: usize,
-        /// Its address.
-        address: u32,
-        /// Where the previous segment ends.
-        previous_end: u64,
-    },
+    /// The segments or the entry pc break a layout rule
+    /// ([`ipu_object::check_layout`], shared with the linker's images).
+    Layout(String),
     /// Padding bytes are not zero.
     NonZeroPadding {
         /// The segment index.
@@ -103,42 +75,32 @@ pub enum ImageError {
     },
     /// Bytes after the last segment.
     TrailingBytes(usize),
-    /// The entry pc is misaligned, outside region 0 or outside every segment.
-    BadEntry {
-        /// The entry pc.
-        entry_pc: u32,
-        /// Why.
-        reason: &'static str,
-    },
 }
 
 impl fmt::Display for ImageError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             ImageError::Truncated { field, offset } => {
-                write!(f, "truncated: the image ends inside {field} at byte {offset}")
+                write!(
+                    f,
+                    "truncated: the image ends inside {field} at byte {offset}"
+                )
             }
             ImageError::BadMagic => write!(f, "bad magic (expected \"IPUTIMG\\0\")"),
             ImageError::UnsupportedVersion(v) => {
-                write!(f, "unsupported tile image version {v} (this reader supports {IMAGE_VERSION})")
+                write!(
+                    f,
+                    "unsupported tile image version {v} (this reader supports {IMAGE_VERSION})"
+                )
             }
             ImageError::ReservedFlags(x) => write!(f, "reserved flags {x:#06x} are set"),
-            ImageError::EmptySegment { index } => write!(f, "segment {index} is empty"),
-            ImageError::OutOfSram { index, address, end } => write!(
-                f,
-                "segment {index} at {address:#07x}..{end:#07x} lies outside tile SRAM {SRAM_BASE:#07x}..{SRAM_END:#07x}"
-            ),
-            ImageError::Overlap {
-                index,
-                address,
-                previous_end,
-            } => write!(
-                f,
-                "segment {index} at {address:#07x} starts before the previous segment ends at {previous_end:#07x} (segments must be sorted and disjoint)"
-            ),
-            ImageError::NonZeroPadding { index } => write!(f, "segment {index} has non-zero padding"),
-            ImageError::TrailingBytes(n) => write!(f, "{n} unexpected bytes after the last segment"),
-            ImageError::BadEntry { entry_pc, reason } => write!(f, "entry pc {entry_pc:#07x} {reason}"),
+            ImageError::Layout(why) => write!(f, "{why}"),
+            ImageError::NonZeroPadding { index } => {
+                write!(f, "segment {index} has non-zero padding")
+            }
+            ImageError::TrailingBytes(n) => {
+                write!(f, "{n} unexpected bytes after the last segment")
+            }
         }
     }
 }
@@ -148,48 +110,7 @@ impl std::error::Error for ImageError {}
 impl TileImage {
     /// Checks the invariants listed in the module documentation.
     pub fn validate(&self) -> Result<(), ImageError> {
-        let mut previous_end = 0u64;
-        for (index, s) in self.segments.iter().enumerate() {
-            if s.bytes.is_empty() {
-                return Err(ImageError::EmptySegment { index });
-            }
-            if s.address < SRAM_BASE || s.end() > SRAM_END as u64 {
-                return Err(ImageError::OutOfSram {
-                    index,
-                    address: s.address,
-                    end: s.end(),
-                });
-            }
-            if (s.address as u64) < previous_end {
-                return Err(ImageError::Overlap {
-                    index,
-                    address: s.address,
-                    previous_end,
-                });
-            }
-            previous_end = s.end();
-        }
-        let pc = self.entry_pc;
-        let reason = if !pc.is_multiple_of(4) {
-            Some("is not 4-byte aligned")
-        } else if Region::of(pc) != Some(Region::Standard) {
-            Some("is outside region 0, the only region instructions are fetched from")
-        } else if !self
-            .segments
-            .iter()
-            .any(|s| (s.address as u64..s.end()).contains(&(pc as u64)))
-        {
-            Some("lies in no segment")
-        } else {
-            None
-        };
-        match reason {
-            Some(reason) => Err(ImageError::BadEntry {
-                entry_pc: pc,
-                reason,
-            }),
-            None => Ok(()),
-        }
+        ipu_object::check_layout(self.entry_pc, &self.segments).map_err(ImageError::Layout)
     }
 
     /// The binary encoding; the image must be valid.
