@@ -96,18 +96,7 @@ pub fn attach_tables(
 ) {
     for (&tile, bufs) in buffers.iter_mut() {
         let descriptors = step.tables.get(tile as usize).map_or(0, |t| t.len()) as u32;
-        bufs.push(crate::lower::BufferSpec {
-            name: name.to_string(),
-            bytes: (16 * descriptors).max(16),
-            align: 8,
-            region: crate::lower::RegionReq::Any,
-            exclusive_element: false,
-            zero: vec![],
-            category: "exchange_tables".into(),
-            scratch: None,
-            lifetime: None,
-            kernel_segment: None,
-        });
+        bufs.push(table_buffer(name, descriptors));
         step.table_buffers.insert(tile, bufs.len() - 1);
     }
 }
@@ -135,6 +124,111 @@ pub fn program_step(
         host_stop: false,
         launch: crate::lower::Launch::Own,
     })
+}
+
+/// An exchange step whose schedule [`schedule_pending`] makes later, so that
+/// a caller that builds several independent steps (a segmented model's
+/// joins) schedules them side by side: its program step and its table
+/// buffers already hold their places, so every buffer index is what
+/// [`program_step`] would have given.
+pub struct PendingStep {
+    /// The program step's index in its caller's step list.
+    pub index: usize,
+    tiles: u32,
+    transfers: Vec<BufferTransfer>,
+    label: u32,
+    /// Per tile, its table buffer (bytes set once the schedule is known).
+    table_buffers: BTreeMap<u32, usize>,
+}
+
+/// [`program_step`] without its schedule: the step (with no exchange yet)
+/// and, per tile, a table buffer `xtab<label>`, in the order
+/// [`attach_tables`] adds them; [`schedule_pending`] completes both.
+pub fn pending_step(
+    tiles: u32,
+    transfers: Vec<BufferTransfer>,
+    label: u32,
+    buffers: &mut BTreeMap<u32, Vec<crate::lower::BufferSpec>>,
+    operation: String,
+    phase: String,
+    index: usize,
+) -> (crate::lower::Step, PendingStep) {
+    let name = format!("xtab{label}");
+    let mut table_buffers = BTreeMap::new();
+    for (&tile, bufs) in buffers.iter_mut() {
+        bufs.push(table_buffer(&name, 0));
+        table_buffers.insert(tile, bufs.len() - 1);
+    }
+    let step = crate::lower::Step {
+        tile_cycles: Default::default(),
+        operation,
+        phase,
+        tiles: Default::default(),
+        estimated_cycles: 0,
+        exchange: None,
+        host_stop: false,
+        launch: crate::lower::Launch::Own,
+    };
+    let pending = PendingStep {
+        index,
+        tiles,
+        transfers,
+        label,
+        table_buffers,
+    };
+    (step, pending)
+}
+
+/// Schedules the `pending` steps in parallel and completes them in `steps`
+/// and their table buffers in `buffers`: the same steps and buffers as
+/// [`program_step`] one after another (the first failure in order is the
+/// error).
+pub fn schedule_pending(
+    pending: Vec<PendingStep>,
+    steps: &mut [crate::lower::Step],
+    buffers: &mut BTreeMap<u32, Vec<crate::lower::BufferSpec>>,
+) -> Result<(), CompileError> {
+    use rayon::prelude::*;
+    let mut pending = pending;
+    let scheduled: Vec<Result<ExchangeStep, CompileError>> = pending
+        .par_iter_mut()
+        .map(|p| schedule(p.tiles, std::mem::take(&mut p.transfers), p.label))
+        .collect();
+    for (p, x) in pending.into_iter().zip(scheduled) {
+        let mut x = x?;
+        for (&tile, &b) in &p.table_buffers {
+            let descriptors = x.tables.get(tile as usize).map_or(0, |t| t.len()) as u32;
+            buffers.get_mut(&tile).expect("a tile of the step")[b].bytes =
+                table_bytes_of(descriptors);
+        }
+        x.table_buffers = p.table_buffers;
+        let step = &mut steps[p.index];
+        step.estimated_cycles = step_cycles(&x.figures);
+        step.exchange = Some(x);
+    }
+    Ok(())
+}
+
+/// The bytes of a table of `descriptors` descriptors (16 each, at least one
+/// descriptor's room).
+fn table_bytes_of(descriptors: u32) -> u32 {
+    (16 * descriptors).max(16)
+}
+
+/// A tile's table buffer for an exchange step, in standard memory.
+fn table_buffer(name: &str, descriptors: u32) -> crate::lower::BufferSpec {
+    crate::lower::BufferSpec {
+        name: name.to_string(),
+        bytes: table_bytes_of(descriptors),
+        align: 8,
+        region: crate::lower::RegionReq::Any,
+        exclusive_element: false,
+        zero: vec![],
+        category: "exchange_tables".into(),
+        scratch: None,
+        lifetime: None,
+        kernel_segment: None,
+    }
 }
 
 /// The bytes of `tile`'s resolved table (little-endian words).
@@ -537,6 +631,99 @@ mod tests {
             0,
         )
         .unwrap()
+    }
+
+    /// Steps scheduled side by side (`pending_step`, `schedule_pending`)
+    /// equal the same steps made one after another by `program_step`, and
+    /// so do the buffers both give every tile: random phases on 12 tiles
+    /// between steps that add buffers of their own.
+    #[test]
+    fn pending_steps_equal_steps_scheduled_in_order() {
+        let mut rng = ipu_rng::SplitMix64(45);
+        for case in 0..40 {
+            let tiles = 12;
+            let fresh = || -> BTreeMap<u32, Vec<crate::lower::BufferSpec>> {
+                (0..tiles)
+                    .map(|t| (t, vec![table_buffer("own", 0); 3]))
+                    .collect()
+            };
+            let phases: Vec<Vec<BufferTransfer>> = (0..1 + case % 4)
+                .map(|_| {
+                    (0..1 + rng.next_u64() % 20)
+                        .map(|k| {
+                            // Sources in buffer 0; each transfer's
+                            // destinations at a range of their own in
+                            // buffer 1 or 2, so no two receives overlap.
+                            let tile = |rng: &mut ipu_rng::SplitMix64| {
+                                (rng.next_u64() % tiles as u64) as u32
+                            };
+                            let source = BufferRef {
+                                tile: tile(&mut rng),
+                                buffer: 0,
+                                offset: 4 * (rng.next_u64() % 16) as u32,
+                            };
+                            let destinations = (0..1 + rng.next_u64() % 3)
+                                .map(|_| tile(&mut rng))
+                                .filter(|&t| t != source.tile)
+                                .collect::<std::collections::BTreeSet<u32>>()
+                                .into_iter()
+                                .map(|t| BufferRef {
+                                    tile: t,
+                                    buffer: 1 + (k % 2) as usize,
+                                    offset: 64 * k as u32,
+                                })
+                                .collect::<Vec<_>>();
+                            BufferTransfer {
+                                source,
+                                destinations,
+                                bytes: 4 * (1 + rng.next_u64() % 8) as u32,
+                            }
+                        })
+                        .filter(|t| !t.destinations.is_empty())
+                        .collect::<Vec<_>>()
+                })
+                .filter(|p: &Vec<BufferTransfer>| !p.is_empty())
+                .collect();
+            // Between steps each tile gains a buffer, as a join's segments
+            // add theirs.
+            let (mut in_order, mut in_order_steps) = (fresh(), Vec::new());
+            for (label, p) in phases.iter().enumerate() {
+                in_order_steps.push(
+                    program_step(
+                        tiles,
+                        p.clone(),
+                        label as u32,
+                        &mut in_order,
+                        "op".into(),
+                        "x".into(),
+                    )
+                    .unwrap(),
+                );
+                in_order
+                    .values_mut()
+                    .for_each(|b| b.push(table_buffer("seg", 1)));
+            }
+            let (mut side_by_side, mut steps, mut pending) = (fresh(), Vec::new(), Vec::new());
+            for (label, p) in phases.iter().enumerate() {
+                let (step, pend) = pending_step(
+                    tiles,
+                    p.clone(),
+                    label as u32,
+                    &mut side_by_side,
+                    "op".into(),
+                    "x".into(),
+                    steps.len(),
+                );
+                steps.push(step);
+                pending.push(pend);
+                side_by_side
+                    .values_mut()
+                    .for_each(|b| b.push(table_buffer("seg", 1)));
+            }
+            schedule_pending(pending, &mut steps, &mut side_by_side).unwrap();
+            assert_eq!(steps, in_order_steps, "case {case}");
+            assert_eq!(side_by_side, in_order, "case {case}");
+        }
     }
 
     /// Placed addresses unrelated to the synthetic ones.
