@@ -1428,16 +1428,7 @@ fn lower_rows(
     let in_round = |h: u32| (h_lo..h_hi).contains(&h);
     let name = graph.value(b.attention).name.clone();
     let y_name = graph.value(b.result).name.clone();
-    let compute_step = |phase: String| Step {
-        tile_cycles: Default::default(),
-        operation: name.clone(),
-        phase,
-        tiles: Default::default(),
-        estimated_cycles: 0,
-        exchange: None,
-        host_stop: false,
-        launch: crate::lower::Launch::Own,
-    };
+    let compute_step = |phase: String| Step::empty(name.clone(), phase);
     // q and k's head size (the scores' K) and v's (O's columns).
     let (d, dp, dv, dq) = (b.d, b.dp(), b.dv, b.dqv());
     let qranges = plan.query_ranges(b);

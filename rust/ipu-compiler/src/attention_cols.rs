@@ -1055,16 +1055,7 @@ pub fn lower(
     let b = block;
     let name = graph.value(b.attention).name.clone();
     let y_name = graph.value(b.result).name.clone();
-    let compute_step = |phase: String| Step {
-        tile_cycles: Default::default(),
-        operation: name.clone(),
-        phase,
-        tiles: Default::default(),
-        estimated_cycles: 0,
-        exchange: None,
-        host_stop: false,
-        launch: crate::lower::Launch::Own,
-    };
+    let compute_step = |phase: String| Step::empty(name.clone(), phase);
     let d = b.d;
     let qranges = plan.query_ranges(b);
     let splits = plan.key_splits.len() as u32;

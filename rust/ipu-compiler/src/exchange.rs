@@ -115,14 +115,9 @@ pub fn program_step(
     let mut x = schedule(tiles, transfers, label)?;
     attach_tables(&mut x, buffers, &format!("xtab{label}"));
     Ok(crate::lower::Step {
-        tile_cycles: Default::default(),
-        operation,
-        phase,
-        tiles: Default::default(),
         estimated_cycles: step_cycles(&x.figures),
         exchange: Some(x),
-        host_stop: false,
-        launch: crate::lower::Launch::Own,
+        ..crate::lower::Step::empty(operation, phase)
     })
 }
 
@@ -159,16 +154,7 @@ pub fn pending_step(
         bufs.push(table_buffer(&name, 0));
         table_buffers.insert(tile, bufs.len() - 1);
     }
-    let step = crate::lower::Step {
-        tile_cycles: Default::default(),
-        operation,
-        phase,
-        tiles: Default::default(),
-        estimated_cycles: 0,
-        exchange: None,
-        host_stop: false,
-        launch: crate::lower::Launch::Own,
-    };
+    let step = crate::lower::Step::empty(operation, phase);
     let pending = PendingStep {
         index,
         tiles,

@@ -194,6 +194,21 @@ pub enum Launch {
 }
 
 impl Step {
+    /// A step of `operation` in `phase` with no vertices, no exchange and
+    /// no estimate yet, launched on its own; its builder fills them in.
+    pub fn empty(operation: String, phase: String) -> Step {
+        Step {
+            tile_cycles: Default::default(),
+            operation,
+            phase,
+            tiles: Default::default(),
+            estimated_cycles: 0,
+            exchange: None,
+            host_stop: false,
+            launch: Launch::Own,
+        }
+    }
+
     /// Whether the step ends a BSP step: an exchange (its sync) or a host
     /// stop (its `hsync`).
     pub fn ends_bsp_step(&self) -> bool {

@@ -194,16 +194,7 @@ pub fn cast_request(from: i64, to: i64, scale: i64) -> KernelRequest {
 
 /// An empty compute step for `operation`, its tiles' vertices to come.
 pub(crate) fn compute_step(operation: String, phase: String) -> Step {
-    Step {
-        tile_cycles: Default::default(),
-        operation,
-        phase,
-        tiles: Default::default(),
-        estimated_cycles: 0,
-        exchange: None,
-        host_stop: false,
-        launch: crate::lower::Launch::Own,
-    }
+    Step::empty(operation, phase)
 }
 
 /// Lowers a row-wise segment graph onto `tile_count` tiles. Returns the
