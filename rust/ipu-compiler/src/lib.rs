@@ -3320,14 +3320,15 @@ fn compile_with_fallbacks(
     loop {
         match compile_with(options, limits, retries) {
             // GEMMs sharing one tile that find no plan or room there run
-            // in segments of their own instead.
+            // in segments of their own instead, the GEMMs of a chain too
+            // (`segment::split` without `share_one_tile`).
             Err(e @ (CompileError::OutOfMemory { .. } | CompileError::NoFeasiblePlan { .. }))
                 if limits.share_one_tile && shares_one_tile(options) =>
             {
                 limits.share_one_tile = false;
                 let why = json!({
                     "error": e.to_string(),
-                    "then": "independent GEMMs run in segments of their own, not sharing the tile",
+                    "then": "the GEMMs run in segments of their own, not sharing the tile (a chain's GEMMs too)",
                 });
                 tracing::info!(%why, "compiling again");
                 retries.push(why);

@@ -186,7 +186,8 @@ fn kind_of(graph: &Graph, epilogues: &BTreeSet<NodeId>, n: NodeId) -> Kind {
 /// independent GEMMs (which run side by side on tiles of their own) only
 /// as far as their [`gemm_tile_demand`] fits `tiles`; with
 /// `share_one_tile`, on one tile, up to [`SHARED_TILE_GEMMS`] of them that
-/// each need at most a quarter of region 1 share it.
+/// each need at most a quarter of region 1 share it; without it, on one
+/// tile, every GEMM of a chain has a segment of its own as well.
 pub fn split(
     graph: &Graph,
     split_projections: bool,
@@ -265,6 +266,18 @@ pub fn split(
                 if split_projections
                     && (matches!(node.op, Op::SplitHeads { .. }) && has_gemm
                         || matches!(node.op, Op::Gemm { .. }) && !here(node.args[0])) =>
+            {
+                true
+            }
+            // On one tile without sharing (`compile`'s retry when the
+            // shared segment finds no plan or room), a GEMM that continues
+            // a chain starts the next segment too: a chain keeps every
+            // GEMM's buffers for the whole segment, each element-exclusive
+            // one in whole memory elements, which a small two-GEMM chain
+            // can overflow on one tile (random seed 531354: 46 x 70 x 340
+            // then x 33) where each GEMM alone fits.
+            (Some(Kind::Blocks), Kind::Blocks)
+                if tiles == 1 && !share_one_tile && attention_free && continues_chain =>
             {
                 true
             }

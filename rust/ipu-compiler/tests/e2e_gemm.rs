@@ -1580,21 +1580,29 @@ fn exclusive_buffers_place_in_the_order_the_planner_counts() {
     run_with(&opts, |g| random::gaussian_feeds(g, 256), true);
 }
 
-/// Four slices that each need nearly a quarter of region 1 find no plan
-/// sharing one tile (each GEMM's element-exclusive buffers take whole
-/// memory elements): the compile retries with a segment per slice, says
-/// so in the report's retries, and verifies.
+/// GEMMs that find no plan sharing one tile retry with a segment per GEMM,
+/// say so in the report's retries, and verify: four slices that each need
+/// nearly a quarter of region 1 (each GEMM's element-exclusive buffers take
+/// whole memory elements), and a two-GEMM chain, which keeps both GEMMs'
+/// buffers for the whole segment (random seed 531354).
 #[test]
-fn slices_without_room_to_share_one_tile_run_in_segments() {
+fn gemms_without_room_to_share_one_tile_run_in_segments() {
     let dir = tempfile::tempdir().unwrap();
-    let model = write_model(
-        dir.path(),
-        "b4_wide",
-        "model b4_wide\ninput a: f16[4, 64, 256]\ninput b: f16[4, 256, 64]\nc = gemm(a, b)\noutput c\n",
-    );
-    let ran = compile_and_run(&model, 1, 9);
-    let retries = ran.compile.report["retries"].to_string();
-    assert!(retries.contains("not sharing the tile"), "{retries}");
+    for (name, text) in [
+        (
+            "b4_wide",
+            "input a: f16[4, 64, 256]\ninput b: f16[4, 256, 64]\nc = gemm(a, b)\noutput c\n",
+        ),
+        (
+            "chain_one_tile",
+            "input x: f16[46, 70]\nparam w1: f16[70, 340]\nparam b1: f16[340]\nparam w2: f16[340, 33]\nparam b2: f16[33]\nh = gemm(x, w1)\nhb = add(h, b1)\no = gemm(hb, w2)\ny = add(o, b2)\noutput y\n",
+        ),
+    ] {
+        let model = write_model(dir.path(), name, &format!("model {name}\n{text}"));
+        let ran = compile_and_run(&model, 1, 9);
+        let retries = ran.compile.report["retries"].to_string();
+        assert!(retries.contains("not sharing the tile"), "{name}: {retries}");
+    }
 }
 
 /// The slices of a batched GEMM that outnumber their tiles run in
