@@ -170,12 +170,11 @@ pub fn pending_step(
 /// [`program_step`] one after another (the first failure in order is the
 /// error).
 pub fn schedule_pending(
-    pending: Vec<PendingStep>,
+    mut pending: Vec<PendingStep>,
     steps: &mut [crate::lower::Step],
     buffers: &mut BTreeMap<u32, Vec<crate::lower::BufferSpec>>,
 ) -> Result<(), CompileError> {
     use rayon::prelude::*;
-    let mut pending = pending;
     let scheduled: Vec<Result<ExchangeStep, CompileError>> = pending
         .par_iter_mut()
         .map(|p| schedule(p.tiles, std::mem::take(&mut p.transfers), p.label))

@@ -2910,116 +2910,97 @@ fn plan_segments(
     weight_caps: Option<&BTreeMap<String, u64>>,
 ) -> Result<PlannedSegments, CompileError> {
     phase("plan_segments", || {
-        plan_each_segment(
-            segments,
-            options,
-            library,
-            limits,
-            weights_joined,
-            weight_caps,
-        )
-    })
-}
-
-fn plan_each_segment(
-    segments: &[segment::Segment],
-    options: &CompileOptions,
-    library: &mut KernelLibrary,
-    limits: SegmentLimits,
-    weights_joined: bool,
-    weight_caps: Option<&BTreeMap<String, u64>>,
-) -> Result<PlannedSegments, CompileError> {
-    let tiles = options.tiles;
-    let block_segments = segments
-        .iter()
-        .filter(|s| s.kind == segment::Kind::Blocks)
-        .count();
-    // The segments plan independently of one another (each sees only its
-    // own graph and all tiles), so they are planned in parallel, each with
-    // a fork of the kernel library; the results are taken in segment order,
-    // so the package and the report are those of a sequential run, and the
-    // first failing segment's error is the one returned.
-    let parent = tracing::Span::current();
-    let planned: Vec<Result<(SegmentPart, KernelLibrary), CompileError>> = segments
-        .par_iter()
-        .enumerate()
-        .map(|(index, s)| {
-            let mut library = library.fork();
-            let outputs: Vec<&str> = s
-                .graph
-                .outputs()
-                .iter()
-                .map(|&v| s.graph.value(v).name.as_str())
-                .collect();
-            let span = tracing::info_span!(
-                parent: &parent,
-                "ipu_compiler.segment",
-                segment = index,
-                kind = ?s.kind,
-                outputs = %outputs.join(",")
-            );
-            let _enter = span.enter();
-            let part = match s.kind {
-                segment::Kind::Blocks => {
-                    let context = SegmentContext {
-                        limits,
-                        requantised: &s.requantised,
-                        sole_block_segment: block_segments == 1,
-                        weights_joined,
-                        weight_caps,
-                        device_inputs: &s.device_inputs,
-                    };
-                    let r = plan_and_lower(&s.graph, options, &mut library, Some(tiles), context)?;
-                    SegmentPart::Blocks(r)
+        let tiles = options.tiles;
+        let block_segments = segments
+            .iter()
+            .filter(|s| s.kind == segment::Kind::Blocks)
+            .count();
+        // The segments plan independently of one another (each sees only its
+        // own graph and all tiles), so they are planned in parallel, each with
+        // a fork of the kernel library; the results are taken in segment order,
+        // so the package and the report are those of a sequential run, and the
+        // first failing segment's error is the one returned.
+        let parent = tracing::Span::current();
+        let planned: Vec<Result<(SegmentPart, KernelLibrary), CompileError>> = segments
+            .par_iter()
+            .enumerate()
+            .map(|(index, s)| {
+                let mut library = library.fork();
+                let outputs: Vec<&str> = s
+                    .graph
+                    .outputs()
+                    .iter()
+                    .map(|&v| s.graph.value(v).name.as_str())
+                    .collect();
+                let span = tracing::info_span!(
+                    parent: &parent,
+                    "ipu_compiler.segment",
+                    segment = index,
+                    kind = ?s.kind,
+                    outputs = %outputs.join(",")
+                );
+                let _enter = span.enter();
+                let part = match s.kind {
+                    segment::Kind::Blocks => {
+                        let context = SegmentContext {
+                            limits,
+                            requantised: &s.requantised,
+                            sole_block_segment: block_segments == 1,
+                            weights_joined,
+                            weight_caps,
+                            device_inputs: &s.device_inputs,
+                        };
+                        let r =
+                            plan_and_lower(&s.graph, options, &mut library, Some(tiles), context)?;
+                        SegmentPart::Blocks(r)
+                    }
+                    // Transposes are reported beside the row-wise
+                    // operations: one entry per operation, with its kernel,
+                    // tiles and estimate.
+                    segment::Kind::Rowwise | segment::Kind::Transpose => {
+                        let lower_segment = if s.kind == segment::Kind::Rowwise {
+                            rowwise::lower
+                        } else {
+                            transpose::lower
+                        };
+                        let (l, reports) = phase("lower", || {
+                            let (l, reports) = lower_segment(&s.graph, tiles, &mut library)?;
+                            verifier("lower", lower::verify(&l))?;
+                            Ok((l, reports))
+                        })?;
+                        SegmentPart::Rowwise(l, reports)
+                    }
+                };
+                Ok((part, library))
+            })
+            .collect();
+        let mut parts = Vec::new();
+        let mut reports = Vec::new();
+        for result in planned {
+            let (part, fork) = result?;
+            library.absorb(fork);
+            match part {
+                SegmentPart::Blocks(r) => {
+                    parts.push(r.lowered);
+                    reports.push(SegmentReports {
+                        operation_reports: r.operation_reports,
+                        would_help: r.would_help,
+                        chain_choice: r.chain_choice,
+                        attention: r.attention,
+                        rowwise: Vec::new(),
+                    });
                 }
-                segment::Kind::Rowwise => {
-                    let (l, reports) = phase("lower", || {
-                        let (l, reports) = rowwise::lower(&s.graph, tiles, &mut library)?;
-                        verifier("lower", lower::verify(&l))?;
-                        Ok((l, reports))
-                    })?;
-                    SegmentPart::Rowwise(l, reports)
+                SegmentPart::Rowwise(l, rowwise) => {
+                    parts.push(l);
+                    reports.push(SegmentReports {
+                        rowwise,
+                        ..Default::default()
+                    });
                 }
-                // Reported beside the row-wise operations: one entry per
-                // operation, with its kernel, tiles and estimate.
-                segment::Kind::Transpose => {
-                    let (l, reports) = phase("lower", || {
-                        let (l, reports) = transpose::lower(&s.graph, tiles, &mut library)?;
-                        verifier("lower", lower::verify(&l))?;
-                        Ok((l, reports))
-                    })?;
-                    SegmentPart::Rowwise(l, reports)
-                }
-            };
-            Ok((part, library))
-        })
-        .collect();
-    let mut parts = Vec::new();
-    let mut reports = Vec::new();
-    for result in planned {
-        let (part, fork) = result?;
-        library.absorb(fork);
-        match part {
-            SegmentPart::Blocks(r) => {
-                parts.push(r.lowered);
-                reports.push(SegmentReports {
-                    operation_reports: r.operation_reports,
-                    would_help: r.would_help,
-                    chain_choice: r.chain_choice,
-                    attention: r.attention,
-                    rowwise: Vec::new(),
-                });
-            }
-            SegmentPart::Rowwise(l, rowwise) => {
-                parts.push(l);
-                reports.push(SegmentReports {
-                    rowwise,
-                    ..Default::default()
-                });
             }
         }
-    }
-    Ok(PlannedSegments { parts, reports })
+        Ok(PlannedSegments { parts, reports })
+    })
 }
 
 /// Compiles `options.model` into a package (and writes it when `output` is set).
