@@ -927,7 +927,7 @@ fn row_vertices(
         .iter()
         .enumerate()
         .map(|(w, &(r0, r1))| Vertex {
-            kernel: kernel.clone(),
+            kernel: std::sync::Arc::new(kernel.clone()),
             state: state(w as u32, r0, r1),
         })
         .collect()
@@ -1032,7 +1032,7 @@ pub(crate) fn transpose_vertex(
         .1
         .eval(&[("ROWS", rows as i64), ("COLS", (c1 - c0) as i64)]);
     let vertex = Vertex {
-        kernel: transpose.0.clone(),
+        kernel: std::sync::Arc::new(transpose.0.clone()),
         state: vec![
             StateWord::Addr {
                 buffer: from,
@@ -1773,7 +1773,7 @@ fn lower_rows(
             vertices
                 .into_iter()
                 .map(|state| Vertex {
-                    kernel: kernels.fill.0.clone(),
+                    kernel: std::sync::Arc::new(kernels.fill.0.clone()),
                     state,
                 })
                 .collect(),
@@ -2113,7 +2113,7 @@ fn lower_rows(
                 let (first, second) = order(nkb);
                 let c_off = C_HEADER + 2 * rs_c + cg0 * 64;
                 Vertex {
-                    kernel: kernels.gemm.0.clone(),
+                    kernel: std::sync::Arc::new(kernels.gemm.0.clone()),
                     state: vec![
                         a,
                         StateWord::Const(rs_a),

@@ -1337,7 +1337,7 @@ pub fn lower(
             vertices
                 .into_iter()
                 .map(|state| Vertex {
-                    kernel: fill.0.clone(),
+                    kernel: std::sync::Arc::new(fill.0.clone()),
                     state,
                 })
                 .collect(),
@@ -1350,7 +1350,7 @@ pub fn lower(
                 tile,
                 pads.into_iter()
                     .map(|state| Vertex {
-                        kernel: ck.fill_rows.0.clone(),
+                        kernel: std::sync::Arc::new(ck.fill_rows.0.clone()),
                         state,
                     })
                     .collect(),
@@ -1558,7 +1558,7 @@ pub fn lower(
             };
             let c_off = lay.c_row(j, gi, lr0) + cg0 * 16 * g.out_bytes();
             Vertex {
-                kernel: ck.gemm.0.clone(),
+                kernel: std::sync::Arc::new(ck.gemm.0.clone()),
                 state: vec![
                     StateWord::Addr {
                         buffer: a,
@@ -1620,7 +1620,7 @@ pub fn lower(
                 round
                     .iter()
                     .map(|j| Vertex {
-                        kernel: ck.mask.0.clone(),
+                        kernel: std::sync::Arc::new(ck.mask.0.clone()),
                         state: match j.group {
                             Some(g) => vec![
                                 StateWord::Addr {
@@ -1665,7 +1665,7 @@ pub fn lower(
             jobs.iter()
                 .enumerate()
                 .map(|(ji, &(gi, r0, r1))| Vertex {
-                    kernel: ck.colmax.0.clone(),
+                    kernel: std::sync::Arc::new(ck.colmax.0.clone()),
                     state: vec![
                         StateWord::Addr {
                             buffer: t.c1,
@@ -1687,7 +1687,7 @@ pub fn lower(
             jobs.iter()
                 .enumerate()
                 .map(|(ji, &(gi, r0, r1))| Vertex {
-                    kernel: ck.softmax.0.clone(),
+                    kernel: std::sync::Arc::new(ck.softmax.0.clone()),
                     state: vec![
                         StateWord::Addr {
                             buffer: t.c1,
@@ -1746,7 +1746,7 @@ pub fn lower(
             Some(copies) => copies
                 .into_iter()
                 .map(|(from, to, bytes)| Vertex {
-                    kernel: ck.copy.0.clone(),
+                    kernel: std::sync::Arc::new(ck.copy.0.clone()),
                     state: vec![
                         StateWord::Addr {
                             buffer: t.c1,
@@ -1907,7 +1907,7 @@ pub fn lower(
                 .iter()
                 .enumerate()
                 .map(|(w, &(qa, qn, da, dn))| Vertex {
-                    kernel: ck.final_.0.clone(),
+                    kernel: std::sync::Arc::new(ck.final_.0.clone()),
                     state: vec![
                         StateWord::Addr {
                             buffer: t.ot,

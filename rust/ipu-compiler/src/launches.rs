@@ -129,11 +129,11 @@ mod tests {
     fn vertices(n: usize) -> Vec<Vertex> {
         (0..n)
             .map(|_| Vertex {
-                kernel: crate::library::KernelRequest {
+                kernel: Arc::new(crate::library::KernelRequest {
                     entry: "fill64".into(),
                     source: "fill64.S".into(),
                     params: Default::default(),
-                },
+                }),
                 state: Vec::new(),
             })
             .collect()

@@ -3083,7 +3083,7 @@ fn tile_kernels(l: &lower::Lowered, tile: u32) -> Vec<KernelRequest> {
     let mut v: Vec<&KernelRequest> = distinct_vertex_maps(l)
         .filter_map(|m| m.get(&tile))
         .flatten()
-        .map(|v| &v.kernel)
+        .map(|v| &*v.kernel)
         .collect();
     let runtime = emit::runtime_request();
     v.push(&runtime);
@@ -3111,12 +3111,16 @@ fn distinct_vertex_maps(
 /// Every kernel some tile of `l` links (the supervisor runtime included),
 /// each once.
 fn linked_requests(l: &lower::Lowered) -> std::collections::BTreeSet<KernelRequest> {
-    distinct_vertex_maps(l)
+    let mut requests: std::collections::BTreeSet<KernelRequest> = distinct_vertex_maps(l)
         .flat_map(|m| m.values())
         .flatten()
-        .map(|v| v.kernel.clone())
-        .chain(std::iter::once(emit::runtime_request()))
-        .collect()
+        .map(|v| &*v.kernel)
+        .collect::<std::collections::BTreeSet<&KernelRequest>>()
+        .into_iter()
+        .cloned()
+        .collect();
+    requests.insert(emit::runtime_request());
+    requests
 }
 
 /// Loads every kernel any tile of `l` links, once, so that the per-tile

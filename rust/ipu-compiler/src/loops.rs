@@ -1104,7 +1104,7 @@ fn copy_step(
             tile_slowest =
                 tile_slowest.max(cost.eval(&[("N", bin.len() as i64), ("BYTES", bytes as i64)]));
             vertices.push(Vertex {
-                kernel: copy.clone(),
+                kernel: std::sync::Arc::new(copy.clone()),
                 state,
             });
         }

@@ -784,7 +784,7 @@ fn lower_component(
                                     offset: q0 * gb,
                                 };
                                 vertices.push(Vertex {
-                                    kernel: request.clone(),
+                                    kernel: std::sync::Arc::new(request.clone()),
                                     state: vec![
                                         at(x, q0 * gb),
                                         at(out, q0 * gb),
@@ -1027,7 +1027,7 @@ fn lower_component(
                 };
                 slowest = slowest.max(cycles);
                 vertices.push(Vertex {
-                    kernel: request.clone(),
+                    kernel: std::sync::Arc::new(request.clone()),
                     state,
                 });
             }

@@ -1277,7 +1277,7 @@ fn zero_fill_step(
         let vertices = states
             .into_iter()
             .map(|state| crate::lower::Vertex {
-                kernel: fill.0.clone(),
+                kernel: std::sync::Arc::new(fill.0.clone()),
                 state,
             })
             .collect();

@@ -1646,7 +1646,7 @@ pub fn lower(
                         }
                         .state(&g);
                         vertices.push(Vertex {
-                            kernel: pg.kernel.clone(),
+                            kernel: std::sync::Arc::new(pg.kernel.clone()),
                             state,
                         });
                     }
@@ -1826,7 +1826,7 @@ pub fn lower(
                         offset: lay.c_row(0, gi, piece.0 + q0) + cb0 * 16 * g.out_bytes(),
                     });
                     vertices.push(Vertex {
-                        kernel: kernel.clone(),
+                        kernel: std::sync::Arc::new(kernel.clone()),
                         state: vec![
                             StateWord::Addr {
                                 buffer: t.c_partial,
