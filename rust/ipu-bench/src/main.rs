@@ -15,6 +15,13 @@
 //! - `ipu-bench gemm4096 [tiles]`: compiles the 4096^3 f16 GEMM (f16
 //!   accumulation, K streamed through the tiles), simulates it and prints
 //!   its fraction of the f16 peak.
+//! - `ipu-bench attention-shapes [tiles]`: the SigLIP attention's model
+//!   (Q/K/V projections, heads, attention) at other published sizes, from
+//!   197 to 2048 tokens, causal or not (`ATTENTION_SHAPES`), one line
+//!   each: the layout chosen, the cycles against the compute bound and
+//!   the precision floor, the estimate's error and the verification. It
+//!   shows where a size leaves the column layout (2048 causal tokens of
+//!   16 heads: the scores no longer fit a tile, docs/STATUS.md).
 //!
 //! The figures are measurements of this machine; nothing here is a test.
 //! Paths are relative to the repository root (or `IPU_STACK_ROOT`).
@@ -490,6 +497,170 @@ fn model_bench(b: &ModelBench, tiles: u32) -> Result<(), String> {
     Ok(())
 }
 
+/// A projected attention at another size: tokens, width, heads, causal.
+struct AttentionShape {
+    title: &'static str,
+    tokens: u64,
+    width: u64,
+    heads: u64,
+    causal: bool,
+}
+
+/// Published model sizes besides SigLIP's (729 x 1152, 16 heads of 72).
+const ATTENTION_SHAPES: [AttentionShape; 9] = [
+    AttentionShape {
+        title: "ViT-B/16",
+        tokens: 197,
+        width: 768,
+        heads: 12,
+        causal: false,
+    },
+    AttentionShape {
+        title: "ViT-L/14",
+        tokens: 257,
+        width: 1024,
+        heads: 16,
+        causal: false,
+    },
+    AttentionShape {
+        title: "BERT-base",
+        tokens: 512,
+        width: 768,
+        heads: 12,
+        causal: false,
+    },
+    AttentionShape {
+        title: "ViT-L/14 at 336",
+        tokens: 577,
+        width: 1024,
+        heads: 16,
+        causal: false,
+    },
+    AttentionShape {
+        title: "ViT-H/14 at 448",
+        tokens: 1025,
+        width: 1280,
+        heads: 16,
+        causal: false,
+    },
+    AttentionShape {
+        title: "Whisper encoder",
+        tokens: 1500,
+        width: 512,
+        heads: 8,
+        causal: false,
+    },
+    AttentionShape {
+        title: "GPT-2 medium",
+        tokens: 1024,
+        width: 1024,
+        heads: 16,
+        causal: true,
+    },
+    AttentionShape {
+        title: "Pythia-410M at 1536",
+        tokens: 1536,
+        width: 1024,
+        heads: 16,
+        causal: true,
+    },
+    AttentionShape {
+        title: "Pythia-410M at 2048",
+        tokens: 2048,
+        width: 1024,
+        heads: 16,
+        causal: true,
+    },
+];
+
+/// Compiles, simulates and verifies each [`ATTENTION_SHAPES`] model and
+/// prints one line per shape; fails when one does not compile or verify.
+fn attention_shapes(tiles: u32) -> Result<(), String> {
+    let dir = tempfile::tempdir().map_err(|e| e.to_string())?;
+    println!(
+        "Projected attention at other sizes (f16; Q/K/V projections without biases, heads, attention), {tiles} tiles:"
+    );
+    println!(
+        "  {:<48} {:>8} {:>8} {:>7} {:>6} {:>7} {:>6} {:>9} {:>8}  verification",
+        "shape (tokens x width, heads x head size)",
+        "layout",
+        "cycles",
+        "bound",
+        "ratio",
+        "floor",
+        "ratio",
+        "estimate",
+        "compile"
+    );
+    let mut failed = Vec::new();
+    for s in &ATTENTION_SHAPES {
+        let (n, d, h) = (s.tokens, s.width, s.heads);
+        let name = format!(
+            "attention_{n}x{d}_{h}{}",
+            if s.causal { "_causal" } else { "" }
+        );
+        let model = dir.path().join(format!("{name}.ipug"));
+        let text = format!(
+            "model {name}\ninput x: f16[{n}, {d}]\nparam wq: f16[{d}, {d}]\nparam wk: f16[{d}, {d}]\nparam wv: f16[{d}, {d}]\n\
+             q = gemm(x, wq)\nk = gemm(x, wk)\nv = gemm(x, wv)\n\
+             qh = split_heads(q, heads={h})\nkh = split_heads(k, heads={h})\nvh = split_heads(v, heads={h})\n\
+             o = attention(qh, kh, vh, causal={})\ny = merge_heads(o)\noutput y\n",
+            s.causal
+        );
+        std::fs::write(&model, text).map_err(|e| e.to_string())?;
+        let mut opts = options("siglip_attention.ipug", tiles, dir.path());
+        opts.model = model;
+        let shape = format!(
+            "{}: {n} x {d}, {h} x {}{}",
+            s.title,
+            d / h,
+            if s.causal { ", causal" } else { "" }
+        );
+        let m = match measure(&opts) {
+            Ok(m) => m,
+            Err(e) => {
+                println!("  {shape:<48} error: {e}");
+                failed.push(shape);
+                continue;
+            }
+        };
+        // The products the attention's scores and P V take (a causal
+        // query sees itself and the keys before it), at the f32 rate.
+        let pairs = if s.causal { n * (n + 1) / 2 } else { n * n };
+        let floor = ipu_arch::mixed_accumulation_bound_cycles(3 * n * d * d, 2 * d * pairs, tiles);
+        let layout = m
+            .attention
+            .as_deref()
+            .and_then(|a| a.split(' ').next())
+            .unwrap_or("?")
+            .to_string();
+        let (passed, mismatches, checks, ..) = m.verification;
+        println!(
+            "  {shape:<48} {layout:>8} {:>8} {:>7} {:>6.2} {:>7} {:>6.2} {:>+8.1}% {:>7.1}s  {}",
+            m.cycles,
+            m.compute_bound,
+            m.cycles as f64 / m.compute_bound as f64,
+            floor,
+            m.cycles as f64 / floor as f64,
+            100.0 * (m.estimate as f64 - m.cycles as f64) / m.cycles as f64,
+            m.compile_s,
+            if passed {
+                format!("passed ({checks} outputs)")
+            } else {
+                format!("FAILED ({mismatches} of {checks} outside the tolerance)")
+            }
+        );
+        if !passed {
+            failed.push(shape);
+        }
+    }
+    if failed.is_empty() {
+        Ok(())
+    } else {
+        Err(format!("{} failed: {}", failed.len(), failed.join("; ")))
+    }
+}
+
 /// The 4096^3 f16 GEMM at the AMP's f16 rate (f16 accumulation, as the
 /// peak counts it), simulated; the verification line reports the drift of
 /// a 4096-long f16 accumulation against the f32-accumulation tolerance.
@@ -542,6 +713,7 @@ fn main() {
     let result = match args.first().map(String::as_str) {
         Some("siglip") => siglip(tiles),
         Some("gemm4096") => gemm4096(tiles),
+        Some("attention-shapes") => attention_shapes(tiles),
         Some(name) if MODEL_BENCHES.iter().any(|(n, _)| *n == name) => {
             let (_, bench) = MODEL_BENCHES
                 .iter()
@@ -550,7 +722,7 @@ fn main() {
             model_bench(bench, tiles)
         }
         _ => Err(format!(
-            "usage: ipu-bench siglip|gemm4096|{} [tiles]",
+            "usage: ipu-bench siglip|gemm4096|attention-shapes|{} [tiles]",
             MODEL_BENCHES.map(|(n, _)| n).join("|")
         )),
     };
