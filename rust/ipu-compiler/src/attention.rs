@@ -530,6 +530,13 @@ pub struct AttentionPlan {
     /// on the same tiles, one after the other. 1 otherwise (not reported).
     #[serde(skip_serializing_if = "is_one")]
     pub rounds: u32,
+    /// Column layout only, where no other column plan fits: P^T written
+    /// into the S^T GEMM's dead partials buffer and O^T's two C buffers
+    /// into the S^T result once the softmax has read it
+    /// (`crate::attention_cols`, "Compact buffers"). Reported only when
+    /// set.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub compact: bool,
 }
 
 fn is_one(n: &u32) -> bool {
@@ -875,6 +882,7 @@ pub fn plan(
                     region0_bytes: region0,
                     distributed_combine: false,
                     rounds,
+                    compact: false,
                 });
             }
         }

@@ -327,6 +327,10 @@ struct Shapes {
     st: (GemmGeometry, WorkerSplit, ShardLayout),
     /// O^T = [V^T; 1] P^T.
     pv: (GemmGeometry, WorkerSplit, ShardLayout),
+    /// Compact buffers (`AttentionPlan::compact`): besides P^T and O^T's
+    /// C in the S^T GEMM's buffers, each state slot holds only the rows a
+    /// tile combines and the l row right after them ([`Shapes::slot_row`]).
+    compact: bool,
 }
 
 impl Shapes {
@@ -406,7 +410,34 @@ impl Shapes {
             kp,
             st: (st_g, st_split, st_layout),
             pv: (pv_g, pv_split, pv_layout),
+            compact: false,
         })
+    }
+    /// These shapes with compact buffers.
+    fn compacted(self) -> Shapes {
+        Shapes {
+            compact: true,
+            ..self
+        }
+    }
+    /// The row of a state slot (from the slot's start, in O^T rows) that
+    /// holds O^T row `row` for a tile combining head columns `(d0, d1)`:
+    /// with compact buffers the rows `[d0, d1)` and then the l row (row
+    /// d), otherwise the rows `d0..=d` in place (`row - d0`).
+    fn slot_row(&self, (d0, d1): (u32, u32), row: u32) -> u32 {
+        if self.compact && row >= d1 {
+            d1 - d0 + (row - self.d)
+        } else {
+            row - d0
+        }
+    }
+    /// Where slot 0 starts in the O^T buffer (see [`Shapes::ot_bytes`]).
+    fn slot0(&self, (d0, _): (u32, u32)) -> u32 {
+        if self.compact {
+            0
+        } else {
+            d0 * self.pv.2.rs_d()
+        }
     }
     fn quads(&self) -> u32 {
         4 * self.nqc
@@ -475,15 +506,43 @@ impl Shapes {
             8
         }
     }
-    fn region1(&self) -> Option<u64> {
-        crate::storage::region1_footprint(&[
+    /// A tile's region-1 buffers as (bytes, element-exclusive): P^T has
+    /// one of its own unless the buffers are compact.
+    fn region1_buffers(&self) -> Vec<(u32, bool)> {
+        let mut buffers = vec![
             (self.kr_bytes(), true),
             (self.vt_bytes(), true),
             (self.c_bytes(), true),
             (self.c_bytes(), true),
             (self.qt_bytes(), false),
-            (self.pt_bytes(), false),
-        ])
+        ];
+        if !self.compact {
+            buffers.push((self.pt_bytes(), false));
+        }
+        buffers
+    }
+    /// Region 1 of a tile, `None` when it does not fit; with compact
+    /// buffers also when P^T (after the zero header of the dead partials
+    /// buffer `c2`, which O^T's K block 0 reads as its zero partials) or
+    /// O^T's C buffers do not fit where they go.
+    fn region1(&self) -> Option<u64> {
+        if self.compact {
+            if crate::gemm::C_HEADER + self.pt_bytes() > self.c_bytes() {
+                return None;
+            }
+            self.ot_partials_offset()?;
+        }
+        crate::storage::region1_footprint(&self.region1_buffers())
+    }
+    /// Compact buffers: where O^T's second C buffer starts in the S^T
+    /// result buffer (`c1`), far enough past the first (at offset 0) that
+    /// the two share no 32 KiB element wherever `c1` lands, as the
+    /// kernel's `ld2x64st64` needs; `None` when `c1` is too small.
+    fn ot_partials_offset(&self) -> Option<u32> {
+        let e = ipu_arch::INTERLEAVED_ELEMENT_BYTES;
+        let ot = self.pv.2.c_bytes();
+        let off = (ot.div_ceil(e) + 1) * e;
+        (off + ot <= self.c_bytes()).then_some(off)
     }
     fn region0(&self, rows: u32, splits: u32, distributed: bool) -> u64 {
         let w = ipu_arch::WORKER_CONTEXTS;
@@ -563,7 +622,8 @@ impl Shapes {
             let mut k = 0;
             while k < n {
                 let m = per.min(n - k);
-                out.push((c + k * lay.rs_c, (row + k) * lay.rs_d(), m * lay.rs_c));
+                let to = self.slot0(r) + self.slot_row(r, row + k) * lay.rs_d();
+                out.push((c + k * lay.rs_c, to, m * lay.rs_c));
                 k += m;
             }
         }
@@ -590,8 +650,12 @@ impl Shapes {
     /// and the l row d are written), so that every slot, the tile's own
     /// O^T (slot 0, all rows) included, has the same layout from row d0
     /// on, as `attention_cols_final` reads them.
-    fn state_slot(&self, (d0, _): (u32, u32)) -> u32 {
-        (self.d - d0 + 1) * self.pv.2.rs_d()
+    fn state_slot(&self, (d0, d1): (u32, u32)) -> u32 {
+        if self.compact {
+            (d1 - d0 + 1) * self.pv.2.rs_d()
+        } else {
+            (self.d - d0 + 1) * self.pv.2.rs_d()
+        }
     }
     /// The tile's O^T buffer: its own O^T, then with key splits the other
     /// splits' slots.
@@ -599,7 +663,7 @@ impl Shapes {
         if splits == 1 || r.1 == r.0 {
             self.ot_slot()
         } else {
-            r.0 * self.pv.2.rs_d() + splits * self.state_slot(r)
+            self.slot0(r) + splits * self.state_slot(r)
         }
     }
     /// Bytes a tile with head columns `(d0, d1)` receives in the state
@@ -734,7 +798,13 @@ fn fill_jobs(s: &Shapes, t: &TileBuffers, n: u32) -> (Vec<FillJob>, Vec<RowJob>)
         (t.kr, n * s.st.2.rs_a, s.st.2.rs_a, 0, 0),
     ];
     if n < s.kp {
-        jobs.push((t.pt, n * s.pv.2.rs_b, (s.kp - n) * s.pv.2.rs_b, 0, 0));
+        jobs.push((
+            t.pt,
+            t.pt_base + n * s.pv.2.rs_b,
+            (s.kp - n) * s.pv.2.rs_b,
+            0,
+            0,
+        ));
     }
     jobs.retain(|j| j.2 > 0);
     let mut rows = Vec::new();
@@ -930,79 +1000,100 @@ pub fn plan(
         return out;
     }
     let ncb = block.key_blocks();
-    for splits in (1u32..=8).filter(|&s| s <= ncb) {
-        let key_splits = key_ranges(block.sk, splits);
-        let n = widest_split(&key_splits);
-        let kp = n.div_ceil(16) * 16;
-        let mut seen = std::collections::BTreeSet::new();
-        for qb in 1..=block.sq {
-            let qr = query_ranges(block, qb);
-            let rows = qr.iter().map(|r| r.1 - r.0).max().unwrap_or(0);
-            let per_block = block_splits(block, &qr, &key_splits);
-            let per_head = if per_block.is_empty() {
-                qr.len() as u32 * splits
-            } else {
-                per_block.iter().sum()
-            };
-            let attention_tiles = block.heads * per_head;
-            if attention_tiles > tiles || !seen.insert(rows) || rows > 64 {
+    // Compact buffers only where no plan with buffers of their own fits
+    // (long sequences: each score takes 10 bytes of region 1 a tile with
+    // its own P^T, 8 without), with query blocks of up to 128 rows where
+    // the others stop at 64, so the plans that fit otherwise are unchanged.
+    for compact in [false, true] {
+        if compact && !out.is_empty() {
+            break;
+        }
+        let most_rows = if compact { 128 } else { 64 };
+        for splits in (1u32..=8).filter(|&s| s <= ncb) {
+            let key_splits = key_ranges(block.sk, splits);
+            let n = widest_split(&key_splits);
+            let kp = n.div_ceil(16) * 16;
+            // P^T shares the partials buffer, which the S^T GEMM overwrites
+            // after the fill step, so no split may have padding keys (their
+            // P^T rows must be zero).
+            if compact && key_splits.iter().any(|&(a, z)| z - a != kp) {
                 continue;
             }
-            let Some(s) = Shapes::new(block, ck, rows, n, kp) else {
-                continue;
-            };
-            let Some(r1) = s.region1() else {
-                continue;
-            };
-            let r0 = s.region0(rows, splits, distributed);
-            if r0 > STANDARD_BUDGET / 2 {
-                continue;
-            }
-            let steps = step_cycles(fill, ck, &s, rows, n, splits, distributed);
-            // A causal block's tiles beyond one that sees all its keys:
-            // the slowest's mask steps less its skipped rows.
-            let taken = |qi: usize| per_block.get(qi).map_or(splits, |&t| t) as usize;
-            let mask = qr
-                .iter()
-                .enumerate()
-                .flat_map(|(qi, &q)| key_splits[..taken(qi)].iter().map(move |&k| (q, k)))
-                .map(|(q, k)| causal_extra_cycles(block, ck, &s, q, k).max(0) as u64)
-                .max()
-                .unwrap_or(0);
-            let compute: u64 = steps.iter().sum::<u64>() + mask;
-            // Every tile receives its queries' Q^T, its split's K rows and
-            // V^T; with splits, every tile that combines head columns
-            // receives the other splits' O^T rows of them, l and m.
-            let received = (rows as u64 + 2 * n as u64) * block.d as u64 * 2;
-            let mut exchange = ipu_arch::SYNC_CYCLES
-                + received.div_ceil(ipu_arch::EXCHANGE_RECV_BYTES_PER_CYCLE as u64);
-            if splits > 1 {
-                let state = s
-                    .combine_ranges(splits, distributed)
-                    .into_iter()
-                    .map(|r| s.state_bytes(splits, r))
+            let mut seen = std::collections::BTreeSet::new();
+            for qb in 1..=block.sq {
+                let qr = query_ranges(block, qb);
+                let rows = qr.iter().map(|r| r.1 - r.0).max().unwrap_or(0);
+                let per_block = block_splits(block, &qr, &key_splits);
+                let per_head = if per_block.is_empty() {
+                    qr.len() as u32 * splits
+                } else {
+                    per_block.iter().sum()
+                };
+                let attention_tiles = block.heads * per_head;
+                if attention_tiles > tiles || !seen.insert(rows) || rows > most_rows {
+                    continue;
+                }
+                let Some(s) = Shapes::new(block, ck, rows, n, kp) else {
+                    continue;
+                };
+                let s = if compact { s.compacted() } else { s };
+                if compact && !s.ot_stays_in_c() {
+                    continue;
+                }
+                let Some(r1) = s.region1() else {
+                    continue;
+                };
+                let r0 = s.region0(rows, splits, distributed);
+                if r0 > STANDARD_BUDGET / 2 {
+                    continue;
+                }
+                let steps = step_cycles(fill, ck, &s, rows, n, splits, distributed);
+                // A causal block's tiles beyond one that sees all its keys:
+                // the slowest's mask steps less its skipped rows.
+                let taken = |qi: usize| per_block.get(qi).map_or(splits, |&t| t) as usize;
+                let mask = qr
+                    .iter()
+                    .enumerate()
+                    .flat_map(|(qi, &q)| key_splits[..taken(qi)].iter().map(move |&k| (q, k)))
+                    .map(|(q, k)| causal_extra_cycles(block, ck, &s, q, k).max(0) as u64)
                     .max()
                     .unwrap_or(0);
-                exchange += ipu_arch::SYNC_CYCLES
-                    + state.div_ceil(ipu_arch::EXCHANGE_RECV_BYTES_PER_CYCLE as u64);
+                let compute: u64 = steps.iter().sum::<u64>() + mask;
+                // Every tile receives its queries' Q^T, its split's K rows and
+                // V^T; with splits, every tile that combines head columns
+                // receives the other splits' O^T rows of them, l and m.
+                let received = (rows as u64 + 2 * n as u64) * block.d as u64 * 2;
+                let mut exchange = ipu_arch::SYNC_CYCLES
+                    + received.div_ceil(ipu_arch::EXCHANGE_RECV_BYTES_PER_CYCLE as u64);
+                if splits > 1 {
+                    let state = s
+                        .combine_ranges(splits, distributed)
+                        .into_iter()
+                        .map(|r| s.state_bytes(splits, r))
+                        .max()
+                        .unwrap_or(0);
+                    exchange += ipu_arch::SYNC_CYCLES
+                        + state.div_ceil(ipu_arch::EXCHANGE_RECV_BYTES_PER_CYCLE as u64);
+                }
+                out.push(AttentionPlan {
+                    layout: AttentionLayout::Columns,
+                    query_blocks: qr.len() as u32,
+                    rows,
+                    key_splits: key_splits.clone(),
+                    block_splits: per_block,
+                    key_blocks: vec![(0, kp / 16)],
+                    tiles: attention_tiles,
+                    compute_cycles: compute,
+                    exchange_bound_cycles: exchange,
+                    projection_cycles,
+                    prefix_cycles: steps[0] + steps[1],
+                    region1_bytes: r1,
+                    region0_bytes: r0,
+                    distributed_combine: distributed,
+                    rounds: 1,
+                    compact,
+                });
             }
-            out.push(AttentionPlan {
-                layout: AttentionLayout::Columns,
-                query_blocks: qr.len() as u32,
-                rows,
-                key_splits: key_splits.clone(),
-                block_splits: per_block,
-                key_blocks: vec![(0, kp / 16)],
-                tiles: attention_tiles,
-                compute_cycles: compute,
-                exchange_bound_cycles: exchange,
-                projection_cycles,
-                prefix_cycles: steps[0] + steps[1],
-                region1_bytes: r1,
-                region0_bytes: r0,
-                distributed_combine: distributed,
-                rounds: 1,
-            });
         }
     }
     out
@@ -1015,6 +1106,9 @@ struct TileBuffers {
     qt: usize,
     vt: usize,
     pt: usize,
+    /// Where P^T starts in `pt`: 0, or with compact buffers the zero
+    /// header's end in `c2`.
+    pt_base: u32,
     c1: usize,
     c2: usize,
     maxes: usize,
@@ -1072,6 +1166,7 @@ pub fn lower(
     // One layout for every tile (sized for the most rows and keys); the
     // steps use each tile's own rows and keys.
     let shapes = Shapes::new(b, ck, plan.rows, n_widest, kp)
+        .map(|s| if plan.compact { s.compacted() } else { s })
         .ok_or_else(|| bad(format!("attention {name}: no worker split of O^T")))?;
     let spec =
         |role: &str, bytes: u32, region: RegionReq, exclusive: bool, category: &str| BufferSpec {
@@ -1101,14 +1196,24 @@ pub fn lower(
     // operands' real elements, the softmax P^T's real keys, the GEMMs C
     // after its header). V^T's ones row, which no step writes either, is
     // set once by the initialize call.
-    let attention_region1 = [
-        (shapes.kr_bytes(), true),
-        (shapes.vt_bytes(), true),
-        (shapes.c_bytes(), true),
-        (shapes.c_bytes(), true),
-        (shapes.qt_bytes(), false),
-        (shapes.pt_bytes(), false),
-    ];
+    let attention_region1 = shapes.region1_buffers();
+    // Compact buffers (see `Shapes::region1_compact`): O^T's second C
+    // buffer in c1 at this offset, P^T in c2 after its zero header.
+    let ot_partials = if plan.compact {
+        let off = shapes.ot_partials_offset().ok_or_else(|| {
+            bad(format!(
+                "attention {name}: O^T's C buffers do not fit the S^T result buffer"
+            ))
+        })?;
+        if plan.key_splits.iter().any(|&(a, z)| z - a != kp) {
+            return Err(bad(format!(
+                "attention {name}: compact buffers need key splits without padding keys"
+            )));
+        }
+        Some(off)
+    } else {
+        None
+    };
     let keeps_padding = |bufs: &[BufferSpec]| {
         whole_program && crate::storage::region1_holds(bufs, &attention_region1)
     };
@@ -1141,7 +1246,7 @@ pub fn lower(
                 // every split (its own in slot 0), and compact O^T slots.
                 let slots = splits;
                 let range = s.combine_ranges(splits, plan.distributed_combine)[ks as usize];
-                let t = TileBuffers {
+                let mut t = TileBuffers {
                     kr: push(scratch(spec(
                         "k_rows",
                         s.kr_bytes(),
@@ -1177,13 +1282,18 @@ pub fn lower(
                         false,
                         "attention_operand",
                     ))),
-                    pt: push(scratch(spec(
-                        "p_t",
-                        s.pt_bytes(),
-                        RegionReq::Interleaved,
-                        false,
-                        "attention_scores",
-                    ))),
+                    pt: if plan.compact {
+                        usize::MAX
+                    } else {
+                        push(scratch(spec(
+                            "p_t",
+                            s.pt_bytes(),
+                            RegionReq::Interleaved,
+                            false,
+                            "attention_scores",
+                        )))
+                    },
+                    pt_base: 0,
                     maxes: push(spec(
                         "colmax",
                         ipu_arch::WORKER_CONTEXTS * s.maxes_row(),
@@ -1231,6 +1341,10 @@ pub fn lower(
                         "attention_state",
                     )),
                 };
+                if plan.compact {
+                    t.pt = t.c2;
+                    t.pt_base = crate::gemm::C_HEADER;
+                }
                 if padding_from_load {
                     let (jobs, rows) = fill_jobs(s, &t, n);
                     let mut zero: BTreeMap<usize, Vec<(u32, u32)>> = BTreeMap::new();
@@ -1515,11 +1629,13 @@ pub fn lower(
         let (s, est) = match by_shape.entry((rows, at.n, splits)) {
             std::collections::btree_map::Entry::Occupied(e) => e.into_mut(),
             std::collections::btree_map::Entry::Vacant(e) => {
-                let s = Shapes::new(b, ck, plan.rows, at.n, kp).ok_or_else(|| {
-                    bad(format!(
-                        "attention {name}: no worker split of O^T on tile {tile}"
-                    ))
-                })?;
+                let s = Shapes::new(b, ck, plan.rows, at.n, kp)
+                    .map(|s| if plan.compact { s.compacted() } else { s })
+                    .ok_or_else(|| {
+                        bad(format!(
+                            "attention {name}: no worker split of O^T on tile {tile}"
+                        ))
+                    })?;
                 let est = step_cycles(
                     &mut fill.1,
                     ck,
@@ -1548,13 +1664,29 @@ pub fn lower(
                            (lr0, lr1): (u32, u32),
                            (cg0, cg1): (u32, u32),
                            (kb0, kb1): (u32, u32),
-                           (a, bb): (usize, usize)| {
+                           (a, bb, b_base): (usize, usize, u32),
+                           ot: bool| {
             // K block 0 writes the buffer that holds the result after the
-            // group's blocks: always c1 (as in crate::lower).
-            let (first, second) = if (kb1 - kb0) % 2 == 1 {
-                (t.c1, t.c2)
+            // group's blocks: always c1 (as in crate::lower), at its start.
+            // O^T with compact buffers keeps its partials in c1 too, past
+            // the result's elements, and reads the zero partials of K
+            // block 0 from c2's header (P^T follows it there).
+            let (result, partials, zero) = match ot_partials.filter(|_| ot) {
+                Some(off) => ((t.c1, 0), (t.c1, off), (t.c2, 0)),
+                None => ((t.c1, 0), (t.c2, 0), (t.c2, 0)),
+            };
+            let (first, second, zero) = if (kb1 - kb0) % 2 == 1 {
+                (result, partials, zero)
             } else {
-                (t.c2, t.c1)
+                (
+                    partials,
+                    result,
+                    if ot_partials.is_some() && ot {
+                        zero
+                    } else {
+                        result
+                    },
+                )
             };
             let c_off = lay.c_row(j, gi, lr0) + cg0 * 16 * g.out_bytes();
             Vertex {
@@ -1567,21 +1699,21 @@ pub fn lower(
                     StateWord::Const(lay.rs_a),
                     StateWord::Addr {
                         buffer: bb,
-                        offset: kb0 * 16 * lay.rs_b + cg0 * 32,
+                        offset: b_base + kb0 * 16 * lay.rs_b + cg0 * 32,
                     },
                     StateWord::Const(lay.rs_b),
                     StateWord::Addr {
-                        buffer: first,
-                        offset: c_off,
+                        buffer: first.0,
+                        offset: first.1 + c_off,
                     },
                     StateWord::Addr {
-                        buffer: second,
-                        offset: c_off,
+                        buffer: second.0,
+                        offset: second.1 + c_off,
                     },
                     StateWord::Const(lay.rs_c),
                     StateWord::Addr {
-                        buffer: second,
-                        offset: 0,
+                        buffer: zero.0,
+                        offset: zero.1,
                     },
                     StateWord::Const(lr1 - lr0),
                     StateWord::Const(kb1 - kb0),
@@ -1598,7 +1730,16 @@ pub fn lower(
                 .enumerate()
                 .flat_map(|(gi, &rg)| {
                     sts.col_groups.iter().map(move |&cg| {
-                        gemm_vertex(stg, stl, (0, gi as u32), rg, cg, (0, nkb), (t.kr, t.qt))
+                        gemm_vertex(
+                            stg,
+                            stl,
+                            (0, gi as u32),
+                            rg,
+                            cg,
+                            (0, nkb),
+                            (t.kr, t.qt, 0),
+                            false,
+                        )
                     })
                 })
                 .collect(),
@@ -1633,7 +1774,7 @@ pub fn lower(
                             None => vec![
                                 StateWord::Addr {
                                     buffer: t.pt,
-                                    offset: j.row * s.pv.2.rs_b,
+                                    offset: t.pt_base + j.row * s.pv.2.rs_b,
                                 },
                                 StateWord::Const(j.words),
                                 StateWord::Const(0),
@@ -1696,7 +1837,7 @@ pub fn lower(
                         StateWord::Const(stl.rs_c),
                         StateWord::Addr {
                             buffer: t.pt,
-                            offset: r0 * s.pv.2.rs_b,
+                            offset: t.pt_base + r0 * s.pv.2.rs_b,
                         },
                         StateWord::Const(s.pv.2.rs_b),
                         StateWord::Const(r1 - r0),
@@ -1735,7 +1876,8 @@ pub fn lower(
                         rg,
                         cg,
                         kg,
-                        (t.vt, t.pt),
+                        (t.vt, t.pt, t.pt_base),
+                        true,
                     ));
                 }
             }
@@ -1832,14 +1974,19 @@ pub fn lower(
                             bytes,
                         });
                     };
-                let base = slot * state_slot;
+                let base = shapes.slot0(r) + slot * state_slot;
                 if shapes.ot_stays_in_c() {
                     // From the source's C buffer, a run per row group.
                     for rows in shapes.own_state_rows(r) {
                         for (c, row, n) in shapes.ot_rows_in_c(rows) {
-                            mv(s_bufs.c1, c, at.bufs.ot, base + row * rs_d, n * rs_d);
+                            let dst = base + shapes.slot_row(r, row) * rs_d;
+                            mv(s_bufs.c1, c, at.bufs.ot, dst, n * rs_d);
                         }
                     }
+                } else if shapes.compact {
+                    return Err(bad(format!(
+                        "attention {name}: compact state slots need O^T kept in its C buffer"
+                    )));
                 } else if d1 == lrow {
                     // The l row follows the last head column: one run.
                     mv(
@@ -1911,7 +2058,7 @@ pub fn lower(
                     state: vec![
                         StateWord::Addr {
                             buffer: t.ot,
-                            offset: d0 * s.pv.2.rs_d() + 4 * qa,
+                            offset: s.slot0((d0, d1)) + 4 * qa,
                         },
                         StateWord::Const(s.pv.2.rs_d()),
                         StateWord::Const(split_bytes),
@@ -1920,7 +2067,7 @@ pub fn lower(
                             buffer: t.m,
                             offset: 4 * qa,
                         },
-                        StateWord::Const(d - d0),
+                        StateWord::Const(s.slot_row((d0, d1), d)),
                         StateWord::Const(s.quads()),
                         StateWord::Const(qn),
                         StateWord::Const(da - d0),
@@ -2091,6 +2238,7 @@ mod tests {
                 region0_bytes: 0,
                 distributed_combine: true,
                 rounds: 1,
+                compact: false,
             };
             let mut seen_tiles = BTreeSet::new();
             for h in 0..b.heads {

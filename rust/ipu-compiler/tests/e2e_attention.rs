@@ -943,3 +943,32 @@ fn fewer_tiles_than_heads_run_in_rounds() {
         check_attention(&ran);
     }
 }
+
+/// A causal attention whose scores do not fit a tile beside their own P^T
+/// (512 tokens, 2 heads of 64, on 16 tiles: no column plan with buffers of
+/// its own fits, and the row layout ran 359,975 cycles) takes the column
+/// layout with compact buffers: P^T in the S^T GEMM's dead partials
+/// buffer, O^T's C buffers in its dead result, state slots of only the
+/// rows a tile combines, and query blocks of more than 64 rows. It must
+/// verify from memory full of NaNs, with every checkpoint, and the same
+/// attention on 32 tiles, where plans with buffers of their own fit, must
+/// keep them.
+#[test]
+fn long_causal_sequences_take_compact_column_buffers() {
+    let dir = tempfile::tempdir().unwrap();
+    let cache = tempfile::tempdir().unwrap();
+    let text = "model long_causal\ninput q: f16[512, 128]\ninput k: f16[512, 128]\ninput v: f16[512, 128]\nqh = split_heads(q, heads=2)\nkh = split_heads(k, heads=2)\nvh = split_heads(v, heads=2)\no = attention(qh, kh, vh, causal=true)\ny = merge_heads(o)\noutput y\n";
+    let model = write_model(dir.path(), "long_causal", text);
+    let opts = options(&model, 16, cache.path());
+    let (ran, _) = run_with(&opts, |g| ipu_reference::random::gaussian_feeds(g, 5), true);
+    let chosen = &ran.compile.report["attention"]["chosen"];
+    println!("on 16 tiles: {chosen}");
+    assert_eq!(chosen["layout"], "columns", "{chosen:#}");
+    assert_eq!(chosen["compact"], true, "{chosen:#}");
+    assert!(chosen["rows"].as_u64().unwrap() > 64, "{chosen:#}");
+    check_attention(&ran);
+    checkpoints_hold(&ran.compile);
+    let roomy = compile(&options(&model, 32, cache.path())).unwrap();
+    let chosen = &roomy.report["attention"]["chosen"];
+    assert!(chosen.get("compact").is_none(), "on 32 tiles: {chosen:#}");
+}
