@@ -649,7 +649,9 @@ impl Shapes {
     /// columns `(d0, d1)`: slot i holds O^T rows d0..=d (only `[d0, d1)`
     /// and the l row d are written), so that every slot, the tile's own
     /// O^T (slot 0, all rows) included, has the same layout from row d0
-    /// on, as `attention_cols_final` reads them.
+    /// on, as `attention_cols_final` reads them. With compact buffers a
+    /// slot holds only rows `[d0, d1)` and the l row after them, the
+    /// tile's own rows copied into slot 0 alike ([`Shapes::slot_row`]).
     fn state_slot(&self, (d0, d1): (u32, u32)) -> u32 {
         if self.compact {
             (d1 - d0 + 1) * self.pv.2.rs_d()
