@@ -782,6 +782,34 @@ fn pair_ranges(a: u32, z: u32, parts: u32) -> Vec<(u32, u32)> {
         .collect()
 }
 
+/// The fill job that zeroes P^T's padding keys (rows `n..kp`) of a tile
+/// with `n` keys, if it has any: in the fill step (`fill_jobs`), or with
+/// compact buffers (`compact`) in a step of its own after the S^T GEMM,
+/// which overwrites the partials buffer that P^T shares.
+fn pt_padding_jobs(s: &Shapes, t: &TileBuffers, n: u32, compact: bool) -> Vec<FillJob> {
+    if n >= s.kp || compact != s.compact {
+        return Vec::new();
+    }
+    vec![(
+        t.pt,
+        t.pt_base + n * s.pv.2.rs_b,
+        (s.kp - n) * s.pv.2.rs_b,
+        0,
+        0,
+    )]
+}
+
+/// The cycles of the step that zeroes P^T's padding keys after the S^T
+/// GEMM with compact buffers, on a tile with `n` keys (0 without one).
+fn pt_padding_cycles(s: &Shapes, n: u32, fill: &mut FormulaCost) -> u64 {
+    let jobs = pt_padding_jobs(s, &TileBuffers::default(), n, true);
+    if jobs.is_empty() {
+        return 0;
+    }
+    let (vertices, slowest) = crate::attention::fill_vertices(&jobs, fill);
+    slowest + launch_cycles(vertices.len() as u64)
+}
+
 /// The fill-step jobs of one tile (buffer indices in `t`), `n` its keys.
 fn fill_jobs(s: &Shapes, t: &TileBuffers, n: u32) -> (Vec<FillJob>, Vec<RowJob>) {
     let ones = 0x3C00_3C00u32;
@@ -799,14 +827,10 @@ fn fill_jobs(s: &Shapes, t: &TileBuffers, n: u32) -> (Vec<FillJob>, Vec<RowJob>)
         // rows' own padding; the GEMM's drain rows never matter).
         (t.kr, n * s.st.2.rs_a, s.st.2.rs_a, 0, 0),
     ];
-    if n < s.kp {
-        jobs.push((
-            t.pt,
-            t.pt_base + n * s.pv.2.rs_b,
-            (s.kp - n) * s.pv.2.rs_b,
-            0,
-            0,
-        ));
+    // With compact buffers the S^T GEMM overwrites P^T's padding keys
+    // after this step; `pt_padding_jobs` zeroes them after it.
+    if !s.compact {
+        jobs.extend(pt_padding_jobs(s, t, n, false));
     }
     jobs.retain(|j| j.2 > 0);
     let mut rows = Vec::new();
@@ -1015,12 +1039,6 @@ pub fn plan(
             let key_splits = key_ranges(block.sk, splits);
             let n = widest_split(&key_splits);
             let kp = n.div_ceil(16) * 16;
-            // P^T shares the partials buffer, which the S^T GEMM overwrites
-            // after the fill step, so no split may have padding keys (their
-            // P^T rows must be zero).
-            if compact && key_splits.iter().any(|&(a, z)| z - a != kp) {
-                continue;
-            }
             let mut seen = std::collections::BTreeSet::new();
             for qb in 1..=block.sq {
                 let qr = query_ranges(block, qb);
@@ -1060,7 +1078,9 @@ pub fn plan(
                     .map(|(q, k)| causal_extra_cycles(block, ck, &s, q, k).max(0) as u64)
                     .max()
                     .unwrap_or(0);
-                let compute: u64 = steps.iter().sum::<u64>() + mask;
+                let narrowest = key_splits.iter().map(|r| r.1 - r.0).min().unwrap_or(n);
+                let compute: u64 =
+                    steps.iter().sum::<u64>() + mask + pt_padding_cycles(&s, narrowest, fill);
                 // Every tile receives its queries' Q^T, its split's K rows and
                 // V^T; with splits, every tile that combines head columns
                 // receives the other splits' O^T rows of them, l and m.
@@ -1207,11 +1227,6 @@ pub fn lower(
                 "attention {name}: O^T's C buffers do not fit the S^T result buffer"
             ))
         })?;
-        if plan.key_splits.iter().any(|&(a, z)| z - a != kp) {
-            return Err(bad(format!(
-                "attention {name}: compact buffers need key splits without padding keys"
-            )));
-        }
         Some(off)
     } else {
         None
@@ -1614,6 +1629,7 @@ pub fn lower(
 
     // Steps 4 to 7: S^T, the column softmax, O^T and its reduce.
     let mut st = compute_step(format!("{name} scores S^T = K Q^T"));
+    let mut pt_pad = compute_step(format!("zero {name} P^T key padding"));
     let mut mk: Vec<Step> = Vec::new();
     let masked_score = (MASKED_SCORE / b.scale).to_bits();
     let mut cm = compute_step(format!("{name} column maxima"));
@@ -1746,6 +1762,23 @@ pub fn lower(
                 })
                 .collect(),
         );
+        let pad_jobs = pt_padding_jobs(s, &t, at.n, true);
+        if !pad_jobs.is_empty() {
+            let (vertices, slowest) = crate::attention::fill_vertices(&pad_jobs, &mut fill.1);
+            let cycles = slowest + launch_cycles(vertices.len() as u64);
+            let kernel = std::sync::Arc::new(fill.0.clone());
+            pt_pad.put_tile(
+                tile,
+                vertices
+                    .into_iter()
+                    .map(|state| Vertex {
+                        kernel: kernel.clone(),
+                        state,
+                    })
+                    .collect(),
+                cycles,
+            );
+        }
         let masks = mask_jobs(
             b,
             s,
@@ -1927,6 +1960,17 @@ pub fn lower(
         }
     }
     steps.extend([xstep, st]);
+    // With compact buffers, the tiles whose split has padding keys zero
+    // their P^T rows once the S^T GEMM is done with the buffer they share;
+    // the others spend nothing there.
+    if !pt_pad.tiles.is_empty() {
+        for &tile in tiles.keys() {
+            if !pt_pad.tiles.contains_key(&tile) {
+                pt_pad.charge_tile(tile, 0);
+            }
+        }
+        steps.push(pt_pad);
+    }
     // A tile without mask jobs in a mask step spends nothing there.
     for step in &mut mk {
         for &tile in tiles.keys() {
