@@ -19,9 +19,9 @@
 //!   (Q/K/V projections, heads, attention) at other published sizes, from
 //!   197 to 2048 tokens, causal or not (`ATTENTION_SHAPES`), one line
 //!   each: the layout chosen, the cycles against the compute bound and
-//!   the precision floor, the estimate's error and the verification. It
-//!   shows where a size leaves the column layout (2048 causal tokens of
-//!   16 heads: the scores no longer fit a tile, docs/STATUS.md).
+//!   the precision floor, the estimate's error and the verification. Its
+//!   2048 causal tokens of 16 heads take the column layout only with
+//!   compact buffers (docs/compiler.md, "Compact column buffers").
 //!
 //! The figures are measurements of this machine; nothing here is a test.
 //! Paths are relative to the repository root (or `IPU_STACK_ROOT`).
