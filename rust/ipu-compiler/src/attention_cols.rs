@@ -784,10 +784,10 @@ fn pair_ranges(a: u32, z: u32, parts: u32) -> Vec<(u32, u32)> {
 
 /// The fill job that zeroes P^T's padding keys (rows `n..kp`) of a tile
 /// with `n` keys, if it has any: in the fill step (`fill_jobs`), or with
-/// compact buffers (`compact`) in a step of its own after the S^T GEMM,
-/// which overwrites the partials buffer that P^T shares.
-fn pt_padding_jobs(s: &Shapes, t: &TileBuffers, n: u32, compact: bool) -> Vec<FillJob> {
-    if n >= s.kp || compact != s.compact {
+/// compact buffers in a step of its own after the S^T GEMM, which
+/// overwrites the partials buffer that P^T shares.
+fn pt_padding_jobs(s: &Shapes, t: &TileBuffers, n: u32) -> Vec<FillJob> {
+    if n >= s.kp {
         return Vec::new();
     }
     vec![(
@@ -802,8 +802,8 @@ fn pt_padding_jobs(s: &Shapes, t: &TileBuffers, n: u32, compact: bool) -> Vec<Fi
 /// The cycles of the step that zeroes P^T's padding keys after the S^T
 /// GEMM with compact buffers, on a tile with `n` keys (0 without one).
 fn pt_padding_cycles(s: &Shapes, n: u32, fill: &mut FormulaCost) -> u64 {
-    let jobs = pt_padding_jobs(s, &TileBuffers::default(), n, true);
-    if jobs.is_empty() {
+    let jobs = pt_padding_jobs(s, &TileBuffers::default(), n);
+    if !s.compact || jobs.is_empty() {
         return 0;
     }
     let (vertices, slowest) = crate::attention::fill_vertices(&jobs, fill);
@@ -830,7 +830,7 @@ fn fill_jobs(s: &Shapes, t: &TileBuffers, n: u32) -> (Vec<FillJob>, Vec<RowJob>)
     // With compact buffers the S^T GEMM overwrites P^T's padding keys
     // after this step; `pt_padding_jobs` zeroes them after it.
     if !s.compact {
-        jobs.extend(pt_padding_jobs(s, t, n, false));
+        jobs.extend(pt_padding_jobs(s, t, n));
     }
     jobs.retain(|j| j.2 > 0);
     let mut rows = Vec::new();
@@ -1021,101 +1021,122 @@ pub fn plan(
     projection_cycles: u64,
     distributed: bool,
 ) -> Vec<AttentionPlan> {
-    let mut out = Vec::new();
     if !applies(block) {
-        return out;
+        return Vec::new();
     }
-    let ncb = block.key_blocks();
     // Compact buffers only where no plan with buffers of their own fits
     // (long sequences: each score takes 10 bytes of region 1 a tile with
-    // its own P^T, 8 without), with query blocks of up to 128 rows where
-    // the others stop at 64, so the plans that fit otherwise are unchanged.
-    for compact in [false, true] {
-        if compact && !out.is_empty() {
-            break;
-        }
-        let most_rows = if compact { 128 } else { 64 };
-        for splits in (1u32..=8).filter(|&s| s <= ncb) {
-            let key_splits = key_ranges(block.sk, splits);
-            let n = widest_split(&key_splits);
-            let kp = n.div_ceil(16) * 16;
-            let mut seen = std::collections::BTreeSet::new();
-            for qb in 1..=block.sq {
-                let qr = query_ranges(block, qb);
-                let rows = qr.iter().map(|r| r.1 - r.0).max().unwrap_or(0);
-                let per_block = block_splits(block, &qr, &key_splits);
-                let per_head = if per_block.is_empty() {
-                    qr.len() as u32 * splits
-                } else {
-                    per_block.iter().sum()
-                };
-                let attention_tiles = block.heads * per_head;
-                if attention_tiles > tiles || !seen.insert(rows) || rows > most_rows {
-                    continue;
-                }
-                let Some(s) = Shapes::new(block, ck, rows, n, kp) else {
-                    continue;
-                };
-                let s = if compact { s.compacted() } else { s };
-                if compact && !s.ot_stays_in_c() {
-                    continue;
-                }
-                let Some(r1) = s.region1() else {
-                    continue;
-                };
-                let r0 = s.region0(rows, splits, distributed);
-                if r0 > STANDARD_BUDGET / 2 {
-                    continue;
-                }
-                let steps = step_cycles(fill, ck, &s, rows, n, splits, distributed);
-                // A causal block's tiles beyond one that sees all its keys:
-                // the slowest's mask steps less its skipped rows.
-                let taken = |qi: usize| per_block.get(qi).map_or(splits, |&t| t) as usize;
-                let mask = qr
-                    .iter()
-                    .enumerate()
-                    .flat_map(|(qi, &q)| key_splits[..taken(qi)].iter().map(move |&k| (q, k)))
-                    .map(|(q, k)| causal_extra_cycles(block, ck, &s, q, k).max(0) as u64)
+    // its own P^T, 8 without), so the plans that fit otherwise are
+    // unchanged.
+    let plans = candidates(
+        block,
+        tiles,
+        fill,
+        ck,
+        projection_cycles,
+        distributed,
+        false,
+    );
+    if !plans.is_empty() {
+        return plans;
+    }
+    candidates(block, tiles, fill, ck, projection_cycles, distributed, true)
+}
+
+/// The candidates of [`plan`] with compact buffers or without: with them,
+/// query blocks of up to 128 rows, where the others stop at 64.
+fn candidates(
+    block: &AttentionBlock,
+    tiles: u32,
+    fill: &mut FormulaCost,
+    ck: &mut ColumnKernels,
+    projection_cycles: u64,
+    distributed: bool,
+    compact: bool,
+) -> Vec<AttentionPlan> {
+    let mut out = Vec::new();
+    let ncb = block.key_blocks();
+    let most_rows = if compact { 128 } else { 64 };
+    for splits in (1u32..=8).filter(|&s| s <= ncb) {
+        let key_splits = key_ranges(block.sk, splits);
+        let n = widest_split(&key_splits);
+        let kp = n.div_ceil(16) * 16;
+        let mut seen = std::collections::BTreeSet::new();
+        for qb in 1..=block.sq {
+            let qr = query_ranges(block, qb);
+            let rows = qr.iter().map(|r| r.1 - r.0).max().unwrap_or(0);
+            let per_block = block_splits(block, &qr, &key_splits);
+            let per_head = if per_block.is_empty() {
+                qr.len() as u32 * splits
+            } else {
+                per_block.iter().sum()
+            };
+            let attention_tiles = block.heads * per_head;
+            if attention_tiles > tiles || !seen.insert(rows) || rows > most_rows {
+                continue;
+            }
+            let Some(s) = Shapes::new(block, ck, rows, n, kp) else {
+                continue;
+            };
+            let s = if compact { s.compacted() } else { s };
+            if compact && !s.ot_stays_in_c() {
+                continue;
+            }
+            let Some(r1) = s.region1() else {
+                continue;
+            };
+            let r0 = s.region0(rows, splits, distributed);
+            if r0 > STANDARD_BUDGET / 2 {
+                continue;
+            }
+            let steps = step_cycles(fill, ck, &s, rows, n, splits, distributed);
+            // A causal block's tiles beyond one that sees all its keys:
+            // the slowest's mask steps less its skipped rows.
+            let taken = |qi: usize| per_block.get(qi).map_or(splits, |&t| t) as usize;
+            let mask = qr
+                .iter()
+                .enumerate()
+                .flat_map(|(qi, &q)| key_splits[..taken(qi)].iter().map(move |&k| (q, k)))
+                .map(|(q, k)| causal_extra_cycles(block, ck, &s, q, k).max(0) as u64)
+                .max()
+                .unwrap_or(0);
+            let narrowest = key_splits.iter().map(|r| r.1 - r.0).min().unwrap_or(n);
+            let compute: u64 =
+                steps.iter().sum::<u64>() + mask + pt_padding_cycles(&s, narrowest, fill);
+            // Every tile receives its queries' Q^T, its split's K rows and
+            // V^T; with splits, every tile that combines head columns
+            // receives the other splits' O^T rows of them, l and m.
+            let received = (rows as u64 + 2 * n as u64) * block.d as u64 * 2;
+            let mut exchange = ipu_arch::SYNC_CYCLES
+                + received.div_ceil(ipu_arch::EXCHANGE_RECV_BYTES_PER_CYCLE as u64);
+            if splits > 1 {
+                let state = s
+                    .combine_ranges(splits, distributed)
+                    .into_iter()
+                    .map(|r| s.state_bytes(splits, r))
                     .max()
                     .unwrap_or(0);
-                let narrowest = key_splits.iter().map(|r| r.1 - r.0).min().unwrap_or(n);
-                let compute: u64 =
-                    steps.iter().sum::<u64>() + mask + pt_padding_cycles(&s, narrowest, fill);
-                // Every tile receives its queries' Q^T, its split's K rows and
-                // V^T; with splits, every tile that combines head columns
-                // receives the other splits' O^T rows of them, l and m.
-                let received = (rows as u64 + 2 * n as u64) * block.d as u64 * 2;
-                let mut exchange = ipu_arch::SYNC_CYCLES
-                    + received.div_ceil(ipu_arch::EXCHANGE_RECV_BYTES_PER_CYCLE as u64);
-                if splits > 1 {
-                    let state = s
-                        .combine_ranges(splits, distributed)
-                        .into_iter()
-                        .map(|r| s.state_bytes(splits, r))
-                        .max()
-                        .unwrap_or(0);
-                    exchange += ipu_arch::SYNC_CYCLES
-                        + state.div_ceil(ipu_arch::EXCHANGE_RECV_BYTES_PER_CYCLE as u64);
-                }
-                out.push(AttentionPlan {
-                    layout: AttentionLayout::Columns,
-                    query_blocks: qr.len() as u32,
-                    rows,
-                    key_splits: key_splits.clone(),
-                    block_splits: per_block,
-                    key_blocks: vec![(0, kp / 16)],
-                    tiles: attention_tiles,
-                    compute_cycles: compute,
-                    exchange_bound_cycles: exchange,
-                    projection_cycles,
-                    prefix_cycles: steps[0] + steps[1],
-                    region1_bytes: r1,
-                    region0_bytes: r0,
-                    distributed_combine: distributed,
-                    rounds: 1,
-                    compact,
-                });
+                exchange += ipu_arch::SYNC_CYCLES
+                    + state.div_ceil(ipu_arch::EXCHANGE_RECV_BYTES_PER_CYCLE as u64);
             }
+            out.push(AttentionPlan {
+                layout: AttentionLayout::Columns,
+                query_blocks: qr.len() as u32,
+                rows,
+                key_splits: key_splits.clone(),
+                block_splits: per_block,
+                key_blocks: vec![(0, kp / 16)],
+                tiles: attention_tiles,
+                compute_cycles: compute,
+                exchange_bound_cycles: exchange,
+                projection_cycles,
+                prefix_cycles: steps[0] + steps[1],
+                region1_bytes: r1,
+                region0_bytes: r0,
+                distributed_combine: distributed,
+                rounds: 1,
+                compact,
+            });
         }
     }
     out
@@ -1219,7 +1240,7 @@ pub fn lower(
     // after its header). V^T's ones row, which no step writes either, is
     // set once by the initialize call.
     let attention_region1 = shapes.region1_buffers();
-    // Compact buffers (see `Shapes::region1_compact`): O^T's second C
+    // Compact buffers (see `Shapes::region1`): O^T's second C
     // buffer in c1 at this offset, P^T in c2 after its zero header.
     let ot_partials = if plan.compact {
         let off = shapes.ot_partials_offset().ok_or_else(|| {
@@ -1689,22 +1710,20 @@ pub fn lower(
             // O^T with compact buffers keeps its partials in c1 too, past
             // the result's elements, and reads the zero partials of K
             // block 0 from c2's header (P^T follows it there).
-            let (result, partials, zero) = match ot_partials.filter(|_| ot) {
-                Some(off) => ((t.c1, 0), (t.c1, off), (t.c2, 0)),
-                None => ((t.c1, 0), (t.c2, 0), (t.c2, 0)),
-            };
-            let (first, second, zero) = if (kb1 - kb0) % 2 == 1 {
-                (result, partials, zero)
+            let compact_ot = ot_partials.filter(|_| ot);
+            let result = (t.c1, 0);
+            let partials = compact_ot.map_or((t.c2, 0), |off| (t.c1, off));
+            let (first, second) = if (kb1 - kb0) % 2 == 1 {
+                (result, partials)
             } else {
-                (
-                    partials,
-                    result,
-                    if ot_partials.is_some() && ot {
-                        zero
-                    } else {
-                        result
-                    },
-                )
+                (partials, result)
+            };
+            // K block 0's zero partials: the second buffer's header, or with
+            // compact buffers the header of c2, which O^T does not use.
+            let zero = if compact_ot.is_some() {
+                (t.c2, 0)
+            } else {
+                (second.0, 0)
             };
             let c_off = lay.c_row(j, gi, lr0) + cg0 * 16 * g.out_bytes();
             Vertex {
@@ -1762,8 +1781,8 @@ pub fn lower(
                 })
                 .collect(),
         );
-        let pad_jobs = pt_padding_jobs(s, &t, at.n, true);
-        if !pad_jobs.is_empty() {
+        let pad_jobs = pt_padding_jobs(s, &t, at.n);
+        if s.compact && !pad_jobs.is_empty() {
             let (vertices, slowest) = crate::attention::fill_vertices(&pad_jobs, &mut fill.1);
             let cycles = slowest + launch_cycles(vertices.len() as u64);
             let kernel = std::sync::Arc::new(fill.0.clone());
