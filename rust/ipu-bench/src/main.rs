@@ -18,10 +18,12 @@
 //! - `ipu-bench attention-shapes [tiles]`: the SigLIP attention's model
 //!   (Q/K/V projections, heads, attention) at other published sizes, from
 //!   197 to 2048 tokens, causal or not (`ATTENTION_SHAPES`), one line
-//!   each: the layout chosen, the cycles against the compute bound and
-//!   the precision floor, the estimate's error and the verification. Its
-//!   2048 causal tokens of 16 heads take the column layout only with
-//!   compact buffers (docs/compiler.md, "Compact column buffers").
+//!   each: the layout chosen (with its rounds of heads and compact
+//!   buffers), the cycles against the compute bound and the precision
+//!   floor, the estimate's error and the verification. Its 2048 tokens of
+//!   16 heads fit the column layout only with heads in rounds or compact
+//!   buffers (docs/compiler.md, "Compact column buffers", "Rounds of
+//!   heads in the column layout").
 //!
 //! The figures are measurements of this machine; nothing here is a test.
 //! Paths are relative to the repository root (or `IPU_STACK_ROOT`).
@@ -91,8 +93,10 @@ struct Measured {
     /// (all outputs within the documented tolerance, mismatches, checks,
     /// largest error, smallest cosine)
     verification: (bool, u64, u64, f64, f64),
-    /// The chosen attention plan, when the model has attention.
-    attention: Option<String>,
+    /// The chosen attention plan, when the model has attention: a
+    /// sentence, and the layout with its rounds of heads and compact
+    /// buffers where it has them (`columns x2 compact`).
+    attention: Option<(String, String)>,
     /// Each GEMM's chosen plan and kernels, one line each.
     plans: Vec<String>,
     /// A device loop's weight stacks: (iterations stacked, iterations,
@@ -264,14 +268,32 @@ fn measure(opts: &CompileOptions) -> Result<Measured, String> {
         }),
         attention: out.report.get("attention").map(|a| {
             let a = &a["chosen"];
-            format!(
-                "{} layout, {} query blocks of up to {} rows, {} key splits, {} tiles",
-                a["layout"].as_str().unwrap_or("?"),
+            let layout = a["layout"].as_str().unwrap_or("?");
+            let rounds = a["rounds"].as_u64().unwrap_or(1);
+            let compact = a["compact"] == true;
+            let sentence = format!(
+                "{layout} layout, {} query blocks of up to {} rows, {} key splits, {} tiles{}{}",
                 a["query_blocks"],
                 a["rows"],
                 a["key_splits"].as_array().map_or(0, |s| s.len()),
-                a["tiles"]
-            )
+                a["tiles"],
+                if rounds > 1 {
+                    format!(", heads in {rounds} rounds")
+                } else {
+                    String::new()
+                },
+                if compact { ", compact buffers" } else { "" }
+            );
+            let label = format!(
+                "{layout}{}{}",
+                if rounds > 1 {
+                    format!(" x{rounds}")
+                } else {
+                    String::new()
+                },
+                if compact { " compact" } else { "" }
+            );
+            (sentence, label)
         }),
     })
 }
@@ -356,7 +378,7 @@ fn siglip(tiles: u32) -> Result<(), String> {
     let cache = tempfile::tempdir().map_err(|e| e.to_string())?;
     let m = measure(&options("siglip_attention.ipug", tiles, cache.path()))?;
     println!("SigLIP attention (729 x 1152, Q/K/V 1152 x 1152, 16 heads of 72), {} tiles used of {tiles}", m.tile_count);
-    if let Some(a) = &m.attention {
+    if let Some((a, _)) = &m.attention {
         println!("  attention plan:      {a}");
     }
     println!("  compile time:        {:.2} s on this machine (goal < 5 s; existing stack {ANCHOR_BUILD_SECONDS} s on 16 threads)", m.compile_s);
@@ -507,7 +529,7 @@ struct AttentionShape {
 }
 
 /// Published model sizes besides SigLIP's (729 x 1152, 16 heads of 72).
-const ATTENTION_SHAPES: [AttentionShape; 9] = [
+const ATTENTION_SHAPES: [AttentionShape; 11] = [
     AttentionShape {
         title: "ViT-B/16",
         tokens: 197,
@@ -571,6 +593,20 @@ const ATTENTION_SHAPES: [AttentionShape; 9] = [
         heads: 16,
         causal: true,
     },
+    AttentionShape {
+        title: "BERT-base at 2048",
+        tokens: 2048,
+        width: 768,
+        heads: 12,
+        causal: false,
+    },
+    AttentionShape {
+        title: "BERT-large at 2048",
+        tokens: 2048,
+        width: 1024,
+        heads: 16,
+        causal: false,
+    },
 ];
 
 /// Compiles, simulates and verifies each [`ATTENTION_SHAPES`] model and
@@ -581,7 +617,7 @@ fn attention_shapes(tiles: u32) -> Result<(), String> {
         "Projected attention at other sizes (f16; Q/K/V projections without biases, heads, attention), {tiles} tiles:"
     );
     println!(
-        "  {:<48} {:>8} {:>8} {:>7} {:>6} {:>7} {:>6} {:>9} {:>8}  verification",
+        "  {:<52} {:>18} {:>8} {:>7} {:>6} {:>7} {:>6} {:>9} {:>8}  verification",
         "shape (tokens x width, heads x head size)",
         "layout",
         "cycles",
@@ -619,7 +655,7 @@ fn attention_shapes(tiles: u32) -> Result<(), String> {
         let m = match measure(&opts) {
             Ok(m) => m,
             Err(e) => {
-                println!("  {shape:<48} error: {e}");
+                println!("  {shape:<52} error: {e}");
                 failed.push(shape);
                 continue;
             }
@@ -628,15 +664,10 @@ fn attention_shapes(tiles: u32) -> Result<(), String> {
         // query sees itself and the keys before it), at the f32 rate.
         let pairs = if s.causal { n * (n + 1) / 2 } else { n * n };
         let floor = ipu_arch::mixed_accumulation_bound_cycles(3 * n * d * d, 2 * d * pairs, tiles);
-        let layout = m
-            .attention
-            .as_deref()
-            .and_then(|a| a.split(' ').next())
-            .unwrap_or("?")
-            .to_string();
+        let layout = m.attention.as_ref().map_or("?", |a| a.1.as_str());
         let (passed, mismatches, checks, ..) = m.verification;
         println!(
-            "  {shape:<48} {layout:>8} {:>8} {:>7} {:>6.2} {:>7} {:>6.2} {:>+8.1}% {:>7.1}s  {}",
+            "  {shape:<52} {layout:>18} {:>8} {:>7} {:>6.2} {:>7} {:>6.2} {:>+8.1}% {:>7.1}s  {}",
             m.cycles,
             m.compute_bound,
             m.cycles as f64 / m.compute_bound as f64,

@@ -61,6 +61,11 @@
 //!    vertices split queries or head columns, whichever is cheaper (the
 //!    kernel recomputes a query pair's factors in every vertex).
 //!
+//! Where no plan of every head at once fits (long sequences, fewer tiles
+//! than heads), the heads may run in rounds (`AttentionPlan::rounds`):
+//! steps 2 to 8 once per round, for the round's heads, on the first
+//! round's tiles and buffers, each round with output rows of its own.
+//!
 //! Only for f16 blocks, causal or not, whose head size is a multiple of
 //! four (K rows and runs of queries move as 4-byte words; the head padding
 //! of a K row is then whole 8-byte items). A causal block's GEMMs compute
@@ -1024,39 +1029,65 @@ pub fn plan(
     if !applies(block) {
         return Vec::new();
     }
-    // Compact buffers only where no plan with buffers of their own fits
-    // (long sequences: each score takes 10 bytes of region 1 a tile with
-    // its own P^T, 8 without), so the plans that fit otherwise are
-    // unchanged.
-    let plans = candidates(
-        block,
-        tiles,
-        fill,
-        ck,
-        projection_cycles,
-        distributed,
-        false,
-    );
+    // Compact buffers and rounds only where no plan of every head at once
+    // with buffers of their own fits (long sequences: each score takes 10
+    // bytes of region 1 a tile with its own P^T, 8 without), so the plans
+    // that fit otherwise are unchanged.
+    let mut search = |compact: bool, rounds: u32| {
+        candidates(
+            block,
+            tiles,
+            (&mut *fill, &mut *ck),
+            projection_cycles,
+            distributed,
+            (compact, rounds),
+        )
+    };
+    let plans = search(false, 1);
     if !plans.is_empty() {
         return plans;
     }
-    candidates(block, tiles, fill, ck, projection_cycles, distributed, true)
+    // Otherwise compact buffers, and heads in rounds on the same tiles
+    // (with or without compact buffers): the fewest rounds with a plan.
+    // Each round's heads have twice the tiles or more, and the estimates
+    // choose: Pythia-410M's attention at 2048 causal tokens runs 400,364
+    // cycles in two rounds where every head at once with compact buffers
+    // ran 414,833; a non-causal one of that size has twice the scores a
+    // tile and no plan of every head at once. (More rounds only shrink a
+    // tile's scores further, which an attempt that plans the projections
+    // on the same tiles takes for the room it leaves them, although the
+    // projections in a segment of their own run faster: 576,760 cycles in
+    // two rounds there against an estimated 660,747 in three.)
+    let mut plans = search(true, 1);
+    for rounds in 2..=block.heads {
+        if block.heads.div_ceil(rounds) == block.heads.div_ceil(rounds - 1) {
+            continue;
+        }
+        let before = plans.len();
+        plans.extend(search(false, rounds));
+        plans.extend(search(true, rounds));
+        if plans.len() > before {
+            break;
+        }
+    }
+    plans
 }
 
-/// The candidates of [`plan`] with compact buffers or without: with them,
-/// query blocks of up to 128 rows, where the others stop at 64.
+/// The candidates of [`plan`] with compact buffers or without (with them,
+/// query blocks of up to 128 rows, where the others stop at 64), the heads
+/// in `rounds` rounds on the same tiles (`AttentionPlan::rounds`).
 fn candidates(
     block: &AttentionBlock,
     tiles: u32,
-    fill: &mut FormulaCost,
-    ck: &mut ColumnKernels,
+    (fill, ck): (&mut FormulaCost, &mut ColumnKernels),
     projection_cycles: u64,
     distributed: bool,
-    compact: bool,
+    (compact, rounds): (bool, u32),
 ) -> Vec<AttentionPlan> {
     let mut out = Vec::new();
     let ncb = block.key_blocks();
     let most_rows = if compact { 128 } else { 64 };
+    let round_heads = block.heads.div_ceil(rounds);
     for splits in (1u32..=8).filter(|&s| s <= ncb) {
         let key_splits = key_ranges(block.sk, splits);
         let n = widest_split(&key_splits);
@@ -1071,7 +1102,7 @@ fn candidates(
             } else {
                 per_block.iter().sum()
             };
-            let attention_tiles = block.heads * per_head;
+            let attention_tiles = round_heads * per_head;
             if attention_tiles > tiles || !seen.insert(rows) || rows > most_rows {
                 continue;
             }
@@ -1085,7 +1116,10 @@ fn candidates(
             let Some(r1) = s.region1() else {
                 continue;
             };
-            let r0 = s.region0(rows, splits, distributed);
+            // Every round's output rows stay for the host.
+            let r0 = s.region0(rows, splits, distributed)
+                + (rounds as u64 - 1)
+                    * (rows * s.rs_out(s.combine_ranges(splits, distributed)[0])) as u64;
             if r0 > STANDARD_BUDGET / 2 {
                 continue;
             }
@@ -1119,6 +1153,8 @@ fn candidates(
                 exchange += ipu_arch::SYNC_CYCLES
                     + state.div_ceil(ipu_arch::EXCHANGE_RECV_BYTES_PER_CYCLE as u64);
             }
+            // Each round runs every step again on the same tiles.
+            let (compute, exchange) = (compute * rounds as u64, exchange * rounds as u64);
             out.push(AttentionPlan {
                 layout: AttentionLayout::Columns,
                 query_blocks: qr.len() as u32,
@@ -1134,7 +1170,7 @@ fn candidates(
                 region1_bytes: r1,
                 region0_bytes: r0,
                 distributed_combine: distributed,
-                rounds: 1,
+                rounds,
                 compact,
             });
         }
@@ -1255,8 +1291,14 @@ pub fn lower(
     let keeps_padding = |bufs: &[BufferSpec]| {
         whole_program && crate::storage::region1_holds(bufs, &attention_region1)
     };
+    // With heads in rounds (`AttentionPlan::rounds`) the heads of every
+    // round take the first round's tiles and buffers, one round after the
+    // other.
+    let rounds = plan.rounds.max(1);
+    let round_heads = plan.round_heads(b);
+    let tile_of = |h: u32, qi: u32, ks: u32| plan.tile(h % round_heads, qi, ks);
     let mut tiles: BTreeMap<u32, AttTile> = BTreeMap::new();
-    for h in 0..b.heads {
+    for h in 0..round_heads {
         for qi in 0..qranges.len() as u32 {
             // A causal block's tiles: the splits that hold a key some of
             // its queries see.
@@ -1419,6 +1461,41 @@ pub fn lower(
         }
     }
 
+    // A later round's tiles: the first round's buffers, but output rows of
+    // their own, which the host reads at the end of the call.
+    let mut round_tiles = vec![tiles];
+    for round in 1..rounds {
+        let mut next = BTreeMap::new();
+        for (&tile, at) in &round_tiles[0] {
+            let h = at.h + round * round_heads;
+            if h >= b.heads {
+                continue;
+            }
+            let bufs = l
+                .buffers
+                .get_mut(&tile)
+                .expect("attention tiles are below tile_count");
+            let mut out = bufs[at.bufs.out].clone();
+            out.name = format!("{name}.out_round{round}");
+            bufs.push(out);
+            next.insert(
+                tile,
+                AttTile {
+                    h,
+                    qi: at.qi,
+                    ks: at.ks,
+                    n: at.n,
+                    bufs: TileBuffers {
+                        out: bufs.len() - 1,
+                        ..at.bufs
+                    },
+                    padding_from_load: at.padding_from_load,
+                },
+            );
+        }
+        round_tiles.push(next);
+    }
+
     // Step 1: Q^T and V^T on the Q and V projections' tiles. A tile may
     // hold a home of q and one of v (attention over inputs,
     // `attention::host_homes`): a step starts at most six vertices per
@@ -1464,703 +1541,731 @@ pub fn lower(
         step.put_tile(tile, vertices, cycles);
     }
 
-    // Step 2: the fills and the K rows' head padding.
-    // A tile that keeps its padding from load has only V^T's ones row to
-    // set, which no step of the run writes either: the initialize call
-    // sets it once, beside the parameters.
-    let mut fill_step = compute_step(format!("reset {name} padding"));
-    let mut pad_step = compute_step(format!("pad {name} K rows"));
-    let mut ones_step = compute_step(format!("set {name} V^T ones row"));
-    for (&tile, at) in &tiles {
-        let (mut jobs, mut row_jobs) = fill_jobs(&shapes, &at.bufs, at.n);
-        if at.padding_from_load {
-            jobs.retain(|j| (j.3, j.4) != (0, 0));
-            row_jobs.clear();
-        }
-        let (vertices, slowest) = crate::attention::fill_vertices(&jobs, &mut fill.1);
-        let cycles = slowest + launch_cycles(vertices.len() as u64);
-        let step = if at.padding_from_load {
-            &mut ones_step
-        } else {
-            &mut fill_step
-        };
-        step.put_tile(
-            tile,
-            vertices
-                .into_iter()
-                .map(|state| Vertex {
-                    kernel: std::sync::Arc::new(fill.0.clone()),
-                    state,
-                })
-                .collect(),
-            cycles,
-        );
-        let (pads, slowest) = row_job_vertices(&row_jobs, ck);
-        if !pads.is_empty() {
-            let cycles = slowest + launch_cycles(pads.len() as u64);
-            pad_step.put_tile(
-                tile,
-                pads.into_iter()
-                    .map(|state| Vertex {
-                        kernel: std::sync::Arc::new(ck.fill_rows.0.clone()),
-                        state,
-                    })
-                    .collect(),
-                cycles,
-            );
-        }
-    }
-
-    // Step 3: the exchange of Q^T, K rows and V^T.
-    let qblock_of = |r: u32| -> usize {
-        qranges
-            .iter()
-            .position(|&(a, z)| (a..z).contains(&r))
-            .expect("query ranges cover the queries")
-    };
-    let split_of = |key: u32| -> u32 {
-        (0..splits)
-            .find(|&ks| {
-                let (k0, n) = split_keys(ks);
-                (k0..k0 + n).contains(&key)
-            })
-            .expect("the splits cover the keys")
-    };
-    let rs_k = shapes.st.2.rs_a;
-    let rs_qt = shapes.st.2.rs_b;
-    let rs_vt = shapes.pv.2.rs_a;
-    let mut transfers = Vec::new();
-    for (&(g, tile), r) in &l.group_results {
-        if g == b.k {
-            // K rows cut at head boundaries: a key's head segment goes to
-            // every query block of the head, in the key's split.
-            for row in r.rows.0..r.rows.1 {
-                let ks = split_of(row);
-                let k0 = split_keys(ks).0;
-                let mut c = r.col0;
-                while c < r.col0 + r.width {
-                    let h = c / d;
-                    let e = ((h + 1) * d).min(r.col0 + r.width);
-                    let destinations = (0..qranges.len() as u32)
-                        .filter(|&qi| ks < plan.splits_of(qi))
-                        .map(|qi| {
-                            let dst = plan.tile(h, qi, ks);
-                            BufferRef {
-                                tile: dst,
-                                buffer: tiles[&dst].bufs.kr,
-                                offset: (row - k0) * rs_k + (c - h * d) * 2,
-                            }
-                        })
-                        .collect();
-                    transfers.push(BufferTransfer {
-                        source: BufferRef {
-                            tile,
-                            buffer: r.buffer,
-                            offset: (row - r.rows.0) * r.row_stride + (c - r.col0) * 2,
-                        },
-                        destinations,
-                        bytes: (e - c) * 2,
-                    });
-                    c = e;
-                }
-            }
-        } else if g == b.q || g == b.v {
-            let (tb, rs) = transposed[&(g, tile)];
-            let (r0, r1) = r.rows;
-            for c in 0..r.width {
-                let gc = r.col0 + c;
-                let (h, j) = (gc / d, gc % d);
-                // Rows a..z of transposed row c (a run of queries or keys;
-                // one that ends on the odd last row takes the zero after it).
-                let run = |a: u32, z: u32, destinations| BufferTransfer {
-                    source: BufferRef {
-                        tile,
-                        buffer: tb,
-                        offset: c * rs + (a - r0) * 2,
-                    },
-                    destinations,
-                    bytes: ((z - a) * 2).div_ceil(4) * 4,
-                };
-                if g == b.q {
-                    // Runs of the column's queries, cut at query blocks, to
-                    // every key split of the block.
-                    let mut a = r0;
-                    while a < r1 {
-                        let qi = qblock_of(a);
-                        let (q0, q1) = qranges[qi];
-                        let z = r1.min(q1);
-                        let destinations = (0..plan.splits_of(qi as u32))
-                            .map(|ks| {
-                                let dst = plan.tile(h, qi as u32, ks);
-                                BufferRef {
-                                    tile: dst,
-                                    buffer: tiles[&dst].bufs.qt,
-                                    offset: j * rs_qt + (a - q0) * 2,
-                                }
-                            })
-                            .collect();
-                        transfers.push(run(a, z, destinations));
-                        a = z;
-                    }
-                } else {
-                    // Runs of the column's keys, cut at the splits, to every
-                    // query block of the head.
-                    for ks in 0..splits {
-                        let (k0, n) = split_keys(ks);
-                        let (a, z) = (r0.max(k0), r1.min(k0 + n));
-                        if a >= z {
-                            continue;
-                        }
-                        let destinations = (0..qranges.len() as u32)
-                            .filter(|&qi| ks < plan.splits_of(qi))
-                            .map(|qi| {
-                                let dst = plan.tile(h, qi, ks);
-                                BufferRef {
-                                    tile: dst,
-                                    buffer: tiles[&dst].bufs.vt,
-                                    offset: j * rs_vt + (a - k0) * 2,
-                                }
-                            })
-                            .collect();
-                        transfers.push(run(a, z, destinations));
-                    }
-                }
-            }
-        }
-    }
-    for t in &transfers {
-        let aligned = t.bytes % 4 == 0
-            && t.source.offset % 4 == 0
-            && t.destinations.iter().all(|x| x.offset % 4 == 0);
-        if !aligned {
-            return Err(bad(format!(
-                "attention transfer from tile {} offset {} ({} bytes) is not word aligned",
-                t.source.tile, t.source.offset, t.bytes
-            )));
-        }
-    }
-    let xstep = exchange::program_step(
-        l.tile_count,
-        transfers,
-        exchange_label,
-        &mut l.buffers,
-        name.clone(),
-        format!("exchange q^T, k, v^T -> {name}"),
-    )?;
-
-    // Steps 4 to 7: S^T, the column softmax, O^T and its reduce.
-    let mut st = compute_step(format!("{name} scores S^T = K Q^T"));
-    let mut pt_pad = compute_step(format!("zero {name} P^T key padding"));
-    let mut mk: Vec<Step> = Vec::new();
-    let masked_score = (MASKED_SCORE / b.scale).to_bits();
-    let mut cm = compute_step(format!("{name} column maxima"));
-    let mut sm = compute_step(format!("{name} softmax down columns"));
-    let mut pv = compute_step(format!("{name} O^T = [V^T; 1] P^T"));
-    let mut rd = compute_step(format!("{name} sum of O^T partials"));
-    let scale = b.scale.to_bits();
-    // A tile's shapes and step estimates depend only on its queries and
-    // keys: a few distinct pairs for all the tiles.
-    let mut by_shape: BTreeMap<(u32, u32, u32), (Shapes, Vec<u64>)> = BTreeMap::new();
-    for (&tile, at) in &tiles {
-        let t = at.bufs;
-        let rows = qranges[at.qi as usize].1 - qranges[at.qi as usize].0;
-        let splits = plan.splits_of(at.qi);
-        let (s, est) = match by_shape.entry((rows, at.n, splits)) {
-            std::collections::btree_map::Entry::Occupied(e) => e.into_mut(),
-            std::collections::btree_map::Entry::Vacant(e) => {
-                let s = Shapes::new(b, ck, plan.rows, at.n, kp)
-                    .map(|s| if plan.compact { s.compacted() } else { s })
-                    .ok_or_else(|| {
-                        bad(format!(
-                            "attention {name}: no worker split of O^T on tile {tile}"
-                        ))
-                    })?;
-                let est = step_cycles(
-                    &mut fill.1,
-                    ck,
-                    &s,
-                    rows,
-                    at.n,
-                    splits,
-                    plan.distributed_combine,
-                );
-                e.insert((s, est))
-            }
-        };
-        // Its steps' estimates (the slowest tile sets each step's).
-        for (step, e) in [
-            (&mut st, est[2]),
-            (&mut cm, est[3]),
-            (&mut sm, est[4]),
-            (&mut pv, est[5]),
-            (&mut rd, est[6]),
-        ] {
-            step.charge_tile(tile, e);
-        }
-        let gemm_vertex = |g: &GemmGeometry,
-                           lay: &ShardLayout,
-                           (j, gi): (u32, u32),
-                           (lr0, lr1): (u32, u32),
-                           (cg0, cg1): (u32, u32),
-                           (kb0, kb1): (u32, u32),
-                           (a, bb, b_base): (usize, usize, u32),
-                           ot: bool| {
-            // K block 0 writes the buffer that holds the result after the
-            // group's blocks: always c1 (as in crate::lower), at its start.
-            // O^T with compact buffers keeps its partials in c1 too, past
-            // the result's elements, and reads the zero partials of K
-            // block 0 from c2's header (P^T follows it there).
-            let compact_ot = ot_partials.filter(|_| ot);
-            let result = (t.c1, 0);
-            let partials = compact_ot.map_or((t.c2, 0), |off| (t.c1, off));
-            let (first, second) = if (kb1 - kb0) % 2 == 1 {
-                (result, partials)
-            } else {
-                (partials, result)
-            };
-            // K block 0's zero partials: the second buffer's header, or with
-            // compact buffers the header of c2, which O^T does not use.
-            let zero = if compact_ot.is_some() {
-                (t.c2, 0)
-            } else {
-                (second.0, 0)
-            };
-            let c_off = lay.c_row(j, gi, lr0) + cg0 * 16 * g.out_bytes();
-            Vertex {
-                kernel: std::sync::Arc::new(ck.gemm.0.clone()),
-                state: vec![
-                    StateWord::Addr {
-                        buffer: a,
-                        offset: lr0 * lay.rs_a + kb0 * 32,
-                    },
-                    StateWord::Const(lay.rs_a),
-                    StateWord::Addr {
-                        buffer: bb,
-                        offset: b_base + kb0 * 16 * lay.rs_b + cg0 * 32,
-                    },
-                    StateWord::Const(lay.rs_b),
-                    StateWord::Addr {
-                        buffer: first.0,
-                        offset: first.1 + c_off,
-                    },
-                    StateWord::Addr {
-                        buffer: second.0,
-                        offset: second.1 + c_off,
-                    },
-                    StateWord::Const(lay.rs_c),
-                    StateWord::Addr {
-                        buffer: zero.0,
-                        offset: zero.1,
-                    },
-                    StateWord::Const(lr1 - lr0),
-                    StateWord::Const(kb1 - kb0),
-                    StateWord::Const(cg1 - cg0),
-                ],
-            }
-        };
-        let (stg, sts, stl) = &s.st;
-        let nkb = s.dp / 16;
-        std::sync::Arc::make_mut(&mut st.tiles).insert(
-            tile,
-            sts.row_groups
-                .iter()
-                .enumerate()
-                .flat_map(|(gi, &rg)| {
-                    sts.col_groups.iter().map(move |&cg| {
-                        gemm_vertex(
-                            stg,
-                            stl,
-                            (0, gi as u32),
-                            rg,
-                            cg,
-                            (0, nkb),
-                            (t.kr, t.qt, 0),
-                            false,
-                        )
-                    })
-                })
-                .collect(),
-        );
-        let pad_jobs = pt_padding_jobs(s, &t, at.n);
-        if s.compact && !pad_jobs.is_empty() {
-            let (vertices, slowest) = crate::attention::fill_vertices(&pad_jobs, &mut fill.1);
-            let cycles = slowest + launch_cycles(vertices.len() as u64);
-            let kernel = std::sync::Arc::new(fill.0.clone());
-            pt_pad.put_tile(
-                tile,
-                vertices
-                    .into_iter()
-                    .map(|state| Vertex {
-                        kernel: kernel.clone(),
-                        state,
-                    })
-                    .collect(),
-                cycles,
-            );
-        }
-        let masks = mask_jobs(
-            b,
-            s,
-            qranges[at.qi as usize],
-            plan.key_splits[at.ks as usize],
-        );
-        for (k, round) in mask_rounds(masks).into_iter().enumerate() {
-            if mk.len() == k {
-                mk.push(compute_step(format!("{name} causal mask {}", k + 1)));
-            }
-            let step = &mut mk[k];
-            step.charge_tile(tile, mask_cycles(&round, &mut ck.mask.1));
-            std::sync::Arc::make_mut(&mut step.tiles).insert(
-                tile,
-                round
-                    .iter()
-                    .map(|j| Vertex {
-                        kernel: std::sync::Arc::new(ck.mask.0.clone()),
-                        state: match j.group {
-                            Some(g) => vec![
-                                StateWord::Addr {
-                                    buffer: t.c1,
-                                    offset: stl.c_row(0, g, j.row),
-                                },
-                                StateWord::Const(j.words),
-                                StateWord::Const(masked_score),
-                            ],
-                            None => vec![
-                                StateWord::Addr {
-                                    buffer: t.pt,
-                                    offset: t.pt_base + j.row * s.pv.2.rs_b,
-                                },
-                                StateWord::Const(j.words),
-                                StateWord::Const(0),
-                            ],
-                        },
-                    })
-                    .collect(),
-            );
-        }
-        let quads = s.quads();
-        // A causal tile's column maxima and softmax skip the key rows no
-        // query of it sees (their P^T rows were zeroed by the mask steps).
-        let visible = visible_rows(
-            b,
-            qranges[at.qi as usize],
-            plan.key_splits[at.ks as usize],
-            at.n,
-        );
-        let jobs = visible_st_jobs(s, visible);
-        if visible < at.n {
-            let kernels = (&mut ck.colmax.1, &mut ck.softmax.1);
-            let (cm_c, sm_c) = colmax_softmax_cycles(kernels, s, &jobs);
-            cm.charge_tile(tile, cm_c);
-            sm.charge_tile(tile, sm_c);
-        }
-        let groups = jobs.len() as u32;
-        std::sync::Arc::make_mut(&mut cm.tiles).insert(
-            tile,
-            jobs.iter()
-                .enumerate()
-                .map(|(ji, &(gi, r0, r1))| Vertex {
-                    kernel: std::sync::Arc::new(ck.colmax.0.clone()),
-                    state: vec![
-                        StateWord::Addr {
-                            buffer: t.c1,
-                            offset: stl.c_row(0, gi, r0),
-                        },
-                        StateWord::Const(stl.rs_c),
-                        StateWord::Const(r1 - r0),
-                        StateWord::Const(quads),
-                        StateWord::Addr {
-                            buffer: t.maxes,
-                            offset: ji as u32 * s.maxes_row(),
-                        },
-                    ],
-                })
-                .collect(),
-        );
-        std::sync::Arc::make_mut(&mut sm.tiles).insert(
-            tile,
-            jobs.iter()
-                .enumerate()
-                .map(|(ji, &(gi, r0, r1))| Vertex {
-                    kernel: std::sync::Arc::new(ck.softmax.0.clone()),
-                    state: vec![
-                        StateWord::Addr {
-                            buffer: t.c1,
-                            offset: stl.c_row(0, gi, r0),
-                        },
-                        StateWord::Const(stl.rs_c),
-                        StateWord::Addr {
-                            buffer: t.pt,
-                            offset: t.pt_base + r0 * s.pv.2.rs_b,
-                        },
-                        StateWord::Const(s.pv.2.rs_b),
-                        StateWord::Const(r1 - r0),
-                        StateWord::Const(quads),
-                        StateWord::Addr {
-                            buffer: t.maxes,
-                            offset: 0,
-                        },
-                        StateWord::Const(groups),
-                        StateWord::Const(scale),
-                        if ji == 0 {
-                            StateWord::Addr {
-                                buffer: t.m,
-                                offset: 0,
-                            }
-                        } else {
-                            StateWord::Const(0)
-                        },
-                        StateWord::Addr {
-                            buffer: t.sm_scratch,
-                            offset: ji as u32 * s.softmax_scratch(),
-                        },
-                    ],
-                })
-                .collect(),
-        );
-        let (pvg, pvs, pvl) = &s.pv;
-        let mut pv_vertices = Vec::new();
-        for (gi, &rg) in pvs.row_groups.iter().enumerate() {
-            for &cg in &pvs.col_groups {
-                for (j, &kg) in pvs.k_groups.iter().enumerate() {
-                    pv_vertices.push(gemm_vertex(
-                        pvg,
-                        pvl,
-                        (j as u32, gi as u32),
-                        rg,
-                        cg,
-                        kg,
-                        (t.vt, t.pt, t.pt_base),
-                        true,
-                    ));
-                }
-            }
-        }
-        std::sync::Arc::make_mut(&mut pv.tiles).insert(tile, pv_vertices);
-        let own = s.combine_ranges(splits, plan.distributed_combine)[at.ks as usize];
-        let moves = match s.ot_copies(own) {
-            Some(copies) => copies
-                .into_iter()
-                .map(|(from, to, bytes)| Vertex {
-                    kernel: std::sync::Arc::new(ck.copy.0.clone()),
-                    state: vec![
-                        StateWord::Addr {
-                            buffer: t.c1,
-                            offset: from,
-                        },
-                        StateWord::Addr {
-                            buffer: t.ot,
-                            offset: to,
-                        },
-                        StateWord::Const(bytes),
-                    ],
-                })
-                .collect(),
-            None => crate::lower::reduce_vertices(
-                &ck.reduce.0,
-                pvg,
-                (pvl, pvs),
-                (t.c1, t.ot),
-                crate::lower::ReduceDst::Rows,
-                None,
-            ),
-        };
-        std::sync::Arc::make_mut(&mut rd.tiles).insert(tile, moves);
-    }
     let mut steps = Vec::new();
     for step in [prep, prep_v] {
         if !step.tiles.is_empty() {
             steps.push(step);
         }
     }
-    for step in [fill_step, pad_step] {
-        if !step.tiles.is_empty() {
-            steps.push(step);
-        }
-    }
-    steps.extend([xstep, st]);
-    // With compact buffers, the tiles whose split has padding keys zero
-    // their P^T rows once the S^T GEMM is done with the buffer they share;
-    // the others spend nothing there.
-    if !pt_pad.tiles.is_empty() {
-        for &tile in tiles.keys() {
-            if !pt_pad.tiles.contains_key(&tile) {
-                pt_pad.charge_tile(tile, 0);
-            }
-        }
-        steps.push(pt_pad);
-    }
-    // A tile without mask jobs in a mask step spends nothing there.
-    for step in &mut mk {
-        for &tile in tiles.keys() {
-            if !step.tiles.contains_key(&tile) {
-                step.charge_tile(tile, 0);
-            }
-        }
-    }
-    steps.extend(mk);
-    steps.extend([cm, sm, pv, rd]);
-
-    // Step 8: every split's tile that combines head columns [d0, d1)
-    // receives, of every other split of its (head, query block), those O^T
-    // rows, the l row and m, into slot j + 1 for a split j below its own,
-    // slot j above it (its own state is slot 0: the O^T buffer's first
-    // rows and m slot 0). Slots are `state_slot` apart from row d0 on.
-    // A causal block's tiles combine its own splits only.
-    let combine_of = |at: &AttTile| {
-        shapes.combine_ranges(plan.splits_of(at.qi), plan.distributed_combine)[at.ks as usize]
-    };
-    if splits > 1 {
-        let (rs_d, lrow) = (shapes.pv.2.rs_d(), d);
-        let mut moves = Vec::new();
-        for (&tile, at) in &tiles {
-            let r @ (d0, d1) = combine_of(at);
-            if d1 == d0 {
-                continue;
-            }
-            let state_slot = shapes.state_slot(r);
-            for j in (0..plan.splits_of(at.qi)).filter(|&j| j != at.ks) {
-                let slot = if j < at.ks { j + 1 } else { j };
-                let src = plan.tile(at.h, at.qi, j);
-                let s_bufs = tiles[&src].bufs;
-                let mut mv =
-                    |buffer: usize, offset: u32, dst_buffer: usize, dst: u32, bytes: u32| {
-                        moves.push(BufferTransfer {
-                            source: BufferRef {
-                                tile: src,
-                                buffer,
-                                offset,
-                            },
-                            destinations: vec![BufferRef {
-                                tile,
-                                buffer: dst_buffer,
-                                offset: dst,
-                            }],
-                            bytes,
-                        });
-                    };
-                let base = shapes.slot0(r) + slot * state_slot;
-                if shapes.ot_stays_in_c() {
-                    // From the source's C buffer, a run per row group.
-                    for rows in shapes.own_state_rows(r) {
-                        for (c, row, n) in shapes.ot_rows_in_c(rows) {
-                            let dst = base + shapes.slot_row(r, row) * rs_d;
-                            mv(s_bufs.c1, c, at.bufs.ot, dst, n * rs_d);
-                        }
-                    }
-                } else if shapes.compact {
-                    return Err(bad(format!(
-                        "attention {name}: compact state slots need O^T kept in its C buffer"
-                    )));
-                } else if d1 == lrow {
-                    // The l row follows the last head column: one run.
-                    mv(
-                        s_bufs.ot,
-                        d0 * rs_d,
-                        at.bufs.ot,
-                        base + d0 * rs_d,
-                        (d1 - d0 + 1) * rs_d,
-                    );
-                } else {
-                    mv(
-                        s_bufs.ot,
-                        d0 * rs_d,
-                        at.bufs.ot,
-                        base + d0 * rs_d,
-                        (d1 - d0) * rs_d,
-                    );
-                    mv(s_bufs.ot, lrow * rs_d, at.bufs.ot, base + lrow * rs_d, rs_d);
-                }
-                mv(
-                    s_bufs.m,
-                    0,
-                    at.bufs.m,
-                    slot * shapes.m_slot(),
-                    shapes.m_slot(),
-                );
-            }
-        }
-        steps.push(exchange::program_step(
-            l.tile_count,
-            moves,
-            exchange_label + 1,
-            &mut l.buffers,
-            name.clone(),
-            format!("exchange {name} key-split states"),
-        )?);
-    }
-
-    // Step 9: the combine and normalisation, and the output rows.
-    let mut fin = compute_step(format!("{name} combine and normalise"));
+    let mut ones_step = compute_step(format!("set {name} V^T ones row"));
     let mut y = HostTensor {
         name: y_name,
         ty: graph.value(b.result).ty.clone(),
         placements: Vec::new(),
     };
-    let s = &shapes;
-    for (&tile, at) in &tiles {
-        let (d0, d1) = combine_of(at);
-        if d1 == d0 {
-            continue;
+    let mut label = exchange_label;
+    for (round, tiles) in round_tiles.into_iter().enumerate() {
+        let round = round as u32;
+        let (h_lo, h_hi) = (
+            round * round_heads,
+            ((round + 1) * round_heads).min(b.heads),
+        );
+        // Each round's steps name its heads.
+        let heads = if rounds > 1 {
+            format!(" (heads {h_lo}..{h_hi})")
+        } else {
+            String::new()
+        };
+        let compute_step = |phase: String| compute_step(format!("{phase}{heads}"));
+        // Step 2: the fills and the K rows' head padding.
+        // A tile that keeps its padding from load has only V^T's ones row to
+        // set, which no step of the run writes either: the initialize call
+        // sets it once, beside the parameters.
+        let mut fill_step = compute_step(format!("reset {name} padding"));
+        let mut pad_step = compute_step(format!("pad {name} K rows"));
+        for (&tile, at) in &tiles {
+            // The first round's ones row serves every round.
+            if at.padding_from_load && round > 0 {
+                continue;
+            }
+            let (mut jobs, mut row_jobs) = fill_jobs(&shapes, &at.bufs, at.n);
+            if at.padding_from_load {
+                jobs.retain(|j| (j.3, j.4) != (0, 0));
+                row_jobs.clear();
+            }
+            let (vertices, slowest) = crate::attention::fill_vertices(&jobs, &mut fill.1);
+            let cycles = slowest + launch_cycles(vertices.len() as u64);
+            let step = if at.padding_from_load {
+                &mut ones_step
+            } else {
+                &mut fill_step
+            };
+            step.put_tile(
+                tile,
+                vertices
+                    .into_iter()
+                    .map(|state| Vertex {
+                        kernel: std::sync::Arc::new(fill.0.clone()),
+                        state,
+                    })
+                    .collect(),
+                cycles,
+            );
+            let (pads, slowest) = row_job_vertices(&row_jobs, ck);
+            if !pads.is_empty() {
+                let cycles = slowest + launch_cycles(pads.len() as u64);
+                pad_step.put_tile(
+                    tile,
+                    pads.into_iter()
+                        .map(|state| Vertex {
+                            kernel: std::sync::Arc::new(ck.fill_rows.0.clone()),
+                            state,
+                        })
+                        .collect(),
+                    cycles,
+                );
+            }
         }
-        let splits = plan.splits_of(at.qi);
-        let t = at.bufs;
-        let (q0, q1) = qranges[at.qi as usize];
-        let rows = q1 - q0;
-        let (vertices, cycles) = s.final_vertices(&mut ck.final_.1, rows, splits, (d0, d1));
-        // The slots from row d0 on: head columns relative to d0, and so
-        // are the output rows, which hold only this tile's columns.
-        let split_bytes = s.state_slot((d0, d1));
-        let rs_out = s.rs_out((d0, d1));
-        fin.charge_tile(tile, cycles);
-        std::sync::Arc::make_mut(&mut fin.tiles).insert(
-            tile,
-            vertices
+
+        // Step 3: the exchange of Q^T, K rows and V^T.
+        let qblock_of = |r: u32| -> usize {
+            qranges
                 .iter()
-                .enumerate()
-                .map(|(w, &(qa, qn, da, dn))| Vertex {
-                    kernel: std::sync::Arc::new(ck.final_.0.clone()),
+                .position(|&(a, z)| (a..z).contains(&r))
+                .expect("query ranges cover the queries")
+        };
+        let split_of = |key: u32| -> u32 {
+            (0..splits)
+                .find(|&ks| {
+                    let (k0, n) = split_keys(ks);
+                    (k0..k0 + n).contains(&key)
+                })
+                .expect("the splits cover the keys")
+        };
+        let rs_k = shapes.st.2.rs_a;
+        let rs_qt = shapes.st.2.rs_b;
+        let rs_vt = shapes.pv.2.rs_a;
+        let mut transfers = Vec::new();
+        for (&(g, tile), r) in &l.group_results {
+            if g == b.k {
+                // K rows cut at head boundaries: a key's head segment goes to
+                // every query block of the head, in the key's split.
+                for row in r.rows.0..r.rows.1 {
+                    let ks = split_of(row);
+                    let k0 = split_keys(ks).0;
+                    let mut c = r.col0;
+                    while c < r.col0 + r.width {
+                        let h = c / d;
+                        let e = ((h + 1) * d).min(r.col0 + r.width);
+                        if !(h_lo..h_hi).contains(&h) {
+                            c = e;
+                            continue;
+                        }
+                        let destinations = (0..qranges.len() as u32)
+                            .filter(|&qi| ks < plan.splits_of(qi))
+                            .map(|qi| {
+                                let dst = tile_of(h, qi, ks);
+                                BufferRef {
+                                    tile: dst,
+                                    buffer: tiles[&dst].bufs.kr,
+                                    offset: (row - k0) * rs_k + (c - h * d) * 2,
+                                }
+                            })
+                            .collect();
+                        transfers.push(BufferTransfer {
+                            source: BufferRef {
+                                tile,
+                                buffer: r.buffer,
+                                offset: (row - r.rows.0) * r.row_stride + (c - r.col0) * 2,
+                            },
+                            destinations,
+                            bytes: (e - c) * 2,
+                        });
+                        c = e;
+                    }
+                }
+            } else if g == b.q || g == b.v {
+                let (tb, rs) = transposed[&(g, tile)];
+                let (r0, r1) = r.rows;
+                for c in 0..r.width {
+                    let gc = r.col0 + c;
+                    let (h, j) = (gc / d, gc % d);
+                    if !(h_lo..h_hi).contains(&h) {
+                        continue;
+                    }
+                    // Rows a..z of transposed row c (a run of queries or keys;
+                    // one that ends on the odd last row takes the zero after it).
+                    let run = |a: u32, z: u32, destinations| BufferTransfer {
+                        source: BufferRef {
+                            tile,
+                            buffer: tb,
+                            offset: c * rs + (a - r0) * 2,
+                        },
+                        destinations,
+                        bytes: ((z - a) * 2).div_ceil(4) * 4,
+                    };
+                    if g == b.q {
+                        // Runs of the column's queries, cut at query blocks, to
+                        // every key split of the block.
+                        let mut a = r0;
+                        while a < r1 {
+                            let qi = qblock_of(a);
+                            let (q0, q1) = qranges[qi];
+                            let z = r1.min(q1);
+                            let destinations = (0..plan.splits_of(qi as u32))
+                                .map(|ks| {
+                                    let dst = tile_of(h, qi as u32, ks);
+                                    BufferRef {
+                                        tile: dst,
+                                        buffer: tiles[&dst].bufs.qt,
+                                        offset: j * rs_qt + (a - q0) * 2,
+                                    }
+                                })
+                                .collect();
+                            transfers.push(run(a, z, destinations));
+                            a = z;
+                        }
+                    } else {
+                        // Runs of the column's keys, cut at the splits, to every
+                        // query block of the head.
+                        for ks in 0..splits {
+                            let (k0, n) = split_keys(ks);
+                            let (a, z) = (r0.max(k0), r1.min(k0 + n));
+                            if a >= z {
+                                continue;
+                            }
+                            let destinations = (0..qranges.len() as u32)
+                                .filter(|&qi| ks < plan.splits_of(qi))
+                                .map(|qi| {
+                                    let dst = tile_of(h, qi, ks);
+                                    BufferRef {
+                                        tile: dst,
+                                        buffer: tiles[&dst].bufs.vt,
+                                        offset: j * rs_vt + (a - k0) * 2,
+                                    }
+                                })
+                                .collect();
+                            transfers.push(run(a, z, destinations));
+                        }
+                    }
+                }
+            }
+        }
+        for t in &transfers {
+            let aligned = t.bytes % 4 == 0
+                && t.source.offset % 4 == 0
+                && t.destinations.iter().all(|x| x.offset % 4 == 0);
+            if !aligned {
+                return Err(bad(format!(
+                    "attention transfer from tile {} offset {} ({} bytes) is not word aligned",
+                    t.source.tile, t.source.offset, t.bytes
+                )));
+            }
+        }
+        let xstep = exchange::program_step(
+            l.tile_count,
+            transfers,
+            label,
+            &mut l.buffers,
+            name.clone(),
+            format!("exchange q^T, k, v^T -> {name}{heads}"),
+        )?;
+        label += 1;
+
+        // Steps 4 to 7: S^T, the column softmax, O^T and its reduce.
+        let mut st = compute_step(format!("{name} scores S^T = K Q^T"));
+        let mut pt_pad = compute_step(format!("zero {name} P^T key padding"));
+        let mut mk: Vec<Step> = Vec::new();
+        let masked_score = (MASKED_SCORE / b.scale).to_bits();
+        let mut cm = compute_step(format!("{name} column maxima"));
+        let mut sm = compute_step(format!("{name} softmax down columns"));
+        let mut pv = compute_step(format!("{name} O^T = [V^T; 1] P^T"));
+        let mut rd = compute_step(format!("{name} sum of O^T partials"));
+        let scale = b.scale.to_bits();
+        // A tile's shapes and step estimates depend only on its queries and
+        // keys: a few distinct pairs for all the tiles.
+        let mut by_shape: BTreeMap<(u32, u32, u32), (Shapes, Vec<u64>)> = BTreeMap::new();
+        for (&tile, at) in &tiles {
+            let t = at.bufs;
+            let rows = qranges[at.qi as usize].1 - qranges[at.qi as usize].0;
+            let splits = plan.splits_of(at.qi);
+            let (s, est) = match by_shape.entry((rows, at.n, splits)) {
+                std::collections::btree_map::Entry::Occupied(e) => e.into_mut(),
+                std::collections::btree_map::Entry::Vacant(e) => {
+                    let s = Shapes::new(b, ck, plan.rows, at.n, kp)
+                        .map(|s| if plan.compact { s.compacted() } else { s })
+                        .ok_or_else(|| {
+                            bad(format!(
+                                "attention {name}: no worker split of O^T on tile {tile}"
+                            ))
+                        })?;
+                    let est = step_cycles(
+                        &mut fill.1,
+                        ck,
+                        &s,
+                        rows,
+                        at.n,
+                        splits,
+                        plan.distributed_combine,
+                    );
+                    e.insert((s, est))
+                }
+            };
+            // Its steps' estimates (the slowest tile sets each step's).
+            for (step, e) in [
+                (&mut st, est[2]),
+                (&mut cm, est[3]),
+                (&mut sm, est[4]),
+                (&mut pv, est[5]),
+                (&mut rd, est[6]),
+            ] {
+                step.charge_tile(tile, e);
+            }
+            let gemm_vertex = |g: &GemmGeometry,
+                               lay: &ShardLayout,
+                               (j, gi): (u32, u32),
+                               (lr0, lr1): (u32, u32),
+                               (cg0, cg1): (u32, u32),
+                               (kb0, kb1): (u32, u32),
+                               (a, bb, b_base): (usize, usize, u32),
+                               ot: bool| {
+                // K block 0 writes the buffer that holds the result after the
+                // group's blocks: always c1 (as in crate::lower), at its start.
+                // O^T with compact buffers keeps its partials in c1 too, past
+                // the result's elements, and reads the zero partials of K
+                // block 0 from c2's header (P^T follows it there).
+                let compact_ot = ot_partials.filter(|_| ot);
+                let result = (t.c1, 0);
+                let partials = compact_ot.map_or((t.c2, 0), |off| (t.c1, off));
+                let (first, second) = if (kb1 - kb0) % 2 == 1 {
+                    (result, partials)
+                } else {
+                    (partials, result)
+                };
+                // K block 0's zero partials: the second buffer's header, or with
+                // compact buffers the header of c2, which O^T does not use.
+                let zero = if compact_ot.is_some() {
+                    (t.c2, 0)
+                } else {
+                    (second.0, 0)
+                };
+                let c_off = lay.c_row(j, gi, lr0) + cg0 * 16 * g.out_bytes();
+                Vertex {
+                    kernel: std::sync::Arc::new(ck.gemm.0.clone()),
                     state: vec![
                         StateWord::Addr {
-                            buffer: t.ot,
-                            offset: s.slot0((d0, d1)) + 4 * qa,
+                            buffer: a,
+                            offset: lr0 * lay.rs_a + kb0 * 32,
                         },
-                        StateWord::Const(s.pv.2.rs_d()),
-                        StateWord::Const(split_bytes),
-                        StateWord::Const(splits),
+                        StateWord::Const(lay.rs_a),
                         StateWord::Addr {
-                            buffer: t.m,
-                            offset: 4 * qa,
+                            buffer: bb,
+                            offset: b_base + kb0 * 16 * lay.rs_b + cg0 * 32,
                         },
-                        StateWord::Const(s.slot_row((d0, d1), d)),
-                        StateWord::Const(s.quads()),
-                        StateWord::Const(qn),
-                        StateWord::Const(da - d0),
-                        StateWord::Const(dn),
+                        StateWord::Const(lay.rs_b),
                         StateWord::Addr {
-                            buffer: t.out,
-                            offset: qa * rs_out,
+                            buffer: first.0,
+                            offset: first.1 + c_off,
                         },
-                        StateWord::Const(rs_out),
                         StateWord::Addr {
-                            buffer: t.fin_scratch,
-                            offset: w as u32 * s.final_scratch(splits),
+                            buffer: second.0,
+                            offset: second.1 + c_off,
                         },
+                        StateWord::Const(lay.rs_c),
+                        StateWord::Addr {
+                            buffer: zero.0,
+                            offset: zero.1,
+                        },
+                        StateWord::Const(lr1 - lr0),
+                        StateWord::Const(kb1 - kb0),
+                        StateWord::Const(cg1 - cg0),
                     ],
-                })
-                .collect(),
-        );
-        for r in 0..rows {
-            y.placements.push(HostPlacement {
+                }
+            };
+            let (stg, sts, stl) = &s.st;
+            let nkb = s.dp / 16;
+            std::sync::Arc::make_mut(&mut st.tiles).insert(
                 tile,
-                buffer: t.out,
-                buffer_offset: r * rs_out,
-                host_offset: b.result_offset(q0 + r, at.h * d + d0),
-                bytes: (d1 - d0) * 2,
-            });
+                sts.row_groups
+                    .iter()
+                    .enumerate()
+                    .flat_map(|(gi, &rg)| {
+                        sts.col_groups.iter().map(move |&cg| {
+                            gemm_vertex(
+                                stg,
+                                stl,
+                                (0, gi as u32),
+                                rg,
+                                cg,
+                                (0, nkb),
+                                (t.kr, t.qt, 0),
+                                false,
+                            )
+                        })
+                    })
+                    .collect(),
+            );
+            let pad_jobs = pt_padding_jobs(s, &t, at.n);
+            if s.compact && !pad_jobs.is_empty() {
+                let (vertices, slowest) = crate::attention::fill_vertices(&pad_jobs, &mut fill.1);
+                let cycles = slowest + launch_cycles(vertices.len() as u64);
+                let kernel = std::sync::Arc::new(fill.0.clone());
+                pt_pad.put_tile(
+                    tile,
+                    vertices
+                        .into_iter()
+                        .map(|state| Vertex {
+                            kernel: kernel.clone(),
+                            state,
+                        })
+                        .collect(),
+                    cycles,
+                );
+            }
+            let masks = mask_jobs(
+                b,
+                s,
+                qranges[at.qi as usize],
+                plan.key_splits[at.ks as usize],
+            );
+            for (k, round) in mask_rounds(masks).into_iter().enumerate() {
+                if mk.len() == k {
+                    mk.push(compute_step(format!("{name} causal mask {}", k + 1)));
+                }
+                let step = &mut mk[k];
+                step.charge_tile(tile, mask_cycles(&round, &mut ck.mask.1));
+                std::sync::Arc::make_mut(&mut step.tiles).insert(
+                    tile,
+                    round
+                        .iter()
+                        .map(|j| Vertex {
+                            kernel: std::sync::Arc::new(ck.mask.0.clone()),
+                            state: match j.group {
+                                Some(g) => vec![
+                                    StateWord::Addr {
+                                        buffer: t.c1,
+                                        offset: stl.c_row(0, g, j.row),
+                                    },
+                                    StateWord::Const(j.words),
+                                    StateWord::Const(masked_score),
+                                ],
+                                None => vec![
+                                    StateWord::Addr {
+                                        buffer: t.pt,
+                                        offset: t.pt_base + j.row * s.pv.2.rs_b,
+                                    },
+                                    StateWord::Const(j.words),
+                                    StateWord::Const(0),
+                                ],
+                            },
+                        })
+                        .collect(),
+                );
+            }
+            let quads = s.quads();
+            // A causal tile's column maxima and softmax skip the key rows no
+            // query of it sees (their P^T rows were zeroed by the mask steps).
+            let visible = visible_rows(
+                b,
+                qranges[at.qi as usize],
+                plan.key_splits[at.ks as usize],
+                at.n,
+            );
+            let jobs = visible_st_jobs(s, visible);
+            if visible < at.n {
+                let kernels = (&mut ck.colmax.1, &mut ck.softmax.1);
+                let (cm_c, sm_c) = colmax_softmax_cycles(kernels, s, &jobs);
+                cm.charge_tile(tile, cm_c);
+                sm.charge_tile(tile, sm_c);
+            }
+            let groups = jobs.len() as u32;
+            std::sync::Arc::make_mut(&mut cm.tiles).insert(
+                tile,
+                jobs.iter()
+                    .enumerate()
+                    .map(|(ji, &(gi, r0, r1))| Vertex {
+                        kernel: std::sync::Arc::new(ck.colmax.0.clone()),
+                        state: vec![
+                            StateWord::Addr {
+                                buffer: t.c1,
+                                offset: stl.c_row(0, gi, r0),
+                            },
+                            StateWord::Const(stl.rs_c),
+                            StateWord::Const(r1 - r0),
+                            StateWord::Const(quads),
+                            StateWord::Addr {
+                                buffer: t.maxes,
+                                offset: ji as u32 * s.maxes_row(),
+                            },
+                        ],
+                    })
+                    .collect(),
+            );
+            std::sync::Arc::make_mut(&mut sm.tiles).insert(
+                tile,
+                jobs.iter()
+                    .enumerate()
+                    .map(|(ji, &(gi, r0, r1))| Vertex {
+                        kernel: std::sync::Arc::new(ck.softmax.0.clone()),
+                        state: vec![
+                            StateWord::Addr {
+                                buffer: t.c1,
+                                offset: stl.c_row(0, gi, r0),
+                            },
+                            StateWord::Const(stl.rs_c),
+                            StateWord::Addr {
+                                buffer: t.pt,
+                                offset: t.pt_base + r0 * s.pv.2.rs_b,
+                            },
+                            StateWord::Const(s.pv.2.rs_b),
+                            StateWord::Const(r1 - r0),
+                            StateWord::Const(quads),
+                            StateWord::Addr {
+                                buffer: t.maxes,
+                                offset: 0,
+                            },
+                            StateWord::Const(groups),
+                            StateWord::Const(scale),
+                            if ji == 0 {
+                                StateWord::Addr {
+                                    buffer: t.m,
+                                    offset: 0,
+                                }
+                            } else {
+                                StateWord::Const(0)
+                            },
+                            StateWord::Addr {
+                                buffer: t.sm_scratch,
+                                offset: ji as u32 * s.softmax_scratch(),
+                            },
+                        ],
+                    })
+                    .collect(),
+            );
+            let (pvg, pvs, pvl) = &s.pv;
+            let mut pv_vertices = Vec::new();
+            for (gi, &rg) in pvs.row_groups.iter().enumerate() {
+                for &cg in &pvs.col_groups {
+                    for (j, &kg) in pvs.k_groups.iter().enumerate() {
+                        pv_vertices.push(gemm_vertex(
+                            pvg,
+                            pvl,
+                            (j as u32, gi as u32),
+                            rg,
+                            cg,
+                            kg,
+                            (t.vt, t.pt, t.pt_base),
+                            true,
+                        ));
+                    }
+                }
+            }
+            std::sync::Arc::make_mut(&mut pv.tiles).insert(tile, pv_vertices);
+            let own = s.combine_ranges(splits, plan.distributed_combine)[at.ks as usize];
+            let moves = match s.ot_copies(own) {
+                Some(copies) => copies
+                    .into_iter()
+                    .map(|(from, to, bytes)| Vertex {
+                        kernel: std::sync::Arc::new(ck.copy.0.clone()),
+                        state: vec![
+                            StateWord::Addr {
+                                buffer: t.c1,
+                                offset: from,
+                            },
+                            StateWord::Addr {
+                                buffer: t.ot,
+                                offset: to,
+                            },
+                            StateWord::Const(bytes),
+                        ],
+                    })
+                    .collect(),
+                None => crate::lower::reduce_vertices(
+                    &ck.reduce.0,
+                    pvg,
+                    (pvl, pvs),
+                    (t.c1, t.ot),
+                    crate::lower::ReduceDst::Rows,
+                    None,
+                ),
+            };
+            std::sync::Arc::make_mut(&mut rd.tiles).insert(tile, moves);
         }
+        for step in [fill_step, pad_step] {
+            if !step.tiles.is_empty() {
+                steps.push(step);
+            }
+        }
+        steps.extend([xstep, st]);
+        // With compact buffers, the tiles whose split has padding keys zero
+        // their P^T rows once the S^T GEMM is done with the buffer they share;
+        // the others spend nothing there.
+        if !pt_pad.tiles.is_empty() {
+            for &tile in tiles.keys() {
+                if !pt_pad.tiles.contains_key(&tile) {
+                    pt_pad.charge_tile(tile, 0);
+                }
+            }
+            steps.push(pt_pad);
+        }
+        // A tile without mask jobs in a mask step spends nothing there.
+        for step in &mut mk {
+            for &tile in tiles.keys() {
+                if !step.tiles.contains_key(&tile) {
+                    step.charge_tile(tile, 0);
+                }
+            }
+        }
+        steps.extend(mk);
+        steps.extend([cm, sm, pv, rd]);
+
+        // Step 8: every split's tile that combines head columns [d0, d1)
+        // receives, of every other split of its (head, query block), those O^T
+        // rows, the l row and m, into slot j + 1 for a split j below its own,
+        // slot j above it (its own state is slot 0: the O^T buffer's first
+        // rows and m slot 0). Slots are `state_slot` apart from row d0 on.
+        // A causal block's tiles combine its own splits only.
+        let combine_of = |at: &AttTile| {
+            shapes.combine_ranges(plan.splits_of(at.qi), plan.distributed_combine)[at.ks as usize]
+        };
+        if splits > 1 {
+            let (rs_d, lrow) = (shapes.pv.2.rs_d(), d);
+            let mut moves = Vec::new();
+            for (&tile, at) in &tiles {
+                let r @ (d0, d1) = combine_of(at);
+                if d1 == d0 {
+                    continue;
+                }
+                let state_slot = shapes.state_slot(r);
+                for j in (0..plan.splits_of(at.qi)).filter(|&j| j != at.ks) {
+                    let slot = if j < at.ks { j + 1 } else { j };
+                    let src = tile_of(at.h, at.qi, j);
+                    let s_bufs = tiles[&src].bufs;
+                    let mut mv =
+                        |buffer: usize, offset: u32, dst_buffer: usize, dst: u32, bytes: u32| {
+                            moves.push(BufferTransfer {
+                                source: BufferRef {
+                                    tile: src,
+                                    buffer,
+                                    offset,
+                                },
+                                destinations: vec![BufferRef {
+                                    tile,
+                                    buffer: dst_buffer,
+                                    offset: dst,
+                                }],
+                                bytes,
+                            });
+                        };
+                    let base = shapes.slot0(r) + slot * state_slot;
+                    if shapes.ot_stays_in_c() {
+                        // From the source's C buffer, a run per row group.
+                        for rows in shapes.own_state_rows(r) {
+                            for (c, row, n) in shapes.ot_rows_in_c(rows) {
+                                let dst = base + shapes.slot_row(r, row) * rs_d;
+                                mv(s_bufs.c1, c, at.bufs.ot, dst, n * rs_d);
+                            }
+                        }
+                    } else if shapes.compact {
+                        return Err(bad(format!(
+                            "attention {name}: compact state slots need O^T kept in its C buffer"
+                        )));
+                    } else if d1 == lrow {
+                        // The l row follows the last head column: one run.
+                        mv(
+                            s_bufs.ot,
+                            d0 * rs_d,
+                            at.bufs.ot,
+                            base + d0 * rs_d,
+                            (d1 - d0 + 1) * rs_d,
+                        );
+                    } else {
+                        mv(
+                            s_bufs.ot,
+                            d0 * rs_d,
+                            at.bufs.ot,
+                            base + d0 * rs_d,
+                            (d1 - d0) * rs_d,
+                        );
+                        mv(s_bufs.ot, lrow * rs_d, at.bufs.ot, base + lrow * rs_d, rs_d);
+                    }
+                    mv(
+                        s_bufs.m,
+                        0,
+                        at.bufs.m,
+                        slot * shapes.m_slot(),
+                        shapes.m_slot(),
+                    );
+                }
+            }
+            steps.push(exchange::program_step(
+                l.tile_count,
+                moves,
+                label,
+                &mut l.buffers,
+                name.clone(),
+                format!("exchange {name} key-split states{heads}"),
+            )?);
+            label += 1;
+        }
+
+        // Step 9: the combine and normalisation, and the output rows.
+        let mut fin = compute_step(format!("{name} combine and normalise"));
+        let s = &shapes;
+        for (&tile, at) in &tiles {
+            let (d0, d1) = combine_of(at);
+            if d1 == d0 {
+                continue;
+            }
+            let splits = plan.splits_of(at.qi);
+            let t = at.bufs;
+            let (q0, q1) = qranges[at.qi as usize];
+            let rows = q1 - q0;
+            let (vertices, cycles) = s.final_vertices(&mut ck.final_.1, rows, splits, (d0, d1));
+            // The slots from row d0 on: head columns relative to d0, and so
+            // are the output rows, which hold only this tile's columns.
+            let split_bytes = s.state_slot((d0, d1));
+            let rs_out = s.rs_out((d0, d1));
+            fin.charge_tile(tile, cycles);
+            std::sync::Arc::make_mut(&mut fin.tiles).insert(
+                tile,
+                vertices
+                    .iter()
+                    .enumerate()
+                    .map(|(w, &(qa, qn, da, dn))| Vertex {
+                        kernel: std::sync::Arc::new(ck.final_.0.clone()),
+                        state: vec![
+                            StateWord::Addr {
+                                buffer: t.ot,
+                                offset: s.slot0((d0, d1)) + 4 * qa,
+                            },
+                            StateWord::Const(s.pv.2.rs_d()),
+                            StateWord::Const(split_bytes),
+                            StateWord::Const(splits),
+                            StateWord::Addr {
+                                buffer: t.m,
+                                offset: 4 * qa,
+                            },
+                            StateWord::Const(s.slot_row((d0, d1), d)),
+                            StateWord::Const(s.quads()),
+                            StateWord::Const(qn),
+                            StateWord::Const(da - d0),
+                            StateWord::Const(dn),
+                            StateWord::Addr {
+                                buffer: t.out,
+                                offset: qa * rs_out,
+                            },
+                            StateWord::Const(rs_out),
+                            StateWord::Addr {
+                                buffer: t.fin_scratch,
+                                offset: w as u32 * s.final_scratch(splits),
+                            },
+                        ],
+                    })
+                    .collect(),
+            );
+            for r in 0..rows {
+                y.placements.push(HostPlacement {
+                    tile,
+                    buffer: t.out,
+                    buffer_offset: r * rs_out,
+                    host_offset: b.result_offset(q0 + r, at.h * d + d0),
+                    bytes: (d1 - d0) * 2,
+                });
+            }
+        }
+        steps.push(fin);
     }
-    steps.push(fin);
     y.placements.sort();
     l.calls[1].steps.extend(steps);
     if !ones_step.tiles.is_empty() {

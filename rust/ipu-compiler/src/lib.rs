@@ -1179,8 +1179,8 @@ fn plan_and_lower(
             let Some(_) = attention_candidates.first() else {
                 let reason = if b.heads > options.tiles {
                     format!(
-                        "the column layout needs a tile per head ({} heads, {} tiles; the row layout runs the heads in rounds), or no round of heads fits a tile's memory",
-                        b.heads, options.tiles
+                        "{} heads over {} tiles run in rounds, and no round's query blocking fits a tile's memory with its keys' K^T and V ({} keys)",
+                        b.heads, options.tiles, b.sk
                     )
                 } else {
                     format!(
