@@ -1240,7 +1240,10 @@ fn plan_and_lower(
         tracing::info!(
             layout = ?c.layout,
             query_blocks = c.query_blocks,
+            key_splits = c.key_splits.len(),
             attention_tiles = c.tiles,
+            rounds = c.rounds,
+            compact = c.compact,
             "attention plan chosen (operands from host inputs)"
         );
         let kernels = attention_kernels
@@ -2183,7 +2186,10 @@ fn plan_and_lower(
             tracing::info!(
                 layout = ?c.layout,
                 query_blocks = c.query_blocks,
+                key_splits = c.key_splits.len(),
                 attention_tiles = c.tiles,
+                rounds = c.rounds,
+                compact = c.compact,
                 projection_tiles = ?shares,
                 "attention plan chosen"
             );
