@@ -529,7 +529,7 @@ struct AttentionShape {
 }
 
 /// Published model sizes besides SigLIP's (729 x 1152, 16 heads of 72).
-const ATTENTION_SHAPES: [AttentionShape; 11] = [
+const ATTENTION_SHAPES: [AttentionShape; 12] = [
     AttentionShape {
         title: "ViT-B/16",
         tokens: 197,
@@ -570,6 +570,13 @@ const ATTENTION_SHAPES: [AttentionShape; 11] = [
         tokens: 1500,
         width: 512,
         heads: 8,
+        causal: false,
+    },
+    AttentionShape {
+        title: "Whisper large encoder",
+        tokens: 1500,
+        width: 1280,
+        heads: 20,
         causal: false,
     },
     AttentionShape {
