@@ -941,6 +941,26 @@ fn row_vertices(
         .collect()
 }
 
+/// An attention exchange moves whole 4-byte words: the first transfer
+/// whose bytes, source or a destination offset is not is a lowering bug.
+pub(crate) fn check_word_aligned(transfers: &[BufferTransfer]) -> Result<(), CompileError> {
+    for t in transfers {
+        let aligned = t.bytes % 4 == 0
+            && t.source.offset % 4 == 0
+            && t.destinations.iter().all(|x| x.offset % 4 == 0);
+        if !aligned {
+            return Err(CompileError::Verifier {
+                phase: "lower",
+                message: format!(
+                    "attention transfer from tile {} offset {} ({} bytes) is not word aligned",
+                    t.source.tile, t.source.offset, t.bytes
+                ),
+            });
+        }
+    }
+    Ok(())
+}
+
 /// Transposes a projection's result shard of `eb`-byte elements on its
 /// tile (`transpose_f16` or `transpose_f32`, one vertex per range of
 /// columns) into a new buffer `buffer_name` whose rows (the shard's
@@ -2004,20 +2024,7 @@ fn lower_rows(
         }
     }
 
-    for t in &transfers {
-        let aligned = t.bytes % 4 == 0
-            && t.source.offset % 4 == 0
-            && t.destinations.iter().all(|x| x.offset % 4 == 0);
-        if !aligned {
-            return Err(CompileError::Verifier {
-                phase: "lower",
-                message: format!(
-                    "attention transfer from tile {} offset {} ({} bytes) is not word aligned",
-                    t.source.tile, t.source.offset, t.bytes
-                ),
-            });
-        }
-    }
+    check_word_aligned(&transfers)?;
     let xstep = exchange::program_step(
         l.tile_count,
         transfers,

@@ -339,7 +339,14 @@ struct Shapes {
 }
 
 impl Shapes {
-    fn new(b: &AttentionBlock, ck: &ColumnKernels, rows: u32, n: u32, kp: u32) -> Option<Shapes> {
+    /// The shapes of a tile with `rows` queries and `n` keys (`kp` the
+    /// widest split's, padded), with compact buffers or without.
+    fn new(
+        b: &AttentionBlock,
+        ck: &ColumnKernels,
+        (rows, n, kp): (u32, u32, u32),
+        compact: bool,
+    ) -> Option<Shapes> {
         let (d, dp) = (b.d, b.dp());
         let nqc = rows.div_ceil(16);
         let st_g = GemmGeometry {
@@ -415,15 +422,8 @@ impl Shapes {
             kp,
             st: (st_g, st_split, st_layout),
             pv: (pv_g, pv_split, pv_layout),
-            compact: false,
+            compact,
         })
-    }
-    /// These shapes with compact buffers.
-    fn compacted(self) -> Shapes {
-        Shapes {
-            compact: true,
-            ..self
-        }
     }
     /// The row of a state slot (from the slot's start, in O^T rows) that
     /// holds O^T row `row` for a tile combining head columns `(d0, d1)`:
@@ -815,6 +815,22 @@ fn pt_padding_cycles(s: &Shapes, n: u32, fill: &mut FormulaCost) -> u64 {
     slowest + launch_cycles(vertices.len() as u64)
 }
 
+/// `fill64` vertices for `jobs` (`crate::attention::fill_vertices`) and
+/// their cycles: the slowest vertex and the launches.
+fn fill_work(jobs: &[FillJob], fill: &mut (KernelRequest, FormulaCost)) -> (Vec<Vertex>, u64) {
+    let (states, slowest) = crate::attention::fill_vertices(jobs, &mut fill.1);
+    let cycles = slowest + launch_cycles(states.len() as u64);
+    let kernel = std::sync::Arc::new(fill.0.clone());
+    let vertices = states
+        .into_iter()
+        .map(|state| Vertex {
+            kernel: kernel.clone(),
+            state,
+        })
+        .collect();
+    (vertices, cycles)
+}
+
 /// The fill-step jobs of one tile (buffer indices in `t`), `n` its keys.
 fn fill_jobs(s: &Shapes, t: &TileBuffers, n: u32) -> (Vec<FillJob>, Vec<RowJob>) {
     let ones = 0x3C00_3C00u32;
@@ -1106,10 +1122,9 @@ fn candidates(
             if attention_tiles > tiles || !seen.insert(rows) || rows > most_rows {
                 continue;
             }
-            let Some(s) = Shapes::new(block, ck, rows, n, kp) else {
+            let Some(s) = Shapes::new(block, ck, (rows, n, kp), compact) else {
                 continue;
             };
-            let s = if compact { s.compacted() } else { s };
             if compact && !s.ot_stays_in_c() {
                 continue;
             }
@@ -1244,8 +1259,7 @@ pub fn lower(
     };
     // One layout for every tile (sized for the most rows and keys); the
     // steps use each tile's own rows and keys.
-    let shapes = Shapes::new(b, ck, plan.rows, n_widest, kp)
-        .map(|s| if plan.compact { s.compacted() } else { s })
+    let shapes = Shapes::new(b, ck, (plan.rows, n_widest, kp), plan.compact)
         .ok_or_else(|| bad(format!("attention {name}: no worker split of O^T")))?;
     let spec =
         |role: &str, bytes: u32, region: RegionReq, exclusive: bool, category: &str| BufferSpec {
@@ -1554,6 +1568,9 @@ pub fn lower(
         placements: Vec::new(),
     };
     let mut label = exchange_label;
+    // A tile's shapes and step estimates depend only on its queries and
+    // keys: a few distinct pairs for all the tiles of every round.
+    let mut by_shape: BTreeMap<(u32, u32, u32), (Shapes, Vec<u64>)> = BTreeMap::new();
     for (round, tiles) in round_tiles.into_iter().enumerate() {
         let round = round as u32;
         let (h_lo, h_hi) = (
@@ -1583,24 +1600,13 @@ pub fn lower(
                 jobs.retain(|j| (j.3, j.4) != (0, 0));
                 row_jobs.clear();
             }
-            let (vertices, slowest) = crate::attention::fill_vertices(&jobs, &mut fill.1);
-            let cycles = slowest + launch_cycles(vertices.len() as u64);
+            let (vertices, cycles) = fill_work(&jobs, fill);
             let step = if at.padding_from_load {
                 &mut ones_step
             } else {
                 &mut fill_step
             };
-            step.put_tile(
-                tile,
-                vertices
-                    .into_iter()
-                    .map(|state| Vertex {
-                        kernel: std::sync::Arc::new(fill.0.clone()),
-                        state,
-                    })
-                    .collect(),
-                cycles,
-            );
+            step.put_tile(tile, vertices, cycles);
             let (pads, slowest) = row_job_vertices(&row_jobs, ck);
             if !pads.is_empty() {
                 let cycles = slowest + launch_cycles(pads.len() as u64);
@@ -1741,17 +1747,7 @@ pub fn lower(
                 }
             }
         }
-        for t in &transfers {
-            let aligned = t.bytes % 4 == 0
-                && t.source.offset % 4 == 0
-                && t.destinations.iter().all(|x| x.offset % 4 == 0);
-            if !aligned {
-                return Err(bad(format!(
-                    "attention transfer from tile {} offset {} ({} bytes) is not word aligned",
-                    t.source.tile, t.source.offset, t.bytes
-                )));
-            }
-        }
+        crate::attention::check_word_aligned(&transfers)?;
         let xstep = exchange::program_step(
             l.tile_count,
             transfers,
@@ -1772,9 +1768,6 @@ pub fn lower(
         let mut pv = compute_step(format!("{name} O^T = [V^T; 1] P^T"));
         let mut rd = compute_step(format!("{name} sum of O^T partials"));
         let scale = b.scale.to_bits();
-        // A tile's shapes and step estimates depend only on its queries and
-        // keys: a few distinct pairs for all the tiles.
-        let mut by_shape: BTreeMap<(u32, u32, u32), (Shapes, Vec<u64>)> = BTreeMap::new();
         for (&tile, at) in &tiles {
             let t = at.bufs;
             let rows = qranges[at.qi as usize].1 - qranges[at.qi as usize].0;
@@ -1782,13 +1775,13 @@ pub fn lower(
             let (s, est) = match by_shape.entry((rows, at.n, splits)) {
                 std::collections::btree_map::Entry::Occupied(e) => e.into_mut(),
                 std::collections::btree_map::Entry::Vacant(e) => {
-                    let s = Shapes::new(b, ck, plan.rows, at.n, kp)
-                        .map(|s| if plan.compact { s.compacted() } else { s })
-                        .ok_or_else(|| {
+                    let s = Shapes::new(b, ck, (plan.rows, at.n, kp), plan.compact).ok_or_else(
+                        || {
                             bad(format!(
                                 "attention {name}: no worker split of O^T on tile {tile}"
                             ))
-                        })?;
+                        },
+                    )?;
                     let est = step_cycles(
                         &mut fill.1,
                         ck,
@@ -1897,20 +1890,8 @@ pub fn lower(
             );
             let pad_jobs = pt_padding_jobs(s, &t, at.n);
             if s.compact && !pad_jobs.is_empty() {
-                let (vertices, slowest) = crate::attention::fill_vertices(&pad_jobs, &mut fill.1);
-                let cycles = slowest + launch_cycles(vertices.len() as u64);
-                let kernel = std::sync::Arc::new(fill.0.clone());
-                pt_pad.put_tile(
-                    tile,
-                    vertices
-                        .into_iter()
-                        .map(|state| Vertex {
-                            kernel: kernel.clone(),
-                            state,
-                        })
-                        .collect(),
-                    cycles,
-                );
+                let (vertices, cycles) = fill_work(&pad_jobs, fill);
+                pt_pad.put_tile(tile, vertices, cycles);
             }
             let masks = mask_jobs(
                 b,
@@ -2450,7 +2431,8 @@ mod tests {
             for &(q0, q1) in &qr {
                 for &(k0, k1) in &kr {
                     // A tile's shapes, as `lower` makes them: its split's keys.
-                    let s = Shapes::new(&b, &ck, rows, k1 - k0, n.div_ceil(16) * 16).unwrap();
+                    let s =
+                        Shapes::new(&b, &ck, (rows, k1 - k0, n.div_ceil(16) * 16), false).unwrap();
                     let rs = s.st.2.rs_c / 4;
                     let pt_words = s.pv.2.rs_b / 4;
                     let jobs = mask_jobs(&b, &s, (q0, q1), (k0, k1));
@@ -2540,7 +2522,7 @@ mod tests {
     fn siglip_shapes_fit_with_the_ones_row() {
         let b = siglip();
         let ck = kernels();
-        let s = Shapes::new(&b, &ck, 16, 368, 368).unwrap();
+        let s = Shapes::new(&b, &ck, (16, 368, 368), false).unwrap();
         assert!(s.region1().is_some());
         assert!(s.region0(16, 2, true) <= STANDARD_BUDGET / 2);
         // O^T: the head, then the ones row, accumulated in f32.
@@ -2557,7 +2539,7 @@ mod tests {
         let ck = kernels();
         let b = siglip();
         for (rows, n) in [(16u32, 368u32), (32, 192), (64, 96), (50, 5), (2, 1)] {
-            let s = Shapes::new(&b, &ck, rows, n, n.div_ceil(16) * 16).unwrap();
+            let s = Shapes::new(&b, &ck, (rows, n, n.div_ceil(16) * 16), false).unwrap();
             assert!(s.st.1.vertices() <= 6);
             let jobs = s.st_jobs();
             assert!(!jobs.is_empty() && jobs.len() <= 6, "{rows} {n}: {jobs:?}");
@@ -2583,7 +2565,7 @@ mod tests {
         let ck = kernels();
         let b = siglip();
         for (rows, n, splits) in [(32u32, 192u32, 4u32), (16, 96, 2), (50, 96, 6), (64, 96, 1)] {
-            let s = Shapes::new(&b, &ck, rows, n, n).unwrap();
+            let s = Shapes::new(&b, &ck, (rows, n, n), false).unwrap();
             assert!(s.ot_stays_in_c(), "{rows} {n}");
             let (_, split, lay) = &s.pv;
             // The C offset of O^T row r, from the layout's definition: two
@@ -2639,7 +2621,7 @@ mod tests {
         let mut ck = kernels();
         let b = siglip();
         for (rows, splits) in [(16u32, 1u32), (16, 2), (32, 4), (50, 6), (17, 3), (64, 8)] {
-            let s = Shapes::new(&b, &ck, rows, 96, 96).unwrap();
+            let s = Shapes::new(&b, &ck, (rows, 96, 96), false).unwrap();
             let ranges = s.combine_ranges(splits, true);
             assert_eq!(ranges.len() as u32, splits);
             assert_eq!(ranges.first().unwrap().0, 0);

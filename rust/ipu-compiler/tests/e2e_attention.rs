@@ -948,6 +948,13 @@ fn fewer_tiles_than_heads_run_in_rounds() {
     }
 }
 
+/// Attention straight over inputs q, k and v of `tokens` rows, split into
+/// `heads` heads of 64 and merged.
+fn heads_of_64(tokens: u32, heads: u32, causal: bool) -> String {
+    let width = 64 * heads;
+    format!("model long_attention\ninput q: f16[{tokens}, {width}]\ninput k: f16[{tokens}, {width}]\ninput v: f16[{tokens}, {width}]\nqh = split_heads(q, heads={heads})\nkh = split_heads(k, heads={heads})\nvh = split_heads(v, heads={heads})\no = attention(qh, kh, vh, causal={causal})\ny = merge_heads(o)\noutput y\n")
+}
+
 /// A causal attention whose scores do not fit a tile beside their own P^T
 /// (512 tokens, 2 heads of 64, on 16 tiles: no column plan with buffers of
 /// its own fits, and the row layout ran 359,975 cycles) takes the column
@@ -964,8 +971,11 @@ fn long_causal_sequences_take_compact_column_buffers() {
     let dir = tempfile::tempdir().unwrap();
     let cache = tempfile::tempdir().unwrap();
     for tokens in [512, 500] {
-        let text = format!("model long_causal\ninput q: f16[{tokens}, 128]\ninput k: f16[{tokens}, 128]\ninput v: f16[{tokens}, 128]\nqh = split_heads(q, heads=2)\nkh = split_heads(k, heads=2)\nvh = split_heads(v, heads=2)\no = attention(qh, kh, vh, causal=true)\ny = merge_heads(o)\noutput y\n");
-        let model = write_model(dir.path(), &format!("long_causal_{tokens}"), &text);
+        let model = write_model(
+            dir.path(),
+            &format!("long_causal_{tokens}"),
+            &heads_of_64(tokens, 2, true),
+        );
         let opts = options(&model, 16, cache.path());
         let (ran, _) = run_with(&opts, |g| ipu_reference::random::gaussian_feeds(g, 5), true);
         let chosen = &ran.compile.report["attention"]["chosen"];
@@ -1004,12 +1014,10 @@ fn long_sequences_take_heads_in_rounds_in_the_column_layout() {
         (384, 5, false, 2, true, 32),
         (768, 2, true, 2, true, 48),
     ] {
-        let width = 64 * heads;
-        let text = format!("model long_rounds\ninput q: f16[{tokens}, {width}]\ninput k: f16[{tokens}, {width}]\ninput v: f16[{tokens}, {width}]\nqh = split_heads(q, heads={heads})\nkh = split_heads(k, heads={heads})\nvh = split_heads(v, heads={heads})\no = attention(qh, kh, vh, causal={causal})\ny = merge_heads(o)\noutput y\n");
         let model = write_model(
             dir.path(),
             &format!("long_rounds_{tokens}_{heads}_{causal}"),
-            &text,
+            &heads_of_64(tokens, heads, causal),
         );
         let opts = options(&model, 16, cache.path());
         let (ran, _) = run_with(&opts, |g| ipu_reference::random::gaussian_feeds(g, 7), true);
