@@ -38,6 +38,12 @@ pub const ISSUE_SLOTS: u32 = 6;
 /// Cycles between two bundles of one context: a context issues at most once per round.
 pub const CONTEXT_ISSUE_INTERVAL: u32 = 6;
 
+/// `kind` of an `xtab` send descriptor (docs/isa.md, section 6).
+pub const XTAB_SEND_KIND: u32 = u32::MAX;
+/// `kind` of an `xtab` stride prefix: the next descriptor moves runs of
+/// `run` words, each `bytes` after the previous run's start.
+pub const XTAB_STRIDE_KIND: u32 = u32::MAX - 1;
+
 /// Bytes a load may move from standard memory in one instruction.
 pub const LOAD_BYTES_STANDARD: u32 = 8;
 /// Bytes a load may move from interleaved memory in one instruction.

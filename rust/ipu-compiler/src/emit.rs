@@ -211,7 +211,10 @@ pub fn program_table(l: &Lowered, tile: u32, storage: &TileStorage) -> ProgramTa
                 // Every tile takes part in the sync, with or without
                 // descriptors; the table is a buffer whose contents `link`
                 // writes into the image.
-                let count = x.tables.get(tile as usize).map_or(0, |t| t.len()) as u32;
+                let count =
+                    x.tables
+                        .get(tile as usize)
+                        .map_or(0, |t| ipu_exchange::lower::slots(t)) as u32;
                 records.push(Record::Exchange {
                     wait: running,
                     table: storage.addresses[x.table_buffers[&tile]],

@@ -29,6 +29,7 @@ use crate::gemm::GemmGeometry;
 use crate::map_tiles::ShardOnTile;
 use crate::plan::GemmPlan;
 use crate::CompileError;
+use ipu_exchange::lower::slots;
 use ipu_exchange::{Descriptor, Destination, Phase, Transfer};
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -95,8 +96,8 @@ pub fn attach_tables(
     name: &str,
 ) {
     for (&tile, bufs) in buffers.iter_mut() {
-        let descriptors = step.tables.get(tile as usize).map_or(0, |t| t.len()) as u32;
-        bufs.push(table_buffer(name, descriptors));
+        let slots = step.tables.get(tile as usize).map_or(0, |t| slots(t)) as u32;
+        bufs.push(table_buffer(name, slots));
         step.table_buffers.insert(tile, bufs.len() - 1);
     }
 }
@@ -182,9 +183,8 @@ pub fn schedule_pending(
     for (p, x) in pending.into_iter().zip(scheduled) {
         let mut x = x?;
         for (&tile, &b) in &p.table_buffers {
-            let descriptors = x.tables.get(tile as usize).map_or(0, |t| t.len()) as u32;
-            buffers.get_mut(&tile).expect("a tile of the step")[b].bytes =
-                table_bytes_of(descriptors);
+            let slots = x.tables.get(tile as usize).map_or(0, |t| slots(t)) as u32;
+            buffers.get_mut(&tile).expect("a tile of the step")[b].bytes = table_bytes_of(slots);
         }
         x.table_buffers = p.table_buffers;
         let step = &mut steps[p.index];
@@ -194,17 +194,17 @@ pub fn schedule_pending(
     Ok(())
 }
 
-/// The bytes of a table of `descriptors` descriptors (16 each, at least one
-/// descriptor's room).
-fn table_bytes_of(descriptors: u32) -> u32 {
-    (16 * descriptors).max(16)
+/// The bytes of a table of `slots` slots (16 each: a descriptor, or a
+/// strided descriptor's prefix; at least one slot's room).
+fn table_bytes_of(slots: u32) -> u32 {
+    (16 * slots).max(16)
 }
 
 /// A tile's table buffer for an exchange step, in standard memory.
-fn table_buffer(name: &str, descriptors: u32) -> crate::lower::BufferSpec {
+fn table_buffer(name: &str, slots: u32) -> crate::lower::BufferSpec {
     crate::lower::BufferSpec {
         name: name.to_string(),
-        bytes: table_bytes_of(descriptors),
+        bytes: table_bytes_of(slots),
         align: 8,
         region: crate::lower::RegionReq::Any,
         exclusive_element: false,
@@ -216,13 +216,10 @@ fn table_buffer(name: &str, descriptors: u32) -> crate::lower::BufferSpec {
     }
 }
 
-/// The bytes of `tile`'s resolved table (little-endian words).
+/// The bytes of `tile`'s resolved table (little-endian words, strided
+/// descriptors behind their prefixes).
 pub fn table_bytes(step: &ExchangeStep, tile: u32, address_of: impl Fn(usize) -> u32) -> Vec<u8> {
-    resolve(step, tile, address_of)
-        .iter()
-        .flat_map(|d| [d.kind, d.address, d.words, d.start])
-        .flat_map(u32::to_le_bytes)
-        .collect()
+    ipu_exchange::lower::encode_table(&resolve(step, tile, address_of))
 }
 
 /// Cycles the cost model charges for an exchange step: the 600-cycle sync,
@@ -318,14 +315,17 @@ fn synthetic_layout(transfers: &[BufferTransfer]) -> Result<SyntheticLayout, Com
     Ok(layout)
 }
 
-/// The phase of `transfers` with addresses from `address`.
+/// The phase of `transfers` with addresses from `address`, and `spans`
+/// ([`Phase::spans`]).
 fn phase_of(
     tiles: u32,
     transfers: &[BufferTransfer],
     address: impl Fn(&BufferRef) -> u32,
+    spans: Option<Vec<Vec<(u32, u32)>>>,
 ) -> Phase {
     Phase {
         tiles,
+        spans,
         transfers: transfers
             .iter()
             .enumerate()
@@ -367,9 +367,23 @@ pub fn schedule_with(
     whole_jobs: bool,
 ) -> Result<ExchangeStep, CompileError> {
     let layout = synthetic_layout(&transfers)?;
-    let phase = phase_of(tiles, &transfers, |r| {
-        layout[&(r.tile, r.buffer)].0 + r.offset
-    });
+    // Each buffer is a span: `place_storage` moves buffers one by one, so a
+    // strided descriptor must not reach from one into the next.
+    let mut spans = vec![Vec::new(); tiles as usize];
+    for (&(tile, _), &(start, end)) in &layout {
+        if let Some(s) = spans.get_mut(tile as usize) {
+            s.push((start, end));
+        }
+    }
+    for s in &mut spans {
+        s.sort_unstable();
+    }
+    let phase = phase_of(
+        tiles,
+        &transfers,
+        |r| layout[&(r.tile, r.buffer)].0 + r.offset,
+        Some(spans),
+    );
     let (tables, figures) = match memo::get(&phase, whole_jobs) {
         Some((tables, figures)) => {
             tracing::debug!(
@@ -568,9 +582,12 @@ pub fn check_tables(
     tables: &[Vec<Descriptor>],
     address_of: impl Fn(u32, usize) -> u32,
 ) -> Result<ipu_exchange::CheckSummary, String> {
-    let phase = phase_of(step.tiles, &step.transfers, |r| {
-        address_of(r.tile, r.buffer) + r.offset
-    });
+    let phase = phase_of(
+        step.tiles,
+        &step.transfers,
+        |r| address_of(r.tile, r.buffer) + r.offset,
+        None,
+    );
     ipu_exchange::check(&phase, tables, ipu_exchange::XTAB_ISSUE_OFFSET).map_err(|e| e.to_string())
 }
 

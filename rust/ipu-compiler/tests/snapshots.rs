@@ -34,7 +34,7 @@ fn gemm_small_on_four_tiles() {
                 .word call_1
         # call 0: initialize
         call_0:
-                .word rt_exchange, 0x4c8f0, 48
+                .word rt_exchange, 0x4c8f0, 2
                 .word rt_end
         # call 1: run
         call_1:
@@ -85,7 +85,7 @@ fn gemm_small_on_four_tiles() {
     expect![[r#"
         call initialize
           phase "host to device" HostToDevice supersteps=0 estimated=Some(690)
-          phase "copy parameters b" Exchange supersteps=2 estimated=Some(1098)
+          phase "copy parameters b" Exchange supersteps=2 estimated=Some(1099)
           in b f16[48, 20] placements=48 placed_bytes=1920 tiles={0}
         call run
           phase "host to device" HostToDevice supersteps=0 estimated=Some(749)

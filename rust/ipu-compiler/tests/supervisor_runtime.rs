@@ -212,19 +212,9 @@ fn six_vertices_of_one_entry_and_a_seventh_that_waits_for_a_worker() {
 /// cycle later) takes words 1..n of it.
 fn self_exchange(n: u32) -> Vec<u8> {
     let c = XTAB_ISSUE_OFFSET as u32;
-    let send = Descriptor {
-        kind: SEND_KIND,
-        address: C,
-        words: n,
-        start: c,
-    };
-    let recv = Descriptor {
-        kind: 0,
-        address: D,
-        words: n - 1,
-        start: c + 1,
-    };
-    [send.to_bytes(), recv.to_bytes()].concat()
+    let send = Descriptor::plain(SEND_KIND, C, n, c);
+    let recv = Descriptor::plain(0, D, n - 1, c + 1);
+    ipu_exchange::lower::encode_table(&[send, recv])
 }
 
 const TABLE: u32 = 0xB_0000;

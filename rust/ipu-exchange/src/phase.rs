@@ -47,6 +47,14 @@ pub struct Phase {
     pub tiles: u32,
     /// The transfers, in any order.
     pub transfers: Vec<Transfer>,
+    /// Where strided descriptors may reach: `None` anywhere; otherwise, per
+    /// tile (index = tile), sorted disjoint byte ranges `[start, end)`, and
+    /// every strided descriptor lies inside the range that holds its first
+    /// byte (a tile without ranges gets contiguous descriptors only). A
+    /// compiler that schedules against provisional addresses and moves each
+    /// buffer afterwards gives its buffers' ranges, so that no descriptor
+    /// reaches from one buffer into another.
+    pub spans: Option<Vec<Vec<(u32, u32)>>>,
 }
 
 /// A phase that breaks a rule; every variant names the transfer and tile at fault.
@@ -81,6 +89,9 @@ pub enum PhaseError {
         second: u32,
         address: u32,
     },
+    /// Spans of a tile ([`Phase::spans`]) that are empty, unsorted or
+    /// overlapping: `start..end` is the first bad one.
+    BadSpans { tile: u32, start: u32, end: u32 },
     /// A receive overwrites bytes that its own tile sends in the same phase
     /// (the simulator forbids it so that the result cannot depend on timing).
     ReceiveOverwritesSend {
@@ -99,6 +110,10 @@ impl fmt::Display for PhaseError {
                 write!(f, "phase has {tiles} tiles; expected 1 to {TILES_PER_CHIP}")
             }
             DuplicateId { id } => write!(f, "transfer id {id} is used twice"),
+            BadSpans { tile, start, end } => write!(
+                f,
+                "tile {tile}: span {start:#x}..{end:#x} is empty or overlaps or precedes the span before it"
+            ),
             BadSize { id, bytes } => {
                 write!(
                     f,
@@ -180,6 +195,19 @@ impl Phase {
     pub fn validate(&self) -> Result<(), PhaseError> {
         if self.tiles == 0 || self.tiles > TILES_PER_CHIP {
             return Err(PhaseError::TileCount { tiles: self.tiles });
+        }
+        for (tile, spans) in self.spans.iter().flatten().enumerate() {
+            let mut prev_end = 0;
+            for &(start, end) in spans {
+                if start >= end || start < prev_end {
+                    return Err(PhaseError::BadSpans {
+                        tile: tile as u32,
+                        start,
+                        end,
+                    });
+                }
+                prev_end = end;
+            }
         }
         let mut ids: Vec<u32> = self.transfers.iter().map(|t| t.id).collect();
         ids.sort_unstable();

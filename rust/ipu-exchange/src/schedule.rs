@@ -12,11 +12,13 @@
 //! the most work left first is the classic rule for open-shop schedules; it
 //! keeps the ports that bound the horizon busy.
 //!
-//! The issue constraint of `xtab` (descriptor i of a tile issues at `c + i`)
+//! The issue constraint of `xtab` (table slot i of a tile issues at `c + i`)
 //! is enforced during the construction: pieces start in nondecreasing time,
-//! so a tile that has started `k` descriptors can start the next one no
-//! earlier than `c + k`. Lowering only ever merges descriptors, so the
-//! constraint still holds on the final tables.
+//! so a tile that has taken `k` slots can start the next descriptor no
+//! earlier than `c + k`, or `c + k + 1` when it is strided (its prefix
+//! comes first). Lowering only ever merges descriptors, and a merge never
+//! takes more slots than its parts, so the constraint still holds on the
+//! final tables.
 //!
 //! Improvement (squeaky wheel): after each construction, every port that
 //! finished after the lower bound gets a priority bonus equal to its lateness,
@@ -121,8 +123,11 @@ struct Construction<'a> {
     free: Vec<u64>,
     /// Words still to be scheduled on each port.
     remaining: Vec<u64>,
-    /// Descriptors already started on each tile.
+    /// Table slots already taken on each tile.
     started: Vec<u64>,
+    /// Slots each descriptor of a piece may take: 2 for a piece of whole
+    /// runs of a strided job (its prefix first), else 1.
+    piece_slots: Vec<u8>,
     /// Only filled for ports in `all_unicast`.
     adj: Vec<Vec<AdjEntry>>,
     /// Entries of started pieces still in `adj[p]`.
@@ -387,6 +392,7 @@ impl<'a> Construction<'a> {
         let mut self_loop = Vec::with_capacity(pieces.len());
         let mut piece_send = Vec::with_capacity(pieces.len());
         let mut piece_class = Vec::with_capacity(pieces.len());
+        let mut piece_slots = Vec::with_capacity(pieces.len());
         let mut class_pieces: Vec<Vec<u32>> = vec![Vec::new(); classes];
         let mut send_pieces: Vec<Vec<u32>> = vec![Vec::new(); ports];
         for (i, p) in pieces.iter().enumerate() {
@@ -395,6 +401,9 @@ impl<'a> Construction<'a> {
             let s = send_port(job.source);
             let k = job_class[p.job as usize];
             piece_words.push(p.words);
+            let strided = p.words > job.run
+                && (0..=job.destinations.len()).any(|end| job.stride_at(end).is_some());
+            piece_slots.push(1 + u8::from(strided));
             self_loop.push(job.destinations.iter().any(|d| d.tile == job.source));
             piece_send.push(s as u32);
             piece_class.push(k);
@@ -482,6 +491,7 @@ impl<'a> Construction<'a> {
             free: vec![c; ports],
             remaining,
             started: vec![0; tiles as usize],
+            piece_slots,
             adj,
             adj_index,
             dead: vec![0; ports],
@@ -494,6 +504,12 @@ impl<'a> Construction<'a> {
             events,
             reference_search: false,
         }
+    }
+
+    /// The first cycle at which `tile` may start a contiguous descriptor:
+    /// the issue cycle of its next slot.
+    fn ready_at(&self, tile: usize) -> u64 {
+        self.issue_offset + self.started[tile]
     }
 
     fn priority(&self, port: usize) -> u64 {
@@ -561,7 +577,7 @@ impl<'a> Construction<'a> {
                     // A busy port has its own event at the cycle it becomes free.
                     return false;
                 }
-                let ready_at = self.issue_offset + self.started[p / 2];
+                let ready_at = self.ready_at(p / 2);
                 if ready_at > t {
                     self.events.push(ready_at, p as u32);
                     return false;
@@ -598,10 +614,26 @@ impl<'a> Construction<'a> {
     /// Offers piece `q`, whose ports other than the chooser are all idle, with
     /// the highest priority among them `score`.
     fn offer(&self, q: u32, score: u64, t: u64, best: &mut Option<Key>, retry: &mut u64) {
+        let slots = self.piece_slots[q as usize] as u64;
+        if slots > 1 {
+            // A strided piece's descriptors issue a slot after their
+            // prefixes, on every tile of the piece (its ports are idle, so
+            // ready for a contiguous descriptor already).
+            let qi = q as usize;
+            let ready_at = (0..self.port_count(qi))
+                .map(|i| self.ready_at(self.port(qi, i) / 2) + slots - 1)
+                .max()
+                .unwrap_or(0);
+            if ready_at > t {
+                *retry = (*retry).min(ready_at);
+                return;
+            }
+        }
         if self.self_loop[q as usize] {
-            // The tile's second descriptor issues one cycle after its first.
+            // The tile's receive issues after its send (and after its
+            // prefix when strided).
             let source = self.piece_send[q as usize] as usize / 2;
-            let ready_at = self.issue_offset + self.started[source] + 1;
+            let ready_at = self.ready_at(source) + 2 * slots - 1;
             if ready_at > t {
                 *retry = (*retry).min(ready_at);
                 return;
@@ -690,7 +722,7 @@ impl<'a> Construction<'a> {
         if let Some((_, _, Reverse(q))) = best {
             self.begin(q, t);
         } else if retry != u64::MAX {
-            // Only a self-loop piece waits for its second issue cycle; nothing
+            // Only a self-loop or strided piece waits for a later issue cycle; nothing
             // else would wake this port then.
             self.events.push(retry, p as u32);
         }
@@ -752,7 +784,7 @@ impl<'a> Construction<'a> {
             self.make_busy(x);
             self.free[x] = t + w;
             self.remaining[x] -= w;
-            self.started[x / 2] += 1;
+            self.started[x / 2] += self.piece_slots[qi] as u64;
             if self.remaining[x] > 0 {
                 self.events.push(t + w, x as u32);
             }
@@ -787,7 +819,7 @@ impl<'a> Construction<'a> {
         for i in 0..n {
             let x = self.port(qi, i);
             let other = x ^ 1;
-            let ready_at = self.issue_offset + self.started[x / 2];
+            let ready_at = self.ready_at(x / 2);
             if self.is_idle(other) && ready_at > t {
                 self.make_busy(other);
                 self.events.push(ready_at, other as u32);

@@ -28,6 +28,7 @@ impl PhaseBuilder {
             phase: Phase {
                 tiles,
                 transfers: Vec::new(),
+                spans: None,
             },
             send_cursor: vec![SEND_BASE; tiles as usize],
             recv_cursor: vec![RECV_BASE; tiles as usize],
@@ -162,4 +163,96 @@ pub fn random(
         last = Some((source, dests));
     }
     b.finish()
+}
+
+/// A block of [`strided`]: source, destinations, rows, words a row, and
+/// the strides of the source and of each destination.
+type Block = (u32, Vec<u32>, u32, u32, Vec<u32>);
+
+/// A random phase of blocks moved row by row, as a compiler moves a head's
+/// columns out of a wider matrix or a transposed block's lines into a
+/// narrower one: each block is `runs` transfers of one length from one
+/// source to one destination set, whose addresses step by a constant at
+/// the source and at each destination (a constant that may leave a gap, or
+/// none). Every block's rows lie in a span of their own on each tile
+/// ([`Phase::spans`]), with a gap after each span; about one in four
+/// blocks is placed right after the previous one's span on every tile, so
+/// that a stride continued past a span would line up with its rows and
+/// only the spans keep them apart. Some blocks are multicast, and some
+/// sources send to themselves.
+pub fn strided(
+    rng: &mut SplitMix64,
+    tiles: u32,
+    blocks: u32,
+    max_runs: u32,
+    max_run_words: u32,
+) -> Phase {
+    let mut b = PhaseBuilder::new(tiles);
+    let mut spans: Vec<Vec<(u32, u32)>> = vec![Vec::new(); tiles as usize];
+    let mut last: Option<Block> = None;
+    for _ in 0..blocks {
+        // Either a block that continues the previous block's stride pattern
+        // (same tiles, rows, run length and strides) or a fresh one.
+        let (source, dests, runs, words, strides) = match last.take().filter(|_| rng.below(4) == 0)
+        {
+            Some(l) => l,
+            None => {
+                let source = rng.below(tiles as u64) as u32;
+                let fanout = rng.range(1, 3.min(tiles) as u64) as u32;
+                let mut dests: Vec<u32> = Vec::new();
+                while (dests.len() as u32) < fanout {
+                    let d = rng.below(tiles as u64) as u32;
+                    if !dests.contains(&d) {
+                        dests.push(d);
+                    }
+                }
+                let runs = rng.range(1, max_runs as u64) as u32;
+                let words = rng.range(1, max_run_words as u64) as u32;
+                // A stride of the run itself (contiguous at that end) or longer.
+                let strides: Vec<u32> = (0..=fanout)
+                    .map(|_| 4 * (words + rng.below(3) as u32 * rng.range(1, 8) as u32))
+                    .collect();
+                (source, dests, runs, words, strides)
+            }
+        };
+        let tiles_of = std::iter::once(source).chain(dests.iter().copied());
+        let mut starts = Vec::new();
+        for (end, tile) in tiles_of.enumerate() {
+            let cursor = if end == 0 {
+                &mut b.send_cursor[tile as usize]
+            } else {
+                &mut b.recv_cursor[tile as usize]
+            };
+            let start = *cursor;
+            let bytes = (runs - 1) * strides[end] + 4 * words;
+            spans[tile as usize].push((start, start + bytes));
+            starts.push(start);
+            // The next block on this tile follows right after this span's
+            // rows (a continued stride) or after a gap.
+            *cursor = start + runs * strides[end] + if rng.below(2) == 0 { 0 } else { 16 };
+        }
+        for r in 0..runs {
+            let id = b.phase.transfers.len() as u32;
+            b.phase.transfers.push(Transfer {
+                id,
+                source,
+                source_address: starts[0] + r * strides[0],
+                destinations: dests
+                    .iter()
+                    .enumerate()
+                    .map(|(i, &tile)| Destination {
+                        tile,
+                        address: starts[i + 1] + r * strides[i + 1],
+                    })
+                    .collect(),
+                bytes: 4 * words,
+            });
+        }
+        last = Some((source, dests, runs, words, strides));
+    }
+    for s in &mut spans {
+        s.sort_unstable();
+    }
+    b.phase.spans = Some(spans);
+    b.phase
 }

@@ -8,7 +8,9 @@
 //! ```
 //! A `transfer` line gives id, source tile, source address, then the
 //! destinations as `tile address` pairs separated by commas, then the byte
-//! count. Numbers are decimal or `0x` hexadecimal.
+//! count. `span TILE START END` lines, if any, give the phase's spans
+//! ([`Phase::spans`]: strided descriptors only inside them; without them,
+//! anywhere). Numbers are decimal or `0x` hexadecimal.
 
 use crate::lower::Lowered;
 use crate::phase::{Destination, Phase, Transfer};
@@ -118,6 +120,7 @@ impl<'a> Cursor<'a> {
 pub fn parse_phase(text: &str) -> Result<Phase, TextError> {
     let mut tiles: Option<u32> = None;
     let mut transfers = Vec::new();
+    let mut spans: Option<Vec<Vec<(u32, u32)>>> = None;
     for (n, raw) in text.lines().enumerate() {
         let content = raw.split('#').next().unwrap_or("");
         let mut c = Cursor {
@@ -164,6 +167,20 @@ pub fn parse_phase(text: &str) -> Result<Phase, TextError> {
                     bytes,
                 });
             }
+            "span" => {
+                let (tile_col, _) = c.toks.get(c.pos).copied().unwrap_or((col, ""));
+                let tile = c.number("a tile")?;
+                let start = c.number("a span start")?;
+                let end = c.number("a span end")?;
+                if tile >= ipu_arch::TILES_PER_CHIP {
+                    return Err(c.err(tile_col, format!("tile {tile} is not on a chip")));
+                }
+                let all = spans.get_or_insert_with(Vec::new);
+                if all.len() <= tile as usize {
+                    all.resize(tile as usize + 1, Vec::new());
+                }
+                all[tile as usize].push((start, end));
+            }
             other => return Err(c.err(col, format!("unknown directive `{other}`"))),
         }
         if let Some(&(col, t)) = c.toks.get(c.pos) {
@@ -175,7 +192,11 @@ pub fn parse_phase(text: &str) -> Result<Phase, TextError> {
         column: 1,
         message: "missing `tiles` line".into(),
     })?;
-    Ok(Phase { tiles, transfers })
+    Ok(Phase {
+        tiles,
+        transfers,
+        spans,
+    })
 }
 
 /// Prints a phase in the format [`parse_phase`] reads (addresses in
@@ -194,6 +215,11 @@ pub fn print_phase(phase: &Phase) -> String {
             let _ = write!(s, "{sep} {} {:#x}", d.tile, d.address);
         }
         let _ = writeln!(s, " bytes {}", t.bytes);
+    }
+    for (tile, spans) in phase.spans.iter().flatten().enumerate() {
+        for (start, end) in spans {
+            let _ = writeln!(s, "span {tile} {start:#x} {end:#x}");
+        }
     }
     s
 }

@@ -4,9 +4,10 @@
 //! It shares nothing with the scheduler or the lowering except the
 //! [`Descriptor`] type and the phase input, so a bug in either shows up as
 //! a checker error (the regalloc2 checker model). It re-derives:
-//! - issue: descriptor i of a tile starts no earlier than `c + i`;
-//! - fields: addresses 4-aligned, ranges inside SRAM, word counts positive,
-//!   receive sources that exist;
+//! - issue: a descriptor in table slot i (after its stride prefix, if any)
+//!   starts no earlier than `c + i`;
+//! - fields: addresses 4-aligned, every run's range inside SRAM, word counts
+//!   and strides' run lengths positive, receive sources that exist;
 //! - ports: no two sends (receives) of one tile overlap in time;
 //! - sources: every cycle of every receive is covered by a send of the named
 //!   source in that cycle; every word sent is received by at least one tile;
@@ -37,6 +38,13 @@ pub enum CheckError {
     },
     /// Zero words.
     Empty { tile: u32, index: usize },
+    /// A stride of runs of zero words.
+    BadStride {
+        tile: u32,
+        index: usize,
+        run: u32,
+        bytes: u32,
+    },
     /// Misaligned address or a range outside SRAM.
     BadRange {
         tile: u32,
@@ -104,6 +112,10 @@ impl fmt::Display for CheckError {
                 "tile {tile}, descriptor {index}: starts at cycle {start} but issues at cycle {issued}"
             ),
             Empty { tile, index } => write!(f, "tile {tile}, descriptor {index}: zero words"),
+            BadStride { tile, index, run, bytes } => write!(
+                f,
+                "tile {tile}, descriptor {index}: a stride of runs of {run} words every {bytes} bytes"
+            ),
             BadRange { tile, index, address, words } => write!(
                 f,
                 "tile {tile}, descriptor {index}: {words} words at {address:#x} are misaligned or \
@@ -284,6 +296,9 @@ struct Traced {
     words_delivered: u64,
 }
 
+/// A receive run: (start, end, address, descriptor index, source tile).
+type ReceiveRun = (u64, u64, u32, usize, u32);
+
 /// Checks every rule that concerns the tables alone and traces every
 /// received word to its source.
 fn trace_tables(
@@ -292,14 +307,20 @@ fn trace_tables(
     issue_offset: u64,
 ) -> Result<Traced, CheckError> {
     let mut horizon = 0u64;
-    // Per tile: sends as (start, end, address, index), sorted by start.
+    // Per tile: sends as (start, end, address, index), sorted by start, one
+    // entry per run of a strided descriptor.
     let mut sends: Vec<Vec<(u64, u64, u32, usize)>> = Vec::with_capacity(tables.len());
+    // Per tile: receives as (start, end, address, index, source).
+    let mut receives: Vec<Vec<ReceiveRun>> = Vec::with_capacity(tables.len());
     for (tile, table) in tables.iter().enumerate() {
         let tile = tile as u32;
         let mut s = Vec::new();
         let mut r = Vec::new();
+        let mut slot = 0usize;
         for (index, d) in table.iter().enumerate() {
-            let issued = issue_offset + index as u64;
+            // A strided descriptor issues in the slot after its prefix.
+            slot += if d.stride.is_some() { 2 } else { 1 };
+            let issued = issue_offset + slot as u64 - 1;
             if (d.start as u64) < issued {
                 return Err(CheckError::Late {
                     tile,
@@ -311,28 +332,52 @@ fn trace_tables(
             if d.words == 0 {
                 return Err(CheckError::Empty { tile, index });
             }
-            let end = d.address as u64 + 4 * d.words as u64;
-            if !d.address.is_multiple_of(4) || d.address < SRAM_BASE || end > SRAM_END as u64 {
-                return Err(CheckError::BadRange {
-                    tile,
-                    index,
-                    address: d.address,
-                    words: d.words,
-                });
-            }
-            let (t0, t1) = (d.start as u64, d.start as u64 + d.words as u64);
-            horizon = horizon.max(t1);
-            if d.is_send() {
-                s.push((t0, t1, d.address, index));
-            } else {
-                if d.kind >= tiles {
-                    return Err(CheckError::BadSource {
+            if let Some(st) = d.stride {
+                if st.run == 0 {
+                    return Err(CheckError::BadStride {
                         tile,
                         index,
-                        source: d.kind,
+                        run: st.run,
+                        bytes: st.bytes,
                     });
                 }
-                r.push((t0, t1, d.address, index));
+            }
+            if !d.is_send() && d.kind >= tiles {
+                return Err(CheckError::BadSource {
+                    tile,
+                    index,
+                    source: d.kind,
+                });
+            }
+            // Run k of a stride starts at address + k * bytes and moves in the
+            // cycles after run k - 1.
+            let (run, step) = d
+                .stride
+                .map_or((d.words, 0), |st| (st.run, st.bytes as u64));
+            let mut first = 0u32;
+            let mut address = d.address as u64;
+            while first < d.words {
+                let words = run.min(d.words - first);
+                let end = address + 4 * words as u64;
+                if !address.is_multiple_of(4) || address < SRAM_BASE as u64 || end > SRAM_END as u64
+                {
+                    return Err(CheckError::BadRange {
+                        tile,
+                        index,
+                        address: address as u32,
+                        words,
+                    });
+                }
+                let t0 = d.start as u64 + first as u64;
+                let t1 = t0 + words as u64;
+                horizon = horizon.max(t1);
+                if d.is_send() {
+                    s.push((t0, t1, address as u32, index));
+                } else {
+                    r.push((t0, t1, address as u32, index, d.kind));
+                }
+                first += words;
+                address += step;
             }
         }
         s.sort_unstable();
@@ -375,32 +420,33 @@ fn trace_tables(
             }
         }
         sends.push(s);
+        receives.push(r);
     }
     // Trace every receive through its source's sends; collect the cycles in
     // which each source's words are received, to find unreceived words.
     let mut found: Vec<Run> = Vec::new();
     let mut heard: Vec<Vec<(u64, u64)>> = vec![Vec::new(); tiles as usize];
     let mut words_delivered = 0u64;
-    for (tile, table) in tables.iter().enumerate() {
-        for (index, d) in table.iter().enumerate().filter(|(_, d)| !d.is_send()) {
-            let src = &sends[d.kind as usize];
-            let (mut cycle, end) = (d.start as u64, d.start as u64 + d.words as u64);
-            heard[d.kind as usize].push((cycle, end));
+    for (tile, r) in receives.iter().enumerate() {
+        for &(t0, end, address, index, source) in r {
+            let src = &sends[source as usize];
+            let mut cycle = t0;
+            heard[source as usize].push((cycle, end));
             let mut i = src.partition_point(|x| x.1 <= cycle);
             while cycle < end {
                 let Some(&(s0, s1, saddr, _)) = src.get(i).filter(|x| x.0 <= cycle) else {
                     return Err(CheckError::NoSourceWord {
                         tile: tile as u32,
                         index,
-                        source: d.kind,
+                        source,
                         cycle,
                     });
                 };
                 let upto = s1.min(end);
                 found.push(Run {
                     tile: tile as u32,
-                    address: d.address + 4 * (cycle - d.start as u64) as u32,
-                    source: d.kind,
+                    address: address + 4 * (cycle - t0) as u32,
+                    source,
                     source_address: saddr + 4 * (cycle - s0) as u32,
                     words: (upto - cycle) as u32,
                 });

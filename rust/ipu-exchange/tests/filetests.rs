@@ -70,6 +70,62 @@ fn adjacent_transfers_coalesce_into_one_descriptor_pair() {
     );
 }
 
+/// Three rows of 2 words out of 4-word rows on tile 0, to tile 1 (packed)
+/// and tile 2 (32 bytes apart).
+const COLUMN_BLOCK_ROWS: &str = "tiles 3
+         transfer 0: 0 0x80000 -> 1 0x90000, 2 0xa0000 bytes 8
+         transfer 1: 0 0x80010 -> 1 0x90008, 2 0xa0020 bytes 8
+         transfer 2: 0 0x80020 -> 1 0x90010, 2 0xa0040 bytes 8
+";
+
+#[test]
+fn rows_of_a_column_block_chain_into_strided_descriptors() {
+    // Three rows of 2 words out of 4-word rows at the source (one head's
+    // columns of a wider matrix) land contiguously on tile 1 and 32 bytes
+    // apart on tile 2: one strided job. Tile 0's send and tile 2's receive
+    // are strided (two slots each: the prefix issues at 12, the descriptor
+    // at 13, so the job starts at 13); tile 1's receive is contiguous.
+    check(
+        COLUMN_BLOCK_ROWS,
+        expect![[r#"
+            transfers=3 jobs=1 descriptors=3 horizon=19 bound=18 endpoint=6 gap=1 exchange_cycles=24
+            tile 0:
+              send 0x80000 words=6 start=13 runs of 2 every 0x10
+            tile 1:
+              recv 0x90000 words=6 start=13 from=0
+            tile 2:
+              recv 0xa0000 words=6 start=13 from=0 runs of 2 every 0x20
+        "#]],
+    );
+}
+
+#[test]
+fn a_stride_never_leaves_its_span() {
+    // The same rows, but the third lies in another span of tile 0 (another
+    // buffer of a compiler that moves buffers after scheduling): two rows
+    // chain, the third is a job of its own.
+    check(
+        &format!(
+            "{COLUMN_BLOCK_ROWS}
+         span 0 0x80000 0x80018
+         span 0 0x80020 0x80028
+         span 1 0x90000 0x90018
+         span 2 0xa0000 0xa0048
+        "
+        ),
+        expect![[r#"
+            transfers=3 jobs=2 descriptors=4 horizon=19 bound=18 endpoint=6 gap=1 exchange_cycles=24
+            tile 0:
+              send 0x80000 words=4 start=13 runs of 2 every 0x10
+              send 0x80020 words=2 start=17
+            tile 1:
+              recv 0x90000 words=6 start=13 from=0
+            tile 2:
+              recv 0xa0000 words=6 start=13 from=0 runs of 2 every 0x20
+        "#]],
+    );
+}
+
 #[test]
 fn two_senders_share_one_receiver_in_turn() {
     check(

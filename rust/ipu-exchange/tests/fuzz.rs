@@ -118,7 +118,7 @@ fn mutate(tables: &mut [Vec<Descriptor>], rng: &mut SplitMix64, tiles: u32) -> S
     let i = rng.below(table.len() as u64) as usize;
     let d = &mut table[i];
     let before = *d;
-    let what = match rng.below(9) {
+    let what = match rng.below(12) {
         0 => {
             d.start += 1;
             "start + 1"
@@ -147,6 +147,18 @@ fn mutate(tables: &mut [Vec<Descriptor>], rng: &mut SplitMix64, tiles: u32) -> S
             d.kind = SEND_KIND;
             "receive turned into a send"
         }
+        9 if d.stride.is_some_and(|s| d.words > s.run) => {
+            d.stride.as_mut().unwrap().bytes += 4;
+            "stride + 4 bytes"
+        }
+        10 if d.stride.is_some_and(|s| d.words > s.run && s.run > 1) => {
+            d.stride.as_mut().unwrap().run -= 1;
+            "run - 1 word"
+        }
+        11 if d.stride.is_some() => {
+            d.stride = None;
+            "stride dropped"
+        }
         7 => {
             table.remove(i);
             return format!("tile {tile}: dropped descriptor {i} ({before})");
@@ -167,7 +179,12 @@ fn the_checker_catches_every_mutation() {
     for case in 0..200 {
         let tiles = rng.range(2, 12) as u32;
         let transfers = rng.range(1, 40) as u32;
-        let phase = synth::random(&mut rng, tiles, transfers, 24, 3);
+        // Every other case has strided blocks.
+        let phase = if case % 2 == 0 {
+            synth::random(&mut rng, tiles, transfers, 24, 3)
+        } else {
+            synth::strided(&mut rng, tiles, 1 + transfers / 4, 8, 6)
+        };
         let compiled = compile_phase(&phase, &options()).unwrap();
         let c = XTAB_ISSUE_OFFSET;
         let mut tables = compiled.lowered.tables.clone();
@@ -198,4 +215,90 @@ fn the_checker_catches_a_late_descriptor_and_a_table_for_a_missing_tile() {
     tables.pop();
     let e = check(&phase, &tables, c).unwrap_err();
     assert_eq!(e.to_string(), "3 descriptor tables for a phase of 4 tiles");
+}
+
+/// Blocks moved row by row chain into strided jobs: the tables pass the
+/// checker, every strided descriptor stays inside the span that holds its
+/// first byte, and the tables take fewer slots than the same phases
+/// scheduled with contiguous descriptors only (spans left empty).
+#[test]
+fn strided_blocks_stay_in_their_spans_and_take_fewer_slots() {
+    let mut rng = SplitMix64(0x57_21DE);
+    let (mut strided_slots, mut plain_slots, mut strided_descriptors) = (0, 0, 0);
+    for case in 0..150 {
+        let tiles = rng.range(1, 16) as u32;
+        let blocks = rng.range(1, 30) as u32;
+        let phase = synth::strided(&mut rng, tiles, blocks, 16, [1, 3, 8, 40][case % 4]);
+        let compiled =
+            compile_phase(&phase, &options()).unwrap_or_else(|e| panic!("case {case}: {e}"));
+        let spans = phase.spans.as_ref().unwrap();
+        for (tile, table) in compiled.lowered.tables.iter().enumerate() {
+            for d in table.iter().filter(|d| d.stride.is_some()) {
+                strided_descriptors += 1;
+                let (lo, hi) = d.footprint();
+                assert!(
+                    spans[tile]
+                        .iter()
+                        .any(|&(a, e)| a as u64 <= lo && hi <= e as u64),
+                    "case {case}: tile {tile}: {d} leaves its span"
+                );
+            }
+        }
+        let plain = ipu_exchange::Phase {
+            spans: Some(vec![Vec::new(); tiles as usize]),
+            ..phase.clone()
+        };
+        let contiguous = compile_phase(&plain, &options()).unwrap();
+        assert!(contiguous
+            .lowered
+            .tables
+            .iter()
+            .flatten()
+            .all(|d| d.stride.is_none()));
+        strided_slots += compiled.report.slots;
+        plain_slots += contiguous.report.slots;
+        // The encoding round-trips, prefixes included.
+        for tile in 0..tiles {
+            let bytes = compiled.lowered.table_bytes(tile);
+            assert_eq!(
+                bytes.len(),
+                16 * ipu_exchange::lower::slots(&compiled.lowered.tables[tile as usize])
+            );
+            assert_eq!(
+                ipu_exchange::lower::decode_table(&bytes).unwrap(),
+                compiled.lowered.tables[tile as usize]
+            );
+        }
+    }
+    assert!(
+        strided_descriptors > 500,
+        "{strided_descriptors} strided descriptors"
+    );
+    assert!(
+        2 * strided_slots < plain_slots,
+        "{strided_slots} slots strided, {plain_slots} contiguous"
+    );
+}
+
+/// A stride prefix must be followed by a descriptor.
+#[test]
+fn a_dangling_stride_prefix_does_not_decode() {
+    let d = Descriptor {
+        stride: Some(ipu_exchange::Stride { run: 2, bytes: 32 }),
+        ..Descriptor::plain(SEND_KIND, 0x80000, 8, 20)
+    };
+    let bytes = ipu_exchange::lower::encode_table(&[d]);
+    assert_eq!(bytes.len(), 32);
+    assert_eq!(ipu_exchange::lower::decode_table(&bytes).unwrap(), vec![d]);
+    let e = ipu_exchange::lower::decode_table(&bytes[..16]).unwrap_err();
+    assert_eq!(
+        e.to_string(),
+        "the stride prefix at slot 0 is not followed by a descriptor"
+    );
+    let twice = [&bytes[..16], &bytes[..]].concat();
+    let e = ipu_exchange::lower::decode_table(&twice).unwrap_err();
+    assert_eq!(
+        e.to_string(),
+        "the stride prefix at slot 0 is not followed by a descriptor"
+    );
 }

@@ -36,6 +36,9 @@ pub enum FaultKind {
     NotAllowedInExchangePhase,
     /// An exchange instruction or descriptor issued after its start cycle.
     LateExchange { start: u64, issued: u64 },
+    /// An `xtab` stride prefix with runs of zero words, or one that no
+    /// descriptor follows (`slot` is its table entry).
+    BadStride { slot: u32, run: u32 },
     /// Tiles disagree on how the phase ends (some sync, some hsync or exit).
     SyncMismatch {
         this: &'static str,
@@ -120,6 +123,10 @@ impl fmt::Display for FaultKind {
                     "exchange issued at cycle {issued} after its start cycle {start}"
                 )
             }
+            BadStride { slot, run } => write!(
+                f,
+                "xtab entry {slot}: a stride prefix (runs of {run} words) needs runs of at least one word and a descriptor after it"
+            ),
             SyncMismatch {
                 this,
                 other_tile,

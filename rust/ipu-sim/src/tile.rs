@@ -596,6 +596,10 @@ impl Tile {
                 self.record_transfer(c, pc, t, address, words, source, start as u64)?;
             }
             Flow::Xtab { table, count } => {
+                // A stride prefix {STRIDE, run, bytes, 0} makes the next
+                // descriptor move runs of `run` words, `bytes` apart, in
+                // consecutive cycles from its start (docs/isa.md, section 6).
+                let mut stride: Option<(u32, u32, u32)> = None;
                 for i in 0..count {
                     let at = table.wrapping_add(16 * i);
                     let mut d = [0u32; 4];
@@ -604,8 +608,46 @@ impl Tile {
                             .load_u32(at.wrapping_add(4 * j as u32))
                             .map_err(|k| self.fault(Some(c), Some(pc), k))?;
                     }
-                    let source = if d[0] == u32::MAX { None } else { Some(d[0]) };
-                    self.record_transfer(c, pc, t + i as u64, d[1], d[2], source, d[3] as u64)?;
+                    if d[0] == ipu_arch::XTAB_STRIDE_KIND {
+                        if stride.is_some() || d[1] == 0 {
+                            let (slot, run) = stride.map_or((i, d[1]), |(s, r, _)| (s, r));
+                            return Err(self.fault(
+                                Some(c),
+                                Some(pc),
+                                FaultKind::BadStride { slot, run },
+                            ));
+                        }
+                        stride = Some((i, d[1], d[2]));
+                        continue;
+                    }
+                    let source = (d[0] != ipu_arch::XTAB_SEND_KIND).then_some(d[0]);
+                    let issued = t + i as u64;
+                    let (address, words, start) = (d[1], d[2], d[3] as u64);
+                    match stride.take() {
+                        None => {
+                            self.record_transfer(c, pc, issued, address, words, source, start)?
+                        }
+                        Some((_, run, bytes)) => {
+                            let mut first = 0;
+                            while first < words {
+                                let n = run.min(words - first);
+                                let a = address.wrapping_add((first / run).wrapping_mul(bytes));
+                                self.record_transfer(
+                                    c,
+                                    pc,
+                                    issued,
+                                    a,
+                                    n,
+                                    source,
+                                    start + first as u64,
+                                )?;
+                                first += n;
+                            }
+                        }
+                    }
+                }
+                if let Some((slot, run, _)) = stride {
+                    return Err(self.fault(Some(c), Some(pc), FaultKind::BadStride { slot, run }));
                 }
                 let slots = (count as u64).div_ceil(INTERVAL).max(1);
                 self.ctx[c].next_issue = t + INTERVAL * slots;

@@ -335,3 +335,96 @@ fn descriptor_tables_issue_one_descriptor_per_cycle() {
         "{err}"
     );
 }
+
+#[test]
+fn a_stride_prefix_makes_the_next_descriptor_move_runs() {
+    // Tile 0 sends words 0, 1 | 4, 5 | 8, 9 of its input (runs of 2 words,
+    // 16 bytes apart) in cycles 40..46 with one strided send; tile 1 writes
+    // them as runs of 3 words, 32 bytes apart, with one strided receive. The
+    // prefix takes the first table entry, so the descriptor issues one cycle
+    // after `xtab`: at 13 for a start of 13 (the standard prologue issues
+    // `xtab` at 12).
+    let table = |kind: u32, addr: u32, run: u32, bytes: u32, start: u32| {
+        words(&[
+            ipu_arch::XTAB_STRIDE_KIND,
+            run,
+            bytes,
+            0,
+            kind,
+            addr,
+            6,
+            start,
+        ])
+    };
+    let prologue = "sync\nsetzi $m2, 0x90100\nsetzi $m3, 2\nxtab $m2, $m3\nxend\nexit\n";
+    let chip = run_tiles(
+        2,
+        |_| prologue.into(),
+        |t| {
+            let data: Vec<u32> = (0..16).map(|i| 0xA000_0000 + i).collect();
+            if t == 0 {
+                vec![
+                    (IN, words(&data)),
+                    (OUT + 0x100, table(u32::MAX, IN, 2, 16, 40)),
+                ]
+            } else {
+                vec![
+                    (OUT, words(&[0; 24])),
+                    (OUT + 0x100, table(0, OUT, 3, 32, 40)),
+                ]
+            }
+        },
+    )
+    .unwrap();
+    let got = tile_words(&chip, 1, OUT, 24);
+    let w = |i: u32| 0xA000_0000 + i;
+    let mut want = vec![0; 24];
+    want[0..3].copy_from_slice(&[w(0), w(1), w(4)]);
+    want[8..11].copy_from_slice(&[w(5), w(8), w(9)]);
+    assert_eq!(got, want);
+    let step = &chip.steps()[0];
+    assert_eq!(step.tiles[1].exchange_cycles, 46);
+    assert_eq!(step.tiles[1].words_received, 6);
+    // Starting at 12, the strided send would be late: its prefix issues at
+    // 12 and the descriptor at 13.
+    let err = run_tiles(
+        1,
+        |_| prologue.into(),
+        |_| {
+            vec![
+                (IN, words(&[0; 16])),
+                (OUT + 0x100, table(u32::MAX, IN, 2, 16, 12)),
+            ]
+        },
+    )
+    .unwrap_err();
+    assert!(
+        matches!(
+            err.kind,
+            FaultKind::LateExchange {
+                start: 12,
+                issued: 13
+            }
+        ),
+        "{err}"
+    );
+    // Runs of zero words, and a prefix with no descriptor after it, fault.
+    for (table, count) in [
+        (table(u32::MAX, IN, 0, 16, 40), 2),
+        (table(u32::MAX, IN, 2, 16, 40), 1),
+    ] {
+        let err = run_tiles(
+            1,
+            |_| {
+                format!("sync\nsetzi $m2, 0x90100\nsetzi $m3, {count}\nxtab $m2, $m3\nxend\nexit\n")
+            },
+            |_| vec![(IN, words(&[0; 16])), (OUT + 0x100, table.clone())],
+        )
+        .unwrap_err();
+        assert!(
+            matches!(err.kind, FaultKind::BadStride { slot: 0, .. }),
+            "{err}"
+        );
+        assert!(err.to_string().contains("stride prefix"), "{err}");
+    }
+}
