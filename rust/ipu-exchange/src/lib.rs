@@ -190,6 +190,32 @@ struct Candidate {
 /// of descriptors.
 pub const GOOD_ENOUGH: u64 = 32;
 
+/// A phase with strided jobs of [`LARGE_STRIDED_PHASE`] words or more
+/// improves its schedules until within `lower bound / STRIDED_GOOD_ENOUGH`
+/// of the bound (0.4%), and tries pieces of 1/256 of the endpoint bound
+/// too. On SigLIP's attention exchange
+/// (bound 14,376) whole jobs end at 14,785 cycles, and pieces of 56 words
+/// at 14,553, where its 217,332 transfers as jobs took 14,651 (with 32
+/// times the descriptors); pieces of 1/1024 (14 words) reach 14,461 but
+/// cost 1.2 s of compile time there and 4.7 s on the ViT block (measured
+/// in session 48, not kept there).
+pub const STRIDED_GOOD_ENOUGH: u64 = 256;
+
+/// Below this many words of endpoint bound, a phase with strided jobs
+/// tries whole jobs and pieces of 1/16 and 1/64 of the bound, improving
+/// until its patience runs out: finer pieces there win a few cycles for
+/// many more descriptors (32 small ViT layers on 8 tiles: three times the
+/// table bytes, which moved the loop's stacks onto the slow copy path).
+pub const LARGE_STRIDED_PHASE: u64 = 4096;
+
+/// A phase with strided jobs whose endpoint bound is at least this many
+/// words also tries pieces of 1/1024 of it: there a 1% gap is over 160
+/// cycles. Whisper large's attention rounds (bound 33,036 cycles): 33,677
+/// and 33,417 cycles with pieces of 1/256, 33,324 and 33,309 with pieces
+/// of 1/1024, for about a second of compile time each (their 159,000
+/// transfers as jobs took 33,230 and 33,188).
+pub const LONG_STRIDED_PHASE: u64 = 16 * 1024;
+
 /// On a phase of at least [`LARGE_PHASE_JOBS`] jobs, a whole-job schedule
 /// within this many cycles of the lower bound is kept as well, however
 /// small the bound: a tenth of the sync that precedes every exchange phase.
@@ -203,11 +229,19 @@ pub const GOOD_ENOUGH_CYCLES: u64 = 64;
 pub const LARGE_PHASE_JOBS: usize = 4096;
 
 /// The piece sizes tried: whole jobs, and pieces of 1/16 and 1/64 of the
-/// endpoint bound when some job is longer than that.
-fn piece_sizes(jobs: &[Job], endpoint_words: u64) -> Vec<Option<u32>> {
+/// endpoint bound when some job is longer than that; with strided jobs
+/// also 1/256 on phases of [`LARGE_STRIDED_PHASE`] words or more, and
+/// 1/1024 from [`LONG_STRIDED_PHASE`] words (see [`compile_phase`]).
+fn piece_sizes(jobs: &[Job], endpoint_words: u64, strided: bool) -> Vec<Option<u32>> {
     let longest = jobs.iter().map(|j| j.words).max().unwrap_or(0);
     let mut sizes = vec![None];
-    for div in [16, 64] {
+    let divisors: &[u64] = match strided {
+        false => &[16, 64],
+        true if endpoint_words < LARGE_STRIDED_PHASE => &[16, 64],
+        true if endpoint_words < LONG_STRIDED_PHASE => &[16, 64, 256],
+        true => &[16, 64, 256, 1024],
+    };
+    for &div in divisors {
         let m = (endpoint_words / div).max(4) as u32;
         if m < longest && !sizes.contains(&Some(m)) {
             sizes.push(Some(m));
@@ -235,19 +269,22 @@ pub fn compile_phase(phase: &Phase, options: &Options) -> Result<Compiled, Excha
     let c = options.issue_offset;
     let b = bounds(phase, c);
     let jobs = coalesce::coalesce(phase);
+    // Strided jobs are far fewer and longer than the transfers they carry
+    // (SigLIP's attention exchange: 5,120 jobs for 217,332 transfers), so a
+    // whole-job schedule of them is coarser than the transfers' would be:
+    // such a phase tries every piece size, down to 1/256 of the endpoint
+    // bound on large phases, and improves until within
+    // [`STRIDED_GOOD_ENOUGH`] of the bound (small phases: until out of
+    // patience) instead of stopping within 1/32 of it.
+    let strided = jobs.iter().any(Job::is_strided);
     let sizes = if options.whole_jobs {
         vec![None]
     } else {
-        piece_sizes(&jobs, b.endpoint_words)
+        piece_sizes(&jobs, b.endpoint_words, strided)
     };
-    // Strided jobs are far fewer and longer than the transfers they carry
-    // (SigLIP's attention exchange: 5,120 jobs for 217,332 transfers), so a
-    // whole-job schedule of them is coarser than the transfers' would be,
-    // and searching them is cheap: such a phase tries every piece size and
-    // improves until its patience runs out instead of stopping within 1/32
-    // of the bound (SigLIP's attention exchange 14,785 -> 14,665 cycles).
-    let strided = jobs.iter().any(Job::is_strided);
-    let target = if strided {
+    let target = if strided && b.endpoint_words >= LARGE_STRIDED_PHASE {
+        b.horizon + b.horizon / STRIDED_GOOD_ENOUGH
+    } else if strided {
         b.horizon
     } else {
         b.horizon + b.horizon / GOOD_ENOUGH
@@ -283,19 +320,37 @@ pub fn compile_phase(phase: &Phase, options: &Options) -> Result<Compiled, Excha
             .map(|&piece_words| attempt(piece_words))
             .collect::<Vec<_>>(),
     );
-    let mut best: Option<Candidate> = None;
-    let mut initial_horizon = 0;
-    for (i, cand) in candidates.into_iter().enumerate() {
-        let cand = cand.map_err(ExchangeError::Lower)?;
-        if i == 0 {
-            initial_horizon = cand.search.initial.horizon;
+    let candidates: Vec<Candidate> = candidates
+        .into_iter()
+        .collect::<Result<_, _>>()
+        .map_err(ExchangeError::Lower)?;
+    let initial_horizon = candidates[0].search.initial.horizon;
+    // The shortest schedule, fewer slots breaking ties; on a large strided
+    // phase every schedule within `bound / STRIDED_GOOD_ENOUGH` of the
+    // shortest counts as a tie, so that a cycle or two never buys many
+    // more descriptors (the small pieces' schedules of such a phase).
+    let shortest = candidates
+        .iter()
+        .map(|x| x.search.best.horizon)
+        .min()
+        .expect("at least one candidate");
+    let slack = if strided && b.endpoint_words >= LARGE_STRIDED_PHASE {
+        b.horizon / STRIDED_GOOD_ENOUGH
+    } else {
+        0
+    };
+    let key = |x: &Candidate| {
+        let (h, slots) = (x.search.best.horizon, x.lowered.slots() as u64);
+        if slack == 0 {
+            (false, h, slots)
+        } else {
+            (h > shortest + slack, slots, h)
         }
-        let key = |x: &Candidate| (x.search.best.horizon, x.lowered.slots());
-        if best.as_ref().is_none_or(|b| key(&cand) < key(b)) {
-            best = Some(cand);
-        }
-    }
-    let best = best.expect("at least one candidate");
+    };
+    let best = candidates
+        .into_iter()
+        .min_by_key(key)
+        .expect("at least one candidate");
     if options.check {
         check(phase, &best.lowered.tables, c).map_err(ExchangeError::Check)?;
     }
