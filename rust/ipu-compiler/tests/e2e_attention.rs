@@ -1028,6 +1028,24 @@ fn long_sequences_take_heads_in_rounds_in_the_column_layout() {
         assert_eq!(chosen.get("compact").is_some(), compact, "{chosen:#}");
         check_attention(&ran);
         checkpoints_hold(&ran.compile);
+        // Each round's exchange moves Q^T lines, K rows and V^T lines out
+        // of the inputs' homes row by row: strided descriptors carry whole
+        // blocks of them (512 tokens: 1,664 transfers in 330 descriptors,
+        // where each transfer took a descriptor at each end before).
+        let exchanges: Vec<_> = ran.compile.report["exchange_steps"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|s| s["step"].as_str().unwrap().starts_with("exchange q"))
+            .collect();
+        assert_eq!(exchanges.len() as u64, rounds, "{exchanges:#?}");
+        for x in exchanges {
+            let f = &x["figures"];
+            assert!(
+                2 * f["descriptors"].as_u64().unwrap() < f["transfers"].as_u64().unwrap(),
+                "{x:#}"
+            );
+        }
         let out = compile(&options(&model, roomy, cache.path())).unwrap();
         let chosen = &out.report["attention"]["chosen"];
         assert!(
