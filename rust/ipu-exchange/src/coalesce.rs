@@ -143,10 +143,7 @@ fn stride(jobs: Vec<Job>, phase: &Phase) -> Vec<Job> {
         match &phase.spans {
             None => Some(u64::MAX),
             Some(spans) => {
-                let s = spans.get(tile as usize)?;
-                let i = s.partition_point(|&(a, _)| a <= address);
-                let (a, e) = *s.get(i.checked_sub(1)?)?;
-                (address >= a && address < e).then_some(e as u64)
+                crate::phase::span_end(spans.get(tile as usize)?, address).map(u64::from)
             }
         }
     };

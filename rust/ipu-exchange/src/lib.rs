@@ -282,7 +282,8 @@ pub fn compile_phase(phase: &Phase, options: &Options) -> Result<Compiled, Excha
     } else {
         piece_sizes(&jobs, b.endpoint_words, strided)
     };
-    let target = if strided && b.endpoint_words >= LARGE_STRIDED_PHASE {
+    let large_strided = strided && b.endpoint_words >= LARGE_STRIDED_PHASE;
+    let target = if large_strided {
         b.horizon + b.horizon / STRIDED_GOOD_ENOUGH
     } else if strided {
         b.horizon
@@ -334,18 +335,14 @@ pub fn compile_phase(phase: &Phase, options: &Options) -> Result<Compiled, Excha
         .map(|x| x.search.best.horizon)
         .min()
         .expect("at least one candidate");
-    let slack = if strided && b.endpoint_words >= LARGE_STRIDED_PHASE {
+    let slack = if large_strided {
         b.horizon / STRIDED_GOOD_ENOUGH
     } else {
         0
     };
     let key = |x: &Candidate| {
-        let (h, slots) = (x.search.best.horizon, x.lowered.slots() as u64);
-        if slack == 0 {
-            (false, h, slots)
-        } else {
-            (h > shortest + slack, slots, h)
-        }
+        let h = x.search.best.horizon;
+        (h > shortest + slack, x.lowered.slots(), h)
     };
     let best = candidates
         .into_iter()

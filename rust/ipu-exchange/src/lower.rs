@@ -95,23 +95,6 @@ impl Descriptor {
         1 + usize::from(self.stride.is_some())
     }
 
-    /// The contiguous runs as `(first word, address, words)`, in word order.
-    /// A stride whose `run` is zero is one run (the checker rejects it).
-    pub fn runs(&self) -> impl Iterator<Item = (u32, u32, u32)> + '_ {
-        let (run, bytes) = match self.stride {
-            Some(s) if s.run > 0 => (s.run, s.bytes),
-            _ => (self.words.max(1), 0),
-        };
-        (0..self.words.div_ceil(run)).map(move |k| {
-            let first = k * run;
-            (
-                first,
-                self.address.wrapping_add(k.wrapping_mul(bytes)),
-                run.min(self.words - first),
-            )
-        })
-    }
-
     /// Lowest byte and one past the highest byte the descriptor touches, as
     /// u64 so that no field value overflows.
     pub fn footprint(&self) -> (u64, u64) {
@@ -399,16 +382,9 @@ pub fn lower(
 /// one of `spans` (`None`: anywhere; `Some(&[])`: nowhere).
 fn merge_runs(list: Vec<Descriptor>, spans: Option<&[(u32, u32)]>) -> Vec<Descriptor> {
     let span_end = |address: u32| -> u64 {
-        match spans {
-            None => u64::MAX,
-            Some(s) => {
-                let i = s.partition_point(|&(a, _)| a <= address);
-                match i.checked_sub(1).map(|i| s[i]) {
-                    Some((a, e)) if address >= a && address < e => e as u64,
-                    _ => 0,
-                }
-            }
-        }
+        spans.map_or(u64::MAX, |s| {
+            crate::phase::span_end(s, address).map_or(0, u64::from)
+        })
     };
     let mut out: Vec<Descriptor> = Vec::with_capacity(list.len());
     for d in list {

@@ -189,6 +189,14 @@ fn check_range(id: u32, tile: u32, address: u32, bytes: u32) -> Result<(), Phase
     Ok(())
 }
 
+/// The end of the span among `spans` (sorted, disjoint `[start, end)`
+/// ranges of one tile, [`Phase::spans`]) that holds `address`, if any.
+pub fn span_end(spans: &[(u32, u32)], address: u32) -> Option<u32> {
+    let i = spans.partition_point(|&(a, _)| a <= address);
+    let (a, e) = spans[..i].last().copied()?;
+    (address >= a && address < e).then_some(e)
+}
+
 impl Phase {
     /// Checks every address rule; the first error in a deterministic order
     /// (transfer order, then tile order) is returned.
