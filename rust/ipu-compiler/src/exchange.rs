@@ -201,6 +201,10 @@ fn table_bytes_of(slots: u32) -> u32 {
 }
 
 /// A tile's table buffer for an exchange step, in standard memory.
+/// The memory category of exchange table buffers, whose contents the
+/// tile image holds.
+pub const TABLE_CATEGORY: &str = "exchange_tables";
+
 fn table_buffer(name: &str, slots: u32) -> crate::lower::BufferSpec {
     crate::lower::BufferSpec {
         name: name.to_string(),
@@ -209,7 +213,7 @@ fn table_buffer(name: &str, slots: u32) -> crate::lower::BufferSpec {
         region: crate::lower::RegionReq::Any,
         exclusive_element: false,
         zero: vec![],
-        category: "exchange_tables".into(),
+        category: TABLE_CATEGORY.into(),
         scratch: None,
         lifetime: None,
         kernel_segment: None,

@@ -173,6 +173,17 @@ pub fn tile_image(
                 ),
             });
         }
+        // Contents are written once, at load: a buffer that shares its
+        // memory with others of another segment or phase would lose them.
+        if buffers[buffer].lifetime.is_some() || buffers[buffer].scratch.is_some() {
+            return Err(CompileError::Verifier {
+                phase: "link",
+                message: format!(
+                    "tile {tile}: buffer `{}` starts with contents but lives only in part of the run",
+                    buffers[buffer].name
+                ),
+            });
+        }
         if !bytes.is_empty() {
             segments.push(ipu_package::Segment {
                 address: storage.addresses[buffer],

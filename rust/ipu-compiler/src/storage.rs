@@ -35,6 +35,7 @@ use crate::lower::{BufferSpec, RegionReq};
 use ipu_arch::{
     Region, INTERLEAVED_ELEMENT_BYTES, REGION0_BASE, REGION0_END, REGION1_BASE, REGION1_END,
 };
+use std::collections::BTreeMap;
 
 /// The host command word (docs/host-protocol.md).
 pub const COMMAND_ADDRESS: u32 = REGION0_END - 16;
@@ -100,10 +101,38 @@ pub fn region1_holds(buffers: &[BufferSpec], extra: &[(u32, bool)]) -> bool {
 pub const REGION1_SPARE: u64 = 16 * 1024;
 
 /// Places `buffers` on `tile` after `code_bytes` of code and states.
+///
+/// Region 0 is first placed as if every buffer there lived for the whole
+/// program; only a tile whose region 0 then overflows places the buffers
+/// of different segments over each other there, so every tile that fits
+/// without that keeps its layout (a loop's weight stacks copy on the fast
+/// path at the distances that layout gives them from their staging
+/// buffers).
 pub fn place(
     tile: u32,
     buffers: &[BufferSpec],
     code_bytes: u32,
+) -> Result<TileStorage, CompileError> {
+    match place_region0_shared(tile, buffers, code_bytes, false) {
+        Err(CompileError::OutOfMemory { region, .. })
+            if region.starts_with("region 0")
+                && buffers.iter().any(|b| {
+                    b.lifetime.is_some() && matches!(b.region, RegionReq::Standard | RegionReq::Any)
+                }) =>
+        {
+            place_region0_shared(tile, buffers, code_bytes, true)
+        }
+        r => r,
+    }
+}
+
+/// [`place`] with the region-0 buffers of different segments placed over
+/// each other (`share`) or apart.
+fn place_region0_shared(
+    tile: u32,
+    buffers: &[BufferSpec],
+    code_bytes: u32,
+    share: bool,
 ) -> Result<TileStorage, CompileError> {
     let mut addresses = vec![0u32; buffers.len()];
     let code_end = align_up(REGION0_BASE as u64 + code_bytes as u64, 16);
@@ -201,15 +230,44 @@ pub fn place(
     // Region 0: the standard buffers and, in buffer order, every buffer
     // that may go anywhere while region 0 has room for it; the others of
     // those follow the interleaved ones in region 1 (a streamed GEMM's
-    // operand homes can exceed region 0).
-    // Standard bytes still to place after each buffer: an anywhere buffer
-    // never takes the room a later standard one needs.
-    let mut standard_after = vec![0u64; buffers.len()];
-    let mut acc = 0u64;
-    for (i, b) in buffers.iter().enumerate().rev() {
-        standard_after[i] = acc;
+    // operand homes can exceed region 0). A buffer that lives for the
+    // whole program goes after every buffer before it; one that lives in
+    // a segment goes after the whole program's buffers before it and its
+    // own segment's, over other segments' (segments never live together:
+    // a segmented attention's Q home shares region 0 with the projection
+    // segments' copies of their input). Buffers keep the order they were
+    // made in, which later phases rely on (a loop's staging buffers come
+    // before its weight stacks, so that their copies take the fast path).
+    // A region-0 buffer's segment, when segments share region 0.
+    let life = |b: &BufferSpec| if share { b.lifetime } else { None };
+    let in_region0 = |b: &BufferSpec| matches!(b.region, RegionReq::Standard | RegionReq::Any);
+    let standard = |b: &BufferSpec| {
         if b.region == RegionReq::Standard {
-            acc += align_up(b.bytes as u64, b.align as u64) + b.align as u64;
+            align_up(b.bytes as u64, b.align as u64) + b.align as u64
+        } else {
+            0
+        }
+    };
+    // Standard bytes still to place after each buffer that may live with
+    // it (for a whole-program buffer, the whole program's and the most of
+    // any one segment's): an anywhere buffer never takes the room a later
+    // standard one needs.
+    let mut standard_after = vec![0u64; buffers.len()];
+    {
+        let (mut whole, mut by_segment) = (0u64, BTreeMap::<u32, u64>::new());
+        for (i, b) in buffers.iter().enumerate().rev() {
+            if !in_region0(b) {
+                continue;
+            }
+            standard_after[i] = whole
+                + match life(b) {
+                    None => by_segment.values().copied().max().unwrap_or(0),
+                    Some(s) => by_segment.get(&s).copied().unwrap_or(0),
+                };
+            match life(b) {
+                None => whole += standard(b),
+                Some(s) => *by_segment.entry(s).or_default() += standard(b),
+            }
         }
     }
     // When region 0 overflows, anywhere buffers that it holds move to
@@ -219,41 +277,71 @@ pub fn place(
     // stayed in region 0 while smaller ones before it, which region 1
     // could hold, took region 0's room: a widened fp8 GEMM on one tile
     // overflowed region 0 by 16,000 bytes with 80,912 free in region 1.)
-    // A tile that fits at the first pass is placed as before.
+    // Candidates are the buffers that may live with the one that ends
+    // highest: moving another frees nothing there. A buffer moved to
+    // region 1 takes room of its own there, shared with no other. A tile
+    // that fits at the first pass is placed as before.
+    // The whole program's buffers first, then each segment's, each in
+    // buffer order.
+    let mut region0_order: Vec<usize> = (0..buffers.len())
+        .filter(|&i| in_region0(&buffers[i]))
+        .collect();
+    region0_order.sort_by_key(|&i| (life(&buffers[i]).is_some(), life(&buffers[i]), i));
     let (r0_start, r1_start) = (r0, r1);
     let mut moved = vec![false; buffers.len()];
     loop {
-        let (mut r0, mut r1) = (r0_start, r1_start);
-        let mut r0_full = false;
-        for (i, b) in buffers.iter().enumerate() {
+        // Region 0's cursors, and those of region 1 above its own buffers
+        // for what moves there: the end of everything placed, of the
+        // whole program's buffers and of each segment's; per group,
+        // whether one of its buffers found region 0 full (the later ones
+        // then follow it to region 1).
+        let mut r0 = Cursors::new(r0_start);
+        let mut r1 = Cursors::new(r1_start);
+        let mut highest: Option<usize> = None;
+        let (mut whole_full, mut segment_full) = (false, BTreeMap::<u32, bool>::new());
+        for &i in &region0_order {
+            let b = &buffers[i];
             let any = b.region == RegionReq::Any;
-            if !any && b.region != RegionReq::Standard {
-                continue;
-            }
-            let start = align_up(r0, b.align as u64);
-            let spill = any
-                && (moved[i] || r0_full || start + b.bytes as u64 + standard_after[i] > r0_limit);
-            if spill && align_up(r1, b.align as u64) + b.bytes as u64 <= REGION1_END as u64 {
-                r0_full |= !moved[i];
-                let start = align_up(r1, b.align as u64);
-                addresses[i] = start as u32;
-                r1 = start + b.bytes as u64;
+            let start = align_up(r0.after(life(b)), b.align as u64);
+            let full = whole_full
+                || life(b).is_some_and(|s| segment_full.get(&s).copied().unwrap_or(false));
+            let spill =
+                any && (moved[i] || full || start + b.bytes as u64 + standard_after[i] > r0_limit);
+            let r1_start = align_up(r1.after(life(b)), b.align as u64);
+            if spill && r1_start + b.bytes as u64 <= REGION1_END as u64 {
+                if !moved[i] {
+                    match life(b) {
+                        None => whole_full = true,
+                        Some(s) => {
+                            segment_full.insert(s, true);
+                        }
+                    }
+                }
+                addresses[i] = r1_start as u32;
+                r1.placed(life(b), r1_start + b.bytes as u64);
                 continue;
             }
             addresses[i] = start as u32;
-            r0 = start + b.bytes as u64;
+            if r0.placed(life(b), start + b.bytes as u64) {
+                highest = Some(i);
+            }
         }
-        if r0 <= r0_limit {
+        let top = r0.top;
+        if top <= r0_limit {
             break;
         }
-        let over = r0 - r0_limit;
+        let over = top - r0_limit;
+        let fullest = highest.and_then(|h| life(&buffers[h]));
+        let live = |b: &BufferSpec| fullest.is_none() || life(b).is_none() || life(b) == fullest;
         let pick = (0..buffers.len())
             .filter(|&i| {
                 let b = &buffers[i];
                 b.region == RegionReq::Any
+                    && live(b)
                     && !moved[i]
                     && (addresses[i] as u64) < REGION1_BASE as u64
-                    && align_up(r1, b.align as u64) + b.bytes as u64 <= REGION1_END as u64
+                    && align_up(r1.after(life(b)), b.align as u64) + b.bytes as u64
+                        <= REGION1_END as u64
             })
             .min_by_key(|&i| {
                 let bytes = buffers[i].bytes as u64;
@@ -268,11 +356,9 @@ pub fn place(
             None => {
                 return Err(overflow(
                     "region 0 (standard)",
-                    r0 - REGION0_BASE as u64,
+                    top - REGION0_BASE as u64,
                     r0_limit - REGION0_BASE as u64,
-                    region0_consumers(&|b| {
-                        matches!(b.region, RegionReq::Standard | RegionReq::Any)
-                    }),
+                    region0_consumers(&|b| in_region0(b) && live(b)),
                 ))
             }
         }
@@ -282,6 +368,49 @@ pub fn place(
         code_end: code_end as u32,
         addresses,
     })
+}
+
+/// Where the next buffer of a region goes in buffer order: after every
+/// buffer placed before it if it lives for the whole program, else after
+/// the whole program's and its own segment's (segments never live
+/// together).
+struct Cursors {
+    /// The end of everything placed.
+    top: u64,
+    /// The end of the whole program's buffers placed so far.
+    whole: u64,
+    /// The end of each segment's buffers placed so far.
+    segment: BTreeMap<u32, u64>,
+}
+
+impl Cursors {
+    fn new(base: u64) -> Self {
+        Cursors {
+            top: base,
+            whole: base,
+            segment: BTreeMap::new(),
+        }
+    }
+    /// Where a buffer of `lifetime` may start (before alignment).
+    fn after(&self, lifetime: Option<u32>) -> u64 {
+        match lifetime {
+            None => self.top,
+            Some(s) => self.whole.max(self.segment.get(&s).copied().unwrap_or(0)),
+        }
+    }
+    /// Records a buffer of `lifetime` ending at `end`; whether it ends
+    /// higher than any before it.
+    fn placed(&mut self, lifetime: Option<u32>, end: u64) -> bool {
+        match lifetime {
+            None => self.whole = end,
+            Some(s) => {
+                self.segment.insert(s, end);
+            }
+        }
+        let higher = end > self.top;
+        self.top = self.top.max(end);
+        higher
+    }
 }
 
 /// The interleaved memory elements (indices from [`REGION1_BASE`]) that
@@ -816,6 +945,125 @@ mod tests {
     /// addresses, and a refusal names region 1 with more bytes than it
     /// has. Buffers of two segments, each with scratch phases, beside
     /// persistent ones; a third of them element-exclusive.
+    /// Places random `bufs` on tile 0: a placement must validate and
+    /// repeat; a refusal must be an overflow (of a region whose name
+    /// starts with `refused_in`, when given). Whether they fitted.
+    fn placed_or_refused(bufs: &[BufferSpec], refused_in: Option<&str>) -> bool {
+        match place(0, bufs, 1000) {
+            Ok(s) => {
+                validate(&s, bufs).unwrap_or_else(|e| panic!("{e}: {bufs:?}"));
+                assert_eq!(place(0, bufs, 1000).ok(), Some(s));
+                true
+            }
+            Err(CompileError::OutOfMemory {
+                region,
+                needed,
+                available,
+                ..
+            }) => {
+                assert!(
+                    refused_in.is_none_or(|r| region.starts_with(r)) && needed > available,
+                    "{region}: {bufs:?}"
+                );
+                false
+            }
+            Err(e) => panic!("unexpected error {e}"),
+        }
+    }
+
+    /// Region 0 holds the whole program's buffers once and each
+    /// segment's own above them, segments sharing that room: a 100 KB
+    /// standard buffer of segment 0 and a 120 KB one of segment 1 fit
+    /// beside 50 KB of the whole program's where side by side they would
+    /// not; an overflow names the fullest segment's buffers and the whole
+    /// program's, not another segment's.
+    #[test]
+    fn segments_share_region0() {
+        let mut bufs = vec![
+            buf("whole", 50_000, RegionReq::Standard, false),
+            buf("s0.a", 100_000, RegionReq::Standard, false),
+            buf("s1.b", 120_000, RegionReq::Standard, false),
+        ];
+        assert!(place(0, &bufs, 1000).is_err());
+        bufs[1].lifetime = Some(0);
+        bufs[2].lifetime = Some(1);
+        let s = place(0, &bufs, 1000).unwrap();
+        validate(&s, &bufs).unwrap();
+        let base = align_up(REGION0_BASE as u64 + 1000, 16) as u32 + 50_000;
+        assert_eq!((s.addresses[1], s.addresses[2]), (base, base));
+        // Moving one into the other's segment overlaps them: refused.
+        let mut bad = bufs.clone();
+        bad[2].lifetime = Some(0);
+        assert!(validate(&s, &bad).unwrap_err().contains("overlaps"));
+        // An anywhere buffer of segment 1 that region 0 cannot hold beside
+        // that segment's goes to region 1; segment 0 keeps its place.
+        bufs.push(buf("s1.any", 60_000, RegionReq::Any, false));
+        bufs[3].lifetime = Some(1);
+        let s = place(0, &bufs, 1000).unwrap();
+        validate(&s, &bufs).unwrap();
+        assert!(s.addresses[3] >= REGION1_BASE);
+        assert_eq!(s.addresses[1], base);
+        // Segment 1 overflowing with standard buffers names its own.
+        bufs[3].region = RegionReq::Standard;
+        let err = place(0, &bufs, 1000).unwrap_err().to_string();
+        assert!(
+            err.contains("needs 231008 bytes")
+                && err.contains("s1.b 120000 B")
+                && err.contains("whole 50000 B")
+                && !err.contains("s0.a"),
+            "{err}"
+        );
+    }
+
+    /// Random region-0 buffers of the whole program and of three
+    /// segments: every placement validates and repeats; standard buffers
+    /// alone that fit side by side always fit, and often fit where side
+    /// by side they would not (segments sharing region 0).
+    #[test]
+    fn random_region0_segments_validate() {
+        let mut rng = ipu_rng::Xoshiro256::seeded(15);
+        let available = (COMMAND_ADDRESS as u64) - align_up(REGION0_BASE as u64 + 1000, 16);
+        let (mut fitted, mut refused, mut shared) = (0, 0, 0);
+        for round in 0..2000 {
+            let count = 1 + (rng.next_u64() % 10) as usize;
+            let all_standard = round % 2 == 0;
+            let bufs: Vec<BufferSpec> = (0..count)
+                .map(|i| {
+                    let r = rng.next_u64();
+                    let region = if all_standard {
+                        RegionReq::Standard
+                    } else {
+                        [RegionReq::Standard, RegionReq::Any, RegionReq::Interleaved]
+                            [(r >> 40) as usize % 3]
+                    };
+                    let mut b = buf(&format!("b{i}"), 16 + (r % 70_000) as u32, region, false);
+                    b.align = 1 << (2 + (r >> 24) % 3);
+                    b.lifetime = [None, Some(0), Some(1), Some(2)][((r >> 28) % 4) as usize];
+                    b
+                })
+                .collect();
+            let fits = placed_or_refused(&bufs, None);
+            if fits {
+                fitted += 1;
+            } else {
+                refused += 1;
+            }
+            if all_standard {
+                let side_by_side = bufs
+                    .iter()
+                    .fold(0u64, |at, b| align_up(at, b.align as u64) + b.bytes as u64);
+                assert!(side_by_side > available || fits, "{bufs:?}");
+                if side_by_side > available && fits {
+                    shared += 1;
+                }
+            }
+        }
+        assert!(
+            fitted > 500 && refused > 50 && shared > 50,
+            "{fitted} fitted, {refused} refused, {shared} fitted only by sharing"
+        );
+    }
+
     #[test]
     fn random_placements_validate() {
         let mut rng = ipu_rng::Xoshiro256::seeded(14);
@@ -838,22 +1086,10 @@ mod tests {
                     b
                 })
                 .collect();
-            match place(0, &bufs, 1000) {
-                Ok(s) => {
-                    validate(&s, &bufs).unwrap_or_else(|e| panic!("{e}: {bufs:?}"));
-                    assert_eq!(place(0, &bufs, 1000).ok(), Some(s));
-                    fitted += 1;
-                }
-                Err(CompileError::OutOfMemory {
-                    region,
-                    needed,
-                    available,
-                    ..
-                }) => {
-                    assert!(region.starts_with("region 1") && needed > available);
-                    refused += 1;
-                }
-                Err(e) => panic!("unexpected error {e}"),
+            if placed_or_refused(&bufs, Some("region 1")) {
+                fitted += 1;
+            } else {
+                refused += 1;
             }
         }
         assert!(
