@@ -44,6 +44,25 @@ pub enum CompileError {
     },
     /// The package could not be built or written.
     Package { message: String },
+    /// A compile that tried again after earlier attempts failed (a smaller
+    /// share of region 0 for an attention, segments of their own, the
+    /// fallbacks of region 1): the last attempt's error, and what each
+    /// earlier one hit and what the next changed, so that an error that
+    /// a retry's own limits caused names its first cause too.
+    Retried {
+        error: Box<CompileError>,
+        attempts: Vec<String>,
+    },
+}
+
+impl CompileError {
+    /// The error itself, behind the attempts of a [`CompileError::Retried`].
+    pub fn root(&self) -> &CompileError {
+        match self {
+            CompileError::Retried { error, .. } => error.root(),
+            e => e,
+        }
+    }
 }
 
 impl fmt::Display for CompileError {
@@ -98,8 +117,55 @@ impl fmt::Display for CompileError {
                 )
             }
             CompileError::Package { message } => write!(f, "package: {message}"),
+            CompileError::Retried { error, attempts } => {
+                write!(f, "{error}")?;
+                write!(
+                    f,
+                    "\n  after {} earlier attempt{}:",
+                    attempts.len(),
+                    if attempts.len() == 1 { "" } else { "s" }
+                )?;
+                for (i, a) in attempts.iter().enumerate() {
+                    write!(f, "\n  {}. {a}", i + 1)?;
+                }
+                Ok(())
+            }
         }
     }
 }
 
 impl std::error::Error for CompileError {}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A retried compile's error reads as the last attempt's, then the
+    /// earlier attempts numbered one a line; `root` finds the last
+    /// attempt's error through nested retries.
+    #[test]
+    fn retried_errors_name_their_attempts_and_their_root() {
+        let last = CompileError::NoFeasiblePlan {
+            value: "o".into(),
+            reason: "no query blocking fits".into(),
+        };
+        let e = CompileError::Retried {
+            error: Box::new(CompileError::Retried {
+                error: Box::new(last),
+                attempts: vec!["a".into()],
+            }),
+            attempts: vec![
+                "tile 0: region 0 (standard) needs 331136 bytes; then a smaller share".into(),
+            ],
+        };
+        assert!(matches!(e.root(), CompileError::NoFeasiblePlan { value, .. } if value == "o"));
+        let text = e.to_string();
+        assert!(
+            text.starts_with("value `o`: no plan fits the tiles: no query blocking fits")
+                && text.ends_with(
+                    "\n  after 1 earlier attempt:\n  1. tile 0: region 0 (standard) needs 331136 bytes; then a smaller share"
+                ),
+            "{text}"
+        );
+    }
+}

@@ -3080,7 +3080,44 @@ pub fn compile(options: &CompileOptions) -> Result<CompileOutput, CompileError> 
             }
         }
     }
-    compile_widening(options, false, &mut retries)
+    compile_widening(options, false, &mut retries).map_err(|error| {
+        if retries.is_empty() {
+            error
+        } else {
+            CompileError::Retried {
+                error: Box::new(error),
+                attempts: retries.iter().map(attempt_line).collect(),
+            }
+        }
+    })
+}
+
+/// One retry of [`compile`] in words: what the attempt hit, then what the
+/// next attempt changed.
+fn attempt_line(why: &serde_json::Value) -> String {
+    let hit = if let Some(e) = why["error"].as_str() {
+        match why["value"].as_str() {
+            Some(v) if !e.contains(&format!("`{v}`")) => format!("value `{v}`: {e}"),
+            _ => e.to_string(),
+        }
+    } else if let (Some(tile), Some(region), Some(needed)) = (
+        why["tile"].as_u64(),
+        why["region"].as_str(),
+        why["needed_bytes"].as_u64(),
+    ) {
+        format!("tile {tile}: {region} needs {needed} bytes")
+    } else if let Some(after) = why["no_plan_after"].as_str() {
+        format!(
+            "value `{}`: no plan once {after}",
+            why["value"].as_str().unwrap_or("?")
+        )
+    } else {
+        why.to_string()
+    };
+    match why["then"].as_str() {
+        Some(then) => format!("{hit}; then {then}"),
+        None => hit,
+    }
 }
 
 /// Kernels `tile` links, in request order; the supervisor runtime

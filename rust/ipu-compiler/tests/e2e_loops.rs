@@ -230,7 +230,17 @@ fn a_loop_fits_where_the_expansion_does_not() {
     let mut opts = options(&model, 8, cache.path());
     opts.repeat = RepeatLowering::Expand;
     match compile(&opts) {
-        Err(ipu_compiler::CompileError::OutOfMemory { .. }) => {}
+        // The error names the attempts before the last one, each with
+        // what it hit and what the next changed.
+        Err(e) if matches!(e.root(), ipu_compiler::CompileError::OutOfMemory { .. }) => {
+            let text = e.to_string();
+            assert!(
+                text.contains("earlier attempt")
+                    && text.contains("\n  1. ")
+                    && text.contains("; then "),
+                "{text}"
+            );
+        }
         Err(e) => panic!("expanded: {e}"),
         Ok(_) => panic!("the expanded sixteen layers fit eight tiles: pick a harder case"),
     }

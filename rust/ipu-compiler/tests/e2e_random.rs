@@ -529,10 +529,12 @@ fn check(case: &Case, dir: &std::path::Path) -> Outcome {
         Err(panic) => {
             return Outcome::Failed(format!("the compiler panicked: {}", message(&panic)))
         }
-        Ok(Err(e @ CompileError::Unsupported { .. })) => return Outcome::Limitation(e.to_string()),
+        Ok(Err(e)) if matches!(e.root(), CompileError::Unsupported { .. }) => {
+            return Outcome::Limitation(e.root().to_string())
+        }
         // A forced attention layout the model's attention cannot take.
-        Ok(Err(e @ CompileError::Options { .. })) if case.layout.is_some() => {
-            return Outcome::Limitation(e.to_string())
+        Ok(Err(e)) if matches!(e.root(), CompileError::Options { .. }) && case.layout.is_some() => {
+            return Outcome::Limitation(e.root().to_string())
         }
         // Attention has no plan for fewer tiles than heads, nor for a head
         // size the forced layout cannot take; the slices of a batched GEMM
@@ -541,19 +543,23 @@ fn check(case: &Case, dir: &std::path::Path) -> Outcome {
         // chain share region 1 by need, but each GEMM's C buffers take
         // elements of their own for the whole program, which a tiny chain
         // of three can exceed on one tile.
-        Ok(Err(e @ CompileError::NoFeasiblePlan { .. }))
-            if case.family.starts_with("attention")
-                || case.family == "block"
-                || case.family == "chain3"
-                || case.family == "batched"
-                || case.layout.is_some() =>
+        Ok(Err(e))
+            if matches!(e.root(), CompileError::NoFeasiblePlan { .. })
+                && (case.family.starts_with("attention")
+                    || case.family == "block"
+                    || case.family == "chain3"
+                    || case.family == "batched"
+                    || case.layout.is_some()) =>
         {
-            return Outcome::Limitation(e.to_string())
+            return Outcome::Limitation(e.root().to_string())
         }
-        Ok(Err(e @ (CompileError::NoFeasiblePlan { .. } | CompileError::OutOfMemory { .. })))
-            if !small_for_its_tiles(&graph, case.tiles) =>
+        Ok(Err(e))
+            if matches!(
+                e.root(),
+                CompileError::NoFeasiblePlan { .. } | CompileError::OutOfMemory { .. }
+            ) && !small_for_its_tiles(&graph, case.tiles) =>
         {
-            return Outcome::Limitation(e.to_string())
+            return Outcome::Limitation(e.root().to_string())
         }
         Ok(Err(e)) => return Outcome::Failed(format!("compile error: {e}")),
         Ok(Ok(out)) => out,
