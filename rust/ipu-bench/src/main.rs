@@ -529,7 +529,7 @@ struct AttentionShape {
 }
 
 /// Published model sizes besides SigLIP's (729 x 1152, 16 heads of 72).
-const ATTENTION_SHAPES: [AttentionShape; 12] = [
+const ATTENTION_SHAPES: [AttentionShape; 13] = [
     AttentionShape {
         title: "ViT-B/16",
         tokens: 197,
@@ -613,6 +613,15 @@ const ATTENTION_SHAPES: [AttentionShape; 12] = [
         width: 1024,
         heads: 16,
         causal: false,
+    },
+    // The projections in segments of their own, region 1 left room for
+    // region 0's overflow (docs/compiler.md, "Segments").
+    AttentionShape {
+        title: "Llama-2-7B at 1024",
+        tokens: 1024,
+        width: 4096,
+        heads: 32,
+        causal: true,
     },
 ];
 

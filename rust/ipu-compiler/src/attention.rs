@@ -782,12 +782,15 @@ fn key_blockings(
 /// blocks. `projection_cycles` (the projections' estimate, the same for
 /// every candidate: they run before, on the same tiles) completes each
 /// candidate's total.
+/// Every candidate holds at most `region1_cap` bytes of region 1 a tile
+/// (all of it unless a segment leaves room for what outlives it).
 pub fn plan(
     block: &AttentionBlock,
     tiles: u32,
     kernels: &mut AttentionKernels,
     projection_cycles: u64,
     distributed_combine: bool,
+    region1_cap: u64,
 ) -> Vec<AttentionPlan> {
     let mut out = Vec::new();
     let ncb = block.key_blocks();
@@ -896,8 +899,10 @@ pub fn plan(
             ck,
             projection_cycles,
             distributed_combine,
+            region1_cap,
         ));
     }
+    out.retain(|p| p.region1_bytes <= region1_cap);
     out.sort_by_key(|p| (p.total_cycles(), p.tiles, p.key_blocks.len()));
     out
 }

@@ -1041,6 +1041,7 @@ pub fn plan(
     ck: &mut ColumnKernels,
     projection_cycles: u64,
     distributed: bool,
+    region1_cap: u64,
 ) -> Vec<AttentionPlan> {
     if !applies(block) {
         return Vec::new();
@@ -1057,6 +1058,7 @@ pub fn plan(
             projection_cycles,
             distributed,
             (compact, rounds),
+            region1_cap,
         )
     };
     let plans = search(false, 1);
@@ -1099,6 +1101,7 @@ fn candidates(
     projection_cycles: u64,
     distributed: bool,
     (compact, rounds): (bool, u32),
+    region1_cap: u64,
 ) -> Vec<AttentionPlan> {
     let mut out = Vec::new();
     let ncb = block.key_blocks();
@@ -1128,7 +1131,7 @@ fn candidates(
             if compact && !s.ot_stays_in_c() {
                 continue;
             }
-            let Some(r1) = s.region1() else {
+            let Some(r1) = s.region1().filter(|&r1| r1 <= region1_cap) else {
                 continue;
             };
             // Every round's output rows stay for the host.
@@ -2710,7 +2713,15 @@ mod tests {
         let mut ck = kernels();
         let mut fill = FormulaCost::new("6 * (3 + 8 * N + COUNT)".into());
         for distributed in [false, true] {
-            let plans = plan(&b, 1472, &mut fill, &mut ck, 0, distributed);
+            let plans = plan(
+                &b,
+                1472,
+                &mut fill,
+                &mut ck,
+                0,
+                distributed,
+                (ipu_arch::REGION1_END - ipu_arch::REGION1_BASE) as u64,
+            );
             assert!(plans.iter().all(|p| p.layout == AttentionLayout::Columns
                 && p.tiles <= 1472
                 && p.distributed_combine == distributed));

@@ -1146,7 +1146,16 @@ fn plan_and_lower(
             // 11,100 of 465,281 cycles).
             let distributed_combine = tile_count_override.is_none()
                 || segment_attention_region0 >= plan::STANDARD_BUDGET / 2;
-            attention_candidates = attention::plan(b, options.tiles, k, proxy, distributed_combine);
+            // A segment leaves room in region 1 for region 0's overflow
+            // once `compile` has found that it needs some.
+            let region1_cap = (ipu_arch::REGION1_END - ipu_arch::REGION1_BASE) as u64
+                - if tile_count_override.is_some() {
+                    limits.region1_reserve
+                } else {
+                    0
+                };
+            attention_candidates =
+                attention::plan(b, options.tiles, k, proxy, distributed_combine, region1_cap);
             // A segment leaves region 0 to the joins' exchange tables too
             // (see `compile`, which cuts this budget when they overflow).
             if tile_count_override.is_some() {
@@ -1330,7 +1339,9 @@ fn plan_and_lower(
     // stays in region 1 across segments (see the constant); other
     // segments, and whole models, plan with all of it.
     let reserve = if tile_count_override.is_some() && disjoint_groups {
-        SEGMENT_ATTENTION_REGION1_RESERVE
+        SEGMENT_ATTENTION_REGION1_RESERVE.max(limits.region1_reserve)
+    } else if tile_count_override.is_some() {
+        limits.region1_reserve
     } else {
         0
     };
@@ -3306,6 +3317,7 @@ fn compile_with_fallbacks(
     let b_free = options.search.stream_b_resident.is_none();
     let mut limits = SegmentLimits {
         attention_region0: plan::STANDARD_BUDGET / 2,
+        region1_reserve: 0,
         streamed_producers: true,
         resident_b: true,
         weight_joins: true,
@@ -3345,8 +3357,64 @@ fn compile_with_fallbacks(
     .filter(|&(_, resident_b, _)| resident_b || b_free)
     .collect();
     let mut fallback = 0;
+    // The first region-0 overflow of a segment's attention (bytes), and
+    // how often region 1's reserve for it has grown.
+    let mut region0_overflow: Option<u64> = None;
+    let mut reserve_steps = 0;
+    let element = ipu_arch::INTERLEAVED_ELEMENT_BYTES as u64;
     loop {
         match compile_with(options, limits, retries) {
+            // Cutting the attention's region 0 left it no plan: region 0
+            // overflowed with buffers that outlive its segment (weight
+            // homes, the values segments pass on). Every segment then
+            // leaves the overflow free in region 1, in whole memory
+            // elements, where storage moves the anywhere buffers that
+            // region 0 cannot hold; the attention plans with its region 0
+            // as at first (more rounds of fewer heads where its buffers
+            // filled region 1).
+            Err(CompileError::NoFeasiblePlan { value, reason })
+                if limits.region1_reserve == 0
+                    && region0_overflow.is_some()
+                    && limits.attention_region0 < plan::STANDARD_BUDGET / 2 =>
+            {
+                let over = region0_overflow.expect("checked");
+                limits.attention_region0 = plan::STANDARD_BUDGET / 2;
+                limits.region1_reserve = over.div_ceil(element) * element;
+                reserve_steps = 1;
+                let why = json!({
+                    "value": value,
+                    "error": reason,
+                    "then": format!(
+                        "every segment leaves {} bytes of region 1 for region 0's overflow ({over} bytes), the attention its region 0 as at first",
+                        limits.region1_reserve
+                    ),
+                });
+                tracing::info!(%why, "compiling again");
+                retries.push(why);
+            }
+            // With a reserve, region 0 still overflowing grows it (twice
+            // at most) rather than cutting the attention's region 0.
+            Err(CompileError::OutOfMemory {
+                tile,
+                region,
+                needed,
+                available,
+                ..
+            }) if region.starts_with("region 0")
+                && limits.region1_reserve > 0
+                && reserve_steps < 3 =>
+            {
+                limits.region1_reserve += (needed - available).div_ceil(element) * element;
+                reserve_steps += 1;
+                let why = json!({
+                    "tile": tile,
+                    "region": region,
+                    "needed_bytes": needed,
+                    "then": format!("every segment leaves {} bytes of region 1 for region 0's overflow", limits.region1_reserve),
+                });
+                tracing::info!(%why, "compiling again");
+                retries.push(why);
+            }
             // GEMMs sharing one tile that find no plan or room there run
             // in segments of their own instead, the GEMMs of a chain too
             // (`segment::split` without `share_one_tile`).
@@ -3421,10 +3489,13 @@ fn compile_with_fallbacks(
                 tile,
                 region,
                 needed,
+                available,
                 ..
             }) if region.starts_with("region 0")
+                && limits.region1_reserve == 0
                 && limits.attention_region0 > plan::STANDARD_BUDGET / 16 =>
             {
+                region0_overflow.get_or_insert(needed - available);
                 limits.attention_region0 /= 4;
                 retries.push(json!({
                     "tile": tile,
@@ -3600,6 +3671,13 @@ struct SegmentContext<'a> {
 struct SegmentLimits {
     /// Region-0 bytes a segment's attention may plan with.
     attention_region0: u64,
+    /// Region-1 bytes every segment leaves free (in whole memory
+    /// elements): room for the region-0 buffers that storage moves there
+    /// when region 0 overflows, set by `compile` once cutting the
+    /// attention's region 0 leaves it no plan (Llama-2-7B's attention at
+    /// 1024 tokens: the projections' weight homes and the attention's Q
+    /// home beside attention buffers that filled region 1).
+    region1_reserve: u64,
     /// Whether a segment's chain may stream its producer.
     streamed_producers: bool,
     /// Whether a segment's streamed GEMMs may keep B resident (a buffer

@@ -1054,3 +1054,46 @@ fn long_sequences_take_heads_in_rounds_in_the_column_layout() {
         );
     }
 }
+
+/// Llama-2-7B's attention shape scaled to 92 tiles (512 causal tokens,
+/// 1024 wide, 8 heads of 128): the projections go to segments of their
+/// own, region 0 overflows beside the attention's buffers and a quarter
+/// of its share leaves the attention no plan; every segment then leaves
+/// region 1 room for region 0's overflow (grown twice here, to 96 KiB),
+/// the attention takes two rounds of heads within the rest, and the
+/// package verifies. Without the reserve the compile fails.
+#[test]
+fn region0_overflow_is_given_room_in_region1() {
+    let dir = tempfile::tempdir().unwrap();
+    let cache = tempfile::tempdir().unwrap();
+    let (n, d, h) = (512, 1024, 8);
+    let text = format!(
+        "model llama_scaled\ninput x: f16[{n}, {d}]\nparam wq: f16[{d}, {d}]\nparam wk: f16[{d}, {d}]\nparam wv: f16[{d}, {d}]\n\
+         q = gemm(x, wq)\nk = gemm(x, wk)\nv = gemm(x, wv)\n\
+         qh = split_heads(q, heads={h})\nkh = split_heads(k, heads={h})\nvh = split_heads(v, heads={h})\n\
+         o = attention(qh, kh, vh, causal=true)\ny = merge_heads(o)\noutput y\n"
+    );
+    let model = write_model(dir.path(), "llama_scaled", &text);
+    let opts = options(&model, 92, cache.path());
+    let (ran, _) = run_with(
+        &opts,
+        |g| ipu_reference::random::gaussian_feeds(g, 3),
+        false,
+    );
+    let report = &ran.compile.report;
+    let reserves: Vec<&str> = report["retries"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|r| r["then"].as_str())
+        .filter(|t| t.starts_with("every segment leaves"))
+        .collect();
+    assert!(!reserves.is_empty(), "{:#}", report["retries"]);
+    let chosen = &report["attention"]["chosen"];
+    let region1 = (ipu_arch::REGION1_END - ipu_arch::REGION1_BASE) as u64;
+    assert!(
+        chosen["region1_bytes"].as_u64().unwrap() + 32 * 1024 <= region1,
+        "{chosen:#}"
+    );
+    check_attention(&ran);
+}
