@@ -3084,8 +3084,7 @@ pub fn compile(options: &CompileOptions) -> Result<CompileOutput, CompileError> 
                     | CompileError::Verifier { phase: "loop", .. }),
                 ) => {
                     let why = json!({"error": e.to_string(), "then": then});
-                    tracing::info!(%why, "compiling again");
-                    retries.push(why);
+                    compiling_again(&mut retries, why);
                 }
                 r => return r,
             }
@@ -3101,6 +3100,13 @@ pub fn compile(options: &CompileOptions) -> Result<CompileOutput, CompileError> 
             }
         }
     })
+}
+
+/// Logs a retry of [`compile`] and records it for the report (and for
+/// the error, should every attempt fail).
+fn compiling_again(retries: &mut Vec<serde_json::Value>, why: serde_json::Value) {
+    tracing::info!(%why, "compiling again");
+    retries.push(why);
 }
 
 /// One retry of [`compile`] in words: what the attempt hit, then what the
@@ -3298,8 +3304,7 @@ fn compile_widening(
                 "error": e.to_string(),
                 "then": "fp8 GEMMs widened for precision stay on gemm_fp8",
             });
-            tracing::info!(%why, "compiling again");
-            retries.push(why);
+            compiling_again(retries, why);
             compile_with_fallbacks(options, false, device_loop, retries)
         }
         r => r,
@@ -3389,8 +3394,7 @@ fn compile_with_fallbacks(
                         limits.region1_reserve
                     ),
                 });
-                tracing::info!(%why, "compiling again");
-                retries.push(why);
+                compiling_again(retries, why);
             }
             // With a reserve, region 0 still overflowing grows it (twice
             // at most) rather than cutting the attention's region 0.
@@ -3412,8 +3416,7 @@ fn compile_with_fallbacks(
                     "needed_bytes": needed,
                     "then": format!("every segment leaves {} bytes of region 1 for region 0's overflow", limits.region1_reserve),
                 });
-                tracing::info!(%why, "compiling again");
-                retries.push(why);
+                compiling_again(retries, why);
             }
             // GEMMs sharing one tile that find no plan or room there run
             // in segments of their own instead, the GEMMs of a chain too
@@ -3426,8 +3429,7 @@ fn compile_with_fallbacks(
                     "error": e.to_string(),
                     "then": "the GEMMs run in segments of their own, not sharing the tile (a chain's GEMMs too)",
                 });
-                tracing::info!(%why, "compiling again");
-                retries.push(why);
+                compiling_again(retries, why);
             }
             // A loop's weight stacks hold every iteration's copy of the
             // buffers the host writes: when they do not fit beside
@@ -3450,8 +3452,7 @@ fn compile_with_fallbacks(
                         loops::LoopWeights::Streamed => "the loop's weights move from their homes, which the host writes",
                     },
                 });
-                tracing::info!(%why, "compiling again");
-                retries.push(why);
+                compiling_again(retries, why);
             }
             // No attention plan leaves the projections room: they go to a
             // segment of their own, and the attention reads q, k and v
@@ -3466,8 +3467,7 @@ fn compile_with_fallbacks(
                     "error": reason,
                     "then": "the attention and its projections plan as segments of their own",
                 });
-                tracing::info!(%why, "compiling again");
-                retries.push(why);
+                compiling_again(retries, why);
             }
             // Plans that weigh their joins' weight moves hold other buffers
             // than those that assume resident weights (the streamed
@@ -3482,8 +3482,7 @@ fn compile_with_fallbacks(
                     "error": e.to_string(),
                     "then": "the segments plan as if their weights stayed resident",
                 });
-                tracing::info!(%why, "compiling again");
-                retries.push(why);
+                compiling_again(retries, why);
             }
             Err(CompileError::OutOfMemory {
                 tile,
@@ -3551,8 +3550,7 @@ fn compile_with_fallbacks(
                                 "GEMMs sharing their tiles split region 1 less {} bytes",
                                 limits.shared_region1_cut
                             ));
-                            tracing::info!(%why, "compiling again");
-                            retries.push(why);
+                            compiling_again(retries, why);
                             continue;
                         }
                         e => return Err(e),
@@ -3561,8 +3559,7 @@ fn compile_with_fallbacks(
                 fallback += 1;
                 (limits.streamed_producers, limits.resident_b) = (streamed_producers, resident_b);
                 why["then"] = json!(then);
-                tracing::info!(%why, "compiling again");
-                retries.push(why);
+                compiling_again(retries, why);
             }
             ok => return ok,
         }
