@@ -200,11 +200,11 @@ fn table_bytes_of(slots: u32) -> u32 {
     (16 * slots).max(16)
 }
 
-/// A tile's table buffer for an exchange step, in standard memory.
 /// The memory category of exchange table buffers, whose contents the
 /// tile image holds.
 pub const TABLE_CATEGORY: &str = "exchange_tables";
 
+/// A tile's table buffer for an exchange step, in standard memory.
 fn table_buffer(name: &str, slots: u32) -> crate::lower::BufferSpec {
     crate::lower::BufferSpec {
         name: name.to_string(),

@@ -1194,20 +1194,15 @@ pub fn join(
     // Lifetimes: persistent buffers and those that must be zero at load
     // live for the whole program; every other buffer of a segment lives
     // only while it runs, so segments share memory, in region 0 as in
-    // region 1. Exchange tables are image contents: they stay.
-    let tables: BTreeSet<(u32, usize)> = init_steps
-        .iter()
-        .chain(&run_steps)
-        .filter_map(|s| s.exchange.as_ref())
-        .flat_map(|x| x.table_buffers.iter().map(|(&t, &b)| (t, b)))
-        .collect();
+    // region 1. Exchange tables are image contents: they stay
+    // (`link::tile_image` refuses contents for a buffer that does not).
     for (&tile, bufs) in buffers.iter_mut() {
         for (i, b) in bufs.iter_mut().enumerate() {
             let key = (tile, i);
             let Some(&si) = segment_of.get(&key) else {
                 continue;
             };
-            let shared = !tables.contains(&key) && b.category != exchange::TABLE_CATEGORY;
+            let shared = b.category != exchange::TABLE_CATEGORY;
             b.kernel_segment = Some(si);
             if persistent.contains(&key) || !b.zero.is_empty() || !shared {
                 b.scratch = None;

@@ -35,7 +35,7 @@ use crate::lower::{BufferSpec, RegionReq};
 use ipu_arch::{
     Region, INTERLEAVED_ELEMENT_BYTES, REGION0_BASE, REGION0_END, REGION1_BASE, REGION1_END,
 };
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 /// The host command word (docs/host-protocol.md).
 pub const COMMAND_ADDRESS: u32 = REGION0_END - 16;
@@ -279,8 +279,9 @@ fn place_region0_shared(
     // overflowed region 0 by 16,000 bytes with 80,912 free in region 1.)
     // Candidates are the buffers that may live with the one that ends
     // highest: moving another frees nothing there. A buffer moved to
-    // region 1 takes room of its own there, shared with no other. A tile
-    // that fits at the first pass is placed as before.
+    // region 1 goes above region 1's own buffers, sharing that room only
+    // with other segments' moved buffers. A tile that fits at the first
+    // pass is placed as before.
     // The whole program's buffers first, then each segment's, each in
     // buffer order.
     let mut region0_order: Vec<usize> = (0..buffers.len())
@@ -298,13 +299,12 @@ fn place_region0_shared(
         let mut r0 = Cursors::new(r0_start);
         let mut r1 = Cursors::new(r1_start);
         let mut highest: Option<usize> = None;
-        let (mut whole_full, mut segment_full) = (false, BTreeMap::<u32, bool>::new());
+        let (mut whole_full, mut segment_full) = (false, BTreeSet::<u32>::new());
         for &i in &region0_order {
             let b = &buffers[i];
             let any = b.region == RegionReq::Any;
             let start = align_up(r0.after(life(b)), b.align as u64);
-            let full = whole_full
-                || life(b).is_some_and(|s| segment_full.get(&s).copied().unwrap_or(false));
+            let full = whole_full || life(b).is_some_and(|s| segment_full.contains(&s));
             let spill =
                 any && (moved[i] || full || start + b.bytes as u64 + standard_after[i] > r0_limit);
             let r1_start = align_up(r1.after(life(b)), b.align as u64);
@@ -313,7 +313,7 @@ fn place_region0_shared(
                     match life(b) {
                         None => whole_full = true,
                         Some(s) => {
-                            segment_full.insert(s, true);
+                            segment_full.insert(s);
                         }
                     }
                 }
@@ -940,11 +940,7 @@ mod tests {
         assert_eq!(bufs[first].name, "m3.c");
         assert_eq!(s.addresses[first], REGION1_BASE + 170_496);
     }
-    /// Random tiles (seeded): every placement [`place`] returns passes the
-    /// independent [`validate`], the same buffers always get the same
-    /// addresses, and a refusal names region 1 with more bytes than it
-    /// has. Buffers of two segments, each with scratch phases, beside
-    /// persistent ones; a third of them element-exclusive.
+
     /// Places random `bufs` on tile 0: a placement must validate and
     /// repeat; a refusal must be an overflow (of a region whose name
     /// starts with `refused_in`, when given). Whether they fitted.
@@ -1064,6 +1060,11 @@ mod tests {
         );
     }
 
+    /// Random tiles (seeded): every placement [`place`] returns passes the
+    /// independent [`validate`], the same buffers always get the same
+    /// addresses, and a refusal names region 1 with more bytes than it
+    /// has. Buffers of two segments, each with scratch phases, beside
+    /// persistent ones; a third of them element-exclusive.
     #[test]
     fn random_placements_validate() {
         let mut rng = ipu_rng::Xoshiro256::seeded(14);
