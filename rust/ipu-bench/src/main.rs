@@ -529,7 +529,7 @@ struct AttentionShape {
 }
 
 /// Published model sizes besides SigLIP's (729 x 1152, 16 heads of 72).
-const ATTENTION_SHAPES: [AttentionShape; 13] = [
+const ATTENTION_SHAPES: [AttentionShape; 14] = [
     AttentionShape {
         title: "ViT-B/16",
         tokens: 197,
@@ -619,6 +619,16 @@ const ATTENTION_SHAPES: [AttentionShape; 13] = [
     AttentionShape {
         title: "Llama-2-7B at 1024",
         tokens: 1024,
+        width: 4096,
+        heads: 32,
+        causal: true,
+    },
+    // Also homes of q and v whose largest is smallest, and B homes cut
+    // into pieces (docs/compiler.md, "Attention over inputs" and
+    // "Streamed GEMMs").
+    AttentionShape {
+        title: "Llama-2-7B at 2048",
+        tokens: 2048,
         width: 4096,
         heads: 32,
         causal: true,

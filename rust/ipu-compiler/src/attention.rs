@@ -1166,17 +1166,10 @@ pub(crate) fn host_homes(
         } else {
             third
         };
-        let per_home = round_up(rows.div_ceil(pieces_max).max(HOST_HOME_ROWS).min(rows), 2);
-        let row_pieces = rows.div_ceil(per_home);
-        // Otherwise the fewest heads per home whose homes fit a third of
-        // the tiles (all heads do: row_pieces <= third), so that with three
-        // tiles or more the operands' homes sit on disjoint tiles.
-        let heads_per_home = if home_per_head {
-            1
+        let (per_home, heads_per_home) = if home_per_head {
+            (home_rows(rows, pieces_max), 1)
         } else {
-            (1..=block.heads)
-                .find(|&hp| block.heads.div_ceil(hp) * row_pieces <= third)
-                .unwrap_or(block.heads)
+            home_shape(rows, block.heads, third)
         };
         let v = graph.value(value);
         let tensor = HostTensor {
@@ -1286,6 +1279,39 @@ pub(crate) fn host_homes(
         }
     }
     Ok((results, transposed_tensors))
+}
+
+/// The fewest rows of a home (even, at least [`HOST_HOME_ROWS`] unless the
+/// operand has fewer) with which `rows` rows fit `pieces` homes.
+fn home_rows(rows: u32, pieces: u32) -> u32 {
+    round_up(rows.div_ceil(pieces).max(HOST_HOME_ROWS).min(rows), 2)
+}
+
+/// The (rows, heads) of one home when an operand of `rows` rows and
+/// `heads` heads is cut into at most `pieces` homes: the shape that makes
+/// the largest home smallest, and of those the tallest (fewer transfers).
+/// The home and its transposed copy both stay on the home's tile, so its
+/// size is what the tile pays: Llama-2-7B's q (2048 rows, 32 heads) on 490
+/// tiles took homes of 16 rows of 11 heads (45,056 bytes) on 384 of them
+/// with the fewest rows first, and takes 34 rows of 4 heads (34,816 bytes)
+/// on 488 this way.
+fn home_shape(rows: u32, heads: u32, pieces: u32) -> (u32, u32) {
+    let lowest = home_rows(rows, pieces);
+    let mut best: Option<(u64, u32, u32)> = None;
+    for p in (lowest..=rows.max(lowest)).step_by(2) {
+        let groups = (pieces / rows.div_ceil(p)).min(heads);
+        if groups == 0 {
+            continue;
+        }
+        let hp = heads.div_ceil(groups);
+        let size = p.min(rows) as u64 * hp as u64;
+        // Taller homes come later, so a tie goes to them.
+        if best.is_none_or(|(s, _, _)| size <= s) {
+            best = Some((size, p, hp));
+        }
+    }
+    let (_, p, hp) = best.expect("the lowest rows fit the pieces");
+    (p, hp)
 }
 
 /// What [`host_homes`] places: the homes by (pseudo-group, tile), and the
@@ -2450,4 +2476,44 @@ fn lower_rows(
         .1
         .sort_by_key(|t| graph.lookup(&t.name).map(|id| id.0));
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn home_shape_makes_the_largest_home_smallest() {
+        // Llama-2-7B's q on a third of 1472 tiles: 34 rows of 4 heads on
+        // 61 x 8 = 488 tiles, where the fewest rows took 16 rows of 11
+        // heads.
+        assert_eq!(home_shape(2048, 32, 490), (34, 4));
+        // Few rows: one piece of every row, a head each.
+        assert_eq!(home_shape(17, 4, 21), (16, 1));
+        // Against every shape: the pieces fit and none is smaller.
+        for (rows, heads, pieces) in [
+            (729, 16, 490),
+            (2048, 16, 490),
+            (200, 3, 1),
+            (4096, 16, 490),
+        ] {
+            let (p, hp) = home_shape(rows, heads, pieces);
+            assert!(p % 2 == 0 && p >= HOST_HOME_ROWS.min(rows));
+            assert!(
+                rows.div_ceil(p) * heads.div_ceil(hp) <= pieces,
+                "{rows} {heads} {pieces}"
+            );
+            let size = p.min(rows) * hp;
+            for q in (HOST_HOME_ROWS.min(rows)..=rows).step_by(2) {
+                for hq in 1..=heads {
+                    if rows.div_ceil(q) * heads.div_ceil(hq) <= pieces {
+                        assert!(
+                            q.min(rows) * hq >= size,
+                            "{rows} {heads} {pieces}: {q} x {hq} < {p} x {hp}"
+                        );
+                    }
+                }
+            }
+        }
+    }
 }

@@ -111,6 +111,38 @@ fn chunk_geometry(g: &GemmGeometry, ch: u32) -> GemmGeometry {
     }
 }
 
+/// How many row parts share the home of one B chunk, each holding a piece
+/// of its K rows: with fewer chunks than row parts, chunk `s` lives on row
+/// parts `s * share ..` of its column; otherwise every row part `i` holds
+/// whole chunks `s = i (mod row parts)` (share 1). Whole chunks on the
+/// first row parts put every projection's weights on the same few tiles:
+/// SAM ViT-H's three 1280-wide projections held 61,440 bytes of B each on
+/// tile 0 and none on most tiles.
+fn b_home_share(part_steps: u32, row_parts: u32) -> u32 {
+    (row_parts / part_steps.max(1)).max(1)
+}
+
+/// The K rows `[lo, hi)` of piece `p` of `share` of a chunk of `rows` rows.
+fn b_piece(rows: u32, share: u32, p: u32) -> (u32, u32) {
+    (rows * p / share, rows * (p + 1) / share)
+}
+
+/// The piece of a B chunk that row part `i` is home to when chunks are cut
+/// into pieces (`b_home_share` above 1): (chunk, first K row, end K row)
+/// within the chunk; `None` when row parts hold whole chunks, or for a row
+/// part that holds no piece.
+fn b_home_piece(part: (u32, u32), ch: u32, kb: u32, rp: u32, i: u32) -> Option<(u32, u32, u32)> {
+    let part_steps = (part.1 - part.0).div_ceil(ch);
+    let share = b_home_share(part_steps, rp);
+    let s = i / share;
+    if share == 1 || s >= part_steps {
+        return None;
+    }
+    let (b0, b1) = chunk(part, ch, s);
+    let (lo, hi) = b_piece((b1 - b0) * kb, share, i % share);
+    Some((s, lo, hi))
+}
+
 /// Whether A's homes are spread: in a segment, whose join writes A into
 /// its homes by exchange, every column tile of a row part holds a share of
 /// every chunk's rows (its row piece, [`pieces`] with no alignment: empty
@@ -412,9 +444,11 @@ struct ShardCost {
     /// Region-0 bytes besides the homes, region-1 bytes of the buffers.
     fixed_r0: u64,
     r1: u64,
-    /// Bytes of one A chunk row block and one B chunk (home sizes).
+    /// Bytes of one A chunk row block and one B chunk (home sizes), and
+    /// the K rows of a B chunk.
     a_chunk: u64,
     b_chunk: u64,
+    b_rows: u64,
     /// Bytes a tile receives per chunk step, and in the reduce-scatter.
     exchange: u64,
     gather: u64,
@@ -587,6 +621,7 @@ fn shard_cost(
         r1,
         a_chunk: (mt * layout.rs_a) as u64,
         b_chunk: layout.b_bytes() as u64,
+        b_rows: layout.kp as u64,
         exchange: (mt * layout.rs_a + if b_resident { 0 } else { layout.b_bytes() }) as u64,
         gather,
         joint,
@@ -652,6 +687,7 @@ pub fn evaluate(
     } else {
         steps.div_ceil(row_parts) as u64
     };
+    let b_share = b_home_share(steps, row_parts) as u64;
     for (mt, nct) in sizes {
         let key = (mt, nct, ch, kp, b_resident);
         let c = match memo.shards.get(&key) {
@@ -691,7 +727,13 @@ pub fn evaluate(
         let standard = STANDARD_BUDGET.saturating_sub(beside.map_or(0, |b| b.standard));
         let (mut r0, mut r1_end) = (0u64, c.r1);
         let mut spilled = 0;
-        for home in [a_home, b_chunks * c.b_chunk] {
+        // A B home: whole chunks, or the largest piece of one.
+        let b_home = if b_share > 1 {
+            c.b_rows.div_ceil(b_share) * (c.b_chunk / c.b_rows.max(1))
+        } else {
+            b_chunks * c.b_chunk
+        };
+        for home in [a_home, b_home] {
             if r0 + home + c.fixed_r0 <= standard {
                 r0 += home;
             } else {
@@ -1363,8 +1405,11 @@ pub fn lower(
             let a_count = (j..part_steps).step_by(cp as usize).count() as u32;
             (a_count * mt * layout.rs_a).max(16)
         };
-        let b_count = (i..part_steps).step_by(rp as usize).count() as u32;
-        let b_home_bytes = (b_count * layout.b_bytes()).max(16);
+        let b_home_bytes = match b_home_piece(part, ch, kb, rp, i) {
+            Some((_, lo, hi)) => (hi - lo) * layout.rs_b,
+            None => (i..part_steps).step_by(rp as usize).count() as u32 * layout.b_bytes(),
+        }
+        .max(16);
         let shared = shared_homes
             .as_ref()
             .and_then(|m| m.get(&(i, j, l)))
@@ -1541,26 +1586,46 @@ pub fn lower(
                     });
                 }
             }
+            // B: the chunk from its home, or each piece from its own
+            // (`b_home_share`), to every row part of the column.
+            let share = b_home_share((parts[l as usize].1 - parts[l as usize].0).div_ceil(ch), rp);
             for j in (0..cp).filter(|_| !shape.b_resident) {
-                let home = &work[&(s % rp, j, l)];
-                transfers.push(BufferTransfer {
-                    source: BufferRef {
-                        tile: home.tile,
-                        buffer: home.b_home.expect("B chunks move from their homes"),
-                        offset: (s / rp) * home.layout.b_bytes(),
-                    },
-                    destinations: (0..rp)
-                        .map(|i| {
-                            let t = &work[&(i, j, l)];
-                            BufferRef {
-                                tile: t.tile,
-                                buffer: t.b,
-                                offset: 0,
-                            }
+                let chunk_rows = (b1 - b0) * g.k_block();
+                let homes: Vec<(u32, u32, u32, u32)> = if share > 1 {
+                    (0..share)
+                        .map(|p| {
+                            let (lo, hi) = b_piece(chunk_rows, share, p);
+                            (s * share + p, 0, lo, hi)
                         })
-                        .collect(),
-                    bytes: (b1 - b0) * g.k_block() * home.layout.rs_b,
-                });
+                        .filter(|h| h.3 > h.2)
+                        .collect()
+                } else {
+                    let rs_b = work[&(s % rp, j, l)].layout.rs_b;
+                    let offset = (s / rp) * work[&(s % rp, j, l)].layout.b_bytes();
+                    vec![(s % rp, offset / rs_b, 0, chunk_rows)]
+                };
+                for (hi_part, home_row, lo, hi) in homes {
+                    let home = &work[&(hi_part, j, l)];
+                    let rs_b = home.layout.rs_b;
+                    transfers.push(BufferTransfer {
+                        source: BufferRef {
+                            tile: home.tile,
+                            buffer: home.b_home.expect("B chunks move from their homes"),
+                            offset: home_row * rs_b,
+                        },
+                        destinations: (0..rp)
+                            .map(|i| {
+                                let t = &work[&(i, j, l)];
+                                BufferRef {
+                                    tile: t.tile,
+                                    buffer: t.b,
+                                    offset: lo * rs_b,
+                                }
+                            })
+                            .collect(),
+                        bytes: (hi - lo) * rs_b,
+                    });
+                }
             }
         }
         if !(join0 && s == 0) {
@@ -1987,20 +2052,30 @@ pub fn lower(
         .entry(graph.value(b_id).name.clone())
         .or_insert_with(|| host_tensor(b_id));
         // Resident B: every chunk of the part, at its index; else the
-        // chunks this tile is home to.
-        let (b_buffer, b_chunks): (usize, Vec<u32>) = match t.b_home {
-            Some(home) => (home, (i..part_steps).step_by(rp as usize).collect()),
-            None => (t.b, (0..part_steps).collect()),
+        // chunks this tile is home to, or its piece of one (K rows
+        // `lo..hi` of the chunk).
+        let piece = t.b_home.and_then(|_| b_home_piece(t.part, ch, kb, rp, i));
+        let (b_buffer, b_chunks): (usize, Vec<(u32, u32, u32)>) = match (t.b_home, piece) {
+            (Some(home), Some(piece)) => (home, vec![piece]),
+            (Some(home), None) => (
+                home,
+                (i..part_steps)
+                    .step_by(rp as usize)
+                    .map(|s| (s, 0, u32::MAX))
+                    .collect(),
+            ),
+            (None, _) => (t.b, (0..part_steps).map(|s| (s, 0, u32::MAX)).collect()),
         };
-        for (idx, s) in b_chunks.into_iter().enumerate() {
+        for (idx, (s, lo, hi)) in b_chunks.into_iter().enumerate() {
             let (b0, b1) = chunk(t.part, ch, s);
-            for kk in b0 * kb..(b1 * kb).min(k) {
+            let first = b0 * kb + lo;
+            for kk in first..(b1 * kb).min(k).min((b0 * kb).saturating_add(hi)) {
                 push_coalesced(
                     &mut b_t.placements,
                     HostPlacement {
                         tile: t.tile,
                         buffer: b_buffer,
-                        buffer_offset: idx as u32 * lay.b_bytes() + (kk - b0 * kb) * lay.rs_b,
+                        buffer_offset: idx as u32 * lay.b_bytes() + (kk - first) * lay.rs_b,
                         host_offset: (kk as u64 * n as u64 + c0 as u64 * 16) * eb as u64,
                         bytes: width * eb,
                     },
@@ -2314,6 +2389,54 @@ mod tests {
                 for (a, b) in &shares {
                     assert!(b - a <= mt.div_ceil(cp), "{mt} rows over {cp}: {a}..{b}");
                 }
+            }
+        }
+    }
+
+    /// B homes: every K row of every chunk of a part has exactly one home
+    /// row part, pieces when chunks are fewer than row parts (none longer
+    /// than the planner's bound, `b_rows.div_ceil(share)`), whole chunks
+    /// `s = i (mod rp)` otherwise.
+    #[test]
+    fn b_homes_hold_each_k_row_once() {
+        let kb = 16;
+        for (part, ch) in [
+            ((0u32, 4u32), 1u32),
+            ((0, 80), 16),
+            ((3, 80), 16),
+            ((0, 72), 3),
+            ((0, 256), 8),
+            ((0, 5), 4),
+        ] {
+            let part_steps = (part.1 - part.0).div_ceil(ch);
+            for rp in [1, 2, 3, 7, 23, 49, 92] {
+                let share = b_home_share(part_steps, rp);
+                let mut held = vec![0u32; ((part.1 - part.0) * kb) as usize];
+                for i in 0..rp {
+                    let chunks: Vec<(u32, u32, u32)> = match b_home_piece(part, ch, kb, rp, i) {
+                        Some(piece) => vec![piece],
+                        None if share > 1 => vec![],
+                        None => (i..part_steps)
+                            .step_by(rp as usize)
+                            .map(|s| (s, 0, u32::MAX))
+                            .collect(),
+                    };
+                    for (s, lo, hi) in chunks {
+                        let (b0, b1) = chunk(part, ch, s);
+                        let rows = (b1 - b0) * kb;
+                        assert!(
+                            hi.min(rows) - lo <= (ch * kb).div_ceil(share),
+                            "{part:?} {ch} {rp}"
+                        );
+                        for r in lo..hi.min(rows) {
+                            held[((b0 - part.0) * kb + r) as usize] += 1;
+                        }
+                    }
+                }
+                assert!(
+                    held.iter().all(|&n| n == 1),
+                    "{part:?} chunks of {ch} on {rp} row parts: {held:?}"
+                );
             }
         }
     }
