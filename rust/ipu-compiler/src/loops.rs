@@ -1396,10 +1396,8 @@ fn place_stacks(
     // step instead of 24,238, and the step ran 58,486 cycles, not 40,476.)
     let per_slot = count + 1;
     let total: u64 = left.iter().map(|&(_, at, e)| (e - at) as u64).sum();
-    let caps: Vec<u64> = room
-        .values()
-        .map(|r| words(r[0], per_slot) + words(r[1], per_slot))
-        .collect();
+    let cap = |r: &[u64; 2]| words(r[0], per_slot) + words(r[1], per_slot);
+    let caps: Vec<u64> = room.values().map(cap).collect();
     let share = even_share(&caps, total)?;
     // A second pass over the tiles takes what the shares missed: items
     // that end inside a word leave a tile less room than its cap counted.
@@ -1411,24 +1409,21 @@ fn place_stacks(
     let mut current: Option<(u32, u64)> = None;
     for (home, mut at, e) in left {
         while at < e {
-            let (tile, quota) = match current {
-                Some(c) if c.1 > 0 => c,
-                _ => {
-                    let (tile, share) = tiles.next()?;
-                    let cap = words(room[&tile][0], per_slot) + words(room[&tile][1], per_slot);
-                    current = Some((tile, cap.min(share)));
-                    continue;
-                }
-            };
-            let own = room.get_mut(&tile).expect("a tile with room");
-            let bin = if own[0] >= own[1] { 0 } else { 1 };
-            let len = (e - at) as u64;
-            let len = len.min(quota).min(words(own[bin], per_slot)) as u32;
-            if len == 0 {
-                current = Some((tile, 0));
+            // What the current tile takes of the range, in its bin with
+            // more room; none (its share spent, or its room) moves on to
+            // the next tile.
+            let taken = current.map(|(tile, quota)| {
+                let r = room[&tile];
+                let bin = usize::from(r[0] < r[1]);
+                let len = ((e - at) as u64).min(quota).min(words(r[bin], per_slot));
+                (tile, quota, bin, len as u32)
+            });
+            let Some((tile, quota, bin, len)) = taken.filter(|t| t.3 > 0) else {
+                let (tile, share) = tiles.next()?;
+                current = Some((tile, cap(&room[&tile]).min(share)));
                 continue;
-            }
-            own[bin] -= len as u64 * per_slot;
+            };
+            room.get_mut(&tile).expect("a tile with room")[bin] -= len as u64 * per_slot;
             current = Some((tile, quota - len as u64));
             items.push(StackItem {
                 home,

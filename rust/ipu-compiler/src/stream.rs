@@ -1589,8 +1589,9 @@ pub fn lower(
             // B: the chunk from its home, or each piece from its own
             // (`b_home_share`), to every row part of the column.
             let share = b_home_share((parts[l as usize].1 - parts[l as usize].0).div_ceil(ch), rp);
+            let chunk_rows = (b1 - b0) * g.k_block();
             for j in (0..cp).filter(|_| !shape.b_resident) {
-                let chunk_rows = (b1 - b0) * g.k_block();
+                // (home row part, first row in its home, chunk rows lo..hi)
                 let homes: Vec<(u32, u32, u32, u32)> = if share > 1 {
                     (0..share)
                         .map(|p| {
@@ -1600,9 +1601,8 @@ pub fn lower(
                         .filter(|h| h.3 > h.2)
                         .collect()
                 } else {
-                    let rs_b = work[&(s % rp, j, l)].layout.rs_b;
-                    let offset = (s / rp) * work[&(s % rp, j, l)].layout.b_bytes();
-                    vec![(s % rp, offset / rs_b, 0, chunk_rows)]
+                    let kp_rows = work[&(s % rp, j, l)].layout.kp;
+                    vec![(s % rp, (s / rp) * kp_rows, 0, chunk_rows)]
                 };
                 for (hi_part, home_row, lo, hi) in homes {
                     let home = &work[&(hi_part, j, l)];
@@ -2055,21 +2055,22 @@ pub fn lower(
         // chunks this tile is home to, or its piece of one (K rows
         // `lo..hi` of the chunk).
         let piece = t.b_home.and_then(|_| b_home_piece(t.part, ch, kb, rp, i));
+        let whole = |s: u32| {
+            let (b0, b1) = chunk(t.part, ch, s);
+            (s, 0, (b1 - b0) * kb)
+        };
         let (b_buffer, b_chunks): (usize, Vec<(u32, u32, u32)>) = match (t.b_home, piece) {
             (Some(home), Some(piece)) => (home, vec![piece]),
             (Some(home), None) => (
                 home,
-                (i..part_steps)
-                    .step_by(rp as usize)
-                    .map(|s| (s, 0, u32::MAX))
-                    .collect(),
+                (i..part_steps).step_by(rp as usize).map(whole).collect(),
             ),
-            (None, _) => (t.b, (0..part_steps).map(|s| (s, 0, u32::MAX)).collect()),
+            (None, _) => (t.b, (0..part_steps).map(whole).collect()),
         };
         for (idx, (s, lo, hi)) in b_chunks.into_iter().enumerate() {
-            let (b0, b1) = chunk(t.part, ch, s);
+            let b0 = chunk(t.part, ch, s).0;
             let first = b0 * kb + lo;
-            for kk in first..(b1 * kb).min(k).min((b0 * kb).saturating_add(hi)) {
+            for kk in first..(b0 * kb + hi).min(k) {
                 push_coalesced(
                     &mut b_t.placements,
                     HostPlacement {
