@@ -529,7 +529,7 @@ struct AttentionShape {
 }
 
 /// Published model sizes besides SigLIP's (729 x 1152, 16 heads of 72).
-const ATTENTION_SHAPES: [AttentionShape; 14] = [
+const ATTENTION_SHAPES: [AttentionShape; 15] = [
     AttentionShape {
         title: "ViT-B/16",
         tokens: 197,
@@ -632,6 +632,17 @@ const ATTENTION_SHAPES: [AttentionShape; 14] = [
         width: 4096,
         heads: 32,
         causal: true,
+    },
+    // SAM ViT-H's image encoder attends over 64 x 64 patches: a head a
+    // round with compact buffers, O^T's C buffers at the first element
+    // boundary of an element-aligned S^T result buffer (docs/compiler.md,
+    // "Attention over inputs").
+    AttentionShape {
+        title: "SAM ViT-H at 1024 px",
+        tokens: 4096,
+        width: 1280,
+        heads: 16,
+        causal: false,
     },
 ];
 

@@ -540,13 +540,18 @@ impl Shapes {
         crate::storage::region1_footprint(&self.region1_buffers())
     }
     /// Compact buffers: where O^T's second C buffer starts in the S^T
-    /// result buffer (`c1`), far enough past the first (at offset 0) that
-    /// the two share no 32 KiB element wherever `c1` lands, as the
-    /// kernel's `ld2x64st64` needs; `None` when `c1` is too small.
+    /// result buffer (`c1`), at the first element boundary past the first
+    /// (at offset 0), so that the two share no 32 KiB element, as the
+    /// kernel's `ld2x64st64` needs; `None` when `c1` is too small. With
+    /// compact buffers `c1` starts on an element boundary (the lowering
+    /// aligns it so, which costs no element: an element-exclusive buffer
+    /// takes its elements whole); before, the offset left a spare element
+    /// for any start, and SAM ViT-H's tiles of 20 queries and 586 keys
+    /// missed it by 896 bytes.
     fn ot_partials_offset(&self) -> Option<u32> {
         let e = ipu_arch::INTERLEAVED_ELEMENT_BYTES;
         let ot = self.pv.2.c_bytes();
-        let off = (ot.div_ceil(e) + 1) * e;
+        let off = ot.div_ceil(e) * e;
         (off + ot <= self.c_bytes()).then_some(off)
     }
     fn region0(&self, rows: u32, splits: u32, distributed: bool) -> u64 {
@@ -1358,13 +1363,20 @@ pub fn lower(
                         true,
                         "attention_operand",
                     ))),
-                    c1: push(scratch(spec(
-                        "c",
-                        s.c_bytes(),
-                        RegionReq::Interleaved,
-                        true,
-                        "attention_scores",
-                    ))),
+                    c1: push(scratch(BufferSpec {
+                        align: if plan.compact {
+                            ipu_arch::INTERLEAVED_ELEMENT_BYTES
+                        } else {
+                            16
+                        },
+                        ..spec(
+                            "c",
+                            s.c_bytes(),
+                            RegionReq::Interleaved,
+                            true,
+                            "attention_scores",
+                        )
+                    })),
                     c2: push(scratch(spec(
                         "c_partial",
                         s.c_bytes(),
@@ -2555,6 +2567,39 @@ mod tests {
                 }
             }
             assert!(seen.iter().all(|&c| c == 1), "{rows} {n}: {jobs:?}");
+        }
+    }
+
+    /// With compact buffers O^T's two C buffers live in the S^T result
+    /// buffer `c1`, which the lowering starts on an element boundary: the
+    /// partials start on the first boundary past the result, so the two
+    /// share no 32 KiB element, and both end inside `c1`. SAM ViT-H's
+    /// tiles (80-wide heads, 20 to 32 queries, 586 keys) fit only so: one
+    /// element more, which any start of `c1` would need, passes its end.
+    #[test]
+    fn compact_ot_buffers_share_no_element_inside_an_aligned_c1() {
+        let ck = kernels();
+        let e = ipu_arch::INTERLEAVED_ELEMENT_BYTES;
+        let mut sam = siglip();
+        (sam.d, sam.dv, sam.sq, sam.sk) = (80, 80, 4096, 4096);
+        for (b, rows, n) in [(&sam, 20u32, 586u32), (&sam, 32, 512), (&siglip(), 96, 192)] {
+            let s = Shapes::new(b, &ck, (rows, n, n.div_ceil(16) * 16), true).unwrap();
+            let ot = s.pv.2.c_bytes();
+            let off = s
+                .ot_partials_offset()
+                .unwrap_or_else(|| panic!("{rows} {n}"));
+            assert_eq!(off % e, 0);
+            assert!(
+                ot <= off && off + ot <= s.c_bytes(),
+                "{rows} {n}: {off} {ot}"
+            );
+            // From an element-aligned c1, the result's last element comes
+            // before the partials' first.
+            assert!((ot - 1) / e < off / e);
+            if b.d == 80 && rows == 20 {
+                assert!(off + e + ot > s.c_bytes());
+            }
+            assert!(s.region1().is_some(), "{rows} {n}");
         }
     }
 
