@@ -1195,6 +1195,7 @@ fn candidates(
                 distributed_combine: distributed,
                 rounds,
                 compact,
+                projections_planned_over: None,
             });
         }
     }
@@ -2405,6 +2406,7 @@ mod tests {
                 distributed_combine: true,
                 rounds: 1,
                 compact: false,
+                projections_planned_over: None,
             };
             let mut seen_tiles = BTreeSet::new();
             for h in 0..b.heads {

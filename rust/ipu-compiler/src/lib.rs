@@ -2161,6 +2161,7 @@ fn plan_and_lower(
                         };
                         let mut shares = shares;
                         let mut fit = whole_k_fits;
+                        let mut projection_estimate = whole_k;
                         if let Some((streamed_fronts, cycles, streamed_shares)) = streamed {
                             tracing::info!(
                                 whole_k_estimated_cycles = whole_k,
@@ -2172,10 +2173,33 @@ fn plan_and_lower(
                                 fronts = streamed_fronts;
                                 shares = streamed_shares;
                                 fit = true;
+                                projection_estimate = cycles;
                             }
                         }
                         if fit {
-                            chosen = Some((c.clone(), fronts, shares));
+                            // The candidates weigh the projections as if
+                            // they had their tiles' memory to themselves;
+                            // beside a plan that fills region 1 they may
+                            // take far longer (the Whisper large encoder's
+                            // attention with compact buffers: 254,016
+                            // cycles where 108,696 were assumed, 564,818 in
+                            // all against 494,663 with the projections in
+                            // segments of their own). Such a plan is
+                            // marked, and `compile_with_fallbacks` compiles
+                            // the segmented model too. Not for a few
+                            // thousand cycles: segments add a join and
+                            // steps of their own (models/attention_small on
+                            // 64 tiles: 2,274 cycles of projections where 90
+                            // were assumed, 8,693 in all, segmented 13,556).
+                            let mut c = c.clone();
+                            if tile_count_override.is_none()
+                                && projection_estimate > 2 * c.projection_cycles
+                                && projection_estimate - c.projection_cycles
+                                    > PROJECTIONS_OVER_ASSUMPTION_MIN
+                            {
+                                c.projections_planned_over = Some(projection_estimate);
+                            }
+                            chosen = Some((c, fronts, shares));
                             break;
                         }
                     }
@@ -3340,6 +3364,22 @@ fn compile_with_fallbacks(
     if streamed && b_free {
         limits.resident_b = false;
     }
+    compile_from(options, limits, retries)
+}
+
+/// The fewest cycles by which an attention's projections, planned on the
+/// tiles its plan leaves, must exceed its candidates' assumption before
+/// the model with the projections in segments of their own is compiled
+/// too (`AttentionPlan::projections_planned_over`).
+const PROJECTIONS_OVER_ASSUMPTION_MIN: u64 = 10_000;
+
+/// [`compile_with_fallbacks`]'s attempts from `limits` on.
+fn compile_from(
+    options: &CompileOptions,
+    mut limits: SegmentLimits,
+    retries: &mut Vec<serde_json::Value>,
+) -> Result<CompileOutput, CompileError> {
+    let b_free = options.search.stream_b_resident.is_none();
     // Region 1's fallbacks, in order: whole-K chain producers in segments
     // (what the ViT block on 1400 tiles needs), then streamed producers
     // again but B from its homes (1100 and 1200 tiles, where whole-K
@@ -3369,6 +3409,58 @@ fn compile_with_fallbacks(
     let element = ipu_arch::INTERLEAVED_ELEMENT_BYTES as u64;
     loop {
         match compile_with(options, limits, retries) {
+            // The attention's projections, planned on the tiles its plan
+            // leaves, took more than twice the cycles its candidates
+            // assumed: the model with the projections in segments of their
+            // own may run faster. Both compile and the faster estimate
+            // wins; the segmented compile's report names this retry.
+            Ok(out)
+                if !limits.split_attention_projections
+                    && out.report["attention"]["chosen"]
+                        .get("projections_planned_over")
+                        .is_some() =>
+            {
+                let chosen = &out.report["attention"]["chosen"];
+                let why = json!({
+                    "value": out.report["attention"]["value"],
+                    "error": format!(
+                        "the projections beside the attention's plan take an estimated {} cycles, where its candidates assumed {}",
+                        chosen["projections_planned_over"], chosen["projection_cycles"]
+                    ),
+                    "then": format!(
+                        "the attention and its projections also plan as segments of their own, and the faster estimate is kept (this plan's run: {} cycles)",
+                        out.estimated_run_cycles
+                    ),
+                });
+                let mut segmented_retries = retries.clone();
+                compiling_again(&mut segmented_retries, why);
+                let mut segmented = limits;
+                segmented.split_attention_projections = true;
+                return Ok(
+                    match compile_from(options, segmented, &mut segmented_retries) {
+                        Ok(seg) if seg.estimated_run_cycles < out.estimated_run_cycles => {
+                            tracing::info!(
+                                segmented_run_cycles = seg.estimated_run_cycles,
+                                shared_run_cycles = out.estimated_run_cycles,
+                                "kept the attention and its projections in segments of their own"
+                            );
+                            *retries = segmented_retries;
+                            seg
+                        }
+                        other => {
+                            tracing::info!(
+                                segmented = %match &other {
+                                    Ok(seg) => format!("{} run cycles", seg.estimated_run_cycles),
+                                    Err(e) => e.to_string(),
+                                },
+                                shared_run_cycles = out.estimated_run_cycles,
+                                "kept the projections beside the attention"
+                            );
+                            out
+                        }
+                    },
+                );
+            }
             // Cutting the attention's region 0 left it no plan: region 0
             // overflowed with buffers that outlive its segment (weight
             // homes, the values segments pass on). Every segment then

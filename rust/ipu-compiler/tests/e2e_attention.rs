@@ -948,6 +948,17 @@ fn fewer_tiles_than_heads_run_in_rounds() {
     }
 }
 
+/// The seed's model at other sizes: `x` of `n` tokens, `d` wide, Q/K/V
+/// projections without biases, `h` heads, attention, merged heads.
+fn projected_attention(name: &str, (n, d, h): (u32, u32, u32), causal: bool) -> String {
+    format!(
+        "model {name}\ninput x: f16[{n}, {d}]\nparam wq: f16[{d}, {d}]\nparam wk: f16[{d}, {d}]\nparam wv: f16[{d}, {d}]\n\
+         q = gemm(x, wq)\nk = gemm(x, wk)\nv = gemm(x, wv)\n\
+         qh = split_heads(q, heads={h})\nkh = split_heads(k, heads={h})\nvh = split_heads(v, heads={h})\n\
+         o = attention(qh, kh, vh, causal={causal})\ny = merge_heads(o)\noutput y\n"
+    )
+}
+
 /// Attention straight over inputs q, k and v of `tokens` rows, split into
 /// `heads` heads of 64 and merged.
 fn heads_of_64(tokens: u32, heads: u32, causal: bool) -> String {
@@ -1066,13 +1077,7 @@ fn long_sequences_take_heads_in_rounds_in_the_column_layout() {
 fn region0_overflow_is_given_room_in_region1() {
     let dir = tempfile::tempdir().unwrap();
     let cache = tempfile::tempdir().unwrap();
-    let (n, d, h) = (512, 1024, 8);
-    let text = format!(
-        "model llama_scaled\ninput x: f16[{n}, {d}]\nparam wq: f16[{d}, {d}]\nparam wk: f16[{d}, {d}]\nparam wv: f16[{d}, {d}]\n\
-         q = gemm(x, wq)\nk = gemm(x, wk)\nv = gemm(x, wv)\n\
-         qh = split_heads(q, heads={h})\nkh = split_heads(k, heads={h})\nvh = split_heads(v, heads={h})\n\
-         o = attention(qh, kh, vh, causal=true)\ny = merge_heads(o)\noutput y\n"
-    );
+    let text = projected_attention("llama_scaled", (512, 1024, 8), true);
     let model = write_model(dir.path(), "llama_scaled", &text);
     let opts = options(&model, 92, cache.path());
     let (ran, _) = run_with(
@@ -1093,6 +1098,56 @@ fn region0_overflow_is_given_room_in_region1() {
     let region1 = (ipu_arch::REGION1_END - ipu_arch::REGION1_BASE) as u64;
     assert!(
         chosen["region1_bytes"].as_u64().unwrap() + 32 * 1024 <= region1,
+        "{chosen:#}"
+    );
+    check_attention(&ran);
+}
+
+/// The attention's candidates weigh its projections as if they had their
+/// tiles' memory to themselves. 512 tokens, 640 wide, 10 heads of 64 on
+/// 92 tiles: the first plan leaves the projections so little of region 1
+/// that they take 338,488 cycles where 148,406 were assumed. The compiler
+/// then also compiles the projections in segments of their own and keeps
+/// that model, whose estimate is lower (594,275 run cycles against
+/// 681,160); the report names the retry, and the kept package verifies.
+#[test]
+fn projections_far_above_their_assumption_also_plan_in_segments() {
+    let dir = tempfile::tempdir().unwrap();
+    let cache = tempfile::tempdir().unwrap();
+    let text = projected_attention("projections_squeezed", (512, 640, 10), false);
+    let model = write_model(dir.path(), "projections_squeezed", &text);
+    let opts = options(&model, 92, cache.path());
+    let (ran, _) = run_with(
+        &opts,
+        |g| ipu_reference::random::gaussian_feeds(g, 11),
+        false,
+    );
+    let report = &ran.compile.report;
+    let retry = report["retries"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|r| {
+            r["then"]
+                .as_str()
+                .is_some_and(|t| t.starts_with("the attention and its projections also plan"))
+        })
+        .unwrap_or_else(|| panic!("{:#}", report["retries"]));
+    // The first plan's estimated run, from the retry's words, is above the
+    // kept one's.
+    let then = retry["then"].as_str().unwrap();
+    let first: u64 = then
+        .rsplit("this plan's run: ")
+        .next()
+        .and_then(|t| t.split(' ').next())
+        .and_then(|t| t.parse().ok())
+        .unwrap_or_else(|| panic!("{then}"));
+    assert!(ran.compile.estimated_run_cycles < first, "{then}");
+    // The kept model plans the attention alone: no projection share.
+    let chosen = &report["attention"]["chosen"];
+    assert_eq!(chosen["projection_cycles"], 0, "{chosen:#}");
+    assert!(
+        chosen.get("projections_planned_over").is_none(),
         "{chosen:#}"
     );
     check_attention(&ran);
