@@ -539,11 +539,10 @@ pub struct AttentionPlan {
     pub compact: bool,
     /// Set by the compile that plans the projections on the tiles this
     /// plan leaves, when their plans' estimate came out above twice
-    /// `projection_cycles` and more than
-    /// `PROJECTIONS_OVER_ASSUMPTION_MIN` above it: those cycles. The compiler then also compiles
-    /// the model with the projections in segments of their own and keeps
-    /// the faster estimate (`compile_with_fallbacks`). Reported only when
-    /// set.
+    /// `projection_cycles` and more than `PROJECTIONS_OVER_ASSUMPTION_MIN`
+    /// above it: those cycles. The compiler then also compiles the model
+    /// with the projections in segments of their own and keeps the faster
+    /// estimate (`compile_from`). Reported only when set.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub projections_planned_over: Option<u64>,
 }

@@ -2183,10 +2183,10 @@ fn plan_and_lower(
                             // take far longer (the Whisper large encoder's
                             // attention with compact buffers: 254,016
                             // cycles where 108,696 were assumed, 564,818 in
-                            // all against 494,663 with the projections in
+                            // all against 464,547 with the projections in
                             // segments of their own). Such a plan is
-                            // marked, and `compile_with_fallbacks` compiles
-                            // the segmented model too. Not for a few
+                            // marked, and `compile_from` compiles the
+                            // segmented model too. Not for a few
                             // thousand cycles: segments add a join and
                             // steps of their own (models/attention_small on
                             // 64 tiles: 2,274 cycles of projections where 90
