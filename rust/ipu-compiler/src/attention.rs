@@ -545,6 +545,20 @@ pub struct AttentionPlan {
     /// estimate (`compile_from`). Reported only when set.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub projections_planned_over: Option<u64>,
+    /// Row layout: the key blocks of every split move in this many chunks
+    /// of consecutive blocks, each by an exchange step of its own right
+    /// before its blocks' compute steps, so that a tile holds one chunk's
+    /// K^T and V at a time ([`AttentionPlan::chunk_ranges`]); the online
+    /// softmax carries (O, (m, l)) from chunk to chunk as from block to
+    /// block. A long sequence on few tiles has no other plan: its split's
+    /// keys would not fit a tile. 1 otherwise (not reported).
+    #[serde(skip_serializing_if = "is_one")]
+    pub key_chunks: u32,
+    /// Row layout: the rounds run query blocks of a head on the same
+    /// tiles, `tiles / splits` (head, query block) units a round (else
+    /// rounds are of whole heads). Reported only when set.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub query_rounds: bool,
 }
 
 fn is_one(n: &u32) -> bool {
@@ -595,6 +609,29 @@ impl AttentionPlan {
             .into_iter()
             .map(|(a, z)| (c0 + a, c0 + z))
             .collect()
+    }
+    /// The key chunks' ranges of key block indices (into
+    /// [`AttentionPlan::blocks_of`], the same for every split).
+    pub fn chunk_ranges(&self) -> Vec<(u32, u32)> {
+        ranges(self.key_blocks.len() as u32, self.key_chunks.max(1))
+    }
+    /// The column blocks of split `split`'s chunk `chunk`.
+    pub fn chunk_columns(&self, split: usize, chunk: usize) -> (u32, u32) {
+        let blocks = self.blocks_of(split);
+        let (b0, b1) = self.chunk_ranges()[chunk];
+        (blocks[b0 as usize].0, blocks[b1 as usize - 1].1)
+    }
+    /// The column blocks of the widest chunk of any split: what a tile's
+    /// K^T and V hold at once (the widest split with one chunk).
+    pub fn chunk_cb(&self) -> u32 {
+        (0..self.key_splits.len())
+            .flat_map(|k| (0..self.chunk_ranges().len()).map(move |c| (k, c)))
+            .map(|(k, c)| {
+                let (c0, c1) = self.chunk_columns(k, c);
+                c1 - c0
+            })
+            .max()
+            .unwrap_or(1)
     }
     /// Heads per round (all of them in one round).
     pub fn round_heads(&self, block: &AttentionBlock) -> u32 {
@@ -748,15 +785,24 @@ fn compute_cycles(
     (steps.iter().sum(), steps)
 }
 
-/// A key blocking: the blocks of the first split, the tile layout and its
-/// region-1 bytes.
-type Blocking = (Vec<(u32, u32)>, TileLayout, u64);
+/// Most rounds of query blocks a row plan takes: each round repeats every
+/// step, so more would only grow the program for small query blocks.
+pub const MAX_QUERY_ROUNDS: u32 = 16;
+
+/// Region-0 bytes of one compute step of the row layout on a tile, its
+/// supervisor code and its vertices' states, as measured: a 4096-token
+/// attention in 8 key chunks of 4 blocks on 256 tiles holds 43,168 bytes
+/// of code and states for its 130 compute steps and its projections.
+const STEP_CODE_BYTES: u64 = 320;
+
+/// A key blocking: the blocks of the first split, the chunks they move in
+/// ([`AttentionPlan::key_chunks`]), the tile layout and its region-1 bytes.
+type Blocking = (Vec<(u32, u32)>, u32, TileLayout, u64);
 
 /// Key blockings of splits at most `split_cb` column blocks wide whose
 /// buffers fit region 1 with `rows` query rows: the fewest blocks and up to
 /// two more (smaller score buffers leave more memory to the projections'
-/// weights, at the price of more launches). Each is (blocks of `first`,
-/// layout, region-1 bytes).
+/// weights, at the price of more launches), each moving in one chunk.
 fn key_blockings(
     b: &AttentionBlock,
     rows: u32,
@@ -775,11 +821,76 @@ fn key_blockings(
                     .into_iter()
                     .map(|(a, z)| (first.0 + a, first.0 + z))
                     .collect();
-                out.push((blocks, layout, r1));
+                out.push((blocks, 1, layout, r1));
                 if out.len() == 3 {
                     break;
                 }
             }
+        }
+    }
+    out
+}
+
+/// Key blocks of 1, 2, 4 or 8 column blocks moving in two or more chunks
+/// of 32, 16, 8, 4, 2 or 1 blocks, each whose buffers fit with `rows`
+/// query rows. They hold one chunk's K^T and V at a time, so they fit
+/// where [`key_blockings`] finds nothing (a long sequence on few tiles),
+/// and smaller chunks leave more room to the projections, for a sync and
+/// an exchange step per chunk. Staged odd heads take none:
+/// their V^T is transposed into V once, after the one exchange.
+fn chunked_blockings(
+    b: &AttentionBlock,
+    rows: u32,
+    key_splits: &[(u32, u32)],
+    first: (u32, u32),
+    splits: u32,
+) -> Vec<Blocking> {
+    let mut out = Vec::new();
+    if b.staged() {
+        return out;
+    }
+    let widths = key_splits.iter().map(|c| c.1 - c.0);
+    let (split_cb, min_split_cb) = (widths.clone().max().unwrap_or(1), widths.min().unwrap_or(1));
+    for width in [1u32, 2, 4, 8] {
+        let nblocks = split_cb.div_ceil(width);
+        // Every split takes `nblocks` nonempty blocks; a wider block than
+        // the split is the one-chunk case.
+        if nblocks < 2 || nblocks > min_split_cb {
+            continue;
+        }
+        for per_chunk in [32u32, 16, 8, 4, 2, 1] {
+            let chunks = nblocks.div_ceil(per_chunk);
+            if chunks < 2 {
+                continue;
+            }
+            let (mut block_cb, mut chunk_cb) = (0, 0);
+            for &(c0, c1) in key_splits {
+                let blocks = ranges(c1 - c0, nblocks);
+                block_cb = blocks.iter().map(|r| r.1 - r.0).fold(block_cb, u32::max);
+                for (b0, b1) in ranges(nblocks, chunks) {
+                    chunk_cb = chunk_cb.max(blocks[b1 as usize - 1].1 - blocks[b0 as usize].0);
+                }
+            }
+            let layout = TileLayout::new(b, rows, block_cb, chunk_cb);
+            let Some(r1) = layout.region1(b) else {
+                continue;
+            };
+            if layout.region0(splits) > STANDARD_BUDGET * 7 / 8 {
+                // The state does not depend on the chunks.
+                break;
+            }
+            // Few blocks give several chunk sizes the same chunks.
+            if out
+                .last()
+                .is_some_and(|o: &Blocking| o.0.len() as u32 == nblocks && o.1 == chunks)
+            {
+                continue;
+            }
+            let blocks = ranges(first.1 - first.0, nblocks)
+                .into_iter()
+                .map(|(a, z)| (first.0 + a, first.0 + z))
+                .collect();
+            out.push((blocks, chunks, layout, r1));
         }
     }
     out
@@ -791,127 +902,206 @@ fn key_blockings(
 /// every candidate: they run before, on the same tiles) completes each
 /// candidate's total.
 /// Every candidate holds at most `region1_cap` bytes of region 1 a tile
-/// (all of it unless a segment leaves room for what outlives it).
+/// (all of it unless a segment leaves room for what outlives it) and
+/// `region0_cap` of region 0 (a segment leaves room for its joins).
 pub fn plan(
     block: &AttentionBlock,
     tiles: u32,
     kernels: &mut AttentionKernels,
     projection_cycles: u64,
     distributed_combine: bool,
-    region1_cap: u64,
+    (region1_cap, region0_cap): (u64, u64),
 ) -> Vec<AttentionPlan> {
+    // Plans that repeat their steps (key chunks, query rounds) count their
+    // code in region 0 and may take seven eighths of it unless `compile`
+    // has cut the attention's share.
+    let repeats_cap = if region0_cap >= STANDARD_BUDGET / 2 {
+        region0_cap.max(STANDARD_BUDGET * 7 / 8)
+    } else {
+        region0_cap
+    };
+    let fits = |p: &AttentionPlan| {
+        let cap = if p.key_chunks > 1 || p.query_rounds {
+            repeats_cap
+        } else {
+            region0_cap
+        };
+        p.region1_bytes <= region1_cap && p.region0_bytes <= cap
+    };
     let mut out = Vec::new();
     let ncb = block.key_blocks();
     let dq = block.dqv() as i64;
-    for splits in [1u32, 2, 4, 8].into_iter().filter(|&s| s <= ncb) {
-        let key_splits = ranges(ncb, splits);
-        let split_cb = key_splits.iter().map(|c| c.1 - c.0).max().unwrap_or(1);
-        let min_split_cb = key_splits.iter().map(|c| c.1 - c.0).min().unwrap_or(1);
-        let widest_split = *key_splits
-            .iter()
-            .max_by_key(|c| (c.1 - c.0, u32::MAX - c.0))
-            .expect("splits");
-        let mut seen = std::collections::BTreeSet::new();
-        for qb in 1..=block.sq {
-            // Staged odd heads take query blocks on even queries
-            // (`even_ranges`), at least two queries each so that every
-            // block is nonempty.
-            if block.staged() && qb > (block.sq / 2).max(1) {
+    // The second, "stretched" pass runs only when no row or column plan of
+    // the first fits (a long sequence on few tiles): its row plans move
+    // their keys in chunks, and with one key split may also run the query
+    // blocks of a head in rounds. (As competitors of the first pass's
+    // plans they lose where it matters: BERT-large at 2048 tokens took a
+    // chunked plan beside its projections, 1,129,672 estimated cycles,
+    // where its projections in segments of their own give 963,453.)
+    for stretched in [false, true] {
+        if stretched {
+            let AttentionKernels { fill, columns, .. } = &mut *kernels;
+            if let Some(ck) = columns.as_mut() {
+                out.extend(crate::attention_cols::plan(
+                    block,
+                    tiles,
+                    &mut fill.1,
+                    ck,
+                    projection_cycles,
+                    distributed_combine,
+                    region1_cap,
+                ));
+            }
+            if out.iter().any(fits) {
                 break;
             }
-            let rows = if block.staged() {
-                even_ranges(block.sq, qb)
-                    .iter()
-                    .map(|r| r.1 - r.0)
-                    .max()
-                    .unwrap_or(1)
-            } else {
-                block.sq.div_ceil(qb)
-            };
-            // With fewer tiles than heads the heads run in rounds on the
-            // same tiles (and only then: with a tile per head one round
-            // is what the plans compare).
-            let per_unit = qb * splits;
-            let rounds = if block.heads > tiles && per_unit <= tiles {
-                block.heads.div_ceil(tiles / per_unit)
-            } else {
-                1
-            };
-            let attention_tiles = block.heads.div_ceil(rounds) * per_unit;
-            // Rounds keep each (head, query block) on one tile: splitting
-            // its keys over tiles would only add rounds (and a combine).
-            if attention_tiles > tiles || (rounds > 1 && splits > 1) || !seen.insert(rows) {
-                continue;
-            }
-            for (key_blocks, layout, r1) in
-                key_blockings(block, rows, widest_split, split_cb, min_split_cb, splits)
-            {
-                let (mut compute, per_step) = compute_cycles(block, kernels, rows, &key_blocks);
-                // Every attention tile receives its split's K^T and V and
-                // its Q rows; with splits, a combine exchange and steps.
-                let keys = (split_cb * 16).min(block.sk) as u64;
-                let eb = block.eb() as u64;
-                let received =
-                    keys * (block.d + block.dv) as u64 * eb + rows as u64 * block.d as u64 * eb;
-                let mut exchange = ipu_arch::SYNC_CYCLES
-                    + received.div_ceil(ipu_arch::EXCHANGE_RECV_BYTES_PER_CYCLE as u64);
-                if splits > 1 {
-                    let state = (splits as u64 - 1) * rows as u64 * (layout.rs_o as u64 + 8);
-                    exchange += ipu_arch::SYNC_CYCLES
-                        + state.div_ceil(ipu_arch::EXCHANGE_RECV_BYTES_PER_CYCLE as u64);
-                    let per_vertex = rows.div_ceil(6) as i64;
-                    compute += (splits as u64 - 1)
-                        * (kernels.combine.1.eval(&[("ROWS", per_vertex), ("DQ", dq)])
-                            + launch_cycles(rows.min(6) as u64));
+        }
+        for splits in [1u32, 2, 4, 8].into_iter().filter(|&s| s <= ncb) {
+            // Staged odd heads' Q^T rows have a stride by the block's
+            // queries, which query rounds would change from round to round.
+            for query_rounds in [false, true] {
+                if query_rounds && (!stretched || splits > 1 || block.staged()) {
+                    continue;
                 }
-                // Each round exchanges and computes again; the tiles'
-                // region-0 state serves every round, and each round adds
-                // its result rows.
-                let (compute, exchange) = (compute * rounds as u64, exchange * rounds as u64);
-                let region0 = layout.region0(splits)
-                    + (rounds as u64 - 1) * rows as u64 * layout.rs_out as u64;
-                out.push(AttentionPlan {
-                    layout: AttentionLayout::Rows,
-                    query_blocks: qb,
-                    rows,
-                    key_splits: key_splits.clone(),
-                    block_splits: Vec::new(),
-                    key_blocks: {
-                        // The blocks of split 0 (the cost used the widest split).
-                        let (c0, c1) = key_splits[0];
-                        ranges(c1 - c0, key_blocks.len() as u32)
-                            .into_iter()
-                            .map(|(a, z)| (c0 + a, c0 + z))
-                            .collect()
-                    },
-                    tiles: attention_tiles,
-                    compute_cycles: compute,
-                    exchange_bound_cycles: exchange,
-                    projection_cycles,
-                    prefix_cycles: per_step[0],
-                    region1_bytes: r1,
-                    region0_bytes: region0,
-                    distributed_combine: false,
-                    rounds,
-                    compact: false,
-                    projections_planned_over: None,
-                });
+                let key_splits = ranges(ncb, splits);
+                let split_cb = key_splits.iter().map(|c| c.1 - c.0).max().unwrap_or(1);
+                let min_split_cb = key_splits.iter().map(|c| c.1 - c.0).min().unwrap_or(1);
+                let widest_split = *key_splits
+                    .iter()
+                    .max_by_key(|c| (c.1 - c.0, u32::MAX - c.0))
+                    .expect("splits");
+                let mut seen = std::collections::BTreeSet::new();
+                for qb in 1..=block.sq {
+                    // Staged odd heads take query blocks on even queries
+                    // (`even_ranges`), at least two queries each so that every
+                    // block is nonempty.
+                    if block.staged() && qb > (block.sq / 2).max(1) {
+                        break;
+                    }
+                    let rows = if block.staged() {
+                        even_ranges(block.sq, qb)
+                            .iter()
+                            .map(|r| r.1 - r.0)
+                            .max()
+                            .unwrap_or(1)
+                    } else {
+                        block.sq.div_ceil(qb)
+                    };
+                    // With fewer tiles than heads the heads run in rounds on the
+                    // same tiles (and only then: with a tile per head one round
+                    // is what the plans compare).
+                    let per_unit = qb * splits;
+                    let (rounds, attention_tiles) = if query_rounds {
+                        // Rounds of `attention_tiles` units (head, query block),
+                        // one tile each ([`AttentionPlan::rounds`]).
+                        let units = block.heads * qb;
+                        let rounds = units.div_ceil(tiles);
+                        if !(2..=MAX_QUERY_ROUNDS).contains(&rounds) {
+                            continue;
+                        }
+                        (rounds, units.div_ceil(rounds))
+                    } else {
+                        let rounds = if block.heads > tiles && per_unit <= tiles {
+                            block.heads.div_ceil(tiles / per_unit)
+                        } else {
+                            1
+                        };
+                        (rounds, block.heads.div_ceil(rounds) * per_unit)
+                    };
+                    // Rounds keep each (head, query block) on one tile: splitting
+                    // its keys over tiles would only add rounds (and a combine).
+                    if attention_tiles > tiles || (rounds > 1 && splits > 1) || !seen.insert(rows) {
+                        continue;
+                    }
+                    // The first pass takes the keys in one chunk; the second in
+                    // chunks, and with query rounds in either.
+                    let whole = if !stretched || query_rounds {
+                        key_blockings(block, rows, widest_split, split_cb, min_split_cb, splits)
+                    } else {
+                        Vec::new()
+                    };
+                    let chunked = if stretched {
+                        chunked_blockings(block, rows, &key_splits, widest_split, splits)
+                    } else {
+                        Vec::new()
+                    };
+                    let blockings = whole.into_iter().chain(chunked);
+                    for (key_blocks, chunks, layout, r1) in blockings {
+                        let (mut compute, per_step) =
+                            compute_cycles(block, kernels, rows, &key_blocks);
+                        // Every attention tile receives its split's K^T and V and
+                        // its Q rows; with splits, a combine exchange and steps.
+                        let keys = (split_cb * 16).min(block.sk) as u64;
+                        let eb = block.eb() as u64;
+                        let received = keys * (block.d + block.dv) as u64 * eb
+                            + rows as u64 * block.d as u64 * eb;
+                        // Each chunk is an exchange step of its own (the chunks'
+                        // receives sum to the split's keys).
+                        let mut exchange = chunks as u64 * ipu_arch::SYNC_CYCLES
+                            + received.div_ceil(ipu_arch::EXCHANGE_RECV_BYTES_PER_CYCLE as u64);
+                        if splits > 1 {
+                            let state =
+                                (splits as u64 - 1) * rows as u64 * (layout.rs_o as u64 + 8);
+                            exchange += ipu_arch::SYNC_CYCLES
+                                + state.div_ceil(ipu_arch::EXCHANGE_RECV_BYTES_PER_CYCLE as u64);
+                            let per_vertex = rows.div_ceil(6) as i64;
+                            compute += (splits as u64 - 1)
+                                * (kernels.combine.1.eval(&[("ROWS", per_vertex), ("DQ", dq)])
+                                    + launch_cycles(rows.min(6) as u64));
+                        }
+                        // Each round exchanges and computes again; the tiles'
+                        // region-0 state serves every round, and each round adds
+                        // its result rows.
+                        let (compute, exchange) =
+                            (compute * rounds as u64, exchange * rounds as u64);
+                        let mut region0 = layout.region0(splits)
+                            + (rounds as u64 - 1) * rows as u64 * layout.rs_out as u64;
+                        // Key chunks and query rounds repeat the steps of a key
+                        // block many times, and every step's code and vertex
+                        // states stay in region 0: those plans count them, in
+                        // seven eighths of region 0 (the others' few steps
+                        // fit in the half of region 0 their state leaves).
+                        if chunks > 1 || query_rounds {
+                            let steps = rounds as u64 * (4 * key_blocks.len() as u64 + 2);
+                            region0 += steps * STEP_CODE_BYTES;
+                            if region0 > STANDARD_BUDGET * 7 / 8 {
+                                continue;
+                            }
+                        }
+                        out.push(AttentionPlan {
+                            layout: AttentionLayout::Rows,
+                            query_blocks: qb,
+                            rows,
+                            key_splits: key_splits.clone(),
+                            block_splits: Vec::new(),
+                            key_blocks: {
+                                // The blocks of split 0 (the cost used the widest split).
+                                let (c0, c1) = key_splits[0];
+                                ranges(c1 - c0, key_blocks.len() as u32)
+                                    .into_iter()
+                                    .map(|(a, z)| (c0 + a, c0 + z))
+                                    .collect()
+                            },
+                            tiles: attention_tiles,
+                            compute_cycles: compute,
+                            exchange_bound_cycles: exchange,
+                            projection_cycles,
+                            prefix_cycles: per_step[0],
+                            region1_bytes: r1,
+                            region0_bytes: region0,
+                            distributed_combine: false,
+                            rounds,
+                            compact: false,
+                            projections_planned_over: None,
+                            key_chunks: chunks,
+                            query_rounds,
+                        });
+                    }
+                }
             }
         }
     }
-    let AttentionKernels { fill, columns, .. } = kernels;
-    if let Some(ck) = columns.as_mut() {
-        out.extend(crate::attention_cols::plan(
-            block,
-            tiles,
-            &mut fill.1,
-            ck,
-            projection_cycles,
-            distributed_combine,
-            region1_cap,
-        ));
-    }
-    out.retain(|p| p.region1_bytes <= region1_cap);
+    out.retain(fits);
     out.sort_by_key(|p| (p.total_cycles(), p.tiles, p.key_blocks.len()));
     out
 }
@@ -1178,7 +1368,16 @@ pub(crate) fn host_homes(
         let (per_home, heads_per_home) = if home_per_head {
             (home_rows(rows, pieces_max), 1)
         } else {
-            home_shape(rows, block.heads, third)
+            let shape = home_shape(rows, block.heads, third);
+            // On few tiles a third of them cannot hold an operand in
+            // homes of region 0's size: its homes then take every tile
+            // (from the operand's first, wrapping around), beside the
+            // other operands' homes.
+            if shape.0 * shape.1 * d * eb > SPREAD_HOMES_ABOVE_BYTES && tile_count > third {
+                home_shape(rows, block.heads, tile_count)
+            } else {
+                shape
+            }
         };
         let v = graph.value(value);
         let tensor = HostTensor {
@@ -1289,6 +1488,12 @@ pub(crate) fn host_homes(
     }
     Ok((results, transposed_tensors))
 }
+
+/// Bytes of one home above which an operand's homes spread over every
+/// tile instead of a third of them ([`host_homes`]): a quarter of region
+/// 0's budget, so that the three operands' homes and the attention's state
+/// fit beside each other.
+const SPREAD_HOMES_ABOVE_BYTES: u32 = (STANDARD_BUDGET / 4) as u32;
 
 /// The fewest rows of a home (even, at least [`HOST_HOME_ROWS`] unless the
 /// operand has fewer) with which `rows` rows fit `pieces` homes.
@@ -1486,22 +1691,29 @@ fn lower_rows(
     round: u32,
 ) -> Result<(), CompileError> {
     let b = block;
-    let round_heads = plan.round_heads(b);
-    let (h_lo, h_hi) = (
-        round * round_heads,
-        ((round + 1) * round_heads).min(b.heads),
-    );
-    // The tile of (global head h, query block, split) in this round.
-    let unit_tile = |h: u32, qi: u32, ks: u32| plan.tile(h - h_lo, qi, ks);
-    let in_round = |h: u32| (h_lo..h_hi).contains(&h);
+    // A round runs `plan.tiles / splits` units (head, query block), unit
+    // `h * query_blocks + b`, in order: whole heads when the heads are
+    // more than the tiles, query blocks of a head otherwise
+    // ([`AttentionPlan::rounds`]).
+    let splits = plan.key_splits.len() as u32;
+    let per_round = plan.tiles / splits;
+    let units = (round * per_round)..((round + 1) * per_round).min(b.heads * plan.query_blocks);
+    // The tile of (global head h, query block, split) in this round, if
+    // the round runs that unit.
+    let unit_tile = |h: u32, qi: u32, ks: u32| -> Option<u32> {
+        let u = h * plan.query_blocks + qi;
+        units.contains(&u).then(|| (u - units.start) * splits + ks)
+    };
     let name = graph.value(b.attention).name.clone();
     let y_name = graph.value(b.result).name.clone();
     let compute_step = |phase: String| Step::empty(name.clone(), phase);
     // q and k's head size (the scores' K) and v's (O's columns).
     let (d, dp, dv, dq) = (b.d, b.dp(), b.dv, b.dqv());
     let qranges = plan.query_ranges(b);
-    let splits = plan.key_splits.len() as u32;
-    let split_cb = plan.key_splits.iter().map(|c| c.1 - c.0).max().unwrap_or(1);
+    // The column blocks of keys a tile's K^T and V hold at once: its
+    // widest chunk (its split with one chunk).
+    let hold_cb = plan.chunk_cb();
+    let chunks = plan.chunk_ranges();
     let widest = (0..plan.key_splits.len())
         .flat_map(|k| plan.blocks_of(k))
         .map(|c| c.1 - c.0)
@@ -1534,12 +1746,23 @@ fn lower_rows(
         lifetime: None,
         kernel_segment: None,
     };
-    for h in h_lo..h_hi {
-        for (qi, &(q0, q1)) in qranges.iter().enumerate() {
+    for u in units.clone() {
+        let (h, qi) = (u / plan.query_blocks, u % plan.query_blocks);
+        let (q0, q1) = qranges[qi as usize];
+        {
             for ks in 0..splits {
-                let tile = unit_tile(h, qi as u32, ks);
+                let tile = unit_tile(h, qi, ks).expect("a unit of the round");
                 let rows = q1 - q0;
-                let lay = TileLayout::new(b, rows, widest, split_cb);
+                let lay = TileLayout::new(b, rows, widest, hold_cb);
+                // Query rounds give a tile query blocks of different sizes
+                // from round to round, in the buffers of the first: they
+                // hold the most rows of any block (the strides do not
+                // depend on the rows).
+                let alloc = if plan.query_rounds {
+                    TileLayout::new(b, plan.rows, widest, hold_cb)
+                } else {
+                    lay
+                };
                 let bufs = l
                     .buffers
                     .get_mut(&tile)
@@ -1570,7 +1793,7 @@ fn lower_rows(
                 };
                 let q = push(scratch(spec(
                     "q",
-                    lay.q_bytes(),
+                    alloc.q_bytes(),
                     RegionReq::Interleaved,
                     true,
                     vec![],
@@ -1610,7 +1833,7 @@ fn lower_rows(
                 let vt = staged("vt", lay.vt_bytes()).map(&mut push);
                 let s = push(scratch(spec(
                     "s",
-                    lay.c_bytes(),
+                    alloc.c_bytes(),
                     RegionReq::Interleaved,
                     true,
                     vec![],
@@ -1618,7 +1841,7 @@ fn lower_rows(
                 )));
                 let s2 = push(scratch(spec(
                     "s_partial",
-                    lay.c_bytes(),
+                    alloc.c_bytes(),
                     RegionReq::Interleaved,
                     true,
                     vec![],
@@ -1626,7 +1849,7 @@ fn lower_rows(
                 )));
                 let p = push(scratch(spec(
                     "p",
-                    lay.p_bytes(),
+                    alloc.p_bytes(),
                     RegionReq::Interleaved,
                     true,
                     vec![],
@@ -1634,7 +1857,7 @@ fn lower_rows(
                 )));
                 let o = push(spec(
                     "o",
-                    rows * lay.rs_o,
+                    alloc.rows * lay.rs_o,
                     RegionReq::Standard,
                     false,
                     vec![],
@@ -1642,7 +1865,7 @@ fn lower_rows(
                 ));
                 let ml = push(spec(
                     "ml",
-                    rows * 8,
+                    alloc.rows * 8,
                     RegionReq::Standard,
                     false,
                     vec![],
@@ -1650,7 +1873,7 @@ fn lower_rows(
                 ));
                 let alpha = push(spec(
                     "alpha",
-                    rows * 4,
+                    alloc.rows * 4,
                     RegionReq::Standard,
                     false,
                     vec![],
@@ -1672,7 +1895,7 @@ fn lower_rows(
                 ));
                 let scratch = push(spec(
                     "scratch",
-                    8 * rows.min(6),
+                    8 * alloc.rows.min(6),
                     RegionReq::Standard,
                     false,
                     vec![],
@@ -1709,7 +1932,7 @@ fn lower_rows(
                     tile,
                     (
                         h,
-                        qi as u32,
+                        qi,
                         ks,
                         TileBuffers {
                             q,
@@ -1822,17 +2045,16 @@ fn lower_rows(
         if dp > d {
             ranges_to_fill.push((t.kt, d * lay.rs_kt, (dp - d) * lay.rs_kt, 0, 0));
         }
-        // V rows past the split's keys (the GEMM multiplies them by P's
-        // zero columns, so they must not hold NaN or infinity).
-        let keys = split_keys(ks).1;
-        if split_cb * 16 > keys {
-            ranges_to_fill.push((
-                t.v,
-                keys * lay.rs_v,
-                (split_cb * 16 - keys) * lay.rs_v,
-                0,
-                0,
-            ));
+        // V rows past the split's keys in its last chunk (the GEMM
+        // multiplies them by P's zero columns, so they must not hold NaN
+        // or infinity; an earlier chunk's keys there are finite).
+        let (c0, _) = plan.chunk_columns(ks as usize, chunks.len() - 1);
+        let keys = {
+            let (k0, n) = split_keys(ks);
+            k0 + n - c0 * 16
+        };
+        if hold_cb * 16 > keys {
+            ranges_to_fill.push((t.v, keys * lay.rs_v, (hold_cb * 16 - keys) * lay.rs_v, 0, 0));
         }
         let (vertices, slowest) = fill_vertices(&ranges_to_fill, &mut kernels.fill.1);
         let cycles = slowest + launch_cycles(vertices.len() as u64);
@@ -1849,7 +2071,8 @@ fn lower_rows(
         );
     }
 
-    // Step 2: the exchange of Q, K^T and V.
+    // Step 2: the exchange of Q, K^T and V, one step per key chunk (Q
+    // with the first).
     let qblock_of = |r: u32| -> (u32, u32) {
         let i = qranges
             .iter()
@@ -1869,7 +2092,12 @@ fn lower_rows(
         }
         v
     };
-    let mut transfers = Vec::new();
+    // The keys `k0..k1` of split `ks`'s chunk `c`.
+    let chunk_keys = |ks: u32, c: usize| -> (u32, u32) {
+        let (c0, c1) = plan.chunk_columns(ks as usize, c);
+        (c0 * 16, (c1 * 16).min(b.sk))
+    };
+    let mut chunk_transfers: Vec<Vec<BufferTransfer>> = vec![Vec::new(); chunks.len()];
     let split_of = |key: u32| -> u32 {
         (0..splits)
             .find(|&ks| {
@@ -1889,16 +2117,18 @@ fn lower_rows(
                         dests: &dyn Fn(u32, u32) -> Vec<BufferRef>| {
         for row in r.rows.0..r.rows.1 {
             for (h, s0, s1) in segments(r.col0, r.width, d) {
-                if !in_round(h) {
-                    continue;
-                }
-                let destinations = dests(row, h)
+                let destinations: Vec<BufferRef> = dests(row, h)
                     .into_iter()
                     .map(|x| BufferRef {
                         offset: x.offset + (s0 - h * d) * eb,
                         ..x
                     })
                     .collect();
+                if destinations.is_empty() {
+                    // Another round's head or query block, or another
+                    // chunk's key.
+                    continue;
+                }
                 transfers.push(BufferTransfer {
                     source: BufferRef {
                         tile,
@@ -1938,10 +2168,7 @@ fn lower_rows(
                 for c in 0..r.width {
                     let gc = r.col0 + c;
                     let (h, j) = (gc / width, gc % width);
-                    if !in_round(h) {
-                        continue;
-                    }
-                    let destinations = dests(h, ci as u32)
+                    let destinations: Vec<BufferRef> = dests(h, ci as u32)
                         .into_iter()
                         .map(|(dst, buffer, rs_t)| BufferRef {
                             tile: dst,
@@ -1949,6 +2176,10 @@ fn lower_rows(
                             offset: j * rs_t + (a - p0) * eb,
                         })
                         .collect();
+                    if destinations.is_empty() {
+                        // Another round's head or query blocks.
+                        continue;
+                    }
                     transfers.push(BufferTransfer {
                         source: BufferRef {
                             tile,
@@ -1961,6 +2192,22 @@ fn lower_rows(
                 }
             }
         };
+    // Row `row` of the buffer `pick` chooses (with its row stride) on the
+    // tile of (head, query block, split), if this round runs that unit.
+    let unit_row = |h: u32,
+                    qi: u32,
+                    ks: u32,
+                    pick: fn(&TileBuffers, &TileLayout) -> (usize, u32),
+                    row: u32|
+     -> Option<BufferRef> {
+        let dst = unit_tile(h, qi, ks)?;
+        let (buffer, stride) = pick(&tiles[&dst].3, &tiles[&dst].4);
+        Some(BufferRef {
+            tile: dst,
+            buffer,
+            offset: row * stride,
+        })
+    };
     let split_cuts: Vec<(u32, u32)> = (0..splits)
         .map(|ks| {
             let (k0, n) = split_keys(ks);
@@ -1968,31 +2215,25 @@ fn lower_rows(
         })
         .collect();
     for (&(g, tile), r) in &l.group_results {
+        // Staged odd heads move in one chunk (`chunked_blockings`).
+        let transfers = &mut chunk_transfers[0];
         if b.staged() && g == b.q {
             // Staged odd heads: runs of a Q^T row's queries to every split
             // of their (head, query block).
-            transposed_runs(
-                &mut transfers,
-                tile,
-                r,
-                qt_src[&tile],
-                d,
-                &qranges,
-                &|h, qi| {
-                    (0..splits)
-                        .map(|ks| {
-                            let dst = unit_tile(h, qi, ks);
-                            let t = &tiles[&dst];
-                            (dst, t.3.qt.expect("staged"), t.4.rs_qt)
-                        })
-                        .collect()
-                },
-            );
+            transposed_runs(transfers, tile, r, qt_src[&tile], d, &qranges, &|h, qi| {
+                (0..splits)
+                    .filter_map(|ks| {
+                        let dst = unit_tile(h, qi, ks)?;
+                        let t = &tiles[&dst];
+                        Some((dst, t.3.qt.expect("staged"), t.4.rs_qt))
+                    })
+                    .collect()
+            });
         } else if b.staged() && g == b.v {
             // Staged odd heads: runs of a V^T row's keys to every query
             // block of their (head, split).
             transposed_runs(
-                &mut transfers,
+                transfers,
                 tile,
                 r,
                 vt_src[&tile],
@@ -2000,79 +2241,77 @@ fn lower_rows(
                 &split_cuts,
                 &|h, ks| {
                     (0..plan.query_blocks)
-                        .map(|qi| {
-                            let dst = unit_tile(h, qi, ks);
+                        .filter_map(|qi| {
+                            let dst = unit_tile(h, qi, ks)?;
                             let t = &tiles[&dst];
-                            (dst, t.3.vt.expect("staged"), t.4.rs_vt)
+                            Some((dst, t.3.vt.expect("staged"), t.4.rs_vt))
                         })
                         .collect()
                 },
             );
         } else if g == b.q {
             // Q rows go to every split of their (head, query block).
-            row_segments(&mut transfers, tile, r, d, &|row, h| {
+            row_segments(transfers, tile, r, d, &|row, h| {
                 let (qi, q0) = qblock_of(row);
                 (0..splits)
-                    .map(|ks| {
-                        let dst = unit_tile(h, qi, ks);
-                        let t = &tiles[&dst];
-                        BufferRef {
-                            tile: dst,
-                            buffer: t.3.q,
-                            offset: (row - q0) * t.4.rs_q,
-                        }
-                    })
+                    .filter_map(|ks| unit_row(h, qi, ks, |t, l| (t.q, l.rs_q), row - q0))
                     .collect()
             });
         } else if g == b.v {
-            // A V row goes to every query block of its head, in its split.
-            row_segments(&mut transfers, tile, r, dv, &|row, h| {
-                let ks = split_of(row);
-                let k0 = split_keys(ks).0;
-                (0..plan.query_blocks)
-                    .map(|qi| {
-                        let dst = unit_tile(h, qi, ks);
-                        let t = &tiles[&dst];
-                        BufferRef {
-                            tile: dst,
-                            buffer: t.3.v,
-                            offset: (row - k0) * t.4.rs_v,
-                        }
-                    })
-                    .collect()
-            });
-        } else if g == b.k {
-            // A K^T row's keys, cut at the splits, to every query block of
-            // their (head, split).
-            transposed_runs(
-                &mut transfers,
-                tile,
-                r,
-                kt_src[&tile],
-                d,
-                &split_cuts,
-                &|h, ks| {
+            // A V row goes to every query block of its head, in its split,
+            // in the step of its chunk.
+            for (c, transfers) in chunk_transfers.iter_mut().enumerate() {
+                row_segments(transfers, tile, r, dv, &|row, h| {
+                    let ks = split_of(row);
+                    let (k0, k1) = chunk_keys(ks, c);
+                    if !(k0..k1).contains(&row) {
+                        return Vec::new();
+                    }
                     (0..plan.query_blocks)
-                        .map(|qi| {
-                            let dst = unit_tile(h, qi, ks);
+                        .filter_map(|qi| unit_row(h, qi, ks, |t, l| (t.v, l.rs_v), row - k0))
+                        .collect()
+                });
+            }
+        } else if g == b.k {
+            // A K^T row's keys, cut at the splits' chunks, to every query
+            // block of their (head, split), in the step of their chunk.
+            for (c, transfers) in chunk_transfers.iter_mut().enumerate() {
+                let cuts: Vec<(u32, u32)> = if chunks.len() == 1 {
+                    split_cuts.clone()
+                } else {
+                    (0..splits).map(|ks| chunk_keys(ks, c)).collect()
+                };
+                transposed_runs(transfers, tile, r, kt_src[&tile], d, &cuts, &|h, ks| {
+                    (0..plan.query_blocks)
+                        .filter_map(|qi| {
+                            let dst = unit_tile(h, qi, ks)?;
                             let t = &tiles[&dst];
-                            (dst, t.3.kt, t.4.rs_kt)
+                            Some((dst, t.3.kt, t.4.rs_kt))
                         })
                         .collect()
-                },
-            );
+                });
+            }
         }
     }
 
-    check_word_aligned(&transfers)?;
-    let xstep = exchange::program_step(
-        l.tile_count,
-        transfers,
-        exchange_label,
-        &mut l.buffers,
-        name.clone(),
-        format!("exchange q, k^T, v -> {name}"),
-    )?;
+    let mut xsteps = Vec::new();
+    for (c, transfers) in chunk_transfers.into_iter().enumerate() {
+        check_word_aligned(&transfers)?;
+        let phase = match (chunks.len(), c) {
+            (1, _) => format!("exchange q, k^T, v -> {name}"),
+            (_, 0) => format!("exchange q, k^T, v key chunk 0 -> {name}"),
+            _ => format!("exchange k^T, v key chunk {c} -> {name}"),
+        };
+        xsteps.push(exchange::program_step(
+            l.tile_count,
+            transfers,
+            exchange_label + c as u32,
+            &mut l.buffers,
+            name.clone(),
+            phase,
+        )?);
+    }
+    let mut xsteps = xsteps.into_iter();
 
     // Steps 3 and 4: per key block, then the final normalisation.
     let nkb_s = dp / 16;
@@ -2083,7 +2322,8 @@ fn lower_rows(
             .chain(staged_preps)
             .filter(|s| !s.tiles.is_empty()),
     );
-    steps.extend([fill_step, xstep]);
+    steps.push(fill_step);
+    steps.extend(xsteps.next());
     if b.staged() {
         // Staged odd heads: Q^T into Q's rows and V^T into V's rows, one
         // `transpose_f16` vertex per range of queries or keys (at most
@@ -2120,7 +2360,17 @@ fn lower_rows(
     let split_blocks: Vec<Vec<(u32, u32)>> = (0..plan.key_splits.len())
         .map(|k| plan.blocks_of(k))
         .collect();
+    // The chunk of each key block.
+    let chunk_of = |bi: usize| -> usize {
+        chunks
+            .iter()
+            .position(|&(b0, b1)| (b0..b1).contains(&(bi as u32)))
+            .expect("the chunks cover the key blocks")
+    };
     for bi in 0..plan.key_blocks.len() {
+        if bi > 0 && chunk_of(bi) != chunk_of(bi - 1) {
+            steps.extend(xsteps.next());
+        }
         let mut sg = compute_step(format!("{name} scores, key block {bi}"));
         let mut on = compute_step(format!("{name} online softmax, key block {bi}"));
         let mut pv = compute_step(format!("{name} P V, key block {bi}"));
@@ -2144,7 +2394,7 @@ fn lower_rows(
             {
                 step.charge_tile(tile, cycles);
             }
-            let local = c0 - plan.key_splits[ks as usize].0;
+            let local = c0 - plan.chunk_columns(ks as usize, chunk_of(bi)).0;
             let nb = c1 - c0;
             let k0 = c0 * 16;
             let bk = (c1 * 16).min(b.sk) - k0;
@@ -2334,7 +2584,7 @@ fn lower_rows(
             if ks == 0 {
                 continue;
             }
-            let dst = unit_tile(h, qi, 0);
+            let dst = unit_tile(h, qi, 0).expect("split 0 of a unit of the round");
             let (o2, ml2) = tiles[&dst].3.others[ks as usize - 1];
             moves.push(BufferTransfer {
                 source: BufferRef {
@@ -2366,7 +2616,7 @@ fn lower_rows(
         let xstep = exchange::program_step(
             l.tile_count,
             moves,
-            exchange_label + 1,
+            exchange_label + chunks.len() as u32,
             &mut l.buffers,
             name.clone(),
             format!("exchange {name} key-split states"),

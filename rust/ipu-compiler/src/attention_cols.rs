@@ -1196,6 +1196,8 @@ fn candidates(
                 rounds,
                 compact,
                 projections_planned_over: None,
+                key_chunks: 1,
+                query_rounds: false,
             });
         }
     }
@@ -2407,6 +2409,8 @@ mod tests {
                 rounds: 1,
                 compact: false,
                 projections_planned_over: None,
+                key_chunks: 1,
+                query_rounds: false,
             };
             let mut seen_tiles = BTreeSet::new();
             for h in 0..b.heads {

@@ -1146,21 +1146,30 @@ fn plan_and_lower(
             // 11,100 of 465,281 cycles).
             let distributed_combine = tile_count_override.is_none()
                 || segment_attention_region0 >= plan::STANDARD_BUDGET / 2;
-            // A segment leaves room in region 1 for region 0's overflow
-            // once `compile` has found that it needs some.
-            let region1_cap = (ipu_arch::REGION1_END - ipu_arch::REGION1_BASE) as u64
-                - if tile_count_override.is_some() {
-                    limits.region1_reserve
-                } else {
-                    0
-                };
-            attention_candidates =
-                attention::plan(b, options.tiles, k, proxy, distributed_combine, region1_cap);
-            // A segment leaves region 0 to the joins' exchange tables too
-            // (see `compile`, which cuts this budget when they overflow).
-            if tile_count_override.is_some() {
-                attention_candidates.retain(|c| c.region0_bytes <= segment_attention_region0);
-            }
+            // The attention leaves room in region 1 for region 0's
+            // overflow once `compile` has found that it needs some, and
+            // region 0 to what outlives it (a segment's joins' exchange
+            // tables; the homes of attention over inputs and the code of
+            // many rounds and key chunks): see `compile_from`, which cuts
+            // this budget when region 0 overflows. Both are at their
+            // defaults at the first attempt.
+            let region1_cap =
+                (ipu_arch::REGION1_END - ipu_arch::REGION1_BASE) as u64 - limits.region1_reserve;
+            let region0_cap = if tile_count_override.is_some()
+                || segment_attention_region0 < plan::STANDARD_BUDGET / 2
+            {
+                segment_attention_region0
+            } else {
+                u64::MAX
+            };
+            attention_candidates = attention::plan(
+                b,
+                options.tiles,
+                k,
+                proxy,
+                distributed_combine,
+                (region1_cap, region0_cap),
+            );
             // Both layouts compete on their estimates unless one is asked for.
             if let Some(layout) = options.attention_layout {
                 attention_candidates.retain(|c| c.layout == layout);
@@ -1188,13 +1197,17 @@ fn plan_and_lower(
             let Some(_) = attention_candidates.first() else {
                 let reason = if b.heads > options.tiles {
                     format!(
-                        "{} heads over {} tiles run in rounds, and no round's query blocking fits a tile's memory with its keys' K^T and V ({} keys)",
+                        "{} heads over {} tiles run in rounds, and no round's query blocking fits a tile's memory with its query state, a chunk of its keys' K^T and V and the code of its steps ({} keys)",
                         b.heads, options.tiles, b.sk
                     )
                 } else {
                     format!(
-                        "no query blocking of {} heads x {} queries over at most {} tiles fits a tile's memory with its keys' K^T and V ({} keys)",
-                        b.heads, b.sq, options.tiles, b.sk
+                        "no query blocking of {} heads x {} queries over at most {} tiles fits a tile's memory with its query state, a chunk of its keys' K^T and V and the code of its steps, in {} rounds at most ({} keys)",
+                        b.heads,
+                        b.sq,
+                        options.tiles,
+                        attention::MAX_QUERY_ROUNDS,
+                        b.sk
                     )
                 };
                 return Err(CompileError::NoFeasiblePlan {
