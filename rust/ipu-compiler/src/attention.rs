@@ -2741,6 +2741,65 @@ fn lower_rows(
 mod tests {
     use super::*;
 
+    /// A row plan of `splits` over `key_cb` column blocks, `blocks` key
+    /// blocks a split, in `chunks` chunks.
+    fn chunked_plan(key_cb: u32, splits: u32, blocks: u32, chunks: u32) -> AttentionPlan {
+        let key_splits = ranges(key_cb, splits);
+        let (c0, c1) = key_splits[0];
+        AttentionPlan {
+            layout: AttentionLayout::Rows,
+            query_blocks: 1,
+            rows: 16,
+            key_splits,
+            block_splits: Vec::new(),
+            key_blocks: ranges(c1 - c0, blocks),
+            tiles: splits,
+            compute_cycles: 0,
+            exchange_bound_cycles: 0,
+            projection_cycles: 0,
+            prefix_cycles: 0,
+            region1_bytes: 0,
+            region0_bytes: 0,
+            distributed_combine: false,
+            rounds: 1,
+            compact: false,
+            projections_planned_over: None,
+            key_chunks: chunks,
+            query_rounds: false,
+        }
+    }
+
+    #[test]
+    fn key_chunks_cover_each_split_in_order() {
+        // Uneven splits, blocks and chunks: 67 column blocks in 3 splits
+        // of 5 blocks, 1 to 5 chunks.
+        for (key_cb, splits, blocks) in [(67, 3, 5), (64, 1, 16), (9, 2, 4)] {
+            for chunks in 1..=blocks {
+                let plan = chunked_plan(key_cb, splits, blocks, chunks);
+                assert_eq!(plan.chunk_ranges().len() as u32, chunks);
+                let mut widest = 0;
+                for (k, &(s0, s1)) in plan.key_splits.iter().enumerate() {
+                    // The chunks of a split are its blocks' columns, in
+                    // order, each taken once.
+                    let mut next = s0;
+                    for c in 0..chunks as usize {
+                        let (c0, c1) = plan.chunk_columns(k, c);
+                        assert_eq!(c0, next, "{key_cb} {splits} {blocks} {chunks}");
+                        assert!(c1 > c0);
+                        widest = widest.max(c1 - c0);
+                        next = c1;
+                    }
+                    assert_eq!(next, s1);
+                }
+                assert_eq!(plan.chunk_cb(), widest);
+                if chunks == 1 {
+                    let split_cb = plan.key_splits.iter().map(|c| c.1 - c.0).max().unwrap();
+                    assert_eq!(plan.chunk_cb(), split_cb);
+                }
+            }
+        }
+    }
+
     #[test]
     fn home_shape_makes_the_largest_home_smallest() {
         // Llama-2-7B's q on a third of 1472 tiles: 34 rows of 4 heads on

@@ -2160,12 +2160,18 @@ pub fn lower(
                             "attention {name}: compact state slots need O^T kept in its C buffer"
                         )));
                     } else if d1 == lrow {
-                        // The l row follows the last head column: one run.
+                        // The l row follows the last head column: one run,
+                        // from the source's O^T rows in place (its slot 0)
+                        // to the slot's rows from d0 on (`base` is the
+                        // slot's row d0; until session 52 this added d0
+                        // rows again, past the buffer's end on every tile
+                        // that combines columns from d0 > 0 with O^T
+                        // summed from several K groups).
                         mv(
                             s_bufs.ot,
                             d0 * rs_d,
                             at.bufs.ot,
-                            base + d0 * rs_d,
+                            base + shapes.slot_row(r, d0) * rs_d,
                             (d1 - d0 + 1) * rs_d,
                         );
                     } else {
@@ -2173,10 +2179,16 @@ pub fn lower(
                             s_bufs.ot,
                             d0 * rs_d,
                             at.bufs.ot,
-                            base + d0 * rs_d,
+                            base + shapes.slot_row(r, d0) * rs_d,
                             (d1 - d0) * rs_d,
                         );
-                        mv(s_bufs.ot, lrow * rs_d, at.bufs.ot, base + lrow * rs_d, rs_d);
+                        mv(
+                            s_bufs.ot,
+                            lrow * rs_d,
+                            at.bufs.ot,
+                            base + shapes.slot_row(r, lrow) * rs_d,
+                            rs_d,
+                        );
                     }
                     mv(
                         s_bufs.m,

@@ -42,9 +42,29 @@ pub fn link_program(
             object: k.object.clone(),
         });
     }
-    link(&inputs, &LinkOptions::new(crate::emit::ENTRY)).map_err(|e| CompileError::CodeGen {
-        tile,
-        message: e.to_string(),
+    link(&inputs, &LinkOptions::new(crate::emit::ENTRY)).map_err(|e| match e {
+        // Code and vertex states alone beyond region 0 (a program of very
+        // many steps): a memory limit like any other, which `compile`
+        // answers with its region-0 retries, not a code generation fault.
+        ipu_link::LinkError::RegionOverflow {
+            area,
+            needed,
+            available,
+            largest,
+        } if area.starts_with("region 0") => CompileError::OutOfMemory {
+            tile,
+            region: "region 0 (standard)",
+            needed,
+            available,
+            largest: largest
+                .into_iter()
+                .map(|(section, bytes)| (format!("code: {section}"), bytes as u64))
+                .collect(),
+        },
+        e => CompileError::CodeGen {
+            tile,
+            message: e.to_string(),
+        },
     })
 }
 

@@ -1236,3 +1236,38 @@ fn long_sequences_on_few_tiles_chunk_their_keys_and_run_query_rounds() {
         checkpoints_hold(&ran.compile);
     }
 }
+
+/// Column-layout key splits whose O^T is summed from several worker K
+/// groups (it does not stay in its C buffer) send the other splits' rows
+/// from their O^T into the combining tile's slots. Until session 52 a
+/// tile that combines head columns from d0 > 0 addressed its slots d0
+/// rows too far, past its buffer's end, and the compile stopped with an
+/// internal error (random models 615 and 3021 of the `attention_long`
+/// family): 380 queries over 585 keys with one head of 12 (a parameter
+/// k read as [H, S, D]), and 631 causal queries over 638 keys with two
+/// heads of 4, each on 16 tiles.
+#[test]
+fn column_states_from_several_k_groups_land_in_their_slots() {
+    let dir = tempfile::tempdir().unwrap();
+    let cache = tempfile::tempdir().unwrap();
+    for (name, text) in [
+        (
+            "slots_3021",
+            "model slots_3021\ninput q: f16[380, 12]\nqh = split_heads(q, heads=1)\nparam k: f16[1, 585, 12]\ninput v: f16[585, 12]\nvh = split_heads(v, heads=1)\no = attention(qh, k, vh, causal=false)\ny = merge_heads(o)\noutput y\n",
+        ),
+        (
+            "slots_615",
+            "model slots_615\ninput q: f16[2, 631, 4]\ninput k: f16[2, 638, 4]\ninput v: f16[2, 638, 4]\no = attention(q, k, v, causal=true)\ny = merge_heads(o)\noutput y\n",
+        ),
+    ] {
+        let model = write_model(dir.path(), name, text);
+        let opts = options(&model, 16, cache.path());
+        let (ran, _) = run_with(&opts, |g| ipu_reference::random::gaussian_feeds(g, 3), true);
+        let chosen = &ran.compile.report["attention"]["chosen"];
+        println!("{name}: {chosen}");
+        assert_eq!(chosen["layout"], "columns", "{chosen:#}");
+        assert!(chosen["key_splits"].as_array().unwrap().len() > 1, "{chosen:#}");
+        assert_eq!(chosen["distributed_combine"], true, "{chosen:#}");
+        check_attention(&ran);
+    }
+}

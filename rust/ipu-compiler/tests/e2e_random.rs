@@ -38,7 +38,10 @@
 //! `first + i`, so a failure names the seed that reproduces it alone
 //! (`IPU_RANDOM_SEED=<seed> IPU_RANDOM_MODELS=1`); `IPU_RANDOM_SHOW=1`
 //! also prints each limitation's model and message, `IPU_RANDOM_SHOW=2`
-//! every model's text (to compile one by hand with `ipu compile`). Every
+//! every model's text (to compile one by hand with `ipu compile`);
+//! `IPU_RANDOM_FAMILY=<family>` (e.g. `attention_long`, the long
+//! attentions over inputs on 2 to 16 tiles) checks only that family's
+//! cases among the seeds. Every
 //! passing case runs again with checkpoints, each of which must hold its
 //! value (the inputs and parameters exactly), which checks the compiler's
 //! list of where each value still is at the end of the run;
@@ -147,7 +150,7 @@ fn pick<T: Copy>(r: &mut SplitMix64, items: &[T]) -> T {
 fn generate(seed: u64) -> Case {
     // Mixing the seed keeps neighbouring seeds' draws unrelated.
     let mut r = SplitMix64(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ 0x5EED);
-    let family = pick(
+    let mut family = pick(
         &mut r,
         &[
             "gemm",
@@ -163,6 +166,11 @@ fn generate(seed: u64) -> Case {
         ],
     );
     let mut m = format!("model random_{seed}\n");
+    // Long attentions over inputs are drawn from a generator of their own,
+    // so that every other case keeps the draws it had before they were
+    // added (session 52).
+    let mut long_r = SplitMix64(seed.wrapping_mul(0xD1B5_4A32_D192_ED03) ^ 0x10C5);
+    let mut long = false;
     match family {
         "gemm" => {
             let (rows, k, n) = (r.range(1, 160), r.range(1, 300), r.range(1, 200));
@@ -431,13 +439,26 @@ fn generate(seed: u64) -> Case {
             } else {
                 r.range(1, 40)
             };
-            let sq = r.range(1, 60);
+            let mut sq = r.range(1, 60);
             let causal = chance(&mut r, 0.4);
-            let sk = if causal {
+            let mut sk = if causal {
                 sq + r.range(0, 20)
             } else {
                 r.range(1, 60)
             };
+            // One case in seven is long (160 to 700 queries) on 2 to 16
+            // tiles, where the row layout moves the keys in chunks or runs
+            // the query blocks in rounds.
+            if chance(&mut long_r, 0.15) {
+                long = true;
+                family = "attention_long";
+                sq = long_r.range(160, 700);
+                sk = if causal {
+                    sq + long_r.range(0, 40)
+                } else {
+                    long_r.range(160, 700)
+                };
+            }
             // Sometimes a batch of sequences (one block per sequence).
             let batch = if chance(&mut r, 0.2) {
                 format!("{}, ", r.range(2, 4))
@@ -468,7 +489,10 @@ fn generate(seed: u64) -> Case {
             }
         }
     }
-    let tiles = pick(&mut r, &[1, 2, 3, 5, 8, 16, 23, 32, 64, 97]);
+    let mut tiles = pick(&mut r, &[1, 2, 3, 5, 8, 16, 23, 32, 64, 97]);
+    if long {
+        tiles = pick(&mut long_r, &[2, 3, 4, 6, 8, 12, 16]);
+    }
     let accumulation = chance(&mut r, 0.3).then(|| {
         pick(
             &mut r,
@@ -774,8 +798,16 @@ fn random_models_compile_run_and_verify() {
     let mut compositional = Vec::new();
     // Each passing model's estimate error, its seed and its family.
     let mut errors: Vec<(f64, u64, &str)> = Vec::new();
+    // `IPU_RANDOM_FAMILY=<family>` checks only that family's cases among
+    // the seeds (their draws do not depend on it).
+    let only = std::env::var("IPU_RANDOM_FAMILY").ok();
+    let mut checked = 0u64;
     for seed in first..first + count {
         let case = generate(seed);
+        if only.as_deref().is_some_and(|f| f != case.family) {
+            continue;
+        }
+        checked += 1;
         if show_models {
             print!("{}", case.text);
         }
@@ -838,6 +870,8 @@ fn random_models_compile_run_and_verify() {
             case.command_line()
         );
     }
+    // With `IPU_RANDOM_FAMILY`, the cases of that family among the seeds.
+    let count = checked;
     println!(
         "{passed} of {count} random models passed ({} of them compositionally), {} marginally outside the tolerance; limitations by kind:",
         compositional.len(),
