@@ -633,6 +633,39 @@ impl AttentionPlan {
             .max()
             .unwrap_or(1)
     }
+    /// A plan of this partition with no costs, one round, one key chunk:
+    /// what the tests of the tile numbering and the chunks start from.
+    #[cfg(test)]
+    pub(crate) fn partition_only(
+        layout: AttentionLayout,
+        (query_blocks, rows): (u32, u32),
+        key_splits: Vec<(u32, u32)>,
+        block_splits: Vec<u32>,
+        key_blocks: Vec<(u32, u32)>,
+        tiles: u32,
+    ) -> AttentionPlan {
+        AttentionPlan {
+            layout,
+            query_blocks,
+            rows,
+            key_splits,
+            block_splits,
+            key_blocks,
+            tiles,
+            compute_cycles: 0,
+            exchange_bound_cycles: 0,
+            projection_cycles: 0,
+            prefix_cycles: 0,
+            region1_bytes: 0,
+            region0_bytes: 0,
+            distributed_combine: false,
+            rounds: 1,
+            compact: false,
+            projections_planned_over: None,
+            key_chunks: 1,
+            query_rounds: false,
+        }
+    }
     /// Heads per round (all of them in one round).
     pub fn round_heads(&self, block: &AttentionBlock) -> u32 {
         block.heads.div_ceil(self.rounds.max(1))
@@ -2747,25 +2780,15 @@ mod tests {
         let key_splits = ranges(key_cb, splits);
         let (c0, c1) = key_splits[0];
         AttentionPlan {
-            layout: AttentionLayout::Rows,
-            query_blocks: 1,
-            rows: 16,
-            key_splits,
-            block_splits: Vec::new(),
-            key_blocks: ranges(c1 - c0, blocks),
-            tiles: splits,
-            compute_cycles: 0,
-            exchange_bound_cycles: 0,
-            projection_cycles: 0,
-            prefix_cycles: 0,
-            region1_bytes: 0,
-            region0_bytes: 0,
-            distributed_combine: false,
-            rounds: 1,
-            compact: false,
-            projections_planned_over: None,
             key_chunks: chunks,
-            query_rounds: false,
+            ..AttentionPlan::partition_only(
+                AttentionLayout::Rows,
+                (1, 16),
+                key_splits,
+                Vec::new(),
+                ranges(c1 - c0, blocks),
+                splits,
+            )
         }
     }
 

@@ -2404,25 +2404,15 @@ mod tests {
             assert_eq!(*taken.last().unwrap(), splits);
             // The tiles of (head, block, split) are 0..tiles, each once.
             let plan = AttentionPlan {
-                layout: AttentionLayout::Columns,
-                query_blocks: qr.len() as u32,
-                rows: qr.iter().map(|r| r.1 - r.0).max().unwrap(),
-                key_splits: kr.clone(),
-                block_splits: taken.clone(),
-                key_blocks: vec![(0, 1)],
-                tiles: b.heads * taken.iter().sum::<u32>(),
-                compute_cycles: 0,
-                exchange_bound_cycles: 0,
-                projection_cycles: 0,
-                prefix_cycles: 0,
-                region1_bytes: 0,
-                region0_bytes: 0,
                 distributed_combine: true,
-                rounds: 1,
-                compact: false,
-                projections_planned_over: None,
-                key_chunks: 1,
-                query_rounds: false,
+                ..AttentionPlan::partition_only(
+                    AttentionLayout::Columns,
+                    (qr.len() as u32, qr.iter().map(|r| r.1 - r.0).max().unwrap()),
+                    kr.clone(),
+                    taken.clone(),
+                    vec![(0, 1)],
+                    b.heads * taken.iter().sum::<u32>(),
+                )
             };
             let mut seen_tiles = BTreeSet::new();
             for h in 0..b.heads {
