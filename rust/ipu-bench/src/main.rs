@@ -24,6 +24,9 @@
 //!   16 heads fit the column layout only with heads in rounds or compact
 //!   buffers (docs/compiler.md, "Compact column buffers", "Rounds of
 //!   heads in the column layout").
+//! - `ipu-bench long-attention`: long sequences on few tiles, each on its
+//!   own tile count (`LONG_ATTENTIONS`), which the row layout plans with
+//!   key chunks and rounds of query blocks; one line each as above.
 //!
 //! The figures are measurements of this machine; nothing here is a test.
 //! Paths are relative to the repository root (or `IPU_STACK_ROOT`).
@@ -271,23 +274,41 @@ fn measure(opts: &CompileOptions) -> Result<Measured, String> {
             let layout = a["layout"].as_str().unwrap_or("?");
             let rounds = a["rounds"].as_u64().unwrap_or(1);
             let compact = a["compact"] == true;
+            // Rounds of heads, or of query blocks (`q`); key chunks.
+            let of = if a["query_rounds"] == true {
+                "query blocks"
+            } else {
+                "heads"
+            };
+            let q = if a["query_rounds"] == true { "q" } else { "" };
+            let chunks = a["key_chunks"].as_u64().unwrap_or(1);
             let sentence = format!(
-                "{layout} layout, {} query blocks of up to {} rows, {} key splits, {} tiles{}{}",
+                "{layout} layout, {} query blocks of up to {} rows, {} key splits, {} tiles{}{}{}",
                 a["query_blocks"],
                 a["rows"],
                 a["key_splits"].as_array().map_or(0, |s| s.len()),
                 a["tiles"],
                 if rounds > 1 {
-                    format!(", heads in {rounds} rounds")
+                    format!(", {of} in {rounds} rounds")
+                } else {
+                    String::new()
+                },
+                if chunks > 1 {
+                    format!(", keys in {chunks} chunks")
                 } else {
                     String::new()
                 },
                 if compact { ", compact buffers" } else { "" }
             );
             let label = format!(
-                "{layout}{}{}",
+                "{layout}{}{}{}",
                 if rounds > 1 {
-                    format!(" x{rounds}")
+                    format!(" x{rounds}{q}")
+                } else {
+                    String::new()
+                },
+                if chunks > 1 {
+                    format!(" c{chunks}")
                 } else {
                     String::new()
                 },
@@ -299,6 +320,31 @@ fn measure(opts: &CompileOptions) -> Result<Measured, String> {
 }
 
 impl Measured {
+    /// A table line's attention layout (`rows x3q c4`), cycles, compute
+    /// bound and their ratio.
+    fn bound_cells(&self) -> String {
+        format!(
+            "{:>18} {:>8} {:>7} {:>6.2}",
+            self.attention.as_ref().map_or("?", |a| a.1.as_str()),
+            self.cycles,
+            self.compute_bound,
+            self.cycles as f64 / self.compute_bound as f64
+        )
+    }
+    /// A table line's estimate error, compile time and verification.
+    fn result_cells(&self) -> String {
+        let (passed, mismatches, checks, ..) = self.verification;
+        format!(
+            "{:>+8.1}% {:>7.1}s  {}",
+            100.0 * (self.estimate as f64 - self.cycles as f64) / self.cycles as f64,
+            self.compile_s,
+            if passed {
+                format!("passed ({checks} outputs)")
+            } else {
+                format!("FAILED ({mismatches} of {checks} outside the tolerance)")
+            }
+        )
+    }
     fn plan_summary(&self) -> String {
         self.plans.join("\n                       ")
     }
@@ -680,16 +726,13 @@ fn attention_shapes(tiles: u32) -> Result<(), String> {
              o = attention(qh, kh, vh, causal={})\ny = merge_heads(o)\noutput y\n",
             s.causal
         );
-        std::fs::write(&model, text).map_err(|e| e.to_string())?;
-        let mut opts = options("siglip_attention.ipug", tiles, dir.path());
-        opts.model = model;
         let shape = format!(
             "{}: {n} x {d}, {h} x {}{}",
             s.title,
             d / h,
             if s.causal { ", causal" } else { "" }
         );
-        let m = match measure(&opts) {
+        let m = match measure_text(&model, &text, tiles) {
             Ok(m) => m,
             Err(e) => {
                 println!("  {shape:<52} error: {e}");
@@ -701,32 +744,205 @@ fn attention_shapes(tiles: u32) -> Result<(), String> {
         // query sees itself and the keys before it), at the f32 rate.
         let pairs = if s.causal { n * (n + 1) / 2 } else { n * n };
         let floor = ipu_arch::mixed_accumulation_bound_cycles(3 * n * d * d, 2 * d * pairs, tiles);
-        let layout = m.attention.as_ref().map_or("?", |a| a.1.as_str());
-        let (passed, mismatches, checks, ..) = m.verification;
         println!(
-            "  {shape:<52} {layout:>18} {:>8} {:>7} {:>6.2} {:>7} {:>6.2} {:>+8.1}% {:>7.1}s  {}",
-            m.cycles,
-            m.compute_bound,
-            m.cycles as f64 / m.compute_bound as f64,
-            floor,
+            "  {shape:<52} {} {floor:>7} {:>6.2} {}",
+            m.bound_cells(),
             m.cycles as f64 / floor as f64,
-            100.0 * (m.estimate as f64 - m.cycles as f64) / m.cycles as f64,
-            m.compile_s,
-            if passed {
-                format!("passed ({checks} outputs)")
-            } else {
-                format!("FAILED ({mismatches} of {checks} outside the tolerance)")
-            }
+            m.result_cells()
         );
-        if !passed {
+        if !m.verification.0 {
             failed.push(shape);
         }
     }
+    all_passed(failed)
+}
+
+/// Writes `text` to `model` and measures it on `tiles` tiles (kernels
+/// cached beside the model).
+fn measure_text(model: &std::path::Path, text: &str, tiles: u32) -> Result<Measured, String> {
+    std::fs::write(model, text).map_err(|e| format!("{}: {e}", model.display()))?;
+    let cache = model.parent().unwrap_or(std::path::Path::new("."));
+    let mut opts = options("siglip_attention.ipug", tiles, cache);
+    opts.model = model.to_path_buf();
+    measure(&opts)
+}
+
+/// `Ok` when no table line failed, else the lines that did.
+fn all_passed(failed: Vec<String>) -> Result<(), String> {
     if failed.is_empty() {
         Ok(())
     } else {
         Err(format!("{} failed: {}", failed.len(), failed.join("; ")))
     }
+}
+
+/// A long attention on few tiles: its title, tokens, width, heads, causal,
+/// whether q, k and v are GEMM projections of one input (else inputs),
+/// f32 (else f16) and the tiles it runs on.
+struct LongAttention {
+    title: &'static str,
+    tokens: u64,
+    width: u64,
+    heads: u64,
+    causal: bool,
+    projected: bool,
+    f32: bool,
+    tiles: u32,
+}
+
+/// Long sequences on few tiles, which the row layout plans with key
+/// chunks and rounds of query blocks (docs/compiler.md, "Long sequences
+/// on few tiles"); none had a plan before session 52.
+const LONG_ATTENTIONS: [LongAttention; 8] = [
+    LongAttention {
+        title: "projected, 2 heads of 80",
+        tokens: 1024,
+        width: 160,
+        heads: 2,
+        causal: false,
+        projected: true,
+        f32: false,
+        tiles: 32,
+    },
+    LongAttention {
+        title: "projected, 4 heads of 64",
+        tokens: 4096,
+        width: 256,
+        heads: 4,
+        causal: false,
+        projected: true,
+        f32: false,
+        tiles: 256,
+    },
+    LongAttention {
+        title: "projected, 4 heads of 64",
+        tokens: 512,
+        width: 256,
+        heads: 4,
+        causal: false,
+        projected: true,
+        f32: false,
+        tiles: 8,
+    },
+    LongAttention {
+        title: "over inputs, 8 heads of 64",
+        tokens: 2048,
+        width: 512,
+        heads: 8,
+        causal: false,
+        projected: false,
+        f32: false,
+        tiles: 64,
+    },
+    LongAttention {
+        title: "over inputs, 4 heads of 64",
+        tokens: 4096,
+        width: 256,
+        heads: 4,
+        causal: false,
+        projected: false,
+        f32: false,
+        tiles: 64,
+    },
+    LongAttention {
+        title: "over inputs, 2 heads of 64",
+        tokens: 1024,
+        width: 128,
+        heads: 2,
+        causal: false,
+        projected: false,
+        f32: false,
+        tiles: 4,
+    },
+    LongAttention {
+        title: "over inputs, 2 heads of 64",
+        tokens: 1024,
+        width: 128,
+        heads: 2,
+        causal: true,
+        projected: false,
+        f32: false,
+        tiles: 4,
+    },
+    LongAttention {
+        title: "over inputs, 2 heads of 64, f32",
+        tokens: 1024,
+        width: 128,
+        heads: 2,
+        causal: false,
+        projected: false,
+        f32: true,
+        tiles: 8,
+    },
+];
+
+/// Compiles, simulates and verifies each [`LONG_ATTENTIONS`] model on its
+/// tiles and prints one line each; fails when one does not compile or
+/// verify.
+fn long_attention() -> Result<(), String> {
+    let dir = tempfile::tempdir().map_err(|e| e.to_string())?;
+    println!("Long attentions on few tiles (row layout: x<n>q query rounds, c<n> key chunks):");
+    println!(
+        "  {:<52} {:>5} {:>18} {:>8} {:>7} {:>6} {:>9} {:>8}  verification",
+        "model (tokens x width)",
+        "tiles",
+        "layout",
+        "cycles",
+        "bound",
+        "ratio",
+        "estimate",
+        "compile"
+    );
+    let mut failed = Vec::new();
+    for s in &LONG_ATTENTIONS {
+        let (n, w, h) = (s.tokens, s.width, s.heads);
+        let t = if s.f32 { "f32" } else { "f16" };
+        let name = format!(
+            "long_{n}x{w}_{h}_{}{}{}",
+            s.tiles,
+            if s.causal { "_causal" } else { "" },
+            if s.f32 { "_f32" } else { "" }
+        );
+        let head = format!(
+            "qh = split_heads(q, heads={h})\nkh = split_heads(k, heads={h})\nvh = split_heads(v, heads={h})\n\
+             o = attention(qh, kh, vh, causal={})\ny = merge_heads(o)\noutput y\n",
+            s.causal
+        );
+        let text = if s.projected {
+            format!(
+                "model {name}\ninput x: {t}[{n}, {w}]\nparam wq: {t}[{w}, {w}]\nparam wk: {t}[{w}, {w}]\nparam wv: {t}[{w}, {w}]\n\
+                 q = gemm(x, wq)\nk = gemm(x, wk)\nv = gemm(x, wv)\n{head}"
+            )
+        } else {
+            format!(
+                "model {name}\ninput q: {t}[{n}, {w}]\ninput k: {t}[{n}, {w}]\ninput v: {t}[{n}, {w}]\n{head}"
+            )
+        };
+        let model = dir.path().join(format!("{name}.ipug"));
+        let shape = format!(
+            "{n} x {w} {}{}",
+            s.title,
+            if s.causal { ", causal" } else { "" }
+        );
+        let m = match measure_text(&model, &text, s.tiles) {
+            Ok(m) => m,
+            Err(e) => {
+                println!("  {shape:<52} {:>5} error: {e}", s.tiles);
+                failed.push(shape);
+                continue;
+            }
+        };
+        println!(
+            "  {shape:<52} {:>5} {} {}",
+            s.tiles,
+            m.bound_cells(),
+            m.result_cells()
+        );
+        if !m.verification.0 {
+            failed.push(shape);
+        }
+    }
+    all_passed(failed)
 }
 
 /// The 4096^3 f16 GEMM at the AMP's f16 rate (f16 accumulation, as the
@@ -782,6 +998,7 @@ fn main() {
         Some("siglip") => siglip(tiles),
         Some("gemm4096") => gemm4096(tiles),
         Some("attention-shapes") => attention_shapes(tiles),
+        Some("long-attention") => long_attention(),
         Some(name) if MODEL_BENCHES.iter().any(|(n, _)| *n == name) => {
             let (_, bench) = MODEL_BENCHES
                 .iter()
@@ -790,7 +1007,7 @@ fn main() {
             model_bench(bench, tiles)
         }
         _ => Err(format!(
-            "usage: ipu-bench siglip|gemm4096|attention-shapes|{} [tiles]",
+            "usage: ipu-bench siglip|gemm4096|attention-shapes|long-attention|{} [tiles]",
             MODEL_BENCHES.map(|(n, _)| n).join("|")
         )),
     };

@@ -1271,3 +1271,37 @@ fn column_states_from_several_k_groups_land_in_their_slots() {
         check_attention(&ran);
     }
 }
+
+/// The package file is the package `compile` returns. 1,024 tokens of 2
+/// heads of 80 on 32 tiles plan their projections beside the attention
+/// far above the attention's assumption, so `compile_from` compiles them
+/// in segments too and keeps the shared plan: until session 52 each
+/// attempt wrote its package, and the file held the segmented one (it
+/// ran 1,090,583 cycles, the returned package 1,016,888) beside the kept
+/// plan's report.
+#[test]
+fn the_written_package_is_the_one_compile_returns() {
+    let dir = tempfile::tempdir().unwrap();
+    let cache = tempfile::tempdir().unwrap();
+    let model = write_model(
+        dir.path(),
+        "written_1024",
+        &projected_attention("written_1024", (1024, 160, 2), false),
+    );
+    let mut opts = options(&model, 32, cache.path());
+    let path = dir.path().join("written_1024.ipupkg");
+    opts.output = Some(path.clone());
+    let out = compile(&opts).unwrap();
+    assert!(
+        out.report["attention"]["chosen"]
+            .get("projections_planned_over")
+            .is_some(),
+        "{:#}",
+        out.report["attention"]["chosen"]
+    );
+    assert_eq!(
+        std::fs::read(&path).unwrap(),
+        out.package.to_bytes().unwrap(),
+        "the file is not the returned package"
+    );
+}
