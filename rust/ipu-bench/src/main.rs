@@ -719,13 +719,7 @@ fn attention_shapes(tiles: u32) -> Result<(), String> {
             if s.causal { "_causal" } else { "" }
         );
         let model = dir.path().join(format!("{name}.ipug"));
-        let text = format!(
-            "model {name}\ninput x: f16[{n}, {d}]\nparam wq: f16[{d}, {d}]\nparam wk: f16[{d}, {d}]\nparam wv: f16[{d}, {d}]\n\
-             q = gemm(x, wq)\nk = gemm(x, wk)\nv = gemm(x, wv)\n\
-             qh = split_heads(q, heads={h})\nkh = split_heads(k, heads={h})\nvh = split_heads(v, heads={h})\n\
-             o = attention(qh, kh, vh, causal={})\ny = merge_heads(o)\noutput y\n",
-            s.causal
-        );
+        let text = attention_model(&name, "f16", (n, d, h), s.causal, true);
         let shape = format!(
             "{}: {n} x {d}, {h} x {}{}",
             s.title,
@@ -755,6 +749,31 @@ fn attention_shapes(tiles: u32) -> Result<(), String> {
         }
     }
     all_passed(failed)
+}
+
+/// An attention model `name` of `n` tokens, `w` wide in `h` heads, of
+/// element type `t`: over Q/K/V projections of one input `x` (without
+/// biases) when `projected`, else over inputs q, k and v; merged output.
+fn attention_model(
+    name: &str,
+    t: &str,
+    (n, w, h): (u64, u64, u64),
+    causal: bool,
+    projected: bool,
+) -> String {
+    let operands = if projected {
+        format!(
+            "input x: {t}[{n}, {w}]\nparam wq: {t}[{w}, {w}]\nparam wk: {t}[{w}, {w}]\nparam wv: {t}[{w}, {w}]\n\
+             q = gemm(x, wq)\nk = gemm(x, wk)\nv = gemm(x, wv)\n"
+        )
+    } else {
+        format!("input q: {t}[{n}, {w}]\ninput k: {t}[{n}, {w}]\ninput v: {t}[{n}, {w}]\n")
+    };
+    format!(
+        "model {name}\n{operands}\
+         qh = split_heads(q, heads={h})\nkh = split_heads(k, heads={h})\nvh = split_heads(v, heads={h})\n\
+         o = attention(qh, kh, vh, causal={causal})\ny = merge_heads(o)\noutput y\n"
+    )
 }
 
 /// Writes `text` to `model` and measures it on `tiles` tiles (kernels
@@ -903,21 +922,7 @@ fn long_attention() -> Result<(), String> {
             if s.causal { "_causal" } else { "" },
             if s.f32 { "_f32" } else { "" }
         );
-        let head = format!(
-            "qh = split_heads(q, heads={h})\nkh = split_heads(k, heads={h})\nvh = split_heads(v, heads={h})\n\
-             o = attention(qh, kh, vh, causal={})\ny = merge_heads(o)\noutput y\n",
-            s.causal
-        );
-        let text = if s.projected {
-            format!(
-                "model {name}\ninput x: {t}[{n}, {w}]\nparam wq: {t}[{w}, {w}]\nparam wk: {t}[{w}, {w}]\nparam wv: {t}[{w}, {w}]\n\
-                 q = gemm(x, wq)\nk = gemm(x, wk)\nv = gemm(x, wv)\n{head}"
-            )
-        } else {
-            format!(
-                "model {name}\ninput q: {t}[{n}, {w}]\ninput k: {t}[{n}, {w}]\ninput v: {t}[{n}, {w}]\n{head}"
-            )
-        };
+        let text = attention_model(&name, t, (n, w, h), s.causal, s.projected);
         let model = dir.path().join(format!("{name}.ipug"));
         let shape = format!(
             "{n} x {w} {}{}",

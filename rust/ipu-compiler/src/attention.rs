@@ -624,14 +624,12 @@ impl AttentionPlan {
     /// The column blocks of the widest chunk of any split: what a tile's
     /// K^T and V hold at once (the widest split with one chunk).
     pub fn chunk_cb(&self) -> u32 {
-        (0..self.key_splits.len())
-            .flat_map(|k| (0..self.chunk_ranges().len()).map(move |c| (k, c)))
-            .map(|(k, c)| {
-                let (c0, c1) = self.chunk_columns(k, c);
-                c1 - c0
-            })
-            .max()
-            .unwrap_or(1)
+        widest_block_and_chunk(
+            &self.key_splits,
+            self.key_blocks.len() as u32,
+            self.key_chunks.max(1),
+        )
+        .1
     }
     /// A plan of this partition with no costs, one round, one key chunk:
     /// what the tests of the tile numbering and the chunks start from.
@@ -864,6 +862,24 @@ fn key_blockings(
     out
 }
 
+/// The widest key block and the widest chunk, in column blocks, of
+/// `key_splits` each cut into `blocks` near-equal blocks moving in
+/// `chunks` near-equal chunks of them ([`AttentionPlan::chunk_columns`]).
+fn widest_block_and_chunk(key_splits: &[(u32, u32)], blocks: u32, chunks: u32) -> (u32, u32) {
+    let (mut block_cb, mut chunk_cb) = (0, 0);
+    for &(c0, c1) in key_splits {
+        let split_blocks = ranges(c1 - c0, blocks);
+        block_cb = split_blocks
+            .iter()
+            .map(|r| r.1 - r.0)
+            .fold(block_cb, u32::max);
+        for (b0, b1) in ranges(blocks, chunks) {
+            chunk_cb = chunk_cb.max(split_blocks[b1 as usize - 1].1 - split_blocks[b0 as usize].0);
+        }
+    }
+    (block_cb, chunk_cb)
+}
+
 /// Key blocks of 1, 2, 4 or 8 column blocks moving in two or more chunks
 /// of 32, 16, 8, 4, 2 or 1 blocks, each whose buffers fit with `rows`
 /// query rows. They hold one chunk's K^T and V at a time, so they fit
@@ -896,14 +912,7 @@ fn chunked_blockings(
             if chunks < 2 {
                 continue;
             }
-            let (mut block_cb, mut chunk_cb) = (0, 0);
-            for &(c0, c1) in key_splits {
-                let blocks = ranges(c1 - c0, nblocks);
-                block_cb = blocks.iter().map(|r| r.1 - r.0).fold(block_cb, u32::max);
-                for (b0, b1) in ranges(nblocks, chunks) {
-                    chunk_cb = chunk_cb.max(blocks[b1 as usize - 1].1 - blocks[b0 as usize].0);
-                }
-            }
+            let (block_cb, chunk_cb) = widest_block_and_chunk(key_splits, nblocks, chunks);
             let layout = TileLayout::new(b, rows, block_cb, chunk_cb);
             let Some(r1) = layout.region1(b) else {
                 continue;
@@ -1782,211 +1791,209 @@ fn lower_rows(
     for u in units.clone() {
         let (h, qi) = (u / plan.query_blocks, u % plan.query_blocks);
         let (q0, q1) = qranges[qi as usize];
-        {
-            for ks in 0..splits {
-                let tile = unit_tile(h, qi, ks).expect("a unit of the round");
-                let rows = q1 - q0;
-                let lay = TileLayout::new(b, rows, widest, hold_cb);
-                // Query rounds give a tile query blocks of different sizes
-                // from round to round, in the buffers of the first: they
-                // hold the most rows of any block (the strides do not
-                // depend on the rows).
-                let alloc = if plan.query_rounds {
-                    TileLayout::new(b, plan.rows, widest, hold_cb)
-                } else {
-                    lay
-                };
-                let bufs = l
-                    .buffers
-                    .get_mut(&tile)
-                    .expect("attention tiles are below tile_count");
-                // A later round's tile (the same query block and split)
-                // takes the first round's buffer of each name.
-                let mut push = |s: BufferSpec| {
-                    if round > 0 {
-                        if let Some(i) = bufs.iter().position(|x| x.name == s.name) {
-                            debug_assert_eq!(bufs[i].bytes, s.bytes, "{}", s.name);
-                            return i;
-                        }
+        for ks in 0..splits {
+            let tile = unit_tile(h, qi, ks).expect("a unit of the round");
+            let rows = q1 - q0;
+            let lay = TileLayout::new(b, rows, widest, hold_cb);
+            // Query rounds give a tile query blocks of different sizes
+            // from round to round, in the buffers of the first: they
+            // hold the most rows of any block (the strides do not
+            // depend on the rows).
+            let alloc = if plan.query_rounds {
+                TileLayout::new(b, plan.rows, widest, hold_cb)
+            } else {
+                lay
+            };
+            let bufs = l
+                .buffers
+                .get_mut(&tile)
+                .expect("attention tiles are below tile_count");
+            // A later round's tile (the same query block and split)
+            // takes the first round's buffer of each name.
+            let mut push = |s: BufferSpec| {
+                if round > 0 {
+                    if let Some(i) = bufs.iter().position(|x| x.name == s.name) {
+                        debug_assert_eq!(bufs[i].bytes, s.bytes, "{}", s.name);
+                        return i;
                     }
-                    bufs.push(s);
-                    bufs.len() - 1
-                };
-                // The operands and scores are scratch of the attention phase:
-                // they share memory with the projections' scratch, so what the
-                // GEMMs multiply as padding is zeroed by fills each run (before
-                // the exchange writes the data): all of Q (head padding and the
-                // two drain rows), the padding rows of K^T (head) and V (keys),
-                // the C headers and P's drain rows. Padding columns of V and the
-                // key padding of K^T may hold anything: they only reach result
-                // columns and scores nothing reads.
-                let scratch = |mut b: BufferSpec| {
-                    b.scratch = Some(ATTENTION_PHASE);
-                    b
-                };
-                let q = push(scratch(spec(
-                    "q",
-                    alloc.q_bytes(),
-                    RegionReq::Interleaved,
-                    true,
-                    vec![],
-                    "attention_operand",
-                )));
-                let kt = push(scratch(spec(
-                    "kt",
-                    lay.kt_bytes(b),
-                    RegionReq::Interleaved,
-                    false,
-                    vec![],
-                    "attention_operand",
-                )));
-                let v = push(scratch(spec(
-                    "v",
-                    lay.v_bytes(b),
-                    RegionReq::Interleaved,
-                    false,
-                    vec![],
-                    "attention_operand",
-                )));
-                // Staged odd heads: the received Q^T and V^T, transposed
-                // into q and v after the exchange.
-                let staged = |role: &str, bytes: u32| {
-                    (bytes > 0).then(|| {
-                        scratch(spec(
-                            role,
-                            bytes,
-                            RegionReq::Interleaved,
-                            false,
-                            vec![],
-                            "attention_operand",
-                        ))
+                }
+                bufs.push(s);
+                bufs.len() - 1
+            };
+            // The operands and scores are scratch of the attention phase:
+            // they share memory with the projections' scratch, so what the
+            // GEMMs multiply as padding is zeroed by fills each run (before
+            // the exchange writes the data): all of Q (head padding and the
+            // two drain rows), the padding rows of K^T (head) and V (keys),
+            // the C headers and P's drain rows. Padding columns of V and the
+            // key padding of K^T may hold anything: they only reach result
+            // columns and scores nothing reads.
+            let scratch = |mut b: BufferSpec| {
+                b.scratch = Some(ATTENTION_PHASE);
+                b
+            };
+            let q = push(scratch(spec(
+                "q",
+                alloc.q_bytes(),
+                RegionReq::Interleaved,
+                true,
+                vec![],
+                "attention_operand",
+            )));
+            let kt = push(scratch(spec(
+                "kt",
+                lay.kt_bytes(b),
+                RegionReq::Interleaved,
+                false,
+                vec![],
+                "attention_operand",
+            )));
+            let v = push(scratch(spec(
+                "v",
+                lay.v_bytes(b),
+                RegionReq::Interleaved,
+                false,
+                vec![],
+                "attention_operand",
+            )));
+            // Staged odd heads: the received Q^T and V^T, transposed
+            // into q and v after the exchange.
+            let staged = |role: &str, bytes: u32| {
+                (bytes > 0).then(|| {
+                    scratch(spec(
+                        role,
+                        bytes,
+                        RegionReq::Interleaved,
+                        false,
+                        vec![],
+                        "attention_operand",
+                    ))
+                })
+            };
+            let qt = staged("qt", lay.qt_bytes()).map(&mut push);
+            let vt = staged("vt", lay.vt_bytes()).map(&mut push);
+            let s = push(scratch(spec(
+                "s",
+                alloc.c_bytes(),
+                RegionReq::Interleaved,
+                true,
+                vec![],
+                "attention_scores",
+            )));
+            let s2 = push(scratch(spec(
+                "s_partial",
+                alloc.c_bytes(),
+                RegionReq::Interleaved,
+                true,
+                vec![],
+                "attention_scores",
+            )));
+            let p = push(scratch(spec(
+                "p",
+                alloc.p_bytes(),
+                RegionReq::Interleaved,
+                true,
+                vec![],
+                "attention_scores",
+            )));
+            let o = push(spec(
+                "o",
+                alloc.rows * lay.rs_o,
+                RegionReq::Standard,
+                false,
+                vec![],
+                "attention_state",
+            ));
+            let ml = push(spec(
+                "ml",
+                alloc.rows * 8,
+                RegionReq::Standard,
+                false,
+                vec![],
+                "attention_state",
+            ));
+            let alpha = push(spec(
+                "alpha",
+                alloc.rows * 4,
+                RegionReq::Standard,
+                false,
+                vec![],
+                "attention_state",
+            ));
+            // Every round's result rows stay for the host.
+            let out_role = if round == 0 {
+                "out".to_string()
+            } else {
+                format!("out_round{round}")
+            };
+            let out = push(spec(
+                &out_role,
+                rows * lay.rs_out,
+                RegionReq::Standard,
+                false,
+                vec![],
+                "attention_result",
+            ));
+            let scratch = push(spec(
+                "scratch",
+                8 * alloc.rows.min(6),
+                RegionReq::Standard,
+                false,
+                vec![],
+                "attention_state",
+            ));
+            // The combining tile (split 0) receives the other splits' states.
+            let others: Vec<(usize, usize)> = if ks == 0 {
+                (1..splits)
+                    .map(|j| {
+                        (
+                            push(spec(
+                                &format!("o_split{j}"),
+                                rows * lay.rs_o,
+                                RegionReq::Standard,
+                                false,
+                                vec![],
+                                "attention_state",
+                            )),
+                            push(spec(
+                                &format!("ml_split{j}"),
+                                rows * 8,
+                                RegionReq::Standard,
+                                false,
+                                vec![],
+                                "attention_state",
+                            )),
+                        )
                     })
-                };
-                let qt = staged("qt", lay.qt_bytes()).map(&mut push);
-                let vt = staged("vt", lay.vt_bytes()).map(&mut push);
-                let s = push(scratch(spec(
-                    "s",
-                    alloc.c_bytes(),
-                    RegionReq::Interleaved,
-                    true,
-                    vec![],
-                    "attention_scores",
-                )));
-                let s2 = push(scratch(spec(
-                    "s_partial",
-                    alloc.c_bytes(),
-                    RegionReq::Interleaved,
-                    true,
-                    vec![],
-                    "attention_scores",
-                )));
-                let p = push(scratch(spec(
-                    "p",
-                    alloc.p_bytes(),
-                    RegionReq::Interleaved,
-                    true,
-                    vec![],
-                    "attention_scores",
-                )));
-                let o = push(spec(
-                    "o",
-                    alloc.rows * lay.rs_o,
-                    RegionReq::Standard,
-                    false,
-                    vec![],
-                    "attention_state",
-                ));
-                let ml = push(spec(
-                    "ml",
-                    alloc.rows * 8,
-                    RegionReq::Standard,
-                    false,
-                    vec![],
-                    "attention_state",
-                ));
-                let alpha = push(spec(
-                    "alpha",
-                    alloc.rows * 4,
-                    RegionReq::Standard,
-                    false,
-                    vec![],
-                    "attention_state",
-                ));
-                // Every round's result rows stay for the host.
-                let out_role = if round == 0 {
-                    "out".to_string()
-                } else {
-                    format!("out_round{round}")
-                };
-                let out = push(spec(
-                    &out_role,
-                    rows * lay.rs_out,
-                    RegionReq::Standard,
-                    false,
-                    vec![],
-                    "attention_result",
-                ));
-                let scratch = push(spec(
-                    "scratch",
-                    8 * alloc.rows.min(6),
-                    RegionReq::Standard,
-                    false,
-                    vec![],
-                    "attention_state",
-                ));
-                // The combining tile (split 0) receives the other splits' states.
-                let others: Vec<(usize, usize)> = if ks == 0 {
-                    (1..splits)
-                        .map(|j| {
-                            (
-                                push(spec(
-                                    &format!("o_split{j}"),
-                                    rows * lay.rs_o,
-                                    RegionReq::Standard,
-                                    false,
-                                    vec![],
-                                    "attention_state",
-                                )),
-                                push(spec(
-                                    &format!("ml_split{j}"),
-                                    rows * 8,
-                                    RegionReq::Standard,
-                                    false,
-                                    vec![],
-                                    "attention_state",
-                                )),
-                            )
-                        })
-                        .collect()
-                } else {
-                    Vec::new()
-                };
-                tiles.insert(
-                    tile,
-                    (
-                        h,
-                        qi,
-                        ks,
-                        TileBuffers {
-                            q,
-                            kt,
-                            v,
-                            qt,
-                            vt,
-                            s,
-                            s2,
-                            p,
-                            o,
-                            ml,
-                            alpha,
-                            out,
-                            scratch,
-                            others,
-                        },
-                        lay,
-                    ),
-                );
-            }
+                    .collect()
+            } else {
+                Vec::new()
+            };
+            tiles.insert(
+                tile,
+                (
+                    h,
+                    qi,
+                    ks,
+                    TileBuffers {
+                        q,
+                        kt,
+                        v,
+                        qt,
+                        vt,
+                        s,
+                        s2,
+                        p,
+                        o,
+                        ml,
+                        alpha,
+                        out,
+                        scratch,
+                        others,
+                    },
+                    lay,
+                ),
+            );
         }
     }
 
@@ -2225,28 +2232,26 @@ fn lower_rows(
                 }
             }
         };
-    // Row `row` of the buffer `pick` chooses (with its row stride) on the
-    // tile of (head, query block, split), if this round runs that unit.
-    let unit_row = |h: u32,
-                    qi: u32,
-                    ks: u32,
-                    pick: fn(&TileBuffers, &TileLayout) -> (usize, u32),
-                    row: u32|
-     -> Option<BufferRef> {
+    // The tile of (head, query block, split), the buffer `pick` chooses
+    // there and its row stride, if this round runs that unit.
+    type Pick = fn(&TileBuffers, &TileLayout) -> (usize, u32);
+    let unit_buffer = |h: u32, qi: u32, ks: u32, pick: Pick| -> Option<(u32, usize, u32)> {
         let dst = unit_tile(h, qi, ks)?;
         let (buffer, stride) = pick(&tiles[&dst].3, &tiles[&dst].4);
+        Some((dst, buffer, stride))
+    };
+    // Row `row` of that buffer.
+    let unit_row = |h: u32, qi: u32, ks: u32, pick: Pick, row: u32| -> Option<BufferRef> {
+        let (tile, buffer, stride) = unit_buffer(h, qi, ks, pick)?;
         Some(BufferRef {
-            tile: dst,
+            tile,
             buffer,
             offset: row * stride,
         })
     };
-    let split_cuts: Vec<(u32, u32)> = (0..splits)
-        .map(|ks| {
-            let (k0, n) = split_keys(ks);
-            (k0, k0 + n)
-        })
-        .collect();
+    // The keys of every split's chunk `c`, where K^T and V^T rows are cut.
+    let chunk_cuts =
+        |c: usize| -> Vec<(u32, u32)> { (0..splits).map(|ks| chunk_keys(ks, c)).collect() };
     for (&(g, tile), r) in &l.group_results {
         // Staged odd heads move in one chunk (`chunked_blockings`).
         let transfers = &mut chunk_transfers[0];
@@ -2256,9 +2261,7 @@ fn lower_rows(
             transposed_runs(transfers, tile, r, qt_src[&tile], d, &qranges, &|h, qi| {
                 (0..splits)
                     .filter_map(|ks| {
-                        let dst = unit_tile(h, qi, ks)?;
-                        let t = &tiles[&dst];
-                        Some((dst, t.3.qt.expect("staged"), t.4.rs_qt))
+                        unit_buffer(h, qi, ks, |t, l| (t.qt.expect("staged"), l.rs_qt))
                     })
                     .collect()
             });
@@ -2271,13 +2274,11 @@ fn lower_rows(
                 r,
                 vt_src[&tile],
                 dv,
-                &split_cuts,
+                &chunk_cuts(0),
                 &|h, ks| {
                     (0..plan.query_blocks)
                         .filter_map(|qi| {
-                            let dst = unit_tile(h, qi, ks)?;
-                            let t = &tiles[&dst];
-                            Some((dst, t.3.vt.expect("staged"), t.4.rs_vt))
+                            unit_buffer(h, qi, ks, |t, l| (t.vt.expect("staged"), l.rs_vt))
                         })
                         .collect()
                 },
@@ -2309,20 +2310,19 @@ fn lower_rows(
             // A K^T row's keys, cut at the splits' chunks, to every query
             // block of their (head, split), in the step of their chunk.
             for (c, transfers) in chunk_transfers.iter_mut().enumerate() {
-                let cuts: Vec<(u32, u32)> = if chunks.len() == 1 {
-                    split_cuts.clone()
-                } else {
-                    (0..splits).map(|ks| chunk_keys(ks, c)).collect()
-                };
-                transposed_runs(transfers, tile, r, kt_src[&tile], d, &cuts, &|h, ks| {
-                    (0..plan.query_blocks)
-                        .filter_map(|qi| {
-                            let dst = unit_tile(h, qi, ks)?;
-                            let t = &tiles[&dst];
-                            Some((dst, t.3.kt, t.4.rs_kt))
-                        })
-                        .collect()
-                });
+                transposed_runs(
+                    transfers,
+                    tile,
+                    r,
+                    kt_src[&tile],
+                    d,
+                    &chunk_cuts(c),
+                    &|h, ks| {
+                        (0..plan.query_blocks)
+                            .filter_map(|qi| unit_buffer(h, qi, ks, |t, l| (t.kt, l.rs_kt)))
+                            .collect()
+                    },
+                );
             }
         }
     }

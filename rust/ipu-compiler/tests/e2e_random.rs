@@ -170,7 +170,6 @@ fn generate(seed: u64) -> Case {
     // so that every other case keeps the draws it had before they were
     // added (session 52).
     let mut long_r = SplitMix64(seed.wrapping_mul(0xD1B5_4A32_D192_ED03) ^ 0x10C5);
-    let mut long = false;
     match family {
         "gemm" => {
             let (rows, k, n) = (r.range(1, 160), r.range(1, 300), r.range(1, 200));
@@ -450,7 +449,6 @@ fn generate(seed: u64) -> Case {
             // tiles, where the row layout moves the keys in chunks or runs
             // the query blocks in rounds.
             if chance(&mut long_r, 0.15) {
-                long = true;
                 family = "attention_long";
                 sq = long_r.range(160, 700);
                 sk = if causal {
@@ -490,7 +488,7 @@ fn generate(seed: u64) -> Case {
         }
     }
     let mut tiles = pick(&mut r, &[1, 2, 3, 5, 8, 16, 23, 32, 64, 97]);
-    if long {
+    if family == "attention_long" {
         tiles = pick(&mut long_r, &[2, 3, 4, 6, 8, 12, 16]);
     }
     let accumulation = chance(&mut r, 0.3).then(|| {
