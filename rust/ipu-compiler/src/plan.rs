@@ -13,7 +13,8 @@
 //! by device cycles first: host link cycles are reported, not optimised.
 
 use crate::gemm::{
-    ranges, shard_sizes, GemmCosts, GemmGeometry, Partitions, Parts, ShardLayout, SplitMemo,
+    ranges, shard_sizes, GemmCosts, GemmGeometry, PartSizes, Partitions, Parts, ShardLayout,
+    SplitMemo,
 };
 use crate::lower::Launch;
 use ipu_arch::{host_transfer_cycles, CLOCK_HZ_C600, SYNC_CYCLES};
@@ -145,7 +146,7 @@ pub fn evaluate(
     col_parts: u32,
     costs: &mut GemmCosts,
 ) -> Option<GemmPlan> {
-    let rows = Parts::new(g.row_ranges(row_parts));
+    let rows = g.row_sizes(row_parts);
     let cols = Parts::new(ranges(g.ncb(), col_parts));
     evaluate_with(
         g,
@@ -161,13 +162,13 @@ pub fn evaluate(
 /// `memo` lives).
 fn evaluate_with(
     g: &GemmGeometry,
-    (row_parts, col_parts, rows, cols): (u32, u32, &Parts, &Parts),
+    (row_parts, col_parts, rows, cols): (u32, u32, &PartSizes, &Parts),
     costs: &mut GemmCosts,
     memo: &SplitMemo,
 ) -> Option<GemmPlan> {
     // Aligned row boundaries can leave a part empty: that plan is another
     // plan's duplicate with a wrong part count, so it is no candidate.
-    if rows.ranges.len() as u32 != row_parts {
+    if rows.count != row_parts {
         return None;
     }
     let mut compute = 0u64;
@@ -175,7 +176,7 @@ fn evaluate_with(
     let mut transpose_part = 0u64;
     let mut peak_r1 = 0u64;
     let mut peak_r0 = 0u64;
-    for (mt, nct) in shard_sizes(rows, cols) {
+    for (mt, nct) in shard_sizes(rows, &cols.sizes) {
         let (split, gemm, reduce) = memo.best_split_with(g, mt, nct, costs, u32::MAX)?;
         let mut tile = gemm + supervisor_cycles(split.vertices() as u64);
         if let Some(t) = costs.transpose.as_mut() {
@@ -221,7 +222,7 @@ fn evaluate_with(
     };
     // A host input B held once and copied reaches every row part's tiles
     // in the same step (batched GEMMs of two inputs).
-    let b_copied = costs.b_copied && rows.ranges.len() > 1;
+    let b_copied = costs.b_copied && rows.count > 1;
     let b_bytes = if costs.b_joined || b_copied {
         let widest = cols
             .ranges
@@ -256,7 +257,7 @@ fn evaluate_with(
     } else {
         0
     };
-    let param_bytes = g.n as u64 * g.k as u64 * g.operand_bytes() as u64 * rows.ranges.len() as u64;
+    let param_bytes = g.n as u64 * g.k as u64 * g.operand_bytes() as u64 * rows.count as u64;
     let out_bytes = g.m as u64 * g.n as u64 * g.result_bytes() as u64;
     let host_in = host_transfer_cycles(in_bytes, CLOCK_HZ_C600);
     let host_out = host_transfer_cycles(out_bytes, CLOCK_HZ_C600);
@@ -275,7 +276,7 @@ fn evaluate_with(
             total_cycles: SYNC_CYCLES + host_in + compute + host_out,
             peak_standard_bytes: peak_r0,
             peak_interleaved_bytes: peak_r1,
-            active_tiles: rows.ranges.len() as u32 * cols.ranges.len() as u32,
+            active_tiles: rows.count * cols.sizes.count,
         },
     })
 }
@@ -569,7 +570,7 @@ pub fn search_chain(
 /// a whole element.
 fn chain_fits_together(items: &mut [(GemmGeometry, &mut GemmCosts)], row_parts: u32) -> bool {
     // The GEMMs share the first one's row partition (one row count).
-    let Some(rows) = items.first().map(|i| Parts::new(i.0.row_ranges(row_parts))) else {
+    let Some(rows) = items.first().map(|i| i.0.row_sizes(row_parts)) else {
         return true;
     };
     rows.lengths.iter().all(|&mt| {
@@ -595,8 +596,8 @@ pub fn whole_k_joint(
     plan: &GemmPlan,
     costs: &mut GemmCosts,
 ) -> Option<(u64, u64, u64)> {
-    let rows = Parts::new(g.row_ranges(plan.row_parts));
-    let cols = Parts::new(ranges(g.ncb(), plan.col_parts));
+    let rows = g.row_sizes(plan.row_parts);
+    let cols = PartSizes::aligned(g.ncb(), plan.col_parts, 1);
     let mut joint = (0, 0, 0);
     for (mt, nct) in shard_sizes(&rows, &cols) {
         let (split, _, _) = crate::gemm::best_split(g, mt, nct, costs)?;

@@ -646,13 +646,10 @@ pub fn evaluate(
         _ => None,
     };
     let (rows, cols) = memo.partitions.grid(g, row_parts, col_parts);
-    if rows.ranges.len() as u32 != row_parts
-        || cols.ranges.len() as u32 != col_parts
-        || kp > g.nkb()
-    {
+    if rows.count != row_parts || cols.sizes.count != col_parts || kp > g.nkb() {
         return None;
     }
-    let sizes = shard_sizes(rows, cols);
+    let sizes = shard_sizes(rows, &cols.sizes);
     // Several K parts need the reduce kernel (f32 partials, or f16 ones
     // when the library has reduce_f32 IN=16).
     if kp > 1 && costs.reduce.is_none() {
