@@ -2327,6 +2327,9 @@ fn lower_rows(
         }
     }
 
+    // The key chunks' exchange steps (and the split states' below) are
+    // scheduled side by side at the end; each one's index in `steps` is
+    // set where it is pushed.
     let mut xsteps = Vec::new();
     for (c, transfers) in chunk_transfers.into_iter().enumerate() {
         check_word_aligned(&transfers)?;
@@ -2335,16 +2338,24 @@ fn lower_rows(
             (_, 0) => format!("exchange q, k^T, v key chunk 0 -> {name}"),
             _ => format!("exchange k^T, v key chunk {c} -> {name}"),
         };
-        xsteps.push(exchange::program_step(
+        xsteps.push(exchange::pending_step(
             l.tile_count,
             transfers,
             exchange_label + c as u32,
             &mut l.buffers,
             name.clone(),
             phase,
-        )?);
+            0,
+        ));
     }
     let mut xsteps = xsteps.into_iter();
+    let mut pending = Vec::new();
+    let mut push_exchange =
+        |steps: &mut Vec<Step>, (step, mut p): (Step, exchange::PendingStep)| {
+            p.index = steps.len();
+            pending.push(p);
+            steps.push(step);
+        };
 
     // Steps 3 and 4: per key block, then the final normalisation.
     let nkb_s = dp / 16;
@@ -2356,7 +2367,9 @@ fn lower_rows(
             .filter(|s| !s.tiles.is_empty()),
     );
     steps.push(fill_step);
-    steps.extend(xsteps.next());
+    if let Some(x) = xsteps.next() {
+        push_exchange(&mut steps, x);
+    }
     if b.staged() {
         // Staged odd heads: Q^T into Q's rows and V^T into V's rows, one
         // `transpose_f16` vertex per range of queries or keys (at most
@@ -2402,7 +2415,9 @@ fn lower_rows(
     };
     for bi in 0..plan.key_blocks.len() {
         if bi > 0 && chunk_of(bi) != chunk_of(bi - 1) {
-            steps.extend(xsteps.next());
+            if let Some(x) = xsteps.next() {
+                push_exchange(&mut steps, x);
+            }
         }
         let mut sg = compute_step(format!("{name} scores, key block {bi}"));
         let mut on = compute_step(format!("{name} online softmax, key block {bi}"));
@@ -2646,15 +2661,16 @@ fn lower_rows(
                 bytes: lay.rows * 8,
             });
         }
-        let xstep = exchange::program_step(
+        let x = exchange::pending_step(
             l.tile_count,
             moves,
             exchange_label + chunks.len() as u32,
             &mut l.buffers,
             name.clone(),
             format!("exchange {name} key-split states"),
-        )?;
-        steps.push(xstep);
+            0,
+        );
+        push_exchange(&mut steps, x);
         for j in 1..splits {
             let mut cs = compute_step(format!("{name} combine key split {j}"));
             for (&tile, &(_, _, ks, ref t, lay)) in &tiles {
@@ -2752,6 +2768,7 @@ fn lower_rows(
     let (_, per_step) = compute_cycles(b, kernels, plan.rows, &[]);
     fin.estimated_cycles = per_step[1];
     steps.push(fin);
+    exchange::schedule_pending(pending, &mut steps, &mut l.buffers)?;
     l.calls[1].steps.extend(steps);
     // Rounds add their heads' rows to one output tensor.
     match l.io[1].1.iter_mut().find(|t| t.name == y.name) {

@@ -324,6 +324,15 @@ fn query_sizes(block: &AttentionBlock, qb: u32) -> crate::gemm::PartSizes {
     crate::gemm::PartSizes::aligned(block.sq, qb, 2)
 }
 
+/// At most how few blocks [`query_ranges`] cuts `sq` queries into when
+/// asked for `qb`: all `qb` while each is at least two queries (the exact
+/// cuts then lie at least two apart, so their even roundings differ), and
+/// past that every even boundary is still hit, about `sq / 2` blocks
+/// (tested).
+fn least_query_blocks(sq: u32, qb: u32) -> u32 {
+    qb.min(sq / 2)
+}
+
 /// One tile's shapes: `rows` queries (the layout is sized for the most
 /// rows of any tile), `n` keys of its split, `kp` keys of the widest split
 /// (padded to 16).
@@ -1128,8 +1137,17 @@ fn candidates(
             // exceed the widest a tile takes, and cutting every count's
             // ranges made this loop quadratic in the queries (a twentieth
             // of Llama-2-7B's compile at 2048 tokens).
-            let rows = query_sizes(block, qb).lengths.last().copied().unwrap_or(0);
-            if rows > most_rows || seen.contains(&rows) {
+            // Every query block takes a tile per head of a round (one per
+            // key split without a causal mask), and a blocking of `qb`
+            // blocks has at least `least_query_blocks` of them: a count
+            // that needs more tiles than there are is skipped uncut.
+            let tiles_per_block = round_heads * if block.causal { 1 } else { splits };
+            if tiles_per_block * least_query_blocks(block.sq, qb) > tiles {
+                continue;
+            }
+            let sizes = query_sizes(block, qb);
+            let rows = sizes.lengths.last().copied().unwrap_or(0);
+            if rows > most_rows || seen.contains(&rows) || tiles_per_block * sizes.count > tiles {
                 continue;
             }
             let qr = query_ranges(block, qb);
@@ -2325,6 +2343,21 @@ mod tests {
     use super::*;
     use ipu_graph::ValueId;
     use std::collections::BTreeSet;
+
+    /// The planner skips query-block counts by this bound before cutting
+    /// them: it must never exceed the blocks actually cut.
+    #[test]
+    fn least_query_blocks_is_a_lower_bound() {
+        for sq in 1..400 {
+            for qb in 1..=sq + 3 {
+                let cut = aligned_ranges(sq, qb, 2).len() as u32;
+                assert!(
+                    least_query_blocks(sq, qb) <= cut,
+                    "{sq} queries in {qb} blocks: {cut} cut"
+                );
+            }
+        }
+    }
 
     fn kernels() -> ColumnKernels {
         let k = |entry: &str, formula: &str| {
