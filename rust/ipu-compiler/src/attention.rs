@@ -2350,12 +2350,6 @@ fn lower_rows(
     }
     let mut xsteps = xsteps.into_iter();
     let mut pending = Vec::new();
-    let mut push_exchange =
-        |steps: &mut Vec<Step>, (step, mut p): (Step, exchange::PendingStep)| {
-            p.index = steps.len();
-            pending.push(p);
-            steps.push(step);
-        };
 
     // Steps 3 and 4: per key block, then the final normalisation.
     let nkb_s = dp / 16;
@@ -2368,7 +2362,7 @@ fn lower_rows(
     );
     steps.push(fill_step);
     if let Some(x) = xsteps.next() {
-        push_exchange(&mut steps, x);
+        exchange::push_pending(&mut steps, &mut pending, x);
     }
     if b.staged() {
         // Staged odd heads: Q^T into Q's rows and V^T into V's rows, one
@@ -2416,7 +2410,7 @@ fn lower_rows(
     for bi in 0..plan.key_blocks.len() {
         if bi > 0 && chunk_of(bi) != chunk_of(bi - 1) {
             if let Some(x) = xsteps.next() {
-                push_exchange(&mut steps, x);
+                exchange::push_pending(&mut steps, &mut pending, x);
             }
         }
         let mut sg = compute_step(format!("{name} scores, key block {bi}"));
@@ -2670,7 +2664,7 @@ fn lower_rows(
             format!("exchange {name} key-split states"),
             0,
         );
-        push_exchange(&mut steps, x);
+        exchange::push_pending(&mut steps, &mut pending, x);
         for j in 1..splits {
             let mut cs = compute_step(format!("{name} combine key split {j}"));
             for (&tile, &(_, _, ks, ref t, lay)) in &tiles {

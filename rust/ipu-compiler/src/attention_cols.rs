@@ -1132,15 +1132,13 @@ fn candidates(
         let kp = n.div_ceil(16) * 16;
         let mut seen = std::collections::BTreeSet::new();
         for qb in 1..=block.sq {
-            // A blocking's widest block first, without cutting its ranges:
-            // most query-block counts repeat a width already planned or
-            // exceed the widest a tile takes, and cutting every count's
-            // ranges made this loop quadratic in the queries (a twentieth
-            // of Llama-2-7B's compile at 2048 tokens).
-            // Every query block takes a tile per head of a round (one per
-            // key split without a causal mask), and a blocking of `qb`
-            // blocks has at least `least_query_blocks` of them: a count
-            // that needs more tiles than there are is skipped uncut.
+            // Most counts are ruled out before their ranges are cut
+            // (cutting every count's made this loop quadratic in the
+            // queries): every query block takes a tile per head of a round
+            // (one per key split without a causal mask), so a count whose
+            // least number of blocks needs more tiles than there are is
+            // skipped first; then one whose widest block exceeds what a
+            // tile takes or repeats a width already planned.
             let tiles_per_block = round_heads * if block.causal { 1 } else { splits };
             if tiles_per_block * least_query_blocks(block.sq, qb) > tiles {
                 continue;
@@ -1803,7 +1801,7 @@ pub fn lower(
         }
         crate::attention::check_word_aligned(&transfers)?;
         // Its index in `steps` is set where it is pushed.
-        let (xstep, mut xpending) = exchange::pending_step(
+        let xstep = exchange::pending_step(
             l.tile_count,
             transfers,
             label,
@@ -2123,9 +2121,8 @@ pub fn lower(
                 steps.push(step);
             }
         }
-        xpending.index = steps.len();
-        pending.push(xpending);
-        steps.extend([xstep, st]);
+        exchange::push_pending(&mut steps, &mut pending, xstep);
+        steps.push(st);
         // With compact buffers, the tiles whose split has padding keys zero
         // their P^T rows once the S^T GEMM is done with the buffer they share;
         // the others spend nothing there.
@@ -2239,17 +2236,16 @@ pub fn lower(
                     );
                 }
             }
-            let (step, p) = exchange::pending_step(
+            let x = exchange::pending_step(
                 l.tile_count,
                 moves,
                 label,
                 &mut l.buffers,
                 name.clone(),
                 format!("exchange {name} key-split states{heads}"),
-                steps.len(),
+                0,
             );
-            steps.push(step);
-            pending.push(p);
+            exchange::push_pending(&mut steps, &mut pending, x);
             label += 1;
         }
 

@@ -166,6 +166,19 @@ pub fn pending_step(
     (step, pending)
 }
 
+/// Pushes a [`pending_step`]'s program step onto `steps` and its schedule
+/// onto `pending`, with its index where it now stands, for callers that
+/// make their exchange steps before they know their places.
+pub fn push_pending(
+    steps: &mut Vec<crate::lower::Step>,
+    pending: &mut Vec<PendingStep>,
+    (step, mut p): (crate::lower::Step, PendingStep),
+) {
+    p.index = steps.len();
+    pending.push(p);
+    steps.push(step);
+}
+
 /// Schedules the `pending` steps in parallel and completes them in `steps`
 /// and their table buffers in `buffers`: the same steps and buffers as
 /// [`program_step`] one after another (the first failure in order is the

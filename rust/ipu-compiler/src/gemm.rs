@@ -254,8 +254,7 @@ impl PartSizes {
             return;
         }
         self.count += 1;
-        // Consecutive parts mostly repeat the last new length.
-        if self.lengths.last() != Some(&length) && !self.lengths.contains(&length) {
+        if !self.lengths.contains(&length) {
             self.lengths.push(length);
         }
     }

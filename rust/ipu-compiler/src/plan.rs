@@ -211,7 +211,7 @@ fn evaluate_with(
     // With one column part the rows are held once, where they are read.
     // In a segment's join every plan receives its rows (`a_joined`).
     // A copy in a step that runs anyway (`a_copy_shared`) likewise.
-    let copied = costs.a_copied && (cols.ranges.len() > 1 || costs.a_joined || costs.a_copy_shared);
+    let copied = costs.a_copied && (cols.sizes.count > 1 || costs.a_joined || costs.a_copy_shared);
     // A join that moves the weights too (`b_joined`) delivers each tile's
     // columns of B in the same step as its rows of A.
     let a_bytes = if copied {
@@ -252,7 +252,7 @@ fn evaluate_with(
     // copied by exchange); B columns to every row part. (The ranges cover
     // the rows and columns once each.)
     let in_bytes = if costs.owns_a {
-        let copies = if copied { 1 } else { cols.ranges.len() as u64 };
+        let copies = if copied { 1 } else { cols.sizes.count as u64 };
         g.m as u64 * g.k as u64 * g.operand_bytes() as u64 * copies
     } else {
         0
