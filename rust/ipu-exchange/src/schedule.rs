@@ -125,9 +125,17 @@ struct Construction<'a> {
     remaining: Vec<u64>,
     /// Table slots already taken on each tile.
     started: Vec<u64>,
+    /// The most slots taken on any tile of each class: a strided piece
+    /// waits for the latest issue cycle among its tiles, and offers ask for
+    /// it far more often than pieces start.
+    class_started: Vec<u64>,
     /// Slots each descriptor of a piece may take: 2 for a piece of whole
     /// runs of a strided job (its prefix first), else 1.
     piece_slots: Vec<u8>,
+    /// The last piece of each piece's job when the pieces are in job order
+    /// (as `coalesce::split` makes them), else the piece itself: the walk
+    /// skips the rest of a job's entries after offering its first live one.
+    job_last: Vec<u32>,
     /// Only filled for ports in `all_unicast`.
     adj: Vec<Vec<AdjEntry>>,
     /// Entries of started pieces still in `adj[p]`.
@@ -250,6 +258,8 @@ struct AdjIndex {
     first: Vec<u32>,
     /// Bit `t` is set when `first[t]` is not [`NO_ENTRY`].
     has: Vec<u64>,
+    /// Bits set in `has`: the counterparts with a live entry.
+    counterparts: usize,
 }
 
 impl AdjIndex {
@@ -257,6 +267,7 @@ impl AdjIndex {
         let mut index = AdjIndex {
             first: vec![NO_ENTRY; tiles as usize],
             has: vec![0; (tiles as usize).div_ceil(64)],
+            counterparts: 0,
         };
         index.record(list);
         index
@@ -268,7 +279,7 @@ impl AdjIndex {
             if i == 0 || list[i - 1].0 != o {
                 let tile = o as usize / 2;
                 self.first[tile] = i as u32;
-                self.has[tile / 64] |= 1 << (tile % 64);
+                self.set(tile);
             }
         }
     }
@@ -278,7 +289,39 @@ impl AdjIndex {
         for &(o, _) in list {
             let tile = o as usize / 2;
             self.first[tile] = NO_ENTRY;
-            self.has[tile / 64] &= !(1 << (tile % 64));
+            self.clear(tile);
+        }
+    }
+
+    fn set(&mut self, tile: usize) {
+        let bit = 1 << (tile % 64);
+        self.counterparts += usize::from(self.has[tile / 64] & bit == 0);
+        self.has[tile / 64] |= bit;
+    }
+
+    fn clear(&mut self, tile: usize) {
+        let bit = 1 << (tile % 64);
+        self.counterparts -= usize::from(self.has[tile / 64] & bit != 0);
+        self.has[tile / 64] &= !bit;
+    }
+
+    /// Moves counterpart `other`'s first position past the started entry at
+    /// `pos` and the started entries after it, when that entry was its
+    /// first; forgets the counterpart when none of its entries is live.
+    fn passed(&mut self, list: &[AdjEntry], pos: usize, other: u32) {
+        let tile = other as usize / 2;
+        if self.first[tile] as usize != pos {
+            return;
+        }
+        let mut i = pos;
+        while list.get(i).is_some_and(|&(o, q)| o == other && q == DEAD) {
+            i += 1;
+        }
+        if list.get(i).is_some_and(|&(o, _)| o == other) {
+            self.first[tile] = i as u32;
+        } else {
+            self.first[tile] = NO_ENTRY;
+            self.clear(tile);
         }
     }
 
@@ -298,10 +341,12 @@ type Key = (u64, u32, Reverse<u32>);
 
 /// Pieces grouped by a key (a send port or a class), each group best first
 /// (most words, then lowest piece: the choice order for pieces of one
-/// score), so that a scan tests a group's key once and offers only its
-/// first pending piece. All pieces of a group share their sender and their
-/// class, so they have one score and, if they are self-loops, wait for the
-/// same issue cycle: the first pending piece is the best the group has.
+/// score), so that a scan tests a group's key once and offers its pending
+/// pieces in that order until one is ready. All pieces of a group share
+/// their sender and their class, so they have one score: the first ready
+/// piece is the best the group has. It is nearly always the first pending
+/// one; a piece of several runs of a strided job waits an issue cycle for
+/// its prefix where a later piece of one run does not.
 #[derive(Clone, Default)]
 struct Grouped {
     pieces: Vec<u32>,
@@ -338,15 +383,18 @@ impl Grouped {
         }
     }
 
-    /// Each group's key and its first pending piece, if it has one.
-    fn firsts<'s>(&'s self, start: &'s [u64]) -> impl Iterator<Item = (u32, Option<u32>)> + 's {
+    /// Each group's key and its pieces from the first pending one on (empty
+    /// when it has none; started pieces may follow it).
+    fn pending<'s>(&'s self, start: &'s [u64]) -> impl Iterator<Item = (u32, &'s [u32])> + 's {
         self.groups.iter().map(move |(k, end, first)| {
             let from = first.get();
-            let pending = self.pieces[from as usize..*end as usize]
+            let rest = &self.pieces[from as usize..*end as usize];
+            let skip = rest
                 .iter()
-                .position(|&q| start[q as usize] == UNSCHEDULED);
-            first.set(from + pending.map_or(*end - from, |i| i as u32));
-            (*k, pending.map(|i| self.pieces[(from + i as u32) as usize]))
+                .position(|&q| start[q as usize] == UNSCHEDULED)
+                .unwrap_or(rest.len());
+            first.set(from + skip as u32);
+            (*k, &rest[skip..])
         })
     }
 
@@ -461,6 +509,15 @@ impl<'a> Construction<'a> {
                 }
             })
             .collect();
+        let job_order = pieces.windows(2).all(|w| w[0].job <= w[1].job);
+        let mut job_last: Vec<u32> = (0..pieces.len() as u32).collect();
+        if job_order {
+            for i in (1..pieces.len()).rev() {
+                if pieces[i - 1].job == pieces[i].job {
+                    job_last[i - 1] = job_last[i];
+                }
+            }
+        }
         let class_busy = (0..classes).map(|k| class_ports(k).len() as u32).collect();
         let mut events = Calendar::new();
         for (p, &r) in remaining.iter().enumerate() {
@@ -468,11 +525,11 @@ impl<'a> Construction<'a> {
                 events.push(c, p as u32);
             }
         }
-        let unicast_side = |side: usize| {
-            (side..ports)
-                .step_by(2)
-                .any(|p| all_unicast[p] && remaining[p] > 0)
-        };
+        // Only a port whose list is long enough to be walked reads the other
+        // side's idle set (a multicast phase with a few unicast pieces kept
+        // both sets for nothing: half of its construction time).
+        let unicast_side =
+            |side: usize| (side..ports).step_by(2).any(|p| adj[p].len() > SHORT_LIST);
         let track_idle = [unicast_side(1), unicast_side(0)];
         Construction {
             pieces,
@@ -491,7 +548,9 @@ impl<'a> Construction<'a> {
             free: vec![c; ports],
             remaining,
             started: vec![0; tiles as usize],
+            class_started: vec![0; classes],
             piece_slots,
+            job_last,
             adj,
             adj_index,
             dead: vec![0; ports],
@@ -560,9 +619,16 @@ impl<'a> Construction<'a> {
             .unwrap_or(0)
     }
 
-    fn run(mut self) -> Schedule {
+    /// The schedule, or `None` when `stop` said so (it is asked every
+    /// [`STOP_POLL`] events).
+    fn run(mut self, stop: &dyn Fn() -> bool) -> Option<Schedule> {
         let mut batch: Vec<u32> = Vec::new();
+        let mut events = 0u32;
         loop {
+            events = events.wrapping_add(1);
+            if events.is_multiple_of(STOP_POLL) && stop() {
+                return None;
+            }
             batch.clear();
             let Some(t) = self.events.pop(&mut batch) else {
                 break;
@@ -608,25 +674,25 @@ impl<'a> Construction<'a> {
             });
         }
         placed.sort_unstable();
-        Schedule { placed, horizon }
+        Some(Schedule { placed, horizon })
     }
 
     /// Offers piece `q`, whose ports other than the chooser are all idle, with
-    /// the highest priority among them `score`.
-    fn offer(&self, q: u32, score: u64, t: u64, best: &mut Option<Key>, retry: &mut u64) {
+    /// the highest priority among them `score`. False when `q` must wait
+    /// for a later issue cycle (then `retry` holds the earliest).
+    fn offer(&self, q: u32, score: u64, t: u64, best: &mut Option<Key>, retry: &mut u64) -> bool {
         let slots = self.piece_slots[q as usize] as u64;
         if slots > 1 {
             // A strided piece's descriptors issue a slot after their
             // prefixes, on every tile of the piece (its ports are idle, so
             // ready for a contiguous descriptor already).
             let qi = q as usize;
-            let ready_at = (0..self.port_count(qi))
-                .map(|i| self.ready_at(self.port(qi, i) / 2) + slots - 1)
-                .max()
-                .unwrap_or(0);
+            let sender = self.piece_send[qi] as usize / 2;
+            let most = self.started[sender].max(self.class_started[self.piece_class[qi] as usize]);
+            let ready_at = self.issue_offset + most + slots - 1;
             if ready_at > t {
                 *retry = (*retry).min(ready_at);
-                return;
+                return false;
             }
         }
         if self.self_loop[q as usize] {
@@ -636,12 +702,30 @@ impl<'a> Construction<'a> {
             let ready_at = self.ready_at(source) + 2 * slots - 1;
             if ready_at > t {
                 *retry = (*retry).min(ready_at);
-                return;
+                return false;
             }
         }
         let key = (score, self.piece_words[q as usize], Reverse(q));
         if best.is_none_or(|b| key > b) {
             *best = Some(key);
+        }
+        true
+    }
+
+    /// Offers the pending pieces of a group (best first, all of one score)
+    /// until one is ready: the later ones cannot beat it.
+    fn offer_group(
+        &self,
+        pieces: &[u32],
+        score: u64,
+        t: u64,
+        best: &mut Option<Key>,
+        retry: &mut u64,
+    ) {
+        for &q in pieces {
+            if self.start[q as usize] == UNSCHEDULED && self.offer(q, score, t, best, retry) {
+                return;
+            }
         }
     }
 
@@ -652,16 +736,22 @@ impl<'a> Construction<'a> {
         let live = list.len() - self.dead[p] as usize;
         let opposite = &self.idle[(p & 1) ^ 1];
         // Walking the idle set in priority order usually stops after about
-        // (ports of the other side / live entries) lookups; scanning costs
-        // `live`. But when few of the port's counterparts are idle the walk
-        // meets no entry and runs through the whole set, so it gives up
-        // after `live` lookups and the scan decides. Both choose the same
-        // piece. Short lists are scanned. A list longer than SHORT_LIST now
-        // was so from the start, so it has an index.
+        // (ports of the other side / live counterparts) lookups; scanning
+        // costs about one test per live counterpart (the scans see a
+        // counterpart's pieces as one group). But when few of the port's
+        // counterparts are idle the walk meets no entry and runs through the
+        // whole set, so it gives up after that many lookups and the scan
+        // decides. Counterparts, not entries: a phase cut into fine pieces
+        // has thousands of entries for each of a few counterparts (a
+        // Llama-2-7B reduce-scatter in 17-word pieces walked all 1,472 idle
+        // ports at nearly every choice, 7.5 s a construction). Both ways
+        // choose the same piece. Short lists are scanned. A list longer
+        // than SHORT_LIST now was so from the start, so it has an index.
+        let counterparts = self.adj_index[p].counterparts;
         let walked = !self.reference_search
             && self.all_unicast[p]
             && live > SHORT_LIST
-            && opposite.len() < live * 64
+            && opposite.len() < counterparts * 64
             && {
                 let index = &self.adj_index[p];
                 let mut lookups = 0;
@@ -671,20 +761,37 @@ impl<'a> Construction<'a> {
                         break;
                     }
                     lookups += 1;
-                    if lookups > live {
+                    if lookups > counterparts {
                         done = false;
                         break;
                     }
-                    let Some(from) = index.lookup(o as usize / 2) else {
+                    let Some(mut i) = index.lookup(o as usize / 2) else {
                         continue;
                     };
-                    for &(other, q) in &list[from..] {
+                    while let Some(&(other, q)) = list.get(i) {
                         if other != o {
                             break;
                         }
+                        i += 1;
+                        if q == DEAD {
+                            continue;
+                        }
                         // `o` is idle (it is in the idle set) and is q's only other port.
-                        if q != DEAD {
-                            self.offer(q, pr, t, &mut best, &mut retry);
+                        if !self.offer(q, pr, t, &mut best, &mut retry) {
+                            // A later piece of the job may take fewer slots
+                            // and be ready (one run of a strided job).
+                            continue;
+                        }
+                        // The later pieces of q's job have q's ports and
+                        // score, no more words and higher indices, so none
+                        // is a better choice than q: skip past the job's
+                        // last entry when it sits where the job's pieces,
+                        // in order, put it (only started ones ever leave
+                        // the list, and the list is sorted by piece).
+                        let last = self.job_last[q as usize];
+                        let end = i + (last - q) as usize;
+                        if last != q && list.get(end - 1) == Some(&(o, last)) {
+                            i = end;
                         }
                     }
                 }
@@ -703,19 +810,19 @@ impl<'a> Construction<'a> {
                     continue;
                 }
                 let receivers = self.class_priority(k, p);
-                for (s, first) in self.class_pieces[k as usize].firsts(&self.start) {
-                    if let Some(q) = first.filter(|_| self.is_idle(s as usize)) {
+                for (s, pending) in self.class_pieces[k as usize].pending(&self.start) {
+                    if !pending.is_empty() && self.is_idle(s as usize) {
                         let score = receivers.max(self.priority(s as usize));
-                        self.offer(q, score, t, &mut best, &mut retry);
+                        self.offer_group(pending, score, t, &mut best, &mut retry);
                     }
                 }
             }
         } else {
             // A send port: its pieces whose class's receivers are all idle.
-            for (k, first) in self.send_pieces[p].firsts(&self.start) {
-                if let Some(q) = first.filter(|_| self.class_busy[k as usize] == 0) {
+            for (k, pending) in self.send_pieces[p].pending(&self.start) {
+                if !pending.is_empty() && self.class_busy[k as usize] == 0 {
                     let score = self.class_priority(k, p);
-                    self.offer(q, score, t, &mut best, &mut retry);
+                    self.offer_group(pending, score, t, &mut best, &mut retry);
                 }
             }
         }
@@ -785,6 +892,11 @@ impl<'a> Construction<'a> {
             self.free[x] = t + w;
             self.remaining[x] -= w;
             self.started[x / 2] += self.piece_slots[qi] as u64;
+            let started = self.started[x / 2];
+            for &k in &self.port_classes[x | 1] {
+                let most = &mut self.class_started[k as usize];
+                *most = (*most).max(started);
+            }
             if self.remaining[x] > 0 {
                 self.events.push(t + w, x as u32);
             }
@@ -792,10 +904,17 @@ impl<'a> Construction<'a> {
                 // The piece is unicast: one entry in `adj[x]`, at the
                 // position `adj_pos` keeps for its side.
                 let list = &mut self.adj[x];
-                let entry = &mut list[self.adj_pos[qi][x & 1] as usize];
+                let pos = self.adj_pos[qi][x & 1] as usize;
+                let entry = &mut list[pos];
                 debug_assert_eq!(entry.1, q, "adj_pos of piece {q} on port {x}");
                 entry.1 = DEAD;
+                let other = entry.0;
                 self.dead[x] += 1;
+                if !self.adj_index[x].is_empty() {
+                    // Lookups land on the counterpart's first live entry, not
+                    // on the started pieces before it.
+                    self.adj_index[x].passed(list, pos, other);
+                }
                 if 2 * self.dead[x] as usize > list.len() {
                     let index = &mut self.adj_index[x];
                     if !index.is_empty() {
@@ -837,8 +956,15 @@ pub fn construct(
     issue_offset: u64,
     bonus: &[u64],
 ) -> Schedule {
-    Construction::new(jobs, pieces, tiles, issue_offset, bonus).run()
+    Construction::new(jobs, pieces, tiles, issue_offset, bonus)
+        .run(&|| false)
+        .expect("a construction that is never stopped finishes")
 }
+
+/// Events between two questions to the `stop` callback of a construction:
+/// often enough that a stopped search ends within milliseconds, rarely
+/// enough that asking costs nothing measurable.
+const STOP_POLL: u32 = 1024;
 
 /// Result of [`improve`]: the first and the best schedule.
 #[derive(Clone, Debug)]
@@ -856,7 +982,10 @@ pub const PATIENCE: u32 = 4;
 
 /// Construction followed by up to `rounds` squeaky-wheel rounds; stops early
 /// when the horizon reaches `target` (a lower bound) or after [`PATIENCE`]
-/// rounds without improvement.
+/// rounds without improvement. Abandoned (`None`) as soon as `stop` returns
+/// true: the driver stops the search of a piece size whose result can no
+/// longer be chosen. Whether it stops never changes what a finished search
+/// returns.
 pub fn improve(
     jobs: &[Job],
     pieces: &[Piece],
@@ -864,9 +993,10 @@ pub fn improve(
     issue_offset: u64,
     rounds: u32,
     target: u64,
-) -> Search {
+    stop: &dyn Fn() -> bool,
+) -> Option<Search> {
     let mut bonus = vec![0u64; 2 * tiles as usize];
-    let initial = construct(jobs, pieces, tiles, issue_offset, &bonus);
+    let initial = Construction::new(jobs, pieces, tiles, issue_offset, &bonus).run(stop)?;
     let mut best = initial.clone();
     let mut last = initial.clone();
     let mut improvements = 0;
@@ -894,7 +1024,7 @@ pub fn improve(
         for (b, &e) in bonus.iter_mut().zip(&end) {
             *b += e.saturating_sub(target);
         }
-        last = construct(jobs, pieces, tiles, issue_offset, &bonus);
+        last = Construction::new(jobs, pieces, tiles, issue_offset, &bonus).run(stop)?;
         if last.horizon < best.horizon {
             best = last.clone();
             improvements += 1;
@@ -903,11 +1033,11 @@ pub fn improve(
             stale += 1;
         }
     }
-    Search {
+    Some(Search {
         initial,
         best,
         improvements,
-    }
+    })
 }
 
 #[cfg(test)]
@@ -946,12 +1076,16 @@ mod tests {
 
     /// The class counters, the unicast walk with its index, and the lazy
     /// list maintenance choose exactly what the plain rule chooses, with and
-    /// without priority bonuses, on multicast, unicast and mixed phases.
+    /// without priority bonuses, on multicast, unicast and mixed phases, and
+    /// on strided ones whose pieces of several runs wait for their prefix's
+    /// issue cycle where a one-run piece of the same job does not.
     #[test]
     fn fast_search_equals_the_plain_rule() {
         let mut rng = SplitMix64(23);
-        for case in 0..60 {
-            let phase = match case % 5 {
+        for case in 0..84 {
+            let phase = match case % 7 {
+                5 => synth::strided(&mut rng, 9, 40, 12, [2, 5, 17][(case % 3) as usize]),
+                6 => synth::scatter(8, 200, 300),
                 0 => grouped(&mut rng, 48, 8, 300),
                 1 => synth::all_to_all(40, 24, 1, 6, case),
                 2 => synth::random(&mut rng, 16, 200, 6, 5),
@@ -963,7 +1097,15 @@ mod tests {
             };
             phase.validate().expect("synthetic phases are valid");
             let jobs = coalesce(&phase);
-            let pieces = split(&jobs, if case % 3 == 0 { Some(3) } else { None });
+            let pieces = split(
+                &jobs,
+                match case % 7 {
+                    // Pieces of a few runs of a job, and its last of one.
+                    5 | 6 => Some(2 + 3 * (case % 5) as u32),
+                    _ if case % 3 == 0 => Some(3),
+                    _ => None,
+                },
+            );
             let ports = 2 * phase.tiles as usize;
             let bonus: Vec<u64> = if case % 2 == 0 {
                 vec![0; ports]
@@ -973,7 +1115,7 @@ mod tests {
             let fast = construct(&jobs, &pieces, phase.tiles, 12, &bonus);
             let mut reference = Construction::new(&jobs, &pieces, phase.tiles, 12, &bonus);
             reference.reference_search = true;
-            assert_eq!(fast, reference.run(), "case {case}");
+            assert_eq!(fast, reference.run(&|| false).unwrap(), "case {case}");
         }
     }
 

@@ -84,17 +84,24 @@ fn rows_of_a_column_block_chain_into_strided_descriptors() {
     // columns of a wider matrix) land contiguously on tile 1 and 32 bytes
     // apart on tile 2: one strided job. Tile 0's send and tile 2's receive
     // are strided (two slots each: the prefix issues at 12, the descriptor
-    // at 13, so the job starts at 13); tile 1's receive is contiguous.
+    // at 13, so the whole job starts at 13 and ends a cycle past the
+    // bound); tile 1's receive is contiguous. Cut into a piece of two runs
+    // and one of one run, the one-run piece needs no prefix and starts at
+    // 12, and the strided piece follows at 14: the bound, for three more
+    // descriptors (a small phase takes the shortest schedule).
     check(
         COLUMN_BLOCK_ROWS,
         expect![[r#"
-            transfers=3 jobs=1 descriptors=3 horizon=19 bound=18 endpoint=6 gap=1 exchange_cycles=24
+            transfers=3 jobs=1 descriptors=6 horizon=18 bound=18 endpoint=6 gap=0 exchange_cycles=24
             tile 0:
-              send 0x80000 words=6 start=13 runs of 2 every 0x10
+              send 0x80020 words=2 start=12
+              send 0x80000 words=4 start=14 runs of 2 every 0x10
             tile 1:
-              recv 0x90000 words=6 start=13 from=0
+              recv 0x90010 words=2 start=12 from=0
+              recv 0x90000 words=4 start=14 from=0
             tile 2:
-              recv 0xa0000 words=6 start=13 from=0 runs of 2 every 0x20
+              recv 0xa0040 words=2 start=12 from=0
+              recv 0xa0000 words=4 start=14 from=0 runs of 2 every 0x20
         "#]],
     );
 }
@@ -103,7 +110,8 @@ fn rows_of_a_column_block_chain_into_strided_descriptors() {
 fn a_stride_never_leaves_its_span() {
     // The same rows, but the third lies in another span of tile 0 (another
     // buffer of a compiler that moves buffers after scheduling): two rows
-    // chain, the third is a job of its own.
+    // chain, the third is a job of its own, and it goes first, needing no
+    // prefix.
     check(
         &format!(
             "{COLUMN_BLOCK_ROWS}
@@ -114,14 +122,16 @@ fn a_stride_never_leaves_its_span() {
         "
         ),
         expect![[r#"
-            transfers=3 jobs=2 descriptors=4 horizon=19 bound=18 endpoint=6 gap=1 exchange_cycles=24
+            transfers=3 jobs=2 descriptors=6 horizon=18 bound=18 endpoint=6 gap=0 exchange_cycles=24
             tile 0:
-              send 0x80000 words=4 start=13 runs of 2 every 0x10
-              send 0x80020 words=2 start=17
+              send 0x80020 words=2 start=12
+              send 0x80000 words=4 start=14 runs of 2 every 0x10
             tile 1:
-              recv 0x90000 words=6 start=13 from=0
+              recv 0x90010 words=2 start=12 from=0
+              recv 0x90000 words=4 start=14 from=0
             tile 2:
-              recv 0xa0000 words=6 start=13 from=0 runs of 2 every 0x20
+              recv 0xa0040 words=2 start=12 from=0
+              recv 0xa0000 words=4 start=14 from=0 runs of 2 every 0x20
         "#]],
     );
 }

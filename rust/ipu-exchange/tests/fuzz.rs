@@ -3,7 +3,7 @@
 
 use ipu_exchange::rng::SplitMix64;
 use ipu_exchange::{
-    check, compile_phase, synth, Descriptor, Options, SEND_KIND, XTAB_ISSUE_OFFSET,
+    check, compile_phase, synth, Descriptor, Options, Report, SEND_KIND, XTAB_ISSUE_OFFSET,
 };
 
 fn options() -> Options {
@@ -99,6 +99,39 @@ fn same_phase_gives_identical_tables_in_any_input_order() {
     let pool = rayon_pool(1);
     let c = pool.install(|| compile_phase(&phase, &options()).unwrap());
     assert_eq!(bytes(&a), bytes(&c));
+}
+
+/// On strided phases the coarsest piece size that reaches the target is
+/// chosen and the finer sizes' searches stop when it does, at whatever
+/// moment the threads reach that point: the tables must not depend on it.
+#[test]
+fn strided_phases_give_identical_tables_on_any_thread_count() {
+    let mut rng = SplitMix64(54);
+    let mut reached = 0;
+    for case in 0..24 {
+        let phase = match case % 3 {
+            0 => synth::scatter(8, 100 + 20 * case, 1200),
+            _ => synth::strided(&mut rng, 9, 30, 12, [2, 5, 17][case as usize % 3]),
+        };
+        let bytes = |c: &ipu_exchange::Compiled| {
+            (0..phase.tiles)
+                .flat_map(|t| c.lowered.table_bytes(t))
+                .collect::<Vec<u8>>()
+        };
+        let one = rayon_pool(1).install(|| compile_phase(&phase, &Options::default()).unwrap());
+        let four = rayon_pool(4).install(|| compile_phase(&phase, &Options::default()).unwrap());
+        assert_eq!(bytes(&one), bytes(&four), "case {case}");
+        assert_eq!(
+            one.report,
+            Report {
+                elapsed: one.report.elapsed,
+                ..four.report.clone()
+            },
+            "case {case}"
+        );
+        reached += usize::from(one.report.lower_bound_gap == 0 && one.report.piece_words.is_some());
+    }
+    assert!(reached > 0, "no phase here reaches its bound with pieces");
 }
 
 fn rayon_pool(threads: usize) -> rayon::ThreadPool {
