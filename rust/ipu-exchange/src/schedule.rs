@@ -499,10 +499,18 @@ impl<'a> Construction<'a> {
             list.sort_unstable();
             record_positions(list, p, &mut adj_pos);
         }
+        // Only a port with many counterparts walks: one with few scans them
+        // at one test each (the scans see a counterpart's pieces as one
+        // group), however many pieces it has.
         let adj_index: Vec<AdjIndex> = adj
             .iter()
             .map(|list| {
-                if list.len() > SHORT_LIST {
+                let counterparts = list
+                    .iter()
+                    .enumerate()
+                    .filter(|&(i, e)| i == 0 || list[i - 1].0 != e.0)
+                    .count();
+                if counterparts > SHORT_LIST {
                     AdjIndex::new(list, tiles)
                 } else {
                     AdjIndex::default()
@@ -525,12 +533,12 @@ impl<'a> Construction<'a> {
                 events.push(c, p as u32);
             }
         }
-        // Only a port whose list is long enough to be walked reads the other
-        // side's idle set (a multicast phase with a few unicast pieces kept
-        // both sets for nothing: half of its construction time).
-        let unicast_side =
-            |side: usize| (side..ports).step_by(2).any(|p| adj[p].len() > SHORT_LIST);
-        let track_idle = [unicast_side(1), unicast_side(0)];
+        // Only a port that may walk reads the other side's idle set (the
+        // attention rounds of Llama-2-7B, multicast with some unicast pieces
+        // between few tiles, kept both sets for nothing: about half of
+        // their construction time went into the trees).
+        let walks = |side: usize| (side..ports).step_by(2).any(|p| !adj_index[p].is_empty());
+        let track_idle = [walks(1), walks(0)];
         Construction {
             pieces,
             piece_words,
@@ -745,11 +753,12 @@ impl<'a> Construction<'a> {
         // has thousands of entries for each of a few counterparts (a
         // Llama-2-7B reduce-scatter in 17-word pieces walked all 1,472 idle
         // ports at nearly every choice, 7.5 s a construction). Both ways
-        // choose the same piece. Short lists are scanned. A list longer
-        // than SHORT_LIST now was so from the start, so it has an index.
+        // choose the same piece. Only a port that had more than SHORT_LIST
+        // counterparts at the start has an index and walks; the others, and
+        // lists grown short, are scanned.
         let counterparts = self.adj_index[p].counterparts;
         let walked = !self.reference_search
-            && self.all_unicast[p]
+            && !self.adj_index[p].is_empty()
             && live > SHORT_LIST
             && opposite.len() < counterparts * 64
             && {
