@@ -505,13 +505,12 @@ impl<'a> Construction<'a> {
         let adj_index: Vec<AdjIndex> = adj
             .iter()
             .map(|list| {
-                let counterparts = list
-                    .iter()
-                    .enumerate()
-                    .filter(|&(i, e)| i == 0 || list[i - 1].0 != e.0)
-                    .count();
-                if counterparts > SHORT_LIST {
-                    AdjIndex::new(list, tiles)
+                if list.len() <= SHORT_LIST {
+                    return AdjIndex::default();
+                }
+                let index = AdjIndex::new(list, tiles);
+                if index.counterparts > SHORT_LIST {
+                    index
                 } else {
                     AdjIndex::default()
                 }
@@ -696,8 +695,8 @@ impl<'a> Construction<'a> {
             // ready for a contiguous descriptor already).
             let qi = q as usize;
             let sender = self.piece_send[qi] as usize / 2;
-            let most = self.started[sender].max(self.class_started[self.piece_class[qi] as usize]);
-            let ready_at = self.issue_offset + most + slots - 1;
+            let class_most = self.issue_offset + self.class_started[self.piece_class[qi] as usize];
+            let ready_at = self.ready_at(sender).max(class_most) + slots - 1;
             if ready_at > t {
                 *retry = (*retry).min(ready_at);
                 return false;
