@@ -72,8 +72,11 @@
 # Here the scores stay f32 until the argument is formed; only t, already
 # small near the maximum, is rounded to f16 (its error u |t| moves p by at
 # most u/e in absolute terms). State words as above, except:
-#    0 IN      f32 [ROWS, 4*QUADS] (8-aligned, any region), RS_IN a
-#              multiple of 8
+#    0 IN      f32 [ROWS, 4*QUADS], RS_IN: EXP=16 (the default) loads a
+#              row's quad with one `ld128`, so IN is 16-aligned in
+#              interleaved memory (region 1) and RS_IN a multiple of 16;
+#              EXP=32 takes IN 8-aligned in any region, RS_IN a multiple
+#              of 8
 #    8 OUT     f16 [ROWS, 4*QUADS] as above (the next GEMM's B operand);
 #              may equal IN with RS_OUT = RS_IN (a quad's f16 output lands
 #              on input bytes of the same or an earlier quad, already read)
@@ -95,12 +98,15 @@
 #     OUT[r][c] = f16(exp(t))  (exp in f64, one rounding)  f16v4exp
 #     MOUT[c]   = m[c]  (f32)
 # with the preconditions of IN=16: SCALE > 0 and m finite.
-#   Cost: per row and quad the arithmetic is 2 f32v2mac, 2 f32v2tof16 and
-#   the 2-slot f16v4exp, 6 issue slots; the main slot's 5 operations (x as
-#   two ld64, the (-m) reload as two ld64 since f32v2mac overwrites its
-#   accumulator, the st64 of p) fit in the same 5 bundles, so there is no
-#   fast path to choose and no placement check: `ld64st64` would save main
-#   slots that are not the bound. The row loop is software-pipelined (the
+#   Cost: per row and quad the arithmetic is 2 f32v2mac, one f32v4tof16
+#   and the 2-slot f16v4exp, 5 issue slots in 4 bundles; the main slot's 4
+#   operations fit beside them: x as one `ld128` (hence IN in interleaved
+#   memory, 16-aligned, RS_IN a multiple of 16, where gemm_f16 ACC=32
+#   leaves its C rows), the (-m) reload as two ld64 since f32v2mac
+#   overwrites its accumulator, the st64 of p. So there is no fast path to
+#   choose and no placement check: `ld64st64` would save main slots that
+#   are not the bound. (With two f32v2tof16 instead of f32v4tof16 a row
+#   took 6 slots.) The row loop is software-pipelined (the
 #   exp and store of row r-1 beside the loads and macs of row r), with row
 #   0 before it and row ROWS-1's exp and store after it: nothing outside
 #   IN's and OUT's rows is accessed. m is stored unconditionally (to MOUT,
@@ -154,9 +160,9 @@
         # >= 1: 24 bundles of entry and one `exit` (MOUT != 0: 21 and
         # `exit`); per quad 12 + 2 W around the rows (the head: the fold
         # of the W maxima in 2 bundles each, m, (-m), the stores of m and
-        # (-m), row 0 and the pipeline's drain) and 6 issue slots per row.
+        # (-m), row 0 and the pipeline's drain) and 5 issue slots per row.
         # 0 rows: 6 * (21 + QUADS * (9 + 2 * W)) with MOUT, 6 * 21 without.
-        .cycles "6 * (25 + QUADS * (12 + 2 * W + 6 * ROWS))"
+        .cycles "6 * (25 + QUADS * (12 + 2 * W + 5 * ROWS))"
         .else
         # The fast path's bundle count with MOUT = 0 (launch not included):
         # 45 bundles of entry, placement checks and `exit` (43 when SCRATCH
@@ -312,16 +318,19 @@ quad32:
         st64 $a8:9, [$m13]+=$m5
         brnzdec $m6, quad32
         .else
-        { ld64 $a4:5, [$m12+0] ; f32v2tof16 $a8, $a4:5 }
-        { ld64 $a6:7, [$m12+8] ; f32v2tof16 $a9, $a6:7 }
-        # Rows 1..ROWS-1, 6 issue slots each: row r's loads, macs and
-        # conversions beside row r-1's exp and store.
-        rpt $m1, 5
-        { ld64 $a2:3, [$m11+8] ; f16v4exp $a10:11, $a8:9 }
-        { ld64 $a0:1, [$m11]+=$m4 ; f32v2mac $a6:7, $a2:3, $a12:13 }
-        { st64 $a10:11, [$m13]+=$m5 ; f32v2mac $a4:5, $a0:1, $a12:13 }
-        { ld64 $a4:5, [$m12+0] ; f32v2tof16 $a8, $a4:5 }
-        { ld64 $a6:7, [$m12+8] ; f32v2tof16 $a9, $a6:7 }
+        # Row 0's conversion (all four lanes in one slot) beside the
+        # reload of (-m)'s lanes 0-1; lanes 2-3 come back in the loop.
+        { ld64 $a4:5, [$m12+0] ; f32v4tof16 $a8:9, $a4:7 }
+        # Rows 1..ROWS-1, 5 issue slots each (the 2-slot exp, two macs,
+        # one conversion): row r's x as one 128-bit load, its macs and
+        # conversion beside row r-1's exp, store and second (-m) reload.
+        # Each (-m) reload follows the conversion that last read its pair
+        # and precedes the mac that overwrites it.
+        rpt $m1, 4
+        { ld128 $a0:3, [$m11]+=$m4 ; f16v4exp $a10:11, $a8:9 }
+        { ld64 $a6:7, [$m12+8] ; f32v2mac $a4:5, $a0:1, $a12:13 }
+        { st64 $a10:11, [$m13]+=$m5 ; f32v2mac $a6:7, $a2:3, $a12:13 }
+        { ld64 $a4:5, [$m12+0] ; f32v4tof16 $a8:9, $a4:7 }
         { add $m11, $m11, $m14 ; f16v4exp $a10:11, $a8:9 }
         st64 $a10:11, [$m13]+=$m5
         brnzdec $m6, quad32

@@ -210,7 +210,7 @@ fn random_instruction(r: &mut Rng, form: u64) -> Instruction {
             a: r.a(2),
         },
         31 => {
-            let op = CvtOp::ALL[r.below(8) as usize];
+            let op = CvtOp::ALL[r.below(CvtOp::ALL.len() as u64) as usize];
             let (dw, sw) = op.widths();
             let scale = if op.has_scale() {
                 r.range(-128, 127) as i8

@@ -198,6 +198,16 @@ pub(crate) fn cvt(a: &mut [u32; 16], prng: &mut Prng, op: CvtOp, d: AReg, x: ARe
             }
             a[d.first as usize] = r;
         }
+        CvtOp::F32v4ToF16 => {
+            // All four sources are read before the pair is written, so the
+            // destination may overlap the quad.
+            let h: [u16; 4] = std::array::from_fn(|l| {
+                f64_to_f16_bits(f32::from_bits(a[x.first as usize + l]) as f64)
+            });
+            for (l, h) in h.into_iter().enumerate() {
+                set_lane16(a, d, l, h);
+            }
+        }
         CvtOp::F16v2ToF32 => {
             let src = a[x.first as usize];
             a[d.first as usize] = f16_bits_to_f32(src as u16).to_bits();

@@ -369,6 +369,21 @@ fn conversions() {
                 .flat_map(|x| x.to_le_bytes())
                 .collect(),
             ),
+            (
+                // The quad (s0, s1, a0, a1): two f32 that round, two f16
+                // widened exactly that come back unchanged.
+                "f32v4tof16 $a4:5, $a8:11".into(),
+                &st64,
+                [
+                    half::f16::from_f32(s[0] as f32).to_bits(),
+                    half::f16::from_f32(s[1] as f32).to_bits(),
+                    half::f16::from_f64(a[0]).to_bits(),
+                    half::f16::from_f64(a[1]).to_bits(),
+                ]
+                .iter()
+                .flat_map(|x| x.to_le_bytes())
+                .collect(),
+            ),
             (format!("f16v4tof8 $a4, $a0:1, {scale}"), &st32, fp8.clone()),
             (
                 format!("f8v4tof16 $a4:5, $a6, {scale}"),
@@ -392,7 +407,13 @@ fn conversions() {
                 (i32v as f32).to_bits().to_le_bytes().to_vec(),
             ),
         ];
+        let quad_setup = format!("{setup}\nld64 $a8:9, [$m0+8]\nf16v2tof32 $a10:11, $a0");
         for (op, after, expect) in cases {
+            let setup = if op.contains("$a8:11") {
+                &quad_setup
+            } else {
+                setup
+            };
             let mut c = case(op.clone(), setup, &op, after);
             c.inputs = vec![(IN, inputs.clone())];
             c.expect = vec![(OUT, expect)];
