@@ -243,11 +243,14 @@ fn mask_jobs(
 
 /// The column-maxima and softmax jobs of a tile ([`Shapes::st_jobs`])
 /// over its visible rows only ([`visible_rows`]).
-fn visible_st_jobs(s: &Shapes, visible: u32) -> Vec<(u32, u32, u32)> {
+fn visible_st_jobs(s: &Shapes, visible: u32) -> Vec<StJob> {
     s.st_jobs()
         .into_iter()
-        .filter(|&(_, r0, _)| r0 < visible)
-        .map(|(g, r0, r1)| (g, r0, r1.min(visible)))
+        .filter(|j| j.r0 < visible)
+        .map(|j| StJob {
+            r1: j.r1.min(visible),
+            ..j
+        })
         .collect()
 }
 
@@ -255,20 +258,44 @@ fn visible_st_jobs(s: &Shapes, visible: u32) -> Vec<(u32, u32, u32)> {
 /// launches), as [`step_cycles`] counts them.
 fn colmax_softmax_cycles(
     (colmax, softmax): (&mut FormulaCost, &mut FormulaCost),
-    s: &Shapes,
-    jobs: &[(u32, u32, u32)],
+    jobs: &[StJob],
 ) -> (u64, u64) {
-    let job_rows = jobs.iter().map(|j| j.2 - j.1).max().unwrap_or(0) as i64;
-    let quads = s.quads() as i64;
+    let job_rows = jobs.iter().map(|j| j.r1 - j.r0).max().unwrap_or(0) as i64;
+    let quads = jobs.iter().map(|j| j.q1 - j.q0).max().unwrap_or(0) as i64;
     let launch = launch_cycles(jobs.len() as u64);
     (
         colmax.eval(&[("ROWS", job_rows), ("QUADS", quads)]) + launch,
         softmax.eval(&[
             ("ROWS", job_rows),
             ("QUADS", quads),
-            ("W", jobs.len() as i64),
+            ("W", StJob::partial_maxima(jobs) as i64),
         ]) + launch,
     )
+}
+
+/// A column-maxima and softmax job over S^T: rows `r0..r1` of the S^T
+/// GEMM's row group `g`, quads `q0..q1` of the tile's query columns, in
+/// column group `c`. The colmax jobs of one column group write its partial
+/// maxima, which each of its softmax jobs folds: splitting the columns
+/// as well as the rows pays each quad's fold (2 bundles per partial
+/// maximum) and the rest of its head once per worker over fewer quads.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct StJob {
+    g: u32,
+    r0: u32,
+    r1: u32,
+    c: u32,
+    q0: u32,
+    q1: u32,
+}
+
+impl StJob {
+    /// The partial maxima each softmax job of `jobs` folds: the jobs of
+    /// its column group (every group has the same rows).
+    fn partial_maxima(jobs: &[StJob]) -> u32 {
+        let groups = jobs.iter().map(|j| j.c + 1).max().unwrap_or(1);
+        (jobs.len() as u32).div_ceil(groups)
+    }
 }
 
 /// What a causal tile spends beyond a tile that sees all its keys: its
@@ -287,9 +314,9 @@ fn causal_extra_cycles(
         .sum::<u64>();
     let visible = visible_rows(b, q, k, k.1 - k.0);
     let kernels = (&mut ck.colmax.1, &mut ck.softmax.1);
-    let (cm, sm) = colmax_softmax_cycles(kernels, s, &visible_st_jobs(s, visible));
+    let (cm, sm) = colmax_softmax_cycles(kernels, &visible_st_jobs(s, visible));
     let kernels = (&mut ck.colmax.1, &mut ck.softmax.1);
-    let (cm_all, sm_all) = colmax_softmax_cycles(kernels, s, &s.st_jobs());
+    let (cm_all, sm_all) = colmax_softmax_cycles(kernels, &s.st_jobs());
     masks as i64 + (cm + sm) as i64 - (cm_all + sm_all) as i64
 }
 
@@ -350,6 +377,10 @@ struct Shapes {
     /// C in the S^T GEMM's buffers, each state slot holds only the rows a
     /// tile combines and the l row right after them ([`Shapes::slot_row`]).
     compact: bool,
+    /// Column groups of the column-maxima and softmax jobs
+    /// ([`Shapes::st_jobs`]), whichever count the kernels' formulas make
+    /// fastest.
+    job_col_groups: u32,
 }
 
 impl Shapes {
@@ -429,7 +460,7 @@ impl Shapes {
         };
         let (pv_split, _, _) = best_split_with(&pv_g, d + 1, nqc, &mut costs, u32::MAX)?;
         let pv_layout = ShardLayout::new(&pv_g, d + 1, nqc, &pv_split);
-        Some(Shapes {
+        let mut shapes = Shapes {
             d,
             dp,
             nqc,
@@ -437,7 +468,22 @@ impl Shapes {
             st: (st_g, st_split, st_layout),
             pv: (pv_g, pv_split, pv_layout),
             compact,
-        })
+            job_col_groups: 1,
+        };
+        // The fewest column groups of the fastest jobs (six workers: at
+        // most as many groups as the row groups leave workers for).
+        let (mut colmax, mut softmax) = (ck.colmax.1.clone(), ck.softmax.1.clone());
+        let most = (w / shapes.st.1.row_groups.len() as u32)
+            .max(1)
+            .min(shapes.quads());
+        shapes.job_col_groups = (1..=most)
+            .min_by_key(|&cg| {
+                let (c, s) =
+                    colmax_softmax_cycles((&mut colmax, &mut softmax), &shapes.st_jobs_in(cg));
+                c + s
+            })
+            .expect("at least one column group");
+        Some(shapes)
     }
     /// The row of a state slot (from the slot's start, in O^T rows) that
     /// holds O^T row `row` for a tile combining head columns `(d0, d1)`:
@@ -461,16 +507,27 @@ impl Shapes {
     fn quads(&self) -> u32 {
         4 * self.nqc
     }
-    /// The column-maxima and softmax jobs over S^T: (row group, first
-    /// row, end row), each row group cut so that six workers share them.
-    fn st_jobs(&self) -> Vec<(u32, u32, u32)> {
+    /// The column-maxima and softmax jobs over S^T ([`StJob`]): the
+    /// quads cut into `job_col_groups` column groups, and in each every
+    /// row group of the S^T GEMM cut so that six workers share the jobs.
+    fn st_jobs(&self) -> Vec<StJob> {
+        self.st_jobs_in(self.job_col_groups)
+    }
+    fn st_jobs_in(&self, col_groups: u32) -> Vec<StJob> {
         let groups = &self.st.1.row_groups;
-        let per = (ipu_arch::WORKER_CONTEXTS / groups.len() as u32).max(1);
+        let per = (ipu_arch::WORKER_CONTEXTS / (groups.len() as u32 * col_groups)).max(1);
         let mut jobs = Vec::new();
-        for (g, &(r0, r1)) in groups.iter().enumerate() {
-            for (a, z) in ranges(r1 - r0, per) {
-                if z > a {
-                    jobs.push((g as u32, r0 + a, r0 + z));
+        for (c, (q0, q1)) in ranges(self.quads(), col_groups).into_iter().enumerate() {
+            for (g, &(r0, r1)) in groups.iter().enumerate() {
+                for (a, z) in ranges(r1 - r0, per) {
+                    jobs.push(StJob {
+                        g: g as u32,
+                        r0: r0 + a,
+                        r1: r0 + z,
+                        c: c as u32,
+                        q0,
+                        q1,
+                    });
                 }
             }
         }
@@ -998,7 +1055,7 @@ fn step_cycles(
         .eval(&[("M", st_m), ("NCB", st_ncb), ("NKB", (s.dp / 16) as i64)])
         + launch_cycles(sts.vertices() as u64);
     let kernels = (&mut ck.colmax.1, &mut ck.softmax.1);
-    let (colmax_c, softmax_c) = colmax_softmax_cycles(kernels, s, &s.st_jobs());
+    let (colmax_c, softmax_c) = colmax_softmax_cycles(kernels, &s.st_jobs());
     let mut costs = GemmCosts {
         memory_budget: u64::MAX / 4,
         owns_a: false,
@@ -1987,7 +2044,6 @@ pub fn lower(
                         .collect(),
                 );
             }
-            let quads = s.quads();
             // A causal tile's column maxima and softmax skip the key rows no
             // query of it sees (their P^T rows were zeroed by the mask steps).
             let visible = visible_rows(
@@ -1999,28 +2055,34 @@ pub fn lower(
             let jobs = visible_st_jobs(s, visible);
             if visible < at.n {
                 let kernels = (&mut ck.colmax.1, &mut ck.softmax.1);
-                let (cm_c, sm_c) = colmax_softmax_cycles(kernels, s, &jobs);
+                let (cm_c, sm_c) = colmax_softmax_cycles(kernels, &jobs);
                 cm.charge_tile(tile, cm_c);
                 sm.charge_tile(tile, sm_c);
             }
-            let groups = jobs.len() as u32;
+            // Each column group's partial maxima: one row of its quads
+            // per colmax job of the group, the groups one after the other
+            // (at most the six rows of all quads that the buffer holds).
+            let w_group = StJob::partial_maxima(&jobs);
+            let maxes_at = |j: &StJob, i: u32| 16 * (w_group * j.q0 + i * (j.q1 - j.q0));
+            let index_in_group =
+                |ji: usize| jobs[..ji].iter().filter(|o| o.c == jobs[ji].c).count();
             std::sync::Arc::make_mut(&mut cm.tiles).insert(
                 tile,
                 jobs.iter()
                     .enumerate()
-                    .map(|(ji, &(gi, r0, r1))| Vertex {
+                    .map(|(ji, j)| Vertex {
                         kernel: std::sync::Arc::new(ck.colmax.0.clone()),
                         state: vec![
                             StateWord::Addr {
                                 buffer: t.c1,
-                                offset: stl.c_row(0, gi, r0),
+                                offset: stl.c_row(0, j.g, j.r0) + 16 * j.q0,
                             },
                             StateWord::Const(stl.rs_c),
-                            StateWord::Const(r1 - r0),
-                            StateWord::Const(quads),
+                            StateWord::Const(j.r1 - j.r0),
+                            StateWord::Const(j.q1 - j.q0),
                             StateWord::Addr {
                                 buffer: t.maxes,
-                                offset: ji as u32 * s.maxes_row(),
+                                offset: maxes_at(j, index_in_group(ji) as u32),
                             },
                         ],
                     })
@@ -2030,31 +2092,32 @@ pub fn lower(
                 tile,
                 jobs.iter()
                     .enumerate()
-                    .map(|(ji, &(gi, r0, r1))| Vertex {
+                    .map(|(ji, j)| Vertex {
                         kernel: std::sync::Arc::new(ck.softmax.0.clone()),
                         state: vec![
                             StateWord::Addr {
                                 buffer: t.c1,
-                                offset: stl.c_row(0, gi, r0),
+                                offset: stl.c_row(0, j.g, j.r0) + 16 * j.q0,
                             },
                             StateWord::Const(stl.rs_c),
                             StateWord::Addr {
                                 buffer: t.pt,
-                                offset: t.pt_base + r0 * s.pv.2.rs_b,
+                                offset: t.pt_base + j.r0 * s.pv.2.rs_b + 8 * j.q0,
                             },
                             StateWord::Const(s.pv.2.rs_b),
-                            StateWord::Const(r1 - r0),
-                            StateWord::Const(quads),
+                            StateWord::Const(j.r1 - j.r0),
+                            StateWord::Const(j.q1 - j.q0),
                             StateWord::Addr {
                                 buffer: t.maxes,
-                                offset: 0,
+                                offset: maxes_at(j, 0),
                             },
-                            StateWord::Const(groups),
+                            StateWord::Const(w_group),
                             StateWord::Const(scale),
-                            if ji == 0 {
+                            // The group's first job writes its quads' m.
+                            if index_in_group(ji) == 0 {
                                 StateWord::Addr {
                                     buffer: t.m,
-                                    offset: 0,
+                                    offset: 16 * j.q0,
                                 }
                             } else {
                                 StateWord::Const(0)
@@ -2613,23 +2676,40 @@ mod tests {
     }
 
     #[test]
-    fn st_jobs_cover_every_key_row_once_on_six_workers() {
+    fn st_jobs_cover_every_score_once_on_six_workers() {
         let ck = kernels();
         let b = siglip();
         for (rows, n) in [(16u32, 368u32), (32, 192), (64, 96), (50, 5), (2, 1)] {
             let s = Shapes::new(&b, &ck, (rows, n, n.div_ceil(16) * 16), false).unwrap();
             assert!(s.st.1.vertices() <= 6);
-            let jobs = s.st_jobs();
-            assert!(!jobs.is_empty() && jobs.len() <= 6, "{rows} {n}: {jobs:?}");
-            let mut seen = vec![0u32; n as usize];
-            for &(g, r0, r1) in &jobs {
-                let (g0, g1) = s.st.1.row_groups[g as usize];
-                assert!(g0 <= r0 && r0 < r1 && r1 <= g1, "{rows} {n}: {jobs:?}");
-                for r in r0..r1 {
-                    seen[r as usize] += 1;
+            // Every column-group count the planner may choose.
+            let most = (6 / s.st.1.row_groups.len() as u32).max(1).min(s.quads());
+            assert!((1..=most).contains(&s.job_col_groups));
+            for cg in 1..=most {
+                let jobs = s.st_jobs_in(cg);
+                assert!(!jobs.is_empty() && jobs.len() <= 6, "{rows} {n}: {jobs:?}");
+                let mut seen = vec![0u32; (n * s.quads()) as usize];
+                for j in &jobs {
+                    let (g0, g1) = s.st.1.row_groups[j.g as usize];
+                    assert!(
+                        g0 <= j.r0 && j.r0 < j.r1 && j.r1 <= g1,
+                        "{rows} {n}: {jobs:?}"
+                    );
+                    assert!(j.q0 < j.q1 && j.q1 <= s.quads(), "{rows} {n}: {jobs:?}");
+                    for r in j.r0..j.r1 {
+                        for q in j.q0..j.q1 {
+                            seen[(r * s.quads() + q) as usize] += 1;
+                        }
+                    }
+                }
+                assert!(seen.iter().all(|&c| c == 1), "{rows} {n}: {jobs:?}");
+                // Every column group has the same rows, so every softmax
+                // job folds the same number of partial maxima.
+                let w = StJob::partial_maxima(&jobs);
+                for c in 0..cg {
+                    assert_eq!(jobs.iter().filter(|j| j.c == c).count() as u32, w);
                 }
             }
-            assert!(seen.iter().all(|&c| c == 1), "{rows} {n}: {jobs:?}");
         }
     }
 
