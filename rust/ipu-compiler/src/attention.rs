@@ -734,9 +734,10 @@ impl TileLayout {
         self.split_cb * 16 * self.rs_v
     }
     /// Both C buffers serve the scores GEMM and then the P V GEMM: a zero
-    /// header, two junk rows, the rows, two drain rows.
+    /// header, two junk rows before each of up to [`ROW_GROUPS_MAX`] worker
+    /// row groups' rows ([`c_row`]), two drain rows.
     fn c_bytes(&self) -> u32 {
-        C_HEADER + (self.rows + 4) * self.rs_s.max(self.rs_pv)
+        C_HEADER + (self.rows + 2 * ROW_GROUPS_MAX + 2) * self.rs_s.max(self.rs_pv)
     }
     fn p_bytes(&self) -> u32 {
         (self.rows + 2) * self.rs_p
@@ -762,6 +763,51 @@ impl TileLayout {
     }
 }
 
+/// Most worker row groups of the row layout's GEMMs: their C buffers keep
+/// two junk rows before each group, which the kernel writes (the outputs
+/// of its pipeline before row 0) and no other worker may.
+const ROW_GROUPS_MAX: u32 = 3;
+
+/// The row layout's worker grid of one GEMM over `rows` query rows,
+/// `ncb` column blocks and `nkb` K blocks: row groups (at most
+/// [`ROW_GROUPS_MAX`]) times column groups of the six workers, whichever
+/// the kernel's formula makes fastest (the fewest row groups of equal
+/// cost). With all rows in one group the columns alone split, and a block
+/// of 8 column blocks left two of six workers with twice the others' work
+/// (2 x 128 rows each); 3 row groups of 2 column groups of 4 blocks take
+/// 43 rows each: 26% fewer cycles. Returns the row groups, the column
+/// groups and the cycles with their launches.
+fn gemm_grid(
+    gemm: &mut FormulaCost,
+    rows: u32,
+    ncb: u32,
+    nkb: u32,
+) -> (Vec<(u32, u32)>, Vec<(u32, u32)>, u64) {
+    let w = ipu_arch::WORKER_CONTEXTS;
+    (1..=ROW_GROUPS_MAX.min(rows.max(1)))
+        .map(|g| {
+            let row_groups = ranges(rows, g);
+            let cols = ranges(ncb, ncb.min(w / g).max(1));
+            let m = row_groups.iter().map(|r| r.1 - r.0).max().unwrap_or(0) as i64;
+            let widest = cols.iter().map(|c| c.1 - c.0).max().unwrap_or(0) as i64;
+            let cycles = gemm.eval(&[("M", m), ("NCB", widest), ("NKB", nkb as i64)])
+                + launch_cycles((row_groups.len() * cols.len()) as u64);
+            (row_groups, cols, cycles)
+        })
+        .min_by_key(|grid| grid.2)
+        .expect("at least one row group")
+}
+
+/// Byte offset in a row-layout C buffer of row `r`, with the rows in
+/// `row_groups` (each after its two junk rows) and `rs` bytes a row.
+fn c_row(row_groups: &[(u32, u32)], r: u32, rs: u32) -> u32 {
+    let g = row_groups
+        .iter()
+        .position(|&(r0, r1)| r0 <= r && r < r1)
+        .unwrap_or(row_groups.len().saturating_sub(1)) as u32;
+    C_HEADER + (r + 2 * (g + 1)) * rs
+}
+
 /// The attention steps' cycles on a tile with `rows` query rows.
 fn compute_cycles(
     b: &AttentionBlock,
@@ -785,14 +831,7 @@ fn compute_cycles(
     steps.push(fill + launch_cycles(6));
     for &(c0, c1) in key_blocks {
         let nb = c1 - c0;
-        let cols = ranges(nb, nb.min(6));
-        let widest = cols.iter().map(|c| c.1 - c.0).max().unwrap_or(0) as i64;
-        let s = k.gemm.1.eval(&[
-            ("M", rows as i64),
-            ("NCB", widest),
-            ("NKB", (b.dp() / 16) as i64),
-        ]);
-        steps.push(s + launch_cycles(cols.len() as u64));
+        steps.push(gemm_grid(&mut k.gemm.1, rows, nb, b.dp() / 16).2);
         let keys = ((c1 * 16).min(b.sk) - c0 * 16) as i64;
         let online = k.online.1.eval(&[
             ("ROWS", max_rows),
@@ -801,13 +840,7 @@ fn compute_cycles(
             ("DQ", dq),
         ]);
         steps.push(online + launch_cycles(row_parts.len() as u64));
-        let vcols = ranges(b.dvp() / 16, (b.dvp() / 16).min(6));
-        let vwidest = vcols.iter().map(|c| c.1 - c.0).max().unwrap_or(0) as i64;
-        let pv = k
-            .gemm
-            .1
-            .eval(&[("M", rows as i64), ("NCB", vwidest), ("NKB", nb as i64)]);
-        steps.push(pv + launch_cycles(vcols.len() as u64));
+        steps.push(gemm_grid(&mut k.gemm.1, rows, b.dvp() / 16, nb).2);
         let merge = k.merge.1.eval(&[("ROWS", max_rows), ("DQ", dq)]);
         steps.push(merge + launch_cycles(row_parts.len() as u64));
     }
@@ -2449,16 +2482,30 @@ fn lower_rows(
                     (t.s2, t.s)
                 }
             };
+            // Each GEMM's worker grid ([`gemm_grid`]); the online softmax
+            // and the merge read its rows where [`c_row`] puts them (their
+            // six row ranges nest in two or three row groups).
+            let (s_rows, s_cols, _) = gemm_grid(&mut kernels.gemm.1, rows, nb, nkb_s);
+            let (v_rows, v_cols, _) = gemm_grid(&mut kernels.gemm.1, rows, ncb_v, nb);
             let gemm = |a: StateWord,
                         rs_a: u32,
                         bb: StateWord,
                         rs_b: u32,
                         rs_c: u32,
+                        (row_groups, g): (&[(u32, u32)], usize),
                         cg0: u32,
                         ncb: u32,
                         nkb: u32| {
                 let (first, second) = order(nkb);
-                let c_off = C_HEADER + 2 * rs_c + cg0 * 64;
+                let (r0, r1) = row_groups[g];
+                let c_off = c_row(row_groups, r0, rs_c) + cg0 * 64;
+                let a = match a {
+                    StateWord::Addr { buffer, offset } => StateWord::Addr {
+                        buffer,
+                        offset: offset + r0 * rs_a,
+                    },
+                    other => other,
+                };
                 Vertex {
                     kernel: std::sync::Arc::new(kernels.gemm.0.clone()),
                     state: vec![
@@ -2479,17 +2526,17 @@ fn lower_rows(
                             buffer: second,
                             offset: 0,
                         },
-                        StateWord::Const(rows),
+                        StateWord::Const(r1 - r0),
                         StateWord::Const(nkb),
                         StateWord::Const(ncb),
                     ],
                 }
             };
-            let cols = ranges(nb, nb.min(6));
             std::sync::Arc::make_mut(&mut sg.tiles).insert(
                 tile,
-                cols.iter()
-                    .map(|&(g0, g1)| {
+                (0..s_rows.len())
+                    .flat_map(|g| s_cols.iter().map(move |&c| (g, c)))
+                    .map(|(g, (g0, g1))| {
                         gemm(
                             StateWord::Addr {
                                 buffer: t.q,
@@ -2502,6 +2549,7 @@ fn lower_rows(
                             },
                             lay.rs_kt,
                             lay.rs_s,
+                            (&s_rows, g),
                             g0,
                             g1 - g0,
                             nkb_s,
@@ -2515,7 +2563,7 @@ fn lower_rows(
                     vec![
                         StateWord::Addr {
                             buffer: t.s,
-                            offset: C_HEADER + (r0 + 2) * lay.rs_s,
+                            offset: c_row(&s_rows, r0, lay.rs_s),
                         },
                         StateWord::Const(lay.rs_s),
                         StateWord::Addr {
@@ -2555,12 +2603,11 @@ fn lower_rows(
                     ]
                 }),
             );
-            let vcols = ranges(ncb_v, ncb_v.min(6));
             std::sync::Arc::make_mut(&mut pv.tiles).insert(
                 tile,
-                vcols
-                    .iter()
-                    .map(|&(g0, g1)| {
+                (0..v_rows.len())
+                    .flat_map(|g| v_cols.iter().map(move |&c| (g, c)))
+                    .map(|(g, (g0, g1))| {
                         gemm(
                             StateWord::Addr {
                                 buffer: t.p,
@@ -2573,6 +2620,7 @@ fn lower_rows(
                             },
                             lay.rs_v,
                             lay.rs_pv,
+                            (&v_rows, g),
                             g0,
                             g1 - g0,
                             nb,
@@ -2591,7 +2639,7 @@ fn lower_rows(
                         StateWord::Const(lay.rs_o),
                         StateWord::Addr {
                             buffer: t.s,
-                            offset: C_HEADER + (r0 + 2) * lay.rs_pv,
+                            offset: c_row(&v_rows, r0, lay.rs_pv),
                         },
                         StateWord::Const(lay.rs_pv),
                         StateWord::Addr {

@@ -454,16 +454,23 @@ fn spread_stacks_copy_on_the_fast_path() {
     );
     let copies = copy_steps(&out, 5);
     assert!(!copies.is_empty());
-    // The first iteration's slots are the closest to the staging buffers
-    // (the first items' slot 0 lies only the later items' staging bytes
-    // away, here fewer than an element's), so its step may still take the
-    // slow loop; every later one must not.
-    for &(ran, estimated) in &copies[1..] {
-        assert!(
-            ran <= estimated + estimated / 50,
-            "a copy step ran {ran} cycles against {estimated} estimated: {copies:?}"
-        );
-    }
+    // The first iterations' slots are the closest to the staging buffers
+    // (slot i of the first items lies only the later items' staging bytes
+    // and i slots away, here fewer than an element's), so the first one
+    // or two steps may still take the slow loop, as the attention's
+    // buffers before them leave it; every later one must not. (Session
+    // 55's row-layout worker grid made the attention's plan smaller and
+    // the second step slow too: 2,054,513 -> 2,053,829 cycles in all.)
+    let fast = |&(ran, estimated): &(u64, u64)| ran <= estimated + estimated / 50;
+    let slow_prefix = copies.iter().take_while(|c| !fast(c)).count();
+    assert!(
+        slow_prefix <= 2,
+        "{slow_prefix} slow copy steps first: {copies:?}"
+    );
+    assert!(
+        copies[slow_prefix..].iter().all(fast),
+        "a later copy step ran slower than its estimate: {copies:?}"
+    );
 }
 
 /// Stacks on their weights' tiles: a small weight outside region 1 (a
