@@ -775,27 +775,33 @@ const ROW_GROUPS_MAX: u32 = 3;
 /// cost). With all rows in one group the columns alone split, and a block
 /// of 8 column blocks left two of six workers with twice the others' work
 /// (2 x 128 rows each); 3 row groups of 2 column groups of 4 blocks take
-/// 43 rows each: 26% fewer cycles. Returns the row groups, the column
-/// groups and the cycles with their launches.
-fn gemm_grid(
-    gemm: &mut FormulaCost,
-    rows: u32,
-    ncb: u32,
-    nkb: u32,
-) -> (Vec<(u32, u32)>, Vec<(u32, u32)>, u64) {
+/// 43 rows each: 26% fewer cycles.
+fn gemm_grid(gemm: &mut FormulaCost, rows: u32, ncb: u32, nkb: u32) -> GemmGrid {
     let w = ipu_arch::WORKER_CONTEXTS;
     (1..=ROW_GROUPS_MAX.min(rows.max(1)))
         .map(|g| {
             let row_groups = ranges(rows, g);
-            let cols = ranges(ncb, ncb.min(w / g).max(1));
+            let col_groups = ranges(ncb, ncb.min(w / g).max(1));
             let m = row_groups.iter().map(|r| r.1 - r.0).max().unwrap_or(0) as i64;
-            let widest = cols.iter().map(|c| c.1 - c.0).max().unwrap_or(0) as i64;
+            let widest = col_groups.iter().map(|c| c.1 - c.0).max().unwrap_or(0) as i64;
             let cycles = gemm.eval(&[("M", m), ("NCB", widest), ("NKB", nkb as i64)])
-                + launch_cycles((row_groups.len() * cols.len()) as u64);
-            (row_groups, cols, cycles)
+                + launch_cycles((row_groups.len() * col_groups.len()) as u64);
+            GemmGrid {
+                row_groups,
+                col_groups,
+                cycles,
+            }
         })
-        .min_by_key(|grid| grid.2)
+        .min_by_key(|grid| grid.cycles)
         .expect("at least one row group")
+}
+
+/// A row-layout GEMM's worker grid ([`gemm_grid`]): its row groups, its
+/// column groups (of column blocks) and its cycles with their launches.
+struct GemmGrid {
+    row_groups: Vec<(u32, u32)>,
+    col_groups: Vec<(u32, u32)>,
+    cycles: u64,
 }
 
 /// Byte offset in a row-layout C buffer of row `r`, with the rows in
@@ -831,7 +837,7 @@ fn compute_cycles(
     steps.push(fill + launch_cycles(6));
     for &(c0, c1) in key_blocks {
         let nb = c1 - c0;
-        steps.push(gemm_grid(&mut k.gemm.1, rows, nb, b.dp() / 16).2);
+        steps.push(gemm_grid(&mut k.gemm.1, rows, nb, b.dp() / 16).cycles);
         let keys = ((c1 * 16).min(b.sk) - c0 * 16) as i64;
         let online = k.online.1.eval(&[
             ("ROWS", max_rows),
@@ -840,7 +846,7 @@ fn compute_cycles(
             ("DQ", dq),
         ]);
         steps.push(online + launch_cycles(row_parts.len() as u64));
-        steps.push(gemm_grid(&mut k.gemm.1, rows, b.dvp() / 16, nb).2);
+        steps.push(gemm_grid(&mut k.gemm.1, rows, b.dvp() / 16, nb).cycles);
         let merge = k.merge.1.eval(&[("ROWS", max_rows), ("DQ", dq)]);
         steps.push(merge + launch_cycles(row_parts.len() as u64));
     }
@@ -2485,8 +2491,16 @@ fn lower_rows(
             // Each GEMM's worker grid ([`gemm_grid`]); the online softmax
             // and the merge read its rows where [`c_row`] puts them (their
             // six row ranges nest in two or three row groups).
-            let (s_rows, s_cols, _) = gemm_grid(&mut kernels.gemm.1, rows, nb, nkb_s);
-            let (v_rows, v_cols, _) = gemm_grid(&mut kernels.gemm.1, rows, ncb_v, nb);
+            let GemmGrid {
+                row_groups: s_rows,
+                col_groups: s_cols,
+                ..
+            } = gemm_grid(&mut kernels.gemm.1, rows, nb, nkb_s);
+            let GemmGrid {
+                row_groups: v_rows,
+                col_groups: v_cols,
+                ..
+            } = gemm_grid(&mut kernels.gemm.1, rows, ncb_v, nb);
             let gemm = |a: StateWord,
                         rs_a: u32,
                         bb: StateWord,
