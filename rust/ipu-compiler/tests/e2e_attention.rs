@@ -1020,9 +1020,7 @@ fn long_causal_sequences_take_compact_column_buffers() {
 /// compact buffers (509,145 against 546,539), and 768 causal tokens of 2
 /// heads with compact buffers (532,908 against 802,499), from memory full
 /// of NaNs, every checkpoint checked. With two or three times the tiles
-/// every head runs at once. (Since session 55's cheaper row-layout GEMMs
-/// and merge the row layout runs the 384-token heads faster, 487,079
-/// cycles, and the planner takes it; that case forces the columns here.)
+/// every head runs at once.
 #[test]
 fn long_sequences_take_heads_in_rounds_in_the_column_layout() {
     let dir = tempfile::tempdir().unwrap();
@@ -1039,10 +1037,7 @@ fn long_sequences_take_heads_in_rounds_in_the_column_layout() {
             &format!("long_rounds_{tokens}_{heads}_{causal}"),
             &heads_of_64(tokens, heads, causal),
         );
-        let mut opts = options(&model, 16, cache.path());
-        if heads == 5 {
-            opts.attention_layout = Some(ipu_compiler::attention::AttentionLayout::Columns);
-        }
+        let opts = options(&model, 16, cache.path());
         let (ran, _) = run_with(&opts, |g| ipu_reference::random::gaussian_feeds(g, 7), true);
         let chosen = &ran.compile.report["attention"]["chosen"];
         println!("{tokens} tokens, {heads} heads on 16 tiles: {chosen}");
