@@ -810,7 +810,7 @@ fn c_row(row_groups: &[(u32, u32)], r: u32, rs: u32) -> u32 {
     let g = row_groups
         .iter()
         .position(|&(r0, r1)| r0 <= r && r < r1)
-        .unwrap_or(row_groups.len().saturating_sub(1)) as u32;
+        .expect("a C row lies in one of the GEMM's row groups") as u32;
     C_HEADER + (r + 2 * (g + 1)) * rs
 }
 
@@ -2501,7 +2501,9 @@ fn lower_rows(
                 col_groups: v_cols,
                 ..
             } = gemm_grid(&mut kernels.gemm.1, rows, ncb_v, nb);
-            let gemm = |a: StateWord,
+            // `a`: the A operand's buffer (its row 0 at offset 0); a row
+            // group's vertex starts at the group's first row.
+            let gemm = |a: usize,
                         rs_a: u32,
                         bb: StateWord,
                         rs_b: u32,
@@ -2513,17 +2515,13 @@ fn lower_rows(
                 let (first, second) = order(nkb);
                 let (r0, r1) = row_groups[g];
                 let c_off = c_row(row_groups, r0, rs_c) + cg0 * 64;
-                let a = match a {
-                    StateWord::Addr { buffer, offset } => StateWord::Addr {
-                        buffer,
-                        offset: offset + r0 * rs_a,
-                    },
-                    other => other,
-                };
                 Vertex {
                     kernel: std::sync::Arc::new(kernels.gemm.0.clone()),
                     state: vec![
-                        a,
+                        StateWord::Addr {
+                            buffer: a,
+                            offset: r0 * rs_a,
+                        },
                         StateWord::Const(rs_a),
                         bb,
                         StateWord::Const(rs_b),
@@ -2552,10 +2550,7 @@ fn lower_rows(
                     .flat_map(|g| s_cols.iter().map(move |&c| (g, c)))
                     .map(|(g, (g0, g1))| {
                         gemm(
-                            StateWord::Addr {
-                                buffer: t.q,
-                                offset: 0,
-                            },
+                            t.q,
                             lay.rs_q,
                             StateWord::Addr {
                                 buffer: t.kt,
@@ -2623,10 +2618,7 @@ fn lower_rows(
                     .flat_map(|g| v_cols.iter().map(move |&c| (g, c)))
                     .map(|(g, (g0, g1))| {
                         gemm(
-                            StateWord::Addr {
-                                buffer: t.p,
-                                offset: 0,
-                            },
+                            t.p,
                             lay.rs_p,
                             StateWord::Addr {
                                 buffer: t.v,

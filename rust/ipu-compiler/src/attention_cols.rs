@@ -470,13 +470,9 @@ impl Shapes {
             compact,
             job_col_groups: 1,
         };
-        // The fewest column groups of the fastest jobs (six workers: at
-        // most as many groups as the row groups leave workers for).
+        // The fewest column groups of the fastest jobs.
         let (mut colmax, mut softmax) = (ck.colmax.1.clone(), ck.softmax.1.clone());
-        let most = (w / shapes.st.1.row_groups.len() as u32)
-            .max(1)
-            .min(shapes.quads());
-        shapes.job_col_groups = (1..=most)
+        shapes.job_col_groups = (1..=shapes.most_job_col_groups())
             .min_by_key(|&cg| {
                 let (c, s) =
                     colmax_softmax_cycles((&mut colmax, &mut softmax), &shapes.st_jobs_in(cg));
@@ -512,6 +508,13 @@ impl Shapes {
     /// row group of the S^T GEMM cut so that six workers share the jobs.
     fn st_jobs(&self) -> Vec<StJob> {
         self.st_jobs_in(self.job_col_groups)
+    }
+    /// The most column groups the jobs may take: six workers, so at most
+    /// as many groups as the S^T GEMM's row groups leave workers for.
+    fn most_job_col_groups(&self) -> u32 {
+        (ipu_arch::WORKER_CONTEXTS / self.st.1.row_groups.len() as u32)
+            .max(1)
+            .min(self.quads())
     }
     fn st_jobs_in(&self, col_groups: u32) -> Vec<StJob> {
         let groups = &self.st.1.row_groups;
@@ -2683,7 +2686,7 @@ mod tests {
             let s = Shapes::new(&b, &ck, (rows, n, n.div_ceil(16) * 16), false).unwrap();
             assert!(s.st.1.vertices() <= 6);
             // Every column-group count the planner may choose.
-            let most = (6 / s.st.1.row_groups.len() as u32).max(1).min(s.quads());
+            let most = s.most_job_col_groups();
             assert!((1..=most).contains(&s.job_col_groups));
             for cg in 1..=most {
                 let jobs = s.st_jobs_in(cg);
