@@ -6,17 +6,23 @@
 # Vertex state (u32 words, byte offsets):
 #    0 O      address of O[0, 0] (f32 [ROWS, 4*DQ], 8-aligned)
 #    4 RS_O   O row stride in bytes (multiple of 8)
-#    8 PV     address of PV[0, 0] (f32, 8-aligned): the GEMM's C buffer
-#   12 RS_PV  PV row stride in bytes (multiple of 8)
+#    8 PV     address of PV[0, 0] (f32, 16-aligned, in interleaved memory):
+#             the GEMM's C buffer, whose rows a quad loads with one `ld128`
+#   12 RS_PV  PV row stride in bytes (multiple of 16)
 #   16 ALPHA  address of ROWS f32 factors a
 #   20 ROWS   rows (>= 1)
 #   24 DQ     groups of four head columns (>= 1)
 #
 # Each worker runs its own vertex over its own rows.
+#
+# Per quad of head columns: PV's quad as one `ld128`, O's two pairs as
+# two `ld64` (O lies in standard memory), two `f32v2mac` and two `st64`:
+# the main slot's 5 operations set 5 bundles (6 with PV as two `ld64`,
+# until session 56).
 
         .kernel attention_merge
         .workers 6
-        .cycles "6 * (10 + ROWS * (9 + 6 * DQ))"
+        .cycles "6 * (10 + ROWS * (9 + 5 * DQ))"
 
         .equ ST_O, 0
         .equ ST_RS_O, 4
@@ -45,9 +51,8 @@ row:
         f32v2bcast $a10:11, $a10
         mov $m12, $m2
         mov $m13, $m3
-        rpt $m5, 6
-        ld64 $a0:1, [$m13]+=8
-        ld64 $a2:3, [$m13]+=8
+        rpt $m5, 5
+        ld128 $a0:3, [$m13]+=16
         ld64 $a4:5, [$m12 + 0]
         { ld64 $a6:7, [$m12 + 8] ; f32v2mac $a0:1, $a4:5, $a10:11 }
         { st64 $a0:1, [$m12]+=8 ; f32v2mac $a2:3, $a6:7, $a10:11 }

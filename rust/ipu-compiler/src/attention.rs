@@ -982,9 +982,43 @@ fn chunked_blockings(
 /// blocks. `projection_cycles` (the projections' estimate, the same for
 /// every candidate: they run before, on the same tiles) completes each
 /// candidate's total.
+/// Region 1 left free for region 0's overflow, sized by each plan's own
+/// region 0 (`compile_from`'s reserve step): the program's other buffers
+/// on the fullest tile overflowed region 0 by `others_excess` bytes
+/// beside the plan that the first attempt ranked best, less that plan's
+/// region 0 (negative when they leave the attention some of it).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct OverflowRoom {
+    pub others_excess: i64,
+    /// The most region-1 bytes every other segment leaves free for the
+    /// overflow: a plan may need less of it, not more.
+    pub reserve: u64,
+}
+
+impl OverflowRoom {
+    /// Region-1 bytes, in whole memory elements, that a plan holding
+    /// `region0` bytes of region 0 leaves free for what storage moves
+    /// there out of region 0.
+    pub fn needs(&self, region0: u64) -> u64 {
+        let element = ipu_arch::INTERLEAVED_ELEMENT_BYTES as u64;
+        let over = (region0 as i64).saturating_add(self.others_excess).max(0) as u64;
+        over.div_ceil(element) * element
+    }
+
+    /// Whether a plan holding these bytes leaves that room within region
+    /// 1 and the reserve.
+    pub fn fits(&self, region1: u64, region0: u64) -> bool {
+        let needs = self.needs(region0);
+        needs <= self.reserve
+            && region1 + needs <= (ipu_arch::REGION1_END - ipu_arch::REGION1_BASE) as u64
+    }
+}
+
 /// Every candidate holds at most `region1_cap` bytes of region 1 a tile
 /// (all of it unless a segment leaves room for what outlives it) and
-/// `region0_cap` of region 0 (a segment leaves room for its joins).
+/// `region0_cap` of region 0 (a segment leaves room for its joins); with
+/// `room`, also leaves region 1 what its own region 0 pushes out of
+/// region 0 ([`OverflowRoom::fits`]).
 pub fn plan(
     block: &AttentionBlock,
     tiles: u32,
@@ -992,6 +1026,7 @@ pub fn plan(
     projection_cycles: u64,
     distributed_combine: bool,
     (region1_cap, region0_cap): (u64, u64),
+    room: Option<OverflowRoom>,
 ) -> Vec<AttentionPlan> {
     // Plans that repeat their steps (key chunks, query rounds) count their
     // code in region 0 and may take seven eighths of it unless `compile`
@@ -1007,7 +1042,9 @@ pub fn plan(
         } else {
             region0_cap
         };
-        p.region1_bytes <= region1_cap && p.region0_bytes <= cap
+        p.region1_bytes <= region1_cap
+            && p.region0_bytes <= cap
+            && room.is_none_or(|r| r.fits(p.region1_bytes, p.region0_bytes))
     };
     let mut out = Vec::new();
     let ncb = block.key_blocks();
@@ -2855,6 +2892,39 @@ mod tests {
                 splits,
             )
         }
+    }
+
+    #[test]
+    fn overflow_room_is_whole_elements_of_what_a_plan_pushes_out() {
+        let element = ipu_arch::INTERLEAVED_ELEMENT_BYTES as u64;
+        let region1 = (ipu_arch::REGION1_END - ipu_arch::REGION1_BASE) as u64;
+        // The other buffers leave the attention 13,120 bytes of region 0
+        // (the f32 attention of 1,024 tokens on 8 tiles).
+        let room = OverflowRoom {
+            others_excess: -13_120,
+            reserve: 5 * element,
+        };
+        assert_eq!(room.needs(0), 0);
+        assert_eq!(room.needs(13_120), 0);
+        assert_eq!(room.needs(13_121), element);
+        assert_eq!(room.needs(13_120 + 4 * element), 4 * element);
+        assert_eq!(room.needs(13_121 + 4 * element), 5 * element);
+        // 124,552 bytes of region 0 push out 111,432: four elements, and
+        // 274,432 of region 1 leave them; 145,216 push out five, which
+        // 262,656 of region 1 do not leave (by 512 bytes).
+        assert!(room.fits(274_432, 124_552));
+        assert!(!room.fits(262_656, 145_216));
+        assert!(room.fits(region1 - 5 * element, 145_216));
+        // Never more than the reserve the other segments leave.
+        assert!(!room.fits(0, 13_121 + 5 * element));
+        // Other buffers that overflow alone need room for any plan.
+        let alone = OverflowRoom {
+            others_excess: 1,
+            reserve: element,
+        };
+        assert_eq!(alone.needs(0), element);
+        assert!(!alone.fits(region1 - element + 1, 0));
+        assert!(alone.fits(region1 - element, 0));
     }
 
     #[test]

@@ -1162,13 +1162,51 @@ fn plan_and_lower(
             } else {
                 u64::MAX
             };
+            // Once region 0 has overflowed beside the first attempt's
+            // best plan, the other buffers' part of that overflow is the
+            // overflow less that plan's region 0 (planned again under the
+            // first attempt's limits, which these equal but for the
+            // reserve), and each candidate leaves region 1 what its own
+            // region 0 adds to it, within the reserve: a fixed reserve
+            // sized by the first plan's overflow took region 1 from
+            // plans that keep less region 0 (the f32 attention of 1,024
+            // tokens on 8 tiles). Only in a model of one segment, whose
+            // other buffers are the operands' homes: a segment's joins
+            // and neighbours change with every plan (512 tokens of 4
+            // heads, projected, on 8 tiles overflowed by 66,664 bytes
+            // more than its first plan said).
+            let region1 = (ipu_arch::REGION1_END - ipu_arch::REGION1_BASE) as u64;
+            let room = match limits.first_region0_overflow {
+                Some(over) if limits.region1_reserve > 0 && tile_count_override.is_none() => {
+                    attention::plan(
+                        b,
+                        options.tiles,
+                        k,
+                        proxy,
+                        distributed_combine,
+                        (region1, region0_cap),
+                        None,
+                    )
+                    .first()
+                    .map(|first| attention::OverflowRoom {
+                        others_excess: over as i64 - first.region0_bytes as i64
+                            + limits.overflow_slack as i64,
+                        reserve: limits.region1_reserve,
+                    })
+                }
+                _ => None,
+            };
             attention_candidates = attention::plan(
                 b,
                 options.tiles,
                 k,
                 proxy,
                 distributed_combine,
-                (region1_cap, region0_cap),
+                (
+                    if room.is_some() { region1 } else { region1_cap },
+                    region0_cap,
+                ),
+                room,
             );
             // Both layouts compete on their estimates unless one is asked for.
             if let Some(layout) = options.attention_layout {
@@ -1234,6 +1272,7 @@ fn plan_and_lower(
                     estimated_exchange_cycles = c.exchange_bound_cycles,
                     estimated_projection_cycles = c.projection_cycles,
                     peak_interleaved_bytes = c.region1_bytes,
+                    region0_bytes = c.region0_bytes,
                     "retained attention-plan finalist"
                 );
             }
@@ -3383,6 +3422,8 @@ fn compile_with_fallbacks(
     let mut limits = SegmentLimits {
         attention_region0: plan::STANDARD_BUDGET / 2,
         region1_reserve: 0,
+        first_region0_overflow: None,
+        overflow_slack: 0,
         streamed_producers: true,
         resident_b: true,
         weight_joins: true,
@@ -3513,19 +3554,21 @@ fn compile_from(
                 let over = region0_overflow.expect("checked");
                 limits.attention_region0 = plan::STANDARD_BUDGET / 2;
                 limits.region1_reserve = over.div_ceil(element) * element;
+                limits.first_region0_overflow = Some(over);
                 reserve_steps = 1;
                 let why = json!({
                     "value": value,
                     "error": reason,
                     "then": format!(
-                        "every segment leaves {} bytes of region 1 for region 0's overflow ({over} bytes), the attention its region 0 as at first",
+                        "every segment leaves {} bytes of region 1 for region 0's overflow ({over} bytes), the attention its region 0 as at first and as much of the reserve as its region 0 pushes out",
                         limits.region1_reserve
                     ),
                 });
                 compiling_again(retries, why);
             }
             // With a reserve, region 0 still overflowing grows it (twice
-            // at most) rather than cutting the attention's region 0.
+            // at most) rather than cutting the attention's region 0, and
+            // every attention plan leaves that much more of it free.
             Err(CompileError::OutOfMemory {
                 tile,
                 region,
@@ -3536,7 +3579,9 @@ fn compile_from(
                 && limits.region1_reserve > 0
                 && reserve_steps < 3 =>
             {
-                limits.region1_reserve += (needed - available).div_ceil(element) * element;
+                let grown = (needed - available).div_ceil(element) * element;
+                limits.region1_reserve += grown;
+                limits.overflow_slack += grown;
                 reserve_steps += 1;
                 let why = json!({
                     "tile": tile,
@@ -3803,6 +3848,16 @@ struct SegmentLimits {
     /// 1024 tokens: the projections' weight homes and the attention's Q
     /// home beside attention buffers that filled region 1).
     region1_reserve: u64,
+    /// Region 0's first overflow (bytes), once the reserve is set: the
+    /// attention then sizes what it leaves free in region 1 by its own
+    /// region 0 ([`attention::OverflowRoom`]), the first attempt's best
+    /// plan telling how much of the overflow was the other buffers'.
+    first_region0_overflow: Option<u64>,
+    /// Region-1 bytes added to what every attention plan leaves free for
+    /// region 0's overflow, and to the reserve, after a placement with the
+    /// reserve still overflowed region 0: storage moves whole buffers, so
+    /// the room a plan's bytes suggest can fall short by part of one.
+    overflow_slack: u64,
     /// Whether a segment's chain may stream its producer.
     streamed_producers: bool,
     /// Whether a segment's streamed GEMMs may keep B resident (a buffer

@@ -1165,7 +1165,8 @@ fn merge_alone() {
     for &(rows, head) in &[(17usize, 19usize), (12, 72), (1, 1)] {
         let mut rng = Rng((rows * 1000 + head) as u64);
         let dq = head.div_ceil(4);
-        let (rs_o, rs_pv) = (16 * dq + 8, 16 * dq + 24);
+        // PV's rows are 16-aligned (the kernel loads a quad with `ld128`).
+        let (rs_o, rs_pv) = (16 * dq + 8, 16 * dq + 32);
         let o: Vec<f32> = (0..rows * 4 * dq)
             .map(|_| rng.uniform(-20.0, 20.0) as f32)
             .collect();
