@@ -68,10 +68,12 @@
 # a zero P row and a = 1) and a into ALPHA, and touches neither O nor V.
 # It works on pairs of keys: the row maximum with `f32v2max`, and
 # p = exp(s * SCALE - m') with one fused `f32v2mac` onto (-m', -m') (which
-# the idle load slot reloads from PBUF each pair), a two-slot `f32v2exp`,
-# one conversion and a pair of running sums: 5 issue slots per two keys,
-# software-pipelined so that the loads and the store ride in the same
-# bundles (the first version took 7 slots per key). gemm_f16 ACC=32 then computes P V in f32 (A = P, B = V padded to
+# the idle load slot reloads from PBUF each pair), a two-slot `f32v2exp`
+# and a pair of running sums, software-pipelined so that the loads and the
+# store ride in the same bundles. With f16 P (PT=16) it takes the keys in
+# quads, two pairs converted by one `f32v4tof16` and stored by one `st64`:
+# 9 issue slots per four keys (10 as pairs until session 56, 5 per pair
+# with a `f32v2tof16` each; the first version took 7 slots per key). gemm_f16 ACC=32 then computes P V in f32 (A = P, B = V padded to
 # [BKP, 16 * ncb]) and device/attention_merge.S forms O * a + P V.
 #
 # SCALE must be positive: the row maximum is taken on raw scores and scaled
@@ -103,8 +105,13 @@
         .cycles "6 * (8 + ROWS * (26 + 7 * BK + DQ * (13 + 3 * BK)))"
         .elseif PV == 0
         .cycles "6 * (8 + ROWS * (26 + 7 * BK + DQ * (12 + 4 * BK)))"
-        .elseif PV == 1
+        .elseif PV == 1 && PT == 32
         .cycles "6 * (12 + ROWS * (54 + 3 * BK + (BKP - BK)))"
+        .elseif PV == 1
+        # Per row: the pairs' slots, less one per quad of keys, plus two
+        # for the saved state, two for a leftover pair after quads (-1
+        # without quads).
+        .cycles "6 * (12 + ROWS * (56 + 3 * BK - BK / 4 + 2 * (BK / 2 - 2 * (BK / 4)) - 3 * ((BK / 2 - 2 * (BK / 4)) / (BK / 4 + 1)) + (BKP - BK)))"
         .else
         .error "PV must be 0 (P V on the vector unit) or 1 (P to f16 for gemm_f16)"
         .endif
@@ -203,29 +210,40 @@ max_done:
         f32mul $a14, $a5, $a15
 
         .if PV
-        # p_j = exp(s_j * SCALE - m') for the visible keys in pairs, each
-        # pair rounded to f16 into the P row and added to the pair of
-        # running sums $a6:7; an odd last key alone; then zeros up to BKP.
-        # Registers: $a8:9 (SCALE, SCALE), $a2:3 (-m', -m') then the
-        # argument, $a10:11 the pair of p, $a4 its f16 pair.
+        # p_j = exp(s_j * SCALE - m') for the visible keys, each rounded to
+        # f16 into the P row (PT=32: stored as it is) and added to the pair
+        # of running sums $a6:7 (lane 0 the even keys, lane 1 the odd ones,
+        # in key order); then zeros up to BKP.
+        # Registers: $a8:9 (SCALE, SCALE), $a6:7 the sums.
         f32neg $a2, $a13
+        .if PT == 32
         f32v2bcast $a2:3, $a2
         st64 $a2:3, [$m10]
         f32v2bcast $a8:9, $a12
+        .else
+        # The quads of keys below need $a12..$a15 for four exponentials:
+        # m' and l * a wait in the row's state slot (l' replaces l * a
+        # after the keys) and a goes to ALPHA now.
+        { st32 $a13, [$m7] ; f32v2bcast $a2:3, $a2 }
+        { st64 $a2:3, [$m10] ; f32v2bcast $a8:9, $a12 }
+        st32 $a14, [$m7 + 4]
+        st32 $a15, [$m14]+=4
+        .endif
         setzi $a6, 0
         setzi $a7, 0
         mov $m12, $m2
         mov $m13, $m9
+        .if PT == 32
+        # Pairs of keys. Registers: $a2:3 (-m', -m') then the argument,
+        # $a0:1 the scores, $a10:11 the pair of p.
         shr $m5, $m11, 1
         brz $m5, pairs_done
         # Pair 0, then per further pair: its argument and exp while pair
-        # i - 1 is converted, summed and stored.
+        # i - 1 is summed and stored (f32 P: as it is, no conversion).
         ld64 $a0:1, [$m12]+=8
         f32v2mac $a2:3, $a0:1, $a8:9
         f32v2exp $a10:11, $a2:3
         add $m5, $m5, -1
-        .if PT == 32
-        # f32 P: the pair is stored as it is (no conversion).
         rpt $m5, 4
         ld64 $a2:3, [$m10]
         { ld64 $a0:1, [$m12]+=8 ; f32v2add $a6:7, $a6:7, $a10:11 }
@@ -233,13 +251,46 @@ max_done:
         f32v2exp $a10:11, $a2:3
         { st64 $a10:11, [$m13]+=8 ; f32v2add $a6:7, $a6:7, $a10:11 }
         .else
-        rpt $m5, 4
-        { ld64 $a2:3, [$m10] ; f32v2tof16 $a4, $a10:11 }
-        { ld64 $a0:1, [$m12]+=8 ; f32v2add $a6:7, $a6:7, $a10:11 }
-        { st32 $a4, [$m13]+=4 ; f32v2mac $a2:3, $a0:1, $a8:9 }
+        # Quads of keys, as two pairs A and B: 9 issue slots a quad (two
+        # fused macs, two two-slot exponentials, two sums and one
+        # `f32v4tof16`; the loads and the store ride in the same bundles),
+        # where a pair alone takes 5. Quad 0's arguments and exponentials
+        # first; then per further quad i its arguments and exponentials
+        # while quad i - 1 is converted, stored and summed. Registers:
+        # $a0:1 and $a2:3 pair A's and B's (-m', -m') then arguments ($a2:3
+        # also quad i - 1's four f16 until stored), $a4:5 and $a10:11 their
+        # scores, $a12:15 the quad of p (A in $a12:13, B in $a14:15).
+        shr $m5, $m11, 2
+        brz $m5, quads_done
+        ld64 $a0:1, [$m10]
+        ld64 $a4:5, [$m12]+=8
+        { ld64 $a2:3, [$m10] ; f32v2mac $a0:1, $a4:5, $a8:9 }
+        { ld64 $a10:11, [$m12]+=8 ; f32v2exp $a12:13, $a0:1 }
+        f32v2mac $a2:3, $a10:11, $a8:9
+        { add $m5, $m5, -1 ; f32v2exp $a14:15, $a2:3 }
+        rpt $m5, 7
+        { ld64 $a0:1, [$m10] ; f32v4tof16 $a2:3, $a12:15 }
+        { ld64 $a4:5, [$m12]+=8 ; f32v2add $a6:7, $a6:7, $a12:13 }
+        { st64 $a2:3, [$m13]+=8 ; f32v2mac $a0:1, $a4:5, $a8:9 }
+        { ld64 $a2:3, [$m10] ; f32v2exp $a12:13, $a0:1 }
+        { ld64 $a10:11, [$m12]+=8 ; f32v2add $a6:7, $a6:7, $a14:15 }
+        f32v2mac $a2:3, $a10:11, $a8:9
+        f32v2exp $a14:15, $a2:3
+        f32v4tof16 $a2:3, $a12:15
+        { st64 $a2:3, [$m13]+=8 ; f32v2add $a6:7, $a6:7, $a12:13 }
+        f32v2add $a6:7, $a6:7, $a14:15
+quads_done:
+        # A last pair of keys.
+        and $m5, $m11, 2
+        brz $m5, pair_done
+        ld64 $a2:3, [$m10]
+        ld64 $a0:1, [$m12]+=8
+        f32v2mac $a2:3, $a0:1, $a8:9
         f32v2exp $a10:11, $a2:3
         f32v2tof16 $a4, $a10:11
         { st32 $a4, [$m13]+=4 ; f32v2add $a6:7, $a6:7, $a10:11 }
+pair_done:
+        ld32 $a14, [$m7 + 4]
         .endif
 pairs_done:
         f32v2hsum $a0, $a6:7
@@ -248,7 +299,7 @@ pairs_done:
         brz $m5, tail_done
         ld32 $a2, [$m10]
         ld32 $a0, [$m12]+=4
-        f32mac $a2, $a0, $a12
+        f32mac $a2, $a0, $a8
         f32exp $a0, $a2
         .if PT == 32
         { st32 $a0, [$m13]+=4 ; f32add $a14, $a14, $a0 }
@@ -267,10 +318,15 @@ tail_done:
         rpt $m5, 1
         st16 $a9, [$m13]+=2
         .endif
+        .if PT == 32
         mov $a0, $a13
         mov $a1, $a14
         st64 $a0:1, [$m7]+=8
         st32 $a15, [$m14]+=4
+        .else
+        st32 $a14, [$m7 + 4]
+        add $m7, $m7, 8
+        .endif
         br next_row
         .endif
 
