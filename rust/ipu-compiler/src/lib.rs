@@ -3560,7 +3560,7 @@ fn compile_from(
                     "value": value,
                     "error": reason,
                     "then": format!(
-                        "every segment leaves {} bytes of region 1 for region 0's overflow ({over} bytes), the attention its region 0 as at first and as much of the reserve as its region 0 pushes out",
+                        "every segment leaves {} bytes of region 1 for region 0's overflow ({over} bytes), the attention its region 0 as at first (alone in its model, it leaves only what its own region 0 pushes out)",
                         limits.region1_reserve
                     ),
                 });
