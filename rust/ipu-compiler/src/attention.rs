@@ -855,6 +855,36 @@ fn compute_cycles(
     (steps.iter().sum(), steps)
 }
 
+/// Keys that query blocks `blocks` (of `query_ranges`) see: with causal
+/// masking those before the last one's last query plus the keys before
+/// the first query (`sk - sq`), else all of them. A causal query round of
+/// the row layout skips the key blocks from there on (`lower_rows`).
+fn visible_keys(
+    b: &AttentionBlock,
+    query_ranges: &[(u32, u32)],
+    blocks: impl Iterator<Item = u32>,
+) -> u32 {
+    if !b.causal {
+        return b.sk;
+    }
+    let offset = b.sk - b.sq.min(b.sk);
+    blocks
+        .map(|qi| (query_ranges[qi as usize].1 + offset).min(b.sk))
+        .max()
+        .unwrap_or(b.sk)
+}
+
+/// How many of `key_blocks` (column blocks, in key order) a round whose
+/// queries see `visible` keys runs: up to the last that starts before
+/// them, at least one.
+fn live_key_blocks(key_blocks: &[(u32, u32)], visible: u32) -> usize {
+    key_blocks
+        .iter()
+        .take_while(|kb| kb.0 * 16 < visible)
+        .count()
+        .max(1)
+}
+
 /// Most rounds of query blocks a row plan takes: each round repeats every
 /// step, so more would only grow the program for small query blocks.
 pub const MAX_QUERY_ROUNDS: u32 = 16;
@@ -1169,9 +1199,43 @@ pub fn plan(
                         }
                         // Each round exchanges and computes again; the tiles'
                         // region-0 state serves every round, and each round adds
-                        // its result rows.
-                        let (compute, exchange) =
-                            (compute * rounds as u64, exchange * rounds as u64);
+                        // its result rows. Causal query rounds (one split) run
+                        // only their visible key blocks and chunks
+                        // (`lower_rows`).
+                        let (compute, exchange) = if query_rounds && block.causal {
+                            let query_ranges = ranges(block.sq, qb);
+                            let chunk_ranges = ranges(key_blocks.len() as u32, chunks);
+                            let units = block.heads * qb;
+                            let (mut c, mut x) = (0, 0);
+                            for r in 0..rounds {
+                                let (u0, u1) =
+                                    (r * attention_tiles, ((r + 1) * attention_tiles).min(units));
+                                let visible = visible_keys(
+                                    block,
+                                    &query_ranges,
+                                    (u0..u1).map(|u| u / block.heads),
+                                );
+                                let live = live_key_blocks(&key_blocks, visible);
+                                let live_chunks = chunk_ranges
+                                    .iter()
+                                    .position(|&(b0, b1)| (b0..b1).contains(&(live as u32 - 1)))
+                                    .expect("the chunks cover the key blocks")
+                                    + 1;
+                                c += per_step[0]
+                                    + per_step[1..1 + 4 * live].iter().sum::<u64>()
+                                    + per_step[per_step.len() - 1];
+                                let last_block = chunk_ranges[live_chunks - 1].1 as usize - 1;
+                                let keys_r = (key_blocks[last_block].1 * 16).min(block.sk) as u64;
+                                let received_r = keys_r * (block.d + block.dv) as u64 * eb
+                                    + rows as u64 * block.d as u64 * eb;
+                                x += live_chunks as u64 * ipu_arch::SYNC_CYCLES
+                                    + received_r
+                                        .div_ceil(ipu_arch::EXCHANGE_RECV_BYTES_PER_CYCLE as u64);
+                            }
+                            (c, x)
+                        } else {
+                            (compute * rounds as u64, exchange * rounds as u64)
+                        };
                         let mut region0 = layout.region0(splits)
                             + (rounds as u64 - 1) * rows as u64 * layout.rs_out as u64;
                         // Key chunks and query rounds repeat the steps of a key
@@ -1813,13 +1877,32 @@ fn lower_rows(
     // `h * query_blocks + b`, in order: whole heads when the heads are
     // more than the tiles, query blocks of a head otherwise
     // ([`AttentionPlan::rounds`]).
+    // Causal query rounds number their units query block first
+    // (`qi * heads + h`), so that a round runs the same query blocks of
+    // every head and the key blocks after its last query are hidden from
+    // all its tiles: the round skips them (below).
     let splits = plan.key_splits.len() as u32;
     let per_round = plan.tiles / splits;
     let units = (round * per_round)..((round + 1) * per_round).min(b.heads * plan.query_blocks);
+    let block_major = b.causal && plan.query_rounds;
+    let unit_of = |h: u32, qi: u32| -> u32 {
+        if block_major {
+            qi * b.heads + h
+        } else {
+            h * plan.query_blocks + qi
+        }
+    };
+    let head_and_block = |u: u32| -> (u32, u32) {
+        if block_major {
+            (u % b.heads, u / b.heads)
+        } else {
+            (u / plan.query_blocks, u % plan.query_blocks)
+        }
+    };
     // The tile of (global head h, query block, split) in this round, if
     // the round runs that unit.
     let unit_tile = |h: u32, qi: u32, ks: u32| -> Option<u32> {
-        let u = h * plan.query_blocks + qi;
+        let u = unit_of(h, qi);
         units.contains(&u).then(|| (u - units.start) * splits + ks)
     };
     let name = graph.value(b.attention).name.clone();
@@ -1865,7 +1948,7 @@ fn lower_rows(
         kernel_segment: None,
     };
     for u in units.clone() {
-        let (h, qi) = (u / plan.query_blocks, u % plan.query_blocks);
+        let (h, qi) = head_and_block(u);
         let (q0, q1) = qranges[qi as usize];
         for ks in 0..splits {
             let tile = unit_tile(h, qi, ks).expect("a unit of the round");
@@ -2213,7 +2296,24 @@ fn lower_rows(
         let (c0, c1) = plan.chunk_columns(ks as usize, c);
         (c0 * 16, (c1 * 16).min(b.sk))
     };
-    let mut chunk_transfers: Vec<Vec<BufferTransfer>> = vec![Vec::new(); chunks.len()];
+    // A causal round's queries see the keys before `visible_keys` (the
+    // round's last query plus the offset of keys before the first query):
+    // the key blocks from the first that starts there on every split, and
+    // the chunks that hold only such blocks, are hidden from all the
+    // round's tiles and skipped (their exchange and their four steps). The
+    // online kernel masks what the live blocks hide.
+    let offset_causal = b.sk - b.sq.min(b.sk);
+    let visible = visible_keys(b, &qranges, units.clone().map(|u| head_and_block(u).1));
+    let live_blocks = (0..plan.key_splits.len())
+        .map(|ks| live_key_blocks(&plan.blocks_of(ks), visible))
+        .max()
+        .expect("a split at least");
+    let live_chunks = chunks
+        .iter()
+        .position(|&(b0, b1)| (b0..b1).contains(&(live_blocks as u32 - 1)))
+        .expect("the chunks cover the key blocks")
+        + 1;
+    let mut chunk_transfers: Vec<Vec<BufferTransfer>> = vec![Vec::new(); live_chunks];
     let split_of = |key: u32| -> u32 {
         (0..splits)
             .find(|&ks| {
@@ -2472,7 +2572,6 @@ fn lower_rows(
         }
         steps.push(unstage);
     }
-    let offset_causal = b.sk - b.sq.min(b.sk);
     let split_blocks: Vec<Vec<(u32, u32)>> = (0..plan.key_splits.len())
         .map(|k| plan.blocks_of(k))
         .collect();
@@ -2483,7 +2582,7 @@ fn lower_rows(
             .position(|&(b0, b1)| (b0..b1).contains(&(bi as u32)))
             .expect("the chunks cover the key blocks")
     };
-    for bi in 0..plan.key_blocks.len() {
+    for bi in 0..live_blocks {
         if bi > 0 && chunk_of(bi) != chunk_of(bi - 1) {
             if let Some(x) = xsteps.next() {
                 exchange::push_pending(&mut steps, &mut pending, x);

@@ -1221,8 +1221,10 @@ fn projections_far_above_their_assumption_also_plan_in_segments() {
 /// heads of 80 on 32 tiles (chunks); 512 projected tokens of 4 heads of
 /// 64 on 8 tiles (3 rounds of 8 query blocks of 85 or 86 rows, chunks);
 /// 1,024 tokens of 2 heads of 64 over inputs on 4 tiles, causal and not
-/// (5 rounds of 4 query blocks of 102 or 103 rows); the same in f32 on 8
-/// tiles.
+/// (rounds of 4 query blocks of 86 to 103 rows); the same in f32 on 8
+/// tiles. Causal rounds take the same query blocks of every head and skip
+/// the key chunks hidden from all their queries: fewer key exchange steps
+/// than chunks times rounds, and none after a round's last query.
 #[test]
 fn long_sequences_on_few_tiles_chunk_their_keys_and_run_query_rounds() {
     let dir = tempfile::tempdir().unwrap();
@@ -1275,7 +1277,9 @@ fn long_sequences_on_few_tiles_chunk_their_keys_and_run_query_rounds() {
             assert_ne!(chosen["tiles"].as_u64().unwrap() % blocks, 0, "{chosen:#}");
         }
         check_attention(&ran);
-        // One exchange step of keys per chunk and round.
+        // One exchange step of keys per chunk and round; causal rounds
+        // skip the chunks after their last query's keys (the last round
+        // none), so at least one a round and fewer in all.
         let rounds = chosen["rounds"].as_u64().unwrap_or(1);
         let key_steps = ran.compile.report["exchange_steps"]
             .as_array()
@@ -1283,7 +1287,14 @@ fn long_sequences_on_few_tiles_chunk_their_keys_and_run_query_rounds() {
             .iter()
             .filter(|s| s["step"].as_str().unwrap().contains("k^T, v"))
             .count() as u64;
-        assert_eq!(key_steps, chunks * rounds, "{name}");
+        if name.ends_with("causal") {
+            assert!(
+                key_steps >= rounds + chunks - 1 && key_steps < chunks * rounds,
+                "{name}: {key_steps} key steps in {rounds} rounds of {chunks} chunks"
+            );
+        } else {
+            assert_eq!(key_steps, chunks * rounds, "{name}");
+        }
         checkpoints_hold(&ran.compile);
     }
 }
