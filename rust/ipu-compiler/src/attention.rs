@@ -855,6 +855,48 @@ fn compute_cycles(
     (steps.iter().sum(), steps)
 }
 
+/// The online softmax step of a causal key block on a tile whose rows are
+/// queries `q0..q0 + rows` (counted with the keys before the first query)
+/// and whose block holds keys `k0..k0 + bk`, padded to `bkp`: each
+/// worker's rows (as `row_vertices` cuts them) at the kernel's per-row
+/// cost for the keys each row sees, a row that sees none at its zero P
+/// row's (19 issue slots and a store per padded key, `skip_row`).
+fn causal_online_cycles(
+    b: &AttentionBlock,
+    k: &mut AttentionKernels,
+    rows: u32,
+    q0: u32,
+    (k0, bk): (u32, u32),
+    bkp: u32,
+) -> u64 {
+    let dq = b.dqv() as i64;
+    let parts = ranges(rows, rows.min(ipu_arch::WORKER_CONTEXTS));
+    // The formula is a vertex's constant plus ROWS times a row's cost.
+    let mut eval = |rows: i64, nk: u32| {
+        k.online.1.eval(&[
+            ("ROWS", rows),
+            ("BK", nk as i64),
+            ("BKP", bkp as i64),
+            ("DQ", dq),
+        ])
+    };
+    let vertex = eval(0, bk);
+    let slowest = parts
+        .iter()
+        .map(|&(r0, r1)| {
+            vertex
+                + (r0..r1)
+                    .map(|r| match (q0 + r + 1).saturating_sub(k0).min(bk) {
+                        0 => 6 * (19 + bkp as u64),
+                        nk => eval(1, nk) - eval(0, nk),
+                    })
+                    .sum::<u64>()
+        })
+        .max()
+        .unwrap_or(0);
+    slowest + launch_cycles(parts.len() as u64)
+}
+
 /// Keys that query blocks `blocks` (of `query_ranges`) see: with causal
 /// masking those before the last one's last query plus the keys before
 /// the first query (`sk - sq`), else all of them. A causal query round of
@@ -2602,9 +2644,23 @@ fn lower_rows(
             // first key, bk its keys; `local` its first column block in the
             // split's K^T and V.
             let (c0, c1) = split_blocks[ks as usize][bi];
-            let costs = tile_costs
+            let mut costs = tile_costs
                 .entry((rows, (c0, c1)))
-                .or_insert_with(|| compute_cycles(b, kernels, rows, &[(c0, c1)]).1);
+                .or_insert_with(|| compute_cycles(b, kernels, rows, &[(c0, c1)]).1)
+                .clone();
+            // A causal block's rows see fewer of its keys than it holds
+            // (none above the diagonal): each worker's rows cost what the
+            // keys they see cost.
+            if b.causal {
+                costs[2] = causal_online_cycles(
+                    b,
+                    kernels,
+                    rows,
+                    q0 + offset_causal,
+                    (c0 * 16, (c1 * 16).min(b.sk) - c0 * 16),
+                    (c1 - c0) * 16,
+                );
+            }
             for (step, &cycles) in [&mut sg, &mut on, &mut pv, &mut mg]
                 .into_iter()
                 .zip(&costs[1..5])
