@@ -888,13 +888,39 @@ fn causal_online_cycles(
                 + (r0..r1)
                     .map(|r| match (q0 + r + 1).saturating_sub(k0).min(bk) {
                         0 => 6 * (19 + bkp as u64),
-                        nk => eval(1, nk) - eval(0, nk),
+                        nk => eval(1, nk) - vertex,
                     })
                     .sum::<u64>()
         })
         .max()
         .unwrap_or(0);
     slowest + launch_cycles(parts.len() as u64)
+}
+
+/// The (head, query block) of a row-layout unit `u`: numbered head first
+/// (`h * query_blocks + qi`), or query block first (`qi * heads + h`) in
+/// causal query rounds, so that a round runs the same query blocks of
+/// every head (`lower_rows`).
+fn unit_head_and_block(u: u32, heads: u32, query_blocks: u32, block_major: bool) -> (u32, u32) {
+    if block_major {
+        (u % heads, u / heads)
+    } else {
+        (u / query_blocks, u % query_blocks)
+    }
+}
+
+/// The units of round `round`, `per_round` a round, `total` in all.
+fn round_units(round: u32, per_round: u32, total: u32) -> std::ops::Range<u32> {
+    (round * per_round)..((round + 1) * per_round).min(total)
+}
+
+/// The chunk (of `chunks`, ranges of key blocks) that holds key block
+/// `block`.
+fn chunk_of(chunks: &[(u32, u32)], block: usize) -> usize {
+    chunks
+        .iter()
+        .position(|&(b0, b1)| (b0..b1).contains(&(block as u32)))
+        .expect("the chunks cover the key blocks")
 }
 
 /// Keys that query blocks `blocks` (of `query_ranges`) see: with causal
@@ -1049,11 +1075,6 @@ fn chunked_blockings(
     out
 }
 
-/// Candidate partitions of `block` over at most `tiles` tiles, best first:
-/// query rows per tile, key splits over tiles (1, 2, 4 or 8) and key
-/// blocks. `projection_cycles` (the projections' estimate, the same for
-/// every candidate: they run before, on the same tiles) completes each
-/// candidate's total.
 /// Region 1 left free for region 0's overflow, sized by each plan's own
 /// region 0 (`compile_from`'s reserve step): the program's other buffers
 /// on the fullest tile overflowed region 0 by `others_excess` bytes
@@ -1086,6 +1107,11 @@ impl OverflowRoom {
     }
 }
 
+/// Candidate partitions of `block` over at most `tiles` tiles, best first:
+/// query rows per tile, key splits over tiles (1, 2, 4 or 8) and key
+/// blocks. `projection_cycles` (the projections' estimate, the same for
+/// every candidate: they run before, on the same tiles) completes each
+/// candidate's total.
 /// Every candidate holds at most `region1_cap` bytes of region 1 a tile
 /// (all of it unless a segment leaves room for what outlives it) and
 /// `region0_cap` of region 0 (a segment leaves room for its joins); with
@@ -1247,22 +1273,16 @@ pub fn plan(
                         let (compute, exchange) = if query_rounds && block.causal {
                             let query_ranges = ranges(block.sq, qb);
                             let chunk_ranges = ranges(key_blocks.len() as u32, chunks);
-                            let units = block.heads * qb;
                             let (mut c, mut x) = (0, 0);
                             for r in 0..rounds {
-                                let (u0, u1) =
-                                    (r * attention_tiles, ((r + 1) * attention_tiles).min(units));
                                 let visible = visible_keys(
                                     block,
                                     &query_ranges,
-                                    (u0..u1).map(|u| u / block.heads),
+                                    round_units(r, attention_tiles, block.heads * qb)
+                                        .map(|u| unit_head_and_block(u, block.heads, qb, true).1),
                                 );
                                 let live = live_key_blocks(&key_blocks, visible);
-                                let live_chunks = chunk_ranges
-                                    .iter()
-                                    .position(|&(b0, b1)| (b0..b1).contains(&(live as u32 - 1)))
-                                    .expect("the chunks cover the key blocks")
-                                    + 1;
+                                let live_chunks = chunk_of(&chunk_ranges, live - 1) + 1;
                                 c += per_step[0]
                                     + per_step[1..1 + 4 * live].iter().sum::<u64>()
                                     + per_step[per_step.len() - 1];
@@ -1925,7 +1945,7 @@ fn lower_rows(
     // all its tiles: the round skips them (below).
     let splits = plan.key_splits.len() as u32;
     let per_round = plan.tiles / splits;
-    let units = (round * per_round)..((round + 1) * per_round).min(b.heads * plan.query_blocks);
+    let units = round_units(round, per_round, b.heads * plan.query_blocks);
     let block_major = b.causal && plan.query_rounds;
     let unit_of = |h: u32, qi: u32| -> u32 {
         if block_major {
@@ -1934,13 +1954,7 @@ fn lower_rows(
             h * plan.query_blocks + qi
         }
     };
-    let head_and_block = |u: u32| -> (u32, u32) {
-        if block_major {
-            (u % b.heads, u / b.heads)
-        } else {
-            (u / plan.query_blocks, u % plan.query_blocks)
-        }
-    };
+    let head_and_block = |u: u32| unit_head_and_block(u, b.heads, plan.query_blocks, block_major);
     // The tile of (global head h, query block, split) in this round, if
     // the round runs that unit.
     let unit_tile = |h: u32, qi: u32, ks: u32| -> Option<u32> {
@@ -2350,11 +2364,7 @@ fn lower_rows(
         .map(|ks| live_key_blocks(&plan.blocks_of(ks), visible))
         .max()
         .expect("a split at least");
-    let live_chunks = chunks
-        .iter()
-        .position(|&(b0, b1)| (b0..b1).contains(&(live_blocks as u32 - 1)))
-        .expect("the chunks cover the key blocks")
-        + 1;
+    let live_chunks = chunk_of(&chunks, live_blocks - 1) + 1;
     let mut chunk_transfers: Vec<Vec<BufferTransfer>> = vec![Vec::new(); live_chunks];
     let split_of = |key: u32| -> u32 {
         (0..splits)
@@ -2617,15 +2627,8 @@ fn lower_rows(
     let split_blocks: Vec<Vec<(u32, u32)>> = (0..plan.key_splits.len())
         .map(|k| plan.blocks_of(k))
         .collect();
-    // The chunk of each key block.
-    let chunk_of = |bi: usize| -> usize {
-        chunks
-            .iter()
-            .position(|&(b0, b1)| (b0..b1).contains(&(bi as u32)))
-            .expect("the chunks cover the key blocks")
-    };
     for bi in 0..live_blocks {
-        if bi > 0 && chunk_of(bi) != chunk_of(bi - 1) {
+        if bi > 0 && chunk_of(&chunks, bi) != chunk_of(&chunks, bi - 1) {
             if let Some(x) = xsteps.next() {
                 exchange::push_pending(&mut steps, &mut pending, x);
             }
@@ -2644,30 +2647,33 @@ fn lower_rows(
             // first key, bk its keys; `local` its first column block in the
             // split's K^T and V.
             let (c0, c1) = split_blocks[ks as usize][bi];
-            let mut costs = tile_costs
+            let costs = tile_costs
                 .entry((rows, (c0, c1)))
-                .or_insert_with(|| compute_cycles(b, kernels, rows, &[(c0, c1)]).1)
-                .clone();
+                .or_insert_with(|| compute_cycles(b, kernels, rows, &[(c0, c1)]).1);
             // A causal block's rows see fewer of its keys than it holds
             // (none above the diagonal): each worker's rows cost what the
             // keys they see cost.
-            if b.causal {
-                costs[2] = causal_online_cycles(
+            let online = if b.causal {
+                causal_online_cycles(
                     b,
                     kernels,
                     rows,
                     q0 + offset_causal,
                     (c0 * 16, (c1 * 16).min(b.sk) - c0 * 16),
                     (c1 - c0) * 16,
-                );
-            }
-            for (step, &cycles) in [&mut sg, &mut on, &mut pv, &mut mg]
-                .into_iter()
-                .zip(&costs[1..5])
-            {
+                )
+            } else {
+                costs[2]
+            };
+            for (step, cycles) in [
+                (&mut sg, costs[1]),
+                (&mut on, online),
+                (&mut pv, costs[3]),
+                (&mut mg, costs[4]),
+            ] {
                 step.charge_tile(tile, cycles);
             }
-            let local = c0 - plan.chunk_columns(ks as usize, chunk_of(bi)).0;
+            let local = c0 - plan.chunk_columns(ks as usize, chunk_of(&chunks, bi)).0;
             let nb = c1 - c0;
             let k0 = c0 * 16;
             let bk = (c1 * 16).min(b.sk) - k0;
