@@ -76,6 +76,20 @@
 # with a `f32v2tof16` each; the first version took 7 slots per key). gemm_f16 ACC=32 then computes P V in f32 (A = P, B = V padded to
 # [BKP, 16 * ncb]) and device/attention_merge.S forms O * a + P V.
 #
+# ONES=1 (with PV=1 and PT=16): the P V GEMM sums p itself. Its V holds a
+# column of ones at column 4 * DQ, so P V's column 4 * DQ is sum_j p_j of
+# the f16 p it multiplied, and device/attention_merge.S ONES=1 forms
+# l' = l a + that sum. This vertex then writes m' and a, leaves l alone
+# and needs no running sums, and it takes the exponentials in f16 as
+# softmax_cols does: p = f16(exp(f16(s * SCALE - m'))), the argument
+# formed in f32 with one fused mac. A quad of keys then takes 5 issue
+# slots (a 128-bit load of its four scores, two reloads of (-m', -m'),
+# two macs, one `f32v4tof16`, one two-slot `f16v4exp` and one `st64`)
+# where the f32 exponentials and the sums took 9. S must then be
+# 16-aligned in interleaved memory with RS_S a multiple of 16 (the scores
+# GEMM's C buffer is). The sum is of the rounded p that P V uses, so the
+# output is a weighted mean of V's rows whatever p's rounding.
+#
 # SCALE must be positive: the row maximum is taken on raw scores and scaled
 # once. Each worker runs its own vertex over its own query rows (its own O
 # rows and (m, l) pairs); S and V are only read, so workers may share them.
@@ -85,7 +99,14 @@
         .param PV, 0
         .param VT, 16
         .param PT, 16
+        .param ONES, 0
         .workers 6
+        .if ONES != 0 && ONES != 1
+        .error "ONES must be 0 (this vertex sums p into l) or 1 (P V's ones column sums p)"
+        .endif
+        .if ONES == 1 && (PV != 1 || PT != 16)
+        .error "ONES=1 needs PV=1 and PT=16: the P V GEMM on f16 P sums p"
+        .endif
         .if CAUSAL != 0 && CAUSAL != 1
         .error "CAUSAL must be 0 (all keys) or 1 (key index <= query index)"
         .endif
@@ -107,6 +128,11 @@
         .cycles "6 * (8 + ROWS * (26 + 7 * BK + DQ * (12 + 4 * BK)))"
         .elseif PV == 1 && PT == 32
         .cycles "6 * (12 + ROWS * (54 + 3 * BK + (BKP - BK)))"
+        .elseif PV == 1 && ONES == 1
+        # Per row: the maximum's pairs, 5 slots a quad and 5 for the quad
+        # loop's prologue and drain, 7 for a leftover pair, 9 for an odd
+        # key (its maximum too), a store per padding key.
+        .cycles "6 * (12 + ROWS * (48 + BK / 2 + 5 * (BK / 4) - 5 * (1 / (BK / 4 + 1)) + 7 * (BK / 2 - 2 * (BK / 4)) + 9 * (BK - 2 * (BK / 2)) + (BKP - BK)))"
         .elseif PV == 1
         # Per row: the pairs' slots, less one per quad of keys, plus two
         # for the saved state, two for a leftover pair after quads (-1
@@ -207,9 +233,69 @@ max_done:
         f32max $a13, $a4, $a3
         f32sub $a15, $a4, $a13
         f32exp $a15, $a15
+        .if ONES == 0
         f32mul $a14, $a5, $a15
+        .endif
 
-        .if PV
+        .if PV && ONES
+        # p_j = f16(exp(f16(s_j * SCALE - m'))) for the visible keys into
+        # the P row, then zeros up to BKP; m' to the state slot, a to
+        # ALPHA, l left to attention_merge ONES=1. Registers: $a8:9
+        # (SCALE, SCALE), $a0:1 and $a2:3 (-m', -m') then a quad's
+        # arguments, $a4:7 its scores, $a10:11 the arguments in f16,
+        # $a12:13 the quad of p.
+        f32neg $a2, $a13
+        { st32 $a13, [$m7] ; f32v2bcast $a2:3, $a2 }
+        { st64 $a2:3, [$m10] ; f32v2bcast $a8:9, $a12 }
+        st32 $a15, [$m14]+=4
+        mov $m12, $m2
+        mov $m13, $m9
+        shr $m5, $m11, 2
+        brz $m5, ones_quads_done
+        # Quad 0's loads and macs; then per further quad i its loads and
+        # macs while quad i - 1 is converted, exponentiated and stored
+        # (each bundle reads before it writes).
+        ld64 $a0:1, [$m10]
+        ld128 $a4:7, [$m12]+=16
+        { ld64 $a2:3, [$m10] ; f32v2mac $a0:1, $a4:5, $a8:9 }
+        f32v2mac $a2:3, $a6:7, $a8:9
+        add $m5, $m5, -1
+        rpt $m5, 4
+        { ld64 $a0:1, [$m10] ; f32v4tof16 $a10:11, $a0:3 }
+        { ld128 $a4:7, [$m12]+=16 ; f16v4exp $a12:13, $a10:11 }
+        { ld64 $a2:3, [$m10] ; f32v2mac $a0:1, $a4:5, $a8:9 }
+        { st64 $a12:13, [$m13]+=8 ; f32v2mac $a2:3, $a6:7, $a8:9 }
+        f32v4tof16 $a10:11, $a0:3
+        f16v4exp $a12:13, $a10:11
+        st64 $a12:13, [$m13]+=8
+ones_quads_done:
+        # A last pair, then an odd key (the unused f16 lanes are zeros).
+        and $m5, $m11, 2
+        brz $m5, ones_pair_done
+        ld64 $a0:1, [$m10]
+        ld64 $a4:5, [$m12]+=8
+        { setzi $a11, 0 ; f32v2mac $a0:1, $a4:5, $a8:9 }
+        f32v2tof16 $a10, $a0:1
+        f16v4exp $a12:13, $a10:11
+        st32 $a12, [$m13]+=4
+ones_pair_done:
+        and $m5, $m11, 1
+        brz $m5, ones_tail_done
+        ld32 $a0, [$m10]
+        ld32 $a4, [$m12]+=4
+        { setzi $a1, 0 ; f32mac $a0, $a4, $a8 }
+        { setzi $a11, 0 ; f32v2tof16 $a10, $a0:1 }
+        f16v4exp $a12:13, $a10:11
+        st16 $a12, [$m13]+=2
+ones_tail_done:
+        ld32 $m5, [$m0 + ST_BKP]
+        sub $m5, $m5, $m11
+        setzi $a9, 0
+        rpt $m5, 1
+        st16 $a9, [$m13]+=2
+        add $m7, $m7, 8
+        br next_row
+        .elseif PV
         # p_j = exp(s_j * SCALE - m') for the visible keys, each rounded to
         # f16 into the P row (PT=32: stored as it is) and added to the pair
         # of running sums $a6:7 (lane 0 the even keys, lane 1 the odd ones,

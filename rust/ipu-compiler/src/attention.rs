@@ -155,6 +155,30 @@ impl AttentionBlock {
     pub fn dqv(&self) -> u32 {
         self.dv.div_ceil(4)
     }
+    /// Whether the row layout's P V GEMM sums p itself: f16 attention
+    /// gives V a column of ones at column `4 * dqv` (`ones_column`), so
+    /// P V's column there is each row's sum of the f16 p it multiplied,
+    /// `attention_merge` ONES=1 folds it into l, and `attention_online`
+    /// ONES=1 keeps no sums and takes f16 exponentials (5 issue slots a
+    /// quad of keys where 9 made the f32 exponentials and the sums). f32
+    /// attention keeps its f32 p summed by the online step.
+    pub fn ones(&self) -> bool {
+        !self.f32
+    }
+    /// V's column of ones (with [`AttentionBlock::ones`]): the first column
+    /// after O's width, so the merge finds its sum where its quads stop.
+    pub fn ones_column(&self) -> u32 {
+        4 * self.dqv()
+    }
+    /// The row layout's P V columns (V's row width in a key block): v's
+    /// head padded to the AMP's 16, with room for the ones column.
+    pub fn pv_cols(&self) -> u32 {
+        if self.ones() {
+            (self.ones_column() + 1).div_ceil(16) * 16
+        } else {
+            self.dvp()
+        }
+    }
     /// Whether Q and V move transposed: a head of odd size over projections
     /// starts mid-word in the projection's rows, which the exchange cannot
     /// cut, so the projection tiles transpose their Q and V shards (each
@@ -414,13 +438,15 @@ pub struct AttentionKernels {
     pub fill: (KernelRequest, FormulaCost),
     pub transpose: (KernelRequest, FormulaCost),
     pub combine: (KernelRequest, FormulaCost),
+    /// V's ones column, a strided item a key row ([`AttentionBlock::ones`]).
+    pub fill_rows: (KernelRequest, FormulaCost),
     /// The column layout's kernels, when the library has them all and the
     /// block can take that layout.
     pub columns: Option<crate::attention_cols::ColumnKernels>,
 }
 
 /// Requests for the kernels of `block`.
-pub fn kernel_requests(block: &AttentionBlock) -> [KernelRequest; 7] {
+pub fn kernel_requests(block: &AttentionBlock) -> [KernelRequest; 8] {
     let req = |entry: &str, source: &str, params: &[(&str, i64)]| KernelRequest {
         entry: entry.into(),
         source: source.into(),
@@ -434,13 +460,14 @@ pub fn kernel_requests(block: &AttentionBlock) -> [KernelRequest; 7] {
             req(
                 "attention_online",
                 "attention_online.S",
-                &[causal, ("PV", 1), ("PT", 32)],
+                &[causal, ("PV", 1), ("PT", 32), ("ONES", 0)],
             ),
-            req("attention_merge", "attention_merge.S", &[]),
+            req("attention_merge", "attention_merge.S", &[("ONES", 0)]),
             req("attention_final", "attention_final.S", &[("OUT", 32)]),
             req("fill64", "fill64.S", &[]),
             req("transpose_f32", "transpose_f32.S", &[]),
             req("attention_combine", "attention_combine.S", &[]),
+            req("fill_rows", "fill_rows.S", &[]),
         ];
     }
     // The f16 requests name PT and OUT too: a library holds both
@@ -450,18 +477,19 @@ pub fn kernel_requests(block: &AttentionBlock) -> [KernelRequest; 7] {
         req(
             "attention_online",
             "attention_online.S",
-            &[causal, ("PV", 1), ("PT", 16)],
+            &[causal, ("PV", 1), ("PT", 16), ("ONES", 1)],
         ),
-        req("attention_merge", "attention_merge.S", &[]),
+        req("attention_merge", "attention_merge.S", &[("ONES", 1)]),
         req("attention_final", "attention_final.S", &[("OUT", 16)]),
         req("fill64", "fill64.S", &[]),
         req("transpose_f16", "transpose_f16.S", &[]),
         req("attention_combine", "attention_combine.S", &[]),
+        req("fill_rows", "fill_rows.S", &[]),
     ]
 }
 
 /// The variables each kernel's formula reads.
-pub const FORMULA_VARS: [&[&str]; 7] = [
+pub const FORMULA_VARS: [&[&str]; 8] = [
     &["M", "NCB", "NKB"],
     &["ROWS", "BK", "BKP", "DQ"],
     &["ROWS", "DQ"],
@@ -469,6 +497,7 @@ pub const FORMULA_VARS: [&[&str]; 7] = [
     &["N", "COUNT"],
     &["ROWS", "COLS"],
     &["ROWS", "DQ"],
+    &["ROWS", "ITEMS"],
 ];
 
 /// How a tile lays out its queries and keys (docs/compiler.md, "Attention").
@@ -706,9 +735,9 @@ impl TileLayout {
             split_cb,
             rs_q: b.dp() * eb,
             rs_kt: split_cb * 16 * eb,
-            rs_v: b.dvp() * eb,
+            rs_v: b.pv_cols() * eb,
             rs_s: block_cb * 16 * 4,
-            rs_pv: b.dvp() * 4,
+            rs_pv: b.pv_cols() * 4,
             rs_p: block_cb * 16 * eb,
             rs_o: 16 * b.dqv() + 8,
             rs_out: 4 * eb * b.dqv() + 8,
@@ -834,7 +863,14 @@ fn compute_cycles(
         .fill
         .1
         .eval(&[("N", 3), ("COUNT", items.div_ceil(6) as i64)]);
-    steps.push(fill + launch_cycles(6));
+    // V's ones column in the rows of the blocks (a step of its own).
+    let ones = if b.ones() {
+        let keys: u32 = key_blocks.iter().map(|&(c0, c1)| (c1 - c0) * 16).sum();
+        ones_cycles(&mut k.fill_rows.1, keys)
+    } else {
+        0
+    };
+    steps.push(fill + launch_cycles(6) + ones);
     for &(c0, c1) in key_blocks {
         let nb = c1 - c0;
         steps.push(gemm_grid(&mut k.gemm.1, rows, nb, b.dp() / 16).cycles);
@@ -846,13 +882,55 @@ fn compute_cycles(
             ("DQ", dq),
         ]);
         steps.push(online + launch_cycles(row_parts.len() as u64));
-        steps.push(gemm_grid(&mut k.gemm.1, rows, b.dvp() / 16, nb).cycles);
+        steps.push(gemm_grid(&mut k.gemm.1, rows, b.pv_cols() / 16, nb).cycles);
         let merge = k.merge.1.eval(&[("ROWS", max_rows), ("DQ", dq)]);
         steps.push(merge + launch_cycles(row_parts.len() as u64));
     }
     let fin = k.final_.1.eval(&[("ROWS", max_rows), ("DQ", dq)]);
     steps.push(fin + launch_cycles(row_parts.len() as u64));
     (steps.iter().sum(), steps)
+}
+
+/// `fill_rows` vertices that write f16 1.0 (and three zeros) into the
+/// 8-byte item at byte `offset` of `rows` rows `stride` bytes apart of
+/// `buffer`, the rows shared by the six workers; and their cycles with
+/// the launches.
+fn ones_vertices(
+    fill_rows: &mut (KernelRequest, FormulaCost),
+    buffer: usize,
+    offset: u32,
+    stride: u32,
+    rows: u32,
+) -> (Vec<Vertex>, u64) {
+    let parts = ranges(rows, rows.min(ipu_arch::WORKER_CONTEXTS));
+    let vertices: Vec<Vertex> = parts
+        .iter()
+        .map(|&(r0, r1)| Vertex {
+            kernel: std::sync::Arc::new(fill_rows.0.clone()),
+            state: vec![
+                StateWord::Addr {
+                    buffer,
+                    offset: offset + r0 * stride,
+                },
+                StateWord::Const(stride),
+                StateWord::Const(r1 - r0),
+                StateWord::Const(1),
+                StateWord::Const(F16_ONE as u32),
+                StateWord::Const(0),
+            ],
+        })
+        .collect();
+    (vertices, ones_cycles(&mut fill_rows.1, rows))
+}
+
+/// The bits of f16 1.0.
+const F16_ONE: u16 = 0x3C00;
+
+/// The cycles of [`ones_vertices`] over `rows` rows.
+fn ones_cycles(fill_rows: &mut FormulaCost, rows: u32) -> u64 {
+    let parts = rows.min(ipu_arch::WORKER_CONTEXTS);
+    fill_rows.eval(&[("ROWS", rows.div_ceil(parts.max(1)) as i64), ("ITEMS", 1)])
+        + launch_cycles(parts as u64)
 }
 
 /// The online softmax step of a causal key block on a tile whose rows are
@@ -2325,6 +2403,24 @@ fn lower_rows(
             cycles,
         );
     }
+    // V's ones column (f16 attention, [`AttentionBlock::ones`]) in every
+    // row the tile's V buffer holds: the exchange writes only v's head
+    // columns and the staged transposes only O's width, so the column
+    // stays through the key chunks; a step of its own after the fills,
+    // whose zeros of the last chunk's spare rows it must follow.
+    let mut ones_step = compute_step(format!("set {name} V ones column"));
+    if b.ones() {
+        for (&tile, &(_, _, _, ref t, lay)) in &tiles {
+            let (vertices, cycles) = ones_vertices(
+                &mut kernels.fill_rows,
+                t.v,
+                b.ones_column() * b.eb(),
+                lay.rs_v,
+                hold_cb * 16,
+            );
+            ones_step.put_tile(tile, vertices, cycles);
+        }
+    }
 
     // Step 2: the exchange of Q, K^T and V, one step per key chunk (Q
     // with the first).
@@ -2581,7 +2677,7 @@ fn lower_rows(
 
     // Steps 3 and 4: per key block, then the final normalisation.
     let nkb_s = dp / 16;
-    let ncb_v = b.dvp() / 16;
+    let ncb_v = b.pv_cols() / 16;
     let mut steps = Vec::new();
     steps.extend(
         std::iter::once(prep)
@@ -2589,6 +2685,9 @@ fn lower_rows(
             .filter(|s| !s.tiles.is_empty()),
     );
     steps.push(fill_step);
+    if !ones_step.tiles.is_empty() {
+        steps.push(ones_step);
+    }
     if let Some(x) = xsteps.next() {
         exchange::push_pending(&mut steps, &mut pending, x);
     }
@@ -2835,7 +2934,7 @@ fn lower_rows(
             std::sync::Arc::make_mut(&mut mg.tiles).insert(
                 tile,
                 row_vertices(rows, &kernels.merge.0, |_, r0, r1| {
-                    vec![
+                    let mut state = vec![
                         StateWord::Addr {
                             buffer: t.o,
                             offset: r0 * lay.rs_o,
@@ -2852,7 +2951,15 @@ fn lower_rows(
                         },
                         StateWord::Const(r1 - r0),
                         StateWord::Const(dq),
-                    ]
+                    ];
+                    if b.ones() {
+                        // ONES=1: l' = l a + P V's ones column.
+                        state.push(StateWord::Addr {
+                            buffer: t.ml,
+                            offset: 8 * r0,
+                        });
+                    }
+                    state
                 }),
             );
         }

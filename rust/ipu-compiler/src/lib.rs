@@ -1052,7 +1052,7 @@ fn plan_and_lower(
                 f.push((r.clone(), kernel_formula(library, r, vars)?));
             }
             let mut it = f.into_iter();
-            let mut next = || it.next().expect("seven kernels");
+            let mut next = || it.next().expect("eight kernels");
             // The column layout's kernels, when the block can take that
             // layout and the library has every one of them.
             let columns = if attention_cols::applies(b) {
@@ -1104,6 +1104,7 @@ fn plan_and_lower(
                 fill: next(),
                 transpose: next(),
                 combine: next(),
+                fill_rows: next(),
                 columns,
             })
         }

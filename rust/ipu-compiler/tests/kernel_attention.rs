@@ -673,7 +673,10 @@ const E2_VB: u32 = 0xD8000;
 /// the scores in the reference). With `f32` the same for f32 attention:
 /// f32 Q, K and V, the scores and (PV=1) P V on gemm_f32 with f32 P
 /// (`attention_online` PT=32), or P V on the vector unit (VT=32), and an
-/// f32 result (`attention_final` OUT=32). Returns the compute cycles.
+/// f32 result (`attention_final` OUT=32). With `ones` (f16, PV=1) the
+/// compiler's scheme: V carries a column of ones at column 4 DQ, so the P V
+/// GEMM sums p, `attention_online` ONES=1 takes f16 exponentials and
+/// leaves l to `attention_merge` ONES=1. Returns the compute cycles.
 #[allow(clippy::too_many_arguments)]
 fn attention_end_to_end(
     queries: usize,
@@ -683,8 +686,13 @@ fn attention_end_to_end(
     causal: bool,
     pv_on_amp: bool,
     f32: bool,
+    ones: bool,
     seed: u64,
 ) -> u64 {
+    assert!(
+        !ones || (pv_on_amp && !f32),
+        "ones needs f16 P V on the AMP"
+    );
     let mut rng = Rng(seed);
     let (nq, nk, d) = (queries, keys, head);
     let dq = d.div_ceil(4);
@@ -833,12 +841,23 @@ fn attention_end_to_end(
         );
         if pv_on_amp {
             // PV = P V on gemm_f16 ACC=32, one vertex per column block of
-            // 16 head columns; B = V of the block padded to [bkp, dp].
-            let rs_vb = dp * eb;
+            // 16 head columns; B = V of the block padded to [bkp, pv_cols]
+            // (with `ones`, column 4 DQ all ones).
+            let pv_cols = if ones {
+                (4 * dq + 1).div_ceil(16) * 16
+            } else {
+                dp
+            };
+            let rs_vb = pv_cols * eb;
             let mut vb = vec![0u8; bkp * rs_vb];
             for j in k0..k1 {
                 let row = bytes(&v[j * d..(j + 1) * d]);
                 vb[(j - k0) * rs_vb..(j - k0) * rs_vb + row.len()].copy_from_slice(&row);
+            }
+            if ones {
+                for j in 0..bkp {
+                    vb[j * rs_vb + 2 * 4 * dq..][..2].copy_from_slice(&0x3C00u16.to_le_bytes());
+                }
             }
             memory.push((vb_addr, vb));
             let nkb_v = bkp / 16;
@@ -847,10 +866,11 @@ fn attention_end_to_end(
             } else {
                 (GE_CB, GE_CA)
             };
-            let rs_cv = dp * 4;
+            let rs_cv = pv_cols * 4;
             let cv_row0 = (16 + 2 * rs_cv) as u32;
+            assert!(16 + (nq + 4) * rs_cv <= (GE_CB - GE_CA) as usize);
             groups.push(
-                (0..dp / 16)
+                (0..pv_cols / 16)
                     .map(|cb| Launch {
                         entry: gemm,
                         state: vec![
@@ -883,6 +903,7 @@ fn attention_end_to_end(
                             E2_ALPHA + (4 * r0) as u32,
                             (r1 - r0) as u32,
                             dq as u32,
+                            E2_ML + (8 * r0) as u32,
                         ],
                     })
                     .collect(),
@@ -914,7 +935,9 @@ fn attention_end_to_end(
         ("CAUSAL", causal as i64),
         ("PV", pv_on_amp as i64),
         (if pv_on_amp { "PT" } else { "VT" }, wide),
+        ("ONES", ones as i64),
     ];
+    let merge = [("ONES", ones as i64)];
     let gemm_file: (&str, &[(&str, i64)]) = if f32 {
         ("gemm_f32.S", &[])
     } else {
@@ -925,7 +948,7 @@ fn attention_end_to_end(
             gemm_file,
             ("attention_online.S", &online),
             ("attention_final.S", &[("OUT", wide)]),
-            ("attention_merge.S", &[]),
+            ("attention_merge.S", &merge),
         ],
         &groups,
         &memory,
@@ -972,7 +995,7 @@ fn attention_end_to_end(
             };
             assert!(
                 within,
-                "end to end q={nq} k={nk} d={d} block={block} causal={causal} pv_on_amp={pv_on_amp} f32={f32}: out[{i}, {c}] = {g}, f64 reference {want}"
+                "end to end q={nq} k={nk} d={d} block={block} causal={causal} pv_on_amp={pv_on_amp} f32={f32} ones={ones}: out[{i}, {c}] = {g}, f64 reference {want}"
             );
         }
     }
@@ -988,8 +1011,11 @@ fn scores_on_gemm_f16_feed_the_online_update() {
         (12, 40, 72, 32),
     ] {
         for causal in [false, true] {
-            for pv_on_amp in [false, true] {
+            for (pv_on_amp, ones) in [(false, false), (true, false), (true, true)] {
                 for f32 in [false, true] {
+                    if ones && f32 {
+                        continue;
+                    }
                     let cycles = attention_end_to_end(
                         queries,
                         keys,
@@ -998,9 +1024,10 @@ fn scores_on_gemm_f16_feed_the_online_update() {
                         causal,
                         pv_on_amp,
                         f32,
+                        ones,
                         (queries * keys + head) as u64,
                     );
-                    println!("end to end q={queries} k={keys} d={head} block={block} causal={causal} pv_on_amp={pv_on_amp} f32={f32}: {cycles} cycles");
+                    println!("end to end q={queries} k={keys} d={head} block={block} causal={causal} pv_on_amp={pv_on_amp} f32={f32} ones={ones}: {cycles} cycles");
                 }
             }
         }
@@ -1127,7 +1154,7 @@ fn pv_on_the_amp_is_faster_per_block() {
     // And the same for f32 attention (S and P V on gemm_f32, 16 MAC/cycle)
     // in blocks of 32 keys (two blocks of f32 V rows fill the test's area).
     for (queries, block, head, f32) in [(24, 64, 72, false), (24, 32, 72, true)] {
-        let per_block = |pv_on_amp: bool| {
+        let per_block = |pv_on_amp: bool, ones: bool| {
             let run = |blocks: usize| {
                 attention_end_to_end(
                     queries,
@@ -1137,12 +1164,20 @@ fn pv_on_the_amp_is_faster_per_block() {
                     false,
                     pv_on_amp,
                     f32,
+                    ones,
                     3,
                 )
             };
             run(2) - run(1)
         };
-        let (vector, amp) = (per_block(false), per_block(true));
+        let (vector, amp) = (per_block(false, false), per_block(true, false));
+        if !f32 {
+            // P V's ones column summing p (the compiler's f16 scheme): the
+            // online step's f16 exponentials and no sums.
+            let ones = per_block(true, true);
+            println!("one block q={queries} block={block} d={head}: PV=1 ONES=1 {ones} cycles, ONES=0 {amp}");
+            assert!(ones < amp, "ONES=1 ({ones}) must beat ONES=0 ({amp})");
+        }
         // Lower bound of one block: Q K^T and P V at the AMP's rate with
         // f32 accumulation (32 MAC/cycle from f16, 16 from f32) with the
         // head padded to 80.
@@ -1161,154 +1196,240 @@ fn pv_on_the_amp_is_faster_per_block() {
 
 #[test]
 fn merge_alone() {
-    // Random O, PV and a, six workers: O = f32(O * a + PV) with one rounding.
-    for &(rows, head) in &[(17usize, 19usize), (12, 72), (1, 1)] {
-        let mut rng = Rng((rows * 1000 + head) as u64);
-        let dq = head.div_ceil(4);
-        // PV's rows are 16-aligned (the kernel loads a quad with `ld128`).
-        let (rs_o, rs_pv) = (16 * dq + 8, 16 * dq + 32);
-        let o: Vec<f32> = (0..rows * 4 * dq)
-            .map(|_| rng.uniform(-20.0, 20.0) as f32)
-            .collect();
-        let pv: Vec<f32> = (0..rows * 4 * dq)
-            .map(|_| rng.uniform(-20.0, 20.0) as f32)
-            .collect();
-        let alpha: Vec<f32> = (0..rows).map(|_| rng.uniform(0.0, 1.0) as f32).collect();
-        let lay = |v: &[f32], rs: usize| {
-            let mut m = vec![0u8; rows * rs];
-            for i in 0..rows {
-                let row = f32_bytes(&v[i * 4 * dq..(i + 1) * 4 * dq]);
-                m[i * rs..i * rs + row.len()].copy_from_slice(&row);
-            }
-            m
-        };
-        let launches = ranges(rows, 6)
-            .into_iter()
-            .map(|(r0, r1)| Launch {
-                entry: "attention_merge",
-                state: vec![
-                    AT_O + (r0 * rs_o) as u32,
-                    rs_o as u32,
-                    AT_S + (r0 * rs_pv) as u32,
-                    rs_pv as u32,
-                    AT_ML + (4 * r0) as u32,
-                    (r1 - r0) as u32,
-                    dq as u32,
-                ],
-            })
-            .collect();
-        let (chip, cycles) = simulate(
-            &[("attention_merge.S", &[])],
-            &[launches],
-            &[
-                (AT_O, lay(&o, rs_o)),
-                (AT_S, lay(&pv, rs_pv)),
-                (AT_ML, f32_bytes(&alpha)),
-            ],
-        );
-        for (i, &a) in alpha.iter().enumerate() {
-            let got = read_f32(&chip, AT_O + (i * rs_o) as u32, 4 * dq);
-            for (c, g) in got.iter().enumerate() {
-                let at = i * 4 * dq + c;
-                // f32v2mac rounds once: the f32 nearest to the exact value.
-                let want = (o[at] as f64 * a as f64 + pv[at] as f64) as f32;
-                assert_eq!(
-                    g.to_bits(),
-                    want.to_bits(),
-                    "merge {rows}x{head}: O[{i}, {c}] = {g}, expected {want}"
-                );
-            }
+    // Random O, PV and a, six workers: O = f32(O * a + PV) with one
+    // rounding; with ONES=1 also l' = f32(l * a + PV[:, 4 DQ]), the sum of
+    // p that V's ones column put there.
+    for ones in [0i64, 1] {
+        for &(rows, head) in &[(17usize, 19usize), (12, 72), (1, 1), (7, 64)] {
+            merge_case(ones, rows, head);
         }
-        let estimate = declared_cycles(
-            "attention_merge.S",
-            &[],
-            &[("ROWS", rows.div_ceil(6) as u64), ("DQ", dq as u64)],
-        );
-        println!("attention_merge {rows}x{head}: simulated {cycles} cycles, .cycles {estimate}");
-        let ratio = estimate as f64 / cycles as f64;
-        assert!(
-            (0.7..1.2).contains(&ratio),
-            "estimate {estimate} vs simulated {cycles}"
-        );
     }
 }
 
-/// `attention_online` PV=1 alone on one worker, for every count of keys
-/// modulo 4 (the quad loop, a leftover pair, an odd key) and a few rows:
-/// p (in P, keys padded to BKP with zeros), the running state (m', l')
-/// and the rescaling factor a against an f64 computation from the same f32
-/// scores and state, and the simulated cycles against the declared
-/// formula.
+fn merge_case(ones: i64, rows: usize, head: usize) {
+    let mut rng = Rng((rows * 1000 + head) as u64 + 77 * ones as u64);
+    let dq = head.div_ceil(4);
+    // PV's rows are 16-aligned (the kernel loads a quad with `ld128`) and
+    // hold column 4 DQ (the ones column's sums).
+    let (rs_o, rs_pv) = (16 * dq + 8, 16 * dq + 32);
+    let o: Vec<f32> = (0..rows * 4 * dq)
+        .map(|_| rng.uniform(-20.0, 20.0) as f32)
+        .collect();
+    let pv: Vec<f32> = (0..rows * (4 * dq + 1))
+        .map(|_| rng.uniform(-20.0, 20.0) as f32)
+        .collect();
+    let alpha: Vec<f32> = (0..rows).map(|_| rng.uniform(0.0, 1.0) as f32).collect();
+    let ml: Vec<f32> = (0..rows)
+        .flat_map(|_| [rng.uniform(-4.0, 4.0) as f32, rng.uniform(0.5, 40.0) as f32])
+        .collect();
+    let lay = |v: &[f32], w: usize, rs: usize| {
+        let mut m = vec![0u8; rows * rs];
+        for i in 0..rows {
+            let row = f32_bytes(&v[i * w..(i + 1) * w]);
+            m[i * rs..i * rs + row.len()].copy_from_slice(&row);
+        }
+        m
+    };
+    let launches = ranges(rows, 6)
+        .into_iter()
+        .map(|(r0, r1)| Launch {
+            entry: "attention_merge",
+            state: vec![
+                AT_O + (r0 * rs_o) as u32,
+                rs_o as u32,
+                AT_S + (r0 * rs_pv) as u32,
+                rs_pv as u32,
+                AT_ML + (4 * r0) as u32,
+                (r1 - r0) as u32,
+                dq as u32,
+                AT_OUT + (8 * r0) as u32,
+            ],
+        })
+        .collect();
+    let defines: &[(&str, i64)] = &[("ONES", ones)];
+    let (chip, cycles) = simulate(
+        &[("attention_merge.S", defines)],
+        &[launches],
+        &[
+            (AT_O, lay(&o, 4 * dq, rs_o)),
+            (AT_S, lay(&pv, 4 * dq + 1, rs_pv)),
+            (AT_ML, f32_bytes(&alpha)),
+            (AT_OUT, f32_bytes(&ml)),
+        ],
+    );
+    let state = read_f32(&chip, AT_OUT, 2 * rows);
+    for (i, &a) in alpha.iter().enumerate() {
+        let got = read_f32(&chip, AT_O + (i * rs_o) as u32, 4 * dq);
+        for (c, g) in got.iter().enumerate() {
+            // f32v2mac rounds once: the f32 nearest to the exact value.
+            let want =
+                (o[i * 4 * dq + c] as f64 * a as f64 + pv[i * (4 * dq + 1) + c] as f64) as f32;
+            assert_eq!(
+                g.to_bits(),
+                want.to_bits(),
+                "merge ONES={ones} {rows}x{head}: O[{i}, {c}] = {g}, expected {want}"
+            );
+        }
+        // m is never written; l only with ONES=1, by one fused mac.
+        let l = ml[2 * i + 1];
+        let want_l = if ones == 1 {
+            (l as f64 * a as f64 + pv[i * (4 * dq + 1) + 4 * dq] as f64) as f32
+        } else {
+            l
+        };
+        assert_eq!(
+            state[2 * i].to_bits(),
+            ml[2 * i].to_bits(),
+            "merge ONES={ones}: m of row {i}"
+        );
+        assert_eq!(
+            state[2 * i + 1].to_bits(),
+            want_l.to_bits(),
+            "merge ONES={ones} {rows}x{head}: l of row {i} = {}, expected {want_l}",
+            state[2 * i + 1]
+        );
+    }
+    let estimate = declared_cycles(
+        "attention_merge.S",
+        defines,
+        &[("ROWS", rows.div_ceil(6) as u64), ("DQ", dq as u64)],
+    );
+    println!(
+        "attention_merge ONES={ones} {rows}x{head}: simulated {cycles} cycles, .cycles {estimate}"
+    );
+    let ratio = estimate as f64 / cycles as f64;
+    assert!(
+        (0.7..1.2).contains(&ratio),
+        "estimate {estimate} vs simulated {cycles}"
+    );
+}
+
+/// The key counts of the online tests: every count modulo 4 (the quad
+/// loop, a leftover pair, an odd key) and a few rows.
+const ONLINE_SHAPES: [(usize, usize); 13] = [
+    (1, 1),
+    (1, 2),
+    (1, 3),
+    (1, 4),
+    (2, 5),
+    (2, 6),
+    (2, 7),
+    (3, 16),
+    (5, 19),
+    (4, 32),
+    (2, 64),
+    (3, 127),
+    (2, 128),
+];
+
+/// One `attention_online` PV=1 run on one worker: its scores, the running
+/// state it started from, the chip after it and its cycles.
+struct OnlineRun {
+    s: Vec<f32>,
+    ml: Vec<f32>,
+    scale: f32,
+    bkp: usize,
+    rs_p: usize,
+    chip: Chip,
+    cycles: u64,
+}
+
+/// Runs `attention_online` with `defines` on `rows` rows of `bk` random
+/// f32 scores (keys padded to 16, S rows 16-aligned in interleaved
+/// memory), a running state from an earlier block (m anywhere in the
+/// scores' range, l positive) and P filled with NaNs, so that every key
+/// and padding column must be written.
+fn run_online_alone(rng: &mut Rng, rows: usize, bk: usize, defines: &[(&str, i64)]) -> OnlineRun {
+    let bkp = bk.div_ceil(16) * 16;
+    let rs_s = 4 * bkp + 16;
+    let rs_p = 2 * bkp;
+    let scale = 1.0f32 / 8.0;
+    let s: Vec<f32> = (0..rows * bk)
+        .map(|_| rng.uniform(-30.0, 30.0) as f32)
+        .collect();
+    let ml: Vec<f32> = (0..rows)
+        .flat_map(|_| [rng.uniform(-4.0, 4.0) as f32, rng.uniform(0.5, 40.0) as f32])
+        .collect();
+    let mut s_mem = vec![0u8; rows * rs_s];
+    for i in 0..rows {
+        let row = f32_bytes(&s[i * bk..(i + 1) * bk]);
+        s_mem[i * rs_s..i * rs_s + row.len()].copy_from_slice(&row);
+    }
+    let memory = vec![
+        (GE_CA, s_mem),
+        (E2_ML, f32_bytes(&ml)),
+        (E2_P, vec![0xFF; rows * rs_p]),
+    ];
+    let launch = Launch {
+        entry: "attention_online",
+        state: vec![
+            GE_CA,
+            rs_s as u32,
+            E2_V,
+            8,
+            E2_O,
+            8,
+            E2_ML,
+            rows as u32,
+            bk as u32,
+            1,
+            scale.to_bits(),
+            0,
+            0,
+            E2_PBUF,
+            E2_P,
+            rs_p as u32,
+            bkp as u32,
+            E2_ALPHA,
+        ],
+    };
+    let (chip, cycles) = simulate(&[("attention_online.S", defines)], &[vec![launch]], &memory);
+    OnlineRun {
+        s,
+        ml,
+        scale,
+        bkp,
+        rs_p,
+        chip,
+        cycles,
+    }
+}
+
+/// Checks the simulated cycles of an online run against the declared
+/// formula: within 2% and 72 cycles (the run's launch, wsync and exit are
+/// in the simulated cycles; the formula is exact but for them).
+fn check_online_formula(defines: &[(&str, i64)], rows: usize, bk: usize, run: &OnlineRun) {
+    let estimate = declared_cycles(
+        "attention_online.S",
+        defines,
+        &[
+            ("ROWS", rows as u64),
+            ("BK", bk as u64),
+            ("BKP", run.bkp as u64),
+        ],
+    );
+    let cycles = run.cycles;
+    println!("attention_online {defines:?} rows={rows} BK={bk}: simulated {cycles} cycles, .cycles {estimate}");
+    let off = (estimate as f64 - cycles as f64).abs();
+    assert!(
+        off <= 0.02 * cycles as f64 + 72.0,
+        "{defines:?} rows={rows} BK={bk}: .cycles {estimate} vs simulated {cycles}"
+    );
+}
+
+/// `attention_online` PV=1 alone on one worker ([`ONLINE_SHAPES`]): p (in
+/// P, keys padded to BKP with zeros), the running state (m', l') and the
+/// rescaling factor a against an f64 computation from the same f32 scores
+/// and state, and the simulated cycles against the declared formula.
 #[test]
 fn online_pv_update_alone_against_its_formula() {
     let mut rng = Rng(7100);
-    for &(rows, bk) in &[
-        (1usize, 1usize),
-        (1, 2),
-        (1, 3),
-        (1, 4),
-        (2, 5),
-        (2, 7),
-        (3, 16),
-        (5, 19),
-        (4, 32),
-        (2, 64),
-        (3, 127),
-        (2, 128),
-    ] {
-        let bkp = bk.div_ceil(16) * 16;
-        let rs_s = 4 * bkp + 16;
-        let rs_p = 2 * bkp;
-        let scale = 1.0f32 / 8.0;
-        let s: Vec<f32> = (0..rows * bk)
-            .map(|_| rng.uniform(-30.0, 30.0) as f32)
-            .collect();
-        // A running state from an earlier block: m anywhere in the
-        // scores' range, l positive.
-        let ml: Vec<f32> = (0..rows)
-            .flat_map(|_| {
-                let m = rng.uniform(-4.0, 4.0) as f32;
-                [m, rng.uniform(0.5, 40.0) as f32]
-            })
-            .collect();
-        let mut s_mem = vec![0u8; rows * rs_s];
-        for i in 0..rows {
-            let row = f32_bytes(&s[i * bk..(i + 1) * bk]);
-            s_mem[i * rs_s..i * rs_s + row.len()].copy_from_slice(&row);
-        }
-        // P starts as NaNs: every key and padding column must be written.
-        let memory = vec![
-            (GE_CA, s_mem),
-            (E2_ML, f32_bytes(&ml)),
-            (E2_P, vec![0xFF; rows * rs_p]),
-        ];
-        let launch = Launch {
-            entry: "attention_online",
-            state: vec![
-                GE_CA,
-                rs_s as u32,
-                E2_V,
-                8,
-                E2_O,
-                8,
-                E2_ML,
-                rows as u32,
-                bk as u32,
-                1,
-                scale.to_bits(),
-                0,
-                0,
-                E2_PBUF,
-                E2_P,
-                rs_p as u32,
-                bkp as u32,
-                E2_ALPHA,
-            ],
-        };
-        let defines: &[(&str, i64)] = &[("CAUSAL", 0), ("PV", 1), ("PT", 16)];
-        let (chip, cycles) = simulate(&[("attention_online.S", defines)], &[vec![launch]], &memory);
-        let state = read_f32(&chip, E2_ML, 2 * rows);
-        let alpha = read_f32(&chip, E2_ALPHA, rows);
+    let defines: &[(&str, i64)] = &[("CAUSAL", 0), ("PV", 1), ("PT", 16)];
+    for (rows, bk) in ONLINE_SHAPES {
+        let run = run_online_alone(&mut rng, rows, bk, defines);
+        let (s, ml, scale, chip) = (&run.s, &run.ml, run.scale, &run.chip);
+        let state = read_f32(chip, E2_ML, 2 * rows);
+        let alpha = read_f32(chip, E2_ALPHA, rows);
         for i in 0..rows {
             let row = &s[i * bk..(i + 1) * bk];
             let (m, l) = (ml[2 * i] as f64, ml[2 * i + 1] as f64);
@@ -1336,7 +1457,7 @@ fn online_pv_update_alone_against_its_formula() {
                 "rows={rows} bk={bk}: a of row {i} = {}, f64 {a}",
                 alpha[i]
             );
-            let got = read_f16(&chip, E2_P + (i * rs_p) as u32, bkp);
+            let got = read_f16(chip, E2_P + (i * run.rs_p) as u32, run.bkp);
             for (j, &g) in got.iter().enumerate() {
                 let want = p.get(j).copied().unwrap_or(0.0);
                 assert!(
@@ -1346,23 +1467,66 @@ fn online_pv_update_alone_against_its_formula() {
                 );
             }
         }
-        let estimate = declared_cycles(
-            "attention_online.S",
-            defines,
-            &[
-                ("ROWS", rows as u64),
-                ("BK", bk as u64),
-                ("BKP", bkp as u64),
-            ],
-        );
-        println!("attention_online PV=1 rows={rows} BK={bk}: simulated {cycles} cycles, .cycles {estimate}");
-        // The run's launch, wsync and exit are in the simulated cycles:
-        // within 2% and 72 cycles (the formula is exact but for them and
-        // for the rare rows of 2 or 3 keys, one slot over).
-        let off = (estimate as f64 - cycles as f64).abs();
-        assert!(
-            off <= 0.02 * cycles as f64 + 72.0,
-            "rows={rows} BK={bk}: .cycles {estimate} vs simulated {cycles}"
-        );
+        check_online_formula(defines, rows, bk, &run);
+    }
+}
+
+/// `attention_online` PV=1 ONES=1 alone on one worker ([`ONLINE_SHAPES`]):
+/// m' and a as with ONES=0, l untouched (P V's ones column sums p), and p
+/// in f16 from the f16 exponential of the f16-rounded argument (formed in
+/// f32 by one fused mac), bit for bit, with the keys padded to BKP by
+/// zeros; and its simulated cycles against the declared formula.
+#[test]
+fn online_ones_update_alone_against_its_formula() {
+    let mut rng = Rng(7200);
+    let defines: &[(&str, i64)] = &[("CAUSAL", 0), ("PV", 1), ("PT", 16), ("ONES", 1)];
+    for (rows, bk) in ONLINE_SHAPES {
+        let run = run_online_alone(&mut rng, rows, bk, defines);
+        let (s, ml, scale, chip) = (&run.s, &run.ml, run.scale, &run.chip);
+        let state = read_f32(chip, E2_ML, 2 * rows);
+        let alpha = read_f32(chip, E2_ALPHA, rows);
+        for i in 0..rows {
+            let row = &s[i * bk..(i + 1) * bk];
+            let m = ml[2 * i] as f64;
+            let m_new = row.iter().map(|&x| (x * scale) as f64).fold(m, f64::max);
+            let a = (m - m_new).exp();
+            assert_eq!(
+                state[2 * i] as f64,
+                m_new,
+                "rows={rows} bk={bk}: m' of row {i}"
+            );
+            assert_eq!(
+                state[2 * i + 1].to_bits(),
+                ml[2 * i + 1].to_bits(),
+                "rows={rows} bk={bk}: l of row {i} must be left to the merge"
+            );
+            assert!(
+                (alpha[i] as f64 - a).abs() <= 1e-6 * a.max(1e-30),
+                "rows={rows} bk={bk}: a of row {i} = {}, f64 {a}",
+                alpha[i]
+            );
+            let got = read_f16(chip, E2_P + (i * run.rs_p) as u32, run.bkp);
+            for (j, &g) in got.iter().enumerate() {
+                let want = match row.get(j) {
+                    Some(&x) => {
+                        // s * SCALE - m' rounded once to f32 (the product
+                        // of two f32 is exact in f64), then to f16; the
+                        // exponential rounded once to f16.
+                        let arg = (x as f64 * scale as f64 - m_new) as f32;
+                        let arg16 = f16v(f64_to_f16_bits(arg as f64));
+                        f64_to_f16_bits(arg16.exp())
+                    }
+                    None => 0,
+                };
+                assert_eq!(
+                    g,
+                    want,
+                    "rows={rows} bk={bk}: p[{i}, {j}] = {}, expected {}",
+                    f16v(g),
+                    f16v(want)
+                );
+            }
+        }
+        check_online_formula(defines, rows, bk, &run);
     }
 }
