@@ -100,12 +100,19 @@
         .param VT, 16
         .param PT, 16
         .param ONES, 0
+        .param EXP, 32
         .workers 6
         .if ONES != 0 && ONES != 1
         .error "ONES must be 0 (this vertex sums p into l) or 1 (P V's ones column sums p)"
         .endif
-        .if ONES == 1 && (PV != 1 || PT != 16)
-        .error "ONES=1 needs PV=1 and PT=16: the P V GEMM on f16 P sums p"
+        .if EXP != 16 && EXP != 32
+        .error "EXP must be 32 (f32 exponentials) or 16 (f16 exponentials of f16 arguments)"
+        .endif
+        .if EXP == 16 && (PV != 1 || PT != 16)
+        .error "EXP=16 needs PV=1 and PT=16: f16 p for the P V GEMM"
+        .endif
+        .if ONES == 1 && EXP != 16
+        .error "ONES=1 needs EXP=16: the vertex without sums takes f16 exponentials"
         .endif
         .if CAUSAL != 0 && CAUSAL != 1
         .error "CAUSAL must be 0 (all keys) or 1 (key index <= query index)"
@@ -128,6 +135,11 @@
         .cycles "6 * (8 + ROWS * (26 + 7 * BK + DQ * (12 + 4 * BK)))"
         .elseif PV == 1 && PT == 32
         .cycles "6 * (12 + ROWS * (54 + 3 * BK + (BKP - BK)))"
+        .elseif PV == 1 && EXP == 16 && ONES == 0
+        # As ONES=1 below, with 7 slots a quad (its f16v4hsum and the f32
+        # add), two more for a leftover pair, one more for an odd key, and
+        # six a row for l a and l'.
+        .cycles "6 * (12 + ROWS * (53 + BK / 2 + 7 * (BK / 4) - 4 * (1 / (BK / 4 + 1)) + 9 * (BK / 2 - 2 * (BK / 4)) + 10 * (BK - 2 * (BK / 2)) + (BKP - BK)))"
         .elseif PV == 1 && ONES == 1
         # Per row: the maximum's pairs, 5 slots a quad and 5 for the quad
         # loop's prologue and drain, 7 for a leftover pair, 9 for an odd
@@ -237,17 +249,25 @@ max_done:
         f32mul $a14, $a5, $a15
         .endif
 
-        .if PV && ONES
+        .if PV && EXP == 16
         # p_j = f16(exp(f16(s_j * SCALE - m'))) for the visible keys into
         # the P row, then zeros up to BKP; m' to the state slot, a to
-        # ALPHA, l left to attention_merge ONES=1. Registers: $a8:9
+        # ALPHA, l left to attention_merge ONES=1 (with ONES=0, l * a
+        # waits in the state slot and each quad's f16v4hsum joins an f32
+        # running sum: 7 issue slots a quad). Registers: $a8:9
         # (SCALE, SCALE), $a0:1 and $a2:3 (-m', -m') then a quad's
         # arguments, $a4:7 its scores, $a10:11 the arguments in f16,
-        # $a12:13 the quad of p.
+        # $a12:13 the quad of p, $a14 its sum, $a15 the row's sum.
         f32neg $a2, $a13
         { st32 $a13, [$m7] ; f32v2bcast $a2:3, $a2 }
         { st64 $a2:3, [$m10] ; f32v2bcast $a8:9, $a12 }
+        .if ONES == 0
+        st32 $a14, [$m7 + 4]
+        .endif
         st32 $a15, [$m14]+=4
+        .if ONES == 0
+        setzi $a15, 0
+        .endif
         mov $m12, $m2
         mov $m13, $m9
         shr $m5, $m11, 2
@@ -260,14 +280,27 @@ max_done:
         { ld64 $a2:3, [$m10] ; f32v2mac $a0:1, $a4:5, $a8:9 }
         f32v2mac $a2:3, $a6:7, $a8:9
         add $m5, $m5, -1
+        .if ONES
         rpt $m5, 4
+        .else
+        rpt $m5, 6
+        .endif
         { ld64 $a0:1, [$m10] ; f32v4tof16 $a10:11, $a0:3 }
         { ld128 $a4:7, [$m12]+=16 ; f16v4exp $a12:13, $a10:11 }
         { ld64 $a2:3, [$m10] ; f32v2mac $a0:1, $a4:5, $a8:9 }
         { st64 $a12:13, [$m13]+=8 ; f32v2mac $a2:3, $a6:7, $a8:9 }
+        .if ONES == 0
+        f16v4hsum $a14, $a12:13
+        f32add $a15, $a15, $a14
+        .endif
         f32v4tof16 $a10:11, $a0:3
         f16v4exp $a12:13, $a10:11
+        .if ONES
         st64 $a12:13, [$m13]+=8
+        .else
+        { st64 $a12:13, [$m13]+=8 ; f16v4hsum $a14, $a12:13 }
+        f32add $a15, $a15, $a14
+        .endif
 ones_quads_done:
         # A last pair, then an odd key (the unused f16 lanes are zeros).
         and $m5, $m11, 2
@@ -277,7 +310,13 @@ ones_quads_done:
         { setzi $a11, 0 ; f32v2mac $a0:1, $a4:5, $a8:9 }
         f32v2tof16 $a10, $a0:1
         f16v4exp $a12:13, $a10:11
+        .if ONES
         st32 $a12, [$m13]+=4
+        .else
+        { st32 $a12, [$m13]+=4 ; f16v2tof32 $a0:1, $a12 }
+        f32v2hsum $a14, $a0:1
+        f32add $a15, $a15, $a14
+        .endif
 ones_pair_done:
         and $m5, $m11, 1
         brz $m5, ones_tail_done
@@ -286,13 +325,24 @@ ones_pair_done:
         { setzi $a1, 0 ; f32mac $a0, $a4, $a8 }
         { setzi $a11, 0 ; f32v2tof16 $a10, $a0:1 }
         f16v4exp $a12:13, $a10:11
+        .if ONES
         st16 $a12, [$m13]+=2
+        .else
+        { st16 $a12, [$m13]+=2 ; f16v2tof32 $a0:1, $a12 }
+        f32add $a15, $a15, $a0
+        .endif
 ones_tail_done:
         ld32 $m5, [$m0 + ST_BKP]
         sub $m5, $m5, $m11
         setzi $a9, 0
         rpt $m5, 1
         st16 $a9, [$m13]+=2
+        .if ONES == 0
+        # l' = l a + the row's sum.
+        ld32 $a14, [$m7 + 4]
+        f32add $a14, $a14, $a15
+        st32 $a14, [$m7 + 4]
+        .endif
         add $m7, $m7, 8
         br next_row
         .elseif PV

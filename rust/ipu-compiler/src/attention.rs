@@ -97,6 +97,16 @@ pub struct AttentionBlock {
     /// The result is the attention value itself (`[H, Sq, D]`, a graph
     /// output), not a `merge_heads` of it.
     pub heads_major_result: bool,
+    /// Whether the row layout's P V GEMM sums p ([`ones_pays`] decides it
+    /// once the kernels' formulas are known): V carries a column of ones
+    /// at column `4 * dqv` ([`AttentionBlock::ones_column`]), so P V's
+    /// column there is each row's sum of the f16 p it multiplied,
+    /// `attention_merge` ONES=1 folds it into l, and `attention_online`
+    /// EXP=16 ONES=1 keeps no sums (5 issue slots a quad of keys).
+    /// Otherwise f16 attention's online step sums its f16 p with
+    /// `f16v4hsum` (EXP=16 ONES=0, 7 slots a quad), and f32 attention
+    /// keeps its f32 exponentials and sums (EXP=32).
+    pub ones: bool,
 }
 
 /// Host byte offset of element (row `r`, column `c`) of the merged view
@@ -155,16 +165,6 @@ impl AttentionBlock {
     pub fn dqv(&self) -> u32 {
         self.dv.div_ceil(4)
     }
-    /// Whether the row layout's P V GEMM sums p itself: f16 attention
-    /// gives V a column of ones at column `4 * dqv` (`ones_column`), so
-    /// P V's column there is each row's sum of the f16 p it multiplied,
-    /// `attention_merge` ONES=1 folds it into l, and `attention_online`
-    /// ONES=1 keeps no sums and takes f16 exponentials (5 issue slots a
-    /// quad of keys where 9 made the f32 exponentials and the sums). f32
-    /// attention keeps its f32 p summed by the online step.
-    pub fn ones(&self) -> bool {
-        !self.f32
-    }
     /// V's column of ones (with [`AttentionBlock::ones`]): the first column
     /// after O's width, so the merge finds its sum where its quads stop.
     pub fn ones_column(&self) -> u32 {
@@ -173,7 +173,7 @@ impl AttentionBlock {
     /// The row layout's P V columns (V's row width in a key block): v's
     /// head padded to the AMP's 16, with room for the ones column.
     pub fn pv_cols(&self) -> u32 {
-        if self.ones() {
+        if self.ones {
             (self.ones_column() + 1).div_ceil(16) * 16
         } else {
             self.dvp()
@@ -408,6 +408,7 @@ pub fn recognise(graph: &Graph, groups: &[Group]) -> Result<Vec<AttentionBlock>,
             host_heads_major,
             host_staged: false,
             heads_major_result,
+            ones: false,
         });
     }
     for (i, node) in graph.nodes().iter().enumerate() {
@@ -427,6 +428,45 @@ pub fn recognise(graph: &Graph, groups: &[Group]) -> Result<Vec<AttentionBlock>,
         ));
     }
     Ok(blocks)
+}
+
+/// Whether V's ones column pays for f16 attention in the row layout
+/// ([`AttentionBlock::ones`]), by the kernels' formulas at a
+/// representative tile (up to 128 query rows, key blocks of up to 128
+/// keys): the P V GEMM (`gemm`) with and without the ones column's block,
+/// and the online and merge steps (`(online, merge)` of `sums`: EXP=16
+/// ONES=0, and of `ones`: EXP=16 ONES=1). Where the head's padding to 16
+/// has a spare column the GEMM costs the same and the ones win; a head of
+/// 80 pays a sixth block that its five left idle on one worker and wins
+/// too; a head of 64's fifth block costs more than the online step's own
+/// sums (two issue slots a quad of keys): 1,024 x 128 on 4 tiles ran
+/// 5,031,771 cycles with the fifth block and 4,893,381 with the sums.
+pub fn ones_pays(
+    b: &AttentionBlock,
+    gemm: &mut FormulaCost,
+    sums: (&mut FormulaCost, &mut FormulaCost),
+    ones: (&mut FormulaCost, &mut FormulaCost),
+) -> bool {
+    if b.f32 {
+        return false;
+    }
+    let rows = b.sq.min(128);
+    let keys = b.sk.min(128);
+    let nkb = keys.div_ceil(16);
+    let rows_w = rows.div_ceil(rows.min(ipu_arch::WORKER_CONTEXTS)) as i64;
+    let dq = b.dqv() as i64;
+    let mut cost = |pv_cols: u32, (online, merge): (&mut FormulaCost, &mut FormulaCost)| {
+        gemm_grid(gemm, rows, pv_cols / 16, nkb).cycles
+            + online.eval(&[
+                ("ROWS", rows_w),
+                ("BK", keys as i64),
+                ("BKP", nkb as i64 * 16),
+                ("DQ", dq),
+            ])
+            + merge.eval(&[("ROWS", rows_w), ("DQ", dq)])
+    };
+    let with_ones = cost((b.ones_column() + 1).div_ceil(16) * 16, ones);
+    with_ones < cost(b.dvp(), sums)
 }
 
 /// The kernels of an attention block with their cycle formulas.
@@ -460,7 +500,7 @@ pub fn kernel_requests(block: &AttentionBlock) -> [KernelRequest; 8] {
             req(
                 "attention_online",
                 "attention_online.S",
-                &[causal, ("PV", 1), ("PT", 32), ("ONES", 0)],
+                &[causal, ("PV", 1), ("PT", 32), ("EXP", 32), ("ONES", 0)],
             ),
             req("attention_merge", "attention_merge.S", &[("ONES", 0)]),
             req("attention_final", "attention_final.S", &[("OUT", 32)]),
@@ -472,14 +512,15 @@ pub fn kernel_requests(block: &AttentionBlock) -> [KernelRequest; 8] {
     }
     // The f16 requests name PT and OUT too: a library holds both
     // specialisations, and a request must tell them apart.
+    let ones = ("ONES", block.ones as i64);
     [
         req("gemm_f16", "gemm_f16.S", &[("ACC", 32)]),
         req(
             "attention_online",
             "attention_online.S",
-            &[causal, ("PV", 1), ("PT", 16), ("ONES", 1)],
+            &[causal, ("PV", 1), ("PT", 16), ("EXP", 16), ones],
         ),
-        req("attention_merge", "attention_merge.S", &[("ONES", 1)]),
+        req("attention_merge", "attention_merge.S", &[ones]),
         req("attention_final", "attention_final.S", &[("OUT", 16)]),
         req("fill64", "fill64.S", &[]),
         req("transpose_f16", "transpose_f16.S", &[]),
@@ -864,7 +905,7 @@ fn compute_cycles(
         .1
         .eval(&[("N", 3), ("COUNT", items.div_ceil(6) as i64)]);
     // V's ones column in the rows of the blocks (a step of its own).
-    let ones = if b.ones() {
+    let ones = if b.ones {
         let keys: u32 = key_blocks.iter().map(|&(c0, c1)| (c1 - c0) * 16).sum();
         ones_cycles(&mut k.fill_rows.1, keys)
     } else {
@@ -2409,7 +2450,7 @@ fn lower_rows(
     // stays through the key chunks; a step of its own after the fills,
     // whose zeros of the last chunk's spare rows it must follow.
     let mut ones_step = compute_step(format!("set {name} V ones column"));
-    if b.ones() {
+    if b.ones {
         for (&tile, &(_, _, _, ref t, lay)) in &tiles {
             let (vertices, cycles) = ones_vertices(
                 &mut kernels.fill_rows,
@@ -2952,7 +2993,7 @@ fn lower_rows(
                         StateWord::Const(r1 - r0),
                         StateWord::Const(dq),
                     ];
-                    if b.ones() {
+                    if b.ones {
                         // ONES=1: l' = l a + P V's ones column.
                         state.push(StateWord::Addr {
                             buffer: t.ml,
@@ -3159,6 +3200,65 @@ mod tests {
                 ranges(c1 - c0, blocks),
                 splits,
             )
+        }
+    }
+
+    /// V's ones column where the head's padding has room for it, where
+    /// its column block costs the P V GEMM nothing (a head of 80: five
+    /// blocks leave a worker idle) and never in f32; the online step's
+    /// own sums where the block would cost (a head of 64).
+    #[test]
+    fn ones_column_where_it_costs_the_p_v_gemm_nothing() {
+        let mut gemm = FormulaCost::new("6 * (22 + NCB * (15 + NKB * (8 * M + 47)))".into());
+        // The kernels' formulas (device/attention_online.S EXP=16 with
+        // ONES=0 and ONES=1, device/attention_merge.S).
+        let mut online_sums = FormulaCost::new(
+            "6 * (12 + ROWS * (53 + BK / 2 + 7 * (BK / 4) - 4 * (1 / (BK / 4 + 1)) + 9 * (BK / 2 - 2 * (BK / 4)) + 10 * (BK - 2 * (BK / 2)) + (BKP - BK)))".into(),
+        );
+        let mut online_ones = FormulaCost::new(
+            "6 * (12 + ROWS * (48 + BK / 2 + 5 * (BK / 4) - 5 * (1 / (BK / 4 + 1)) + 7 * (BK / 2 - 2 * (BK / 4)) + 9 * (BK - 2 * (BK / 2)) + (BKP - BK)))".into(),
+        );
+        let mut merge_sums = FormulaCost::new("6 * (10 + ROWS * (9 + 5 * DQ))".into());
+        let mut merge_ones = FormulaCost::new("6 * (11 + ROWS * (14 + 5 * DQ))".into());
+        let block = |dv: u32, f32: bool| AttentionBlock {
+            q: 0,
+            k: 1,
+            v: 2,
+            heads: 2,
+            d: dv,
+            dv,
+            sq: 1024,
+            sk: 1024,
+            causal: false,
+            scale: 1.0,
+            f32,
+            attention: ValueId(0),
+            result: ValueId(1),
+            k_value: ValueId(2),
+            host: None,
+            host_heads_major: [false; 3],
+            host_staged: false,
+            heads_major_result: false,
+            ones: false,
+        };
+        for (dv, f32, ones, pv_cols) in [
+            (72, false, true, 80),
+            (18, false, true, 32),
+            (80, false, true, 96),
+            (64, false, false, 64),
+            (16, false, true, 32),
+            (72, true, false, 80),
+        ] {
+            let mut b = block(dv, f32);
+            b.ones = ones_pays(
+                &b,
+                &mut gemm,
+                (&mut online_sums, &mut merge_sums),
+                (&mut online_ones, &mut merge_ones),
+            );
+            assert_eq!(b.ones, ones, "head of {dv}, f32 {f32}");
+            assert_eq!(b.pv_cols(), pv_cols, "head of {dv}, f32 {f32}");
+            assert!(!b.ones || b.ones_column() < b.pv_cols());
         }
     }
 

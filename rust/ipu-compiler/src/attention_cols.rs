@@ -2467,6 +2467,7 @@ mod tests {
             host: None,
             host_heads_major: [false; 3],
             host_staged: false,
+            ones: false,
             heads_major_result: false,
         }
     }

@@ -1031,7 +1031,7 @@ fn plan_and_lower(
     let mut operation_reports: Vec<OperationReport> = Vec::new();
     // Kernel specialisations the library lacks and a plan would use.
     let mut would_help: Vec<serde_json::Value> = Vec::new();
-    let (groups, blocks) = phase("fuse", || {
+    let (groups, mut blocks) = phase("fuse", || {
         let groups = fuse::fuse(graph)?;
         let mut blocks = attention::recognise(graph, &groups)?;
         // Host operands of a model of one segment (whose host may write q
@@ -1043,6 +1043,33 @@ fn plan_and_lower(
         }
         Ok((groups, blocks))
     })?;
+    // Whether each attention block's V carries a ones column decides its
+    // online and merge kernels, by their formulas and the P V GEMM's.
+    for b in blocks.iter_mut().filter(|b| !b.f32) {
+        let mut formulas = Vec::new();
+        for ones in [false, true] {
+            b.ones = ones;
+            let requests = attention::kernel_requests(b);
+            for i in [0, 1, 2] {
+                formulas.push(kernel_formula(
+                    library,
+                    &requests[i],
+                    attention::FORMULA_VARS[i],
+                )?);
+            }
+        }
+        let Ok([mut gemm, mut online_sums, mut merge_sums, _, mut online_ones, mut merge_ones]) =
+            <[FormulaCost; 6]>::try_from(formulas)
+        else {
+            unreachable!("three formulas of each variant");
+        };
+        b.ones = attention::ones_pays(
+            b,
+            &mut gemm,
+            (&mut online_sums, &mut merge_sums),
+            (&mut online_ones, &mut merge_ones),
+        );
+    }
     // An attention block's kernels and formulas.
     let mut attention_kernels = match blocks.first() {
         Some(b) => {

@@ -665,6 +665,16 @@ const E2_ALPHA: u32 = 0x7C000;
 const E2_P: u32 = 0x88000;
 const E2_VB: u32 = 0xD8000;
 
+/// Who sums p in an online step of f16 P on the AMP: the vertex in f32
+/// after f32 exponentials (EXP=32), the vertex after f16 exponentials
+/// (EXP=16, `f16v4hsum`), or P V's ones column (EXP=16 ONES=1).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Sums {
+    F32,
+    F16,
+    Ones,
+}
+
 /// Flash attention as the compiler will lower it: per K/V block, S = Q K^T
 /// on gemm_f16 (ACC=32: f32 scores, K^T as the B operand with the head
 /// dimension padded with zeros to a multiple of 16), then attention_online
@@ -673,10 +683,9 @@ const E2_VB: u32 = 0xD8000;
 /// the scores in the reference). With `f32` the same for f32 attention:
 /// f32 Q, K and V, the scores and (PV=1) P V on gemm_f32 with f32 P
 /// (`attention_online` PT=32), or P V on the vector unit (VT=32), and an
-/// f32 result (`attention_final` OUT=32). With `ones` (f16, PV=1) the
-/// compiler's scheme: V carries a column of ones at column 4 DQ, so the P V
-/// GEMM sums p, `attention_online` ONES=1 takes f16 exponentials and
-/// leaves l to `attention_merge` ONES=1. Returns the compute cycles.
+/// f32 result (`attention_final` OUT=32). `sums` (f16 with PV=1 only but
+/// [`Sums::F32`]) picks the online step's exponentials and who sums p, as
+/// the compiler does by head width. Returns the compute cycles.
 #[allow(clippy::too_many_arguments)]
 fn attention_end_to_end(
     queries: usize,
@@ -686,13 +695,14 @@ fn attention_end_to_end(
     causal: bool,
     pv_on_amp: bool,
     f32: bool,
-    ones: bool,
+    sums: Sums,
     seed: u64,
 ) -> u64 {
     assert!(
-        !ones || (pv_on_amp && !f32),
-        "ones needs f16 P V on the AMP"
+        sums == Sums::F32 || (pv_on_amp && !f32),
+        "f16 exponentials need f16 P V on the AMP"
     );
+    let ones = sums == Sums::Ones;
     let mut rng = Rng(seed);
     let (nq, nk, d) = (queries, keys, head);
     let dq = d.div_ceil(4);
@@ -935,6 +945,7 @@ fn attention_end_to_end(
         ("CAUSAL", causal as i64),
         ("PV", pv_on_amp as i64),
         (if pv_on_amp { "PT" } else { "VT" }, wide),
+        ("EXP", if sums == Sums::F32 { 32 } else { 16 }),
         ("ONES", ones as i64),
     ];
     let merge = [("ONES", ones as i64)];
@@ -995,7 +1006,7 @@ fn attention_end_to_end(
             };
             assert!(
                 within,
-                "end to end q={nq} k={nk} d={d} block={block} causal={causal} pv_on_amp={pv_on_amp} f32={f32} ones={ones}: out[{i}, {c}] = {g}, f64 reference {want}"
+                "end to end q={nq} k={nk} d={d} block={block} causal={causal} pv_on_amp={pv_on_amp} f32={f32} {sums:?}: out[{i}, {c}] = {g}, f64 reference {want}"
             );
         }
     }
@@ -1011,9 +1022,14 @@ fn scores_on_gemm_f16_feed_the_online_update() {
         (12, 40, 72, 32),
     ] {
         for causal in [false, true] {
-            for (pv_on_amp, ones) in [(false, false), (true, false), (true, true)] {
+            for (pv_on_amp, sums) in [
+                (false, Sums::F32),
+                (true, Sums::F32),
+                (true, Sums::F16),
+                (true, Sums::Ones),
+            ] {
                 for f32 in [false, true] {
-                    if ones && f32 {
+                    if sums != Sums::F32 && f32 {
                         continue;
                     }
                     let cycles = attention_end_to_end(
@@ -1024,10 +1040,10 @@ fn scores_on_gemm_f16_feed_the_online_update() {
                         causal,
                         pv_on_amp,
                         f32,
-                        ones,
+                        sums,
                         (queries * keys + head) as u64,
                     );
-                    println!("end to end q={queries} k={keys} d={head} block={block} causal={causal} pv_on_amp={pv_on_amp} f32={f32} ones={ones}: {cycles} cycles");
+                    println!("end to end q={queries} k={keys} d={head} block={block} causal={causal} pv_on_amp={pv_on_amp} f32={f32} {sums:?}: {cycles} cycles");
                 }
             }
         }
@@ -1154,7 +1170,7 @@ fn pv_on_the_amp_is_faster_per_block() {
     // And the same for f32 attention (S and P V on gemm_f32, 16 MAC/cycle)
     // in blocks of 32 keys (two blocks of f32 V rows fill the test's area).
     for (queries, block, head, f32) in [(24, 64, 72, false), (24, 32, 72, true)] {
-        let per_block = |pv_on_amp: bool, ones: bool| {
+        let per_block = |pv_on_amp: bool, sums: Sums| {
             let run = |blocks: usize| {
                 attention_end_to_end(
                     queries,
@@ -1164,19 +1180,22 @@ fn pv_on_the_amp_is_faster_per_block() {
                     false,
                     pv_on_amp,
                     f32,
-                    ones,
+                    sums,
                     3,
                 )
             };
             run(2) - run(1)
         };
-        let (vector, amp) = (per_block(false, false), per_block(true, false));
+        let (vector, amp) = (per_block(false, Sums::F32), per_block(true, Sums::F32));
         if !f32 {
-            // P V's ones column summing p (the compiler's f16 scheme): the
-            // online step's f16 exponentials and no sums.
-            let ones = per_block(true, true);
-            println!("one block q={queries} block={block} d={head}: PV=1 ONES=1 {ones} cycles, ONES=0 {amp}");
-            assert!(ones < amp, "ONES=1 ({ones}) must beat ONES=0 ({amp})");
+            // The compiler's f16 schemes: f16 exponentials, p summed by
+            // the vertex or by P V's ones column (free at this head of 72).
+            let (f16, ones) = (per_block(true, Sums::F16), per_block(true, Sums::Ones));
+            println!("one block q={queries} block={block} d={head}: PV=1 EXP=16 {f16} cycles, EXP=16 ONES=1 {ones}, EXP=32 {amp}");
+            assert!(
+                ones < f16 && f16 < amp,
+                "ONES=1 ({ones}) < EXP=16 ({f16}) < EXP=32 ({amp})"
+            );
         }
         // Lower bound of one block: Q K^T and P V at the AMP's rate with
         // f32 accumulation (32 MAC/cycle from f16, 16 from f32) with the
@@ -1471,62 +1490,82 @@ fn online_pv_update_alone_against_its_formula() {
     }
 }
 
-/// `attention_online` PV=1 ONES=1 alone on one worker ([`ONLINE_SHAPES`]):
-/// m' and a as with ONES=0, l untouched (P V's ones column sums p), and p
-/// in f16 from the f16 exponential of the f16-rounded argument (formed in
-/// f32 by one fused mac), bit for bit, with the keys padded to BKP by
-/// zeros; and its simulated cycles against the declared formula.
+/// `attention_online` PV=1 EXP=16 alone on one worker ([`ONLINE_SHAPES`]),
+/// with ONES=1 and ONES=0: m' and a as with the f32 exponentials; p in f16
+/// from the f16 exponential of the f16-rounded argument (formed in f32 by
+/// one fused mac), bit for bit, with the keys padded to BKP by zeros; l
+/// untouched with ONES=1 (P V's ones column sums p), else l a plus the sum
+/// of those f16 p; and the simulated cycles against the declared formula.
 #[test]
-fn online_ones_update_alone_against_its_formula() {
-    let mut rng = Rng(7200);
-    let defines: &[(&str, i64)] = &[("CAUSAL", 0), ("PV", 1), ("PT", 16), ("ONES", 1)];
-    for (rows, bk) in ONLINE_SHAPES {
-        let run = run_online_alone(&mut rng, rows, bk, defines);
-        let (s, ml, scale, chip) = (&run.s, &run.ml, run.scale, &run.chip);
-        let state = read_f32(chip, E2_ML, 2 * rows);
-        let alpha = read_f32(chip, E2_ALPHA, rows);
-        for i in 0..rows {
-            let row = &s[i * bk..(i + 1) * bk];
-            let m = ml[2 * i] as f64;
-            let m_new = row.iter().map(|&x| (x * scale) as f64).fold(m, f64::max);
-            let a = (m - m_new).exp();
-            assert_eq!(
-                state[2 * i] as f64,
-                m_new,
-                "rows={rows} bk={bk}: m' of row {i}"
-            );
-            assert_eq!(
-                state[2 * i + 1].to_bits(),
-                ml[2 * i + 1].to_bits(),
-                "rows={rows} bk={bk}: l of row {i} must be left to the merge"
-            );
-            assert!(
-                (alpha[i] as f64 - a).abs() <= 1e-6 * a.max(1e-30),
-                "rows={rows} bk={bk}: a of row {i} = {}, f64 {a}",
-                alpha[i]
-            );
-            let got = read_f16(chip, E2_P + (i * run.rs_p) as u32, run.bkp);
-            for (j, &g) in got.iter().enumerate() {
-                let want = match row.get(j) {
-                    Some(&x) => {
-                        // s * SCALE - m' rounded once to f32 (the product
-                        // of two f32 is exact in f64), then to f16; the
-                        // exponential rounded once to f16.
-                        let arg = (x as f64 * scale as f64 - m_new) as f32;
-                        let arg16 = f16v(f64_to_f16_bits(arg as f64));
-                        f64_to_f16_bits(arg16.exp())
-                    }
-                    None => 0,
-                };
+fn online_f16_exponentials_alone_against_their_formula() {
+    for ones in [1i64, 0] {
+        let mut rng = Rng(7200 + ones as u64);
+        let defines: &[(&str, i64)] = &[
+            ("CAUSAL", 0),
+            ("PV", 1),
+            ("PT", 16),
+            ("EXP", 16),
+            ("ONES", ones),
+        ];
+        for (rows, bk) in ONLINE_SHAPES {
+            let run = run_online_alone(&mut rng, rows, bk, defines);
+            let (s, ml, scale, chip) = (&run.s, &run.ml, run.scale, &run.chip);
+            let state = read_f32(chip, E2_ML, 2 * rows);
+            let alpha = read_f32(chip, E2_ALPHA, rows);
+            for i in 0..rows {
+                let row = &s[i * bk..(i + 1) * bk];
+                let (m, l) = (ml[2 * i] as f64, ml[2 * i + 1]);
+                let m_new = row.iter().map(|&x| (x * scale) as f64).fold(m, f64::max);
+                let a = (m - m_new).exp();
                 assert_eq!(
-                    g,
-                    want,
-                    "rows={rows} bk={bk}: p[{i}, {j}] = {}, expected {}",
-                    f16v(g),
-                    f16v(want)
+                    state[2 * i] as f64,
+                    m_new,
+                    "ONES={ones} rows={rows} bk={bk}: m' of row {i}"
                 );
+                assert!(
+                    (alpha[i] as f64 - a).abs() <= 1e-6 * a.max(1e-30),
+                    "ONES={ones} rows={rows} bk={bk}: a of row {i} = {}, f64 {a}",
+                    alpha[i]
+                );
+                let got = read_f16(chip, E2_P + (i * run.rs_p) as u32, run.bkp);
+                let mut sum = 0.0f64;
+                for (j, &g) in got.iter().enumerate() {
+                    let want = match row.get(j) {
+                        Some(&x) => {
+                            // s * SCALE - m' rounded once to f32 (the
+                            // product of two f32 is exact in f64), then to
+                            // f16; the exponential rounded once to f16.
+                            let arg = (x as f64 * scale as f64 - m_new) as f32;
+                            let arg16 = f16v(f64_to_f16_bits(arg as f64));
+                            f64_to_f16_bits(arg16.exp())
+                        }
+                        None => 0,
+                    };
+                    assert_eq!(
+                        g,
+                        want,
+                        "ONES={ones} rows={rows} bk={bk}: p[{i}, {j}] = {}, expected {}",
+                        f16v(g),
+                        f16v(want)
+                    );
+                    sum += f16v(g);
+                }
+                if ones == 1 {
+                    assert_eq!(
+                        state[2 * i + 1].to_bits(),
+                        l.to_bits(),
+                        "rows={rows} bk={bk}: l of row {i} must be left to the merge"
+                    );
+                } else {
+                    let want = l as f64 * a + sum;
+                    assert!(
+                        (state[2 * i + 1] as f64 - want).abs() <= 1e-6 * want,
+                        "ONES=0 rows={rows} bk={bk}: l' of row {i} = {}, f64 {want}",
+                        state[2 * i + 1]
+                    );
+                }
             }
+            check_online_formula(defines, rows, bk, &run);
         }
-        check_online_formula(defines, rows, bk, &run);
     }
 }
