@@ -1136,15 +1136,9 @@ fn widest_block_and_chunk(key_splits: &[(u32, u32)], blocks: u32, chunks: u32) -
     (block_cb, chunk_cb)
 }
 
-/// Key blocks of 1, 2, 4, 8 or 12 column blocks moving in two or more
-/// chunks of 32, 16, 8, 4, 2 or 1 blocks, each whose buffers fit with
-/// `rows` query rows. Blocks of 12 (192 keys) let the scores GEMM of about
-/// 100 query rows run one row group over six column groups of two blocks,
-/// a weight block per 100 rows where blocks of 8 took three row groups
-/// (session 57: 2,048 x 512 over inputs on 64 tiles 4,578,413 ->
-/// 4,315,601 cycles). Widths 3, 6 and 16 as well made the f32 attention
-/// of 1,024 tokens on 8 tiles 7% faster but left the 512 x 256 projected
-/// attention on 8 tiles no plan through the retry chain, so they wait. They hold one chunk's K^T and V at a time, so they fit
+/// Key blocks of 1, 2, 4 or 8 column blocks moving in two or more chunks
+/// of 32, 16, 8, 4, 2 or 1 blocks, each whose buffers fit with `rows`
+/// query rows. They hold one chunk's K^T and V at a time, so they fit
 /// where [`key_blockings`] finds nothing (a long sequence on few tiles),
 /// and smaller chunks leave more room to the projections, for a sync and
 /// an exchange step per chunk. Staged odd heads take none:
@@ -1162,7 +1156,7 @@ fn chunked_blockings(
     }
     let widths = key_splits.iter().map(|c| c.1 - c.0);
     let (split_cb, min_split_cb) = (widths.clone().max().unwrap_or(1), widths.min().unwrap_or(1));
-    for width in [1u32, 2, 4, 8, 12] {
+    for width in [1u32, 2, 4, 8] {
         let nblocks = split_cb.div_ceil(width);
         // Every split takes `nblocks` nonempty blocks; a wider block than
         // the split is the one-chunk case.
