@@ -109,6 +109,33 @@ pub struct AttentionBlock {
     pub ones: bool,
 }
 
+/// A self-attention block of `heads` heads of `d` over `s` tokens, f16,
+/// not causal, over projections (the unit tests' fixture).
+#[cfg(test)]
+pub(crate) fn test_block(heads: u32, d: u32, s: u32) -> AttentionBlock {
+    AttentionBlock {
+        q: 0,
+        k: 1,
+        v: 2,
+        heads,
+        d,
+        dv: d,
+        sq: s,
+        sk: s,
+        causal: false,
+        scale: 1.0 / (d as f32).sqrt(),
+        f32: false,
+        attention: ValueId(0),
+        result: ValueId(1),
+        k_value: ValueId(2),
+        host: None,
+        host_heads_major: [false; 3],
+        host_staged: false,
+        heads_major_result: false,
+        ones: false,
+    }
+}
+
 /// Host byte offset of element (row `r`, column `c`) of the merged view
 /// `[rows, heads * d]` of a value of `eb`-byte elements laid out merged
 /// or, when `heads_major`, as `[heads, rows, d]` (column `c` is column
@@ -487,46 +514,60 @@ pub struct AttentionKernels {
 
 /// Requests for the kernels of `block`.
 pub fn kernel_requests(block: &AttentionBlock) -> [KernelRequest; 8] {
-    let req = |entry: &str, source: &str, params: &[(&str, i64)]| KernelRequest {
-        entry: entry.into(),
-        source: source.into(),
-        params: params.iter().map(|(k, v)| (k.to_string(), *v)).collect(),
-    };
-    let causal = ("CAUSAL", block.causal as i64);
+    let [online, merge] = online_and_merge_requests(block, block.ones);
     if block.f32 {
         // f32: the scores and P V on gemm_f32, P in f32.
         return [
-            req("gemm_f32", "gemm_f32.S", &[]),
-            req(
-                "attention_online",
-                "attention_online.S",
-                &[causal, ("PV", 1), ("PT", 32), ("EXP", 32), ("ONES", 0)],
-            ),
-            req("attention_merge", "attention_merge.S", &[("ONES", 0)]),
-            req("attention_final", "attention_final.S", &[("OUT", 32)]),
-            req("fill64", "fill64.S", &[]),
-            req("transpose_f32", "transpose_f32.S", &[]),
-            req("attention_combine", "attention_combine.S", &[]),
-            req("fill_rows", "fill_rows.S", &[]),
+            request("gemm_f32", "gemm_f32.S", &[]),
+            online,
+            merge,
+            request("attention_final", "attention_final.S", &[("OUT", 32)]),
+            request("fill64", "fill64.S", &[]),
+            request("transpose_f32", "transpose_f32.S", &[]),
+            request("attention_combine", "attention_combine.S", &[]),
+            request("fill_rows", "fill_rows.S", &[]),
         ];
     }
     // The f16 requests name PT and OUT too: a library holds both
     // specialisations, and a request must tell them apart.
-    let ones = ("ONES", block.ones as i64);
     [
-        req("gemm_f16", "gemm_f16.S", &[("ACC", 32)]),
-        req(
+        request("gemm_f16", "gemm_f16.S", &[("ACC", 32)]),
+        online,
+        merge,
+        request("attention_final", "attention_final.S", &[("OUT", 16)]),
+        request("fill64", "fill64.S", &[]),
+        request("transpose_f16", "transpose_f16.S", &[]),
+        request("attention_combine", "attention_combine.S", &[]),
+        request("fill_rows", "fill_rows.S", &[]),
+    ]
+}
+
+/// The online and merge kernels of `block` with V's ones column or
+/// without ([`AttentionBlock::ones`], which [`ones_pays`] weighs by both
+/// pairs' formulas): f32 attention's take f32 exponentials and sums.
+pub fn online_and_merge_requests(block: &AttentionBlock, ones: bool) -> [KernelRequest; 2] {
+    let causal = ("CAUSAL", block.causal as i64);
+    let (pt, exp, ones) = if block.f32 {
+        (32, 32, 0)
+    } else {
+        (16, 16, ones as i64)
+    };
+    [
+        request(
             "attention_online",
             "attention_online.S",
-            &[causal, ("PV", 1), ("PT", 16), ("EXP", 16), ones],
+            &[causal, ("PV", 1), ("PT", pt), ("EXP", exp), ("ONES", ones)],
         ),
-        req("attention_merge", "attention_merge.S", &[ones]),
-        req("attention_final", "attention_final.S", &[("OUT", 16)]),
-        req("fill64", "fill64.S", &[]),
-        req("transpose_f16", "transpose_f16.S", &[]),
-        req("attention_combine", "attention_combine.S", &[]),
-        req("fill_rows", "fill_rows.S", &[]),
+        request("attention_merge", "attention_merge.S", &[("ONES", ones)]),
     ]
+}
+
+fn request(entry: &str, source: &str, params: &[(&str, i64)]) -> KernelRequest {
+    KernelRequest {
+        entry: entry.into(),
+        source: source.into(),
+        params: params.iter().map(|(k, v)| (k.to_string(), *v)).collect(),
+    }
 }
 
 /// The variables each kernel's formula reads.
@@ -3209,37 +3250,27 @@ mod tests {
     /// own sums where the block would cost (a head of 64).
     #[test]
     fn ones_column_where_it_costs_the_p_v_gemm_nothing() {
-        let mut gemm = FormulaCost::new("6 * (22 + NCB * (15 + NKB * (8 * M + 47)))".into());
-        // The kernels' formulas (device/attention_online.S EXP=16 with
-        // ONES=0 and ONES=1, device/attention_merge.S).
-        let mut online_sums = FormulaCost::new(
-            "6 * (12 + ROWS * (53 + BK / 2 + 7 * (BK / 4) - 4 * (1 / (BK / 4 + 1)) + 9 * (BK / 2 - 2 * (BK / 4)) + 10 * (BK - 2 * (BK / 2)) + (BKP - BK)))".into(),
-        );
-        let mut online_ones = FormulaCost::new(
-            "6 * (12 + ROWS * (48 + BK / 2 + 5 * (BK / 4) - 5 * (1 / (BK / 4 + 1)) + 7 * (BK / 2 - 2 * (BK / 4)) + 9 * (BK - 2 * (BK / 2)) + (BKP - BK)))".into(),
-        );
-        let mut merge_sums = FormulaCost::new("6 * (10 + ROWS * (9 + 5 * DQ))".into());
-        let mut merge_ones = FormulaCost::new("6 * (11 + ROWS * (14 + 5 * DQ))".into());
+        // The kernels' own `.cycles` formulas, as the library gives them.
+        let declared = |source: &str, defines: &[(&str, i64)]| {
+            let mut opts = ipu_asm::Options::default();
+            for (k, v) in defines {
+                opts.defines.insert((*k).into(), *v);
+            }
+            let path = std::path::Path::new(&std::env::var("CARGO_MANIFEST_DIR").unwrap())
+                .join("../../device")
+                .join(source);
+            let assembly = ipu_asm::assemble_file(&path, &opts).unwrap_or_else(|e| panic!("{e}"));
+            FormulaCost::new(assembly.metadata.cycles.expect("a .cycles formula"))
+        };
+        let mut gemm = declared("gemm_f16.S", &[("ACC", 32)]);
+        let online = |ones| [("PV", 1), ("PT", 16), ("EXP", 16), ("ONES", ones)];
+        let mut online_sums = declared("attention_online.S", &online(0));
+        let mut online_ones = declared("attention_online.S", &online(1));
+        let mut merge_sums = declared("attention_merge.S", &[("ONES", 0)]);
+        let mut merge_ones = declared("attention_merge.S", &[("ONES", 1)]);
         let block = |dv: u32, f32: bool| AttentionBlock {
-            q: 0,
-            k: 1,
-            v: 2,
-            heads: 2,
-            d: dv,
-            dv,
-            sq: 1024,
-            sk: 1024,
-            causal: false,
-            scale: 1.0,
             f32,
-            attention: ValueId(0),
-            result: ValueId(1),
-            k_value: ValueId(2),
-            host: None,
-            host_heads_major: [false; 3],
-            host_staged: false,
-            heads_major_result: false,
-            ones: false,
+            ..test_block(2, dv, 1024)
         };
         for (dv, f32, ones, pv_cols) in [
             (72, false, true, 80),

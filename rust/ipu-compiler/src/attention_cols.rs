@@ -2403,7 +2403,6 @@ pub fn lower(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use ipu_graph::ValueId;
     use std::collections::BTreeSet;
 
     /// The planner skips query-block counts by this bound before cutting
@@ -2449,27 +2448,7 @@ mod tests {
     }
 
     fn siglip() -> AttentionBlock {
-        AttentionBlock {
-            q: 0,
-            k: 1,
-            v: 2,
-            heads: 16,
-            d: 72,
-            dv: 72,
-            sq: 729,
-            sk: 729,
-            causal: false,
-            scale: 1.0 / 72f32.sqrt(),
-            f32: false,
-            attention: ValueId(0),
-            result: ValueId(1),
-            k_value: ValueId(2),
-            host: None,
-            host_heads_major: [false; 3],
-            host_staged: false,
-            ones: false,
-            heads_major_result: false,
-        }
+        crate::attention::test_block(16, 72, 729)
     }
 
     #[test]

@@ -1046,23 +1046,17 @@ fn plan_and_lower(
     // Whether each attention block's V carries a ones column decides its
     // online and merge kernels, by their formulas and the P V GEMM's.
     for b in blocks.iter_mut().filter(|b| !b.f32) {
-        let mut formulas = Vec::new();
-        for ones in [false, true] {
-            b.ones = ones;
-            let requests = attention::kernel_requests(b);
-            for i in [0, 1, 2] {
-                formulas.push(kernel_formula(
-                    library,
-                    &requests[i],
-                    attention::FORMULA_VARS[i],
-                )?);
-            }
-        }
-        let Ok([mut gemm, mut online_sums, mut merge_sums, _, mut online_ones, mut merge_ones]) =
-            <[FormulaCost; 6]>::try_from(formulas)
-        else {
-            unreachable!("three formulas of each variant");
+        let gemm = &attention::kernel_requests(b)[0];
+        let mut gemm = kernel_formula(library, gemm, attention::FORMULA_VARS[0])?;
+        let mut pair = |ones| -> Result<_, CompileError> {
+            let [online, merge] = attention::online_and_merge_requests(b, ones);
+            Ok((
+                kernel_formula(library, &online, attention::FORMULA_VARS[1])?,
+                kernel_formula(library, &merge, attention::FORMULA_VARS[2])?,
+            ))
         };
+        let (mut online_sums, mut merge_sums) = pair(false)?;
+        let (mut online_ones, mut merge_ones) = pair(true)?;
         b.ones = attention::ones_pays(
             b,
             &mut gemm,
