@@ -1177,19 +1177,27 @@ fn widest_block_and_chunk(key_splits: &[(u32, u32)], blocks: u32, chunks: u32) -
     (block_cb, chunk_cb)
 }
 
-/// Key blocks of 1, 2, 4 or 8 column blocks moving in two or more chunks
-/// of 32, 16, 8, 4, 2 or 1 blocks, each whose buffers fit with `rows`
-/// query rows. They hold one chunk's K^T and V at a time, so they fit
-/// where [`key_blockings`] finds nothing (a long sequence on few tiles),
-/// and smaller chunks leave more room to the projections, for a sync and
-/// an exchange step per chunk. Staged odd heads take none:
-/// their V^T is transposed into V once, after the one exchange.
+/// Key blocks of 1, 2, 4 or 8 column blocks (and 3, 6, 12 and 16 when
+/// `wide`) moving in two or more chunks of 32, 16, 8, 4, 2 or 1 blocks,
+/// each whose buffers fit with `rows` query rows. They hold one chunk's
+/// K^T and V at a time, so they fit where [`key_blockings`] finds nothing
+/// (a long sequence on few tiles), and smaller chunks leave more room to
+/// the projections, for a sync and an exchange step per chunk. Staged odd
+/// heads take none: their V^T is transposed into V once, after the one
+/// exchange.
+///
+/// Widths that are multiples of six column blocks let the scores GEMM of
+/// about 100 query rows run one row group over six column groups, a weight
+/// block per 100 rows where blocks of 8 take three row groups, and wider
+/// blocks run the merge less often (session 58: 2,048 x 512 over inputs
+/// on 64 tiles 5.7% faster with blocks of 12, the f32 attention of 1,024
+/// tokens on 8 tiles 7.0% with blocks of 6 in two query rounds).
 fn chunked_blockings(
     b: &AttentionBlock,
     rows: u32,
     key_splits: &[(u32, u32)],
-    first: (u32, u32),
-    splits: u32,
+    (first, splits): ((u32, u32), u32),
+    wide: bool,
 ) -> Vec<Blocking> {
     let mut out = Vec::new();
     if b.staged() {
@@ -1197,7 +1205,12 @@ fn chunked_blockings(
     }
     let widths = key_splits.iter().map(|c| c.1 - c.0);
     let (split_cb, min_split_cb) = (widths.clone().max().unwrap_or(1), widths.min().unwrap_or(1));
-    for width in [1u32, 2, 4, 8] {
+    let block_widths: &[u32] = if wide {
+        &[1, 2, 3, 4, 6, 8, 12, 16]
+    } else {
+        &[1, 2, 4, 8]
+    };
+    for &width in block_widths {
         let nblocks = split_cb.div_ceil(width);
         // Every split takes `nblocks` nonempty blocks; a wider block than
         // the split is the one-chunk case.
@@ -1304,6 +1317,19 @@ pub fn plan(
             && p.region0_bytes <= cap
             && room.is_none_or(|r| r.fits(p.region1_bytes, p.region0_bytes))
     };
+    // Blocks of 3, 6, 12 and 16 column blocks join the chunked plans
+    // unless the retry chain (`compile_from`) has cut this segment's
+    // region 0 or region 1. A segmented model's reserve steps grow a
+    // fixed region-1 reserve while region 0 overflows, and a plan of more
+    // query rounds holds more code, which no region-1 room takes out of
+    // region 0: with them there, a 2-tile model of three attention
+    // segments (fuzz seed 26683) went from a plan to a region-0
+    // limitation (each segment's code stays for the whole program, so the
+    // others' rounds grew with its own), where the narrower widths alone
+    // find one. A model of one segment sizes each plan's room by its own
+    // region 0 (`room`) and keeps them.
+    let unlimited = region1_cap >= (ipu_arch::REGION1_END - ipu_arch::REGION1_BASE) as u64
+        && region0_cap >= STANDARD_BUDGET / 2;
     let mut out = Vec::new();
     let ncb = block.key_blocks();
     let dq = block.dqv() as i64;
@@ -1397,7 +1423,13 @@ pub fn plan(
                         Vec::new()
                     };
                     let chunked = if stretched {
-                        chunked_blockings(block, rows, &key_splits, widest_split, splits)
+                        chunked_blockings(
+                            block,
+                            rows,
+                            &key_splits,
+                            (widest_split, splits),
+                            unlimited,
+                        )
                     } else {
                         Vec::new()
                     };
