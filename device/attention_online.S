@@ -271,7 +271,7 @@ max_done:
         mov $m12, $m2
         mov $m13, $m9
         shr $m5, $m11, 2
-        brz $m5, ones_quads_done
+        brz $m5, exp16_quads_done
         # Quad 0's loads and macs; then per further quad i its loads and
         # macs while quad i - 1 is converted, exponentiated and stored
         # (each bundle reads before it writes).
@@ -301,10 +301,10 @@ max_done:
         { st64 $a12:13, [$m13]+=8 ; f16v4hsum $a14, $a12:13 }
         f32add $a15, $a15, $a14
         .endif
-ones_quads_done:
+exp16_quads_done:
         # A last pair, then an odd key (the unused f16 lanes are zeros).
         and $m5, $m11, 2
-        brz $m5, ones_pair_done
+        brz $m5, exp16_pair_done
         ld64 $a0:1, [$m10]
         ld64 $a4:5, [$m12]+=8
         { setzi $a11, 0 ; f32v2mac $a0:1, $a4:5, $a8:9 }
@@ -317,9 +317,9 @@ ones_quads_done:
         f32v2hsum $a14, $a0:1
         f32add $a15, $a15, $a14
         .endif
-ones_pair_done:
+exp16_pair_done:
         and $m5, $m11, 1
-        brz $m5, ones_tail_done
+        brz $m5, exp16_tail_done
         ld32 $a0, [$m10]
         ld32 $a4, [$m12]+=4
         { setzi $a1, 0 ; f32mac $a0, $a4, $a8 }
@@ -331,7 +331,7 @@ ones_pair_done:
         { st16 $a12, [$m13]+=2 ; f16v2tof32 $a0:1, $a12 }
         f32add $a15, $a15, $a0
         .endif
-ones_tail_done:
+exp16_tail_done:
         ld32 $m5, [$m0 + ST_BKP]
         sub $m5, $m5, $m11
         setzi $a9, 0

@@ -200,7 +200,11 @@ impl AttentionBlock {
     /// The row layout's P V columns (V's row width in a key block): v's
     /// head padded to the AMP's 16, with room for the ones column.
     pub fn pv_cols(&self) -> u32 {
-        if self.ones {
+        self.pv_cols_with(self.ones)
+    }
+    /// [`AttentionBlock::pv_cols`] with the ones column or without.
+    fn pv_cols_with(&self, ones: bool) -> u32 {
+        if ones {
             (self.ones_column() + 1).div_ceil(16) * 16
         } else {
             self.dvp()
@@ -492,8 +496,8 @@ pub fn ones_pays(
             ])
             + merge.eval(&[("ROWS", rows_w), ("DQ", dq)])
     };
-    let with_ones = cost((b.ones_column() + 1).div_ceil(16) * 16, ones);
-    with_ones < cost(b.dvp(), sums)
+    let with_ones = cost(b.pv_cols_with(true), ones);
+    with_ones < cost(b.pv_cols_with(false), sums)
 }
 
 /// The kernels of an attention block with their cycle formulas.
@@ -515,28 +519,25 @@ pub struct AttentionKernels {
 /// Requests for the kernels of `block`.
 pub fn kernel_requests(block: &AttentionBlock) -> [KernelRequest; 8] {
     let [online, merge] = online_and_merge_requests(block, block.ones);
-    if block.f32 {
-        // f32: the scores and P V on gemm_f32, P in f32.
-        return [
-            request("gemm_f32", "gemm_f32.S", &[]),
-            online,
-            merge,
-            request("attention_final", "attention_final.S", &[("OUT", 32)]),
-            request("fill64", "fill64.S", &[]),
-            request("transpose_f32", "transpose_f32.S", &[]),
-            request("attention_combine", "attention_combine.S", &[]),
-            request("fill_rows", "fill_rows.S", &[]),
-        ];
-    }
-    // The f16 requests name PT and OUT too: a library holds both
-    // specialisations, and a request must tell them apart.
+    // f32: the scores and P V on gemm_f32, P in f32. The f16 requests
+    // name ACC and OUT too: a library holds both specialisations, and a
+    // request must tell them apart.
+    let (gemm, out, transpose) = if block.f32 {
+        (request("gemm_f32", "gemm_f32.S", &[]), 32, "transpose_f32")
+    } else {
+        (
+            request("gemm_f16", "gemm_f16.S", &[("ACC", 32)]),
+            16,
+            "transpose_f16",
+        )
+    };
     [
-        request("gemm_f16", "gemm_f16.S", &[("ACC", 32)]),
+        gemm,
         online,
         merge,
-        request("attention_final", "attention_final.S", &[("OUT", 16)]),
+        request("attention_final", "attention_final.S", &[("OUT", out)]),
         request("fill64", "fill64.S", &[]),
-        request("transpose_f16", "transpose_f16.S", &[]),
+        request(transpose, &format!("{transpose}.S"), &[]),
         request("attention_combine", "attention_combine.S", &[]),
         request("fill_rows", "fill_rows.S", &[]),
     ]
@@ -984,24 +985,19 @@ fn ones_vertices(
     stride: u32,
     rows: u32,
 ) -> (Vec<Vertex>, u64) {
-    let parts = ranges(rows, rows.min(ipu_arch::WORKER_CONTEXTS));
-    let vertices: Vec<Vertex> = parts
-        .iter()
-        .map(|&(r0, r1)| Vertex {
-            kernel: std::sync::Arc::new(fill_rows.0.clone()),
-            state: vec![
-                StateWord::Addr {
-                    buffer,
-                    offset: offset + r0 * stride,
-                },
-                StateWord::Const(stride),
-                StateWord::Const(r1 - r0),
-                StateWord::Const(1),
-                StateWord::Const(F16_ONE as u32),
-                StateWord::Const(0),
-            ],
-        })
-        .collect();
+    let vertices = row_vertices(rows, &fill_rows.0, |_, r0, r1| {
+        vec![
+            StateWord::Addr {
+                buffer,
+                offset: offset + r0 * stride,
+            },
+            StateWord::Const(stride),
+            StateWord::Const(r1 - r0),
+            StateWord::Const(1),
+            StateWord::Const(F16_ONE as u32),
+            StateWord::Const(0),
+        ]
+    });
     (vertices, ones_cycles(&mut fill_rows.1, rows))
 }
 
