@@ -926,12 +926,15 @@ fn c_row(row_groups: &[(u32, u32)], r: u32, rs: u32) -> u32 {
     C_HEADER + (r + 2 * (g + 1)) * rs
 }
 
-/// The attention steps' cycles on a tile with `rows` query rows.
+/// The attention steps' cycles on a tile with `rows` query rows, whose V
+/// buffer holds `hold_cb` column blocks of keys (a key chunk's, or the
+/// split's in one chunk).
 fn compute_cycles(
     b: &AttentionBlock,
     k: &mut AttentionKernels,
     rows: u32,
     key_blocks: &[(u32, u32)],
+    hold_cb: u32,
 ) -> (u64, Vec<u64>) {
     // The online, merge and final kernels work on O, v's width.
     let dq = b.dqv() as i64;
@@ -946,10 +949,10 @@ fn compute_cycles(
         .fill
         .1
         .eval(&[("N", 3), ("COUNT", items.div_ceil(6) as i64)]);
-    // V's ones column in the rows of the blocks (a step of its own).
+    // V's ones column in every row of V's buffer, once (a step of its own
+    // before the first chunk; later chunks leave the column in place).
     let ones = if b.ones {
-        let keys: u32 = key_blocks.iter().map(|&(c0, c1)| (c1 - c0) * 16).sum();
-        ones_cycles(&mut k.fill_rows.1, keys)
+        ones_cycles(&mut k.fill_rows.1, hold_cb * 16)
     } else {
         0
     };
@@ -1432,7 +1435,7 @@ pub fn plan(
                     let blockings = whole.into_iter().chain(chunked);
                     for (key_blocks, chunks, layout, r1) in blockings {
                         let (mut compute, per_step) =
-                            compute_cycles(block, kernels, rows, &key_blocks);
+                            compute_cycles(block, kernels, rows, &key_blocks, layout.split_cb);
                         // Every attention tile receives its split's K^T and V and
                         // its Q rows; with splits, a combine exchange and steps.
                         let keys = (split_cb * 16).min(block.sk) as u64;
@@ -2858,7 +2861,7 @@ fn lower_rows(
             let (c0, c1) = split_blocks[ks as usize][bi];
             let costs = tile_costs
                 .entry((rows, (c0, c1)))
-                .or_insert_with(|| compute_cycles(b, kernels, rows, &[(c0, c1)]).1);
+                .or_insert_with(|| compute_cycles(b, kernels, rows, &[(c0, c1)], hold_cb).1);
             // A causal block's rows see fewer of its keys than it holds
             // (none above the diagonal): each worker's rows cost what the
             // keys they see cost.
@@ -3079,7 +3082,7 @@ fn lower_rows(
             .map(|v| v[bi])
             .max_by_key(|c| (c.1 - c.0, (c.1 * 16).min(b.sk) - c.0 * 16))
             .expect("at least one split");
-        let (_, per_step) = compute_cycles(b, kernels, plan.rows, &[widest_block]);
+        let (_, per_step) = compute_cycles(b, kernels, plan.rows, &[widest_block], hold_cb);
         // per_step: [fill, scores, online, pv, merge, final].
         sg.estimated_cycles = per_step[1];
         on.estimated_cycles = per_step[2];
@@ -3193,7 +3196,7 @@ fn lower_rows(
         let q0 = qranges[qi as usize].0;
         let cycles = *final_costs
             .entry(rows)
-            .or_insert_with(|| compute_cycles(b, kernels, rows, &[]).1[1]);
+            .or_insert_with(|| compute_cycles(b, kernels, rows, &[], 0).1[1]);
         fin.charge_tile(tile, cycles);
         std::sync::Arc::make_mut(&mut fin.tiles).insert(
             tile,
@@ -3228,7 +3231,7 @@ fn lower_rows(
             });
         }
     }
-    let (_, per_step) = compute_cycles(b, kernels, plan.rows, &[]);
+    let (_, per_step) = compute_cycles(b, kernels, plan.rows, &[], 0);
     fin.estimated_cycles = per_step[1];
     steps.push(fin);
     exchange::schedule_pending(pending, &mut steps, &mut l.buffers)?;
@@ -3276,20 +3279,70 @@ mod tests {
     /// its column block costs the P V GEMM nothing (a head of 80: five
     /// blocks leave a worker idle) and never in f32; the online step's
     /// own sums where the block would cost (a head of 64).
+    /// A kernel's own `.cycles` formula, as the library gives it.
+    fn declared(source: &str, defines: &[(&str, i64)]) -> FormulaCost {
+        let mut opts = ipu_asm::Options::default();
+        for (k, v) in defines {
+            opts.defines.insert((*k).into(), *v);
+        }
+        let path = std::path::Path::new(&std::env::var("CARGO_MANIFEST_DIR").unwrap())
+            .join("../../device")
+            .join(source);
+        let assembly = ipu_asm::assemble_file(&path, &opts).unwrap_or_else(|e| panic!("{e}"));
+        FormulaCost::new(assembly.metadata.cycles.expect("a .cycles formula"))
+    }
+
+    /// The row layout's kernels of `b` with their declared formulas.
+    fn declared_kernels(b: &AttentionBlock) -> AttentionKernels {
+        let [gemm, online, merge, final_, fill, transpose, combine, fill_rows] = kernel_requests(b)
+            .map(|r| {
+                let defines: Vec<(&str, i64)> =
+                    r.params.iter().map(|(k, &v)| (k.as_str(), v)).collect();
+                let cost = declared(&r.source, &defines);
+                (r, cost)
+            });
+        AttentionKernels {
+            gemm,
+            online,
+            merge,
+            final_,
+            fill,
+            transpose,
+            combine,
+            fill_rows,
+            columns: None,
+        }
+    }
+
+    /// The step before the first key chunk writes V's ones column into
+    /// the rows V's buffer holds (one chunk's), however many keys the
+    /// split has: the planner's estimate of it once counted every key of
+    /// the split (4,096 keys in chunks of 512: about 4,200 cycles where
+    /// the step takes about 600).
+    #[test]
+    fn the_ones_step_estimate_counts_the_rows_v_holds() {
+        let mut b = test_block(2, 72, 4096);
+        b.ones = true;
+        let mut k = declared_kernels(&b);
+        let blocks = |n: u32| -> Vec<(u32, u32)> { (0..n).map(|i| (8 * i, 8 * i + 8)).collect() };
+        let prefix = |b: &AttentionBlock, k: &mut AttentionKernels, n: u32, hold_cb: u32| {
+            compute_cycles(b, k, 100, &blocks(n), hold_cb).1[0]
+        };
+        // A split of 32 key blocks in chunks of 4 holds 32 column blocks.
+        assert_eq!(prefix(&b, &mut k, 32, 32), prefix(&b, &mut k, 4, 32));
+        let ones = |k: &mut AttentionKernels, rows| ones_cycles(&mut k.fill_rows.1, rows);
+        assert_eq!(
+            prefix(&b, &mut k, 32, 32) - prefix(&b, &mut k, 32, 4),
+            ones(&mut k, 512) - ones(&mut k, 64)
+        );
+        assert!(ones(&mut k, 512) < ones(&mut k, 4096) / 4);
+        b.ones = false;
+        let mut k = declared_kernels(&b);
+        assert_eq!(prefix(&b, &mut k, 32, 32), prefix(&b, &mut k, 32, 4));
+    }
+
     #[test]
     fn ones_column_where_it_costs_the_p_v_gemm_nothing() {
-        // The kernels' own `.cycles` formulas, as the library gives them.
-        let declared = |source: &str, defines: &[(&str, i64)]| {
-            let mut opts = ipu_asm::Options::default();
-            for (k, v) in defines {
-                opts.defines.insert((*k).into(), *v);
-            }
-            let path = std::path::Path::new(&std::env::var("CARGO_MANIFEST_DIR").unwrap())
-                .join("../../device")
-                .join(source);
-            let assembly = ipu_asm::assemble_file(&path, &opts).unwrap_or_else(|e| panic!("{e}"));
-            FormulaCost::new(assembly.metadata.cycles.expect("a .cycles formula"))
-        };
         let mut gemm = declared("gemm_f16.S", &[("ACC", 32)]);
         let online = |ones| [("PV", 1), ("PT", 16), ("EXP", 16), ("ONES", ones)];
         let mut online_sums = declared("attention_online.S", &online(0));
