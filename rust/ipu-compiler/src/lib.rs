@@ -63,6 +63,8 @@ pub mod map_tiles;
 pub mod package;
 pub mod param_copies;
 pub mod plan;
+mod plan_attention;
+mod plan_gemms;
 pub mod rowwise;
 pub mod segment;
 pub mod storage;
@@ -1026,7 +1028,6 @@ fn plan_and_lower(
     } else {
         options
     };
-    let segment_attention_region0 = limits.attention_region0;
     // Plan every GEMM; each gets an equal share of region 1 so that all fit.
     let mut operation_reports: Vec<OperationReport> = Vec::new();
     // Kernel specialisations the library lacks and a plan would use.
@@ -1044,347 +1045,49 @@ fn plan_and_lower(
         Ok((groups, blocks))
     })?;
     // Whether each attention block's V carries a ones column decides its
-    // online and merge kernels, by their formulas and the P V GEMM's.
-    for b in blocks.iter_mut().filter(|b| !b.f32) {
-        let gemm = &attention::kernel_requests(b)[0];
-        let mut gemm = kernel_formula(library, gemm, attention::FORMULA_VARS[0])?;
-        let mut pair = |ones| -> Result<_, CompileError> {
-            let [online, merge] = attention::online_and_merge_requests(b, ones);
-            Ok((
-                kernel_formula(library, &online, attention::FORMULA_VARS[1])?,
-                kernel_formula(library, &merge, attention::FORMULA_VARS[2])?,
-            ))
-        };
-        let (mut online_sums, mut merge_sums) = pair(false)?;
-        let (mut online_ones, mut merge_ones) = pair(true)?;
-        b.ones = attention::ones_pays(
-            b,
-            &mut gemm,
-            (&mut online_sums, &mut merge_sums),
-            (&mut online_ones, &mut merge_ones),
-        );
-    }
-    // An attention block's kernels and formulas.
+    // online and merge kernels; then the first block's kernels and plans.
+    plan_attention::choose_ones_columns(library, &mut blocks)?;
     let mut attention_kernels = match blocks.first() {
-        Some(b) => {
-            let requests = attention::kernel_requests(b);
-            let mut f = Vec::new();
-            for (r, vars) in requests.iter().zip(attention::FORMULA_VARS) {
-                f.push((r.clone(), kernel_formula(library, r, vars)?));
-            }
-            let mut it = f.into_iter();
-            let mut next = || it.next().expect("eight kernels");
-            // The column layout's kernels, when the block can take that
-            // layout and the library has every one of them.
-            let columns = if attention_cols::applies(b) {
-                let mut c = Vec::new();
-                for (r, vars) in attention_cols::kernel_requests()
-                    .iter()
-                    .zip(attention_cols::FORMULA_VARS)
-                {
-                    match kernel_formula(library, r, vars) {
-                        Ok(formula) => c.push((r.clone(), formula)),
-                        Err(e) => {
-                            // A library that lacks one of these kernels
-                            // (a Bazel library once left out fill32) costs
-                            // the attention its faster layout, so the log
-                            // warns and the report names the kernel.
-                            let value = &graph.value(b.attention).name;
-                            tracing::warn!(value = %value, kernel = %r, error = %e, "the kernel library lacks a kernel of the column attention layout; planning without that layout");
-                            would_help.push(json!({
-                                "kernel": r.to_string(),
-                                "value": value,
-                                "why": "the column attention layout (keys as the GEMMs' streamed rows) needs it; without it the attention takes the row layout",
-                            }));
-                            break;
-                        }
-                    }
-                }
-                (c.len() == attention_cols::FORMULA_VARS.len()).then(|| {
-                    let mut it = c.into_iter();
-                    let mut next = || it.next().expect("eight kernels");
-                    attention_cols::ColumnKernels {
-                        gemm: next(),
-                        reduce: next(),
-                        colmax: next(),
-                        softmax: next(),
-                        final_: next(),
-                        fill_rows: next(),
-                        copy: next(),
-                        mask: next(),
-                    }
-                })
-            } else {
-                None
-            };
-            Some(attention::AttentionKernels {
-                gemm: next(),
-                online: next(),
-                merge: next(),
-                final_: next(),
-                fill: next(),
-                transpose: next(),
-                combine: next(),
-                fill_rows: next(),
-                columns,
-            })
-        }
+        Some(b) => Some(plan_attention::attention_kernels(
+            graph,
+            library,
+            b,
+            &mut would_help,
+        )?),
         None => None,
     };
     // An attention block runs on the projections' tiles, after them.
     let mut attention_plan: Option<attention::AttentionPlan> = None;
     let mut attention_candidates: Vec<attention::AttentionPlan> = Vec::new();
     if let (Some(b), Some(k)) = (blocks.first(), attention_kernels.as_mut()) {
-        phase("plan_attention", || {
-            let macs: u64 = groups
-                .iter()
-                .map(|g| {
-                    let node = graph.node(g.gemm);
-                    let (a, bt) = (graph.ty(node.args[0]), graph.ty(node.args[1]));
-                    a.shape.dims()[0] as u64 * a.shape.dims()[1] as u64 * bt.shape.dims()[1] as u64
-                })
-                .max()
-                .unwrap_or(0);
-            // A proxy for the projections, side by side on equal shares of
-            // the tiles: the AMP rate of their accumulation (f16 chains
-            // unless f32 is asked for) at the 72% efficiency measured for
-            // SigLIP-size projections (docs/compiler.md); the projections
-            // themselves are planned exactly once the attention candidate
-            // is chosen. It ranks nothing (every candidate gets the same).
-            let per_group = groups.len().max(1) as u64;
-            let rate = match options.accumulation {
-                Accumulation::F32 => ipu_arch::AMP_MACS_F16_F32,
-                _ => ipu_arch::AMP_MACS_F16_F16,
-            };
-            let proxy = (macs * per_group * 100).div_ceil(options.tiles as u64 * rate as u64 * 72);
-            // The column layout's key splits each combine a range of head
-            // columns, so every split's tile writes part of each output
-            // row. A segment's output goes on to the next segment through
-            // a join, whose exchange tables (in region 0, which segments
-            // do not share) grow with every piece: once a compile has
-            // overflowed region 0 (and `compile` cut the attention's share),
-            // split 0 combines whole rows instead (the ViT block fits at
-            // the first attempt, where the distributed combine saves it
-            // 11,100 of 465,281 cycles).
-            let distributed_combine = tile_count_override.is_none()
-                || segment_attention_region0 >= plan::STANDARD_BUDGET / 2;
-            // The attention leaves room in region 1 for region 0's
-            // overflow once `compile` has found that it needs some, and
-            // region 0 to what outlives it (a segment's joins' exchange
-            // tables; the homes of attention over inputs and the code of
-            // many rounds and key chunks): see `compile_from`, which cuts
-            // this budget when region 0 overflows. Both are at their
-            // defaults at the first attempt.
-            let region1_cap =
-                (ipu_arch::REGION1_END - ipu_arch::REGION1_BASE) as u64 - limits.region1_reserve;
-            let region0_cap = if tile_count_override.is_some()
-                || segment_attention_region0 < plan::STANDARD_BUDGET / 2
-            {
-                segment_attention_region0
-            } else {
-                u64::MAX
-            };
-            // Once region 0 has overflowed beside the first attempt's
-            // best plan, the other buffers' part of that overflow is the
-            // overflow less that plan's region 0 (planned again under the
-            // first attempt's limits, which these equal but for the
-            // reserve), and each candidate leaves region 1 what its own
-            // region 0 adds to it, within the reserve: a fixed reserve
-            // sized by the first plan's overflow took region 1 from
-            // plans that keep less region 0 (the f32 attention of 1,024
-            // tokens on 8 tiles). Only in a model of one segment, whose
-            // other buffers are the operands' homes: a segment's joins
-            // and neighbours change with every plan (512 tokens of 4
-            // heads, projected, on 8 tiles overflowed by 66,664 bytes
-            // more than its first plan said).
-            let region1 = (ipu_arch::REGION1_END - ipu_arch::REGION1_BASE) as u64;
-            let room = match limits.first_region0_overflow {
-                Some(over) if limits.region1_reserve > 0 && tile_count_override.is_none() => {
-                    attention::plan(
-                        b,
-                        options.tiles,
-                        k,
-                        proxy,
-                        distributed_combine,
-                        (region1, region0_cap),
-                        None,
-                    )
-                    .first()
-                    .map(|first| attention::OverflowRoom {
-                        others_excess: over as i64 - first.region0_bytes as i64
-                            + limits.overflow_slack as i64,
-                        reserve: limits.region1_reserve,
-                    })
-                }
-                _ => None,
-            };
-            attention_candidates = attention::plan(
+        attention_candidates = phase("plan_attention", || {
+            plan_attention::plan_attention(
+                graph,
+                options,
+                &groups,
                 b,
-                options.tiles,
                 k,
-                proxy,
-                distributed_combine,
-                (
-                    if room.is_some() { region1 } else { region1_cap },
-                    region0_cap,
-                ),
-                room,
-            );
-            // Both layouts compete on their estimates unless one is asked for.
-            if let Some(layout) = options.attention_layout {
-                attention_candidates.retain(|c| c.layout == layout);
-            }
-            // A forced layout the block cannot take is the options' fault:
-            // say which option, which value and why.
-            if options.attention_layout == Some(attention::AttentionLayout::Columns)
-                && k.columns.is_none()
-            {
-                let value = &graph.value(b.attention).name;
-                return Err(CompileError::Options {
-                    message: if attention_cols::applies(b) {
-                        format!("attention_layout=columns for `{value}`: the column layout needs the kernels colmax_f16 IN=32, softmax_cols IN=32, attention_cols_final, fill_rows, copy64 and fill32, which the kernel library lacks")
-                    } else {
-                        format!(
-                            "attention_layout=columns for `{value}`: the column layout takes f16 attention whose q, k and v heads have one size, a multiple of 4; `{value}` is {} {} with heads of {} (v: {}); the row layout (attention_layout=rows or auto) takes it",
-                            if b.causal { "causal" } else { "non-causal" },
-                            if b.f32 { "f32" } else { "f16" },
-                            b.d,
-                            b.dv
-                        )
-                    },
-                });
-            }
-            let Some(_) = attention_candidates.first() else {
-                let reason = if b.heads > options.tiles {
-                    format!(
-                        "{} heads over {} tiles run in rounds, and no round's query blocking fits a tile's memory with its query state, a chunk of its keys' K^T and V and the code of its steps ({} keys)",
-                        b.heads, options.tiles, b.sk
-                    )
-                } else {
-                    format!(
-                        "no query blocking of {} heads x {} queries over at most {} tiles fits a tile's memory with its query state, a chunk of its keys' K^T and V and the code of its steps, in {} rounds at most ({} keys)",
-                        b.heads,
-                        b.sq,
-                        options.tiles,
-                        attention::MAX_QUERY_ROUNDS,
-                        b.sk
-                    )
-                };
-                return Err(CompileError::NoFeasiblePlan {
-                    value: graph.value(b.attention).name.clone(),
-                    reason,
-                });
-            };
-            for (i, c) in attention_candidates
-                .iter()
-                .take(options.search.finalists)
-                .enumerate()
-            {
-                tracing::info!(
-                    finalist = i,
-                    value = %graph.value(b.attention).name,
-                    layout = ?c.layout,
-                    query_blocks = c.query_blocks,
-                    rows = c.rows,
-                    key_splits = c.key_splits.len(),
-                    key_blocks = c.key_blocks.len(),
-                    attention_tiles = c.tiles,
-                    estimated_cycles = c.total_cycles(),
-                    estimated_compute_cycles = c.compute_cycles,
-                    estimated_exchange_cycles = c.exchange_bound_cycles,
-                    estimated_projection_cycles = c.projection_cycles,
-                    peak_interleaved_bytes = c.region1_bytes,
-                    region0_bytes = c.region0_bytes,
-                    "retained attention-plan finalist"
-                );
-            }
-            Ok(())
+                tile_count_override,
+                limits,
+            )
         })?;
     }
     // Attention over host operands has no projections to plan: the
-    // operands' homes and the attention take the tiles
-    // (`attention::host_homes`), the best candidate as ranked.
+    // operands' homes and the attention take the tiles.
     if let Some(b) = blocks.first().filter(|b| b.host.is_some()) {
-        if let Some(g) = groups.first() {
-            return Err(CompileError::Unsupported {
-                value: graph.value(b.attention).name.clone(),
-                operation: "attention".into(),
-                reason: format!(
-                    "attention over inputs is lowered in a segment without GEMMs, and the GEMM `{}` shares its segment",
-                    graph.value(g.result()).name
-                ),
-            });
-        }
-        let c = attention_candidates
-            .first()
-            .cloned()
-            .expect("plan_attention refuses a block without candidates");
-        let tile_count = tile_count_override.unwrap_or(c.tiles);
-        tracing::info!(
-            layout = ?c.layout,
-            query_blocks = c.query_blocks,
-            key_splits = c.key_splits.len(),
-            attention_tiles = c.tiles,
-            rounds = c.rounds,
-            compact = c.compact,
-            "attention plan chosen (operands from host inputs)"
-        );
         let kernels = attention_kernels
             .as_mut()
             .expect("an attention block has its kernels");
-        let lowered = phase("lower", || {
-            let mut buffers: BTreeMap<u32, Vec<lower::BufferSpec>> =
-                (0..tile_count).map(|t| (t, Vec::new())).collect();
-            let mut tensors = lower::HostTensors::default();
-            // In a model of one segment the host writes what the layout
-            // transposes (Q and V, or K) transposed, so no step transposes
-            // it; a segment's inputs arrive by its join, which moves them
-            // as placed, so there they are transposed on their homes.
-            let transposed_roles = match (tile_count_override, c.layout) {
-                (None, attention::AttentionLayout::Columns) => [true, false, true],
-                (None, attention::AttentionLayout::Rows) if b.staged() => [true; 3],
-                (None, attention::AttentionLayout::Rows) => [false, true, false],
-                (Some(_), _) => [false; 3],
-            };
-            let (homes, transposed) = attention::host_homes(
-                graph,
-                b,
-                tile_count,
-                transposed_roles,
-                &mut buffers,
-                &mut tensors,
-            )?;
-            let mut l =
-                lower::Lowered::two_calls(graph, tile_count, buffers, (vec![], vec![]), tensors);
-            l.group_results = homes;
-            l.transposed_host = transposed;
-            attention::lower(
-                graph,
-                b,
-                &c,
-                kernels,
-                &mut l,
-                0,
-                tile_count_override.is_none(),
-            )?;
-            verifier("lower", lower::verify(&l))?;
-            Ok(l)
-        })?;
-        return Ok(SegmentLowered {
-            loop_body: None,
-            lowered,
-            tile_count,
-            operation_reports,
-            would_help,
-            chain_choice: None,
-            attention: Some(attention_report(
-                graph,
-                b,
-                &c,
-                &attention_candidates,
-                options,
-            )),
-        });
+        return lower_host_attention(
+            graph,
+            options,
+            &groups,
+            b,
+            kernels,
+            &attention_candidates,
+            tile_count_override,
+            (operation_reports, would_help),
+        );
     }
     // A chain (a GEMM reading an earlier group's result) is planned jointly:
     // one row partition, whole rows per tile, so no data crosses tiles.
@@ -1430,1037 +1133,58 @@ fn plan_and_lower(
     } else {
         options.tiles
     };
+    let cx = plan_gemms::GemmContext {
+        graph,
+        options,
+        groups: &groups,
+        blocks: &blocks,
+        tile_count_override,
+        limits,
+        requantised,
+        device_inputs,
+        sole_block_segment,
+        weights_joined,
+        weights_moved,
+        weight_caps,
+        region1,
+        share,
+        group_tiles,
+        shares_tiles,
+        shared_projections,
+        chained,
+    };
     let mut planned: Vec<PlannedGemm> = Vec::new();
     // Per group: whether its A operand arrives by an exchange step.
     let mut a_by_exchange = vec![false; groups.len()];
     let mut chain_choice: Option<serde_json::Value> = None;
     phase("plan", || {
-        for group in &groups {
-            let node = graph.node(group.gemm);
-            let (a, b) = (graph.ty(node.args[0]), graph.ty(node.args[1]));
-            let result = graph.value(node.result);
-            let k = a.shape.dims()[1] as u32;
-            let f32_result = lower::gemm_acc32(result.ty.dtype);
-            let fp8_scale = match (a.dtype, b.dtype) {
-                (
-                    ipu_graph::DType::Fp8 { scale_log2: sa },
-                    ipu_graph::DType::Fp8 { scale_log2: sb },
-                ) => Some(sa as i32 + sb as i32),
-                _ => None,
-            };
-            // f32 operands (the graph gives them an f32 result) multiply
-            // on `gemm_f32`, accumulating in f32 whatever the option says.
-            let f32_operands = a.dtype == ipu_graph::DType::F32;
-            if fp8_scale.is_some() && f32_result {
-                return Err(CompileError::Unsupported {
-                    value: result.name.clone(),
-                    operation: "gemm".into(),
-                    reason: "an fp8 GEMM accumulates in f16 on the AMP, and operands with scales outside -14..=8 cannot be widened to f16 (`widen`); an f32 result of it is not lowered".into(),
-                });
-            }
-            // How this GEMM accumulates (see [`Accumulation`]).
-            let projection = blocks
-                .iter()
-                .any(|b| [b.q, b.k, b.v].iter().any(|&g| groups[g].gemm == group.gemm));
-            // In the GEMM's own K blocks (32 products for fp8: the same
-            // 256-product chains in half as many blocks).
-            let k_block = gemm::k_block(fp8_scale.is_some());
-            let chain_blocks = f16_chain_blocks(k) * 16 / k_block;
-            let chains_possible = !f32_result
-                && chain_blocks * k_block >= F16_CHAIN_MIN_BLOCKS * 16
-                && k.div_ceil(k_block) <= ipu_arch::WORKER_CONTEXTS * chain_blocks;
-            // A result that is re-quantised to fp8 (through its bias and
-            // GELU) turns any difference from the reference's exactly
-            // rounded value into a whole fp8 step where it sits near a
-            // rounding boundary: short sums, which Auto would keep in one
-            // f16 chain, accumulate in f32 for it (random fp8 MLPs with
-            // hidden widths of 35 to 114 flipped activations so; see
-            // `COARSE_GELU_MIN_READER_K` for its GELU).
-            let requantised_value = requantised.contains(&graph.value(group.result()).name);
-            let requantised_result = fp8_scale.is_none() && requantised_value;
-            let mode = match options.accumulation {
-                _ if f32_operands => AccumulationMode::F32,
-                Accumulation::F16 => AccumulationMode::F16,
-                Accumulation::F32 => AccumulationMode::F32,
-                Accumulation::Auto if requantised_result && k <= F16_ACCUMULATION_MAX_K => {
-                    AccumulationMode::F32
-                }
-                Accumulation::Auto if k <= F16_ACCUMULATION_MAX_K => AccumulationMode::F16,
-                Accumulation::Auto if chains_possible => AccumulationMode::F16Chains,
-                Accumulation::Auto => AccumulationMode::F32,
-            };
-            let a_param = graph.value(node.args[0]).def == ipu_graph::ValueDef::Param;
-            // K^T (row layout), Q^T and V^T (column layout) move as runs of
-            // keys or queries in 4-byte words.
-            let row_align = if projection { 2 } else { 1 };
-            let mut setup = |mode: AccumulationMode| -> Result<_, CompileError> {
-                let f16_accumulation = mode != AccumulationMode::F32;
-                let chains = mode == AccumulationMode::F16Chains;
-                // An f16-accumulated GEMM (an fp8 one always is) with an
-                // epilogue, a GEMM consumer or an attention block reading
-                // it sums its f16 partials in the reduce step (IN=16), and
-                // so does one whose K is cut into bounded f16 chains.
-                // Unbounded f16 projections of an attention block keep
-                // their single chain without a reduce step.
-                let reduce_f16 = !f32_result
-                    && (chains
-                        || (group.needs_reduce_step()
-                            && (fp8_scale.is_some() || (f16_accumulation && blocks.is_empty()))));
-                let acc32 = fp8_scale.is_none()
-                    && !reduce_f16
-                    && (f32_result || group.needs_reduce_step() || !f16_accumulation);
-                let geometry = GemmGeometry {
-                    m: a.shape.dims()[0] as u32,
-                    k,
-                    n: b.shape.dims()[1] as u32,
-                    acc32,
-                    f16_result: !f32_result,
-                    row_align,
-                    fp8_scale,
-                    f32_operands,
-                    reduce_f16,
-                    max_chain_blocks: if chains { chain_blocks } else { u32::MAX },
-                    f32_reduce_step: f32_result && group.needs_reduce_step(),
-                };
-                let request = if fp8_scale.is_some() {
-                    gemm_fp8_kernel()
-                } else if f32_operands {
-                    gemm_f32_kernel()
-                } else {
-                    gemm_kernel(geometry.acc32)
-                };
-                let reduce_request = if geometry.reduce_f16 {
-                    // A result re-quantised to fp8 takes the f16 GELU
-                    // like one that feeds a GEMM (fp8 SigLIP MLP: its
-                    // producer's reduce step 23,892 -> 7,644 estimated
-                    // cycles; max error 0.052 against atol 0.078), when
-                    // the reading GEMM's sums are long enough
-                    // ([`COARSE_GELU_MIN_READER_K`]).
-                    let coarse_reader = (group.feeds_gemm || requantised_value)
-                        && geometry.n >= COARSE_GELU_MIN_READER_K;
-                    Some(reduce_request_f16_partials(library, group.epilogue(), coarse_reader))
-                } else {
-                    geometry
-                        .acc32
-                        .then(|| reduce_kernel(geometry.f16_result, group.epilogue()))
-                };
-                // The exchange moves whole words, so an input whose rows
-                // are not (K = 31 f16) is written by the host to every copy
-                // instead (`segment::join`): no copy step to weigh.
-                let rows_are_words = |elements: u32| (elements as u64 * geometry.operand_bytes() as u64).is_multiple_of(4);
-                let cost = gemm::GemmCosts {
-                    gemm: kernel_formula(library, &request, &["M", "NCB", "NKB"])?,
-                    reduce: match &reduce_request {
-                        Some(r) => Some(kernel_formula(library, r, &["ROWS", "QUADS", "P"])?),
-                        None => None,
-                    },
-                    memory_budget: share,
-                    owns_a: matches!(group.a, fuse::Source::Host(_)),
-                    // A model of one segment weighs the copy of A, and so
-                    // does a segment of one GEMM (its A comes from the
-                    // previous segment's tiles by the join, for example
-                    // after a cast to fp8: replicated over the column
-                    // parts' tiles for a whole-K plan, or once into the
-                    // homes of a streamed one), and so does every GEMM of a
-                    // segment whose join moves its weights from their homes
-                    // too (`weights_joined`, `b_joined`): the plans weigh
-                    // both (ViT block 400,175 -> 363,647 simulated cycles).
-                    // Other segments' GEMMs weigh neither: weighing A
-                    // alone, without the weights the join moves beside it,
-                    // made the ViT block slower (449,111 -> 472,353).
-                    a_copied: matches!(group.a, fuse::Source::Host(_))
-                        && !a_param
-                        && rows_are_words(geometry.k)
-                        && if tile_count_override.is_none() {
-                            options.host_inputs == HostInputs::Once
-                        } else {
-                            (groups.len() == 1 && blocks.is_empty()) || weights_joined
-                        },
-                    a_joined: tile_count_override.is_some(),
-                    a_from_segment: matches!(group.a, fuse::Source::Host(a) if device_inputs.contains(&graph.value(a).name)),
-                    a_copy_shared: false,
-                    copy_bound: None,
-                    b_joined: weights_moved,
-                    b_cap: weight_caps.and_then(|caps| caps.get(&graph.value(group.b).name).copied()),
-                    // The same for a B that is a host input.
-                    b_copied: graph.value(group.b).def == ipu_graph::ValueDef::Input
-                        && tile_count_override.is_none()
-                        && options.host_inputs == HostInputs::Once
-                        && rows_are_words(geometry.n),
-                    transpose: None,
-                    feeds_gemm: group.feeds_gemm,
-                    persistent_budget: None,
-                    a_persistent: geometry.kp() != geometry.k || a_param,
-                    joint: None,
-                    reduce_row_align: 1,
-                    whole_elements: shares_tiles,
-                };
-                Ok((geometry, (request, reduce_request), cost))
-            };
-            // Bounded f16 chains need the library's f16-partials reduce; a
-            // library without it (or a plan search that finds no split
-            // with enough K groups, below) falls back to f32 accumulation.
-            let (geometry, (request, reduce_request), cost, fallback) = match mode {
-                AccumulationMode::F16Chains => match setup(mode) {
-                    Ok((g, r, c)) => (g, r, c, Some(setup(AccumulationMode::F32)?)),
-                    Err(_) => {
-                        let (g, r, c) = setup(AccumulationMode::F32)?;
-                        (g, r, c, None)
-                    }
-                },
-                _ => {
-                    let (g, r, c) = setup(mode)?;
-                    (g, r, c, None)
-                }
-            };
-            // A streamed plan cuts K into K parts, each one f16 chain
-            // whose partials the reduce-scatter sums in f32: with four or
-            // more, the margin against the tolerance is that of bounded
-            // chains (5 sqrt(K / k) >= 10), so Auto may stream in f16.
-            let streamed_f16 = (options.accumulation == Accumulation::Auto
-                && mode == AccumulationMode::F32
-                && fp8_scale.is_none()
-                && !f32_result)
-            .then(|| setup(AccumulationMode::F16).ok())
-            .flatten();
-            planned.push((geometry, (request, reduce_request), cost, result.name.clone(), fallback, streamed_f16));
-        }
+        planned = plan_gemms::setups(&cx, library)?;
         // Whether a chain's GEMMs were also planned sharing all of region 1
         // (plan_joint_chain), for the error when nothing fits.
         let mut joint_tried = false;
-        let fronts: Vec<(Vec<plan::GemmPlan>, usize)> = if chained {
-            let m = planned[0].0.m;
-            if let Some(p) = planned.iter().find(|p| p.0.m != m) {
-                return Err(CompileError::Unsupported {
-                    value: p.3.clone(),
-                    operation: "gemm".into(),
-                    reason: format!("a model with a GEMM chain must have one row count; this GEMM has {} rows, the first {m}", p.0.m),
-                });
-            }
-            // The setups the shared-rows search plans with. The other
-            // candidates below change them (the consumers own their A, a
-            // GEMM may fall back to f32, a streamed consumer and its
-            // producer take all of region 1 or a joint layout), and
-            // `lower` derives every shard's worker split again from its
-            // GEMM's setup: when the shared rows win, these go back, or
-            // lowering would lay out other splits than the plans counted
-            // (a 64 x 48 -> 240 -> 147 MLP on one tile planned its
-            // consumer's C buffers with one K group in half of region 1
-            // and lowered them with three in all of it, 535,056 bytes).
-            let shared_setups: Vec<PlannedGemm> = planned.clone();
-            let mut items: Vec<(GemmGeometry, &mut gemm::GemmCosts)> =
-                planned.iter_mut().map(|p| (p.0, &mut p.2)).collect();
-            let shared = plan::search_chain(&mut items, options.tiles, &options.search);
-            let shared_cycles: Option<u64> = shared
-                .iter()
-                .map(|f| f.0.first().map(|p| p.estimate.compute_cycles))
-                .sum();
-            // The other candidate: every GEMM with its own plan, the
-            // intermediate handed over by an exchange step.
-            let consumers: Vec<bool> =
-                groups.iter().map(|g| matches!(g.a, fuse::Source::Group(_))).collect();
-            let producers: Vec<Option<usize>> = groups
-                .iter()
-                .map(|g| match g.a {
-                    fuse::Source::Group(p) => Some(p),
-                    fuse::Source::Host(_) => None,
-                })
-                .collect();
-            for (p, &c) in planned.iter_mut().zip(&consumers) {
-                p.2.owns_a |= c;
-            }
-            let geometries: Vec<GemmGeometry> = planned.iter().map(|p| p.0).collect();
-            // The bounded-f16-chain setups of GEMMs that have an f32
-            // fallback, kept in case a fallback below is undone.
-            let chain_setups: Vec<Option<GemmSetup>> = planned
-                .iter()
-                .map(|p| p.4.as_ref().map(|_| (p.0, p.1.clone(), p.2.clone())))
-                .collect();
-            let mut own: Vec<(Vec<plan::GemmPlan>, usize)> = planned
-                .iter_mut()
-                .map(|p| {
-                    let front = plan::search(&p.0, options.tiles, &mut p.2, &options.search);
-                    if front.0.is_empty() && use_f32_fallback(p) {
-                        return plan::search(&p.0, options.tiles, &mut p.2, &options.search);
-                    }
-                    front
-                })
-                .collect();
-            // A consumer owns its A buffer (memory) but the host never writes it.
-            for (front, &c) in own.iter_mut().zip(&consumers) {
-                for p in front.0.iter_mut().filter(|_| c) {
-                    p.estimate.total_cycles -= p.estimate.host_in_cycles;
-                    p.estimate.host_in_cycles = 0;
-                }
-            }
-            // A two-GEMM chain whose consumer fits no whole-K plan streams
-            // the consumer's K (crate::stream) with its A chunks taken from
-            // the producer's result tiles; the producer then plans in the
-            // region-1 memory the streamed plan leaves.
-            let mut streamed_chain = false;
-            if groups.len() == 2 && producers[1] == Some(0) && own[1].0.is_empty() {
-                planned[1].2.memory_budget = region1;
-                let bias = groups[1].bias.is_some();
-                let g1 = planned[1].0;
-                let streamed = stream::search(
-                    &g1,
-                    options.tiles,
-                    (false, bias),
-                    1,
-                    &mut planned[1].2,
-                    &options.search,
-                );
-                // Under Auto an f32 consumer may also stream in f16 with at
-                // least four K parts (`streamed_f16` above).
-                let streamed_f16 = planned[1].5.as_mut().map(|setup| {
-                    setup.2.memory_budget = region1;
-                    let g = setup.0;
-                    stream::search(&g, options.tiles, (false, bias), 4, &mut setup.2, &options.search)
-                });
-                let fronts: Vec<(bool, &(Vec<plan::GemmPlan>, usize))> =
-                    std::iter::once((false, &streamed)).chain(streamed_f16.iter().map(|f| (true, f))).collect();
-                let generated: usize = fronts.iter().map(|f| f.1 .1).sum();
-                // Every streamed plan (the Pareto front trades cycles for
-                // memory in order) is paired with the producer's best plan
-                // beside it (the joint region-1 layout, GemmCosts::joint);
-                // the pair with the fewest cycles wins. The producer planned in half of region 1
-                // above: if its bounded f16 chains did not fit there it
-                // fell back to f32, but in what a streamed consumer leaves
-                // they may fit, at twice the AMP rate (the SigLIP MLP's
-                // producer: 116,778 cycles in f32, 77,196 in chains).
-                let producer_chains = chain_setups[0].clone().filter(|_| planned[0].4.is_none()).map(
-                    |(g, r, mut c)| {
-                        c.feeds_gemm = false;
-                        (g, r, c)
-                    },
-                );
-                // The consumer receives the producer's result by exchange:
-                // it stays in standard memory (lower::PlannedGemm::result_in_place).
-                planned[0].2.feeds_gemm = false;
-                // The producer may stream too, K split over tiles and its
-                // partials reduce-scattered into row pieces that the
-                // consumer's chunk steps gather: no tile then holds whole
-                // rows of A (a host input is not copied to every column
-                // part), at the cost of the reduce-scatter. Its setup is
-                // the bounded-chain one when there is one (each K part is
-                // one f16 chain: at least four parts, as for a single
-                // GEMM), else its own; plans with one K part leave their
-                // result in the C buffers, which no consumer reads.
-                let stream_setup: Option<GemmSetup> = if planned[0].4.is_some() {
-                    Some((planned[0].0, planned[0].1.clone(), planned[0].2.clone()))
-                } else {
-                    producer_chains
-                        .clone()
-                        .or_else(|| Some((planned[0].0, planned[0].1.clone(), planned[0].2.clone())))
-                }
-                // In a segment its plans do not see the other segments'
-                // weights beside it: `compile` retries without when region
-                // 1 overflows. (Its C buffers need no zeros at load, with
-                // the segment's fill kernel, so they live only while the
-                // segment runs.)
-                .filter(|_| {
-                    matches!(groups[0].a, fuse::Source::Host(_))
-                        && (tile_count_override.is_none() || limits.streamed_producers)
-                });
-                let mut stream_setup = stream_setup.map(|(g, r, mut c)| {
-                    c.memory_budget = region1;
-                    c.joint = None;
-                    (g, r, c)
-                });
-                let producer_bias = groups[0].bias.is_some();
-                // Plans with one K part leave their result in the C buffers.
-                let split_k = |front: (Vec<plan::GemmPlan>, usize)| {
-                    let plans: Vec<plan::GemmPlan> =
-                        front.0.into_iter().filter(|p| p.stream.is_some_and(|s| s.k_parts > 1)).collect();
-                    (plans, front.1)
-                };
-                // Alone, its fastest plan bounds what it can do beside any
-                // consumer plan: the search beside one runs only when that
-                // bound could win.
-                let producer_alone = stream_setup.as_mut().map(|(g, _, c)| {
-                    split_k(stream::search(g, options.tiles, (true, producer_bias), stream_min_k_parts(g, true), c, &options.search))
-                });
-                let producer_bound = producer_alone.as_ref().and_then(|f| f.0.first()).map(|p| p.estimate.compute_cycles);
-                let mut producer_streamed: BTreeMap<stream::Beside, PlanFront> = BTreeMap::new();
-                // (cycles, (f16 consumer, streamed index), producer front,
-                // chains, the consumer's region 1 as the producer sees it,
-                // the streamed producer plan chosen, if any)
-                type Joint = (u64, u64, u64);
-                type Pairing = (u64, (bool, usize), (Vec<plan::GemmPlan>, usize), bool, Joint, Option<stream::Beside>);
-                let mut best: Option<Pairing> = None;
-                let candidates = fronts.iter().flat_map(|(f16, front)| {
-                    front.0.iter().enumerate().map(move |(i, c)| ((*f16, i), c))
-                });
-                // The producer's best plan beside each consumer footprint
-                // (few distinct ones: often repeated).
-                let mut producer_beside: BTreeMap<Joint, ((Vec<plan::GemmPlan>, usize), bool)> = BTreeMap::new();
-                let mut chain_costs = producer_chains.as_ref().map(|c| c.2.clone());
-                for (index, candidate) in candidates {
-                    // The producer's buffers beside this plan's, laid out
-                    // together as storage::place does.
-                    let joint = candidate.stream.map_or((0, 0, 0), |s| s.joint_r1);
-                    let (producer, chains) = producer_beside
-                        .entry(joint)
-                        .or_insert_with(|| {
-                            let joint = Some(joint);
-                            planned[0].2.memory_budget = region1;
-                            planned[0].2.joint = joint;
-                            let g0 = planned[0].0;
-                            let mut producer =
-                                plan::search(&g0, options.tiles, &mut planned[0].2, &options.search);
-                            let mut chains = false;
-                            if let (Some((geometry, _, _)), Some(costs)) = (&producer_chains, chain_costs.as_mut()) {
-                                costs.memory_budget = region1;
-                                costs.joint = joint;
-                                let front = plan::search(geometry, options.tiles, costs, &options.search);
-                                let faster = |p: &plan::GemmPlan| {
-                                    producer.0.first().is_none_or(|q| p.estimate.compute_cycles < q.estimate.compute_cycles)
-                                };
-                                if front.0.first().is_some_and(faster) {
-                                    producer = front;
-                                    chains = true;
-                                }
-                            }
-                            (producer, chains)
-                        })
-                        .clone();
-                    // The fastest streamed producer plan that fits beside
-                    // this consumer plan (fronts are in cycle order).
-                    let whole_k = producer.0.first().map(|p| p.estimate.compute_cycles);
-                    let beside = stream::Beside {
-                        joint_r1: joint,
-                        standard: candidate.estimate.peak_standard_bytes,
-                    };
-                    let could_win = producer_bound.is_some_and(|b| {
-                        whole_k.is_none_or(|w| b < w)
-                            && best.as_ref().is_none_or(|x| b + candidate.estimate.compute_cycles < x.0)
-                    });
-                    let streamed_producer = match (could_win, stream_setup.as_mut()) {
-                        (true, Some((g, _, c))) => producer_streamed
-                            .entry(beside)
-                            .or_insert_with(|| {
-                                split_k(stream::search_fit(
-                                    g,
-                                    options.tiles,
-                                    (true, producer_bias),
-                                    stream_min_k_parts(g, true),
-                                    stream::Fit::Beside(beside),
-                                    c,
-                                    &options.search,
-                                ))
-                            })
-                            .0
-                            .first()
-                            .map(|p| p.estimate.compute_cycles),
-                        _ => None,
-                    };
-                    let (producer_cycles, streamed_beside) = match (whole_k, streamed_producer) {
-                        (Some(w), Some(s)) if s < w => (s, Some(beside)),
-                        (Some(w), _) => (w, None),
-                        (None, Some(s)) => (s, Some(beside)),
-                        (None, None) => continue,
-                    };
-                    let total = producer_cycles + candidate.estimate.compute_cycles;
-                    if best.as_ref().is_none_or(|b| total < b.0) {
-                        best = Some((total, index, producer, chains, joint, streamed_beside));
-                    }
-                }
-                if let Some((_, (f16, index), mut producer, mut chains, joint, streamed_beside)) = best {
-                    if let (Some(beside), Some(setup)) = (streamed_beside, stream_setup) {
-                        // The streamed producer replaces the whole-K front
-                        // (its setup and plans).
-                        let (front, generated) = producer_streamed.remove(&beside).expect("searched beside this plan");
-                        let streamed_costs = setup.2.clone();
-                        let was_chain_setup = planned[0].4.is_none() && producer_chains.is_some();
-                        if was_chain_setup {
-                            // The f32 setup stays the fallback, as for chains.
-                            let (g, r, c) = setup;
-                            let f32_costs = std::mem::replace(&mut planned[0].2, c);
-                            planned[0].4 = Some((planned[0].0, planned[0].1.clone(), f32_costs));
-                            planned[0].0 = g;
-                            planned[0].1 = r;
-                        } else {
-                            planned[0].2 = streamed_costs;
-                        }
-                        producer = (front, generated);
-                        chains = false;
-                        tracing::info!(
-                            value = %planned[0].3,
-                            k_parts = producer.0[0].stream.map_or(1, |s| s.k_parts),
-                            "the producer streams K split over tiles; the consumer gathers its row pieces"
-                        );
-                    }
-                    let mut front = fronts[usize::from(f16)].1 .0.clone();
-                    if f16 {
-                        let (geometry, requests, costs) =
-                            planned[1].5.take().expect("an f16 front comes from its setup");
-                        planned[1].0 = geometry;
-                        planned[1].1 = requests;
-                        planned[1].2 = costs;
-                        tracing::info!(
-                            value = %planned[1].3,
-                            "the streamed consumer accumulates in f16, one chain per K part"
-                        );
-                    }
-                    if let (true, Some((geometry, requests, mut costs))) = (chains, producer_chains) {
-                        costs.memory_budget = region1;
-                        costs.joint = Some(joint);
-                        let f32_costs = std::mem::replace(&mut planned[0].2, costs);
-                        let f32_setup = (planned[0].0, planned[0].1.clone(), f32_costs);
-                        planned[0].0 = geometry;
-                        planned[0].1 = requests;
-                        planned[0].4 = Some(f32_setup);
-                        tracing::info!(
-                            value = %planned[0].3,
-                            "the producer takes bounded f16 chains in what the streamed consumer leaves"
-                        );
-                    } else if streamed_beside.is_none() {
-                        planned[0].2.memory_budget = region1;
-                        planned[0].2.joint = Some(joint);
-                    }
-                    tracing::info!(
-                        consumer = %planned[1].3,
-                        streamed_candidates = generated,
-                        streamed_front_index = index,
-                        consumer_exclusive_bytes = joint.0,
-                        consumer_persistent_bytes = joint.1,
-                        consumer_phase_bytes = joint.2,
-                        producer_plans = producer.0.len(),
-                        "chain: the consumer streams K; the producer plans in what is left"
-                    );
-                    let chosen = front.remove(index);
-                    front.insert(0, chosen);
-                    own = vec![producer, (front, generated)];
-                    streamed_chain = true;
-                }
-                if !streamed_chain {
-                    tracing::info!(
-                        consumer = %planned[1].3,
-                        streamed_candidates = streamed.1,
-                        streamed_plans = streamed.0.len(),
-                        "chain: no streamed plan of the consumer leaves the producer a plan"
-                    );
-                }
-            }
-            let exchanged = if streamed_chain {
-                let total = own.iter().map(|f| f.0[0].estimate.compute_cycles).sum();
-                Some((total, vec![0, 0]))
-            } else {
-                plan_exchanged_chain(&geometries, &producers, &own)?
-            };
-            let use_exchange = match (&exchanged, shared_cycles) {
-                (Some(x), Some(s)) => x.0 < s,
-                (Some(_), None) => true,
-                (None, _) => false,
-            };
-            // A streamed pairing competes as the exchange candidate: the
-            // shared rows may still be faster, and then they are chosen.
-            let chosen = match (use_exchange, streamed_chain) {
-                (true, true) => "streamed",
-                (true, false) => "exchange",
-                (false, _) => "shared_rows",
-            };
-            chain_choice = Some(json!({
-                "shared_rows_estimated_cycles": shared_cycles,
-                "exchange_estimated_cycles": exchanged.as_ref().map(|x| x.0),
-                "chosen": chosen,
-            }));
-            tracing::info!(
-                shared_rows_estimated_cycles = shared_cycles.unwrap_or(0),
-                exchange_estimated_cycles = exchanged.as_ref().map_or(0, |x| x.0),
-                chosen,
-                "chain hand-off candidates"
-            );
-            // Neither candidate found plans with each GEMM in an equal
-            // share of region 1 (nor a streamed consumer): the chain then
-            // shares region 1 by what each GEMM needs (plan_joint_chain).
-            let joint = if exchanged.is_none() && shared_cycles.is_none() && groups.len() >= 2 {
-                joint_tried = true;
-                plan_joint_chain(&shared_setups, &producers, options.tiles, &options.search)?
-            } else {
-                None
-            };
-            if let Some(j) = joint {
-                let chosen = if j.exchange { "exchange" } else { "shared_rows" };
-                chain_choice = Some(json!({
-                    "shared_rows_estimated_cycles": (!j.exchange).then_some(j.cycles),
-                    "exchange_estimated_cycles": j.exchange.then_some(j.cycles),
-                    "chosen": chosen,
-                    "region1": "joint",
-                }));
-                tracing::info!(
-                    estimated_cycles = j.cycles,
-                    candidates = j.candidates,
-                    chosen,
-                    "chain: no plans in equal shares of region 1; the GEMMs share it by what each needs"
-                );
-                planned = j.planned;
-                let candidates = j.candidates;
-                let fronts = j
-                    .plans
-                    .into_iter()
-                    .zip(&consumers)
-                    .map(|(mut p, &consumer)| {
-                        if j.exchange && consumer {
-                            // A consumer owns its A buffer but the host
-                            // never writes it.
-                            p.estimate.total_cycles -= p.estimate.host_in_cycles;
-                            p.estimate.host_in_cycles = 0;
-                        }
-                        (vec![p], candidates)
-                    })
-                    .collect();
-                if j.exchange {
-                    a_by_exchange = consumers;
-                }
-                fronts
-            } else if let (true, Some((_, choice))) = (use_exchange, exchanged) {
-                a_by_exchange = consumers;
-                own.into_iter()
-                    .zip(choice)
-                    .map(|((mut front, n), i)| {
-                        // The chosen plan goes first; the rest keep their order.
-                        let chosen = front.remove(i);
-                        front.insert(0, chosen);
-                        // Its A operand comes from other tiles, not the host.
-                        (front, n)
-                    })
-                    .collect()
-            } else {
-                planned = shared_setups;
-                for (p, &c) in planned.iter_mut().zip(&consumers) {
-                    p.2.owns_a &= !c;
-                }
-                shared
-            }
+        let fronts = if chained {
+            plan_gemms::chain_fronts(
+                &cx,
+                &mut planned,
+                &mut a_by_exchange,
+                &mut chain_choice,
+                &mut joint_tried,
+            )?
         } else if let Some(b) = blocks.first() {
-            // The best attention candidate whose remaining tiles fit every
-            // projection (the proxy that ranked them knows no memory).
-            // The projections run first, side by side on shares of the
-            // tiles that make the slowest fastest; the attention then uses the same tiles, its buffers
-            // sharing memory with the projections' scratch (phases), so the
-            // projections' persistent buffers get what the attention leaves.
-            let mut chosen = None;
-            let element = ipu_arch::INTERLEAVED_ELEMENT_BYTES as u64;
-            // With bounded f16 chains first; if no candidate leaves the
-            // projections a plan, again with their f32 fallbacks.
-            for attempt in 0..2 {
-                if attempt == 1 {
-                    // Every projection falls back (no short circuit).
-                    let fell_back = planned.iter_mut().filter_map(|p| use_f32_fallback(p).then_some(())).count();
-                    if fell_back == 0 {
-                        break;
-                    }
-                }
-                // The column layout takes the Q and V results transposed
-                // from their reduce steps (TR=1, below), slower than TR=0:
-                // those projections are planned with its formula.
-                let own_reduce: Vec<Option<gemm::FormulaCost>> =
-                    planned.iter().map(|p| p.2.reduce.clone()).collect();
-                let transpose_formula = attention_kernels.as_ref().map(|k| k.transpose.1.clone());
-                let mut transposed_reduce: Vec<Option<gemm::FormulaCost>> = vec![None; planned.len()];
-                for g in [b.q, b.v] {
-                    if let Some(tr) = planned[g].1 .1.as_ref().and_then(transposed_reduce_request) {
-                        transposed_reduce[g] = kernel_formula(library, &tr, &["ROWS", "QUADS", "P"]).ok();
-                    }
-                }
-                for c in &attention_candidates {
-                    let left = region1.saturating_sub(c.region1_bytes) / element * element;
-                    // Projections sharing the tiles each get a share of
-                    // what the attention leaves.
-                    let left = if shared_projections {
-                        left / planned.len() as u64 / element * element
-                    } else {
-                        left
-                    };
-                    for (g, p) in planned.iter_mut().enumerate() {
-                        p.2.persistent_budget = Some(left);
-                        (p.2.reduce, p.2.reduce_row_align) = match (&c.layout, &transposed_reduce[g]) {
-                            (attention::AttentionLayout::Columns, Some(f)) => {
-                                (Some(f.clone()), TRANSPOSED_REDUCE_ROW_ALIGN)
-                            }
-                            _ => (own_reduce[g].clone(), 1),
-                        };
-                        // Q and V in the column layout without a
-                        // transposed reduce are transposed on their tiles
-                        // (attention_cols::lower), and so is K in the row
-                        // layout (K^T, attention::lower), and Q and V too
-                        // there when odd heads are staged: whole-K plans and
-                        // their shares weigh that step. Streamed plans weigh
-                        // no transpose, and take shares that leave K^T out:
-                        // shares that gave K more tiles for it gave K
-                        // another grid than Q and V, so that the three no
-                        // longer shared the homes of `x` (e2e_attention's
-                        // rows_stream 47,571 -> 54,373 cycles, session 30).
-                        // Unweighed, K^T cost random model 261374 (cross
-                        // attention, 64 tiles) 900 cycles: K took 5 x 2
-                        // tiles at an estimated 2,034 cycles and its step ran
-                        // about 3,600.
-                        let transposed_on_tiles = (c.layout == attention::AttentionLayout::Columns
-                            && (g == b.q || g == b.v)
-                            && transposed_reduce[g].is_none())
-                            || (c.layout == attention::AttentionLayout::Rows
-                                && (g == b.k || (b.staged() && (g == b.q || g == b.v))));
-                        p.2.transpose = transposed_on_tiles
-                            .then(|| transpose_formula.clone())
-                            .flatten();
-                    }
-                    // In the model's only block segment the join moves the
-                    // projections' A rows and no weights (those stay where
-                    // the plans put them): the plans weigh that copy, as a
-                    // single GEMM's do (fp8 SigLIP attention 115,811 ->
-                    // 110,591 cycles). With several block segments the join
-                    // may move the weights too, which the plans do not see
-                    // (weighing A alone made the ViT block slower: 400,175
-                    // -> 408,071), so there they weigh nothing.
-                    // When the join moves the weights too (`weights_joined`),
-                    // the plans weigh both: a whole-K plan receives its rows
-                    // and its columns of the weights (the ViT block's
-                    // projections, 13 x 36 tiles: 50,700 cycles of their
-                    // join), a streamed one its A homes and its resident
-                    // chunks of B.
-                    if tile_count_override.is_some() && (sole_block_segment || weights_joined) {
-                        for (p, g) in planned.iter_mut().zip(&groups) {
-                            if matches!(g.a, fuse::Source::Host(_)) {
-                                p.2.a_copied = true;
-                                p.2.a_joined = true;
-                            }
-                            p.2.b_joined = weights_moved;
-                        }
-                    } else if tile_count_override.is_none() && !shared_projections {
-                        // Outside segments, projections on disjoint tiles
-                        // that read one host input need its copy step
-                        // whatever their plans (the host writes it once):
-                        // a whole-K plan's rows ride in it without a sync
-                        // of their own (random model 264324, f32
-                        // projections on 97 tiles: the 12 x 2 plan, charged
-                        // that sync, lost to 12 x 1 and ran 9,558 cycles
-                        // where it runs 8,764). The copies of other host
-                        // inputs ride in that step too (a cross attention's
-                        // `x` beside its `kv`: random model 262266).
-                        let step_runs = groups.iter().any(|g| {
-                            matches!(g.a, fuse::Source::Host(_))
-                                && groups.iter().filter(|o| o.a == g.a).count() > 1
-                        });
-                        for (p, g) in planned.iter_mut().zip(&groups) {
-                            if p.2.a_copied && matches!(g.a, fuse::Source::Host(_)) && step_runs {
-                                p.2.a_copy_shared = true;
-                            }
-                        }
-                    }
-                    // Tile shares that make the slowest projection fastest.
-                    // In a segment the projections' A rows arrive by the
-                    // join's exchange, which the shares do not weigh (finer
-                    // row parts receive more per tile: the fp8 SigLIP
-                    // attention's x8 exchange took 35,000 cycles on them
-                    // against 16,400 on thirds): there, equal thirds.
-                    let mut copy_bound = None;
-                    let shares = if shared_projections {
-                        vec![options.tiles; planned.len()]
-                    } else if tile_count_override.is_some() {
-                        vec![group_tiles; planned.len()]
-                    } else {
-                        let mut items: Vec<(&gemm::GemmGeometry, &mut gemm::GemmCosts)> =
-                            planned.iter_mut().map(|p| (&p.0, &mut p.2)).collect();
-                        let prefix = Some((c.tiles, c.prefix_cycles));
-                        let Some((shares, bound)) = plan::side_by_side_shares(&mut items, options.tiles, &options.search, prefix) else {
-                            continue;
-                        };
-                        copy_bound = Some(bound);
-                        shares
-                    };
-                    // The plans within the shares keep their copies within
-                    // the bound the shares were chosen with.
-                    let mut fronts: Vec<(Vec<plan::GemmPlan>, usize)> = planned
-                        .iter_mut()
-                        .zip(&shares)
-                        .map(|(p, &t)| {
-                            p.2.copy_bound = copy_bound;
-                            let front = plan::search(&p.0, t, &mut p.2, &options.search);
-                            p.2.copy_bound = None;
-                            front
-                        })
-                        .collect();
-                    // Under caps on resident weights (`b_cap`) whole-K
-                    // projections may find no plan where streamed ones,
-                    // whose tiles keep a K part of B, do.
-                    let whole_k_fits = fronts.iter().all(|f| !f.0.is_empty());
-                    let capped = planned.iter().any(|p| p.2.b_cap.is_some());
-                    if whole_k_fits || capped {
-                        // The projections may stream K split over their
-                        // tiles instead (a host input in a model of one
-                        // segment): a tile then receives a K part of its
-                        // rows of `x`, not whole rows, and the partials'
-                        // reduce-scatter leaves row pieces, which the
-                        // attention's exchange takes like any result rows
-                        // (in the column layout Q and V reduced transposed,
-                        // TR=1, below).
-                        let streamed = ((tile_count_override.is_none() || weights_joined)
-                            && !shared_projections
-                            && groups.iter().all(|g| matches!(g.a, fuse::Source::Host(_))))
-                        .then(|| {
-                            // The streamed plans weigh no transpose, and
-                            // the three share the homes of `x` only on like
-                            // grids: their shares leave K's K^T out.
-                            let streamed_shares = if c.layout == attention::AttentionLayout::Rows
-                                && tile_count_override.is_none()
-                            {
-                                let kept: Vec<_> = planned.iter_mut().map(|p| p.2.transpose.take()).collect();
-                                let mut items: Vec<(&gemm::GemmGeometry, &mut gemm::GemmCosts)> =
-                                    planned.iter_mut().map(|p| (&p.0, &mut p.2)).collect();
-                                let s = plan::side_by_side_shares(
-                                    &mut items,
-                                    options.tiles,
-                                    &options.search,
-                                    Some((c.tiles, c.prefix_cycles)),
-                                )
-                                .map(|s| s.0);
-                                for (p, t) in planned.iter_mut().zip(kept) {
-                                    p.2.transpose = t;
-                                }
-                                s
-                            } else {
-                                Some(shares.clone())
-                            };
-                            streamed_shares.and_then(|s| {
-                                streamed_projections(&planned, &s, (groups.as_slice(), left), &options.search)
-                                    .map(|(f, cycles)| (f, cycles, s))
-                            })
-                        })
-                        .flatten();
-                        let whole_k = if whole_k_fits {
-                            whole_k_projection_cycles(&fronts)
-                        } else {
-                            u64::MAX
-                        };
-                        let mut shares = shares;
-                        let mut fit = whole_k_fits;
-                        let mut projection_estimate = whole_k;
-                        if let Some((streamed_fronts, cycles, streamed_shares)) = streamed {
-                            tracing::info!(
-                                whole_k_estimated_cycles = whole_k,
-                                streamed_estimated_cycles = cycles,
-                                chosen = if cycles < whole_k { "streamed" } else { "whole_k" },
-                                "projection plans: whole K with one copy of x, or K split over tiles"
-                            );
-                            if cycles < whole_k {
-                                fronts = streamed_fronts;
-                                shares = streamed_shares;
-                                fit = true;
-                                projection_estimate = cycles;
-                            }
-                        }
-                        if fit {
-                            // The candidates weigh the projections as if
-                            // they had their tiles' memory to themselves;
-                            // beside a plan that fills region 1 they may
-                            // take far longer (the Whisper large encoder's
-                            // attention with compact buffers: 254,016
-                            // cycles where 108,696 were assumed, 564,818 in
-                            // all against 464,547 with the projections in
-                            // segments of their own). Such a plan is
-                            // marked, and `compile_from` compiles the
-                            // segmented model too. Not for a few
-                            // thousand cycles: segments add a join and
-                            // steps of their own (models/attention_small on
-                            // 64 tiles: 2,274 cycles of projections where 90
-                            // were assumed, 8,693 in all, segmented 13,556).
-                            let mut c = c.clone();
-                            if tile_count_override.is_none()
-                                && projection_estimate > 2 * c.projection_cycles
-                                && projection_estimate - c.projection_cycles
-                                    > PROJECTIONS_OVER_ASSUMPTION_MIN
-                            {
-                                c.projections_planned_over = Some(projection_estimate);
-                            }
-                            chosen = Some((c, fronts, shares));
-                            break;
-                        }
-                    }
-                }
-                if chosen.is_some() {
-                    break;
-                }
-            }
-            let Some((c, fronts, shares)) = chosen else {
-                return Err(CompileError::NoFeasiblePlan {
-                    value: graph.value(b.attention).name.clone(),
-                    reason: format!(
-                        "none of {} query blockings leaves tiles on which the projections fit ({} tiles in all)",
-                        attention_candidates.len(),
-                        options.tiles
-                    ),
-                });
-            };
-            tracing::info!(
-                layout = ?c.layout,
-                query_blocks = c.query_blocks,
-                key_splits = c.key_splits.len(),
-                attention_tiles = c.tiles,
-                rounds = c.rounds,
-                compact = c.compact,
-                projection_tiles = ?shares,
-                "attention plan chosen"
-            );
+            let (c, fronts) = plan_gemms::projection_fronts(
+                &cx,
+                library,
+                b,
+                &mut planned,
+                attention_kernels.as_ref(),
+                &attention_candidates,
+            )?;
             attention_plan = Some(c);
             fronts
         } else {
-            // A GEMM whose operands do not fit beside each other with K
-            // whole on a tile streams K through the tiles in chunks (a
-            // single GEMM with host operands; chains and attention
-            // projections keep K whole).
-            let single = groups.len() == 1 && matches!(groups[0].a, fuse::Source::Host(_));
-            // An f16-accumulated streamed GEMM may split K over tiles when
-            // the library can sum f16 partials (reduce_f32 IN=16); without
-            // it, such plans are not candidates.
-            let mut missing_f16_partials = None;
-            let f16_partials = match planned.first() {
-                Some(p) if single && !p.0.acc32 && p.1 .1.is_none() => {
-                    let request = reduce_request_f16_partials(library, 0, false);
-                    match kernel_formula(library, &request, &["ROWS", "QUADS", "P"]) {
-                        Ok(f) => Some((request, f)),
-                        Err(_) => {
-                            missing_f16_partials = Some(request);
-                            None
-                        }
-                    }
-                }
-                _ => None,
-            };
-            planned
-                .iter_mut()
-                .map(|p| {
-                    let mut front = plan::search(&p.0, group_tiles, &mut p.2, &options.search);
-                    if front.0.is_empty() && use_f32_fallback(p) {
-                        front = plan::search(&p.0, group_tiles, &mut p.2, &options.search);
-                    }
-                    // Streamed plans (K in chunks from homes, or split over
-                    // tiles) when no whole-K plan fits, and beside the
-                    // whole-K ones when A is copied from one copy anyway:
-                    // a K part needs fewer of A's columns on a tile.
-                    let whole_k = !front.0.is_empty();
-                    if single && (!whole_k || p.2.a_copied) {
-                        if !whole_k {
-                            if let Some(request) = &missing_f16_partials {
-                                tracing::info!(
-                                    value = %p.3,
-                                    kernel = %request,
-                                    "the kernel library lacks a specialisation that would help"
-                                );
-                                would_help.push(json!({
-                                    "kernel": request.to_string(),
-                                    "value": p.3,
-                                    "why": "the f16 partials of a streamed GEMM whose K is split over tiles are summed by this specialisation; without it the plans keep K on one tile per block",
-                                }));
-                            }
-                        }
-                        let saved = (p.1 .1.clone(), p.2.reduce.clone());
-                        let bias = groups[0].bias.is_some();
-                        if let Some((request, formula)) = f16_partials.clone() {
-                            p.1 .1 = Some(request);
-                            p.2.reduce = Some(formula);
-                        }
-                        let min_k_parts = stream_min_k_parts(&p.0, false);
-                        let streamed = stream::search(
-                            &p.0,
-                            group_tiles,
-                            (true, bias),
-                            min_k_parts,
-                            &mut p.2,
-                            &options.search,
-                        );
-                        let cycles = |f: &(Vec<plan::GemmPlan>, usize)| f.0.first().map(|c| c.estimate.compute_cycles);
-                        if whole_k && cycles(&streamed).is_none_or(|s| Some(s) >= cycles(&front)) {
-                            (p.1 .1, p.2.reduce) = saved;
-                            return (front.0, front.1 + streamed.1);
-                        }
-                        tracing::info!(
-                            value = %p.3,
-                            candidates = streamed.1,
-                            feasible = streamed.0.len(),
-                            whole_k_fits = whole_k,
-                            "streamed plans (K in chunks over exchange steps)"
-                        );
-                        // The f16-partials reduce only runs when K is split.
-                        if !p.0.acc32
-                            && !p.0.reduce_f16
-                            && streamed.0.first().and_then(|c| c.stream).is_none_or(|s| s.k_parts == 1)
-                        {
-                            p.1 .1 = None;
-                            p.2.reduce = None;
-                        }
-                        return (streamed.0, front.1 + streamed.1);
-                    }
-                    front
-                })
-                .collect()
+            plan_gemms::independent_fronts(&cx, library, &mut planned, &mut would_help)
         };
-        let mut reports = Vec::new();
-        for ((geometry, (request, reduce), _, value, _, _), (front, candidates)) in planned.iter().zip(fronts) {
-            if let Some(r) = reduce {
-                note_missing_f16_sum(library, r, value, &mut would_help);
-            }
-            let Some(chosen) = front.first().cloned() else {
-                return Err(CompileError::NoFeasiblePlan {
-                    value: value.clone(),
-                    reason: format!(
-                        "none of {candidates} partitions of [{}, {}] x [{}, {}] over at most {} tiles fits {share} bytes of interleaved memory per tile{}",
-                        geometry.m, geometry.k, geometry.k, geometry.n, group_tiles,
-                        if chained && joint_tried {
-                            format!(
-                                " (neither with whole rows per tile for the chain nor with a plan of its own and an exchange hand-off, in equal shares of region 1 or sharing all {} bytes of it)",
-                                ipu_arch::REGION1_END - ipu_arch::REGION1_BASE
-                            )
-                        } else if chained {
-                            " (neither with whole rows per tile for the chain nor with a plan of its own and an exchange hand-off)".to_string()
-                        } else if shares_tiles {
-                            format!(" (its share of region 1 beside the {} other GEMMs on the same tiles, with its element-exclusive buffers in whole 32 KiB memory elements)", groups.len() - 1)
-                        } else {
-                            String::new()
-                        }
-                    ),
-                });
-            };
-            let finalists: Vec<plan::GemmPlan> =
-                front.iter().take(options.search.finalists).cloned().collect();
-            for (i, f) in finalists.iter().enumerate() {
-                let e = &f.estimate;
-                tracing::info!(
-                    finalist = i,
-                    value = %value,
-                    values = graph.values().len(),
-                    operations = graph.nodes().len(),
-                    row_parts = f.row_parts,
-                    col_parts = f.col_parts,
-                    estimated_cycles = e.total_cycles,
-                    estimated_compute_cycles = e.compute_cycles,
-                    estimated_exchange_cycles = f.stream.map_or(0, |s| s.exchange_cycles),
-                    estimated_copy_cycles = e.copy_cycles,
-                    k_chunk_blocks = f.stream.map_or(0, |s| s.chunk_blocks),
-                    k_steps = f.stream.map_or(1, |s| s.steps),
-                    k_parts = f.stream.map_or(1, |s| s.k_parts),
-                    exchange_row_bytes = 0,
-                    peak_standard_bytes = e.peak_standard_bytes,
-                    peak_interleaved_bytes = e.peak_interleaved_bytes,
-                    peak_total_bytes = e.peak_standard_bytes + e.peak_interleaved_bytes,
-                    active_tile_counts = %format!("{{{}}}", e.active_tiles),
-                    "retained operator-plan finalist"
-                );
-            }
-            reports.push(OperationReport {
-                value: value.clone(),
-                operation: "gemm".into(),
-                shape: [geometry.m, geometry.k, geometry.n],
-                kernel: match reduce {
-                    Some(c) => format!("{request} + {c}"),
-                    None => request.to_string(),
-                },
-                candidates,
-                chosen,
-                finalists,
-            });
-        }
-        Ok(reports)
+        plan_gemms::operation_reports(&cx, library, &planned, fronts, joint_tried, &mut would_help)
     })
     .map(|reports| operation_reports.extend(reports))?;
 
@@ -2626,6 +1350,92 @@ fn plan_and_lower(
         would_help,
         chain_choice,
         attention,
+    })
+}
+
+/// Plans and lowers a segment of attention over host operands: there are
+/// no projections to plan, so the operands' homes
+/// (`attention::host_homes`) and the attention take the tiles, with the
+/// best of `candidates` as ranked.
+#[allow(clippy::too_many_arguments)]
+fn lower_host_attention(
+    graph: &ipu_graph::Graph,
+    options: &CompileOptions,
+    groups: &[fuse::Group],
+    b: &attention::AttentionBlock,
+    kernels: &mut attention::AttentionKernels,
+    attention_candidates: &[attention::AttentionPlan],
+    tile_count_override: Option<u32>,
+    (operation_reports, would_help): (Vec<OperationReport>, Vec<serde_json::Value>),
+) -> Result<SegmentLowered, CompileError> {
+    if let Some(g) = groups.first() {
+        return Err(CompileError::Unsupported {
+            value: graph.value(b.attention).name.clone(),
+            operation: "attention".into(),
+            reason: format!(
+                "attention over inputs is lowered in a segment without GEMMs, and the GEMM `{}` shares its segment",
+                graph.value(g.result()).name
+            ),
+        });
+    }
+    let c = attention_candidates
+        .first()
+        .cloned()
+        .expect("plan_attention refuses a block without candidates");
+    let tile_count = tile_count_override.unwrap_or(c.tiles);
+    plan_attention::log_chosen(&c, None);
+    let lowered = phase("lower", || {
+        let mut buffers: BTreeMap<u32, Vec<lower::BufferSpec>> =
+            (0..tile_count).map(|t| (t, Vec::new())).collect();
+        let mut tensors = lower::HostTensors::default();
+        // In a model of one segment the host writes what the layout
+        // transposes (Q and V, or K) transposed, so no step transposes
+        // it; a segment's inputs arrive by its join, which moves them
+        // as placed, so there they are transposed on their homes.
+        let transposed_roles = match (tile_count_override, c.layout) {
+            (None, attention::AttentionLayout::Columns) => [true, false, true],
+            (None, attention::AttentionLayout::Rows) if b.staged() => [true; 3],
+            (None, attention::AttentionLayout::Rows) => [false, true, false],
+            (Some(_), _) => [false; 3],
+        };
+        let (homes, transposed) = attention::host_homes(
+            graph,
+            b,
+            tile_count,
+            transposed_roles,
+            &mut buffers,
+            &mut tensors,
+        )?;
+        let mut l =
+            lower::Lowered::two_calls(graph, tile_count, buffers, (vec![], vec![]), tensors);
+        l.group_results = homes;
+        l.transposed_host = transposed;
+        attention::lower(
+            graph,
+            b,
+            &c,
+            kernels,
+            &mut l,
+            0,
+            tile_count_override.is_none(),
+        )?;
+        verifier("lower", lower::verify(&l))?;
+        Ok(l)
+    })?;
+    Ok(SegmentLowered {
+        loop_body: None,
+        lowered,
+        tile_count,
+        operation_reports,
+        would_help,
+        chain_choice: None,
+        attention: Some(attention_report(
+            graph,
+            b,
+            &c,
+            attention_candidates,
+            options,
+        )),
     })
 }
 
