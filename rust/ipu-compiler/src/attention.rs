@@ -1803,13 +1803,14 @@ pub(crate) fn host_homes(
         let (per_home, heads_per_home) = if home_per_head {
             (home_rows(rows, pieces_max), 1)
         } else {
-            let shape = home_shape(rows, block.heads, third);
+            let keys = role != "q";
+            let shape = home_shape(rows, block.heads, third, keys);
             // On few tiles a third of them cannot hold an operand in
             // homes of region 0's size: its homes then take every tile
             // (from the operand's first, wrapping around), beside the
             // other operands' homes.
             if shape.0 * shape.1 * d * eb > SPREAD_HOMES_ABOVE_BYTES && tile_count > third {
-                home_shape(rows, block.heads, tile_count)
+                home_shape(rows, block.heads, tile_count, keys)
             } else {
                 shape
             }
@@ -1944,10 +1945,17 @@ fn home_rows(rows: u32, pieces: u32) -> u32 {
 /// tiles took homes of 16 rows of 11 heads (45,056 bytes) on 384 of them
 /// with the fewest rows first, and takes 34 rows of 4 heads (34,816 bytes)
 /// on 488 this way.
-fn home_shape(rows: u32, heads: u32, pieces: u32) -> (u32, u32) {
+fn home_shape(rows: u32, heads: u32, pieces: u32, keys: bool) -> (u32, u32) {
     let lowest = home_rows(rows, pieces);
     let mut best: Option<(u64, u32, u32)> = None;
-    for p in (lowest..=rows.max(lowest)).step_by(2) {
+    // Keys' homes may hold all of an odd row count (homes hold even rows,
+    // so the tallest is a row taller than the operand): without it, 589
+    // keys of 4 heads on 4 tiles took homes of 296 rows of 2 heads, and
+    // each key chunk's rows sat on two tiles that sent them for all four
+    // heads (4.0% of seed 23654's cycles). Queries keep the shorter homes:
+    // a round's query blocks of one head then come from several tiles.
+    let tallest = if keys { round_up(rows, 2) } else { rows };
+    for p in (lowest..=tallest.max(lowest)).step_by(2) {
         let groups = (pieces / rows.div_ceil(p)).min(heads);
         if groups == 0 {
             continue;
@@ -3443,30 +3451,38 @@ mod tests {
         // Llama-2-7B's q on a third of 1472 tiles: 34 rows of 4 heads on
         // 61 x 8 = 488 tiles, where the fewest rows took 16 rows of 11
         // heads.
-        assert_eq!(home_shape(2048, 32, 490), (34, 4));
+        assert_eq!(home_shape(2048, 32, 490, false), (34, 4));
         // Few rows: one piece of every row, a head each.
-        assert_eq!(home_shape(17, 4, 21), (16, 1));
+        assert_eq!(home_shape(17, 4, 21, false), (16, 1));
+        // An odd row count in one home a head: all 589 rows (in 590).
+        assert_eq!(home_shape(589, 4, 4, true), (590, 1));
+        assert_eq!(home_shape(589, 4, 4, false), (296, 2));
         // Against every shape: the pieces fit and none is smaller.
         for (rows, heads, pieces) in [
             (729, 16, 490),
             (2048, 16, 490),
             (200, 3, 1),
             (4096, 16, 490),
+            (589, 4, 4),
+            (583, 3, 7),
         ] {
-            let (p, hp) = home_shape(rows, heads, pieces);
-            assert!(p % 2 == 0 && p >= HOST_HOME_ROWS.min(rows));
-            assert!(
-                rows.div_ceil(p) * heads.div_ceil(hp) <= pieces,
-                "{rows} {heads} {pieces}"
-            );
-            let size = p.min(rows) * hp;
-            for q in (HOST_HOME_ROWS.min(rows)..=rows).step_by(2) {
-                for hq in 1..=heads {
-                    if rows.div_ceil(q) * heads.div_ceil(hq) <= pieces {
-                        assert!(
-                            q.min(rows) * hq >= size,
-                            "{rows} {heads} {pieces}: {q} x {hq} < {p} x {hp}"
-                        );
+            for keys in [false, true] {
+                let (p, hp) = home_shape(rows, heads, pieces, keys);
+                assert!(p % 2 == 0 && p >= HOST_HOME_ROWS.min(rows));
+                assert!(
+                    rows.div_ceil(p) * heads.div_ceil(hp) <= pieces,
+                    "{rows} {heads} {pieces}"
+                );
+                let size = p.min(rows) * hp;
+                let tallest = if keys { round_up(rows, 2) } else { rows };
+                for q in (HOST_HOME_ROWS.min(rows)..=tallest).step_by(2) {
+                    for hq in 1..=heads {
+                        if rows.div_ceil(q) * heads.div_ceil(hq) <= pieces {
+                            assert!(
+                                q.min(rows) * hq >= size,
+                                "{rows} {heads} {pieces}: {q} x {hq} < {p} x {hp}"
+                            );
+                        }
                     }
                 }
             }

@@ -1206,6 +1206,67 @@ fn three_attention_segments_on_two_tiles_keep_their_code_in_region0() {
     check_attention(&ran);
 }
 
+/// Keys over host inputs sit in homes of whole heads, all rows, even for
+/// an odd key count: 589 keys of 4 heads of 26 on 4 tiles once took
+/// homes of 296 rows of 2 heads (homes hold even rows, and the tallest
+/// the shape search tried was 588), so that each key chunk's K^T and V
+/// rows came from two tiles, each sending them for all four heads: every
+/// chunk step's busiest endpoint sent twice what a tile receives
+/// (112,736 exchange cycles in 14 steps; 1,302,647 cycles in all, now
+/// 1,256,879). No sender may now move more than the busiest receiver
+/// takes in a key chunk step.
+#[test]
+fn key_chunks_come_from_homes_of_whole_heads() {
+    let dir = tempfile::tempdir().unwrap();
+    let cache = tempfile::tempdir().unwrap();
+    let text = "model odd_keys\n\
+                input q: f16[4, 583, 26]\n\
+                input k: f16[4, 589, 26]\n\
+                input v: f16[589, 104]\n\
+                vh = split_heads(v, heads=4)\n\
+                o = attention(q, k, vh, causal=true)\n\
+                y = merge_heads(o)\n\
+                output y\n";
+    let model = write_model(dir.path(), "odd_keys", text);
+    let opts = options(&model, 4, cache.path());
+    let (ran, _) = run_with(
+        &opts,
+        |g| ipu_reference::random::gaussian_feeds(g, 5),
+        false,
+    );
+    let report = &ran.compile.report;
+    assert!(
+        report["attention"]["chosen"]["key_chunks"]
+            .as_u64()
+            .unwrap()
+            > 1
+    );
+    let key_steps: Vec<_> = report["exchange_steps"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|s| {
+            s["step"]
+                .as_str()
+                .unwrap()
+                .starts_with("exchange k^T, v key chunk")
+        })
+        .collect();
+    assert!(!key_steps.is_empty());
+    for s in key_steps {
+        // The step's busiest endpoint against what one of its four tiles
+        // receives (every tile receives its head's chunk of K^T and V).
+        let endpoint = s["figures"]["endpoint_lower_bound"].as_u64().unwrap();
+        let per_receiver = s["checked"]["words_delivered"].as_u64().unwrap() / 4;
+        assert!(
+            endpoint <= per_receiver + 64,
+            "{}: busiest endpoint {endpoint} words, a receiver {per_receiver}",
+            s["step"]
+        );
+    }
+    check_attention(&ran);
+}
+
 /// The attention's candidates weigh its projections as if they had their
 /// tiles' memory to themselves. 512 tokens, 640 wide, 10 heads of 64 on
 /// 92 tiles: the first plan leaves the projections so little of region 1
