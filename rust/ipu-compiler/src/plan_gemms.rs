@@ -251,7 +251,8 @@ pub(crate) fn setups(
         };
         // Bounded f16 chains need the library's f16-partials reduce; a
         // library without it (or a plan search that finds no split
-        // with enough K groups, below) falls back to f32 accumulation.
+        // with enough K groups, in the fronts' searches) falls back to
+        // f32 accumulation.
         let (geometry, (request, reduce_request), cost, fallback) = match mode {
             AccumulationMode::F16Chains => match setup(mode) {
                 Ok((g, r, c)) => (g, r, c, Some(setup(AccumulationMode::F32)?)),
@@ -392,7 +393,7 @@ pub(crate) fn chain_fronts(
             &options.search,
         );
         // Under Auto an f32 consumer may also stream in f16 with at
-        // least four K parts (`streamed_f16` above).
+        // least four K parts (the `streamed_f16` setup of [`setups`]).
         let streamed_f16 = planned[1].5.as_mut().map(|setup| {
             setup.2.memory_budget = region1;
             let g = setup.0;
@@ -808,7 +809,8 @@ pub(crate) fn projection_fronts(
             }
         }
         // The column layout takes the Q and V results transposed
-        // from their reduce steps (TR=1, below), slower than TR=0:
+        // from their reduce steps (TR=1, chosen in `plan_and_lower`
+        // after this phase), slower than TR=0:
         // those projections are planned with its formula.
         let own_reduce: Vec<Option<gemm::FormulaCost>> =
             planned.iter().map(|p| p.2.reduce.clone()).collect();
@@ -951,7 +953,7 @@ pub(crate) fn projection_fronts(
                 // reduce-scatter leaves row pieces, which the
                 // attention's exchange takes like any result rows
                 // (in the column layout Q and V reduced transposed,
-                // TR=1, below).
+                // TR=1, chosen in `plan_and_lower` after this phase).
                 let streamed = ((tile_count_override.is_none() || weights_joined)
                     && !shared_projections
                     && groups.iter().all(|g| matches!(g.a, fuse::Source::Host(_))))
