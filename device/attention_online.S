@@ -101,6 +101,7 @@
         .param PT, 16
         .param ONES, 0
         .param EXP, 32
+        .param ACC, 0
         .workers 6
         .if ONES != 0 && ONES != 1
         .error "ONES must be 0 (this vertex sums p into l) or 1 (P V's ones column sums p)"
@@ -113,6 +114,12 @@
         .endif
         .if ONES == 1 && EXP != 16
         .error "ONES=1 needs EXP=16: the vertex without sums takes f16 exponentials"
+        .endif
+        .if ACC != 0 && ACC != 1
+        .error "ACC must be 0 (attention_merge forms O a + P V) or 1 (P V accumulates into O; a lazy running maximum)"
+        .endif
+        .if ACC == 1 && (EXP != 16 || ONES != 0)
+        .error "ACC=1 needs EXP=16 and ONES=0: the f16 exponentials with the vertex's own sums"
         .endif
         .if CAUSAL != 0 && CAUSAL != 1
         .error "CAUSAL must be 0 (all keys) or 1 (key index <= query index)"
@@ -135,6 +142,12 @@
         .cycles "6 * (8 + ROWS * (26 + 7 * BK + DQ * (12 + 4 * BK)))"
         .elseif PV == 1 && PT == 32
         .cycles "6 * (12 + ROWS * (54 + 3 * BK + (BKP - BK)))"
+        .elseif PV == 1 && EXP == 16 && ACC == 1
+        # As ONES=0 below, where no row's maximum moves (the lazy test in
+        # place of the update, no ALPHA store); a row that moves it also
+        # rescales O's row in place, 4 bundles a quad and about 12 more,
+        # which no formula of the shapes can know.
+        .cycles "6 * (12 + ROWS * (55 + BK / 2 + 7 * (BK / 4) - 4 * (1 / (BK / 4 + 1)) + 9 * (BK / 2 - 2 * (BK / 4)) + 10 * (BK - 2 * (BK / 2)) + (BKP - BK)))"
         .elseif PV == 1 && EXP == 16 && ONES == 0
         # As ONES=1 below, with 7 slots a quad (its f16v4hsum and the f32
         # add), two more for a leftover pair, one more for an odd key, and
@@ -242,11 +255,41 @@ max_done:
 
         # m' = max(m, rowmax), a = exp(m - m'), l * a.
         ld64 $a4:5, [$m7]
+        .if ACC
+        # ACC=1: m' = m unless the row's maximum passes m by more than 8
+        # (p <= e^8 then, well inside f16); a move rescales O's row and l
+        # in place by a = exp(m - m'), except while m is still -inf (O and
+        # l are zero then). Registers: $a13 m', $a14 l', $a0:1 (a, a).
+        mov $a13, $a4
+        mov $a14, $a5
+        sethi $a15, 0x41000
+        f32add $a15, $a4, $a15
+        f32cmplt $a15, $a15, $a3
+        mov $m5, $a15
+        brz $m5, acc_kept
+        mov $a13, $a3
+        sethi $a15, 0xFF800
+        f32cmpeq $a15, $a4, $a15
+        mov $m5, $a15
+        brnz $m5, acc_kept
+        f32sub $a15, $a4, $a3
+        f32exp $a15, $a15
+        f32mul $a14, $a5, $a15
+        f32v2bcast $a0:1, $a15
+        mov $m12, $m3
+        rpt $m6, 4
+        ld64 $a4:5, [$m12 + 0]
+        { ld64 $a6:7, [$m12 + 8] ; f32v2mul $a4:5, $a4:5, $a0:1 }
+        { st64 $a4:5, [$m12]+=8 ; f32v2mul $a6:7, $a6:7, $a0:1 }
+        st64 $a6:7, [$m12]+=8
+acc_kept:
+        .else
         f32max $a13, $a4, $a3
         f32sub $a15, $a4, $a13
         f32exp $a15, $a15
         .if ONES == 0
         f32mul $a14, $a5, $a15
+        .endif
         .endif
 
         .if PV && EXP == 16
@@ -264,7 +307,9 @@ max_done:
         .if ONES == 0
         st32 $a14, [$m7 + 4]
         .endif
+        .if ACC == 0
         st32 $a15, [$m14]+=4
+        .endif
         .if ONES == 0
         setzi $a15, 0
         .endif
@@ -548,8 +593,10 @@ skip_row:
         rpt $m5, 1
         st16 $a9, [$m13]+=2
         .endif
+        .if ACC == 0
         sethi $a15, 0x3F800
         st32 $a15, [$m14]+=4
+        .endif
         .endif
 next_row:
         .if PV

@@ -1359,6 +1359,22 @@ struct OnlineRun {
 /// scores' range, l positive) and P filled with NaNs, so that every key
 /// and padding column must be written.
 fn run_online_alone(rng: &mut Rng, rows: usize, bk: usize, defines: &[(&str, i64)]) -> OnlineRun {
+    let ml: Vec<f32> = (0..rows)
+        .flat_map(|_| [rng.uniform(-4.0, 4.0) as f32, rng.uniform(0.5, 40.0) as f32])
+        .collect();
+    run_online_from(rng, rows, bk, defines, ml, None)
+}
+
+/// [`run_online_alone`] from the running state `ml`, with O's rows (f32,
+/// `dq` quads a row, 16 * `dq` bytes apart) in memory when given.
+fn run_online_from(
+    rng: &mut Rng,
+    rows: usize,
+    bk: usize,
+    defines: &[(&str, i64)],
+    ml: Vec<f32>,
+    o: Option<(usize, &[f32])>,
+) -> OnlineRun {
     let bkp = bk.div_ceil(16) * 16;
     let rs_s = 4 * bkp + 16;
     let rs_p = 2 * bkp;
@@ -1366,19 +1382,20 @@ fn run_online_alone(rng: &mut Rng, rows: usize, bk: usize, defines: &[(&str, i64
     let s: Vec<f32> = (0..rows * bk)
         .map(|_| rng.uniform(-30.0, 30.0) as f32)
         .collect();
-    let ml: Vec<f32> = (0..rows)
-        .flat_map(|_| [rng.uniform(-4.0, 4.0) as f32, rng.uniform(0.5, 40.0) as f32])
-        .collect();
     let mut s_mem = vec![0u8; rows * rs_s];
     for i in 0..rows {
         let row = f32_bytes(&s[i * bk..(i + 1) * bk]);
         s_mem[i * rs_s..i * rs_s + row.len()].copy_from_slice(&row);
     }
-    let memory = vec![
+    let mut memory = vec![
         (GE_CA, s_mem),
         (E2_ML, f32_bytes(&ml)),
         (E2_P, vec![0xFF; rows * rs_p]),
     ];
+    let dq = o.map_or(1, |(dq, _)| dq);
+    if let Some((_, values)) = o {
+        memory.push((E2_O, f32_bytes(values)));
+    }
     let launch = Launch {
         entry: "attention_online",
         state: vec![
@@ -1387,11 +1404,11 @@ fn run_online_alone(rng: &mut Rng, rows: usize, bk: usize, defines: &[(&str, i64
             E2_V,
             8,
             E2_O,
-            8,
+            if o.is_some() { 16 * dq as u32 } else { 8 },
             E2_ML,
             rows as u32,
             bk as u32,
-            1,
+            dq as u32,
             scale.to_bits(),
             0,
             0,
@@ -1568,4 +1585,143 @@ fn online_f16_exponentials_alone_against_their_formula() {
             check_online_formula(defines, rows, bk, &run);
         }
     }
+}
+
+/// `attention_online` ACC=1 (P V accumulates into O, so O's rows are
+/// rescaled here) alone on one worker: a row's running maximum moves only
+/// when the block's passes it by more than 8, and then O's row and l are
+/// rescaled in place by a = exp(m - m'), unless m was -inf (O and l are
+/// zero then, so the row is left alone); p in f16 from m' bit for bit as
+/// with ONES=0, and l' = l (a) + their sum. Rows of both kinds and rows
+/// that start at -inf, over [`ONLINE_SHAPES`]; then the cycles against the
+/// declared formula where no maximum moves.
+#[test]
+fn online_lazy_maximum_rescales_o_in_place() {
+    let defines: &[(&str, i64)] = &[
+        ("CAUSAL", 0),
+        ("PV", 1),
+        ("PT", 16),
+        ("EXP", 16),
+        ("ONES", 0),
+        ("ACC", 1),
+    ];
+    let dq = 3;
+    let mut rng = Rng(7300);
+    let (mut moved, mut kept, mut first) = (0, 0, 0);
+    for (rows, bk) in ONLINE_SHAPES {
+        // Row maxima near 3.75 (scores up to 30, scale 1/8): m from -10 to
+        // 4 moves for some rows and not for others; every fifth row starts
+        // at -inf with l = 0.
+        let ml: Vec<f32> = (0..rows)
+            .flat_map(|i| {
+                if i % 5 == 0 {
+                    [f32::NEG_INFINITY, 0.0]
+                } else {
+                    [
+                        rng.uniform(-10.0, 4.0) as f32,
+                        rng.uniform(0.5, 40.0) as f32,
+                    ]
+                }
+            })
+            .collect();
+        let o: Vec<f32> = (0..rows * 4 * dq)
+            .map(|_| rng.uniform(-2.0, 2.0) as f32)
+            .collect();
+        let run = run_online_from(&mut rng, rows, bk, defines, ml.clone(), Some((dq, &o)));
+        let (s, scale, chip) = (&run.s, run.scale, &run.chip);
+        let state = read_f32(chip, E2_ML, 2 * rows);
+        let o_after = read_f32(chip, E2_O, rows * 4 * dq);
+        for i in 0..rows {
+            let row = &s[i * bk..(i + 1) * bk];
+            let (m, l) = (ml[2 * i], ml[2 * i + 1]);
+            let rowmax = row.iter().fold(f32::NEG_INFINITY, |a, &x| a.max(x)) * scale;
+            let moves = m + 8.0 < rowmax;
+            let m_new = if moves { rowmax } else { m };
+            let rescale = moves && m != f32::NEG_INFINITY;
+            let a = if rescale { (m - rowmax).exp() } else { 1.0 };
+            match (moves, rescale) {
+                (true, true) => moved += 1,
+                (true, false) => first += 1,
+                _ => kept += 1,
+            }
+            let what = format!("rows={rows} bk={bk} row {i} (m {m}, row maximum {rowmax})");
+            assert_eq!(state[2 * i], m_new, "{what}: m'");
+            for c in 0..4 * dq {
+                let (got, before) = (o_after[i * 4 * dq + c], o[i * 4 * dq + c]);
+                if rescale {
+                    let want = before as f64 * a as f64;
+                    assert!(
+                        (got as f64 - want).abs() <= 1e-6 * want.abs().max(1e-30),
+                        "{what}: O[{c}] = {got}, {before} x {a} = {want}"
+                    );
+                } else {
+                    assert_eq!(got.to_bits(), before.to_bits(), "{what}: O[{c}] must stay");
+                }
+            }
+            let got = read_f16(chip, E2_P + (i * run.rs_p) as u32, run.bkp);
+            let mut sum = 0.0f64;
+            for (j, &g) in got.iter().enumerate() {
+                let want = match row.get(j) {
+                    Some(&x) => {
+                        let arg = (x as f64 * scale as f64 - m_new as f64) as f32;
+                        let arg16 = f16v(f64_to_f16_bits(arg as f64));
+                        f64_to_f16_bits(arg16.exp())
+                    }
+                    None => 0,
+                };
+                assert_eq!(
+                    g,
+                    want,
+                    "{what}: p[{j}] = {}, expected {}",
+                    f16v(g),
+                    f16v(want)
+                );
+                sum += f16v(g);
+            }
+            let want = if rescale {
+                l as f64 * a as f64
+            } else {
+                l as f64
+            } + sum;
+            assert!(
+                (state[2 * i + 1] as f64 - want).abs() <= 1e-6 * want,
+                "{what}: l' = {}, f64 {want}",
+                state[2 * i + 1]
+            );
+        }
+        // Where no maximum moves (m from -4 to 4), the declared formula.
+        let run = run_online_alone(&mut rng, rows, bk, defines);
+        check_online_formula(defines, rows, bk, &run);
+    }
+    assert!(
+        moved > 0 && kept > 0 && first > 0,
+        "{moved} moved, {kept} kept, {first} from -inf"
+    );
+    // The causal variant assembles (its rows without a visible key leave
+    // O, m and l alone and store no factor).
+    let causal: Vec<(&str, i64)> = defines
+        .iter()
+        .map(|&(k, v)| if k == "CAUSAL" { (k, 1) } else { (k, v) })
+        .collect();
+    assert!(
+        declared_cycles(
+            "attention_online.S",
+            &causal,
+            &[("ROWS", 4), ("BK", 32), ("BKP", 32)]
+        ) > 0
+    );
+}
+
+/// ACC=1 takes only the f16 exponentials with the vertex's own sums: the
+/// assembler names the parameters at fault otherwise.
+#[test]
+fn online_acc_needs_f16_exponentials_and_own_sums() {
+    let mut opts = ipu_asm::Options::default();
+    for (k, v) in [("PV", 1), ("PT", 16), ("EXP", 16), ("ONES", 1), ("ACC", 1)] {
+        opts.defines.insert(k.into(), v);
+    }
+    let err = ipu_asm::assemble_file(&device_dir().join("attention_online.S"), &opts)
+        .expect_err("ACC=1 with ONES=1 must not assemble")
+        .to_string();
+    assert!(err.contains("ACC=1 needs EXP=16 and ONES=0"), "{err}");
 }
