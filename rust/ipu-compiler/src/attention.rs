@@ -1952,7 +1952,7 @@ fn home_shape(rows: u32, heads: u32, pieces: u32, keys: bool) -> (u32, u32) {
     // so the tallest is a row taller than the operand): without it, 589
     // keys of 4 heads on 4 tiles took homes of 296 rows of 2 heads, and
     // each key chunk's rows sat on two tiles that sent them for all four
-    // heads (4.0% of seed 23654's cycles). Queries keep the shorter homes:
+    // heads (3.5% of seed 23654's cycles). Queries keep the shorter homes:
     // a round's query blocks of one head then come from several tiles.
     let tallest = if keys { round_up(rows, 2) } else { rows };
     for p in (lowest..=tallest.max(lowest)).step_by(2) {
@@ -3283,10 +3283,6 @@ mod tests {
         }
     }
 
-    /// V's ones column where the head's padding has room for it, where
-    /// its column block costs the P V GEMM nothing (a head of 80: five
-    /// blocks leave a worker idle) and never in f32; the online step's
-    /// own sums where the block would cost (a head of 64).
     /// A kernel's own `.cycles` formula, as the library gives it.
     fn declared(source: &str, defines: &[(&str, i64)]) -> FormulaCost {
         let mut opts = ipu_asm::Options::default();
@@ -3349,6 +3345,10 @@ mod tests {
         assert_eq!(prefix(&b, &mut k, 32, 32), prefix(&b, &mut k, 32, 4));
     }
 
+    /// V's ones column where the head's padding has room for it, where
+    /// its column block costs the P V GEMM nothing (a head of 80: five
+    /// blocks leave a worker idle) and never in f32; the online step's
+    /// own sums where the block would cost (a head of 64).
     #[test]
     fn ones_column_where_it_costs_the_p_v_gemm_nothing() {
         let mut gemm = declared("gemm_f16.S", &[("ACC", 32)]);

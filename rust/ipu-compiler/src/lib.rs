@@ -1028,8 +1028,6 @@ fn plan_and_lower(
     } else {
         options
     };
-    // Plan every GEMM; each gets an equal share of region 1 so that all fit.
-    let mut operation_reports: Vec<OperationReport> = Vec::new();
     // Kernel specialisations the library lacks and a plan would use.
     let mut would_help: Vec<serde_json::Value> = Vec::new();
     let (groups, mut blocks) = phase("fuse", || {
@@ -1086,7 +1084,7 @@ fn plan_and_lower(
             kernels,
             &attention_candidates,
             tile_count_override,
-            (operation_reports, would_help),
+            would_help,
         );
     }
     // A chain (a GEMM reading an earlier group's result) is planned jointly:
@@ -1153,6 +1151,8 @@ fn plan_and_lower(
         shared_projections,
         chained,
     };
+    // Plan every GEMM, in the shares of region 1 settled above.
+    let mut operation_reports: Vec<OperationReport> = Vec::new();
     let mut planned: Vec<PlannedGemm> = Vec::new();
     // Per group: whether its A operand arrives by an exchange step.
     let mut a_by_exchange = vec![false; groups.len()];
@@ -1356,7 +1356,9 @@ fn plan_and_lower(
 /// Plans and lowers a segment of attention over host operands: there are
 /// no projections to plan, so the operands' homes
 /// (`attention::host_homes`) and the attention take the tiles, with the
-/// best of `candidates` as ranked.
+/// best of `attention_candidates` as ranked. `would_help` carries the
+/// kernel specialisations planning found missing; there are no GEMMs to
+/// report.
 #[allow(clippy::too_many_arguments)]
 fn lower_host_attention(
     graph: &ipu_graph::Graph,
@@ -1366,7 +1368,7 @@ fn lower_host_attention(
     kernels: &mut attention::AttentionKernels,
     attention_candidates: &[attention::AttentionPlan],
     tile_count_override: Option<u32>,
-    (operation_reports, would_help): (Vec<OperationReport>, Vec<serde_json::Value>),
+    would_help: Vec<serde_json::Value>,
 ) -> Result<SegmentLowered, CompileError> {
     if let Some(g) = groups.first() {
         return Err(CompileError::Unsupported {
@@ -1426,7 +1428,7 @@ fn lower_host_attention(
         loop_body: None,
         lowered,
         tile_count,
-        operation_reports,
+        operation_reports: Vec::new(),
         would_help,
         chain_choice: None,
         attention: Some(attention_report(
