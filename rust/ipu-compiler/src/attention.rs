@@ -26,7 +26,11 @@
 //!    GEMM operand layouts with the head padded to 16.
 //! 4. per key block: S = Q K^T (`gemm_f16` ACC=32), the online softmax
 //!    update (`attention_online` PV=1: (m, l), P in f16 and the rescaling
-//!    factors), P V (`gemm_f16` ACC=32) and O = O a + P V (`attention_merge`).
+//!    factors), P V (`gemm_f16` ACC=32) and O = O a + P V (`attention_merge`);
+//!    or, in a plan whose P V accumulates into O ([`AttentionPlan::acc`]),
+//!    the online update with a lazy running maximum that rescales O in
+//!    place (`attention_online` ACC=1) and P V added to O by the GEMM's
+//!    accumulate mode, with no merge.
 //! 5. with key splits: an exchange of the other splits' (O, (m, l)) to
 //!    split 0, and one `attention_combine` step per other split.
 //! 6. `attention_final` on split 0: out = f16(O / l), the rows the host
@@ -472,6 +476,15 @@ pub fn recognise(graph: &Graph, groups: &[Group]) -> Result<Vec<AttentionBlock>,
 /// too; a head of 64's fifth block costs more than the online step's own
 /// sums (two issue slots a quad of keys): 1,024 x 128 on 4 tiles ran
 /// 5,031,771 cycles with the fifth block and 4,893,381 with the sums.
+///
+/// Blocks without the ones column may let P V accumulate into O instead of
+/// merging ([`AttentionPlan::acc`]), which saves the merge for two issue
+/// slots a row. Against the ones column that pays only for key blocks
+/// below 14 + 10 DQ keys (the ones' quads take two slots fewer, their
+/// merge 14 + 5 DQ a row): a head of 80 over blocks of 256 keys ran
+/// slower by the estimates (1,024 tokens of 2 heads on 32 tiles: 600,978
+/// compute cycles against 596,490), so the ones column stays where it
+/// pays and only the blocks without it accumulate.
 pub fn ones_pays(
     b: &AttentionBlock,
     gemm: &mut FormulaCost,
@@ -505,6 +518,10 @@ pub struct AttentionKernels {
     pub gemm: (KernelRequest, FormulaCost),
     pub online: (KernelRequest, FormulaCost),
     pub merge: (KernelRequest, FormulaCost),
+    /// `attention_online` ACC=1 ([`online_acc_request`]), for plans whose
+    /// P V accumulates into O ([`AttentionPlan::acc`]): present when the
+    /// block can take it and the library has it.
+    pub online_acc: Option<(KernelRequest, FormulaCost)>,
     pub final_: (KernelRequest, FormulaCost),
     pub fill: (KernelRequest, FormulaCost),
     pub transpose: (KernelRequest, FormulaCost),
@@ -553,14 +570,37 @@ pub fn online_and_merge_requests(block: &AttentionBlock, ones: bool) -> [KernelR
     } else {
         (16, 16, ones as i64)
     };
+    // EXP=16 ONES=0 names ACC=0: the library also holds that online
+    // kernel with ACC=1 ([`online_acc_request`]).
+    let mut online = vec![causal, ("PV", 1), ("PT", pt), ("EXP", exp), ("ONES", ones)];
+    if exp == 16 && ones == 0 {
+        online.push(("ACC", 0));
+    }
     [
+        request("attention_online", "attention_online.S", &online),
+        request("attention_merge", "attention_merge.S", &[("ONES", ones)]),
+    ]
+}
+
+/// The online kernel of a plan whose P V accumulates into O
+/// ([`AttentionPlan::acc`]): `attention_online` EXP=16 ACC=1, a lazy
+/// running maximum that rescales O in place. Only f16 blocks whose online
+/// step keeps its own sums (no ones column) take it.
+pub fn online_acc_request(block: &AttentionBlock) -> Option<KernelRequest> {
+    (!block.f32 && !block.ones).then(|| {
         request(
             "attention_online",
             "attention_online.S",
-            &[causal, ("PV", 1), ("PT", pt), ("EXP", exp), ("ONES", ones)],
-        ),
-        request("attention_merge", "attention_merge.S", &[("ONES", ones)]),
-    ]
+            &[
+                ("CAUSAL", block.causal as i64),
+                ("PV", 1),
+                ("PT", 16),
+                ("EXP", 16),
+                ("ONES", 0),
+                ("ACC", 1),
+            ],
+        )
+    })
 }
 
 fn request(entry: &str, source: &str, params: &[(&str, i64)]) -> KernelRequest {
@@ -671,6 +711,15 @@ pub struct AttentionPlan {
     /// rounds are of whole heads). Reported only when set.
     #[serde(skip_serializing_if = "std::ops::Not::not")]
     pub query_rounds: bool,
+    /// Row layout, f16 blocks whose online step keeps its own sums: P V
+    /// accumulates into O on the AMP (`gemm_f16`'s accumulate mode), O in
+    /// two C buffers of region 1 in the P V GEMM's layout, and the online
+    /// step (`attention_online` ACC=1) keeps O scaled to a lazy running
+    /// maximum itself, so no merge step runs. Else O lives in region 0
+    /// and `attention_merge` forms O a + P V after every key block.
+    /// Reported only when set.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub acc: bool,
 }
 
 fn is_one(n: &u32) -> bool {
@@ -774,6 +823,7 @@ impl AttentionPlan {
             projections_planned_over: None,
             key_chunks: 1,
             query_rounds: false,
+            acc: false,
         }
     }
     /// Heads per round (all of them in one round).
@@ -790,6 +840,10 @@ impl AttentionPlan {
 struct TileLayout {
     rows: u32,
     split_cb: u32,
+    /// P V accumulates into O ([`AttentionPlan::acc`]): O in a C buffer
+    /// of region 1, P and V a column block wider for the zero K block that
+    /// odd key blocks take ([`pv_k_blocks`]), no factors.
+    acc: bool,
 
     rs_q: u32,
     rs_kt: u32,
@@ -810,18 +864,19 @@ struct TileLayout {
 
 impl TileLayout {
     /// `block_cb`: column blocks of the widest key block; `split_cb`: of
-    /// the widest key split.
-    fn new(b: &AttentionBlock, rows: u32, block_cb: u32, split_cb: u32) -> TileLayout {
+    /// the widest key split; `acc`: P V accumulates into O.
+    fn new(b: &AttentionBlock, rows: u32, block_cb: u32, split_cb: u32, acc: bool) -> TileLayout {
         let eb = b.eb();
         TileLayout {
             rows,
             split_cb,
+            acc,
             rs_q: b.dp() * eb,
             rs_kt: split_cb * 16 * eb,
             rs_v: b.pv_cols() * eb,
             rs_s: block_cb * 16 * 4,
             rs_pv: b.pv_cols() * 4,
-            rs_p: block_cb * 16 * eb,
+            rs_p: pv_k_blocks(block_cb, acc) * 16 * eb,
             rs_o: 16 * b.dqv() + 8,
             rs_out: 4 * eb * b.dqv() + 8,
             rs_qt: transposed_row_stride(rows, 2),
@@ -842,20 +897,38 @@ impl TileLayout {
     fn kt_bytes(&self, b: &AttentionBlock) -> u32 {
         b.dp() * self.rs_kt
     }
+    /// With `acc` a column block of rows more, zeros or finite, which the
+    /// zero K block of the chunk's last key block reads when it is odd.
     fn v_bytes(&self, _b: &AttentionBlock) -> u32 {
-        self.split_cb * 16 * self.rs_v
+        (self.split_cb + self.acc as u32) * 16 * self.rs_v
     }
-    /// Both C buffers serve the scores GEMM and then the P V GEMM: a zero
-    /// header, two junk rows before each of up to [`ROW_GROUPS_MAX`] worker
-    /// row groups' rows ([`c_row`]), two drain rows.
+    /// Both C buffers serve the scores GEMM and then the P V GEMM (with
+    /// `acc`, `s_partial` as the buffer P V's K blocks alternate with O):
+    /// a zero header, two junk rows before each of up to
+    /// [`ROW_GROUPS_MAX`] worker row groups' rows ([`c_row`]), two drain
+    /// rows.
     fn c_bytes(&self) -> u32 {
         C_HEADER + (self.rows + 2 * ROW_GROUPS_MAX + 2) * self.rs_s.max(self.rs_pv)
+    }
+    /// With `acc`, O's buffer: the P V GEMM's C layout, the header unused
+    /// (the accumulate mode reads no zero word).
+    fn o_acc_bytes(&self) -> u32 {
+        C_HEADER + (self.rows + 2 * ROW_GROUPS_MAX + 2) * self.rs_pv
+    }
+    /// Bytes of a row of O: in P V's C buffers with `acc`, else in region
+    /// 0; a key split's state moves as such rows.
+    fn o_row_bytes(&self) -> u32 {
+        if self.acc {
+            self.rs_pv
+        } else {
+            self.rs_o
+        }
     }
     fn p_bytes(&self) -> u32 {
         (self.rows + 2) * self.rs_p
     }
     fn region1(&self, b: &AttentionBlock) -> Option<u64> {
-        crate::storage::region1_footprint(&[
+        let mut buffers = vec![
             (self.q_bytes(), true),
             (self.c_bytes(), true),
             (self.c_bytes(), true),
@@ -864,14 +937,24 @@ impl TileLayout {
             (self.v_bytes(b), false),
             (self.qt_bytes(), false),
             (self.vt_bytes(), false),
-        ])
+        ];
+        if self.acc {
+            buffers.push((self.o_acc_bytes(), true));
+        }
+        crate::storage::region1_footprint(&buffers)
     }
-    /// Region 0: O, (m, l), factors, the output rows, scratch, and the
-    /// other splits' states a combining tile receives.
+    /// Region 0: O (unless it accumulates in region 1), (m, l), factors
+    /// (likewise), the output rows, scratch, and the other splits' states
+    /// a combining tile receives.
     fn region0(&self, splits: u32) -> u64 {
         let r = self.rows as u64;
-        let state = r * self.rs_o as u64 + 8 * r;
-        state * splits as u64 + 4 * r + r * self.rs_out as u64 + 64
+        let own = if self.acc {
+            8 * r
+        } else {
+            r * self.rs_o as u64 + 12 * r
+        };
+        let others = (splits as u64 - 1) * r * (self.o_row_bytes() as u64 + 8);
+        own + others + r * self.rs_out as u64 + 64
     }
 }
 
@@ -889,23 +972,50 @@ const ROW_GROUPS_MAX: u32 = 3;
 /// (2 x 128 rows each); 3 row groups of 2 column groups of 4 blocks take
 /// 43 rows each: 26% fewer cycles.
 fn gemm_grid(gemm: &mut FormulaCost, rows: u32, ncb: u32, nkb: u32) -> GemmGrid {
-    let w = ipu_arch::WORKER_CONTEXTS;
     (1..=ROW_GROUPS_MAX.min(rows.max(1)))
-        .map(|g| {
-            let row_groups = ranges(rows, g);
-            let col_groups = ranges(ncb, ncb.min(w / g).max(1));
-            let m = row_groups.iter().map(|r| r.1 - r.0).max().unwrap_or(0) as i64;
-            let widest = col_groups.iter().map(|c| c.1 - c.0).max().unwrap_or(0) as i64;
-            let cycles = gemm.eval(&[("M", m), ("NCB", widest), ("NKB", nkb as i64)])
-                + launch_cycles((row_groups.len() * col_groups.len()) as u64);
-            GemmGrid {
-                row_groups,
-                col_groups,
-                cycles,
-            }
-        })
+        .map(|g| gemm_grid_of(gemm, rows, g, ncb, nkb))
         .min_by_key(|grid| grid.cycles)
         .expect("at least one row group")
+}
+
+/// The grid of [`gemm_grid`] with `g` row groups: a GEMM that accumulates
+/// into O keeps O's row groups from key block to key block
+/// ([`AttentionPlan::acc`]).
+fn gemm_grid_of(gemm: &mut FormulaCost, rows: u32, g: u32, ncb: u32, nkb: u32) -> GemmGrid {
+    let w = ipu_arch::WORKER_CONTEXTS;
+    let row_groups = ranges(rows, g);
+    let col_groups = ranges(ncb, ncb.min(w / g).max(1));
+    let m = row_groups.iter().map(|r| r.1 - r.0).max().unwrap_or(0) as i64;
+    let widest = col_groups.iter().map(|c| c.1 - c.0).max().unwrap_or(0) as i64;
+    let cycles = gemm.eval(&[("M", m), ("NCB", widest), ("NKB", nkb as i64)])
+        + launch_cycles((row_groups.len() * col_groups.len()) as u64);
+    GemmGrid {
+        row_groups,
+        col_groups,
+        cycles,
+    }
+}
+
+/// The P V GEMM's grid for a key block of `nb` column blocks on `rows`
+/// query rows: the fastest for that block, or with `acc` (P V accumulates
+/// into O, [`AttentionPlan::acc`]; the widest key block's column blocks)
+/// the row groups that are fastest at the widest block, which fix where
+/// O's rows lie for every block.
+fn pv_grid(
+    gemm: &mut FormulaCost,
+    b: &AttentionBlock,
+    rows: u32,
+    nb: u32,
+    acc: Option<u32>,
+) -> GemmGrid {
+    let ncb = b.pv_cols() / 16;
+    match acc {
+        Some(widest) => {
+            let g = gemm_grid(gemm, rows, ncb, widest).row_groups.len() as u32;
+            gemm_grid_of(gemm, rows, g, ncb, nb)
+        }
+        None => gemm_grid(gemm, rows, ncb, nb),
+    }
 }
 
 /// A row-layout GEMM's worker grid ([`gemm_grid`]): its row groups, its
@@ -926,25 +1036,53 @@ fn c_row(row_groups: &[(u32, u32)], r: u32, rs: u32) -> u32 {
     C_HEADER + (r + 2 * (g + 1)) * rs
 }
 
+/// The K blocks of P V over a key block of `nb` column blocks: with `acc`
+/// ([`AttentionPlan::acc`]) an even number, so that the GEMM, which
+/// alternates between its C buffers from K block to K block, ends where
+/// it began, in O's buffer (its other buffer is `s_partial`, whose scores
+/// are dead by then; a second buffer for O of its own would take two
+/// more memory elements at 128 rows, which left 2,048 x 512 on 64 tiles
+/// only key blocks of half the width). An odd block takes a zero K block:
+/// the online step writes P's zeros up to there, and V's rows there are
+/// the next block's or zeros, finite either way.
+fn pv_k_blocks(nb: u32, acc: bool) -> u32 {
+    if acc {
+        round_up(nb, 2)
+    } else {
+        nb
+    }
+}
+
 /// The attention steps' cycles on a tile with `rows` query rows, whose V
 /// buffer holds `hold_cb` column blocks of keys (a key chunk's, or the
-/// split's in one chunk).
+/// split's in one chunk): the fill, then four steps a key block (scores,
+/// online softmax, P V, merge), then the final normalisation. With `acc`
+/// (the widest key block's column blocks, [`pv_grid`]) P V accumulates
+/// into O: the online step is `attention_online` ACC=1 and the merge
+/// costs nothing (no step runs). The lazy maximum's rescales of O after
+/// the first block depend on the data and are not counted (at most a
+/// pass over O a row, about the merge's cost, and rare once the maximum
+/// has settled).
 fn compute_cycles(
     b: &AttentionBlock,
     k: &mut AttentionKernels,
     rows: u32,
     key_blocks: &[(u32, u32)],
     hold_cb: u32,
+    acc: Option<u32>,
 ) -> (u64, Vec<u64>) {
     // The online, merge and final kernels work on O, v's width.
     let dq = b.dqv() as i64;
     let row_parts = ranges(rows, rows.min(6));
     let max_rows = row_parts.iter().map(|r| r.1 - r.0).max().unwrap_or(0) as i64;
     let mut steps = Vec::new();
-    let layout = TileLayout::new(b, rows, 1, 1);
+    let layout = TileLayout::new(b, rows, 1, 1, acc.is_some());
     // The fills (balanced over six workers): O, (m, l), Q, the padding.
-    let items =
-        (rows * layout.rs_o + 8 * rows + (rows + 4) * layout.rs_q + 8 * b.key_blocks() * 32) / 8;
+    let items = (rows * layout.o_row_bytes()
+        + 8 * rows
+        + (rows + 4) * layout.rs_q
+        + 8 * b.key_blocks() * 32)
+        / 8;
     let fill = k
         .fill
         .1
@@ -961,20 +1099,37 @@ fn compute_cycles(
         let nb = c1 - c0;
         steps.push(gemm_grid(&mut k.gemm.1, rows, nb, b.dp() / 16).cycles);
         let keys = ((c1 * 16).min(b.sk) - c0 * 16) as i64;
-        let online = k.online.1.eval(&[
+        let nkb_pv = pv_k_blocks(nb, acc.is_some());
+        let online = online_formula(k, acc.is_some()).eval(&[
             ("ROWS", max_rows),
             ("BK", keys),
-            ("BKP", nb as i64 * 16),
+            ("BKP", nkb_pv as i64 * 16),
             ("DQ", dq),
         ]);
         steps.push(online + launch_cycles(row_parts.len() as u64));
-        steps.push(gemm_grid(&mut k.gemm.1, rows, b.pv_cols() / 16, nb).cycles);
-        let merge = k.merge.1.eval(&[("ROWS", max_rows), ("DQ", dq)]);
-        steps.push(merge + launch_cycles(row_parts.len() as u64));
+        steps.push(pv_grid(&mut k.gemm.1, b, rows, nkb_pv, acc).cycles);
+        steps.push(match acc {
+            Some(_) => 0,
+            None => {
+                k.merge.1.eval(&[("ROWS", max_rows), ("DQ", dq)])
+                    + launch_cycles(row_parts.len() as u64)
+            }
+        });
     }
     let fin = k.final_.1.eval(&[("ROWS", max_rows), ("DQ", dq)]);
     steps.push(fin + launch_cycles(row_parts.len() as u64));
     (steps.iter().sum(), steps)
+}
+
+/// The online kernel's formula: `attention_online` ACC=1 when P V
+/// accumulates into O ([`AttentionPlan::acc`]; planned only when the
+/// kernels include it).
+fn online_formula(k: &mut AttentionKernels, acc: bool) -> &mut FormulaCost {
+    match (acc, k.online_acc.as_mut()) {
+        (true, Some(online)) => &mut online.1,
+        (true, None) => unreachable!("an accumulating plan without attention_online ACC=1"),
+        (false, _) => &mut k.online.1,
+    }
 }
 
 /// `fill_rows` vertices that write f16 1.0 (and three zeros) into the
@@ -1027,12 +1182,14 @@ fn causal_online_cycles(
     q0: u32,
     (k0, bk): (u32, u32),
     bkp: u32,
+    acc: bool,
 ) -> u64 {
     let dq = b.dqv() as i64;
     let parts = ranges(rows, rows.min(ipu_arch::WORKER_CONTEXTS));
+    let online = online_formula(k, acc);
     // The formula is a vertex's constant plus ROWS times a row's cost.
     let mut eval = |rows: i64, nk: u32| {
-        k.online.1.eval(&[
+        online.eval(&[
             ("ROWS", rows),
             ("BK", nk as i64),
             ("BKP", bkp as i64),
@@ -1129,29 +1286,45 @@ type Blocking = (Vec<(u32, u32)>, u32, TileLayout, u64);
 /// Key blockings of splits at most `split_cb` column blocks wide whose
 /// buffers fit region 1 with `rows` query rows: the fewest blocks and up to
 /// two more (smaller score buffers leave more memory to the projections'
-/// weights, at the price of more launches), each moving in one chunk.
+/// weights, at the price of more launches), each moving in one chunk;
+/// with `acc` (the kernels let P V accumulate into O, [`AttentionPlan::acc`])
+/// each of them also so, where that fits too.
+///
+/// Accumulating plans only join blockings found without them: their
+/// region 0 is smaller, so they would fit in one chunk where the merge's
+/// plans do not and keep [`plan`]'s second pass (key chunks) from running.
+/// 1,024 tokens of 2 heads of 80 on 32 tiles then took 11 blocks of 48
+/// keys in one chunk, estimated 676,176 compute cycles, where the second
+/// pass finds 596,490 in four chunks.
 fn key_blockings(
     b: &AttentionBlock,
     rows: u32,
     first: (u32, u32),
-    split_cb: u32,
-    min_split_cb: u32,
+    (split_cb, min_split_cb): (u32, u32),
     splits: u32,
+    acc: bool,
 ) -> Vec<Blocking> {
     let mut out = Vec::new();
-    for nblocks in 1..=min_split_cb {
+    let blocking = |nblocks: u32, acc: bool| -> Option<Blocking> {
         let widest = split_cb.div_ceil(nblocks);
-        let layout = TileLayout::new(b, rows, widest, split_cb);
-        if let Some(r1) = layout.region1(b) {
-            if layout.region0(splits) <= STANDARD_BUDGET / 2 {
-                let blocks = ranges(first.1 - first.0, nblocks)
-                    .into_iter()
-                    .map(|(a, z)| (first.0 + a, first.0 + z))
-                    .collect();
-                out.push((blocks, 1, layout, r1));
-                if out.len() == 3 {
-                    break;
-                }
+        let layout = TileLayout::new(b, rows, widest, split_cb, acc);
+        let r1 = layout.region1(b)?;
+        (layout.region0(splits) <= STANDARD_BUDGET / 2).then(|| {
+            let blocks = ranges(first.1 - first.0, nblocks)
+                .into_iter()
+                .map(|(a, z)| (first.0 + a, first.0 + z))
+                .collect();
+            (blocks, 1, layout, r1)
+        })
+    };
+    for nblocks in 1..=min_split_cb {
+        if let Some(found) = blocking(nblocks, false) {
+            out.push(found);
+            if acc {
+                out.extend(blocking(nblocks, true));
+            }
+            if out.iter().filter(|o| !o.2.acc).count() == 3 {
+                break;
             }
         }
     }
@@ -1191,12 +1364,16 @@ fn widest_block_and_chunk(key_splits: &[(u32, u32)], blocks: u32, chunks: u32) -
 /// blocks run the merge less often (session 58: 2,048 x 512 over inputs
 /// on 64 tiles 5.7% faster with blocks of 12, the f32 attention of 1,024
 /// tokens on 8 tiles 7.0% with blocks of 6 in two query rounds).
+///
+/// Each blocking comes once for each of `accs`: with P V accumulating
+/// into O ([`AttentionPlan::acc`]) and without.
 fn chunked_blockings(
     b: &AttentionBlock,
     rows: u32,
     key_splits: &[(u32, u32)],
     (first, splits): ((u32, u32), u32),
     wide: bool,
+    accs: &[bool],
 ) -> Vec<Blocking> {
     let mut out = Vec::new();
     if b.staged() {
@@ -1209,39 +1386,40 @@ fn chunked_blockings(
     } else {
         &[1, 2, 4, 8]
     };
-    for &width in block_widths {
-        let nblocks = split_cb.div_ceil(width);
-        // Every split takes `nblocks` nonempty blocks; a wider block than
-        // the split is the one-chunk case.
-        if nblocks < 2 || nblocks > min_split_cb {
-            continue;
-        }
-        for per_chunk in [32u32, 16, 8, 4, 2, 1] {
-            let chunks = nblocks.div_ceil(per_chunk);
-            if chunks < 2 {
+    for &acc in accs {
+        for &width in block_widths {
+            let nblocks = split_cb.div_ceil(width);
+            // Every split takes `nblocks` nonempty blocks; a wider block than
+            // the split is the one-chunk case.
+            if nblocks < 2 || nblocks > min_split_cb {
                 continue;
             }
-            let (block_cb, chunk_cb) = widest_block_and_chunk(key_splits, nblocks, chunks);
-            let layout = TileLayout::new(b, rows, block_cb, chunk_cb);
-            let Some(r1) = layout.region1(b) else {
-                continue;
-            };
-            if layout.region0(splits) > STANDARD_BUDGET * 7 / 8 {
-                // The state does not depend on the chunks.
-                break;
+            for per_chunk in [32u32, 16, 8, 4, 2, 1] {
+                let chunks = nblocks.div_ceil(per_chunk);
+                if chunks < 2 {
+                    continue;
+                }
+                let (block_cb, chunk_cb) = widest_block_and_chunk(key_splits, nblocks, chunks);
+                let layout = TileLayout::new(b, rows, block_cb, chunk_cb, acc);
+                let Some(r1) = layout.region1(b) else {
+                    continue;
+                };
+                if layout.region0(splits) > STANDARD_BUDGET * 7 / 8 {
+                    // The state does not depend on the chunks.
+                    break;
+                }
+                // Few blocks give several chunk sizes the same chunks.
+                if out.last().is_some_and(|o: &Blocking| {
+                    o.0.len() as u32 == nblocks && o.1 == chunks && o.2.acc == acc
+                }) {
+                    continue;
+                }
+                let blocks = ranges(first.1 - first.0, nblocks)
+                    .into_iter()
+                    .map(|(a, z)| (first.0 + a, first.0 + z))
+                    .collect();
+                out.push((blocks, chunks, layout, r1));
             }
-            // Few blocks give several chunk sizes the same chunks.
-            if out
-                .last()
-                .is_some_and(|o: &Blocking| o.0.len() as u32 == nblocks && o.1 == chunks)
-            {
-                continue;
-            }
-            let blocks = ranges(first.1 - first.0, nblocks)
-                .into_iter()
-                .map(|(a, z)| (first.0 + a, first.0 + z))
-                .collect();
-            out.push((blocks, chunks, layout, r1));
         }
     }
     out
@@ -1332,6 +1510,14 @@ pub fn plan(
     let mut out = Vec::new();
     let ncb = block.key_blocks();
     let dq = block.dqv() as i64;
+    // Row plans with P V accumulating into O compete with those of a
+    // merge step where the kernels allow: they keep O in region 1, which
+    // few-tile plans may need for their keys.
+    let accs: &[bool] = if kernels.online_acc.is_some() {
+        &[false, true]
+    } else {
+        &[false]
+    };
     // The second, "stretched" pass runs only when no row or column plan of
     // the first fits (a long sequence on few tiles): its row plans move
     // their keys in chunks, and with one key split may also run the query
@@ -1417,7 +1603,14 @@ pub fn plan(
                     // The first pass takes the keys in one chunk; the second in
                     // chunks, and with query rounds in either.
                     let whole = if !stretched || query_rounds {
-                        key_blockings(block, rows, widest_split, split_cb, min_split_cb, splits)
+                        key_blockings(
+                            block,
+                            rows,
+                            widest_split,
+                            (split_cb, min_split_cb),
+                            splits,
+                            accs.contains(&true),
+                        )
                     } else {
                         Vec::new()
                     };
@@ -1428,14 +1621,19 @@ pub fn plan(
                             &key_splits,
                             (widest_split, splits),
                             unlimited,
+                            accs,
                         )
                     } else {
                         Vec::new()
                     };
                     let blockings = whole.into_iter().chain(chunked);
                     for (key_blocks, chunks, layout, r1) in blockings {
+                        // With `acc` P V's row groups are those of the
+                        // widest block (the cost takes the widest split's).
+                        let widest_block = key_blocks.iter().map(|c| c.1 - c.0).max();
+                        let acc = widest_block.filter(|_| layout.acc);
                         let (mut compute, per_step) =
-                            compute_cycles(block, kernels, rows, &key_blocks, layout.split_cb);
+                            compute_cycles(block, kernels, rows, &key_blocks, layout.split_cb, acc);
                         // Every attention tile receives its split's K^T and V and
                         // its Q rows; with splits, a combine exchange and steps.
                         let keys = (split_cb * 16).min(block.sk) as u64;
@@ -1447,8 +1645,9 @@ pub fn plan(
                         let mut exchange = chunks as u64 * ipu_arch::SYNC_CYCLES
                             + received.div_ceil(ipu_arch::EXCHANGE_RECV_BYTES_PER_CYCLE as u64);
                         if splits > 1 {
-                            let state =
-                                (splits as u64 - 1) * rows as u64 * (layout.rs_o as u64 + 8);
+                            let state = (splits as u64 - 1)
+                                * rows as u64
+                                * (layout.o_row_bytes() as u64 + 8);
                             exchange += ipu_arch::SYNC_CYCLES
                                 + state.div_ceil(ipu_arch::EXCHANGE_RECV_BYTES_PER_CYCLE as u64);
                             let per_vertex = rows.div_ceil(6) as i64;
@@ -1497,7 +1696,8 @@ pub fn plan(
                         // seven eighths of region 0 (the others' few steps
                         // fit in the half of region 0 their state leaves).
                         if chunks > 1 || query_rounds {
-                            let steps = rounds as u64 * (4 * key_blocks.len() as u64 + 2);
+                            let per_block = if layout.acc { 3 } else { 4 };
+                            let steps = rounds as u64 * (per_block * key_blocks.len() as u64 + 2);
                             region0 += steps * STEP_CODE_BYTES;
                             if region0 > STANDARD_BUDGET * 7 / 8 {
                                 continue;
@@ -1530,6 +1730,7 @@ pub fn plan(
                             projections_planned_over: None,
                             key_chunks: chunks,
                             query_rounds,
+                            acc: layout.acc,
                         });
                     }
                 }
@@ -1553,14 +1754,46 @@ struct TileBuffers {
     s: usize,
     s2: usize,
     p: usize,
+    /// O: in region 0, or with [`AttentionPlan::acc`] a C buffer in P
+    /// V's layout.
     o: usize,
+    /// With `acc`: the P V GEMM's row groups, which fix where O's rows
+    /// lie in its buffer ([`c_row`]).
+    o_acc: Option<Vec<(u32, u32)>>,
     ml: usize,
-    alpha: usize,
+    /// The online step's rescaling factors for the merge (not with `acc`).
+    alpha: Option<usize>,
     out: usize,
     /// Eight bytes per online vertex (its (-m', -m') pair).
     scratch: usize,
     /// On a split-0 tile: (O, (m, l)) received from each other key split.
     others: Vec<(usize, usize)>,
+}
+
+/// O's rows from row `r0` as the online step (which rescales them with
+/// [`AttentionPlan::acc`]), the combine and the final read them: the
+/// address of row `r0` and the row stride. With `acc` the rows lie in P
+/// V's C layout, junk rows between its row groups, and a vertex's rows
+/// (one of six ranges, [`row_vertices`]) nest in one row group, so they
+/// are evenly spaced.
+fn o_rows(t: &TileBuffers, lay: &TileLayout, r0: u32) -> (StateWord, u32) {
+    let buffer = t.o;
+    match &t.o_acc {
+        Some(o_rows) => (
+            StateWord::Addr {
+                buffer,
+                offset: c_row(o_rows, r0, lay.rs_pv),
+            },
+            lay.rs_pv,
+        ),
+        None => (
+            StateWord::Addr {
+                buffer,
+                offset: r0 * lay.rs_o,
+            },
+            lay.rs_o,
+        ),
+    }
 }
 
 /// One vertex of `kernel` per part of `rows` (at most one per worker), its
@@ -2208,13 +2441,13 @@ fn lower_rows(
         for ks in 0..splits {
             let tile = unit_tile(h, qi, ks).expect("a unit of the round");
             let rows = q1 - q0;
-            let lay = TileLayout::new(b, rows, widest, hold_cb);
+            let lay = TileLayout::new(b, rows, widest, hold_cb, plan.acc);
             // Query rounds give a tile query blocks of different sizes
             // from round to round, in the buffers of the first: they
             // hold the most rows of any block (the strides do not
             // depend on the rows).
             let alloc = if plan.query_rounds {
-                TileLayout::new(b, plan.rows, widest, hold_cb)
+                TileLayout::new(b, plan.rows, widest, hold_cb, plan.acc)
             } else {
                 lay
             };
@@ -2310,14 +2543,30 @@ fn lower_rows(
                 vec![],
                 "attention_scores",
             )));
-            let o = push(spec(
-                "o",
-                alloc.rows * lay.rs_o,
-                RegionReq::Standard,
-                false,
-                vec![],
-                "attention_state",
-            ));
+            // O accumulating on the AMP lives in a C buffer of the P V
+            // GEMM, scratch of the attention like the scores.
+            let (o, o_acc) = if plan.acc {
+                let o = push(scratch(spec(
+                    "o_acc",
+                    alloc.o_acc_bytes(),
+                    RegionReq::Interleaved,
+                    true,
+                    vec![],
+                    "attention_state",
+                )));
+                let o_rows = pv_grid(&mut kernels.gemm.1, b, rows, widest, Some(widest)).row_groups;
+                (o, Some(o_rows))
+            } else {
+                let o = push(spec(
+                    "o",
+                    alloc.rows * lay.rs_o,
+                    RegionReq::Standard,
+                    false,
+                    vec![],
+                    "attention_state",
+                ));
+                (o, None)
+            };
             let ml = push(spec(
                 "ml",
                 alloc.rows * 8,
@@ -2326,14 +2575,16 @@ fn lower_rows(
                 vec![],
                 "attention_state",
             ));
-            let alpha = push(spec(
-                "alpha",
-                alloc.rows * 4,
-                RegionReq::Standard,
-                false,
-                vec![],
-                "attention_state",
-            ));
+            let alpha = (!plan.acc).then(|| {
+                push(spec(
+                    "alpha",
+                    alloc.rows * 4,
+                    RegionReq::Standard,
+                    false,
+                    vec![],
+                    "attention_state",
+                ))
+            });
             // Every round's result rows stay for the host.
             let out_role = if round == 0 {
                 "out".to_string()
@@ -2363,7 +2614,7 @@ fn lower_rows(
                         (
                             push(spec(
                                 &format!("o_split{j}"),
-                                rows * lay.rs_o,
+                                rows * lay.o_row_bytes(),
                                 RegionReq::Standard,
                                 false,
                                 vec![],
@@ -2399,6 +2650,7 @@ fn lower_rows(
                         s2,
                         p,
                         o,
+                        o_acc,
                         ml,
                         alpha,
                         out,
@@ -2488,27 +2740,56 @@ fn lower_rows(
     for (&tile, &(_, _, ks, ref t, lay)) in &tiles {
         let rows = lay.rows;
         // (buffer, offset, bytes, lo, hi)
-        let mut ranges_to_fill: Vec<FillJob> = vec![
-            (t.o, 0, rows * lay.rs_o, 0, 0),
+        // O = 0: its rows in region 0, or with `acc` the rows of each P V
+        // row group in O's first C buffer (the junk rows between them
+        // reach no row of O).
+        let mut ranges_to_fill: Vec<FillJob> = match &t.o_acc {
+            Some(o_rows) => o_rows
+                .iter()
+                .map(|&(r0, r1)| {
+                    (
+                        t.o,
+                        c_row(o_rows, r0, lay.rs_pv),
+                        (r1 - r0) * lay.rs_pv,
+                        0,
+                        0,
+                    )
+                })
+                .collect(),
+            None => vec![(t.o, 0, rows * lay.rs_o, 0, 0)],
+        };
+        ranges_to_fill.extend([
             (t.ml, 0, rows * 8, f32::NEG_INFINITY.to_bits(), 0),
             (t.q, 0, lay.q_bytes(), 0, 0),
             (t.s, 0, C_HEADER, 0, 0),
             (t.s2, 0, C_HEADER, 0, 0),
             (t.p, rows * lay.rs_p, 2 * lay.rs_p, 0, 0),
-        ];
+        ]);
         if dp > d {
             ranges_to_fill.push((t.kt, d * lay.rs_kt, (dp - d) * lay.rs_kt, 0, 0));
         }
         // V rows past the split's keys in its last chunk (the GEMM
         // multiplies them by P's zero columns, so they must not hold NaN
-        // or infinity; an earlier chunk's keys there are finite).
-        let (c0, _) = plan.chunk_columns(ks as usize, chunks.len() - 1);
-        let keys = {
+        // or infinity; an earlier chunk's keys there are finite). With
+        // `acc` an odd key block's zero K block ([`pv_k_blocks`]) reads the
+        // column block after its own, past its chunk's keys when it is the
+        // chunk's last: so from the keys of the split's shortest chunk on,
+        // a column block further than V's chunks reach. The fill comes
+        // before every chunk's exchange, which writes what longer chunks
+        // hold there.
+        let chunk_keys_of = |c: usize| {
+            let (c0, c1) = plan.chunk_columns(ks as usize, c);
             let (k0, n) = split_keys(ks);
-            k0 + n - c0 * 16
+            (c1 * 16).min(k0 + n) - c0 * 16
         };
-        if hold_cb * 16 > keys {
-            ranges_to_fill.push((t.v, keys * lay.rs_v, (hold_cb * 16 - keys) * lay.rs_v, 0, 0));
+        let keys = if plan.acc {
+            (0..chunks.len()).map(chunk_keys_of).min().expect("a chunk")
+        } else {
+            chunk_keys_of(chunks.len() - 1)
+        };
+        let v_rows = (hold_cb + plan.acc as u32) * 16;
+        if v_rows > keys {
+            ranges_to_fill.push((t.v, keys * lay.rs_v, (v_rows - keys) * lay.rs_v, 0, 0));
         }
         let (vertices, slowest) = fill_vertices(&ranges_to_fill, &mut kernels.fill.1);
         let cycles = slowest + launch_cycles(vertices.len() as u64);
@@ -2798,7 +3079,6 @@ fn lower_rows(
 
     // Steps 3 and 4: per key block, then the final normalisation.
     let nkb_s = dp / 16;
-    let ncb_v = b.pv_cols() / 16;
     let mut steps = Vec::new();
     steps.extend(
         std::iter::once(prep)
@@ -2847,6 +3127,19 @@ fn lower_rows(
     let split_blocks: Vec<Vec<(u32, u32)>> = (0..plan.key_splits.len())
         .map(|k| plan.blocks_of(k))
         .collect();
+    // With `acc` P V's row groups are those of the widest block on every
+    // tile.
+    let acc = plan.acc.then_some(widest);
+    let online_kernel = match (plan.acc, &kernels.online_acc) {
+        (true, Some(k)) => k.0.clone(),
+        (true, None) => {
+            return Err(CompileError::Verifier {
+                phase: "lower",
+                message: format!("`{name}`: a plan whose P V accumulates into O without the kernel attention_online ACC=1"),
+            })
+        }
+        (false, _) => kernels.online.0.clone(),
+    };
     for bi in 0..live_blocks {
         if bi > 0 && chunk_of(&chunks, bi) != chunk_of(&chunks, bi - 1) {
             if let Some(x) = xsteps.next() {
@@ -2869,7 +3162,7 @@ fn lower_rows(
             let (c0, c1) = split_blocks[ks as usize][bi];
             let costs = tile_costs
                 .entry((rows, (c0, c1)))
-                .or_insert_with(|| compute_cycles(b, kernels, rows, &[(c0, c1)], hold_cb).1);
+                .or_insert_with(|| compute_cycles(b, kernels, rows, &[(c0, c1)], hold_cb, acc).1);
             // A causal block's rows see fewer of its keys than it holds
             // (none above the diagonal): each worker's rows cost what the
             // keys they see cost.
@@ -2880,31 +3173,41 @@ fn lower_rows(
                     rows,
                     q0 + offset_causal,
                     (c0 * 16, (c1 * 16).min(b.sk) - c0 * 16),
-                    (c1 - c0) * 16,
+                    pv_k_blocks(c1 - c0, plan.acc) * 16,
+                    plan.acc,
                 )
             } else {
                 costs[2]
             };
-            for (step, cycles) in [
-                (&mut sg, costs[1]),
-                (&mut on, online),
-                (&mut pv, costs[3]),
-                (&mut mg, costs[4]),
-            ] {
+            for (step, cycles) in [(&mut sg, costs[1]), (&mut on, online), (&mut pv, costs[3])] {
                 step.charge_tile(tile, cycles);
+            }
+            if !plan.acc {
+                mg.charge_tile(tile, costs[4]);
             }
             let local = c0 - plan.chunk_columns(ks as usize, chunk_of(&chunks, bi)).0;
             let nb = c1 - c0;
+            // P V's K blocks (and P's columns the online step writes).
+            let nkb_pv = pv_k_blocks(nb, plan.acc);
             let k0 = c0 * 16;
             let bk = (c1 * 16).min(b.sk) - k0;
             // The result of a GEMM with NKB blocks ends in `s` when K block
-            // 0 writes `s` for odd NKB and `s_partial` for even NKB.
-            let order = |nkb: u32| {
-                if nkb % 2 == 1 {
+            // 0 writes `s` for odd NKB and `s_partial` for even NKB; its
+            // first K block reads the zero header of the other.
+            let zeroed = |nkb: u32| {
+                let (first, second) = if nkb % 2 == 1 {
                     (t.s, t.s2)
                 } else {
                     (t.s2, t.s)
-                }
+                };
+                (
+                    first,
+                    second,
+                    StateWord::Addr {
+                        buffer: second,
+                        offset: 0,
+                    },
+                )
             };
             // Each GEMM's worker grid ([`gemm_grid`]); the online softmax
             // and the merge read its rows where [`c_row`] puts them (their
@@ -2918,19 +3221,31 @@ fn lower_rows(
                 row_groups: v_rows,
                 col_groups: v_cols,
                 ..
-            } = gemm_grid(&mut kernels.gemm.1, rows, ncb_v, nb);
+            } = pv_grid(&mut kernels.gemm.1, b, rows, nkb_pv, acc);
+            // Where P V's K block 0 writes (CA), what it reads as partials
+            // (CB) and the zero word (Z): with `acc` `s_partial`, O (the
+            // running sum) and the accumulate mode's Z = 0; an even number
+            // of K blocks ends in O.
+            let pv_buffers = match &t.o_acc {
+                Some(o_rows) => {
+                    debug_assert_eq!(&v_rows, o_rows, "O's row groups are fixed");
+                    debug_assert_eq!(nkb_pv % 2, 0);
+                    (t.s2, t.o, StateWord::Const(0))
+                }
+                None => zeroed(nb),
+            };
             // `a`: the A operand's buffer (its row 0 at offset 0); a row
             // group's vertex starts at the group's first row.
             let gemm = |a: usize,
                         rs_a: u32,
                         bb: StateWord,
                         rs_b: u32,
+                        (first, second, z): (usize, usize, StateWord),
                         rs_c: u32,
                         (row_groups, g): (&[(u32, u32)], usize),
                         cg0: u32,
                         ncb: u32,
                         nkb: u32| {
-                let (first, second) = order(nkb);
                 let (r0, r1) = row_groups[g];
                 let c_off = c_row(row_groups, r0, rs_c) + cg0 * 64;
                 Vertex {
@@ -2952,10 +3267,7 @@ fn lower_rows(
                             offset: c_off,
                         },
                         StateWord::Const(rs_c),
-                        StateWord::Addr {
-                            buffer: second,
-                            offset: 0,
-                        },
+                        z,
                         StateWord::Const(r1 - r0),
                         StateWord::Const(nkb),
                         StateWord::Const(ncb),
@@ -2975,6 +3287,7 @@ fn lower_rows(
                                 offset: (local + g0) * 16 * eb,
                             },
                             lay.rs_kt,
+                            zeroed(nkb_s),
                             lay.rs_s,
                             (&s_rows, g),
                             g0,
@@ -2986,7 +3299,8 @@ fn lower_rows(
             );
             std::sync::Arc::make_mut(&mut on.tiles).insert(
                 tile,
-                row_vertices(rows, &kernels.online.0, |w, r0, r1| {
+                row_vertices(rows, &online_kernel, |w, r0, r1| {
+                    let (o_word, rs_o) = o_rows(t, &lay, r0);
                     vec![
                         StateWord::Addr {
                             buffer: t.s,
@@ -2998,11 +3312,8 @@ fn lower_rows(
                             offset: local * 16 * lay.rs_v,
                         },
                         StateWord::Const(lay.rs_v),
-                        StateWord::Addr {
-                            buffer: t.o,
-                            offset: r0 * lay.rs_o,
-                        },
-                        StateWord::Const(lay.rs_o),
+                        o_word,
+                        StateWord::Const(rs_o),
                         StateWord::Addr {
                             buffer: t.ml,
                             offset: 8 * r0,
@@ -3022,10 +3333,14 @@ fn lower_rows(
                             offset: r0 * lay.rs_p,
                         },
                         StateWord::Const(lay.rs_p),
-                        StateWord::Const(nb * 16),
-                        StateWord::Addr {
-                            buffer: t.alpha,
-                            offset: 4 * r0,
+                        StateWord::Const(nkb_pv * 16),
+                        // ACC=1 writes no factors and reads no ALPHA.
+                        match t.alpha {
+                            Some(alpha) => StateWord::Addr {
+                                buffer: alpha,
+                                offset: 4 * r0,
+                            },
+                            None => StateWord::Const(0),
                         },
                     ]
                 }),
@@ -3043,46 +3358,49 @@ fn lower_rows(
                                 offset: local * 16 * lay.rs_v + g0 * 16 * eb,
                             },
                             lay.rs_v,
+                            pv_buffers,
                             lay.rs_pv,
                             (&v_rows, g),
                             g0,
                             g1 - g0,
-                            nb,
+                            nkb_pv,
                         )
                     })
                     .collect(),
             );
-            std::sync::Arc::make_mut(&mut mg.tiles).insert(
-                tile,
-                row_vertices(rows, &kernels.merge.0, |_, r0, r1| {
-                    let mut state = vec![
-                        StateWord::Addr {
-                            buffer: t.o,
-                            offset: r0 * lay.rs_o,
-                        },
-                        StateWord::Const(lay.rs_o),
-                        StateWord::Addr {
-                            buffer: t.s,
-                            offset: c_row(&v_rows, r0, lay.rs_pv),
-                        },
-                        StateWord::Const(lay.rs_pv),
-                        StateWord::Addr {
-                            buffer: t.alpha,
-                            offset: 4 * r0,
-                        },
-                        StateWord::Const(r1 - r0),
-                        StateWord::Const(dq),
-                    ];
-                    if b.ones {
-                        // ONES=1: l' = l a + P V's ones column.
-                        state.push(StateWord::Addr {
-                            buffer: t.ml,
-                            offset: 8 * r0,
-                        });
-                    }
-                    state
-                }),
-            );
+            if let Some(alpha) = t.alpha {
+                std::sync::Arc::make_mut(&mut mg.tiles).insert(
+                    tile,
+                    row_vertices(rows, &kernels.merge.0, |_, r0, r1| {
+                        let mut state = vec![
+                            StateWord::Addr {
+                                buffer: t.o,
+                                offset: r0 * lay.rs_o,
+                            },
+                            StateWord::Const(lay.rs_o),
+                            StateWord::Addr {
+                                buffer: t.s,
+                                offset: c_row(&v_rows, r0, lay.rs_pv),
+                            },
+                            StateWord::Const(lay.rs_pv),
+                            StateWord::Addr {
+                                buffer: alpha,
+                                offset: 4 * r0,
+                            },
+                            StateWord::Const(r1 - r0),
+                            StateWord::Const(dq),
+                        ];
+                        if b.ones {
+                            // ONES=1: l' = l a + P V's ones column.
+                            state.push(StateWord::Addr {
+                                buffer: t.ml,
+                                offset: 8 * r0,
+                            });
+                        }
+                        state
+                    }),
+                );
+            }
         }
         // The widest split's block bi sets the step's estimate.
         let widest_block = split_blocks
@@ -3090,13 +3408,17 @@ fn lower_rows(
             .map(|v| v[bi])
             .max_by_key(|c| (c.1 - c.0, (c.1 * 16).min(b.sk) - c.0 * 16))
             .expect("at least one split");
-        let (_, per_step) = compute_cycles(b, kernels, plan.rows, &[widest_block], hold_cb);
+        let (_, per_step) = compute_cycles(b, kernels, plan.rows, &[widest_block], hold_cb, acc);
         // per_step: [fill, scores, online, pv, merge, final].
         sg.estimated_cycles = per_step[1];
         on.estimated_cycles = per_step[2];
         pv.estimated_cycles = per_step[3];
         mg.estimated_cycles = per_step[4];
-        steps.extend([sg, on, pv, mg]);
+        steps.extend([sg, on, pv]);
+        // With `acc` P V has added its products to O: no merge.
+        if !plan.acc {
+            steps.push(mg);
+        }
     }
     // Key splits: the other splits' (O, (m, l)) move to split 0 in one
     // exchange step, and split 0 folds them in one after the other.
@@ -3108,19 +3430,31 @@ fn lower_rows(
             }
             let dst = unit_tile(h, qi, 0).expect("split 0 of a unit of the round");
             let (o2, ml2) = tiles[&dst].3.others[ks as usize - 1];
-            moves.push(BufferTransfer {
-                source: BufferRef {
-                    tile,
-                    buffer: t.o,
-                    offset: 0,
-                },
-                destinations: vec![BufferRef {
-                    tile: dst,
-                    buffer: o2,
-                    offset: 0,
-                }],
-                bytes: lay.rows * lay.rs_o,
-            });
+            // O's rows, from P V's row groups with `acc` (each group's
+            // rows without the junk rows before it), into rows of
+            // `o_row_bytes` on split 0.
+            let groups = match &t.o_acc {
+                Some(o_rows) => o_rows
+                    .iter()
+                    .map(|&(r0, r1)| (r0, r1, c_row(o_rows, r0, lay.rs_pv)))
+                    .collect(),
+                None => vec![(0, lay.rows, 0)],
+            };
+            for (r0, r1, offset) in groups {
+                moves.push(BufferTransfer {
+                    source: BufferRef {
+                        tile,
+                        buffer: t.o,
+                        offset,
+                    },
+                    destinations: vec![BufferRef {
+                        tile: dst,
+                        buffer: o2,
+                        offset: r0 * lay.o_row_bytes(),
+                    }],
+                    bytes: (r1 - r0) * lay.o_row_bytes(),
+                });
+            }
             moves.push(BufferTransfer {
                 source: BufferRef {
                     tile,
@@ -3155,21 +3489,19 @@ fn lower_rows(
                 std::sync::Arc::make_mut(&mut cs.tiles).insert(
                     tile,
                     row_vertices(lay.rows, &kernels.combine.0, |_, r0, r1| {
+                        let (o_word, rs_o) = o_rows(t, &lay, r0);
                         vec![
-                            StateWord::Addr {
-                                buffer: t.o,
-                                offset: r0 * lay.rs_o,
-                            },
-                            StateWord::Const(lay.rs_o),
+                            o_word,
+                            StateWord::Const(rs_o),
                             StateWord::Addr {
                                 buffer: t.ml,
                                 offset: 8 * r0,
                             },
                             StateWord::Addr {
                                 buffer: o2,
-                                offset: r0 * lay.rs_o,
+                                offset: r0 * lay.o_row_bytes(),
                             },
-                            StateWord::Const(lay.rs_o),
+                            StateWord::Const(lay.o_row_bytes()),
                             StateWord::Addr {
                                 buffer: ml2,
                                 offset: 8 * r0,
@@ -3204,17 +3536,15 @@ fn lower_rows(
         let q0 = qranges[qi as usize].0;
         let cycles = *final_costs
             .entry(rows)
-            .or_insert_with(|| compute_cycles(b, kernels, rows, &[], 0).1[1]);
+            .or_insert_with(|| compute_cycles(b, kernels, rows, &[], 0, acc).1[1]);
         fin.charge_tile(tile, cycles);
         std::sync::Arc::make_mut(&mut fin.tiles).insert(
             tile,
             row_vertices(rows, &kernels.final_.0, |_, r0, r1| {
+                let (o_word, rs_o) = o_rows(t, &lay, r0);
                 vec![
-                    StateWord::Addr {
-                        buffer: t.o,
-                        offset: r0 * lay.rs_o,
-                    },
-                    StateWord::Const(lay.rs_o),
+                    o_word,
+                    StateWord::Const(rs_o),
                     StateWord::Addr {
                         buffer: t.ml,
                         offset: 8 * r0,
@@ -3239,7 +3569,7 @@ fn lower_rows(
             });
         }
     }
-    let (_, per_step) = compute_cycles(b, kernels, plan.rows, &[], 0);
+    let (_, per_step) = compute_cycles(b, kernels, plan.rows, &[], 0, acc);
     fin.estimated_cycles = per_step[1];
     steps.push(fin);
     exchange::schedule_pending(pending, &mut steps, &mut l.buffers)?;
@@ -3305,10 +3635,17 @@ mod tests {
                 let cost = declared(&r.source, &defines);
                 (r, cost)
             });
+        let online_acc = online_acc_request(b).map(|r| {
+            let defines: Vec<(&str, i64)> =
+                r.params.iter().map(|(k, &v)| (k.as_str(), v)).collect();
+            let cost = declared(&r.source, &defines);
+            (r, cost)
+        });
         AttentionKernels {
             gemm,
             online,
             merge,
+            online_acc,
             final_,
             fill,
             transpose,
@@ -3330,7 +3667,7 @@ mod tests {
         let mut k = declared_kernels(&b);
         let blocks = |n: u32| -> Vec<(u32, u32)> { (0..n).map(|i| (8 * i, 8 * i + 8)).collect() };
         let prefix = |b: &AttentionBlock, k: &mut AttentionKernels, n: u32, hold_cb: u32| {
-            compute_cycles(b, k, 100, &blocks(n), hold_cb).1[0]
+            compute_cycles(b, k, 100, &blocks(n), hold_cb, None).1[0]
         };
         // A split of 32 key blocks in chunks of 4 holds 32 column blocks.
         assert_eq!(prefix(&b, &mut k, 32, 32), prefix(&b, &mut k, 4, 32));
@@ -3343,6 +3680,101 @@ mod tests {
         b.ones = false;
         let mut k = declared_kernels(&b);
         assert_eq!(prefix(&b, &mut k, 32, 32), prefix(&b, &mut k, 32, 4));
+    }
+
+    /// A plan whose P V accumulates into O ([`AttentionPlan::acc`]): no
+    /// merge step, the online step two issue slots a row dearer, O out of
+    /// region 0 and in a C buffer of region 1, P and V a column block
+    /// wider for an odd key block's zero K block, which makes P V's K
+    /// blocks even.
+    #[test]
+    fn accumulating_plans_drop_the_merge_and_move_o_to_region_1() {
+        let b = test_block(2, 64, 1024);
+        assert!(!b.ones);
+        let mut k = declared_kernels(&b);
+        assert!(k.online_acc.is_some());
+        let blocks = [(0, 8), (8, 15)];
+        let (merged, merged_steps) = compute_cycles(&b, &mut k, 100, &blocks, 15, None);
+        let (acc, acc_steps) = compute_cycles(&b, &mut k, 100, &blocks, 15, Some(8));
+        // [fill, (scores, online, P V, merge) per block, final].
+        assert_eq!(acc_steps.len(), merged_steps.len());
+        for i in 0..blocks.len() {
+            let (m, a) = (
+                &merged_steps[1 + 4 * i..5 + 4 * i],
+                &acc_steps[1 + 4 * i..5 + 4 * i],
+            );
+            assert!(m[3] > 0 && a[3] == 0, "block {i}: {m:?} {a:?}");
+            assert_eq!(a[0], m[0], "the scores are the same");
+            // 17 rows a worker, two slots each, and for the odd block
+            // the zero K block's 16 stores of P's zeros a row.
+            let padding = if i == 1 { 16 } else { 0 };
+            let more = 6 * (2 + padding) * 17;
+            assert!(
+                a[1] > m[1] && a[1] - m[1] <= more + 6,
+                "block {i}: {m:?} {a:?}"
+            );
+        }
+        // The even block's P V is the same GEMM; the odd one pays its
+        // zero K block.
+        assert_eq!(acc_steps[3], merged_steps[3]);
+        assert!(acc_steps[7] > merged_steps[7]);
+        assert!(acc < merged, "{acc} vs {merged}");
+        assert_eq!(pv_k_blocks(7, true), 8);
+        assert_eq!(pv_k_blocks(7, false), 7);
+        let (with, without) = (
+            TileLayout::new(&b, 100, 8, 15, true),
+            TileLayout::new(&b, 100, 8, 15, false),
+        );
+        assert_eq!(
+            without.region0(2) - with.region0(2),
+            // O and the factors (4 bytes a row) out; the other split's
+            // O received in P V's row width.
+            100 * (without.rs_o as u64 + 4) + 100 * (without.rs_o - with.rs_pv) as u64
+        );
+        assert!(with.region1(&b).unwrap() > without.region1(&b).unwrap());
+        assert_eq!(with.v_bytes(&b), without.v_bytes(&b) + 16 * with.rs_v);
+        let odd = TileLayout::new(&b, 100, 7, 15, true);
+        assert_eq!(odd.rs_p, 8 * 16 * 2);
+        // A block with V's ones column keeps its merge.
+        let mut ones = b.clone();
+        ones.ones = true;
+        assert!(online_acc_request(&ones).is_none());
+        assert!(online_acc_request(&AttentionBlock { f32: true, ..b }).is_none());
+    }
+
+    /// The six row ranges of the online, combine and final vertices each
+    /// lie in one of P V's row groups, which [`o_rows`] relies on when O
+    /// lives in P V's C layout (junk rows between the groups).
+    #[test]
+    fn row_vertices_nest_in_the_row_groups() {
+        for rows in 1..=300 {
+            let parts = ranges(rows, rows.min(ipu_arch::WORKER_CONTEXTS));
+            for g in 1..=ROW_GROUPS_MAX.min(rows) {
+                let groups = ranges(rows, g);
+                for &(r0, r1) in &parts {
+                    assert!(
+                        groups.iter().any(|&(a, z)| a <= r0 && r1 <= z),
+                        "{rows} rows, {g} groups: {r0}..{r1} in {groups:?}"
+                    );
+                }
+            }
+        }
+    }
+
+    /// The planner offers plans with and without the merge where the
+    /// kernels allow both, and ranks them by their estimates: 1,024
+    /// tokens of 2 heads of 64 on 8 tiles take one that accumulates.
+    #[test]
+    fn accumulating_plans_compete_with_merging_ones() {
+        let b = test_block(2, 64, 1024);
+        let mut k = declared_kernels(&b);
+        let region1 = (ipu_arch::REGION1_END - ipu_arch::REGION1_BASE) as u64;
+        let plans = plan(&b, 8, &mut k, 0, false, (region1, u64::MAX), None);
+        assert!(plans.iter().any(|p| p.acc) && plans.iter().any(|p| !p.acc));
+        assert!(plans[0].acc, "{:#?}", plans[0]);
+        k.online_acc = None;
+        let plans = plan(&b, 8, &mut k, 0, false, (region1, u64::MAX), None);
+        assert!(!plans.is_empty() && plans.iter().all(|p| !p.acc));
     }
 
     /// V's ones column where the head's padding has room for it, where

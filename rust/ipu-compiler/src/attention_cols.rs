@@ -1288,6 +1288,7 @@ fn candidates(
                 projections_planned_over: None,
                 key_chunks: 1,
                 query_rounds: false,
+                acc: false,
             });
         }
     }

@@ -2425,6 +2425,26 @@ fn compile_from(
                 });
                 compiling_again(retries, why);
             }
+            // A reserve sized by the first attempt's best plan leaves
+            // room only to plans that push out no more region 0 than it:
+            // when none of those fits, the reserve grows by an element
+            // (within the same three steps), which plans of more region 0
+            // may take. 1,024 tokens of 2 heads of 64 over inputs on 4
+            // tiles ranked first a plan whose P V accumulates into O
+            // (less region 0, more region 1) and found nothing within its
+            // overflow's three elements; the plan of four elements runs.
+            Err(CompileError::NoFeasiblePlan { value, reason })
+                if limits.region1_reserve > 0 && reserve_steps < 3 =>
+            {
+                limits.region1_reserve += element;
+                reserve_steps += 1;
+                let why = json!({
+                    "value": value,
+                    "error": reason,
+                    "then": format!("every segment leaves {} bytes of region 1 for region 0's overflow", limits.region1_reserve),
+                });
+                compiling_again(retries, why);
+            }
             // GEMMs sharing one tile that find no plan or room there run
             // in segments of their own instead, the GEMMs of a chain too
             // (`segment::split` without `share_one_tile`).

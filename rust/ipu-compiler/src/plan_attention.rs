@@ -5,7 +5,7 @@
 //! of which the retained finalists are logged.
 
 use crate::attention::{self, AttentionBlock, AttentionKernels, AttentionPlan};
-use crate::library::KernelLibrary;
+use crate::library::{KernelLibrary, KernelRequest};
 use crate::{
     attention_cols, fuse, kernel_formula, plan, Accumulation, CompileError, CompileOptions,
     SegmentLimits,
@@ -58,6 +58,24 @@ pub(crate) fn attention_kernels(
     }
     let mut it = f.into_iter();
     let mut next = || it.next().expect("eight kernels");
+    // The online kernel of plans whose P V accumulates into O, when the
+    // block can take them.
+    let online_acc = match attention::online_acc_request(b) {
+        Some(r) => match kernel_formula(library, &r, attention::FORMULA_VARS[1]) {
+            Ok(formula) => Some((r, formula)),
+            Err(e) => {
+                lacking_kernel(
+                    &graph.value(b.attention).name,
+                    (&r, &e),
+                    "the kernel library lacks the online kernel that lets P V accumulate into O; planning with a merge step",
+                    "the row layout's P V accumulates into O with it, without a merge step after every key block",
+                    would_help,
+                );
+                None
+            }
+        },
+        None => None,
+    };
     // The column layout's kernels, when the block can take that
     // layout and the library has every one of them.
     let columns = if attention_cols::applies(b) {
@@ -73,13 +91,13 @@ pub(crate) fn attention_kernels(
                     // (a Bazel library once left out fill32) costs
                     // the attention its faster layout, so the log
                     // warns and the report names the kernel.
-                    let value = &graph.value(b.attention).name;
-                    tracing::warn!(value = %value, kernel = %r, error = %e, "the kernel library lacks a kernel of the column attention layout; planning without that layout");
-                    would_help.push(json!({
-                        "kernel": r.to_string(),
-                        "value": value,
-                        "why": "the column attention layout (keys as the GEMMs' streamed rows) needs it; without it the attention takes the row layout",
-                    }));
+                    lacking_kernel(
+                        &graph.value(b.attention).name,
+                        (r, &e),
+                        "the kernel library lacks a kernel of the column attention layout; planning without that layout",
+                        "the column attention layout (keys as the GEMMs' streamed rows) needs it; without it the attention takes the row layout",
+                        would_help,
+                    );
                     break;
                 }
             }
@@ -105,6 +123,7 @@ pub(crate) fn attention_kernels(
         gemm: next(),
         online: next(),
         merge: next(),
+        online_acc,
         final_: next(),
         fill: next(),
         transpose: next(),
@@ -112,6 +131,24 @@ pub(crate) fn attention_kernels(
         fill_rows: next(),
         columns,
     })
+}
+
+/// A kernel the library lacks that a faster plan of attention `value`
+/// would use: a warning in the log (`log`) and the report's `would_help`
+/// entry, which says `why`.
+fn lacking_kernel(
+    value: &str,
+    (kernel, error): (&KernelRequest, &CompileError),
+    log: &str,
+    why: &str,
+    would_help: &mut Vec<serde_json::Value>,
+) {
+    tracing::warn!(value = %value, kernel = %kernel, error = %error, "{log}");
+    would_help.push(json!({
+        "kernel": kernel.to_string(),
+        "value": value,
+        "why": why,
+    }));
 }
 
 /// The attention plans of `b` on `options.tiles` tiles, best first, with
