@@ -27,6 +27,8 @@ pub struct CompileArgs {
     report: Option<PathBuf>,
     /// Planner options as KEY=VALUE: beam_width, finalists, max_candidates,
     /// accumulation (auto, f16, f32), attention_layout (auto, rows, columns),
+    /// attention_merge (auto; accumulate: row plans of f16 attention whose
+    /// P V accumulates into O, no merge step; merge: only plans with it),
     /// stream_b (auto, homes, resident: where a streamed GEMM's B lives),
     /// host_inputs (once: an input the program holds more than once is
     /// written once and copied on the device; replicated: the host writes
@@ -108,6 +110,14 @@ fn apply_options(compile: &mut CompileOptions, options: &[String]) -> Result<(),
                     _ => return Err(format!("--option attention_layout={value}: expected auto, rows or columns")),
                 }
             }
+            "attention_merge" => {
+                compile.attention_accumulate = match value {
+                    "auto" => None,
+                    "accumulate" => Some(true),
+                    "merge" => Some(false),
+                    _ => return Err(format!("--option attention_merge={value}: expected auto, accumulate or merge")),
+                }
+            }
             "host_inputs" => {
                 *host_inputs = match value {
                     "once" => HostInputs::Once,
@@ -133,7 +143,7 @@ fn apply_options(compile: &mut CompileOptions, options: &[String]) -> Result<(),
             }
             _ => {
                 return Err(format!(
-                    "unknown --option {key:?}: known options are beam_width, finalists, max_candidates, accumulation, attention_layout, stream_b, host_inputs, repeat, loop_weights"
+                    "unknown --option {key:?}: known options are beam_width, finalists, max_candidates, accumulation, attention_layout, attention_merge, stream_b, host_inputs, repeat, loop_weights"
                 ))
             }
         }

@@ -522,6 +522,9 @@ pub struct AttentionKernels {
     /// P V accumulates into O ([`AttentionPlan::acc`]): present when the
     /// block can take it and the library has it.
     pub online_acc: Option<(KernelRequest, FormulaCost)>,
+    /// The options take only row plans that accumulate
+    /// ([`crate::CompileOptions::attention_accumulate`]).
+    pub acc_only: bool,
     pub final_: (KernelRequest, FormulaCost),
     pub fill: (KernelRequest, FormulaCost),
     pub transpose: (KernelRequest, FormulaCost),
@@ -1286,9 +1289,9 @@ type Blocking = (Vec<(u32, u32)>, u32, TileLayout, u64);
 /// Key blockings of splits at most `split_cb` column blocks wide whose
 /// buffers fit region 1 with `rows` query rows: the fewest blocks and up to
 /// two more (smaller score buffers leave more memory to the projections'
-/// weights, at the price of more launches), each moving in one chunk;
-/// with `acc` (the kernels let P V accumulate into O, [`AttentionPlan::acc`])
-/// each of them also so, where that fits too.
+/// weights, at the price of more launches), each moving in one chunk; for
+/// each of `accs` (whether P V accumulates into O, [`AttentionPlan::acc`]),
+/// the accumulating ones where they fit too.
 ///
 /// Accumulating plans only join blockings found without them: their
 /// region 0 is smaller, so they would fit in one chunk where the merge's
@@ -1302,9 +1305,10 @@ fn key_blockings(
     first: (u32, u32),
     (split_cb, min_split_cb): (u32, u32),
     splits: u32,
-    acc: bool,
+    accs: &[bool],
 ) -> Vec<Blocking> {
     let mut out = Vec::new();
+    let mut found = 0;
     let blocking = |nblocks: u32, acc: bool| -> Option<Blocking> {
         let widest = split_cb.div_ceil(nblocks);
         let layout = TileLayout::new(b, rows, widest, split_cb, acc);
@@ -1318,12 +1322,15 @@ fn key_blockings(
         })
     };
     for nblocks in 1..=min_split_cb {
-        if let Some(found) = blocking(nblocks, false) {
-            out.push(found);
-            if acc {
+        if let Some(merging) = blocking(nblocks, false) {
+            if accs.contains(&false) {
+                out.push(merging);
+            }
+            if accs.contains(&true) {
                 out.extend(blocking(nblocks, true));
             }
-            if out.iter().filter(|o| !o.2.acc).count() == 3 {
+            found += 1;
+            if found == 3 {
                 break;
             }
         }
@@ -1513,10 +1520,10 @@ pub fn plan(
     // Row plans with P V accumulating into O compete with those of a
     // merge step where the kernels allow: they keep O in region 1, which
     // few-tile plans may need for their keys.
-    let accs: &[bool] = if kernels.online_acc.is_some() {
-        &[false, true]
-    } else {
-        &[false]
+    let accs: &[bool] = match (kernels.online_acc.is_some(), kernels.acc_only) {
+        (true, true) => &[true],
+        (true, false) => &[false, true],
+        (false, _) => &[false],
     };
     // The second, "stretched" pass runs only when no row or column plan of
     // the first fits (a long sequence on few tiles): its row plans move
@@ -1609,7 +1616,7 @@ pub fn plan(
                             widest_split,
                             (split_cb, min_split_cb),
                             splits,
-                            accs.contains(&true),
+                            accs,
                         )
                     } else {
                         Vec::new()
@@ -3646,6 +3653,7 @@ mod tests {
             online,
             merge,
             online_acc,
+            acc_only: false,
             final_,
             fill,
             transpose,
@@ -3772,6 +3780,9 @@ mod tests {
         let plans = plan(&b, 8, &mut k, 0, false, (region1, u64::MAX), None);
         assert!(plans.iter().any(|p| p.acc) && plans.iter().any(|p| !p.acc));
         assert!(plans[0].acc, "{:#?}", plans[0]);
+        k.acc_only = true;
+        let plans = plan(&b, 8, &mut k, 0, false, (region1, u64::MAX), None);
+        assert!(!plans.is_empty() && plans.iter().all(|p| p.acc));
         k.online_acc = None;
         let plans = plan(&b, 8, &mut k, 0, false, (region1, u64::MAX), None);
         assert!(!plans.is_empty() && plans.iter().all(|p| !p.acc));

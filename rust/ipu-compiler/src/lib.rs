@@ -103,6 +103,12 @@ pub struct CompileOptions {
     /// The attention layout to use; `None` lets the planner choose the
     /// faster estimate.
     pub attention_layout: Option<attention::AttentionLayout>,
+    /// Whether row-layout plans of f16 attention let P V accumulate into
+    /// O without a merge step ([`attention::AttentionPlan::acc`]): `None`
+    /// lets the planner choose; `Some(true)` takes only such row plans
+    /// (V then carries no ones column; f32 attention cannot, an options
+    /// error); `Some(false)` only plans with the merge.
+    pub attention_accumulate: Option<bool>,
     /// How the host writes inputs that the program holds more than once.
     pub host_inputs: HostInputs,
     /// How a `repeat` block is compiled.
@@ -157,6 +163,7 @@ impl CompileOptions {
             output: None,
             accumulation: Accumulation::Auto,
             attention_layout: None,
+            attention_accumulate: None,
             host_inputs: HostInputs::Once,
             repeat: RepeatLowering::Loop,
             loop_weights: None,
@@ -1044,12 +1051,13 @@ fn plan_and_lower(
     })?;
     // Whether each attention block's V carries a ones column decides its
     // online and merge kernels; then the first block's kernels and plans.
-    plan_attention::choose_ones_columns(library, &mut blocks)?;
+    plan_attention::choose_ones_columns(library, &mut blocks, options.attention_accumulate)?;
     let mut attention_kernels = match blocks.first() {
         Some(b) => Some(plan_attention::attention_kernels(
             graph,
             library,
             b,
+            options.attention_accumulate,
             &mut would_help,
         )?),
         None => None,

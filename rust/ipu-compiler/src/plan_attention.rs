@@ -16,10 +16,16 @@ use serde_json::json;
 /// Decides for each f16 block whether V carries a ones column
 /// ([`AttentionBlock::ones`]): it picks the block's online and merge
 /// kernels, by their formulas and the P V GEMM's ([`attention::ones_pays`]).
+/// None does where the options ask for plans that accumulate P V into O
+/// (`accumulate`, [`crate::CompileOptions::attention_accumulate`]).
 pub(crate) fn choose_ones_columns(
     library: &mut KernelLibrary,
     blocks: &mut [AttentionBlock],
+    accumulate: Option<bool>,
 ) -> Result<(), CompileError> {
+    if accumulate == Some(true) {
+        return Ok(());
+    }
     for b in blocks.iter_mut().filter(|b| !b.f32) {
         let gemm = &attention::kernel_requests(b)[0];
         let mut gemm = kernel_formula(library, gemm, attention::FORMULA_VARS[0])?;
@@ -44,13 +50,19 @@ pub(crate) fn choose_ones_columns(
 
 /// The kernels of `b` with their cycle formulas, the column layout's too
 /// when the block can take that layout and the library has every one of
-/// them (else the report's `would_help` names the one it lacks).
+/// them (else the report's `would_help` names the one it lacks); the
+/// online kernel of plans that accumulate P V into O unless `accumulate`
+/// ([`crate::CompileOptions::attention_accumulate`]) rules them out, and
+/// an options error when it asks for them and the block or the library
+/// cannot.
 pub(crate) fn attention_kernels(
     graph: &Graph,
     library: &mut KernelLibrary,
     b: &AttentionBlock,
+    accumulate: Option<bool>,
     would_help: &mut Vec<serde_json::Value>,
 ) -> Result<AttentionKernels, CompileError> {
+    let value = &graph.value(b.attention).name;
     let requests = attention::kernel_requests(b);
     let mut f = Vec::new();
     for (r, vars) in requests.iter().zip(attention::FORMULA_VARS) {
@@ -60,8 +72,22 @@ pub(crate) fn attention_kernels(
     let mut next = || it.next().expect("eight kernels");
     // The online kernel of plans whose P V accumulates into O, when the
     // block can take them.
-    let online_acc = match attention::online_acc_request(b) {
-        Some(r) => match kernel_formula(library, &r, attention::FORMULA_VARS[1]) {
+    let online_acc = match (attention::online_acc_request(b), accumulate) {
+        (_, Some(false)) => None,
+        (None, Some(true)) => {
+            return Err(CompileError::Options {
+                message: format!("attention_merge=accumulate for `{value}`: P V accumulates into O only in f16 attention, and `{value}` is f32; attention_merge=merge or auto takes it"),
+            })
+        }
+        (Some(r), Some(true)) => match kernel_formula(library, &r, attention::FORMULA_VARS[1]) {
+            Ok(formula) => Some((r, formula)),
+            Err(e) => {
+                return Err(CompileError::Options {
+                    message: format!("attention_merge=accumulate for `{value}`: the kernel library lacks {r} ({e})"),
+                })
+            }
+        },
+        (Some(r), None) => match kernel_formula(library, &r, attention::FORMULA_VARS[1]) {
             Ok(formula) => Some((r, formula)),
             Err(e) => {
                 lacking_kernel(
@@ -74,7 +100,7 @@ pub(crate) fn attention_kernels(
                 None
             }
         },
-        None => None,
+        (None, None) => None,
     };
     // The column layout's kernels, when the block can take that
     // layout and the library has every one of them.
@@ -124,6 +150,7 @@ pub(crate) fn attention_kernels(
         online: next(),
         merge: next(),
         online_acc,
+        acc_only: accumulate == Some(true),
         final_: next(),
         fill: next(),
         transpose: next(),

@@ -66,6 +66,8 @@ struct Case {
     tiles: u32,
     accumulation: Option<Accumulation>,
     layout: Option<AttentionLayout>,
+    /// `attention_merge`: accumulate (true) or merge (false).
+    accumulate: Option<bool>,
     stream_b_resident: Option<bool>,
     host_inputs: HostInputs,
     /// For a `repeat` stack, where its loop's weights come from.
@@ -90,6 +92,10 @@ impl Case {
                 AttentionLayout::Columns => "columns",
             };
             write!(s, " --option attention_layout={l}").unwrap();
+        }
+        if let Some(a) = self.accumulate {
+            let a = if a { "accumulate" } else { "merge" };
+            write!(s, " --option attention_merge={a}").unwrap();
         }
         if let Some(r) = self.stream_b_resident {
             let r = if r { "resident" } else { "homes" };
@@ -509,6 +515,10 @@ fn generate(seed: u64) -> Case {
     // stay what they were.
     let loop_weights = (m.contains("\nrepeat ") && chance(&mut r, 0.3))
         .then(|| pick(&mut r, &[LoopWeights::Stacked, LoopWeights::Streamed]));
+    // Drawn after the others too (which it leaves as they were): P V
+    // accumulating into O is rarely the planner's choice for random head
+    // sizes, most of which give V a ones column.
+    let accumulate = chance(&mut r, 0.3).then(|| chance(&mut r, 0.8));
     Case {
         seed,
         family,
@@ -516,6 +526,7 @@ fn generate(seed: u64) -> Case {
         tiles,
         accumulation,
         layout,
+        accumulate,
         stream_b_resident,
         host_inputs,
         loop_weights,
@@ -543,6 +554,7 @@ fn check(case: &Case, dir: &std::path::Path) -> Outcome {
         opts.accumulation = a;
     }
     opts.attention_layout = case.layout;
+    opts.attention_accumulate = case.accumulate;
     opts.search.stream_b_resident = case.stream_b_resident;
     opts.host_inputs = case.host_inputs;
     opts.loop_weights = case.loop_weights;
@@ -554,8 +566,12 @@ fn check(case: &Case, dir: &std::path::Path) -> Outcome {
         Ok(Err(e)) if matches!(e.root(), CompileError::Unsupported { .. }) => {
             return Outcome::Limitation(e.root().to_string())
         }
-        // A forced attention layout the model's attention cannot take.
-        Ok(Err(e)) if matches!(e.root(), CompileError::Options { .. }) && case.layout.is_some() => {
+        // A forced attention layout (or P V accumulating into O) that the
+        // model's attention cannot take.
+        Ok(Err(e))
+            if matches!(e.root(), CompileError::Options { .. })
+                && (case.layout.is_some() || case.accumulate == Some(true)) =>
+        {
             return Outcome::Limitation(e.root().to_string())
         }
         // Attention has no plan for fewer tiles than heads, nor for a head
