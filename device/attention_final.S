@@ -16,16 +16,30 @@
 #   24 DQ     groups of four head columns (>= 1); all 4*DQ columns are
 #             written, the padding ones as (zero) padding
 #
+# ONES=1: l is O[i, 4*DQ], the ones column that P V accumulated into O
+# (attention_online ACC=1 ONES=1, which keeps no l in the state); ML is
+# not read.
+#
 # A row whose l is 0 (every key masked) gives inf/NaN: the compiler never
 # issues such a row (with causal masking the first block always holds key 0).
 
         .kernel attention_final
         .param OUT, 16
+        .param ONES, 0
         .workers 6
-        .if OUT == 16
+        .if ONES != 0 && ONES != 1
+        .error "ONES must be 0 (l in the (m, l) pairs) or 1 (l in O's column 4 DQ)"
+        .endif
+        .if OUT == 16 && ONES == 0
         .cycles "6 * (10 + ROWS * (10 + 6 * DQ))"
-        .elseif OUT == 32
+        .elseif OUT == 32 && ONES == 0
         .cycles "6 * (10 + ROWS * (10 + 4 * DQ))"
+        .elseif OUT == 16
+        # ONES=1: the ones column's offset once, and a row's l by an add
+        # and a load where the pair's load was.
+        .cycles "6 * (11 + ROWS * (11 + 6 * DQ))"
+        .elseif OUT == 32
+        .cycles "6 * (11 + ROWS * (11 + 4 * DQ))"
         .else
         .error "OUT must be 16 (f16 result) or 32 (f32 result)"
         .endif
@@ -52,8 +66,17 @@ attention_final:
         ld32 $m4, [$m0 + ST_ROWS]
         add $m4, $m4, -1
         ld32 $m5, [$m0 + ST_DQ]
+        .if ONES
+        # The ones column's byte offset in a row of O.
+        shl $m9, $m5, 4
+        .endif
 row:
+        .if ONES
+        add $m12, $m2, $m9
+        ld32 $a5, [$m12]
+        .else
         ld64 $a4:5, [$m6]+=8
+        .endif
         f32recip $a6, $a5
         f32v2bcast $a6:7, $a6
         mov $m12, $m2

@@ -90,6 +90,14 @@
 # GEMM's C buffer is). The sum is of the rounded p that P V uses, so the
 # output is a weighted mean of V's rows whatever p's rounding.
 #
+# ACC=1 (with EXP=16): P V accumulates into O on the AMP (gemm_f16's
+# accumulate mode), so this vertex keeps O scaled to its running maximum
+# itself and writes no factors (ALPHA is not read). The maximum moves
+# only when the block's passes it by more than 8 (p stays below e^8,
+# inside f16); a move rescales the row's O in place by a = exp(m - m')
+# (O at O, RS_O apart; with ONES=1 DQ + 1 quads, the last holding l in
+# the ones column) and l (ONES=0), except while m is -inf (all zero).
+#
 # SCALE must be positive: the row maximum is taken on raw scores and scaled
 # once. Each worker runs its own vertex over its own query rows (its own O
 # rows and (m, l) pairs); S and V are only read, so workers may share them.
@@ -118,8 +126,8 @@
         .if ACC != 0 && ACC != 1
         .error "ACC must be 0 (attention_merge forms O a + P V) or 1 (P V accumulates into O; a lazy running maximum)"
         .endif
-        .if ACC == 1 && (EXP != 16 || ONES != 0)
-        .error "ACC=1 needs EXP=16 and ONES=0: the f16 exponentials with the vertex's own sums"
+        .if ACC == 1 && EXP != 16
+        .error "ACC=1 needs EXP=16: the f16 exponentials (with the vertex's own sums, or ONES=1)"
         .endif
         .if CAUSAL != 0 && CAUSAL != 1
         .error "CAUSAL must be 0 (all keys) or 1 (key index <= query index)"
@@ -142,6 +150,10 @@
         .cycles "6 * (8 + ROWS * (26 + 7 * BK + DQ * (12 + 4 * BK)))"
         .elseif PV == 1 && PT == 32
         .cycles "6 * (12 + ROWS * (54 + 3 * BK + (BKP - BK)))"
+        .elseif PV == 1 && EXP == 16 && ACC == 1 && ONES == 1
+        # As ONES=1 below, where no row's maximum moves (the lazy test in
+        # place of the update, three slots more, no ALPHA store).
+        .cycles "6 * (12 + ROWS * (51 + BK / 2 + 5 * (BK / 4) - 5 * (1 / (BK / 4 + 1)) + 7 * (BK / 2 - 2 * (BK / 4)) + 9 * (BK - 2 * (BK / 2)) + (BKP - BK)))"
         .elseif PV == 1 && EXP == 16 && ACC == 1
         # As ONES=0 below, where no row's maximum moves (the lazy test in
         # place of the update, no ALPHA store); a row that moves it also
@@ -277,7 +289,14 @@ max_done:
         f32mul $a14, $a5, $a15
         f32v2bcast $a0:1, $a15
         mov $m12, $m3
+        .if ONES
+        # With ONES=1 l lives in O's ones column (column 4 DQ, P V's sum
+        # of p), which the quad after the DQ quads holds: it scales too.
+        add $m5, $m6, 1
+        rpt $m5, 4
+        .else
         rpt $m6, 4
+        .endif
         ld64 $a4:5, [$m12 + 0]
         { ld64 $a6:7, [$m12 + 8] ; f32v2mul $a4:5, $a4:5, $a0:1 }
         { st64 $a4:5, [$m12]+=8 ; f32v2mul $a6:7, $a6:7, $a0:1 }

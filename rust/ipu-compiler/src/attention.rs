@@ -477,19 +477,20 @@ pub fn recognise(graph: &Graph, groups: &[Group]) -> Result<Vec<AttentionBlock>,
 /// sums (two issue slots a quad of keys): 1,024 x 128 on 4 tiles ran
 /// 5,031,771 cycles with the fifth block and 4,893,381 with the sums.
 ///
-/// Blocks without the ones column may let P V accumulate into O instead of
-/// merging ([`AttentionPlan::acc`]), which saves the merge for two issue
-/// slots a row. Against the ones column that pays only for key blocks
-/// below 14 + 10 DQ keys (the ones' quads take two slots fewer, their
-/// merge 14 + 5 DQ a row): a head of 80 over blocks of 256 keys ran
-/// slower by the estimates (1,024 tokens of 2 heads on 32 tiles: 600,978
-/// compute cycles against 596,490), so the ones column stays where it
-/// pays and only the blocks without it accumulate.
+/// With `acc` (the accumulating online kernels' formulas, ONES=0 and
+/// ONES=1, [`acc_requests`]) the comparison is without the merge, which
+/// plans whose P V accumulates into O ([`AttentionPlan::acc`]) drop
+/// whether V carries the ones column or not. Weighing the sums without
+/// the merge against the ones with it chose the sums for a head of 80,
+/// whose plans over blocks of 256 keys were then slower by the estimates
+/// (1,024 tokens of 2 heads on 32 tiles: 600,978 compute cycles against
+/// 596,490); the ones without the merge take 567,180.
 pub fn ones_pays(
     b: &AttentionBlock,
     gemm: &mut FormulaCost,
     sums: (&mut FormulaCost, &mut FormulaCost),
     ones: (&mut FormulaCost, &mut FormulaCost),
+    acc: Option<(FormulaCost, FormulaCost)>,
 ) -> bool {
     if b.f32 {
         return false;
@@ -499,7 +500,9 @@ pub fn ones_pays(
     let nkb = keys.div_ceil(16);
     let rows_w = rows.div_ceil(rows.min(ipu_arch::WORKER_CONTEXTS)) as i64;
     let dq = b.dqv() as i64;
-    let mut cost = |pv_cols: u32, (online, merge): (&mut FormulaCost, &mut FormulaCost)| {
+    // The P V GEMM, the online step and (unless P V accumulates into O)
+    // the merge.
+    let mut cost = |pv_cols: u32, online: &mut FormulaCost, merge: Option<&mut FormulaCost>| {
         gemm_grid(gemm, rows, pv_cols / 16, nkb).cycles
             + online.eval(&[
                 ("ROWS", rows_w),
@@ -507,10 +510,18 @@ pub fn ones_pays(
                 ("BKP", nkb as i64 * 16),
                 ("DQ", dq),
             ])
-            + merge.eval(&[("ROWS", rows_w), ("DQ", dq)])
+            + merge.map_or(0, |m| m.eval(&[("ROWS", rows_w), ("DQ", dq)]))
     };
-    let with_ones = cost(b.pv_cols_with(true), ones);
-    with_ones < cost(b.pv_cols_with(false), sums)
+    match acc {
+        Some((mut acc_sums, mut acc_ones)) => {
+            cost(b.pv_cols_with(true), &mut acc_ones, None)
+                < cost(b.pv_cols_with(false), &mut acc_sums, None)
+        }
+        None => {
+            cost(b.pv_cols_with(true), ones.0, Some(ones.1))
+                < cost(b.pv_cols_with(false), sums.0, Some(sums.1))
+        }
+    }
 }
 
 /// The kernels of an attention block with their cycle formulas.
@@ -518,10 +529,12 @@ pub struct AttentionKernels {
     pub gemm: (KernelRequest, FormulaCost),
     pub online: (KernelRequest, FormulaCost),
     pub merge: (KernelRequest, FormulaCost),
-    /// `attention_online` ACC=1 ([`online_acc_request`]), for plans whose
-    /// P V accumulates into O ([`AttentionPlan::acc`]): present when the
-    /// block can take it and the library has it.
+    /// `attention_online` ACC=1 and the final that goes with it
+    /// ([`acc_requests`]), for plans whose P V accumulates into O
+    /// ([`AttentionPlan::acc`]): present when the block can take them and
+    /// the library has them.
     pub online_acc: Option<(KernelRequest, FormulaCost)>,
+    pub final_acc: Option<(KernelRequest, FormulaCost)>,
     /// The options take only row plans that accumulate
     /// ([`crate::CompileOptions::attention_accumulate`]).
     pub acc_only: bool,
@@ -555,7 +568,11 @@ pub fn kernel_requests(block: &AttentionBlock) -> [KernelRequest; 8] {
         gemm,
         online,
         merge,
-        request("attention_final", "attention_final.S", &[("OUT", out)]),
+        request(
+            "attention_final",
+            "attention_final.S",
+            &[("OUT", out), ("ONES", 0)],
+        ),
         request("fill64", "fill64.S", &[]),
         request(transpose, &format!("{transpose}.S"), &[]),
         request("attention_combine", "attention_combine.S", &[]),
@@ -573,10 +590,10 @@ pub fn online_and_merge_requests(block: &AttentionBlock, ones: bool) -> [KernelR
     } else {
         (16, 16, ones as i64)
     };
-    // EXP=16 ONES=0 names ACC=0: the library also holds that online
-    // kernel with ACC=1 ([`online_acc_request`]).
+    // EXP=16 names ACC=0: the library also holds those online kernels
+    // with ACC=1 ([`acc_requests`]).
     let mut online = vec![causal, ("PV", 1), ("PT", pt), ("EXP", exp), ("ONES", ones)];
-    if exp == 16 && ones == 0 {
+    if exp == 16 {
         online.push(("ACC", 0));
     }
     [
@@ -585,24 +602,33 @@ pub fn online_and_merge_requests(block: &AttentionBlock, ones: bool) -> [KernelR
     ]
 }
 
-/// The online kernel of a plan whose P V accumulates into O
-/// ([`AttentionPlan::acc`]): `attention_online` EXP=16 ACC=1, a lazy
-/// running maximum that rescales O in place. Only f16 blocks whose online
-/// step keeps its own sums (no ones column) take it.
-pub fn online_acc_request(block: &AttentionBlock) -> Option<KernelRequest> {
-    (!block.f32 && !block.ones).then(|| {
-        request(
-            "attention_online",
-            "attention_online.S",
-            &[
-                ("CAUSAL", block.causal as i64),
-                ("PV", 1),
-                ("PT", 16),
-                ("EXP", 16),
-                ("ONES", 0),
-                ("ACC", 1),
-            ],
-        )
+/// The online and final kernels of a plan whose P V accumulates into O
+/// ([`AttentionPlan::acc`]) for a block with V's ones column or without
+/// (`ones`): `attention_online` EXP=16 ACC=1, a lazy running maximum that
+/// rescales O in place (with the ones column l is O's column 4 DQ, which
+/// it rescales too), and `attention_final`, which with ONES=1 reads l
+/// there. f16 blocks only.
+pub fn acc_requests(block: &AttentionBlock, ones: bool) -> Option<[KernelRequest; 2]> {
+    (!block.f32).then(|| {
+        [
+            request(
+                "attention_online",
+                "attention_online.S",
+                &[
+                    ("CAUSAL", block.causal as i64),
+                    ("PV", 1),
+                    ("PT", 16),
+                    ("EXP", 16),
+                    ("ONES", ones as i64),
+                    ("ACC", 1),
+                ],
+            ),
+            request(
+                "attention_final",
+                "attention_final.S",
+                &[("OUT", 16), ("ONES", ones as i64)],
+            ),
+        ]
     })
 }
 
@@ -1119,7 +1145,12 @@ fn compute_cycles(
             }
         });
     }
-    let fin = k.final_.1.eval(&[("ROWS", max_rows), ("DQ", dq)]);
+    let final_ = match (acc, k.final_acc.as_mut()) {
+        (Some(_), Some(f)) => &mut f.1,
+        (Some(_), None) => unreachable!("an accumulating plan without its final kernel"),
+        (None, _) => &mut k.final_.1,
+    };
+    let fin = final_.eval(&[("ROWS", max_rows), ("DQ", dq)]);
     steps.push(fin + launch_cycles(row_parts.len() as u64));
     (steps.iter().sum(), steps)
 }
@@ -1516,7 +1547,6 @@ pub fn plan(
         && region0_cap >= STANDARD_BUDGET / 2;
     let mut out = Vec::new();
     let ncb = block.key_blocks();
-    let dq = block.dqv() as i64;
     // Row plans with P V accumulating into O compete with those of a
     // merge step where the kernels allow: they keep O in region 1, which
     // few-tile plans may need for their keys.
@@ -1658,6 +1688,7 @@ pub fn plan(
                             exchange += ipu_arch::SYNC_CYCLES
                                 + state.div_ceil(ipu_arch::EXCHANGE_RECV_BYTES_PER_CYCLE as u64);
                             let per_vertex = rows.div_ceil(6) as i64;
+                            let dq = combine_quads(block, layout.acc) as i64;
                             compute += (splits as u64 - 1)
                                 * (kernels.combine.1.eval(&[("ROWS", per_vertex), ("DQ", dq)])
                                     + launch_cycles(rows.min(6) as u64));
@@ -1775,6 +1806,14 @@ struct TileBuffers {
     scratch: usize,
     /// On a split-0 tile: (O, (m, l)) received from each other key split.
     others: Vec<(usize, usize)>,
+}
+
+/// The quads of O's rows that `attention_combine` folds: v's head, and
+/// with the ones column in a plan that accumulates into O
+/// ([`AttentionPlan::acc`]) the quad that holds l, which the combine then
+/// folds as it folds O (l' = l a + l2 b).
+fn combine_quads(b: &AttentionBlock, acc: bool) -> u32 {
+    b.dqv() + (acc && b.ones) as u32
 }
 
 /// O's rows from row `r0` as the online step (which rescales them with
@@ -3514,21 +3553,27 @@ fn lower_rows(
                                 offset: 8 * r0,
                             },
                             StateWord::Const(r1 - r0),
-                            StateWord::Const(dq),
+                            StateWord::Const(combine_quads(b, plan.acc)),
                         ]
                     }),
                 );
             }
             let per_vertex = plan.rows.div_ceil(6) as i64;
-            cs.estimated_cycles = kernels
-                .combine
-                .1
-                .eval(&[("ROWS", per_vertex), ("DQ", dq as i64)])
-                + launch_cycles(plan.rows.min(6) as u64);
+            cs.estimated_cycles = kernels.combine.1.eval(&[
+                ("ROWS", per_vertex),
+                ("DQ", combine_quads(b, plan.acc) as i64),
+            ]) + launch_cycles(plan.rows.min(6) as u64);
             steps.push(cs);
         }
     }
     let mut fin = compute_step(format!("{name} final normalisation"));
+    // With `acc` the final of [`acc_requests`] (which with the ones column
+    // reads l in O's column).
+    let final_kernel = match (&kernels.final_acc, plan.acc) {
+        (Some(f), true) => f.0.clone(),
+        _ => kernels.final_.0.clone(),
+    };
+    let final_kernel = &final_kernel;
     let mut y = HostTensor {
         name: y_name,
         ty: graph.value(b.result).ty.clone(),
@@ -3547,7 +3592,7 @@ fn lower_rows(
         fin.charge_tile(tile, cycles);
         std::sync::Arc::make_mut(&mut fin.tiles).insert(
             tile,
-            row_vertices(rows, &kernels.final_.0, |_, r0, r1| {
+            row_vertices(rows, final_kernel, |_, r0, r1| {
                 let (o_word, rs_o) = o_rows(t, &lay, r0);
                 vec![
                     o_word,
@@ -3642,17 +3687,21 @@ mod tests {
                 let cost = declared(&r.source, &defines);
                 (r, cost)
             });
-        let online_acc = online_acc_request(b).map(|r| {
-            let defines: Vec<(&str, i64)> =
-                r.params.iter().map(|(k, &v)| (k.as_str(), v)).collect();
-            let cost = declared(&r.source, &defines);
-            (r, cost)
-        });
+        let [online_acc, final_acc] = match acc_requests(b, b.ones) {
+            Some(requests) => requests.map(|r| {
+                let defines: Vec<(&str, i64)> =
+                    r.params.iter().map(|(k, &v)| (k.as_str(), v)).collect();
+                let cost = declared(&r.source, &defines);
+                Some((r, cost))
+            }),
+            None => [None, None],
+        };
         AttentionKernels {
             gemm,
             online,
             merge,
             online_acc,
+            final_acc,
             acc_only: false,
             final_,
             fill,
@@ -3743,11 +3792,8 @@ mod tests {
         assert_eq!(with.v_bytes(&b), without.v_bytes(&b) + 16 * with.rs_v);
         let odd = TileLayout::new(&b, 100, 7, 15, true);
         assert_eq!(odd.rs_p, 8 * 16 * 2);
-        // A block with V's ones column keeps its merge.
-        let mut ones = b.clone();
-        ones.ones = true;
-        assert!(online_acc_request(&ones).is_none());
-        assert!(online_acc_request(&AttentionBlock { f32: true, ..b }).is_none());
+        // f32 attention keeps its merge.
+        assert!(acc_requests(&AttentionBlock { f32: true, ..b }, false).is_none());
     }
 
     /// The six row ranges of the online, combine and final vertices each
@@ -3818,10 +3864,37 @@ mod tests {
                 &mut gemm,
                 (&mut online_sums, &mut merge_sums),
                 (&mut online_ones, &mut merge_ones),
+                None,
             );
             assert_eq!(b.ones, ones, "head of {dv}, f32 {f32}");
             assert_eq!(b.pv_cols(), pv_cols, "head of {dv}, f32 {f32}");
             assert!(!b.ones || b.ones_column() < b.pv_cols());
+        }
+        // Without the merge (P V accumulating into O) the comparison is
+        // of the accumulating online steps, ONES=1 still 2 issue slots a
+        // quad of keys cheaper.
+        let acc = |ones| {
+            declared(
+                "attention_online.S",
+                &[
+                    ("PV", 1),
+                    ("PT", 16),
+                    ("EXP", 16),
+                    ("ONES", ones),
+                    ("ACC", 1),
+                ],
+            )
+        };
+        for (dv, ones) in [(72, true), (18, true), (80, true), (64, false), (16, true)] {
+            let b = block(dv, false);
+            let pays = ones_pays(
+                &b,
+                &mut gemm,
+                (&mut online_sums, &mut merge_sums),
+                (&mut online_ones, &mut merge_ones),
+                Some((acc(0), acc(1))),
+            );
+            assert_eq!(pays, ones, "head of {dv} without the merge");
         }
     }
 

@@ -5,6 +5,7 @@
 //! of which the retained finalists are logged.
 
 use crate::attention::{self, AttentionBlock, AttentionKernels, AttentionPlan};
+use crate::gemm::FormulaCost;
 use crate::library::{KernelLibrary, KernelRequest};
 use crate::{
     attention_cols, fuse, kernel_formula, plan, Accumulation, CompileError, CompileOptions,
@@ -15,17 +16,15 @@ use serde_json::json;
 
 /// Decides for each f16 block whether V carries a ones column
 /// ([`AttentionBlock::ones`]): it picks the block's online and merge
-/// kernels, by their formulas and the P V GEMM's ([`attention::ones_pays`]).
-/// None does where the options ask for plans that accumulate P V into O
-/// (`accumulate`, [`crate::CompileOptions::attention_accumulate`]).
+/// kernels, by their formulas and the P V GEMM's ([`attention::ones_pays`]):
+/// without the merge step where the library has the accumulating plans'
+/// kernels and the options do not rule those plans out (`accumulate`,
+/// [`crate::CompileOptions::attention_accumulate`]), with it otherwise.
 pub(crate) fn choose_ones_columns(
     library: &mut KernelLibrary,
     blocks: &mut [AttentionBlock],
     accumulate: Option<bool>,
 ) -> Result<(), CompileError> {
-    if accumulate == Some(true) {
-        return Ok(());
-    }
     for b in blocks.iter_mut().filter(|b| !b.f32) {
         let gemm = &attention::kernel_requests(b)[0];
         let mut gemm = kernel_formula(library, gemm, attention::FORMULA_VARS[0])?;
@@ -38,11 +37,20 @@ pub(crate) fn choose_ones_columns(
         };
         let (mut online_sums, mut merge_sums) = pair(false)?;
         let (mut online_ones, mut merge_ones) = pair(true)?;
+        let mut acc_online = |ones| {
+            let [online, _] = attention::acc_requests(b, ones)?;
+            kernel_formula(library, &online, attention::FORMULA_VARS[1]).ok()
+        };
+        let acc = match accumulate {
+            Some(false) => None,
+            _ => acc_online(false).zip(acc_online(true)),
+        };
         b.ones = attention::ones_pays(
             b,
             &mut gemm,
             (&mut online_sums, &mut merge_sums),
             (&mut online_ones, &mut merge_ones),
+            acc,
         );
     }
     Ok(())
@@ -70,30 +78,29 @@ pub(crate) fn attention_kernels(
     }
     let mut it = f.into_iter();
     let mut next = || it.next().expect("eight kernels");
-    // The online kernel of plans whose P V accumulates into O, when the
-    // block can take them.
-    let online_acc = match (attention::online_acc_request(b), accumulate) {
+    // The online and final kernels of plans whose P V accumulates into O,
+    // when the block can take them.
+    let acc = match (attention::acc_requests(b, b.ones), accumulate) {
         (_, Some(false)) => None,
         (None, Some(true)) => {
             return Err(CompileError::Options {
                 message: format!("attention_merge=accumulate for `{value}`: P V accumulates into O only in f16 attention, and `{value}` is f32; attention_merge=merge or auto takes it"),
             })
         }
-        (Some(r), Some(true)) => match kernel_formula(library, &r, attention::FORMULA_VARS[1]) {
-            Ok(formula) => Some((r, formula)),
-            Err(e) => {
+        (Some(requests), forced) => match acc_formulas(library, &requests) {
+            Ok(kernels) => Some(kernels),
+            Err(lacking) if forced == Some(true) => {
+                let (r, e) = *lacking;
                 return Err(CompileError::Options {
                     message: format!("attention_merge=accumulate for `{value}`: the kernel library lacks {r} ({e})"),
                 })
             }
-        },
-        (Some(r), None) => match kernel_formula(library, &r, attention::FORMULA_VARS[1]) {
-            Ok(formula) => Some((r, formula)),
-            Err(e) => {
+            Err(lacking) => {
+                let (r, e) = *lacking;
                 lacking_kernel(
-                    &graph.value(b.attention).name,
+                    value,
                     (&r, &e),
-                    "the kernel library lacks the online kernel that lets P V accumulate into O; planning with a merge step",
+                    "the kernel library lacks a kernel that lets P V accumulate into O; planning with a merge step",
                     "the row layout's P V accumulates into O with it, without a merge step after every key block",
                     would_help,
                 );
@@ -101,6 +108,10 @@ pub(crate) fn attention_kernels(
             }
         },
         (None, None) => None,
+    };
+    let (online_acc, final_acc) = match acc {
+        Some([online, final_]) => (Some(online), Some(final_)),
+        None => (None, None),
     };
     // The column layout's kernels, when the block can take that
     // layout and the library has every one of them.
@@ -150,6 +161,7 @@ pub(crate) fn attention_kernels(
         online: next(),
         merge: next(),
         online_acc,
+        final_acc,
         acc_only: accumulate == Some(true),
         final_: next(),
         fill: next(),
@@ -158,6 +170,24 @@ pub(crate) fn attention_kernels(
         fill_rows: next(),
         columns,
     })
+}
+
+/// The accumulating plans' online and final kernels ([`attention::acc_requests`])
+/// with their formulas, or the first one the library lacks.
+#[allow(clippy::type_complexity)]
+fn acc_formulas(
+    library: &mut KernelLibrary,
+    [online, final_]: &[KernelRequest; 2],
+) -> Result<[(KernelRequest, FormulaCost); 2], Box<(KernelRequest, CompileError)>> {
+    let mut formula = |r: &KernelRequest, vars| {
+        kernel_formula(library, r, vars)
+            .map(|f| (r.clone(), f))
+            .map_err(|e| Box::new((r.clone(), e)))
+    };
+    Ok([
+        formula(online, attention::FORMULA_VARS[1])?,
+        formula(final_, attention::FORMULA_VARS[3])?,
+    ])
 }
 
 /// A kernel the library lacks that a faster plan of attention `value`

@@ -1493,54 +1493,97 @@ fn the_written_package_is_the_one_compile_returns() {
 }
 
 /// P V accumulates into O on the AMP (`gemm_f16`'s accumulate mode, the
-/// plan's `acc`): heads of 64 (no ones column) over 2,400 keys in four
-/// key splits, the row layout asked for. O lives in a C buffer whose rows
-/// follow the P V GEMM's row groups; a key block of an odd number of
-/// column blocks takes a zero K block, on some tiles and not on others
-/// (the splits' blocks differ in width), and the split states move by row
-/// group. No merge step runs, `attention_online` ACC=1 keeps the lazy
-/// running maximum, and both the causal and the full attention verify
-/// from memory full of NaNs with the estimate within 10%.
+/// plan's `acc`): 2,400 keys in four key splits, the row layout asked
+/// for, heads of 64 (the online step's own sums) and of 72 (V's ones
+/// column: l lives in O's column 4 DQ, which the lazy rescale, the
+/// combine and `attention_final` ONES=1 take as l). O lives in a C buffer
+/// whose rows follow the P V GEMM's row groups; a key block of an odd
+/// number of column blocks takes a zero K block, on some tiles and not on
+/// others (the splits' blocks differ in width), and the split states move
+/// by row group. No merge step runs, `attention_online` ACC=1 keeps the
+/// lazy running maximum, and both the causal and the full attention
+/// verify from memory full of NaNs with the estimate within 10%.
 #[test]
 fn p_v_accumulates_into_o_without_a_merge_step() {
     let dir = tempfile::tempdir().unwrap();
     let cache = tempfile::tempdir().unwrap();
-    for causal in [false, true] {
-        let name = format!("acc_{causal}");
-        let text = format!("model {name}\ninput x: f16[256, 128]\ninput mem: f16[2400, 128]\nparam wq: f16[128, 128]\nparam wk: f16[128, 128]\nparam wv: f16[128, 128]\nq = gemm(x, wq)\nk = gemm(mem, wk)\nv = gemm(mem, wv)\nqh = split_heads(q, heads=2)\nkh = split_heads(k, heads=2)\nvh = split_heads(v, heads=2)\no = attention(qh, kh, vh, causal={causal})\ny = merge_heads(o)\noutput y\n");
-        let model = write_model(dir.path(), &name, &text);
-        let mut opts = options(&model, 64, cache.path());
-        opts.attention_layout = Some(ipu_compiler::attention::AttentionLayout::Rows);
-        let (ran, _) = run_with(&opts, |g| ipu_reference::random::gaussian_feeds(g, 5), true);
-        check_attention(&ran);
-        let report = &ran.compile.report;
-        let chosen = &report["attention"]["chosen"];
-        assert_eq!(chosen["acc"], true, "{chosen:#}");
-        let splits = chosen["key_splits"].as_array().unwrap();
-        assert!(splits.len() > 1, "{chosen:#}");
-        // Some split's blocks include an odd one: the splits' widths
-        // differ, and so do the blocks cut from them.
-        let odd = splits.iter().any(|s| {
-            let width = (s[1].as_u64().unwrap() - s[0].as_u64().unwrap()) as u32;
-            let blocks = chosen["key_blocks"].as_array().unwrap().len() as u32;
-            (0..blocks).any(|i| {
-                let (a, z) = (i * width / blocks, (i + 1) * width / blocks);
-                (z - a) % 2 == 1
-            })
-        });
-        assert!(odd, "{chosen:#}");
-        let kernels = report["kernels"].to_string();
-        assert!(kernels.contains("ACC=1"), "{kernels}");
-        assert!(!kernels.contains("attention_merge"), "{kernels}");
-        let phases: Vec<&str> = call(&ran.compile, "run")
-            .phases
-            .iter()
-            .map(|p| p.name.as_str())
-            .collect();
+    for (width, ones) in [(128, false), (144, true)] {
+        for causal in [false, true] {
+            let name = format!("acc_{width}_{causal}");
+            let text = format!("model {name}\ninput x: f16[256, {width}]\ninput mem: f16[2400, {width}]\nparam wq: f16[{width}, {width}]\nparam wk: f16[{width}, {width}]\nparam wv: f16[{width}, {width}]\nq = gemm(x, wq)\nk = gemm(mem, wk)\nv = gemm(mem, wv)\nqh = split_heads(q, heads=2)\nkh = split_heads(k, heads=2)\nvh = split_heads(v, heads=2)\no = attention(qh, kh, vh, causal={causal})\ny = merge_heads(o)\noutput y\n");
+            let model = write_model(dir.path(), &name, &text);
+            let mut opts = options(&model, 64, cache.path());
+            opts.attention_layout = Some(ipu_compiler::attention::AttentionLayout::Rows);
+            let (ran, _) = run_with(&opts, |g| ipu_reference::random::gaussian_feeds(g, 5), true);
+            check_attention(&ran);
+            let report = &ran.compile.report;
+            let chosen = &report["attention"]["chosen"];
+            assert_eq!(chosen["acc"], true, "{name}: {chosen:#}");
+            let splits = chosen["key_splits"].as_array().unwrap();
+            assert!(splits.len() > 1, "{name}: {chosen:#}");
+            // Some split's blocks include an odd one: the splits' widths
+            // differ, and so do the blocks cut from them.
+            let odd = splits.iter().any(|s| {
+                let width = (s[1].as_u64().unwrap() - s[0].as_u64().unwrap()) as u32;
+                let blocks = chosen["key_blocks"].as_array().unwrap().len() as u32;
+                (0..blocks).any(|i| {
+                    let (a, z) = (i * width / blocks, (i + 1) * width / blocks);
+                    (z - a) % 2 == 1
+                })
+            });
+            assert!(odd, "{name}: {chosen:#}");
+            let kernels = report["kernels"].to_string();
+            assert!(kernels.contains("ACC=1"), "{kernels}");
+            assert!(!kernels.contains("attention_merge"), "{kernels}");
+            assert_eq!(
+                kernels.contains("attention_final ONES=1"),
+                ones,
+                "{name}: {kernels}"
+            );
+            let phases: Vec<&str> = call(&ran.compile, "run")
+                .phases
+                .iter()
+                .map(|p| p.name.as_str())
+                .collect();
+            assert!(
+                phases.iter().any(|p| p.contains("P V, key block 1")),
+                "{phases:?}"
+            );
+            assert!(!phases.iter().any(|p| p.contains("merge")), "{phases:?}");
+        }
+    }
+}
+
+/// The attention candidates rank by their own estimates beside a proxy for
+/// the projections; where the other layout's best comes within 3%, the
+/// model also compiles in that layout and the faster estimate is kept.
+/// models/attention_stream_small on 64 tiles: the row plan (P V
+/// accumulating into O) edges out the column plan by 1.7%, but the
+/// projections beside it take 18,620 cycles where the column plan's take
+/// 17,360 (35,117 estimated cycles against 33,013); the column layout is
+/// kept, and the report names the retry.
+#[test]
+fn a_close_call_between_layouts_compiles_both() {
+    let cache = tempfile::tempdir().unwrap();
+    let model = root().join("models/attention_stream_small.ipug");
+    let out = compile(&options(&model, 64, cache.path())).unwrap();
+    let report = &out.report;
+    let retried = report["retries"].as_array().into_iter().flatten().any(|r| {
+        r["then"]
+            .as_str()
+            .is_some_and(|t| t.contains("attention_layout="))
+    });
+    assert!(retried, "{:#}", report["retries"]);
+    use ipu_compiler::attention::AttentionLayout;
+    let mut forced = options(&model, 64, cache.path());
+    for layout in [AttentionLayout::Rows, AttentionLayout::Columns] {
+        forced.attention_layout = Some(layout);
+        let other = compile(&forced).unwrap();
         assert!(
-            phases.iter().any(|p| p.contains("P V, key block 1")),
-            "{phases:?}"
+            out.estimated_run_cycles <= other.estimated_run_cycles,
+            "{layout:?}: {} against the kept {}",
+            other.estimated_run_cycles,
+            out.estimated_run_cycles
         );
-        assert!(!phases.iter().any(|p| p.contains("merge")), "{phases:?}");
     }
 }

@@ -515,9 +515,9 @@ fn generate(seed: u64) -> Case {
     // stay what they were.
     let loop_weights = (m.contains("\nrepeat ") && chance(&mut r, 0.3))
         .then(|| pick(&mut r, &[LoopWeights::Stacked, LoopWeights::Streamed]));
-    // Drawn after the others too (which it leaves as they were): P V
-    // accumulating into O is rarely the planner's choice for random head
-    // sizes, most of which give V a ones column.
+    // Drawn after the others too (which it leaves as they were): forcing
+    // plans whose P V accumulates into O, or ruling them out, takes both
+    // kinds through shapes where the planner would pick the other.
     let accumulate = chance(&mut r, 0.3).then(|| chance(&mut r, 0.8));
     Case {
         seed,

@@ -1066,19 +1066,25 @@ fn invalid_causal_parameter_is_a_clear_assembly_error() {
 #[test]
 fn final_normalisation_alone() {
     // Random O and l (l > 0), six workers: out = f16(O * recip(l)), or
-    // with OUT=32 the f32 product.
-    for &(rows, head, out32) in &[
-        (17usize, 19usize, false),
-        (12, 72, false),
-        (1, 1, false),
-        (17, 19, true),
-        (12, 72, true),
-        (1, 1, true),
+    // with OUT=32 the f32 product. With ONES=1 l is O's column 4 DQ (a
+    // quad after the head's) and the (m, l) pairs hold NaNs, unread.
+    for &(rows, head, out32, ones) in &[
+        (17usize, 19usize, false, false),
+        (12, 72, false, false),
+        (1, 1, false, false),
+        (17, 19, true, false),
+        (12, 72, true, false),
+        (1, 1, true, false),
+        (17, 19, false, true),
+        (12, 72, false, true),
+        (12, 64, true, true),
+        (1, 1, false, true),
     ] {
         let mut rng = Rng((rows * 100 + head) as u64);
         let dq = head.div_ceil(4);
         let eb = if out32 { 4 } else { 2 };
-        let (rs_o, rs_out) = (16 * dq + 8, 4 * eb * dq + 8);
+        let rs_o = 16 * (dq + ones as usize) + 8;
+        let rs_out = 4 * eb * dq + 8;
         let o: Vec<f32> = (0..rows * 4 * dq)
             .map(|i| {
                 if i % (4 * dq) < head {
@@ -1093,8 +1099,16 @@ fn final_normalisation_alone() {
         for i in 0..rows {
             let row = f32_bytes(&o[i * 4 * dq..(i + 1) * 4 * dq]);
             o_mem[i * rs_o..i * rs_o + row.len()].copy_from_slice(&row);
+            if ones {
+                let at = i * rs_o + 16 * dq;
+                o_mem[at..at + 4].copy_from_slice(&l[i].to_le_bytes());
+            }
         }
-        let ml: Vec<f32> = l.iter().flat_map(|&l| [0.0, l]).collect();
+        let ml: Vec<f32> = l
+            .iter()
+            .flat_map(|&l| if ones { [f32::NAN; 2] } else { [0.0, l] })
+            .collect();
+        let defines = [("OUT", 8 * eb as i64), ("ONES", ones as i64)];
         let launches = ranges(rows, 6)
             .into_iter()
             .map(|(r0, r1)| Launch {
@@ -1111,7 +1125,7 @@ fn final_normalisation_alone() {
             })
             .collect();
         let (chip, cycles) = simulate(
-            &[("attention_final.S", &[("OUT", 8 * eb as i64)])],
+            &[("attention_final.S", &defines)],
             &[launches],
             &[
                 (AT_O, o_mem),
@@ -1141,18 +1155,18 @@ fn final_normalisation_alone() {
                 };
                 assert!(
                     within,
-                    "final {rows}x{head} OUT={}: out[{i}, {c}] = {g}, f64 reference {want}",
+                    "final {rows}x{head} OUT={} ONES={ones}: out[{i}, {c}] = {g}, f64 reference {want}",
                     8 * eb
                 );
             }
         }
         let estimate = declared_cycles(
             "attention_final.S",
-            &[("OUT", 8 * eb as i64)],
+            &defines,
             &[("ROWS", rows.div_ceil(6) as u64), ("DQ", dq as u64)],
         );
         println!(
-            "attention_final OUT={} {rows}x{head}: simulated {cycles} cycles, .cycles {estimate}",
+            "attention_final OUT={} ONES={ones} {rows}x{head}: simulated {cycles} cycles, .cycles {estimate}",
             8 * eb
         );
         let ratio = estimate as f64 / cycles as f64;
@@ -1404,7 +1418,8 @@ fn run_online_from(
             E2_V,
             8,
             E2_O,
-            if o.is_some() { 16 * dq as u32 } else { 8 },
+            // O's rows as `o` holds them (with ONES=1 a quad more than DQ).
+            o.map_or(8, |(_, values)| (4 * values.len() / rows) as u32),
             E2_ML,
             rows as u32,
             bk as u32,
@@ -1597,15 +1612,27 @@ fn online_f16_exponentials_alone_against_their_formula() {
 /// declared formula where no maximum moves.
 #[test]
 fn online_lazy_maximum_rescales_o_in_place() {
+    for ones in [0, 1] {
+        lazy_maximum_case(ones);
+    }
+}
+
+/// [`online_lazy_maximum_rescales_o_in_place`] with ONES=0 (l in the
+/// state, the vertex's own sums) or ONES=1 (l in O's ones column, the
+/// quad after the head's, which a move rescales with O; the state's l is
+/// left alone).
+fn lazy_maximum_case(ones: i64) {
     let defines: &[(&str, i64)] = &[
         ("CAUSAL", 0),
         ("PV", 1),
         ("PT", 16),
         ("EXP", 16),
-        ("ONES", 0),
+        ("ONES", ones),
         ("ACC", 1),
     ];
     let dq = 3;
+    // Columns of an O row: the head's, and with ONES=1 a quad holding l.
+    let cols = 4 * (dq + ones as usize);
     let mut rng = Rng(7300);
     let (mut moved, mut kept, mut first) = (0, 0, 0);
     for (rows, bk) in ONLINE_SHAPES {
@@ -1624,13 +1651,13 @@ fn online_lazy_maximum_rescales_o_in_place() {
                 }
             })
             .collect();
-        let o: Vec<f32> = (0..rows * 4 * dq)
+        let o: Vec<f32> = (0..rows * cols)
             .map(|_| rng.uniform(-2.0, 2.0) as f32)
             .collect();
         let run = run_online_from(&mut rng, rows, bk, defines, ml.clone(), Some((dq, &o)));
         let (s, scale, chip) = (&run.s, run.scale, &run.chip);
         let state = read_f32(chip, E2_ML, 2 * rows);
-        let o_after = read_f32(chip, E2_O, rows * 4 * dq);
+        let o_after = read_f32(chip, E2_O, rows * cols);
         for i in 0..rows {
             let row = &s[i * bk..(i + 1) * bk];
             let (m, l) = (ml[2 * i], ml[2 * i + 1]);
@@ -1644,10 +1671,11 @@ fn online_lazy_maximum_rescales_o_in_place() {
                 (true, false) => first += 1,
                 _ => kept += 1,
             }
-            let what = format!("rows={rows} bk={bk} row {i} (m {m}, row maximum {rowmax})");
+            let what =
+                format!("ONES={ones} rows={rows} bk={bk} row {i} (m {m}, row maximum {rowmax})");
             assert_eq!(state[2 * i], m_new, "{what}: m'");
-            for c in 0..4 * dq {
-                let (got, before) = (o_after[i * 4 * dq + c], o[i * 4 * dq + c]);
+            for c in 0..cols {
+                let (got, before) = (o_after[i * cols + c], o[i * cols + c]);
                 if rescale {
                     let want = before as f64 * a as f64;
                     assert!(
@@ -1677,6 +1705,11 @@ fn online_lazy_maximum_rescales_o_in_place() {
                     f16v(want)
                 );
                 sum += f16v(g);
+            }
+            if ones == 1 {
+                // l is P V's to sum, in O's column; the state's stays.
+                assert_eq!(state[2 * i + 1].to_bits(), l.to_bits(), "{what}: l");
+                continue;
             }
             let want = if rescale {
                 l as f64 * a as f64
@@ -1712,16 +1745,16 @@ fn online_lazy_maximum_rescales_o_in_place() {
     );
 }
 
-/// ACC=1 takes only the f16 exponentials with the vertex's own sums: the
-/// assembler names the parameters at fault otherwise.
+/// ACC=1 takes only the f16 exponentials: the assembler names the
+/// parameter at fault otherwise.
 #[test]
-fn online_acc_needs_f16_exponentials_and_own_sums() {
+fn online_acc_needs_f16_exponentials() {
     let mut opts = ipu_asm::Options::default();
-    for (k, v) in [("PV", 1), ("PT", 16), ("EXP", 16), ("ONES", 1), ("ACC", 1)] {
+    for (k, v) in [("PV", 1), ("PT", 16), ("EXP", 32), ("ACC", 1)] {
         opts.defines.insert(k.into(), v);
     }
     let err = ipu_asm::assemble_file(&device_dir().join("attention_online.S"), &opts)
-        .expect_err("ACC=1 with ONES=1 must not assemble")
+        .expect_err("ACC=1 with EXP=32 must not assemble")
         .to_string();
-    assert!(err.contains("ACC=1 needs EXP=16 and ONES=0"), "{err}");
+    assert!(err.contains("ACC=1 needs EXP=16"), "{err}");
 }
