@@ -529,12 +529,10 @@ pub struct AttentionKernels {
     pub gemm: (KernelRequest, FormulaCost),
     pub online: (KernelRequest, FormulaCost),
     pub merge: (KernelRequest, FormulaCost),
-    /// `attention_online` ACC=1 and the final that goes with it
-    /// ([`acc_requests`]), for plans whose P V accumulates into O
+    /// The kernels of plans whose P V accumulates into O
     /// ([`AttentionPlan::acc`]): present when the block can take them and
     /// the library has them.
-    pub online_acc: Option<(KernelRequest, FormulaCost)>,
-    pub final_acc: Option<(KernelRequest, FormulaCost)>,
+    pub acc: Option<AccKernels>,
     /// The options take only row plans that accumulate
     /// ([`crate::CompileOptions::attention_accumulate`]).
     pub acc_only: bool,
@@ -547,6 +545,33 @@ pub struct AttentionKernels {
     /// The column layout's kernels, when the library has them all and the
     /// block can take that layout.
     pub columns: Option<crate::attention_cols::ColumnKernels>,
+}
+
+/// `attention_online` ACC=1 and the `attention_final` that goes with it
+/// ([`acc_requests`]), with their formulas.
+pub struct AccKernels {
+    pub online: (KernelRequest, FormulaCost),
+    pub final_: (KernelRequest, FormulaCost),
+}
+
+impl AttentionKernels {
+    /// The online and final kernels of a plan whose P V accumulates into
+    /// O (`acc`, [`AttentionPlan::acc`]) or of one with the merge.
+    /// [`plan`] offers accumulating plans only with [`AttentionKernels::acc`].
+    #[allow(clippy::type_complexity)]
+    fn online_and_final(
+        &mut self,
+        acc: bool,
+    ) -> (
+        &mut (KernelRequest, FormulaCost),
+        &mut (KernelRequest, FormulaCost),
+    ) {
+        match (acc, self.acc.as_mut()) {
+            (true, Some(a)) => (&mut a.online, &mut a.final_),
+            (true, None) => unreachable!("a plan that accumulates into O without its kernels"),
+            (false, _) => (&mut self.online, &mut self.final_),
+        }
+    }
 }
 
 /// Requests for the kernels of `block`.
@@ -664,6 +689,23 @@ pub enum AttentionLayout {
     Columns,
 }
 
+impl AttentionLayout {
+    /// The layout's name in reports and options (`rows`, `columns`).
+    pub fn name(self) -> &'static str {
+        match self {
+            AttentionLayout::Rows => "rows",
+            AttentionLayout::Columns => "columns",
+        }
+    }
+    /// The layout that is not this one.
+    pub fn other(self) -> AttentionLayout {
+        match self {
+            AttentionLayout::Rows => AttentionLayout::Columns,
+            AttentionLayout::Columns => AttentionLayout::Rows,
+        }
+    }
+}
+
 /// The chosen partition of an attention block.
 #[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
 pub struct AttentionPlan {
@@ -740,13 +782,13 @@ pub struct AttentionPlan {
     /// rounds are of whole heads). Reported only when set.
     #[serde(skip_serializing_if = "std::ops::Not::not")]
     pub query_rounds: bool,
-    /// Row layout, f16 blocks whose online step keeps its own sums: P V
-    /// accumulates into O on the AMP (`gemm_f16`'s accumulate mode), O in
-    /// two C buffers of region 1 in the P V GEMM's layout, and the online
-    /// step (`attention_online` ACC=1) keeps O scaled to a lazy running
-    /// maximum itself, so no merge step runs. Else O lives in region 0
-    /// and `attention_merge` forms O a + P V after every key block.
-    /// Reported only when set.
+    /// Row layout, f16 blocks: P V accumulates into O on the AMP
+    /// (`gemm_f16`'s accumulate mode), O in a C buffer of region 1 in the
+    /// P V GEMM's layout (with V's ones column, l in O's column 4 DQ), and
+    /// the online step (`attention_online` ACC=1) keeps O scaled to a lazy
+    /// running maximum itself, so no merge step runs. Else O lives in
+    /// region 0 and `attention_merge` forms O a + P V after every key
+    /// block. Reported only when set.
     #[serde(skip_serializing_if = "std::ops::Not::not")]
     pub acc: bool,
 }
@@ -1129,7 +1171,8 @@ fn compute_cycles(
         steps.push(gemm_grid(&mut k.gemm.1, rows, nb, b.dp() / 16).cycles);
         let keys = ((c1 * 16).min(b.sk) - c0 * 16) as i64;
         let nkb_pv = pv_k_blocks(nb, acc.is_some());
-        let online = online_formula(k, acc.is_some()).eval(&[
+        let (online, _) = k.online_and_final(acc.is_some());
+        let online = online.1.eval(&[
             ("ROWS", max_rows),
             ("BK", keys),
             ("BKP", nkb_pv as i64 * 16),
@@ -1145,25 +1188,10 @@ fn compute_cycles(
             }
         });
     }
-    let final_ = match (acc, k.final_acc.as_mut()) {
-        (Some(_), Some(f)) => &mut f.1,
-        (Some(_), None) => unreachable!("an accumulating plan without its final kernel"),
-        (None, _) => &mut k.final_.1,
-    };
-    let fin = final_.eval(&[("ROWS", max_rows), ("DQ", dq)]);
+    let (_, final_) = k.online_and_final(acc.is_some());
+    let fin = final_.1.eval(&[("ROWS", max_rows), ("DQ", dq)]);
     steps.push(fin + launch_cycles(row_parts.len() as u64));
     (steps.iter().sum(), steps)
-}
-
-/// The online kernel's formula: `attention_online` ACC=1 when P V
-/// accumulates into O ([`AttentionPlan::acc`]; planned only when the
-/// kernels include it).
-fn online_formula(k: &mut AttentionKernels, acc: bool) -> &mut FormulaCost {
-    match (acc, k.online_acc.as_mut()) {
-        (true, Some(online)) => &mut online.1,
-        (true, None) => unreachable!("an accumulating plan without attention_online ACC=1"),
-        (false, _) => &mut k.online.1,
-    }
 }
 
 /// `fill_rows` vertices that write f16 1.0 (and three zeros) into the
@@ -1220,10 +1248,10 @@ fn causal_online_cycles(
 ) -> u64 {
     let dq = b.dqv() as i64;
     let parts = ranges(rows, rows.min(ipu_arch::WORKER_CONTEXTS));
-    let online = online_formula(k, acc);
+    let (online, _) = k.online_and_final(acc);
     // The formula is a vertex's constant plus ROWS times a row's cost.
     let mut eval = |rows: i64, nk: u32| {
-        online.eval(&[
+        online.1.eval(&[
             ("ROWS", rows),
             ("BK", nk as i64),
             ("BKP", bkp as i64),
@@ -1550,7 +1578,7 @@ pub fn plan(
     // Row plans with P V accumulating into O compete with those of a
     // merge step where the kernels allow: they keep O in region 1, which
     // few-tile plans may need for their keys.
-    let accs: &[bool] = match (kernels.online_acc.is_some(), kernels.acc_only) {
+    let accs: &[bool] = match (kernels.acc.is_some(), kernels.acc_only) {
         (true, true) => &[true],
         (true, false) => &[false, true],
         (false, _) => &[false],
@@ -2787,8 +2815,8 @@ fn lower_rows(
         let rows = lay.rows;
         // (buffer, offset, bytes, lo, hi)
         // O = 0: its rows in region 0, or with `acc` the rows of each P V
-        // row group in O's first C buffer (the junk rows between them
-        // reach no row of O).
+        // row group in O's C buffer (the junk rows between them reach no
+        // row of O).
         let mut ranges_to_fill: Vec<FillJob> = match &t.o_acc {
             Some(o_rows) => o_rows
                 .iter()
@@ -3176,16 +3204,8 @@ fn lower_rows(
     // With `acc` P V's row groups are those of the widest block on every
     // tile.
     let acc = plan.acc.then_some(widest);
-    let online_kernel = match (plan.acc, &kernels.online_acc) {
-        (true, Some(k)) => k.0.clone(),
-        (true, None) => {
-            return Err(CompileError::Verifier {
-                phase: "lower",
-                message: format!("`{name}`: a plan whose P V accumulates into O without the kernel attention_online ACC=1"),
-            })
-        }
-        (false, _) => kernels.online.0.clone(),
-    };
+    let (online, _) = kernels.online_and_final(plan.acc);
+    let online_kernel = online.0.clone();
     for bi in 0..live_blocks {
         if bi > 0 && chunk_of(&chunks, bi) != chunk_of(&chunks, bi - 1) {
             if let Some(x) = xsteps.next() {
@@ -3569,11 +3589,8 @@ fn lower_rows(
     let mut fin = compute_step(format!("{name} final normalisation"));
     // With `acc` the final of [`acc_requests`] (which with the ones column
     // reads l in O's column).
-    let final_kernel = match (&kernels.final_acc, plan.acc) {
-        (Some(f), true) => f.0.clone(),
-        _ => kernels.final_.0.clone(),
-    };
-    let final_kernel = &final_kernel;
+    let (_, final_) = kernels.online_and_final(plan.acc);
+    let final_kernel = &final_.0.clone();
     let mut y = HostTensor {
         name: y_name,
         ty: graph.value(b.result).ty.clone(),
@@ -3680,28 +3697,23 @@ mod tests {
 
     /// The row layout's kernels of `b` with their declared formulas.
     fn declared_kernels(b: &AttentionBlock) -> AttentionKernels {
-        let [gemm, online, merge, final_, fill, transpose, combine, fill_rows] = kernel_requests(b)
-            .map(|r| {
-                let defines: Vec<(&str, i64)> =
-                    r.params.iter().map(|(k, &v)| (k.as_str(), v)).collect();
-                let cost = declared(&r.source, &defines);
-                (r, cost)
-            });
-        let [online_acc, final_acc] = match acc_requests(b, b.ones) {
-            Some(requests) => requests.map(|r| {
-                let defines: Vec<(&str, i64)> =
-                    r.params.iter().map(|(k, &v)| (k.as_str(), v)).collect();
-                let cost = declared(&r.source, &defines);
-                Some((r, cost))
-            }),
-            None => [None, None],
+        let declare = |r: KernelRequest| {
+            let defines: Vec<(&str, i64)> =
+                r.params.iter().map(|(k, &v)| (k.as_str(), v)).collect();
+            let cost = declared(&r.source, &defines);
+            (r, cost)
         };
+        let [gemm, online, merge, final_, fill, transpose, combine, fill_rows] =
+            kernel_requests(b).map(declare);
+        let acc = acc_requests(b, b.ones).map(|r| {
+            let [online, final_] = r.map(declare);
+            AccKernels { online, final_ }
+        });
         AttentionKernels {
             gemm,
             online,
             merge,
-            online_acc,
-            final_acc,
+            acc,
             acc_only: false,
             final_,
             fill,
@@ -3749,7 +3761,7 @@ mod tests {
         let b = test_block(2, 64, 1024);
         assert!(!b.ones);
         let mut k = declared_kernels(&b);
-        assert!(k.online_acc.is_some());
+        assert!(k.acc.is_some());
         let blocks = [(0, 8), (8, 15)];
         let (merged, merged_steps) = compute_cycles(&b, &mut k, 100, &blocks, 15, None);
         let (acc, acc_steps) = compute_cycles(&b, &mut k, 100, &blocks, 15, Some(8));
@@ -3829,7 +3841,7 @@ mod tests {
         k.acc_only = true;
         let plans = plan(&b, 8, &mut k, 0, false, (region1, u64::MAX), None);
         assert!(!plans.is_empty() && plans.iter().all(|p| p.acc));
-        k.online_acc = None;
+        k.acc = None;
         let plans = plan(&b, 8, &mut k, 0, false, (region1, u64::MAX), None);
         assert!(!plans.is_empty() && plans.iter().all(|p| !p.acc));
     }

@@ -2046,7 +2046,7 @@ fn compile_attempts(options: &CompileOptions) -> Result<CompileOutput, CompileEr
     // The attention candidates are ranked by their own estimates beside a
     // proxy for the projections, which are planned only for the chosen
     // plan. Where the other layout's best candidate is within
-    // `LAYOUT_CLOSE_CALL` of it, the projections beside it may decide:
+    // `LAYOUT_CLOSE_CALL_PERCENT` of it, the projections beside it may decide:
     // the model compiles again in that layout and the faster estimate is
     // kept (models/attention_stream_small on 64 tiles: its row plan,
     // 10,260 estimated cycles against the column plan's 10,432, took
@@ -2064,13 +2064,13 @@ fn compile_attempts(options: &CompileOptions) -> Result<CompileOutput, CompileEr
         "value": out.report["attention"]["value"],
         "error": format!(
             "the best {} plan's estimate is within {}% of the chosen {} plan's",
-            layout_name(other),
+            other.name(),
             LAYOUT_CLOSE_CALL_PERCENT,
             out.report["attention"]["chosen"]["layout"].as_str().unwrap_or("?")
         ),
         "then": format!(
             "the model also compiles with attention_layout={} and the faster estimate is kept (this plan's run: {} cycles)",
-            layout_name(other),
+            other.name(),
             out.estimated_run_cycles
         ),
     });
@@ -2080,28 +2080,42 @@ fn compile_attempts(options: &CompileOptions) -> Result<CompileOutput, CompileEr
         attention_layout: Some(other),
         ..options.clone()
     };
-    Ok(match compile_widening(&forced, false, &mut other_retries) {
+    let alternative = compile_widening(&forced, false, &mut other_retries);
+    let how = format!("the attention in its {} layout", other.name());
+    Ok(keep_faster(out, alternative, &how).0)
+}
+
+/// The faster estimated run of `out` and `alternative` (the same model
+/// compiled another way, `how`), with a log line saying which is kept;
+/// and whether that is the alternative.
+fn keep_faster(
+    out: CompileOutput,
+    alternative: Result<CompileOutput, CompileError>,
+    how: &str,
+) -> (CompileOutput, bool) {
+    match alternative {
         Ok(alt) if alt.estimated_run_cycles < out.estimated_run_cycles => {
             tracing::info!(
-                other_run_cycles = alt.estimated_run_cycles,
-                chosen_run_cycles = out.estimated_run_cycles,
-                layout = layout_name(other),
-                "kept the attention's other layout"
+                alternative = how,
+                alternative_run_cycles = alt.estimated_run_cycles,
+                first_run_cycles = out.estimated_run_cycles,
+                "kept the alternative compile"
             );
-            alt
+            (alt, true)
         }
-        other_out => {
+        other => {
             tracing::info!(
-                other = %match &other_out {
+                alternative = how,
+                outcome = %match &other {
                     Ok(alt) => format!("{} run cycles", alt.estimated_run_cycles),
                     Err(e) => e.to_string(),
                 },
-                chosen_run_cycles = out.estimated_run_cycles,
-                "kept the attention's chosen layout"
+                first_run_cycles = out.estimated_run_cycles,
+                "kept the first compile"
             );
-            out
+            (out, false)
         }
-    })
+    }
 }
 
 /// How close (percent of the chosen plan's estimate) the other layout's
@@ -2119,24 +2133,20 @@ fn close_other_layout(report: &serde_json::Value) -> Option<attention::Attention
     };
     let chosen_layout = a["chosen"]["layout"].as_str()?;
     let chosen = total(&a["chosen"])?;
+    let other = [
+        attention::AttentionLayout::Rows,
+        attention::AttentionLayout::Columns,
+    ]
+    .into_iter()
+    .find(|l| l.name() == chosen_layout)?
+    .other();
     let best_other = a["finalists"]
         .as_array()?
         .iter()
-        .filter(|c| c["layout"].as_str().is_some_and(|l| l != chosen_layout))
+        .filter(|c| c["layout"] == other.name())
         .filter_map(total)
         .min()?;
-    let other = match chosen_layout {
-        "rows" => attention::AttentionLayout::Columns,
-        _ => attention::AttentionLayout::Rows,
-    };
     (best_other * 100 <= chosen * (100 + LAYOUT_CLOSE_CALL_PERCENT)).then_some(other)
-}
-
-fn layout_name(layout: attention::AttentionLayout) -> &'static str {
-    match layout {
-        attention::AttentionLayout::Rows => "rows",
-        attention::AttentionLayout::Columns => "columns",
-    }
 }
 
 /// Logs a retry of [`compile`] and records it for the report (and for
@@ -2451,30 +2461,15 @@ fn compile_from(
                 compiling_again(&mut segmented_retries, why);
                 let mut segmented = limits;
                 segmented.split_attention_projections = true;
-                return Ok(
-                    match compile_from(options, segmented, &mut segmented_retries) {
-                        Ok(seg) if seg.estimated_run_cycles < out.estimated_run_cycles => {
-                            tracing::info!(
-                                segmented_run_cycles = seg.estimated_run_cycles,
-                                shared_run_cycles = out.estimated_run_cycles,
-                                "kept the attention and its projections in segments of their own"
-                            );
-                            *retries = segmented_retries;
-                            seg
-                        }
-                        other => {
-                            tracing::info!(
-                                segmented = %match &other {
-                                    Ok(seg) => format!("{} run cycles", seg.estimated_run_cycles),
-                                    Err(e) => e.to_string(),
-                                },
-                                shared_run_cycles = out.estimated_run_cycles,
-                                "kept the projections beside the attention"
-                            );
-                            out
-                        }
-                    },
+                let (kept, segments) = keep_faster(
+                    out,
+                    compile_from(options, segmented, &mut segmented_retries),
+                    "the attention and its projections in segments of their own",
                 );
+                if segments {
+                    *retries = segmented_retries;
+                }
+                return Ok(kept);
             }
             // Cutting the attention's region 0 left it no plan: region 0
             // overflowed with buffers that outlive its segment (weight

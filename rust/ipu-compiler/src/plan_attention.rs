@@ -4,8 +4,7 @@
 //! ranked attention plans (both layouts, unless the options force one),
 //! of which the retained finalists are logged.
 
-use crate::attention::{self, AttentionBlock, AttentionKernels, AttentionPlan};
-use crate::gemm::FormulaCost;
+use crate::attention::{self, AccKernels, AttentionBlock, AttentionKernels, AttentionPlan};
 use crate::library::{KernelLibrary, KernelRequest};
 use crate::{
     attention_cols, fuse, kernel_formula, plan, Accumulation, CompileError, CompileOptions,
@@ -109,10 +108,6 @@ pub(crate) fn attention_kernels(
         },
         (None, None) => None,
     };
-    let (online_acc, final_acc) = match acc {
-        Some([online, final_]) => (Some(online), Some(final_)),
-        None => (None, None),
-    };
     // The column layout's kernels, when the block can take that
     // layout and the library has every one of them.
     let columns = if attention_cols::applies(b) {
@@ -129,7 +124,7 @@ pub(crate) fn attention_kernels(
                     // the attention its faster layout, so the log
                     // warns and the report names the kernel.
                     lacking_kernel(
-                        &graph.value(b.attention).name,
+                        value,
                         (r, &e),
                         "the kernel library lacks a kernel of the column attention layout; planning without that layout",
                         "the column attention layout (keys as the GEMMs' streamed rows) needs it; without it the attention takes the row layout",
@@ -160,8 +155,7 @@ pub(crate) fn attention_kernels(
         gemm: next(),
         online: next(),
         merge: next(),
-        online_acc,
-        final_acc,
+        acc,
         acc_only: accumulate == Some(true),
         final_: next(),
         fill: next(),
@@ -174,20 +168,19 @@ pub(crate) fn attention_kernels(
 
 /// The accumulating plans' online and final kernels ([`attention::acc_requests`])
 /// with their formulas, or the first one the library lacks.
-#[allow(clippy::type_complexity)]
 fn acc_formulas(
     library: &mut KernelLibrary,
     [online, final_]: &[KernelRequest; 2],
-) -> Result<[(KernelRequest, FormulaCost); 2], Box<(KernelRequest, CompileError)>> {
+) -> Result<AccKernels, Box<(KernelRequest, CompileError)>> {
     let mut formula = |r: &KernelRequest, vars| {
         kernel_formula(library, r, vars)
             .map(|f| (r.clone(), f))
             .map_err(|e| Box::new((r.clone(), e)))
     };
-    Ok([
-        formula(online, attention::FORMULA_VARS[1])?,
-        formula(final_, attention::FORMULA_VARS[3])?,
-    ])
+    Ok(AccKernels {
+        online: formula(online, attention::FORMULA_VARS[1])?,
+        final_: formula(final_, attention::FORMULA_VARS[3])?,
+    })
 }
 
 /// A kernel the library lacks that a faster plan of attention `value`

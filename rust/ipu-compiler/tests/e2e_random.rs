@@ -87,11 +87,7 @@ impl Case {
             write!(s, " --option accumulation={a}").unwrap();
         }
         if let Some(l) = self.layout {
-            let l = match l {
-                AttentionLayout::Rows => "rows",
-                AttentionLayout::Columns => "columns",
-            };
-            write!(s, " --option attention_layout={l}").unwrap();
+            write!(s, " --option attention_layout={}", l.name()).unwrap();
         }
         if let Some(a) = self.accumulate {
             let a = if a { "accumulate" } else { "merge" };

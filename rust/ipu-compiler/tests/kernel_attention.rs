@@ -1446,6 +1446,34 @@ fn run_online_from(
     }
 }
 
+/// Checks row `i` of an EXP=16 online run's P bit for bit: the visible
+/// keys' p = f16(exp(f16(f32(s * SCALE - m')))) (the product of two f32
+/// exact in f64, then each rounding once), zeros up to BKP. Returns the
+/// row's sum of the f16 p.
+fn check_f16_p(run: &OnlineRun, i: usize, row: &[f32], m_new: f64, what: &str) -> f64 {
+    let got = read_f16(&run.chip, E2_P + (i * run.rs_p) as u32, run.bkp);
+    let mut sum = 0.0f64;
+    for (j, &g) in got.iter().enumerate() {
+        let want = match row.get(j) {
+            Some(&x) => {
+                let arg = (x as f64 * run.scale as f64 - m_new) as f32;
+                let arg16 = f16v(f64_to_f16_bits(arg as f64));
+                f64_to_f16_bits(arg16.exp())
+            }
+            None => 0,
+        };
+        assert_eq!(
+            g,
+            want,
+            "{what}: p[{j}] = {}, expected {}",
+            f16v(g),
+            f16v(want)
+        );
+        sum += f16v(g);
+    }
+    sum
+}
+
 /// Checks the simulated cycles of an online run against the declared
 /// formula: within 2% and 72 cycles (the run's launch, wsync and exit are
 /// in the simulated cycles; the formula is exact but for them).
@@ -1559,29 +1587,8 @@ fn online_f16_exponentials_alone_against_their_formula() {
                     "ONES={ones} rows={rows} bk={bk}: a of row {i} = {}, f64 {a}",
                     alpha[i]
                 );
-                let got = read_f16(chip, E2_P + (i * run.rs_p) as u32, run.bkp);
-                let mut sum = 0.0f64;
-                for (j, &g) in got.iter().enumerate() {
-                    let want = match row.get(j) {
-                        Some(&x) => {
-                            // s * SCALE - m' rounded once to f32 (the
-                            // product of two f32 is exact in f64), then to
-                            // f16; the exponential rounded once to f16.
-                            let arg = (x as f64 * scale as f64 - m_new) as f32;
-                            let arg16 = f16v(f64_to_f16_bits(arg as f64));
-                            f64_to_f16_bits(arg16.exp())
-                        }
-                        None => 0,
-                    };
-                    assert_eq!(
-                        g,
-                        want,
-                        "ONES={ones} rows={rows} bk={bk}: p[{i}, {j}] = {}, expected {}",
-                        f16v(g),
-                        f16v(want)
-                    );
-                    sum += f16v(g);
-                }
+                let what = format!("ONES={ones} rows={rows} bk={bk}: row {i}");
+                let sum = check_f16_p(&run, i, row, m_new, &what);
                 if ones == 1 {
                     assert_eq!(
                         state[2 * i + 1].to_bits(),
@@ -1686,26 +1693,7 @@ fn lazy_maximum_case(ones: i64) {
                     assert_eq!(got.to_bits(), before.to_bits(), "{what}: O[{c}] must stay");
                 }
             }
-            let got = read_f16(chip, E2_P + (i * run.rs_p) as u32, run.bkp);
-            let mut sum = 0.0f64;
-            for (j, &g) in got.iter().enumerate() {
-                let want = match row.get(j) {
-                    Some(&x) => {
-                        let arg = (x as f64 * scale as f64 - m_new as f64) as f32;
-                        let arg16 = f16v(f64_to_f16_bits(arg as f64));
-                        f64_to_f16_bits(arg16.exp())
-                    }
-                    None => 0,
-                };
-                assert_eq!(
-                    g,
-                    want,
-                    "{what}: p[{j}] = {}, expected {}",
-                    f16v(g),
-                    f16v(want)
-                );
-                sum += f16v(g);
-            }
+            let sum = check_f16_p(&run, i, row, m_new as f64, &what);
             if ones == 1 {
                 // l is P V's to sum, in O's column; the state's stays.
                 assert_eq!(state[2 * i + 1].to_bits(), l.to_bits(), "{what}: l");
