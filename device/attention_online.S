@@ -90,13 +90,16 @@
 # GEMM's C buffer is). The sum is of the rounded p that P V uses, so the
 # output is a weighted mean of V's rows whatever p's rounding.
 #
-# ACC=1 (with EXP=16): P V accumulates into O on the AMP (gemm_f16's
-# accumulate mode), so this vertex keeps O scaled to its running maximum
-# itself and writes no factors (ALPHA is not read). The maximum moves
-# only when the block's passes it by more than 8 (p stays below e^8,
-# inside f16); a move rescales the row's O in place by a = exp(m - m')
-# (O at O, RS_O apart; with ONES=1 DQ + 1 quads, the last holding l in
-# the ones column) and l (ONES=0), except while m is -inf (all zero).
+# ACC=1 (with EXP=16, or PT=32 for f32 attention): P V accumulates into
+# O on the AMP (gemm_f16's or gemm_f32's accumulate mode), so this vertex
+# keeps O scaled to its running maximum itself and writes no factors
+# (ALPHA is not read). The maximum moves only when the block's passes it
+# by more than 8 (p stays below e^8, inside f16); a move rescales the
+# row's O in place by a = exp(m - m') (O at O, RS_O apart; with ONES=1
+# DQ + 1 quads, the last holding l in the ones column) and l (ONES=0),
+# except while m is -inf (all zero). f32 P would not overflow with the
+# exact maximum, but each move costs a pass over O's row, which the lazy
+# maximum makes rare.
 #
 # SCALE must be positive: the row maximum is taken on raw scores and scaled
 # once. Each worker runs its own vertex over its own query rows (its own O
@@ -126,8 +129,8 @@
         .if ACC != 0 && ACC != 1
         .error "ACC must be 0 (attention_merge forms O a + P V) or 1 (P V accumulates into O; a lazy running maximum)"
         .endif
-        .if ACC == 1 && EXP != 16
-        .error "ACC=1 needs EXP=16: the f16 exponentials (with the vertex's own sums, or ONES=1)"
+        .if ACC == 1 && EXP != 16 && PT != 32
+        .error "ACC=1 needs EXP=16 (f16 P from f16 exponentials, with the vertex's own sums or ONES=1) or PT=32 (f32 P)"
         .endif
         .if CAUSAL != 0 && CAUSAL != 1
         .error "CAUSAL must be 0 (all keys) or 1 (key index <= query index)"
@@ -148,8 +151,17 @@
         .cycles "6 * (8 + ROWS * (26 + 7 * BK + DQ * (13 + 3 * BK)))"
         .elseif PV == 0
         .cycles "6 * (8 + ROWS * (26 + 7 * BK + DQ * (12 + 4 * BK)))"
+        .elseif PV == 1 && PT == 32 && ACC == 1
+        # As ACC=0 below, where no row's maximum moves (the lazy test in
+        # place of the update, no ALPHA store); a row that moves it also
+        # rescales O's row in place, 4 bundles a quad and about 12 more.
+        .cycles "6 * (12 + ROWS * (53 + 5 * (BK / 2) + 7 * (BK - 2 * (BK / 2)) - 2 * (1 / (BK / 2 + 1)) + (BKP - BK)))"
         .elseif PV == 1 && PT == 32
-        .cycles "6 * (12 + ROWS * (54 + 3 * BK + (BKP - BK)))"
+        # Per row: 5 slots a pair of keys (its maximum, then the mac, the
+        # two-slot exponential and the sum, the loads and the store riding
+        # in the same bundles), 7 for an odd key, 2 fewer without a pair,
+        # a store per padding key.
+        .cycles "6 * (12 + ROWS * (51 + 5 * (BK / 2) + 7 * (BK - 2 * (BK / 2)) - 2 * (1 / (BK / 2 + 1)) + (BKP - BK)))"
         .elseif PV == 1 && EXP == 16 && ACC == 1 && ONES == 1
         # As ONES=1 below, where no row's maximum moves (the lazy test in
         # place of the update, three slots more, no ALPHA store).
@@ -438,14 +450,15 @@ exp16_tail_done:
         # $a0:1 the scores, $a10:11 the pair of p.
         shr $m5, $m11, 1
         brz $m5, pairs_done
-        # Pair 0, then per further pair: its argument and exp while pair
-        # i - 1 is summed and stored (f32 P: as it is, no conversion).
+        # Pair 0's argument, then per further pair i: pair i - 1's
+        # exponential (beside the reload of (-m', -m'), which the bundle
+        # reads before it writes), its sum and store beside pair i's load
+        # and argument; 4 issue slots a pair, every memory access riding
+        # with arithmetic (f32 P: stored as it is, no conversion).
         ld64 $a0:1, [$m12]+=8
-        f32v2mac $a2:3, $a0:1, $a8:9
-        f32v2exp $a10:11, $a2:3
-        add $m5, $m5, -1
-        rpt $m5, 4
-        ld64 $a2:3, [$m10]
+        { add $m5, $m5, -1 ; f32v2mac $a2:3, $a0:1, $a8:9 }
+        rpt $m5, 3
+        { ld64 $a2:3, [$m10] ; f32v2exp $a10:11, $a2:3 }
         { ld64 $a0:1, [$m12]+=8 ; f32v2add $a6:7, $a6:7, $a10:11 }
         { st64 $a10:11, [$m13]+=8 ; f32v2mac $a2:3, $a0:1, $a8:9 }
         f32v2exp $a10:11, $a2:3
@@ -522,7 +535,9 @@ tail_done:
         mov $a0, $a13
         mov $a1, $a14
         st64 $a0:1, [$m7]+=8
+        .if ACC == 0
         st32 $a15, [$m14]+=4
+        .endif
         .else
         st32 $a14, [$m7 + 4]
         add $m7, $m7, 8

@@ -27,7 +27,7 @@ pub struct CompileArgs {
     report: Option<PathBuf>,
     /// Planner options as KEY=VALUE: beam_width, finalists, max_candidates,
     /// accumulation (auto, f16, f32), attention_layout (auto, rows, columns),
-    /// attention_merge (auto; accumulate: row plans of f16 attention whose
+    /// attention_merge (auto; accumulate: row plans of attention whose
     /// P V accumulates into O, no merge step; merge: only plans with it),
     /// stream_b (auto, homes, resident: where a streamed GEMM's B lives),
     /// host_inputs (once: an input the program holds more than once is

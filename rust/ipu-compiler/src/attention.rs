@@ -615,12 +615,16 @@ pub fn online_and_merge_requests(block: &AttentionBlock, ones: bool) -> [KernelR
     } else {
         (16, 16, ones as i64)
     };
-    // EXP=16 names ACC=0: the library also holds those online kernels
-    // with ACC=1 ([`acc_requests`]).
-    let mut online = vec![causal, ("PV", 1), ("PT", pt), ("EXP", exp), ("ONES", ones)];
-    if exp == 16 {
-        online.push(("ACC", 0));
-    }
+    // ACC=0: the library also holds these online kernels with ACC=1
+    // ([`acc_requests`]).
+    let online = [
+        causal,
+        ("PV", 1),
+        ("PT", pt),
+        ("EXP", exp),
+        ("ONES", ones),
+        ("ACC", 0),
+    ];
     [
         request("attention_online", "attention_online.S", &online),
         request("attention_merge", "attention_merge.S", &[("ONES", ones)]),
@@ -629,32 +633,37 @@ pub fn online_and_merge_requests(block: &AttentionBlock, ones: bool) -> [KernelR
 
 /// The online and final kernels of a plan whose P V accumulates into O
 /// ([`AttentionPlan::acc`]) for a block with V's ones column or without
-/// (`ones`): `attention_online` EXP=16 ACC=1, a lazy running maximum that
-/// rescales O in place (with the ones column l is O's column 4 DQ, which
-/// it rescales too), and `attention_final`, which with ONES=1 reads l
-/// there. f16 blocks only.
-pub fn acc_requests(block: &AttentionBlock, ones: bool) -> Option<[KernelRequest; 2]> {
-    (!block.f32).then(|| {
-        [
-            request(
-                "attention_online",
-                "attention_online.S",
-                &[
-                    ("CAUSAL", block.causal as i64),
-                    ("PV", 1),
-                    ("PT", 16),
-                    ("EXP", 16),
-                    ("ONES", ones as i64),
-                    ("ACC", 1),
-                ],
-            ),
-            request(
-                "attention_final",
-                "attention_final.S",
-                &[("OUT", 16), ("ONES", ones as i64)],
-            ),
-        ]
-    })
+/// (`ones`, f16 blocks only): `attention_online` ACC=1, a lazy running
+/// maximum that rescales O in place (with the ones column l is O's column
+/// 4 DQ, which it rescales too), with f16 P from f16 exponentials (EXP=16)
+/// or, for f32 blocks, f32 P (PT=32); and `attention_final`, which with
+/// ONES=1 reads l there.
+pub fn acc_requests(block: &AttentionBlock, ones: bool) -> [KernelRequest; 2] {
+    let ones = (ones && !block.f32) as i64;
+    let (pt, exp, out) = if block.f32 {
+        (32, 32, 32)
+    } else {
+        (16, 16, 16)
+    };
+    [
+        request(
+            "attention_online",
+            "attention_online.S",
+            &[
+                ("CAUSAL", block.causal as i64),
+                ("PV", 1),
+                ("PT", pt),
+                ("EXP", exp),
+                ("ONES", ones),
+                ("ACC", 1),
+            ],
+        ),
+        request(
+            "attention_final",
+            "attention_final.S",
+            &[("OUT", out), ("ONES", ones)],
+        ),
+    ]
 }
 
 fn request(entry: &str, source: &str, params: &[(&str, i64)]) -> KernelRequest {
@@ -782,8 +791,8 @@ pub struct AttentionPlan {
     /// rounds are of whole heads). Reported only when set.
     #[serde(skip_serializing_if = "std::ops::Not::not")]
     pub query_rounds: bool,
-    /// Row layout, f16 blocks: P V accumulates into O on the AMP
-    /// (`gemm_f16`'s accumulate mode), O in a C buffer of region 1 in the
+    /// Row layout: P V accumulates into O on the AMP (`gemm_f16`'s or,
+    /// for f32 blocks, `gemm_f32`'s accumulate mode), O in a C buffer of region 1 in the
     /// P V GEMM's layout (with V's ones column, l in O's column 4 DQ), and
     /// the online step (`attention_online` ACC=1) keeps O scaled to a lazy
     /// running maximum itself, so no merge step runs. Else O lives in
@@ -3705,9 +3714,10 @@ mod tests {
         };
         let [gemm, online, merge, final_, fill, transpose, combine, fill_rows] =
             kernel_requests(b).map(declare);
-        let acc = acc_requests(b, b.ones).map(|r| {
-            let [online, final_] = r.map(declare);
-            AccKernels { online, final_ }
+        let [acc_online, acc_final] = acc_requests(b, b.ones).map(declare);
+        let acc = Some(AccKernels {
+            online: acc_online,
+            final_: acc_final,
         });
         AttentionKernels {
             gemm,
@@ -3804,8 +3814,11 @@ mod tests {
         assert_eq!(with.v_bytes(&b), without.v_bytes(&b) + 16 * with.rs_v);
         let odd = TileLayout::new(&b, 100, 7, 15, true);
         assert_eq!(odd.rs_p, 8 * 16 * 2);
-        // f32 attention keeps its merge.
-        assert!(acc_requests(&AttentionBlock { f32: true, ..b }, false).is_none());
+        // f32 attention accumulates with f32 P, its final writing f32.
+        let [online, final_] = acc_requests(&AttentionBlock { f32: true, ..b }, true);
+        assert_eq!(online.params["PT"], 32);
+        assert_eq!(online.params["ONES"], 0);
+        assert_eq!(final_.params["OUT"], 32);
     }
 
     /// The six row ranges of the online, combine and final vertices each

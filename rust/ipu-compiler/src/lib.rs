@@ -103,10 +103,11 @@ pub struct CompileOptions {
     /// The attention layout to use; `None` lets the planner choose the
     /// faster estimate.
     pub attention_layout: Option<attention::AttentionLayout>,
-    /// Whether row-layout plans of f16 attention let P V accumulate into
-    /// O without a merge step ([`attention::AttentionPlan::acc`]): `None`
-    /// lets the planner choose; `Some(true)` takes only such row plans
-    /// (f32 attention cannot: an options error); `Some(false)` only plans
+    /// Whether row-layout plans of attention (f16 or f32) let P V
+    /// accumulate into O without a merge step
+    /// ([`attention::AttentionPlan::acc`]): `None` lets the planner choose
+    /// (and compiles the other kind too after a retry chain);
+    /// `Some(true)` takes only such row plans; `Some(false)` only plans
     /// with the merge.
     pub attention_accumulate: Option<bool>,
     /// How the host writes inputs that the program holds more than once.
@@ -2043,6 +2044,33 @@ fn compile_attempts(options: &CompileOptions) -> Result<CompileOutput, CompileEr
     };
     let out =
         compile_widening(options, false, &mut retries).map_err(|error| retried(&retries, error))?;
+    // A retry chain after a region overflow narrows the plans by the
+    // first attempt's best plan: a plan that accumulates P V into O (less
+    // region 0, more region 1) or one with the merge (the reverse) leaves
+    // the other kind little room, whatever it would have cost. Where the
+    // options leave that choice, the model also compiles with the other
+    // kind and the faster estimate is kept (f32 attention of 1,024 tokens
+    // on 8 tiles: the inputs' homes overflowed region 0, and the chain
+    // from the accumulating plan ended at three query rounds, 3,954,798
+    // estimated cycles, where the merging plans' chain kept two,
+    // 3,865,538).
+    let out = match options
+        .attention_accumulate
+        .is_none()
+        .then(|| other_merge_after_retries(&out.report))
+        .flatten()
+    {
+        None => out,
+        Some(accumulate) => {
+            let forced = CompileOptions {
+                attention_accumulate: Some(accumulate),
+                ..options.clone()
+            };
+            let why = "the chosen attention plan came out of a retry chain that the first attempt's plan narrowed";
+            let how = format!("attention_merge={}", merge_option_name(accumulate));
+            also_compile(out, &forced, &mut retries, why.into(), &how)
+        }
+    };
     // The attention candidates are ranked by their own estimates beside a
     // proxy for the projections, which are planned only for the chosen
     // plan. Where the other layout's best candidate is within
@@ -2060,29 +2088,48 @@ fn compile_attempts(options: &CompileOptions) -> Result<CompileOutput, CompileEr
     else {
         return Ok(out);
     };
+    let why = format!(
+        "the best {} plan's estimate is within {}% of the chosen {} plan's",
+        other.name(),
+        LAYOUT_CLOSE_CALL_PERCENT,
+        out.report["attention"]["chosen"]["layout"]
+            .as_str()
+            .unwrap_or("?")
+    );
+    let forced = CompileOptions {
+        attention_layout: Some(other),
+        ..options.clone()
+    };
+    let how = format!("attention_layout={}", other.name());
+    Ok(also_compile(out, &forced, &mut retries, why, &how))
+}
+
+/// Compiles the model again under `forced` (the options of `how`, in
+/// words) after `out`, recording `why` among the retries, and keeps the
+/// faster estimated run; `retries` becomes the kept compile's.
+fn also_compile(
+    out: CompileOutput,
+    forced: &CompileOptions,
+    retries: &mut Vec<serde_json::Value>,
+    why: String,
+    how: &str,
+) -> CompileOutput {
     let why = json!({
         "value": out.report["attention"]["value"],
-        "error": format!(
-            "the best {} plan's estimate is within {}% of the chosen {} plan's",
-            other.name(),
-            LAYOUT_CLOSE_CALL_PERCENT,
-            out.report["attention"]["chosen"]["layout"].as_str().unwrap_or("?")
-        ),
+        "error": why,
         "then": format!(
-            "the model also compiles with attention_layout={} and the faster estimate is kept (this plan's run: {} cycles)",
-            other.name(),
+            "the model also compiles with {how} and the faster estimate is kept (this plan's run: {} cycles)",
             out.estimated_run_cycles
         ),
     });
     let mut other_retries = retries.clone();
     compiling_again(&mut other_retries, why);
-    let forced = CompileOptions {
-        attention_layout: Some(other),
-        ..options.clone()
-    };
-    let alternative = compile_widening(&forced, false, &mut other_retries);
-    let how = format!("the attention in its {} layout", other.name());
-    Ok(keep_faster(out, alternative, &how).0)
+    let alternative = compile_widening(forced, false, &mut other_retries);
+    let (kept, is_alternative) = keep_faster(out, alternative, how);
+    if is_alternative {
+        *retries = other_retries;
+    }
+    kept
 }
 
 /// The faster estimated run of `out` and `alternative` (the same model
@@ -2115,6 +2162,28 @@ fn keep_faster(
             );
             (out, false)
         }
+    }
+}
+
+/// Whether P V should accumulate into O (`Some(true)`) or merge
+/// (`Some(false)`) in a second compile: the other kind than the chosen
+/// row plan's, when the compile retried. The last attempt's finalists
+/// need not hold that kind: its region limits came from the first
+/// attempt's plan. (A library without the accumulating kernels fails the
+/// second compile at planning, and the first is kept.)
+fn other_merge_after_retries(report: &serde_json::Value) -> Option<bool> {
+    let chosen = &report["attention"]["chosen"];
+    let retried = report["retries"].as_array().is_some_and(|r| !r.is_empty());
+    (retried && chosen["layout"] == attention::AttentionLayout::Rows.name())
+        .then(|| !chosen["acc"].as_bool().unwrap_or(false))
+}
+
+/// The `attention_merge` option's value that forces `accumulate`.
+fn merge_option_name(accumulate: bool) -> &'static str {
+    if accumulate {
+        "accumulate"
+    } else {
+        "merge"
     }
 }
 

@@ -37,7 +37,7 @@ pub(crate) fn choose_ones_columns(
         let (mut online_sums, mut merge_sums) = pair(false)?;
         let (mut online_ones, mut merge_ones) = pair(true)?;
         let mut acc_online = |ones| {
-            let [online, _] = attention::acc_requests(b, ones)?;
+            let [online, _] = attention::acc_requests(b, ones);
             kernel_formula(library, &online, attention::FORMULA_VARS[1]).ok()
         };
         let acc = match accumulate {
@@ -60,8 +60,7 @@ pub(crate) fn choose_ones_columns(
 /// them (else the report's `would_help` names the one it lacks); the
 /// online kernel of plans that accumulate P V into O unless `accumulate`
 /// ([`crate::CompileOptions::attention_accumulate`]) rules them out, and
-/// an options error when it asks for them and the block or the library
-/// cannot.
+/// an options error when it asks for them and the library lacks them.
 pub(crate) fn attention_kernels(
     graph: &Graph,
     library: &mut KernelLibrary,
@@ -77,22 +76,17 @@ pub(crate) fn attention_kernels(
     }
     let mut it = f.into_iter();
     let mut next = || it.next().expect("eight kernels");
-    // The online and final kernels of plans whose P V accumulates into O,
-    // when the block can take them.
-    let acc = match (attention::acc_requests(b, b.ones), accumulate) {
-        (_, Some(false)) => None,
-        (None, Some(true)) => {
-            return Err(CompileError::Options {
-                message: format!("attention_merge=accumulate for `{value}`: P V accumulates into O only in f16 attention, and `{value}` is f32; attention_merge=merge or auto takes it"),
-            })
-        }
-        (Some(requests), forced) => match acc_formulas(library, &requests) {
+    // The online and final kernels of plans whose P V accumulates into O
+    // (f16 or f32 blocks alike), when the library has them.
+    let acc = match accumulate {
+        Some(false) => None,
+        forced => match acc_formulas(library, &attention::acc_requests(b, b.ones)) {
             Ok(kernels) => Some(kernels),
             Err(lacking) if forced == Some(true) => {
                 let (r, e) = *lacking;
                 return Err(CompileError::Options {
                     message: format!("attention_merge=accumulate for `{value}`: the kernel library lacks {r} ({e})"),
-                })
+                });
             }
             Err(lacking) => {
                 let (r, e) = *lacking;
@@ -106,7 +100,6 @@ pub(crate) fn attention_kernels(
                 None
             }
         },
-        (None, None) => None,
     };
     // The column layout's kernels, when the block can take that
     // layout and the library has every one of them.

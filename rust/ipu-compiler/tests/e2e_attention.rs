@@ -1115,6 +1115,15 @@ fn region0_overflow_is_given_room_in_region1() {
     check_attention(&ran);
 }
 
+/// f32 attention over inputs: 1,024 tokens of 2 heads of 64, written to
+/// `dir`.
+fn long_f32_model(dir: &std::path::Path) -> std::path::PathBuf {
+    let text = heads_of_64(1024, 2, false)
+        .replace("model long_attention", "model long_f32")
+        .replace("f16[", "f32[");
+    write_model(dir, "long_f32", &text)
+}
+
 /// An f32 attention over inputs (1,024 tokens, 2 heads of 64) on 8 tiles:
 /// the operands' homes overflow region 0 beside the first plan and a
 /// quarter of the attention's share leaves it no plan. At the reserve
@@ -1130,11 +1139,12 @@ fn region0_overflow_is_given_room_in_region1() {
 fn the_reserve_step_leaves_room_by_each_plans_region0() {
     let dir = tempfile::tempdir().unwrap();
     let cache = tempfile::tempdir().unwrap();
-    let text = heads_of_64(1024, 2, false)
-        .replace("model long_attention", "model long_f32")
-        .replace("f16[", "f32[");
-    let model = write_model(dir.path(), "long_f32", &text);
-    let opts = options(&model, 8, cache.path());
+    let model = long_f32_model(dir.path());
+    let mut opts = options(&model, 8, cache.path());
+    // The merging plans' chain alone: left to choose, the compile also
+    // runs the accumulating plans' chain first
+    // (`a_retry_chain_compiles_the_other_kind_of_p_v_too`).
+    opts.attention_accumulate = Some(false);
     let (ran, _) = run_with(
         &opts,
         |g| ipu_reference::random::gaussian_feeds(g, 7),
@@ -1507,13 +1517,18 @@ fn the_written_package_is_the_one_compile_returns() {
 fn p_v_accumulates_into_o_without_a_merge_step() {
     let dir = tempfile::tempdir().unwrap();
     let cache = tempfile::tempdir().unwrap();
-    for (width, ones) in [(128, false), (144, true)] {
+    // f16 heads of 64 and of 72 (V's ones column), and f32 heads of 64
+    // (f32 P, gemm_f32's accumulate mode), which the options force.
+    for (t, width, ones) in [("f16", 128, false), ("f16", 144, true), ("f32", 128, false)] {
         for causal in [false, true] {
-            let name = format!("acc_{width}_{causal}");
-            let text = format!("model {name}\ninput x: f16[256, {width}]\ninput mem: f16[2400, {width}]\nparam wq: f16[{width}, {width}]\nparam wk: f16[{width}, {width}]\nparam wv: f16[{width}, {width}]\nq = gemm(x, wq)\nk = gemm(mem, wk)\nv = gemm(mem, wv)\nqh = split_heads(q, heads=2)\nkh = split_heads(k, heads=2)\nvh = split_heads(v, heads=2)\no = attention(qh, kh, vh, causal={causal})\ny = merge_heads(o)\noutput y\n");
+            let name = format!("acc_{t}_{width}_{causal}");
+            let text = format!("model {name}\ninput x: {t}[256, {width}]\ninput mem: {t}[2400, {width}]\nparam wq: {t}[{width}, {width}]\nparam wk: {t}[{width}, {width}]\nparam wv: {t}[{width}, {width}]\nq = gemm(x, wq)\nk = gemm(mem, wk)\nv = gemm(mem, wv)\nqh = split_heads(q, heads=2)\nkh = split_heads(k, heads=2)\nvh = split_heads(v, heads=2)\no = attention(qh, kh, vh, causal={causal})\ny = merge_heads(o)\noutput y\n");
             let model = write_model(dir.path(), &name, &text);
             let mut opts = options(&model, 64, cache.path());
             opts.attention_layout = Some(ipu_compiler::attention::AttentionLayout::Rows);
+            if t == "f32" {
+                opts.attention_accumulate = Some(true);
+            }
             let (ran, _) = run_with(&opts, |g| ipu_reference::random::gaussian_feeds(g, 5), true);
             check_attention(&ran);
             let report = &ran.compile.report;
@@ -1534,6 +1549,7 @@ fn p_v_accumulates_into_o_without_a_merge_step() {
             assert!(odd, "{name}: {chosen:#}");
             let kernels = report["kernels"].to_string();
             assert!(kernels.contains("ACC=1"), "{kernels}");
+            assert_eq!(kernels.contains("PT=32"), t == "f32", "{name}: {kernels}");
             assert!(!kernels.contains("attention_merge"), "{kernels}");
             assert_eq!(
                 kernels.contains("attention_final ONES=1"),
@@ -1582,6 +1598,40 @@ fn a_close_call_between_layouts_compiles_both() {
         assert!(
             out.estimated_run_cycles <= other.estimated_run_cycles,
             "{layout:?}: {} against the kept {}",
+            other.estimated_run_cycles,
+            out.estimated_run_cycles
+        );
+    }
+}
+
+/// A retry chain after a region overflow narrows the attention plans by
+/// the first attempt's best plan, so the model also compiles with the
+/// other kind of P V (accumulating into O, or merging) and keeps the
+/// faster estimate. f32 attention of 1,024 tokens over inputs on 8 tiles:
+/// the inputs' homes overflow region 0; the chain from the accumulating
+/// plan ends at three query rounds where the merging plans' keeps two.
+/// The kept compile is at least as fast as either kind forced, and the
+/// report names the second compile.
+#[test]
+fn a_retry_chain_compiles_the_other_kind_of_p_v_too() {
+    let dir = tempfile::tempdir().unwrap();
+    let cache = tempfile::tempdir().unwrap();
+    let model = long_f32_model(dir.path());
+    let out = compile(&options(&model, 8, cache.path())).unwrap();
+    let retries = &out.report["retries"];
+    let second = retries.as_array().into_iter().flatten().any(|r| {
+        r["then"]
+            .as_str()
+            .is_some_and(|t| t.contains("attention_merge="))
+    });
+    assert!(second, "{retries:#}");
+    let mut forced = options(&model, 8, cache.path());
+    for accumulate in [false, true] {
+        forced.attention_accumulate = Some(accumulate);
+        let other = compile(&forced).unwrap();
+        assert!(
+            out.estimated_run_cycles <= other.estimated_run_cycles,
+            "accumulate {accumulate}: {} against the kept {}",
             other.estimated_run_cycles,
             out.estimated_run_cycles
         );

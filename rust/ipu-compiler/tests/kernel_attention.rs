@@ -1391,7 +1391,9 @@ fn run_online_from(
 ) -> OnlineRun {
     let bkp = bk.div_ceil(16) * 16;
     let rs_s = 4 * bkp + 16;
-    let rs_p = 2 * bkp;
+    // P's rows: f16, or f32 with PT=32.
+    let p_bytes = if defines.contains(&("PT", 32)) { 4 } else { 2 };
+    let rs_p = p_bytes * bkp;
     let scale = 1.0f32 / 8.0;
     let s: Vec<f32> = (0..rows * bk)
         .map(|_| rng.uniform(-30.0, 30.0) as f32)
@@ -1474,6 +1476,31 @@ fn check_f16_p(run: &OnlineRun, i: usize, row: &[f32], m_new: f64, what: &str) -
     sum
 }
 
+/// Checks row `i` of a PT=32 online run's P: the visible keys' p =
+/// exp(s * SCALE - m') in f32 (the argument one fused mac, rounded to f32
+/// at most 2^-24 of itself, which moves p by that fraction; the
+/// exponential rounded once) against the f64 value, zeros up to BKP.
+/// Returns the row's sum of the f32 p.
+fn check_f32_p(run: &OnlineRun, i: usize, row: &[f32], m_new: f64, what: &str) -> f64 {
+    let got = read_f32(&run.chip, E2_P + (i * run.rs_p) as u32, run.bkp);
+    let mut sum = 0.0f64;
+    for (j, &g) in got.iter().enumerate() {
+        match row.get(j) {
+            Some(&x) => {
+                let arg = x as f64 * run.scale as f64 - m_new;
+                let want = arg.exp();
+                assert!(
+                    (g as f64 - want).abs() <= want * 2f64.powi(-24) * (arg.abs() + 2.0),
+                    "{what}: p[{j}] = {g}, f64 {want}"
+                );
+            }
+            None => assert_eq!(g.to_bits(), 0, "{what}: padding p[{j}] = {g}"),
+        }
+        sum += g as f64;
+    }
+    sum
+}
+
 /// Checks the simulated cycles of an online run against the declared
 /// formula: within 2% and 72 cycles (the run's launch, wsync and exit are
 /// in the simulated cycles; the formula is exact but for them).
@@ -1502,8 +1529,16 @@ fn check_online_formula(defines: &[(&str, i64)], rows: usize, bk: usize, run: &O
 /// and state, and the simulated cycles against the declared formula.
 #[test]
 fn online_pv_update_alone_against_its_formula() {
+    for pt in [16, 32] {
+        online_pv_case(pt);
+    }
+}
+
+/// [`online_pv_update_alone_against_its_formula`] with f16 P (PT=16) or
+/// f32 P (PT=32, f32 attention).
+fn online_pv_case(pt: i64) {
     let mut rng = Rng(7100);
-    let defines: &[(&str, i64)] = &[("CAUSAL", 0), ("PV", 1), ("PT", 16)];
+    let defines: &[(&str, i64)] = &[("CAUSAL", 0), ("PV", 1), ("PT", pt)];
     for (rows, bk) in ONLINE_SHAPES {
         let run = run_online_alone(&mut rng, rows, bk, defines);
         let (s, ml, scale, chip) = (&run.s, &run.ml, run.scale, &run.chip);
@@ -1536,6 +1571,11 @@ fn online_pv_update_alone_against_its_formula() {
                 "rows={rows} bk={bk}: a of row {i} = {}, f64 {a}",
                 alpha[i]
             );
+            if pt == 32 {
+                let what = format!("PT=32 rows={rows} bk={bk} row {i}");
+                check_f32_p(&run, i, row, m_new, &what);
+                continue;
+            }
             let got = read_f16(chip, E2_P + (i * run.rs_p) as u32, run.bkp);
             for (j, &g) in got.iter().enumerate() {
                 let want = p.get(j).copied().unwrap_or(0.0);
@@ -1619,21 +1659,23 @@ fn online_f16_exponentials_alone_against_their_formula() {
 /// declared formula where no maximum moves.
 #[test]
 fn online_lazy_maximum_rescales_o_in_place() {
-    for ones in [0, 1] {
-        lazy_maximum_case(ones);
+    for (pt, ones) in [(16, 0), (16, 1), (32, 0)] {
+        lazy_maximum_case(pt, ones);
     }
 }
 
-/// [`online_lazy_maximum_rescales_o_in_place`] with ONES=0 (l in the
-/// state, the vertex's own sums) or ONES=1 (l in O's ones column, the
+/// [`online_lazy_maximum_rescales_o_in_place`] with f16 P from f16
+/// exponentials (PT=16) or f32 P (PT=32, f32 attention), and ONES=0 (l in
+/// the state, the vertex's own sums) or ONES=1 (l in O's ones column, the
 /// quad after the head's, which a move rescales with O; the state's l is
 /// left alone).
-fn lazy_maximum_case(ones: i64) {
+fn lazy_maximum_case(pt: i64, ones: i64) {
+    let exp = if pt == 32 { 32 } else { 16 };
     let defines: &[(&str, i64)] = &[
         ("CAUSAL", 0),
         ("PV", 1),
-        ("PT", 16),
-        ("EXP", 16),
+        ("PT", pt),
+        ("EXP", exp),
         ("ONES", ones),
         ("ACC", 1),
     ];
@@ -1678,8 +1720,9 @@ fn lazy_maximum_case(ones: i64) {
                 (true, false) => first += 1,
                 _ => kept += 1,
             }
-            let what =
-                format!("ONES={ones} rows={rows} bk={bk} row {i} (m {m}, row maximum {rowmax})");
+            let what = format!(
+                "PT={pt} ONES={ones} rows={rows} bk={bk} row {i} (m {m}, row maximum {rowmax})"
+            );
             assert_eq!(state[2 * i], m_new, "{what}: m'");
             for c in 0..cols {
                 let (got, before) = (o_after[i * cols + c], o[i * cols + c]);
@@ -1693,7 +1736,11 @@ fn lazy_maximum_case(ones: i64) {
                     assert_eq!(got.to_bits(), before.to_bits(), "{what}: O[{c}] must stay");
                 }
             }
-            let sum = check_f16_p(&run, i, row, m_new as f64, &what);
+            let sum = if pt == 32 {
+                check_f32_p(&run, i, row, m_new as f64, &what)
+            } else {
+                check_f16_p(&run, i, row, m_new as f64, &what)
+            };
             if ones == 1 {
                 // l is P V's to sum, in O's column; the state's stays.
                 assert_eq!(state[2 * i + 1].to_bits(), l.to_bits(), "{what}: l");
@@ -1733,8 +1780,8 @@ fn lazy_maximum_case(ones: i64) {
     );
 }
 
-/// ACC=1 takes only the f16 exponentials: the assembler names the
-/// parameter at fault otherwise.
+/// ACC=1 takes f16 P only from the f16 exponentials (f32 P, PT=32, takes
+/// f32 ones): the assembler names the parameters at fault otherwise.
 #[test]
 fn online_acc_needs_f16_exponentials() {
     let mut opts = ipu_asm::Options::default();
@@ -1742,7 +1789,8 @@ fn online_acc_needs_f16_exponentials() {
         opts.defines.insert(k.into(), v);
     }
     let err = ipu_asm::assemble_file(&device_dir().join("attention_online.S"), &opts)
-        .expect_err("ACC=1 with EXP=32 must not assemble")
+        .expect_err("ACC=1 with PT=16 and EXP=32 must not assemble")
         .to_string();
     assert!(err.contains("ACC=1 needs EXP=16"), "{err}");
+    assert!(err.contains("or PT=32"), "{err}");
 }
