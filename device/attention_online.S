@@ -101,6 +101,16 @@
 # exact maximum, but each move costs a pass over O's row, which the lazy
 # maximum makes rare.
 #
+# With ACC=1 and EXP=16 (LAZY) the vertex does not take the row's
+# maximum first: it takes the block's p from m' = m and checks their sum
+# after. A sum of at most LAZY_SUM (4096) bounds every p, so m stays and
+# the maximum's pass (half a bundle a key, a fifth of the vertex at 128
+# keys) is saved; above it, and for the first block (m = -inf), the
+# row's maximum decides as above, and a move takes the p again. With
+# ONES=0 the sum is the one the vertex keeps for l anyway, so the check
+# costs 2 slots a row; with ONES=1 (no sums) the largest p stands in for
+# it, an `f16v4max` a quad of keys, and passes 4096 only where m moves.
+#
 # SCALE must be positive: the row maximum is taken on raw scores and scaled
 # once. Each worker runs its own vertex over its own query rows (its own O
 # rows and (m, l) pairs); S and V are only read, so workers may share them.
@@ -135,6 +145,11 @@
         .if CAUSAL != 0 && CAUSAL != 1
         .error "CAUSAL must be 0 (all keys) or 1 (key index <= query index)"
         .endif
+        # ACC=1 with f16 p: p first from the lazy maximum, the row's
+        # maximum only when their sum (ONES=1: the largest p) passes
+        # LAZY_SUM (4096.0, the high 20 bits of its f32) or m is -inf.
+        .equ LAZY, ACC == 1 && EXP == 16
+        .equ LAZY_SUM, 0x45800
         .if VT != 16 && VT != 32
         .error "VT must be 16 (f16 V) or 32 (f32 V)"
         .endif
@@ -155,7 +170,8 @@
         # As ACC=0 below, where no row's maximum moves (the lazy test in
         # place of the update, no ALPHA store); a row that moves it also
         # rescales O's row in place, 4 bundles a quad and about 12 more.
-        .cycles "6 * (12 + ROWS * (53 + 5 * (BK / 2) + 7 * (BK - 2 * (BK / 2)) - 2 * (1 / (BK / 2 + 1)) + (BKP - BK)))"
+        # FIRST (every row from m = -inf) adds the move's test.
+        .cycles "6 * (12 + ROWS * (53 + 5 * (BK / 2) + 7 * (BK - 2 * (BK / 2)) - 2 * (1 / (BK / 2 + 1)) + (BKP - BK) + 5 * FIRST))"
         .elseif PV == 1 && PT == 32
         # Per row: 5 slots a pair of keys (its maximum, then the mac, the
         # two-slot exponential and the sum, the loads and the store riding
@@ -163,15 +179,24 @@
         # a store per padding key.
         .cycles "6 * (12 + ROWS * (51 + 5 * (BK / 2) + 7 * (BK - 2 * (BK / 2)) - 2 * (1 / (BK / 2 + 1)) + (BKP - BK)))"
         .elseif PV == 1 && EXP == 16 && ACC == 1 && ONES == 1
-        # As ONES=1 below, where no row's maximum moves (the lazy test in
-        # place of the update, three slots more, no ALPHA store).
-        .cycles "6 * (12 + ROWS * (51 + BK / 2 + 5 * (BK / 4) - 5 * (1 / (BK / 4 + 1)) + 7 * (BK / 2 - 2 * (BK / 4)) + 9 * (BK - 2 * (BK / 2)) + (BKP - BK)))"
+        # As ONES=1 below less the row maximum's pass, with a sixth slot a
+        # quad for the largest p (f16v4max; the leftover pair's and odd
+        # key's ride with their stores), where no row's largest p passes
+        # LAZY_SUM (see ACC=1 ONES=0 below for the rows that do). FIRST
+        # (not a state word: the compiler's knowledge that every row
+        # starts from m = -inf, the rows' first block) adds the maximum's
+        # pass and the move.
+        .cycles "6 * (12 + ROWS * (46 + 6 * (BK / 4) - 4 * (1 / (BK / 4 + 1)) + 7 * (BK / 2 - 2 * (BK / 4)) + 7 * (BK - 2 * (BK / 2)) + (BKP - BK) + FIRST * (22 + BK / 2 + 2 * (BK - 2 * (BK / 2)))))"
         .elseif PV == 1 && EXP == 16 && ACC == 1
-        # As ONES=0 below, where no row's maximum moves (the lazy test in
-        # place of the update, no ALPHA store); a row that moves it also
-        # rescales O's row in place, 4 bundles a quad and about 12 more,
-        # which no formula of the shapes can know.
-        .cycles "6 * (12 + ROWS * (55 + BK / 2 + 7 * (BK / 4) - 4 * (1 / (BK / 4 + 1)) + 9 * (BK / 2 - 2 * (BK / 4)) + 10 * (BK - 2 * (BK / 2)) + (BKP - BK)))"
+        # As ONES=0 below less the row maximum's pass (BK / 2 bundles, 7
+        # slots net of the sum's check, 2 more for an odd key), where no
+        # row's p sum past LAZY_SUM: a row whose sum does takes
+        # the maximum's pass, and one that moves the maximum also rescales
+        # O's row in place (4 bundles a quad and about 12 more) and takes
+        # its p again, which no formula of the shapes can know. FIRST (the
+        # rows' first block, m = -inf on every row) adds the maximum's
+        # pass and the move.
+        .cycles "6 * (12 + ROWS * (48 + 7 * (BK / 4) - 4 * (1 / (BK / 4 + 1)) + 9 * (BK / 2 - 2 * (BK / 4)) + 8 * (BK - 2 * (BK / 2)) + (BKP - BK) + FIRST * (23 + BK / 2 + 2 * (BK - 2 * (BK / 2)))))"
         .elseif PV == 1 && EXP == 16 && ONES == 0
         # As ONES=1 below, with 7 slots a quad (its f16v4hsum and the f32
         # add), two more for a leftover pair, one more for an odd key, and
@@ -249,6 +274,24 @@ row:
         brz $m11, skip_row
         .endif
         ld32 $a12, [$m0 + ST_SCALE]
+        .if LAZY
+        # ACC=1 EXP=16: the block's p first from m' = m, the row's sum of
+        # them (ONES=1: the largest) checked after (exp16_tail_done).
+        # While m is -inf, or when the check fails, the row's maximum
+        # decides as below ($m14 = 1: checked), and a move takes the p
+        # again.
+        setzi $m14, 0
+        ld64 $a4:5, [$m7]
+        mov $a13, $a4
+        mov $a14, $a5
+        sethi $a15, 0xFF800
+        f32cmpeq $a15, $a4, $a15
+        mov $m5, $a15
+        brz $m5, exp16
+lazy_max:
+        setzi $m14, 1
+        ld32 $a12, [$m0 + ST_SCALE]
+        .endif
 
         # Row maximum of the visible raw scores; each bundle folds in the
         # score (PV=1: the pair of scores) loaded by the previous one.
@@ -286,11 +329,17 @@ max_done:
         # l are zero then). Registers: $a13 m', $a14 l', $a0:1 (a, a).
         mov $a13, $a4
         mov $a14, $a5
-        sethi $a15, 0x41000
-        f32add $a15, $a4, $a15
-        f32cmplt $a15, $a15, $a3
-        mov $m5, $a15
+        sethi $a6, 0x41000
+        f32add $a6, $a4, $a6
+        f32cmplt $a6, $a6, $a3
+        mov $m5, $a6
+        .if LAZY
+        # Kept (only after the sum's check: from -inf it always moves),
+        # so the block's p and their sum ($a15) stand.
+        brz $m5, lazy_kept
+        .else
         brz $m5, acc_kept
+        .endif
         mov $a13, $a3
         sethi $a15, 0xFF800
         f32cmpeq $a15, $a4, $a15
@@ -324,6 +373,7 @@ acc_kept:
         .endif
 
         .if PV && EXP == 16
+exp16:
         # p_j = f16(exp(f16(s_j * SCALE - m'))) for the visible keys into
         # the P row, then zeros up to BKP; m' to the state slot, a to
         # ALPHA, l left to attention_merge ONES=1 (with ONES=0, l * a
@@ -343,6 +393,10 @@ acc_kept:
         .endif
         .if ONES == 0
         setzi $a15, 0
+        .elseif LAZY
+        # ONES=1 keeps no sum: the largest p (f16 lanes) stands in for it.
+        setzi $a14, 0
+        setzi $a15, 0
         .endif
         mov $m12, $m2
         mov $m13, $m9
@@ -356,7 +410,9 @@ acc_kept:
         { ld64 $a2:3, [$m10] ; f32v2mac $a0:1, $a4:5, $a8:9 }
         f32v2mac $a2:3, $a6:7, $a8:9
         add $m5, $m5, -1
-        .if ONES
+        .if ONES && LAZY
+        rpt $m5, 5
+        .elseif ONES
         rpt $m5, 4
         .else
         rpt $m5, 6
@@ -365,13 +421,18 @@ acc_kept:
         { ld128 $a4:7, [$m12]+=16 ; f16v4exp $a12:13, $a10:11 }
         { ld64 $a2:3, [$m10] ; f32v2mac $a0:1, $a4:5, $a8:9 }
         { st64 $a12:13, [$m13]+=8 ; f32v2mac $a2:3, $a6:7, $a8:9 }
+        .if ONES && LAZY
+        f16v4max $a14:15, $a14:15, $a12:13
+        .endif
         .if ONES == 0
         f16v4hsum $a14, $a12:13
         f32add $a15, $a15, $a14
         .endif
         f32v4tof16 $a10:11, $a0:3
         f16v4exp $a12:13, $a10:11
-        .if ONES
+        .if ONES && LAZY
+        { st64 $a12:13, [$m13]+=8 ; f16v4max $a14:15, $a14:15, $a12:13 }
+        .elseif ONES
         st64 $a12:13, [$m13]+=8
         .else
         { st64 $a12:13, [$m13]+=8 ; f16v4hsum $a14, $a12:13 }
@@ -386,7 +447,10 @@ exp16_quads_done:
         { setzi $a11, 0 ; f32v2mac $a0:1, $a4:5, $a8:9 }
         f32v2tof16 $a10, $a0:1
         f16v4exp $a12:13, $a10:11
-        .if ONES
+        .if ONES && LAZY
+        # The lanes past the pair hold exp(0) = 1, below any bound.
+        { st32 $a12, [$m13]+=4 ; f16v4max $a14:15, $a14:15, $a12:13 }
+        .elseif ONES
         st32 $a12, [$m13]+=4
         .else
         { st32 $a12, [$m13]+=4 ; f16v2tof32 $a0:1, $a12 }
@@ -401,13 +465,29 @@ exp16_pair_done:
         { setzi $a1, 0 ; f32mac $a0, $a4, $a8 }
         { setzi $a11, 0 ; f32v2tof16 $a10, $a0:1 }
         f16v4exp $a12:13, $a10:11
-        .if ONES
+        .if ONES && LAZY
+        { st16 $a12, [$m13]+=2 ; f16v4max $a14:15, $a14:15, $a12:13 }
+        .elseif ONES
         st16 $a12, [$m13]+=2
         .else
         { st16 $a12, [$m13]+=2 ; f16v2tof32 $a0:1, $a12 }
         f32add $a15, $a15, $a0
         .endif
 exp16_tail_done:
+        .if LAZY
+        # The sum (ONES=1: the largest p) at most LAZY_SUM bounds every
+        # p: m stays. Above it the row's maximum decides (lazy_max),
+        # unless it has already.
+        brnz $m14, lazy_tail
+        .if ONES
+        f16v4hmax $a15, $a14:15
+        .endif
+        sethi $a14, LAZY_SUM
+        f32cmplt $a14, $a14, $a15
+        mov $m5, $a14
+        brnz $m5, lazy_max
+lazy_tail:
+        .endif
         ld32 $m5, [$m0 + ST_BKP]
         sub $m5, $m5, $m11
         setzi $a9, 0
@@ -421,6 +501,14 @@ exp16_tail_done:
         .endif
         add $m7, $m7, 8
         br next_row
+        .if LAZY
+lazy_kept:
+        # The maximum's pass walked $m13 over S: back to the P row's
+        # padding, after its BK f16 p.
+        shl $m5, $m11, 1
+        add $m13, $m9, $m5
+        br lazy_tail
+        .endif
         .elseif PV
         # p_j = exp(s_j * SCALE - m') for the visible keys, each rounded to
         # f16 into the P row (PT=32: stored as it is) and added to the pair

@@ -468,7 +468,7 @@ pub fn recognise(graph: &Graph, groups: &[Group]) -> Result<Vec<AttentionBlock>,
 /// Whether V's ones column pays for f16 attention in the row layout
 /// ([`AttentionBlock::ones`]), by the kernels' formulas at a
 /// representative tile (up to 128 query rows, key blocks of up to 128
-/// keys): the P V GEMM (`gemm`) with and without the ones column's block,
+/// keys, after the rows' first block: FIRST = 0): the P V GEMM (`gemm`) with and without the ones column's block,
 /// and the online and merge steps (`(online, merge)` of `sums`: EXP=16
 /// ONES=0, and of `ones`: EXP=16 ONES=1). Where the head's padding to 16
 /// has a spare column the GEMM costs the same and the ones win; a head of
@@ -509,6 +509,7 @@ pub fn ones_pays(
                 ("BK", keys as i64),
                 ("BKP", nkb as i64 * 16),
                 ("DQ", dq),
+                ("FIRST", 0),
             ])
             + merge.map_or(0, |m| m.eval(&[("ROWS", rows_w), ("DQ", dq)]))
     };
@@ -677,7 +678,7 @@ fn request(entry: &str, source: &str, params: &[(&str, i64)]) -> KernelRequest {
 /// The variables each kernel's formula reads.
 pub const FORMULA_VARS: [&[&str]; 8] = [
     &["M", "NCB", "NKB"],
-    &["ROWS", "BK", "BKP", "DQ"],
+    &["ROWS", "BK", "BKP", "DQ", "FIRST"],
     &["ROWS", "DQ"],
     &["ROWS", "DQ"],
     &["N", "COUNT"],
@@ -1142,7 +1143,10 @@ fn pv_k_blocks(nb: u32, acc: bool) -> u32 {
 /// costs nothing (no step runs). The lazy maximum's rescales of O after
 /// the first block depend on the data and are not counted (at most a
 /// pass over O a row, about the merge's cost, and rare once the maximum
-/// has settled).
+/// has settled). `starts`: `key_blocks[0]` is the rows' first block
+/// (FIRST in the online formula: every row starts from m = -inf, where
+/// the accumulating vertex with f16 p takes the row's maximum before
+/// its p).
 fn compute_cycles(
     b: &AttentionBlock,
     k: &mut AttentionKernels,
@@ -1150,6 +1154,7 @@ fn compute_cycles(
     key_blocks: &[(u32, u32)],
     hold_cb: u32,
     acc: Option<u32>,
+    starts: bool,
 ) -> (u64, Vec<u64>) {
     // The online, merge and final kernels work on O, v's width.
     let dq = b.dqv() as i64;
@@ -1175,7 +1180,7 @@ fn compute_cycles(
         0
     };
     steps.push(fill + launch_cycles(6) + ones);
-    for &(c0, c1) in key_blocks {
+    for (i, &(c0, c1)) in key_blocks.iter().enumerate() {
         let nb = c1 - c0;
         steps.push(gemm_grid(&mut k.gemm.1, rows, nb, b.dp() / 16).cycles);
         let keys = ((c1 * 16).min(b.sk) - c0 * 16) as i64;
@@ -1186,6 +1191,7 @@ fn compute_cycles(
             ("BK", keys),
             ("BKP", nkb_pv as i64 * 16),
             ("DQ", dq),
+            ("FIRST", (starts && i == 0) as i64),
         ]);
         steps.push(online + launch_cycles(row_parts.len() as u64));
         steps.push(pv_grid(&mut k.gemm.1, b, rows, nkb_pv, acc).cycles);
@@ -1245,15 +1251,15 @@ fn ones_cycles(fill_rows: &mut FormulaCost, rows: u32) -> u64 {
 /// and whose block holds keys `k0..k0 + bk`, padded to `bkp`: each
 /// worker's rows (as `row_vertices` cuts them) at the kernel's per-row
 /// cost for the keys each row sees, a row that sees none at its zero P
-/// row's (19 issue slots and a store per padded key, `skip_row`).
+/// row's (19 issue slots and a store per padded key, `skip_row`). `acc`:
+/// the plan accumulates into O; `first`: the rows' first block (FIRST).
 fn causal_online_cycles(
     b: &AttentionBlock,
     k: &mut AttentionKernels,
     rows: u32,
     q0: u32,
-    (k0, bk): (u32, u32),
-    bkp: u32,
-    acc: bool,
+    (k0, bk, bkp): (u32, u32, u32),
+    (acc, first): (bool, bool),
 ) -> u64 {
     let dq = b.dqv() as i64;
     let parts = ranges(rows, rows.min(ipu_arch::WORKER_CONTEXTS));
@@ -1265,6 +1271,7 @@ fn causal_online_cycles(
             ("BK", nk as i64),
             ("BKP", bkp as i64),
             ("DQ", dq),
+            ("FIRST", first as i64),
         ])
     };
     let vertex = eval(0, bk);
@@ -1706,8 +1713,15 @@ pub fn plan(
                         // widest block (the cost takes the widest split's).
                         let widest_block = key_blocks.iter().map(|c| c.1 - c.0).max();
                         let acc = widest_block.filter(|_| layout.acc);
-                        let (mut compute, per_step) =
-                            compute_cycles(block, kernels, rows, &key_blocks, layout.split_cb, acc);
+                        let (mut compute, per_step) = compute_cycles(
+                            block,
+                            kernels,
+                            rows,
+                            &key_blocks,
+                            layout.split_cb,
+                            acc,
+                            true,
+                        );
                         // Every attention tile receives its split's K^T and V and
                         // its Q rows; with splits, a combine exchange and steps.
                         let keys = (split_cb * 16).min(block.sk) as u64;
@@ -3235,9 +3249,9 @@ fn lower_rows(
             // first key, bk its keys; `local` its first column block in the
             // split's K^T and V.
             let (c0, c1) = split_blocks[ks as usize][bi];
-            let costs = tile_costs
-                .entry((rows, (c0, c1)))
-                .or_insert_with(|| compute_cycles(b, kernels, rows, &[(c0, c1)], hold_cb, acc).1);
+            let costs = tile_costs.entry((rows, (c0, c1))).or_insert_with(|| {
+                compute_cycles(b, kernels, rows, &[(c0, c1)], hold_cb, acc, bi == 0).1
+            });
             // A causal block's rows see fewer of its keys than it holds
             // (none above the diagonal): each worker's rows cost what the
             // keys they see cost.
@@ -3247,9 +3261,12 @@ fn lower_rows(
                     kernels,
                     rows,
                     q0 + offset_causal,
-                    (c0 * 16, (c1 * 16).min(b.sk) - c0 * 16),
-                    pv_k_blocks(c1 - c0, plan.acc) * 16,
-                    plan.acc,
+                    (
+                        c0 * 16,
+                        (c1 * 16).min(b.sk) - c0 * 16,
+                        pv_k_blocks(c1 - c0, plan.acc) * 16,
+                    ),
+                    (plan.acc, bi == 0),
                 )
             } else {
                 costs[2]
@@ -3483,7 +3500,15 @@ fn lower_rows(
             .map(|v| v[bi])
             .max_by_key(|c| (c.1 - c.0, (c.1 * 16).min(b.sk) - c.0 * 16))
             .expect("at least one split");
-        let (_, per_step) = compute_cycles(b, kernels, plan.rows, &[widest_block], hold_cb, acc);
+        let (_, per_step) = compute_cycles(
+            b,
+            kernels,
+            plan.rows,
+            &[widest_block],
+            hold_cb,
+            acc,
+            bi == 0,
+        );
         // per_step: [fill, scores, online, pv, merge, final].
         sg.estimated_cycles = per_step[1];
         on.estimated_cycles = per_step[2];
@@ -3614,7 +3639,7 @@ fn lower_rows(
         let q0 = qranges[qi as usize].0;
         let cycles = *final_costs
             .entry(rows)
-            .or_insert_with(|| compute_cycles(b, kernels, rows, &[], 0, acc).1[1]);
+            .or_insert_with(|| compute_cycles(b, kernels, rows, &[], 0, acc, false).1[1]);
         fin.charge_tile(tile, cycles);
         std::sync::Arc::make_mut(&mut fin.tiles).insert(
             tile,
@@ -3647,7 +3672,7 @@ fn lower_rows(
             });
         }
     }
-    let (_, per_step) = compute_cycles(b, kernels, plan.rows, &[], 0, acc);
+    let (_, per_step) = compute_cycles(b, kernels, plan.rows, &[], 0, acc, false);
     fin.estimated_cycles = per_step[1];
     steps.push(fin);
     exchange::schedule_pending(pending, &mut steps, &mut l.buffers)?;
@@ -3746,7 +3771,7 @@ mod tests {
         let mut k = declared_kernels(&b);
         let blocks = |n: u32| -> Vec<(u32, u32)> { (0..n).map(|i| (8 * i, 8 * i + 8)).collect() };
         let prefix = |b: &AttentionBlock, k: &mut AttentionKernels, n: u32, hold_cb: u32| {
-            compute_cycles(b, k, 100, &blocks(n), hold_cb, None).1[0]
+            compute_cycles(b, k, 100, &blocks(n), hold_cb, None, true).1[0]
         };
         // A split of 32 key blocks in chunks of 4 holds 32 column blocks.
         assert_eq!(prefix(&b, &mut k, 32, 32), prefix(&b, &mut k, 4, 32));
@@ -3762,10 +3787,11 @@ mod tests {
     }
 
     /// A plan whose P V accumulates into O ([`AttentionPlan::acc`]): no
-    /// merge step, the online step two issue slots a row dearer, O out of
-    /// region 0 and in a C buffer of region 1, P and V a column block
-    /// wider for an odd key block's zero K block, which makes P V's K
-    /// blocks even.
+    /// merge step, the online step dearer than the merging vertex on the
+    /// rows' first block and cheaper on later blocks, without the row
+    /// maximum's pass (the lazy vertex takes p first), O out of region 0 and in a C
+    /// buffer of region 1, P and V a column block wider for an odd key
+    /// block's zero K block, which makes P V's K blocks even.
     #[test]
     fn accumulating_plans_drop_the_merge_and_move_o_to_region_1() {
         let b = test_block(2, 64, 1024);
@@ -3773,8 +3799,8 @@ mod tests {
         let mut k = declared_kernels(&b);
         assert!(k.acc.is_some());
         let blocks = [(0, 8), (8, 15)];
-        let (merged, merged_steps) = compute_cycles(&b, &mut k, 100, &blocks, 15, None);
-        let (acc, acc_steps) = compute_cycles(&b, &mut k, 100, &blocks, 15, Some(8));
+        let (merged, merged_steps) = compute_cycles(&b, &mut k, 100, &blocks, 15, None, true);
+        let (acc, acc_steps) = compute_cycles(&b, &mut k, 100, &blocks, 15, Some(8), true);
         // [fill, (scores, online, P V, merge) per block, final].
         assert_eq!(acc_steps.len(), merged_steps.len());
         for i in 0..blocks.len() {
@@ -3784,14 +3810,17 @@ mod tests {
             );
             assert!(m[3] > 0 && a[3] == 0, "block {i}: {m:?} {a:?}");
             assert_eq!(a[0], m[0], "the scores are the same");
-            // 17 rows a worker, two slots each, and for the odd block
-            // the zero K block's 16 stores of P's zeros a row.
-            let padding = if i == 1 { 16 } else { 0 };
-            let more = 6 * (2 + padding) * 17;
-            assert!(
-                a[1] > m[1] && a[1] - m[1] <= more + 6,
-                "block {i}: {m:?} {a:?}"
-            );
+            if i == 0 {
+                // From m = -inf (FIRST) the lazy vertex takes the row's
+                // maximum as the merging one does, and its lazy test, its
+                // p-first check and the move: 18 slots a row more.
+                assert_eq!(a[1] - m[1], 6 * 17 * 18, "{m:?} {a:?}");
+            } else {
+                // 17 rows a worker, each without the maximum's pass over
+                // 112 keys (56 bundles) and 5 slots, less the zero K
+                // block's 16 stores of P's zeros.
+                assert_eq!(m[1] - a[1], 6 * 17 * (56 + 5 - 16), "{m:?} {a:?}");
+            }
         }
         // The even block's P V is the same GEMM; the odd one pays its
         // zero K block.

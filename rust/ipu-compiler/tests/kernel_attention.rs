@@ -1448,6 +1448,15 @@ fn run_online_from(
     }
 }
 
+/// An EXP=16 online vertex's p of score `x` from the maximum `m`:
+/// f16(exp(f16(f32(x * scale - m)))), the product of two f32 exact in
+/// f64, then each rounding once.
+fn f16_p(x: f32, scale: f32, m: f64) -> u16 {
+    let arg = (x as f64 * scale as f64 - m) as f32;
+    let arg16 = f16v(f64_to_f16_bits(arg as f64));
+    f64_to_f16_bits(arg16.exp())
+}
+
 /// Checks row `i` of an EXP=16 online run's P bit for bit: the visible
 /// keys' p = f16(exp(f16(f32(s * SCALE - m')))) (the product of two f32
 /// exact in f64, then each rounding once), zeros up to BKP. Returns the
@@ -1456,14 +1465,7 @@ fn check_f16_p(run: &OnlineRun, i: usize, row: &[f32], m_new: f64, what: &str) -
     let got = read_f16(&run.chip, E2_P + (i * run.rs_p) as u32, run.bkp);
     let mut sum = 0.0f64;
     for (j, &g) in got.iter().enumerate() {
-        let want = match row.get(j) {
-            Some(&x) => {
-                let arg = (x as f64 * run.scale as f64 - m_new) as f32;
-                let arg16 = f16v(f64_to_f16_bits(arg as f64));
-                f64_to_f16_bits(arg16.exp())
-            }
-            None => 0,
-        };
+        let want = row.get(j).map_or(0, |&x| f16_p(x, run.scale, m_new));
         assert_eq!(
             g,
             want,
@@ -1505,6 +1507,19 @@ fn check_f32_p(run: &OnlineRun, i: usize, row: &[f32], m_new: f64, what: &str) -
 /// formula: within 2% and 72 cycles (the run's launch, wsync and exit are
 /// in the simulated cycles; the formula is exact but for them).
 fn check_online_formula(defines: &[(&str, i64)], rows: usize, bk: usize, run: &OnlineRun) {
+    check_online_formula_from(defines, rows, bk, run, false);
+}
+
+/// [`check_online_formula`] with FIRST (`first`: every row started from
+/// m = -inf, the rows' first block), which the formulas of the
+/// accumulating vertices with f16 p read.
+fn check_online_formula_from(
+    defines: &[(&str, i64)],
+    rows: usize,
+    bk: usize,
+    run: &OnlineRun,
+    first: bool,
+) {
     let estimate = declared_cycles(
         "attention_online.S",
         defines,
@@ -1512,6 +1527,7 @@ fn check_online_formula(defines: &[(&str, i64)], rows: usize, bk: usize, run: &O
             ("ROWS", rows as u64),
             ("BK", bk as u64),
             ("BKP", run.bkp as u64),
+            ("FIRST", first as u64),
         ],
     );
     let cycles = run.cycles;
@@ -1684,6 +1700,10 @@ fn lazy_maximum_case(pt: i64, ones: i64) {
     let cols = 4 * (dq + ones as usize);
     let mut rng = Rng(7300);
     let (mut moved, mut kept, mut first) = (0, 0, 0);
+    // Kept rows whose f16 p summed past 4096 (ONES=0 EXP=16 takes p from
+    // m first and checks the row's maximum only then; with ONES=1 the
+    // check is on the largest p, which passes 4096 only where m moves).
+    let mut checked = 0;
     for (rows, bk) in ONLINE_SHAPES {
         // Row maxima near 3.75 (scores up to 30, scale 1/8): m from -10 to
         // 4 moves for some rows and not for others; every fifth row starts
@@ -1711,7 +1731,21 @@ fn lazy_maximum_case(pt: i64, ones: i64) {
             let row = &s[i * bk..(i + 1) * bk];
             let (m, l) = (ml[2 * i], ml[2 * i + 1]);
             let rowmax = row.iter().fold(f32::NEG_INFINITY, |a, &x| a.max(x)) * scale;
-            let moves = m + 8.0 < rowmax;
+            // EXP=16 (f16 p) takes p from m first; the row's maximum
+            // decides only where their sum (ONES=1: the largest) passes
+            // 4096, or from -inf.
+            let decides = pt == 32 || m == f32::NEG_INFINITY || {
+                let p: Vec<f64> = row
+                    .iter()
+                    .map(|&x| f16v(f16_p(x, scale, m as f64)))
+                    .collect();
+                if ones == 0 {
+                    p.iter().sum::<f64>() > 4096.0
+                } else {
+                    p.iter().fold(0.0, |a: f64, &b| a.max(b)) > 4096.0
+                }
+            };
+            let moves = decides && m + 8.0 < rowmax;
             let m_new = if moves { rowmax } else { m };
             let rescale = moves && m != f32::NEG_INFINITY;
             let a = if rescale { (m - rowmax).exp() } else { 1.0 };
@@ -1746,6 +1780,7 @@ fn lazy_maximum_case(pt: i64, ones: i64) {
                 assert_eq!(state[2 * i + 1].to_bits(), l.to_bits(), "{what}: l");
                 continue;
             }
+            checked += (!moves && sum > 4096.0) as u32;
             let want = if rescale {
                 l as f64 * a as f64
             } else {
@@ -1757,14 +1792,25 @@ fn lazy_maximum_case(pt: i64, ones: i64) {
                 state[2 * i + 1]
             );
         }
-        // Where no maximum moves (m from -4 to 4), the declared formula.
-        let run = run_online_alone(&mut rng, rows, bk, defines);
+        // Where no maximum moves and no row's p sum past 4096 (m from 4
+        // to 8 above row maxima of at most 3.75), the declared formula.
+        let ml = (0..rows)
+            .flat_map(|_| [rng.uniform(4.0, 8.0) as f32, rng.uniform(0.5, 40.0) as f32])
+            .collect();
+        let run = run_online_from(&mut rng, rows, bk, defines, ml, None);
         check_online_formula(defines, rows, bk, &run);
+        // Every row's first block, from m = -inf.
+        let ml = (0..rows).flat_map(|_| [f32::NEG_INFINITY, 0.0]).collect();
+        let run = run_online_from(&mut rng, rows, bk, defines, ml, None);
+        check_online_formula_from(defines, rows, bk, &run, true);
     }
     assert!(
         moved > 0 && kept > 0 && first > 0,
         "{moved} moved, {kept} kept, {first} from -inf"
     );
+    if pt == 16 && ones == 0 {
+        assert!(checked > 0, "no kept row's p summed past 4096");
+    }
     // The causal variant assembles (its rows without a visible key leave
     // O, m and l alone and store no factor).
     let causal: Vec<(&str, i64)> = defines
@@ -1775,7 +1821,7 @@ fn lazy_maximum_case(pt: i64, ones: i64) {
         declared_cycles(
             "attention_online.S",
             &causal,
-            &[("ROWS", 4), ("BK", 32), ("BKP", 32)]
+            &[("ROWS", 4), ("BK", 32), ("BKP", 32), ("FIRST", 1)]
         ) > 0
     );
 }
