@@ -145,10 +145,10 @@
         .if CAUSAL != 0 && CAUSAL != 1
         .error "CAUSAL must be 0 (all keys) or 1 (key index <= query index)"
         .endif
-        # ACC=1 with f16 p: p first from the lazy maximum, the row's
-        # maximum only when their sum (ONES=1: the largest p) passes
-        # LAZY_SUM (4096.0, the high 20 bits of its f32) or m is -inf.
-        .equ LAZY, ACC == 1 && EXP == 16
+        # ACC=1: p first from the lazy maximum, the row's maximum only
+        # when their sum (ONES=1: the largest p) passes LAZY_SUM (4096.0,
+        # the high 20 bits of its f32) or m is -inf.
+        .equ LAZY, ACC == 1
         .equ LAZY_SUM, 0x45800
         .if VT != 16 && VT != 32
         .error "VT must be 16 (f16 V) or 32 (f32 V)"
@@ -167,11 +167,12 @@
         .elseif PV == 0
         .cycles "6 * (8 + ROWS * (26 + 7 * BK + DQ * (12 + 4 * BK)))"
         .elseif PV == 1 && PT == 32 && ACC == 1
-        # As ACC=0 below, where no row's maximum moves (the lazy test in
-        # place of the update, no ALPHA store); a row that moves it also
-        # rescales O's row in place, 4 bundles a quad and about 12 more.
-        # FIRST (every row from m = -inf) adds the move's test.
-        .cycles "6 * (12 + ROWS * (53 + 5 * (BK / 2) + 7 * (BK - 2 * (BK / 2)) - 2 * (1 / (BK / 2 + 1)) + (BKP - BK) + 5 * FIRST))"
+        # As ACC=0 below less the row maximum's pass (a bundle a pair and
+        # 7 slots net of the sum's check, 2 more for an odd key), where no
+        # row's p sum past LAZY_SUM; see ACC=1 EXP=16 ONES=0 below for the
+        # rows that do and for FIRST, which adds the maximum's pass, the
+        # lazy test and the move.
+        .cycles "6 * (12 + ROWS * (46 + 4 * (BK / 2) + 5 * (BK - 2 * (BK / 2)) - 2 * (1 / (BK / 2 + 1)) + (BKP - BK) + FIRST * (23 + BK / 2 + 2 * (BK - 2 * (BK / 2)))))"
         .elseif PV == 1 && PT == 32
         # Per row: 5 slots a pair of keys (its maximum, then the mac, the
         # two-slot exponential and the sum, the loads and the store riding
@@ -275,8 +276,8 @@ row:
         .endif
         ld32 $a12, [$m0 + ST_SCALE]
         .if LAZY
-        # ACC=1 EXP=16: the block's p first from m' = m, the row's sum of
-        # them (ONES=1: the largest) checked after (exp16_tail_done).
+        # ACC=1: the block's p first from m' = m, the row's sum of them
+        # (ONES=1: the largest) checked after (exp16_tail_done, tail_done).
         # While m is -inf, or when the check fails, the row's maximum
         # decides as below ($m14 = 1: checked), and a move takes the p
         # again.
@@ -287,7 +288,7 @@ row:
         sethi $a15, 0xFF800
         f32cmpeq $a15, $a4, $a15
         mov $m5, $a15
-        brz $m5, exp16
+        brz $m5, exps
 lazy_max:
         setzi $m14, 1
         ld32 $a12, [$m0 + ST_SCALE]
@@ -373,7 +374,7 @@ acc_kept:
         .endif
 
         .if PV && EXP == 16
-exp16:
+exps:
         # p_j = f16(exp(f16(s_j * SCALE - m'))) for the visible keys into
         # the P row, then zeros up to BKP; m' to the state slot, a to
         # ALPHA, l left to attention_merge ONES=1 (with ONES=0, l * a
@@ -510,6 +511,7 @@ lazy_kept:
         br lazy_tail
         .endif
         .elseif PV
+exps:
         # p_j = exp(s_j * SCALE - m') for the visible keys, each rounded to
         # f16 into the P row (PT=32: stored as it is) and added to the pair
         # of running sums $a6:7 (lane 0 the even keys, lane 1 the odd ones,
@@ -594,21 +596,38 @@ pair_done:
         ld32 $a14, [$m7 + 4]
         .endif
 pairs_done:
+        .if LAZY
+        # The row's sum apart from l until it is checked.
+        f32v2hsum $a15, $a6:7
+        .else
         f32v2hsum $a0, $a6:7
         f32add $a14, $a14, $a0
+        .endif
         and $m5, $m11, 1
         brz $m5, tail_done
         ld32 $a2, [$m10]
         ld32 $a0, [$m12]+=4
         f32mac $a2, $a0, $a8
         f32exp $a0, $a2
-        .if PT == 32
+        .if LAZY
+        { st32 $a0, [$m13]+=4 ; f32add $a15, $a15, $a0 }
+        .elseif PT == 32
         { st32 $a0, [$m13]+=4 ; f32add $a14, $a14, $a0 }
         .else
         f32v2tof16 $a1, $a0:1
         { st16 $a1, [$m13]+=2 ; f32add $a14, $a14, $a0 }
         .endif
 tail_done:
+        .if LAZY
+        # As exp16_tail_done: the sum at most LAZY_SUM keeps m.
+        brnz $m14, lazy_tail
+        sethi $a0, LAZY_SUM
+        f32cmplt $a0, $a0, $a15
+        mov $m5, $a0
+        brnz $m5, lazy_max
+lazy_tail:
+        f32add $a14, $a14, $a15
+        .endif
         ld32 $m5, [$m0 + ST_BKP]
         sub $m5, $m5, $m11
         setzi $a9, 0
@@ -631,6 +650,14 @@ tail_done:
         add $m7, $m7, 8
         .endif
         br next_row
+        .if LAZY
+lazy_kept:
+        # The maximum's pass walked $m13 over S: back to the P row's
+        # padding, after its BK f32 p.
+        shl $m5, $m11, 2
+        add $m13, $m9, $m5
+        br lazy_tail
+        .endif
         .endif
 
         # p_j = exp(s_j - m') for the visible keys, l' += p_j in key order,
