@@ -502,14 +502,6 @@ lazy_tail:
         .endif
         add $m7, $m7, 8
         br next_row
-        .if LAZY
-lazy_kept:
-        # The maximum's pass walked $m13 over S: back to the P row's
-        # padding, after its BK f16 p.
-        shl $m5, $m11, 1
-        add $m13, $m9, $m5
-        br lazy_tail
-        .endif
         .elseif PV
 exps:
         # p_j = exp(s_j * SCALE - m') for the visible keys, each rounded to
@@ -650,14 +642,15 @@ lazy_tail:
         add $m7, $m7, 8
         .endif
         br next_row
+        .endif
         .if LAZY
+        # Reached only by branch (both PV sections above end in a branch;
+        # PV=0 is never LAZY). The maximum's pass walked $m13 over S: back
+        # to the P row's padding, after its BK p of PT / 8 bytes each.
 lazy_kept:
-        # The maximum's pass walked $m13 over S: back to the P row's
-        # padding, after its BK f32 p.
-        shl $m5, $m11, 2
+        shl $m5, $m11, PT / 16
         add $m13, $m9, $m5
         br lazy_tail
-        .endif
         .endif
 
         # p_j = exp(s_j - m') for the visible keys, l' += p_j in key order,
