@@ -101,7 +101,7 @@
 # exact maximum, but each move costs a pass over O's row, which the lazy
 # maximum makes rare.
 #
-# With ACC=1 and EXP=16 (LAZY) the vertex does not take the row's
+# With ACC=1 (p first; EXP=16 or PT=32) the vertex does not take the row's
 # maximum first: it takes the block's p from m' = m and checks their sum
 # after. A sum of at most LAZY_SUM (4096) bounds every p, so m stays and
 # the maximum's pass (half a bundle a key, a fifth of the vertex at 128
@@ -148,7 +148,6 @@
         # ACC=1: p first from the lazy maximum, the row's maximum only
         # when their sum (ONES=1: the largest p) passes LAZY_SUM (4096.0,
         # the high 20 bits of its f32) or m is -inf.
-        .equ LAZY, ACC == 1
         .equ LAZY_SUM, 0x45800
         .if VT != 16 && VT != 32
         .error "VT must be 16 (f16 V) or 32 (f32 V)"
@@ -275,7 +274,7 @@ row:
         brz $m11, skip_row
         .endif
         ld32 $a12, [$m0 + ST_SCALE]
-        .if LAZY
+        .if ACC
         # ACC=1: the block's p first from m' = m, the row's sum of them
         # (ONES=1: the largest) checked after (exp16_tail_done, tail_done).
         # While m is -inf, or when the check fails, the row's maximum
@@ -334,13 +333,9 @@ max_done:
         f32add $a6, $a4, $a6
         f32cmplt $a6, $a6, $a3
         mov $m5, $a6
-        .if LAZY
         # Kept (only after the sum's check: from -inf it always moves),
         # so the block's p and their sum ($a15) stand.
         brz $m5, lazy_kept
-        .else
-        brz $m5, acc_kept
-        .endif
         mov $a13, $a3
         sethi $a15, 0xFF800
         f32cmpeq $a15, $a4, $a15
@@ -394,7 +389,7 @@ exps:
         .endif
         .if ONES == 0
         setzi $a15, 0
-        .elseif LAZY
+        .elseif ACC
         # ONES=1 keeps no sum: the largest p (f16 lanes) stands in for it.
         setzi $a14, 0
         setzi $a15, 0
@@ -411,7 +406,7 @@ exps:
         { ld64 $a2:3, [$m10] ; f32v2mac $a0:1, $a4:5, $a8:9 }
         f32v2mac $a2:3, $a6:7, $a8:9
         add $m5, $m5, -1
-        .if ONES && LAZY
+        .if ONES && ACC
         rpt $m5, 5
         .elseif ONES
         rpt $m5, 4
@@ -422,7 +417,7 @@ exps:
         { ld128 $a4:7, [$m12]+=16 ; f16v4exp $a12:13, $a10:11 }
         { ld64 $a2:3, [$m10] ; f32v2mac $a0:1, $a4:5, $a8:9 }
         { st64 $a12:13, [$m13]+=8 ; f32v2mac $a2:3, $a6:7, $a8:9 }
-        .if ONES && LAZY
+        .if ONES && ACC
         f16v4max $a14:15, $a14:15, $a12:13
         .endif
         .if ONES == 0
@@ -431,7 +426,7 @@ exps:
         .endif
         f32v4tof16 $a10:11, $a0:3
         f16v4exp $a12:13, $a10:11
-        .if ONES && LAZY
+        .if ONES && ACC
         { st64 $a12:13, [$m13]+=8 ; f16v4max $a14:15, $a14:15, $a12:13 }
         .elseif ONES
         st64 $a12:13, [$m13]+=8
@@ -448,7 +443,7 @@ exp16_quads_done:
         { setzi $a11, 0 ; f32v2mac $a0:1, $a4:5, $a8:9 }
         f32v2tof16 $a10, $a0:1
         f16v4exp $a12:13, $a10:11
-        .if ONES && LAZY
+        .if ONES && ACC
         # The lanes past the pair hold exp(0) = 1, below any bound.
         { st32 $a12, [$m13]+=4 ; f16v4max $a14:15, $a14:15, $a12:13 }
         .elseif ONES
@@ -466,7 +461,7 @@ exp16_pair_done:
         { setzi $a1, 0 ; f32mac $a0, $a4, $a8 }
         { setzi $a11, 0 ; f32v2tof16 $a10, $a0:1 }
         f16v4exp $a12:13, $a10:11
-        .if ONES && LAZY
+        .if ONES && ACC
         { st16 $a12, [$m13]+=2 ; f16v4max $a14:15, $a14:15, $a12:13 }
         .elseif ONES
         st16 $a12, [$m13]+=2
@@ -475,7 +470,7 @@ exp16_pair_done:
         f32add $a15, $a15, $a0
         .endif
 exp16_tail_done:
-        .if LAZY
+        .if ACC
         # The sum (ONES=1: the largest p) at most LAZY_SUM bounds every
         # p: m stays. Above it the row's maximum decides (lazy_max),
         # unless it has already.
@@ -588,7 +583,7 @@ pair_done:
         ld32 $a14, [$m7 + 4]
         .endif
 pairs_done:
-        .if LAZY
+        .if ACC
         # The row's sum apart from l until it is checked.
         f32v2hsum $a15, $a6:7
         .else
@@ -601,7 +596,7 @@ pairs_done:
         ld32 $a0, [$m12]+=4
         f32mac $a2, $a0, $a8
         f32exp $a0, $a2
-        .if LAZY
+        .if ACC
         { st32 $a0, [$m13]+=4 ; f32add $a15, $a15, $a0 }
         .elseif PT == 32
         { st32 $a0, [$m13]+=4 ; f32add $a14, $a14, $a0 }
@@ -610,7 +605,7 @@ pairs_done:
         { st16 $a1, [$m13]+=2 ; f32add $a14, $a14, $a0 }
         .endif
 tail_done:
-        .if LAZY
+        .if ACC
         # As exp16_tail_done: the sum at most LAZY_SUM keeps m.
         brnz $m14, lazy_tail
         sethi $a0, LAZY_SUM
@@ -643,9 +638,9 @@ lazy_tail:
         .endif
         br next_row
         .endif
-        .if LAZY
+        .if ACC
         # Reached only by branch (both PV sections above end in a branch;
-        # PV=0 is never LAZY). The maximum's pass walked $m13 over S: back
+        # PV=0 never has ACC=1). The maximum's pass walked $m13 over S: back
         # to the P row's padding, after its BK p of PT / 8 bytes each.
 lazy_kept:
         shl $m5, $m11, PT / 16

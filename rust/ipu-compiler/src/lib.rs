@@ -2068,7 +2068,7 @@ fn compile_attempts(options: &CompileOptions) -> Result<CompileOutput, CompileEr
                 ..options.clone()
             };
             let why = "the chosen attention plan came out of a retry chain that the first attempt's plan narrowed";
-            let how = format!("attention_merge={}", merge_option_name(accumulate));
+            let how = format!("attention_merge={}", attention_merge_name(accumulate));
             also_compile(out, &forced, &mut retries, why.into(), &how)
         }
     };
@@ -2189,8 +2189,9 @@ fn other_merge_after_retries(report: &serde_json::Value) -> Option<bool> {
         .then(|| !chosen["acc"].as_bool().unwrap_or(false))
 }
 
-/// The `attention_merge` option's value that forces `accumulate`.
-fn merge_option_name(accumulate: bool) -> &'static str {
+/// The `attention_merge` option's value (`ipu compile --option`) that
+/// forces [`CompileOptions::attention_accumulate`] to `Some(accumulate)`.
+pub fn attention_merge_name(accumulate: bool) -> &'static str {
     if accumulate {
         "accumulate"
     } else {

@@ -538,9 +538,9 @@ fn fp8_attention_on_the_simulator() {
         .position(|r| r["then"] == "fp8 GEMMs widened for precision stay on gemm_fp8");
     assert!(fallback.is_some(), "{retries:?}");
     assert!(
-        retries[fallback.unwrap() + 1..]
-            .iter()
-            .all(|r| r["then"].as_str().is_some_and(|t| t.contains("also compiles"))),
+        retries[fallback.unwrap() + 1..].iter().all(|r| r["then"]
+            .as_str()
+            .is_some_and(|t| t.contains("also compiles"))),
         "{retries:?}"
     );
     assert!(ran.compile.report["widened_fp8_gemms"].is_null());
