@@ -2042,8 +2042,20 @@ fn compile_attempts(options: &CompileOptions) -> Result<CompileOutput, CompileEr
             }
         }
     };
-    let out =
-        compile_widening(options, false, &mut retries).map_err(|error| retried(&retries, error))?;
+    let (out, options) = match compile_widening(options, false, &mut retries) {
+        Err(e @ (CompileError::OutOfMemory { .. } | CompileError::NoFeasiblePlan { .. }))
+            if options.attention_accumulate.is_none() && has_attention(options) =>
+        {
+            let (out, forced, forced_retries) = compile_each_merge(options, e, &retries)?;
+            retries = forced_retries;
+            (out, forced)
+        }
+        r => (
+            r.map_err(|error| retried(&retries, error))?,
+            options.clone(),
+        ),
+    };
+    let options = &options;
     // A retry chain after a region overflow narrows the plans by the
     // first attempt's best plan: a plan that accumulates P V into O (less
     // region 0, more region 1) or one with the merge (the reverse) leaves
@@ -2103,6 +2115,74 @@ fn compile_attempts(options: &CompileOptions) -> Result<CompileOutput, CompileEr
     };
     let how = format!("attention_layout={}", other.name());
     Ok(also_compile(out, &forced, &mut retries, why, &how))
+}
+
+/// After a compile whose every attempt found no fit (`error`), where
+/// the options leave open whether P V accumulates into O: the model
+/// compiles once with each kind forced, and the faster that fits is kept
+/// with its options (for the layout close call of [`compile_attempts`]).
+/// The two kinds weigh region 0 and region 1 the other way round, and
+/// every retry of the chain narrowed the plans by the first attempt's
+/// choice (four batch entries of 2 heads of 40 over f32 inputs, 236
+/// queries and 301 keys, on 4 tiles: every retry from the accumulating
+/// plan overflowed region 0, and the merge's own chain fits). When
+/// neither fits, the error is the first compile's, with every attempt
+/// listed.
+fn compile_each_merge(
+    options: &CompileOptions,
+    error: CompileError,
+    retries: &[serde_json::Value],
+) -> Result<(CompileOutput, CompileOptions, Vec<serde_json::Value>), CompileError> {
+    let mut kept: Option<(CompileOutput, CompileOptions, Vec<serde_json::Value>)> = None;
+    let mut all = retries.to_vec();
+    for accumulate in [false, true] {
+        let how = format!("attention_merge={}", attention_merge_name(accumulate));
+        let forced = CompileOptions {
+            attention_accumulate: Some(accumulate),
+            ..options.clone()
+        };
+        let why = json!({
+            "error": error.to_string(),
+            "then": format!("the model compiles again with {how}"),
+        });
+        let mut forced_retries = retries.to_vec();
+        compiling_again(&mut forced_retries, why.clone());
+        all.push(why);
+        match compile_widening(&forced, false, &mut forced_retries) {
+            Ok(out) => {
+                if kept
+                    .as_ref()
+                    .is_none_or(|(k, ..)| out.estimated_run_cycles < k.estimated_run_cycles)
+                {
+                    tracing::info!(
+                        alternative = how,
+                        run_cycles = out.estimated_run_cycles,
+                        "a compile with P V's kind forced fits"
+                    );
+                    kept = Some((out, forced, forced_retries));
+                }
+            }
+            Err(e) => {
+                tracing::info!(alternative = how, error = %e, "no fit with P V's kind forced either");
+                all.extend(forced_retries.into_iter().skip(retries.len() + 1));
+            }
+        }
+    }
+    kept.ok_or_else(|| CompileError::Retried {
+        error: Box::new(error),
+        attempts: all.iter().map(attempt_line).collect(),
+    })
+}
+
+/// Whether the model holds an attention (so that the options' choice of
+/// how P V reaches O matters to it).
+fn has_attention(options: &CompileOptions) -> bool {
+    load::load(&options.model).is_ok_and(|m| {
+        m.graph
+            .nodes()
+            .iter()
+            .any(|n| matches!(n.op, ipu_graph::Op::Attention { .. }))
+    })
 }
 
 /// Compiles the model again under `forced` (the options of `how`, in

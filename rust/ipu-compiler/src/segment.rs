@@ -1163,18 +1163,23 @@ pub fn join(
                 let Some(&si) = segment_of.get(&key) else {
                     continue;
                 };
-                let refillable = b.region == crate::lower::RegionReq::Interleaved
-                    && !b.zero.is_empty()
+                let items = whole_items(&b.zero, b.bytes);
+                let refillable = !b.zero.is_empty()
                     && b.scratch.is_none()
                     && b.align >= 8
+                    && b.category != exchange::TABLE_CATEGORY
                     && !persistent.contains(&key)
                     && !host_written.contains(&key)
-                    && b.zero
-                        .iter()
-                        .all(|&(a, z)| a % 8 == 0 && z % 8 == 0 && a < z);
+                    && items.is_some();
                 if refillable {
                     let ranges = fills.entry(si).or_default().entry(tile).or_default();
-                    ranges.extend(b.zero.drain(..).map(|(a, z)| (i, a, z - a, 0, 0)));
+                    b.zero.clear();
+                    ranges.extend(
+                        items
+                            .expect("checked")
+                            .into_iter()
+                            .map(|(a, z)| (i, a, z - a, 0, 0)),
+                    );
                 }
             }
         }
@@ -1256,6 +1261,35 @@ pub fn join(
 /// The step that zeroes segment `si`'s refilled ranges (see [`join`]):
 /// on each tile the ranges' 8-byte items cut into at most six `fill64`
 /// vertices of near-equal items (`attention::fill_vertices`).
+/// The zero ranges `zero` of a buffer of `bytes` widened to whole 8-byte
+/// items (what `fill64` stores), merged where they meet; `None` when an
+/// item would pass the buffer's end. Widening is sound for the buffers
+/// [`join`] refills: the fill runs before every other step of their
+/// segment, and such a buffer holds nothing from before the segment (it
+/// shares memory with the other segments' buffers), so every byte of it
+/// that the segment reads and that is not padding is written after the
+/// fill. A K^T of 445 keys, rows padded to 448, has 6 bytes of padding
+/// after each row's 890.
+fn whole_items(zero: &[(u32, u32)], bytes: u32) -> Option<Vec<(u32, u32)>> {
+    let mut items: Vec<(u32, u32)> = zero
+        .iter()
+        .filter(|(a, z)| a < z)
+        .map(|&(a, z)| (a / 8 * 8, z.div_ceil(8) * 8))
+        .collect();
+    if items.iter().any(|&(_, z)| z > bytes) {
+        return None;
+    }
+    items.sort_unstable();
+    let mut merged: Vec<(u32, u32)> = Vec::with_capacity(items.len());
+    for (a, z) in items {
+        match merged.last_mut() {
+            Some(last) if a <= last.1 => last.1 = last.1.max(z),
+            _ => merged.push((a, z)),
+        }
+    }
+    Some(merged)
+}
+
 fn zero_fill_step(
     fill: &mut (crate::library::KernelRequest, crate::gemm::FormulaCost),
     si: u32,
@@ -1410,6 +1444,47 @@ pub fn first_overflow(l: &Lowered) -> Option<CompileError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Zero ranges widen to the whole 8-byte items that hold them, merge
+    /// where they meet, and cover every byte of the ranges and nothing
+    /// past the buffer; a range whose item would pass the end refuses.
+    #[test]
+    fn zero_ranges_widen_to_whole_items_inside_the_buffer() {
+        assert_eq!(
+            whole_items(&[(890, 896), (1786, 1792)], 1792),
+            Some(vec![(888, 896), (1784, 1792)])
+        );
+        assert_eq!(
+            whole_items(&[(2, 4), (6, 10), (24, 24)], 16),
+            Some(vec![(0, 16)])
+        );
+        assert_eq!(whole_items(&[(8, 13)], 13), None);
+        let mut rng = ipu_rng::SplitMix64(62);
+        for _ in 0..500 {
+            let bytes = 8 * (1 + rng.next_u64() % 40) as u32;
+            let zero: Vec<(u32, u32)> = (0..rng.next_u64() % 6)
+                .map(|_| {
+                    let a = (rng.next_u64() % bytes as u64) as u32;
+                    (a, a + (rng.next_u64() % (bytes - a) as u64 + 1) as u32)
+                })
+                .collect();
+            let items = whole_items(&zero, bytes).expect("ends inside a whole-item buffer");
+            for w in items.windows(2) {
+                assert!(w[0].1 < w[1].0, "{items:?}");
+            }
+            for &(a, z) in &items {
+                assert!(a % 8 == 0 && z % 8 == 0 && a < z && z <= bytes, "{items:?}");
+            }
+            for &(a, z) in &zero {
+                for x in a..z {
+                    assert!(
+                        items.iter().any(|&(ia, iz)| ia <= x && x < iz),
+                        "{x} of {zero:?}"
+                    );
+                }
+            }
+        }
+    }
 
     /// The step that zeroes a segment's padding: every 8-byte item of
     /// every range once, in at most six vertices per tile whose items

@@ -706,7 +706,20 @@ fn segments_zero_their_buffers_padding_when_it_cannot_stay_from_load() {
     let mut opts = options(&model, 8, dir.path());
     opts.accumulation = ipu_compiler::Accumulation::F16;
     opts.loop_weights = Some(ipu_compiler::loops::LoopWeights::Stacked);
-    let out = ipu_compiler::compile(&opts).unwrap_or_else(|e| panic!("{e}"));
+    zeroes_padding_and_verifies_on_nans(&opts, 3, (254252, "y"));
+}
+
+/// Compiles `opts` and checks that at least `steps` steps zero a
+/// segment's padding, then runs the package twice (the second run starts
+/// from what the first left in memory) on a simulator whose memory held
+/// NaNs at load, checking `output` against the reference for Gaussian
+/// inputs of `seed` each time: a padding byte not zeroed shows.
+fn zeroes_padding_and_verifies_on_nans(
+    opts: &ipu_compiler::CompileOptions,
+    steps: usize,
+    (seed, output): (u64, &str),
+) {
+    let out = ipu_compiler::compile(opts).unwrap_or_else(|e| panic!("{e}"));
     let schedule: serde_json::Value =
         serde_json::from_slice(&out.package.members["schedule.json"]).unwrap();
     let zeroing = schedule["calls"]
@@ -717,21 +730,74 @@ fn segments_zero_their_buffers_padding_when_it_cannot_stay_from_load() {
         .filter(|s| s["phase"].as_str().unwrap().contains("padding"))
         .count();
     assert!(
-        zeroing >= 3,
+        zeroing >= steps,
         "steps that zero a segment's padding: {zeroing}"
     );
     let (pkg, graph, mut session) = load_onto(&out, Some(0xFF));
-    let feeds = random::gaussian_feeds(&graph, 254252);
+    let feeds = random::gaussian_feeds(&graph, seed);
     let pick = |call: &str| call_feeds(&pkg, &feeds, call);
     session.call("initialize", &pick("initialize")).unwrap();
     let reference = ipu_reference::evaluate(&graph, &feeds).unwrap();
     let k = ipu_graph::analysis::max_reduction_length(&graph);
-    // Twice: the second run starts from what the first left in memory.
     for _ in 0..2 {
         let run = session.call("run", &pick("run")).unwrap();
-        let want = &reference["y"];
+        let want = &reference[output];
         let tol = ipu_reference::Tolerance::for_output(want.dtype(), k, want.data());
-        let cmp = ipu_reference::compare(&run.outputs["y"], want, tol).unwrap();
+        let cmp = ipu_reference::compare(&run.outputs[output], want, tol).unwrap();
         assert!(cmp.passed(), "{cmp:?}");
     }
+}
+
+/// Random model 760083: four batch entries of one head over inputs are
+/// four segments, and each one's K^T (445 keys, rows padded to 448) keeps
+/// 6 bytes of zeros after every row's 890. Ranges that are not whole
+/// 8-byte items were not refilled, so every K^T stayed for the whole
+/// program, and all four sat in region 0 of one tile beside the inputs'
+/// homes (283,728 bytes needed of 212,976). The fill now zeroes the
+/// padding's whole items before the transpose writes the rows.
+#[test]
+fn segments_zero_padding_that_is_not_whole_items_when_it_cannot_stay_from_load() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = write_model(
+        dir.path(),
+        "batched_odd_keys",
+        "model batched_odd_keys\ninput q: f16[4, 1, 275, 40]\ninput k: f16[4, 445, 40]\n\
+         kh = split_heads(k, heads=1)\ninput v: f16[4, 1, 445, 18]\n\
+         o = attention(q, kh, v, causal=false)\noutput o\n",
+    );
+    let opts = options(&model, 3, dir.path());
+    zeroes_padding_and_verifies_on_nans(&opts, 4, (760083, "o"));
+}
+
+/// Four batch entries of two heads of 40 over f32 inputs (236 queries,
+/// 301 keys) on 4 tiles: every retry of the chain that the accumulating
+/// plan started overflows region 0, so the compile tries each kind of P
+/// V forced (`attention_merge=merge`, then `accumulate`) and keeps the
+/// faster that fits: the merge's, whose report names that compile
+/// among its retries. The package verifies with Gaussian inputs.
+#[test]
+fn a_compile_with_no_fit_tries_each_kind_of_p_v() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = write_model(
+        dir.path(),
+        "batched_f32_over_inputs",
+        "model batched_f32_over_inputs\ninput q: f32[4, 2, 236, 40]\ninput k: f32[4, 301, 80]\n\
+         kh = split_heads(k, heads=2)\ninput v: f32[4, 2, 301, 18]\n\
+         o = attention(q, kh, v, causal=false)\noutput o\n",
+    );
+    let opts = options(&model, 4, dir.path());
+    let out = ipu_compiler::compile(&opts).unwrap_or_else(|e| panic!("{e}"));
+    let retries: Vec<String> = out.report["retries"]
+        .as_array()
+        .expect("the compile retried")
+        .iter()
+        .filter_map(|r| r["then"].as_str().map(str::to_string))
+        .collect();
+    let then = "the model compiles again with attention_merge=merge";
+    assert!(
+        retries.iter().any(|r| r == then),
+        "no `{then}` among {retries:#?}"
+    );
+    let report = verify_gaussian(&out, 103).unwrap_or_else(|e| panic!("{e}"));
+    assert!(report.passed(), "{report}");
 }
