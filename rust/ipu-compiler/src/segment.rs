@@ -1258,9 +1258,6 @@ pub fn join(
     Ok(joined)
 }
 
-/// The step that zeroes segment `si`'s refilled ranges (see [`join`]):
-/// on each tile the ranges' 8-byte items cut into at most six `fill64`
-/// vertices of near-equal items (`attention::fill_vertices`).
 /// The zero ranges `zero` of a buffer of `bytes` widened to whole 8-byte
 /// items (what `fill64` stores), merged where they meet; `None` when an
 /// item would pass the buffer's end. Widening is sound for the buffers
@@ -1290,6 +1287,9 @@ fn whole_items(zero: &[(u32, u32)], bytes: u32) -> Option<Vec<(u32, u32)>> {
     Some(merged)
 }
 
+/// The step that zeroes segment `si`'s refilled ranges (see [`join`]):
+/// on each tile the ranges' 8-byte items cut into at most six `fill64`
+/// vertices of near-equal items (`attention::fill_vertices`).
 fn zero_fill_step(
     fill: &mut (crate::library::KernelRequest, crate::gemm::FormulaCost),
     si: u32,
