@@ -2075,12 +2075,8 @@ fn compile_attempts(options: &CompileOptions) -> Result<CompileOutput, CompileEr
     {
         None => out,
         Some(accumulate) => {
-            let forced = CompileOptions {
-                attention_accumulate: Some(accumulate),
-                ..options.clone()
-            };
+            let (forced, how) = merge_forced(options, accumulate);
             let why = "the chosen attention plan came out of a retry chain that the first attempt's plan narrowed";
-            let how = format!("attention_merge={}", attention_merge_name(accumulate));
             also_compile(out, &forced, &mut retries, why.into(), &how)
         }
     };
@@ -2136,11 +2132,7 @@ fn compile_each_merge(
     let mut kept: Option<(CompileOutput, CompileOptions, Vec<serde_json::Value>)> = None;
     let mut all = retries.to_vec();
     for accumulate in [false, true] {
-        let how = format!("attention_merge={}", attention_merge_name(accumulate));
-        let forced = CompileOptions {
-            attention_accumulate: Some(accumulate),
-            ..options.clone()
-        };
+        let (forced, how) = merge_forced(options, accumulate);
         let why = json!({
             "error": error.to_string(),
             "then": format!("the model compiles again with {how}"),
@@ -2172,6 +2164,17 @@ fn compile_each_merge(
         error: Box::new(error),
         attempts: all.iter().map(attempt_line).collect(),
     })
+}
+
+/// `options` with P V's kind forced (accumulating into O, or merging),
+/// and that option in words.
+fn merge_forced(options: &CompileOptions, accumulate: bool) -> (CompileOptions, String) {
+    let forced = CompileOptions {
+        attention_accumulate: Some(accumulate),
+        ..options.clone()
+    };
+    let how = format!("attention_merge={}", attention_merge_name(accumulate));
+    (forced, how)
 }
 
 /// Whether the model holds an attention (so that the options' choice of
