@@ -56,6 +56,7 @@ pub mod launches;
 pub mod legalize;
 pub mod library;
 pub mod link;
+pub mod liveness;
 pub mod load;
 pub mod loops;
 pub mod lower;
@@ -3261,6 +3262,26 @@ fn compile_with(
         }
     };
 
+    // Every buffer's life from the steps that touch it, and the check that
+    // buffers live at the same step never share memory: independent of the
+    // lifetimes placement read.
+    let live_steps = phase("liveness", || {
+        let lives = liveness::lives(&lowered);
+        verifier("liveness", liveness::check(&lowered, &storage, &lives))?;
+        let steps = liveness::analyse(&lowered, &storage, &lives);
+        if let Some((call, step, live)) = liveness::peak(&lowered, &steps) {
+            tracing::info!(
+                call,
+                step,
+                tile = live.tile,
+                live_bytes = live.bytes,
+                always_live_bytes = live.always,
+                "peak live bytes"
+            );
+        }
+        Ok(steps)
+    })?;
+
     let kernels_of = |tile: u32| loaded_kernels(&library, &lowered, tile);
     let programs = phase("emit_code", || {
         let tiles: Vec<u32> = lowered.buffers.keys().copied().collect();
@@ -3443,7 +3464,7 @@ fn compile_with(
             ),
             (
                 "schedule.json".to_string(),
-                package::json_bytes(&package::schedule(&lowered)),
+                package::json_bytes(&package::schedule(&lowered, &live_steps)),
             ),
             (
                 "symbols.json".to_string(),

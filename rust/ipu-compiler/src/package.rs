@@ -396,8 +396,10 @@ fn bsp_step_estimate(group: &[crate::lower::Step], last: bool) -> u64 {
 /// steps' phases, the kernels that ran on which tiles and the cost model's
 /// cycles ([`bsp_step_estimate`]), so that a profile attributes each
 /// step's cycles and sets them beside the estimate
-/// (docs/profile-format.md).
-pub fn schedule(l: &Lowered) -> Value {
+/// (docs/profile-format.md). `live` gives each step's live bytes
+/// ([`crate::liveness::analyse`], indexed like the calls and their BSP
+/// steps); a call it lacks gets none.
+pub fn schedule(l: &Lowered, live: &[Vec<crate::liveness::StepLive>]) -> Value {
     use rayon::prelude::*;
     // A device loop's later iterations share their first iteration's
     // vertices (`Step::tiles`), so the kernels of a BSP step are listed once
@@ -412,8 +414,10 @@ pub fn schedule(l: &Lowered) -> Value {
     let calls: Vec<Value> = l
         .calls
         .iter()
-        .map(|call| {
+        .enumerate()
+        .map(|(c, call)| {
             let groups = bsp_steps(call);
+            let call_live = live.get(c);
             let count = groups.len();
             let mut distinct: BTreeMap<Vec<usize>, &[crate::lower::Step]> = BTreeMap::new();
             for group in &groups {
@@ -462,6 +466,9 @@ pub fn schedule(l: &Lowered) -> Value {
                     );
                     if group.last().is_some_and(|s| s.host_stop) {
                         step.insert("host_stop".into(), json!(true));
+                    }
+                    if let Some(v) = call_live.and_then(|v| v.get(k)) {
+                        step.insert("live".into(), json!(v));
                     }
                     Value::Object(step)
                 })

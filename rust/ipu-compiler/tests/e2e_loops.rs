@@ -534,3 +534,61 @@ fn stacks_storage_cannot_place_spread_in_items() {
     assert_eq!(run_call(&ran.compile).host_stops, 0);
     assert_estimate_within(&ran, 0.10, "wide_gemms");
 }
+
+/// Every BSP step of the package's schedule carries its live bytes
+/// (crate `liveness`): the fullest tile's, which never exceed what storage
+/// placed on that tile, with the always-live bytes a part of them; and a
+/// loop's iterations after the first repeat the first's figures, since
+/// each iteration's buffers live in that iteration only.
+#[test]
+fn every_step_has_live_bytes_within_the_placed_memory() {
+    let cache = tempfile::tempdir().unwrap();
+    let model = root().join("models/vit_layers_small.ipug");
+    let out = compile(&options(&model, 64, cache.path())).unwrap();
+    let schedule: serde_json::Value =
+        serde_json::from_slice(&out.package.members["schedule.json"]).unwrap();
+    let placed = |tile: u64| -> u64 {
+        out.report["memory"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|m| m["tile"] == tile)
+            .map(|m| m["bytes"].as_u64().unwrap())
+            .sum()
+    };
+    let mut run_live = Vec::new();
+    for call in schedule["calls"].as_array().unwrap() {
+        for (i, step) in call["steps"].as_array().unwrap().iter().enumerate() {
+            let live = &step["live"];
+            let at = format!("{} step {i}: {live}", call["call"]);
+            let n = |k: &str| live[k].as_u64().unwrap_or_else(|| panic!("{at}: no {k}"));
+            assert_eq!(n("bytes"), n("region0") + n("region1"), "{at}");
+            assert!(
+                n("always") <= n("bytes") && n("bytes") <= n("all_tiles"),
+                "{at}"
+            );
+            assert!(
+                n("bytes") <= placed(n("tile")),
+                "{at}: placed {}",
+                placed(n("tile"))
+            );
+            if call["call"] == "run" {
+                run_live.push((
+                    n("bytes"),
+                    n("always"),
+                    step["phase"].as_str().unwrap().to_string(),
+                ));
+            }
+        }
+    }
+    let body: Vec<&(u64, u64, String)> = run_live
+        .iter()
+        .filter(|(_, _, phase)| phase.contains("loop: weights of iteration"))
+        .collect();
+    println!("run call live bytes by step: {run_live:?}");
+    assert_eq!(body.len(), 3, "{run_live:?}");
+    assert!(
+        body.windows(2).skip(1).all(|w| w[0].0 == w[1].0),
+        "{body:?}"
+    );
+}

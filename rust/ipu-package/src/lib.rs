@@ -18,6 +18,7 @@
 
 mod image;
 mod manifest;
+mod schedule;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
@@ -30,6 +31,7 @@ pub use manifest::{
     transposed_order, CallPhase, ConfigWrite, HostInterface, Manifest, MemberEntry, PhaseKind,
     Placement, StreamTensor, StreamingCall, TileEntry, EXIT_COMMAND, FORMAT_VERSION, TARGET,
 };
+pub use schedule::StepLive;
 
 use ipu_arch::{SRAM_BASE, SRAM_END, TILES_PER_CHIP};
 

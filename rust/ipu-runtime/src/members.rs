@@ -260,7 +260,13 @@ pub struct ScheduledStep {
     /// estimate. Absent when false.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub host_stop: bool,
+    /// The bytes that hold data some step still needs while the step runs
+    /// (the compiler's liveness phase). Absent in packages from before it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub live: Option<StepLive>,
 }
+
+pub use ipu_package::StepLive;
 
 /// Parses `schedule.json`.
 pub fn schedule(package: &Package) -> Result<Option<Schedule>, RuntimeError> {

@@ -215,6 +215,7 @@ pub fn render_html(p: &Profile) -> String {
     }
     estimates(&mut h, p);
     memory(&mut h, p);
+    liveness(&mut h, p);
     step_table(&mut h, p);
     if !p.notes.is_empty() {
         let _ = writeln!(h, "<h2>Notes</h2>\n<ul>");
@@ -730,46 +731,26 @@ fn memory(h: &mut String, p: &Profile) {
             if totals[t] == 0 {
                 continue;
             }
+            let parts: Vec<(u64, &str, String)> = order
+                .iter()
+                .enumerate()
+                .map(|(i, (c, _))| {
+                    let b = categories[c][t];
+                    (
+                        b,
+                        colour(i),
+                        format!("tile {t}: {} {} bytes", escape(c), grouped(b)),
+                    )
+                })
+                .collect();
             let x0 = LEFT + col as f64 * column_px;
-            let mut y = base;
-            for (i, (c, _)) in order.iter().enumerate() {
-                let b = categories[c][t];
-                if b == 0 {
-                    continue;
-                }
-                let hh = MEMORY_HEIGHT * b as f64 / scale_to;
-                y -= hh;
-                let _ = writeln!(
-                    h,
-                    "<rect x=\"{}\" y=\"{}\" width=\"{}\" height=\"{}\" fill=\"{}\"><title>tile {t}: {} {} bytes</title></rect>",
-                    px(x0),
-                    px(y),
-                    px(column_px.max(0.5)),
-                    px(hh),
-                    colour(i),
-                    escape(c),
-                    grouped(b)
-                );
-            }
+            stacked_bar(h, (x0, column_px.max(0.5)), base, scale_to, &parts);
         }
-        if let Some(c) = capacity {
-            let y = base - MEMORY_HEIGHT * c as f64 / scale_to;
-            let _ = writeln!(
-                h,
-                "<line x1=\"{}\" y1=\"{}\" x2=\"{}\" y2=\"{}\" stroke=\"#c00\" stroke-width=\"1\"/>",
-                px(LEFT),
-                px(y),
-                px(LEFT + PLOT_WIDTH),
-                px(y)
-            );
-        }
-        let _ = writeln!(
+        close_chart(
             h,
-            "<text x=\"2\" y=\"{}\">tile 0</text>\n<text x=\"{}\" y=\"{}\" text-anchor=\"end\">tile {}</text>\n</svg>",
-            px(base + 12.0),
-            px(LEFT + PLOT_WIDTH),
-            px(base + 12.0),
-            tiles.saturating_sub(1)
+            base,
+            capacity.map(|c| base - MEMORY_HEIGHT * c as f64 / scale_to),
+            ("tile 0".into(), format!("tile {}", tiles.saturating_sub(1))),
         );
         let _ = writeln!(
             h,
@@ -799,6 +780,175 @@ fn memory(h: &mut String, p: &Profile) {
             fullest_tile
         );
     }
+}
+
+/// One column of a stacked bar chart of bytes: `parts` (bytes, colour,
+/// title) from `base` upwards, the chart's full height standing for
+/// `scale_to` bytes; `(x, width)` in pixels. Empty parts draw nothing.
+fn stacked_bar(
+    h: &mut String,
+    (x0, width): (f64, f64),
+    base: f64,
+    scale_to: f64,
+    parts: &[(u64, &str, String)],
+) {
+    let mut y = base;
+    for (bytes, colour, title) in parts {
+        if *bytes == 0 {
+            continue;
+        }
+        let hh = MEMORY_HEIGHT * *bytes as f64 / scale_to;
+        y -= hh;
+        let _ = writeln!(
+            h,
+            "<rect x=\"{}\" y=\"{}\" width=\"{}\" height=\"{}\" fill=\"{colour}\"><title>{title}</title></rect>",
+            px(x0),
+            px(y),
+            px(width),
+            px(hh)
+        );
+    }
+}
+
+/// Ends a bar chart's SVG: the capacity line at `capacity_y` (when there
+/// is one), the first and last columns' labels under the `base` line.
+fn close_chart(
+    h: &mut String,
+    base: f64,
+    capacity_y: Option<f64>,
+    (first, last): (String, String),
+) {
+    if let Some(y) = capacity_y {
+        let _ = writeln!(
+            h,
+            "<line x1=\"{}\" y1=\"{}\" x2=\"{}\" y2=\"{}\" stroke=\"#c00\" stroke-width=\"1\"/>",
+            px(LEFT),
+            px(y),
+            px(LEFT + PLOT_WIDTH),
+            px(y)
+        );
+    }
+    let _ = writeln!(
+        h,
+        "<text x=\"2\" y=\"{}\">{first}</text>\n<text x=\"{}\" y=\"{}\" text-anchor=\"end\">{last}</text>\n</svg>",
+        px(base + 12.0),
+        px(LEFT + PLOT_WIDTH),
+        px(base + 12.0)
+    );
+}
+
+/// Colours of the liveness chart: always-live bytes, the others.
+const ALWAYS_LIVE: &str = "#7a5195";
+const STEP_LIVE: &str = "#f0a35e";
+
+/// Liveness per step, as PopVision shows it for Poplar programs: for every
+/// step the package's schedule gives live bytes for, the fullest tile's
+/// bytes (always live, and live in that step), against a tile's memory.
+fn liveness(h: &mut String, p: &Profile) {
+    let steps: Vec<(&ProfileStep, crate::members::StepLive)> = p
+        .steps
+        .iter()
+        .filter_map(|s| s.live.map(|l| (s, l)))
+        .collect();
+    let _ = writeln!(h, "<h2>Liveness per step</h2>");
+    if steps.is_empty() {
+        let _ = writeln!(
+            h,
+            "<p class=\"note\">The package's schedule has no live bytes (compiled before the liveness phase).</p>"
+        );
+        return;
+    }
+    let capacity = (ipu_arch::REGION0_END - ipu_arch::REGION0_BASE + ipu_arch::REGION1_END
+        - ipu_arch::REGION1_BASE) as u64;
+    let fullest = steps.iter().map(|(_, l)| l.bytes).max().unwrap_or(0);
+    let (peak_step, peak) = steps
+        .iter()
+        .find(|(_, l)| l.bytes == fullest)
+        .map(|(s, l)| (s.index, *l))
+        .expect("steps is not empty");
+    let _ = writeln!(
+        h,
+        "<p class=\"note\">A buffer is live from the first step that touches it (a kernel's \
+         state, an exchange, the host) to the last; parameters, constants, zero padding from the \
+         load and values kept between calls are always live. Each bar is the fullest tile of the \
+         step; the line is a tile's memory ({} bytes). Peak: {} bytes on tile {} at step {}.</p>",
+        grouped(capacity),
+        grouped(peak.bytes),
+        peak.tile,
+        peak_step
+    );
+    legend(
+        h,
+        &[
+            (ALWAYS_LIVE, "always live"),
+            (STEP_LIVE, "live in the step"),
+        ],
+    );
+    let top = 6.0;
+    let height = top + MEMORY_HEIGHT + 16.0;
+    let scale_to = capacity.max(fullest).max(1) as f64;
+    let column_px = PLOT_WIDTH / steps.len() as f64;
+    let _ = writeln!(
+        h,
+        "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{}\" height=\"{}\" font-size=\"10\">",
+        px(LEFT + PLOT_WIDTH + 10.0),
+        px(height)
+    );
+    let base = top + MEMORY_HEIGHT;
+    for (i, (s, l)) in steps.iter().enumerate() {
+        let always = l.always.min(l.bytes);
+        let title = format!(
+            "step {} ({} {}): tile {} {} live bytes, {} always live",
+            s.index,
+            escape(&s.call),
+            s.call_step,
+            l.tile,
+            grouped(l.bytes),
+            grouped(always)
+        );
+        let x0 = LEFT + i as f64 * column_px;
+        stacked_bar(
+            h,
+            (x0, (column_px * 0.9).max(0.5)),
+            base,
+            scale_to,
+            &[
+                (always, ALWAYS_LIVE, title.clone()),
+                (l.bytes - always, STEP_LIVE, title),
+            ],
+        );
+    }
+    close_chart(
+        h,
+        base,
+        Some(base - MEMORY_HEIGHT * capacity as f64 / scale_to),
+        (
+            format!("step {}", steps.first().map_or(0, |(s, _)| s.index)),
+            format!("step {}", steps.last().map_or(0, |(s, _)| s.index)),
+        ),
+    );
+    let _ = writeln!(
+        h,
+        "<table>\n<tr><th>step</th><th class=\"k\">call</th><th>fullest tile</th><th>live bytes</th>\
+         <th>region 0</th><th>region 1</th><th>always live</th><th>all tiles</th><th class=\"k\">phase</th></tr>"
+    );
+    for (s, l) in &steps {
+        let _ = writeln!(
+            h,
+            "<tr><td>{}</td><td class=\"k\">{} {}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td class=\"k\">{}</td></tr>",
+            s.index,
+            escape(&s.call),
+            s.call_step,
+            l.tile,
+            grouped(l.bytes),
+            grouped(l.region0),
+            grouped(l.region1),
+            grouped(l.always),
+            grouped(l.all_tiles),
+            escape(s.phase.as_deref().unwrap_or(""))
+        );
+    }
+    let _ = writeln!(h, "</table>");
 }
 
 fn step_table(h: &mut String, p: &Profile) {
@@ -894,6 +1044,7 @@ mod tests {
             }],
             estimated_cycles: Some(900),
             host_stop: false,
+            live: None,
             compute: compute.to_vec(),
             sync: (0..n)
                 .map(|t| {
@@ -980,6 +1131,44 @@ mod tests {
         let mut p = profile();
         p.steps[0].estimated_cycles = None;
         assert!(!render_html(&p).contains("Estimate against the simulator"));
+    }
+
+    #[test]
+    fn liveness_charts_each_steps_fullest_tile_against_a_tiles_memory() {
+        let mut p = profile();
+        assert!(render_html(&p).contains("has no live bytes"));
+        p.steps
+            .push(step(1, (1000, 1500), &[100, 100, 0], &[0, 0, 0]));
+        p.steps[0].live = Some(crate::members::StepLive {
+            tile: 1,
+            bytes: 319_488,
+            region0: 100_000,
+            region1: 219_488,
+            always: 159_744,
+            all_tiles: 400_000,
+        });
+        p.steps[1].live = Some(crate::members::StepLive {
+            tile: 0,
+            bytes: 200_000,
+            region0: 50_000,
+            region1: 150_000,
+            always: 159_744,
+            all_tiles: 300_000,
+        });
+        let page = render_html(&p);
+        assert!(page.contains("Peak: 319,488 bytes on tile 1 at step 0."));
+        // Half a tile's 638,976 bytes is 90 of the chart's 180 pixels, a
+        // quarter always live; two steps share 1,100 pixels.
+        assert!(page.contains(
+            "<rect x=\"70.0\" y=\"141.0\" width=\"495.0\" height=\"45.0\" fill=\"#7a5195\">"
+        ));
+        assert!(page.contains(
+            "<rect x=\"70.0\" y=\"96.0\" width=\"495.0\" height=\"45.0\" fill=\"#f0a35e\">"
+        ));
+        assert!(page.contains(
+            "<tr><td>1</td><td class=\"k\">run 1</td><td>0</td><td>200,000</td><td>50,000</td>\
+             <td>150,000</td><td>159,744</td><td>300,000</td>"
+        ));
     }
 
     #[test]

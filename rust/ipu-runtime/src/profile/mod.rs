@@ -112,6 +112,10 @@ pub struct ProfileStep {
     /// false.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub host_stop: bool,
+    /// The step's live bytes (from `schedule.json`; absent in packages
+    /// from before the compiler's liveness phase).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub live: Option<crate::members::StepLive>,
     /// Compute cycles per tile.
     pub compute: Vec<u64>,
     /// Sync cycles per tile (waiting for the slowest tile plus the sync itself).
@@ -285,6 +289,7 @@ impl Profile {
                 kernels: Vec::new(),
                 estimated_cycles: None,
                 host_stop: false,
+                live: None,
                 compute: tiles.iter().map(|t| t.compute_cycles).collect(),
                 sync: tiles
                     .iter()
@@ -362,6 +367,7 @@ impl Profile {
                     step.kernels = e.kernels.clone();
                     step.estimated_cycles = e.estimated_cycles;
                     step.host_stop = e.host_stop;
+                    step.live = e.live;
                 }
             }
             calls.push(ProfileCall {
