@@ -23,8 +23,9 @@
 //! initialize call copies), buffers that must hold zeros from the load on
 //! (a call may run many times, and nothing writes the zeros again), and
 //! buffers that no step touches (exchange tables and other constants the
-//! supervisor reads). Code, vertex states and the host command word are
-//! always live too.
+//! supervisor reads) unless placement gave them a segment or a scratch
+//! phase, which makes them never live. Code, vertex states and the host
+//! command word are always live too.
 //!
 //! [`check`] then asks that no two buffers whose lives meet overlap in
 //! memory: a declared lifetime that a step contradicts (a segment's buffer
@@ -58,8 +59,12 @@ pub enum Life {
 impl Life {
     /// Whether the two lives have a point in common.
     pub fn meets(&self, other: &Life) -> bool {
-        let (Life::Spans(a), Life::Spans(b)) = (self, other) else {
-            return true;
+        let (a, b) = match (self, other) {
+            (Life::Spans(a), Life::Spans(b)) => (a, b),
+            (Life::Spans(x), Life::Always) | (Life::Always, Life::Spans(x)) => {
+                return !x.is_empty()
+            }
+            (Life::Always, Life::Always) => return true,
         };
         let (mut i, mut j) = (0, 0);
         while i < a.len() && j < b.len() {
@@ -283,7 +288,18 @@ pub fn lives(l: &Lowered) -> BTreeMap<u32, Vec<Life>> {
                 .enumerate()
                 .map(|(i, t)| {
                     let Some(t) = t else {
-                        return Life::Always;
+                        // No step touches it: a constant the supervisor
+                        // reads (an exchange table, a loop's index word)
+                        // when it lives for the whole program; nothing at
+                        // all when placement gave it a segment or a
+                        // scratch phase (a layer norm's row scratch on a
+                        // tile whose plan never splits its rows).
+                        let b = &bufs[i];
+                        return if b.lifetime.is_some() || b.scratch.is_some() {
+                            Life::Spans(Vec::new())
+                        } else {
+                            Life::Always
+                        };
                     };
                     if t.calls.count_ones() != 1 || !bufs[i].zero.is_empty() {
                         return Life::Always;
@@ -726,6 +742,18 @@ mod tests {
             "w crosses calls, y is read after the call's last step, z holds zeros from the load, \
              and no step touches the table"
         );
+    }
+
+    #[test]
+    fn an_untouched_buffer_of_a_segment_is_never_live() {
+        let mut l = program();
+        let mut scratch = buf("s0.row_parts", 48);
+        scratch.lifetime = Some(0);
+        l.buffers.get_mut(&0).unwrap().push(scratch);
+        let lives = lives(&l);
+        assert_eq!(lives[&0][7], Life::Spans(vec![]));
+        assert!(!lives[&0][7].meets(&Life::Always));
+        assert_eq!(lives[&0][6], Life::Always, "the whole program's table");
     }
 
     #[test]
