@@ -3421,6 +3421,12 @@ fn compile_with(
         "peak_interleaved_bytes": peak_r1,
         "memory": memory,
     });
+    // The fullest tile's live bytes at the fullest step (crate `liveness`):
+    // beside what placement used, the most any step needs.
+    let peak_live = liveness::peak(&lowered, &live_steps);
+    if let Some((call, step, live)) = peak_live {
+        report["peak_live"] = json!({"call": call, "step": step, "live": live});
+    }
     // Only a compile that retried names its retries (other reports, and so
     // their packages, stay as they were).
     if !retries.is_empty() || !loop_retries.is_empty() {
@@ -3443,6 +3449,7 @@ fn compile_with(
         ("estimated_run_cycles", estimated_run),
         ("matmul_flop", flops.matmul),
         ("peak_interleaved_bytes", peak_r1),
+        ("peak_live_bytes", peak_live.map_or(0, |p| p.2.bytes)),
         ("peak_standard_bytes", peak_r0),
     ]
     .into_iter()

@@ -581,6 +581,17 @@ fn every_step_has_live_bytes_within_the_placed_memory() {
             }
         }
     }
+    // The report names the peak over every call's steps.
+    let peak = out.report["peak_live"]["live"]["bytes"].as_u64().unwrap();
+    let most = schedule["calls"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .flat_map(|c| c["steps"].as_array().unwrap())
+        .map(|s| s["live"]["bytes"].as_u64().unwrap())
+        .max();
+    assert_eq!(Some(peak), most);
+    assert_eq!(out.package.info.report_summary["peak_live_bytes"], peak);
     let body: Vec<&(u64, u64, String)> = run_live
         .iter()
         .filter(|(_, _, phase)| phase.contains("loop: weights of iteration"))
