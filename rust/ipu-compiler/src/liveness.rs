@@ -115,6 +115,9 @@ enum Place {
 }
 
 impl Touches {
+    /// Records a touch at `p`, a step at `place`; `back_edge` when the
+    /// step is a loop's back edge writing the buffer. (Calls past the 64th
+    /// share a bit: a package has two.)
     fn add(slot: &mut Option<Touches>, p: Point, place: Place, back_edge: bool) {
         let t = slot.get_or_insert(Touches {
             first: p,
