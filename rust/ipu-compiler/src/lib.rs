@@ -3268,19 +3268,19 @@ fn compile_with(
     let live_steps = phase("liveness", || {
         let lives = liveness::lives(&lowered);
         verifier("liveness", liveness::check(&lowered, &storage, &lives))?;
-        let steps = liveness::analyse(&lowered, &storage, &lives);
-        if let Some((call, step, live)) = liveness::peak(&lowered, &steps) {
-            tracing::info!(
-                call,
-                step,
-                tile = live.tile,
-                live_bytes = live.bytes,
-                always_live_bytes = live.always,
-                "peak live bytes"
-            );
-        }
-        Ok(steps)
+        Ok(liveness::analyse(&lowered, &storage, &lives))
     })?;
+    let peak_live = liveness::peak(&lowered, &live_steps);
+    if let Some((call, step, live)) = &peak_live {
+        tracing::info!(
+            call,
+            step,
+            tile = live.tile,
+            live_bytes = live.bytes,
+            always_live_bytes = live.always,
+            "peak live bytes"
+        );
+    }
 
     let kernels_of = |tile: u32| loaded_kernels(&library, &lowered, tile);
     let programs = phase("emit_code", || {
@@ -3423,8 +3423,7 @@ fn compile_with(
     });
     // The fullest tile's live bytes at the fullest step (crate `liveness`):
     // beside what placement used, the most any step needs.
-    let peak_live = liveness::peak(&lowered, &live_steps);
-    if let Some((call, step, live)) = peak_live {
+    if let Some((call, step, live)) = &peak_live {
         report["peak_live"] = json!({"call": call, "step": step, "live": live});
     }
     // Only a compile that retried names its retries (other reports, and so
@@ -3449,7 +3448,10 @@ fn compile_with(
         ("estimated_run_cycles", estimated_run),
         ("matmul_flop", flops.matmul),
         ("peak_interleaved_bytes", peak_r1),
-        ("peak_live_bytes", peak_live.map_or(0, |p| p.2.bytes)),
+        (
+            "peak_live_bytes",
+            peak_live.as_ref().map_or(0, |p| p.2.bytes),
+        ),
         ("peak_standard_bytes", peak_r0),
     ]
     .into_iter()

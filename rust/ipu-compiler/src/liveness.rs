@@ -456,17 +456,15 @@ pub fn analyse(
         .iter()
         .enumerate()
         .map(|(c, call)| {
-            // The BSP steps as ranges of the call's steps; a call with no
-            // steps has one empty BSP step, as the schedule lists it.
-            let mut groups: Vec<std::ops::Range<usize>> = Vec::new();
+            // The schedule's BSP steps as ranges of the call's steps.
             let mut first = 0;
-            for (i, s) in call.steps.iter().enumerate() {
-                if s.ends_bsp_step() {
-                    groups.push(first..i + 1);
-                    first = i + 1;
-                }
-            }
-            groups.push(first..call.steps.len());
+            let groups: Vec<std::ops::Range<usize>> = crate::package::bsp_steps(call)
+                .iter()
+                .map(|g| {
+                    first += g.len();
+                    first - g.len()..first
+                })
+                .collect();
             // Per tile, per BSP step: (region 0, region 1, always live) at
             // the tile's fullest step of it.
             let per_tile: Vec<(u32, Vec<Fullest>)> = tiles
@@ -523,10 +521,7 @@ pub fn analyse(
 
 /// The BSP step with the most live bytes on one tile (the first such):
 /// (call name, BSP step index in the call, its figures).
-pub fn peak<'a>(
-    l: &'a Lowered,
-    steps: &'a [Vec<StepLive>],
-) -> Option<(&'a str, usize, &'a StepLive)> {
+pub fn peak(l: &Lowered, steps: &[Vec<StepLive>]) -> Option<(String, usize, StepLive)> {
     let mut best: Option<(&str, usize, &StepLive)> = None;
     for (call, live) in l.calls.iter().zip(steps) {
         for (i, s) in live.iter().enumerate() {
@@ -535,7 +530,7 @@ pub fn peak<'a>(
             }
         }
     }
-    best
+    best.map(|(call, i, s)| (call.to_string(), i, *s))
 }
 
 /// A tile's live bytes at its fullest step of a BSP step: (region 0,
@@ -884,7 +879,7 @@ mod tests {
         assert_eq!(steps[1][0].always, always);
         assert_eq!(
             peak(&l, &steps).map(|(c, i, s)| (c, i, s.bytes)),
-            Some(("run", 0, always + 256))
+            Some(("run".to_string(), 0, always + 256))
         );
         assert_eq!(steps[1][0].region0, fixed);
         assert_eq!(

@@ -869,8 +869,8 @@ fn liveness(h: &mut String, p: &Profile) {
     let _ = writeln!(
         h,
         "<p class=\"note\">A buffer is live from the first step that touches it (a kernel's \
-         state, an exchange, the host) to the last; parameters, constants, zero padding from the \
-         load and values kept between calls are always live. Each bar is the fullest tile of the \
+         state, an exchange, the host) to the last; parameters, constants and zero padding from the \
+         load are always live. Each bar is the fullest tile of the \
          step; the line is a tile's memory ({} bytes). Peak: {} bytes on tile {} at step {}.</p>",
         grouped(capacity),
         grouped(peak.bytes),
